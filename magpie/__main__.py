@@ -1,0 +1,5 @@
+import sys
+
+from magpie.cli import main
+
+sys.exit(main())

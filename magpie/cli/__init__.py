@@ -1,0 +1,47 @@
+"""Command line: one module per verb, each with add_parser(subparsers) and run(args)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from magpie import __version__
+from magpie.errors import UserError
+
+VERBS = ("build", "clean", "analyze", "compare")
+
+
+def parser() -> argparse.ArgumentParser:
+    import importlib
+
+    top = argparse.ArgumentParser(
+        prog="magpie",
+        description="Declarative build system for GPU kernel evaluation: correctness verdicts, timings, "
+                    "comparisons and reports, rebuilt only when their inputs change.",
+    )
+    top.add_argument("--version", action="version", version=f"magpie {__version__}")
+    top.add_argument("--gpu-info", action="store_true", help="describe the devices, compilers and profilers found")
+    top.add_argument("--json", action="store_true", help="with --gpu-info: print JSON")
+    sub = top.add_subparsers(dest="verb", metavar="VERB")
+    for verb in VERBS:
+        importlib.import_module(f"magpie.cli.{verb}").add_parser(sub)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.gpu_info:
+            from magpie.cli.gpu_info import run as gpu_info
+
+            return gpu_info(args)
+        if not args.verb:
+            parser().print_help()
+            return 2
+        return args.run(args)
+    except UserError as err:
+        print(f"magpie: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("magpie: interrupted; finished artifacts are kept", file=sys.stderr)
+        return 130

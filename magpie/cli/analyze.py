@@ -1,0 +1,39 @@
+"""magpie analyze: judge one kernel (compile, correctness, timing) and write analyze_report.json."""
+
+from __future__ import annotations
+
+import json
+
+from magpie.cli.oneshot import add_common, build_project, run_and_collect, write_json
+
+STATE_KEYS = ("compiling_state", "correctness_state", "performance_state", "performance_result", "numerics",
+              "verdict", "errors", "warnings")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("analyze", help="analyze one kernel",
+                       description="Compile, check and time one kernel in isolated subprocesses. Exits 1 if the "
+                                   "kernel is not correct.")
+    add_common(p, "the kernel's source file")
+    p.add_argument("--json", action="store_true", help="print the report JSON on stdout")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    project, out = build_project(args, "analyze", baseline_index=None)
+    comparison = run_and_collect(project, args.jobs)
+    row = comparison["results"][0]
+    report = {"kernel": row["implementation"], **{k: row.get(k) for k in STATE_KEYS}}
+    kernel = project.manifest.kernel[0]
+    report["type"] = kernel.impl_type(kernel.baseline)
+    report["source"] = kernel.baseline.source
+    write_json(out / "analyze_report.json", report)
+    if args.json:
+        print(json.dumps(report, indent=1, sort_keys=True))
+    else:
+        perf = report["performance_result"]
+        timing = f"median {perf['median_us']:.2f} µs (n={perf['n']}, CV {perf['cv']:.1%})" if perf else "not timed"
+        print(f"{report['kernel']}: compile {report['compiling_state']}, correctness {report['correctness_state']} "
+              f"({report['verdict']}), {timing}")
+        print(f"report: {out / 'analyze_report.json'}")
+    return 0 if report["correctness_state"] == "SUCCESS" else 1

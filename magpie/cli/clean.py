@@ -1,0 +1,36 @@
+"""magpie clean: remove artifacts from the store."""
+
+from __future__ import annotations
+
+import shutil
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("clean", help="remove artifacts (of given kernels, or all with --all)",
+                       description="Remove the current artifacts of the given kernels (and the report that "
+                                   "depends on them); with no kernel, of the whole project; --all empties the store.")
+    p.add_argument("kernels", nargs="*", help="kernel ids or task names")
+    p.add_argument("-m", "--manifest", default="magpie.toml", help="project manifest (default: %(default)s)")
+    p.add_argument("--all", action="store_true", help="remove the whole store, index and published reports")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from magpie.project import Project
+
+    project = Project.load(args.manifest)
+    store = project.store
+    if args.all:
+        for folder in (store.objects, store.index, store.workspace / "reports"):
+            shutil.rmtree(folder, ignore_errors=True)
+        print(f"magpie: removed the store under {store.workspace}")
+        return 0
+    names = project.select(args.kernels)
+    if args.kernels:
+        names += [n for n, spec in project.tasks.items() if spec.scope == "project"]
+    removed = 0
+    for name in names:
+        removed += store.remove(project.tasks[name].key)
+        store.forget(name)
+    print(f"magpie: removed {removed} artifacts")
+    return 0

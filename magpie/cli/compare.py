@@ -1,0 +1,43 @@
+"""magpie compare: correctness gate, then speedups of candidates over an explicit baseline."""
+
+from __future__ import annotations
+
+import json
+
+from magpie.cli.oneshot import add_common, build_project, run_and_collect, write_json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compare", help="compare two or more kernels",
+                       description="Check every implementation, exclude incorrect ones, then time the rest "
+                                   "interleaved with the baseline and report speedups with 95% intervals.")
+    add_common(p, "kernel source files; the first is the baseline unless --baseline says otherwise")
+    p.add_argument("--baseline", type=int, default=0, metavar="I", help="index of the baseline (default: 0)")
+    p.add_argument("--json", action="store_true", help="print the report JSON on stdout")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    project, out = build_project(args, "compare", baseline_index=args.baseline)
+    report = run_and_collect(project, args.jobs)
+    write_json(out / "compare_report.json", report)
+    if args.json:
+        print(json.dumps(report, indent=1, sort_keys=True))
+        return 0
+    print(table(report))
+    print(f"report: {out / 'compare_report.json'}")
+    return 0
+
+
+def table(report: dict) -> str:
+    lines = [f"{'implementation':24} {'correctness':12} {'median µs':>12} {'speedup [95% CI]':>28}"]
+    for row in report["results"]:
+        perf = row.get("performance_result")
+        s = row.get("speedup")
+        speed = "baseline" if row.get("is_baseline") else (
+            f"{s['value']:.2f}x [{s['ci_low']:.2f},{s['ci_high']:.2f}] {s['verdict']}" if s else "-")
+        median = f"{perf['median_us']:.2f}" if perf else "-"
+        lines.append(f"{row['implementation']:24} {row['correctness_state']:12} {median:>12} {speed:>28}")
+    for item in report["excluded"]:
+        lines.append(f"excluded {item['implementation']}: {item['reason']}")
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""magpie --gpu-info: what accelerators, compilers and profilers this machine has."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from importlib import metadata
+
+from magpie.graph.fingerprint import cpu_model
+
+
+def _version_line(tool: str, flag: str = "--version") -> str | None:
+    path = shutil.which(tool)
+    if not path:
+        return None
+    try:
+        out = subprocess.run([path, flag], capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return path
+    return (out.splitlines() or [path])[-1]
+
+
+def _package(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _nvidia_gpus() -> list[dict]:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    fields = "name,memory.total,driver_version,compute_cap,clocks.max.sm"
+    try:
+        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        name, mem, driver, cap, clock = [p.strip() for p in line.split(",")]
+        gpus.append({"vendor": "NVIDIA", "name": name, "memory_mib": int(float(mem)), "driver": driver,
+                     "architecture": "sm_" + cap.replace(".", ""), "max_sm_clock_mhz": clock})
+    return gpus
+
+
+def collect() -> dict:
+    return {
+        "gpus": _nvidia_gpus(),
+        "cpu": {"model": cpu_model(), "cores": os.cpu_count()},
+        "compilers": {"nvcc": _version_line("nvcc"), "hipcc": _version_line("hipcc")},
+        "profilers": {"ncu": _version_line("ncu"), "rocprofv3": _version_line("rocprofv3")},
+        "packages": {name: _package(name) for name in ("torch", "triton", "hip-python", "nvidia-ml-py")},
+    }
+
+
+def run(args) -> int:
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    if info["gpus"]:
+        for i, gpu in enumerate(info["gpus"]):
+            print(f"GPU {i}: {gpu['vendor']} {gpu['name']} ({gpu['architecture']}), {gpu['memory_mib']} MiB, "
+                  f"driver {gpu['driver']}")
+    else:
+        print("GPU: none found (no nvidia-smi or rocm-smi device); kernels run on the CPU default")
+    print(f"CPU: {info['cpu']['model']}, {info['cpu']['cores']} cores")
+    for group in ("compilers", "profilers", "packages"):
+        items = ", ".join(f"{k} {v}" if v else f"{k} not found" for k, v in info[group].items())
+        print(f"{group}: {items}")
+    return 0

@@ -1,0 +1,143 @@
+"""What analyze and compare share: a one-kernel project made from flags or a YAML config,
+built by the same engine as `magpie build`, in a workspace under the output folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from magpie.errors import UserError
+from magpie.manifest.load import describe_validation_error
+
+
+def add_common(p, paths_help: str) -> None:
+    p.add_argument("paths", nargs="*", help=paths_help)
+    p.add_argument("--kernel-config", metavar="YAML", help="Magpie-style YAML (kernel: or kernels:)")
+    p.add_argument("--type", choices=("pytorch", "triton", "cuda", "hip"), help="kernel type of the sources")
+    p.add_argument("--entry", help="callable in the source to evaluate (default: ModelNew/Model class)")
+    p.add_argument("--testcase", metavar="CMD", help="command whose exit code decides correctness")
+    p.add_argument("--spec", metavar="FILE", help="Python reference spec (make_inputs/reference, or KernelBench)")
+    p.add_argument("--shapes", default="", help="shapes for --spec, e.g. 64x1024,37x1000")
+    p.add_argument("--dtypes", default="float32", help="dtypes for --spec, comma separated (default: float32)")
+    p.add_argument("--rtol", type=float, help="relative tolerance (default 1e-5)")
+    p.add_argument("--atol", type=float, help="absolute tolerance (default 1e-6)")
+    p.add_argument("--no-perf", action="store_true", help="correctness only, no timing")
+    p.add_argument("--budget-ms", type=float, default=300.0, help="timed milliseconds per implementation")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per evaluation step")
+    p.add_argument("-o", "--output-dir", default="magpie_results", help="reports and artifact store go here")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="independent tasks in parallel")
+
+
+def _shapes(text: str) -> list[list[int]]:
+    shapes = []
+    for part in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            shapes.append([int(d) for d in part.lower().split("x")])
+        except ValueError:
+            raise UserError(f"--shapes: {part!r} is not a shape like 64x1024") from None
+    return shapes
+
+
+def implementations_from_args(args) -> tuple[list[tuple[dict, str]], list[dict], Path]:
+    """[(implementation table, type)], testcase tables, project root."""
+    if args.kernel_config:
+        from magpie.manifest.kernel_config import load_kernel_config
+
+        kernels, root = load_kernel_config(args.kernel_config)
+        impls = [(k.impl.model_dump(exclude_none=True), k.type) for k in kernels]
+        testcases = [tc.model_dump(exclude_none=True) for tc in kernels[0].testcases]
+        return impls, testcases, root
+    if not args.paths:
+        raise UserError("give kernel source files, or --kernel-config YAML")
+    if not args.type:
+        raise UserError("--type: required with source paths (pytorch, triton, cuda or hip)")
+    root = Path.cwd()
+    impls = []
+    for path in args.paths:
+        full = Path(path).resolve()
+        if not full.is_file():
+            raise UserError(f"{path}: file not found")
+        impl = {"id": full.stem, "source": _relative(full, root)}
+        if args.entry:
+            impl["entry"] = args.entry
+        impls.append((impl, args.type))
+    testcases = []
+    if args.testcase:
+        testcases.append({"command": args.testcase})
+    if args.spec:
+        if not Path(args.spec).is_file():
+            raise UserError(f"--spec: file not found: {args.spec}")
+        tc = {"spec": _relative(Path(args.spec).resolve(), root), "shapes": _shapes(args.shapes),
+              "dtypes": [d.strip() for d in args.dtypes.split(",") if d.strip()]}
+        testcases.append(tc)
+    return impls, testcases, root
+
+
+def _relative(full: Path, root: Path) -> str:
+    try:
+        return full.relative_to(root).as_posix()
+    except ValueError:
+        return full.as_posix()
+
+
+def build_project(args, kernel_id: str, baseline_index: int | None):
+    from magpie.manifest.load import check_files
+    from magpie.manifest.models import Manifest
+    from magpie.project import Project
+
+    impls, testcases, root = implementations_from_args(args)
+    ids = [impl["id"] for impl, _ in impls]
+    if len(set(ids)) != len(ids):
+        raise UserError(f"implementation names must differ (got {ids}); rename the files")
+    kernel_type = impls[0][1]
+    tables = [{**impl, "type": t} for impl, t in impls]
+    kernel: dict = {"id": kernel_id, "type": kernel_type, "testcases": testcases}
+    if args.rtol is not None:
+        kernel["rtol"] = args.rtol
+    if args.atol is not None:
+        kernel["atol"] = args.atol
+    if baseline_index is not None:
+        if not 0 <= baseline_index < len(tables):
+            raise UserError(f"--baseline: index {baseline_index} is out of range 0..{len(tables) - 1}")
+        kernel["baseline"] = tables[baseline_index]
+        kernel["candidates"] = [t for i, t in enumerate(tables) if i != baseline_index]
+    else:
+        kernel["baseline"] = tables[0]
+    out = Path(args.output_dir)
+    document = {
+        "project": {"name": kernel_id, "workspace": str((out / "workspace").resolve())},
+        "defaults": {"timeout_s": args.timeout, "timing": {"budget_ms": args.budget_ms}},
+        "kernel": [kernel],
+    }
+    try:
+        manifest = Manifest.model_validate(document)
+    except ValidationError as err:
+        raise describe_validation_error(args.kernel_config or "command line", err) from None
+    check_files(manifest, root, args.kernel_config or "command line")
+    project = Project.from_manifest(manifest, root, Path(args.kernel_config or "command line"),
+                                    workspace=out / "workspace")
+    if args.no_perf:
+        for name in [n for n, spec in project.tasks.items() if spec.rule == "timing"]:
+            del project.tasks[name]
+        for spec in project.tasks.values():
+            spec.deps = [d for d in spec.deps if d in project.tasks]
+    return project, out
+
+
+def run_and_collect(project, jobs: int) -> dict:
+    from magpie.cli.build import build
+
+    if jobs < 1:
+        raise UserError("--jobs: must be at least 1")
+    build(project, list(project.tasks), jobs=jobs, quiet=True)
+    comparison = next(spec for spec in project.tasks.values() if spec.rule == "comparison")
+    if not project.store.has(comparison.key):
+        raise UserError("the evaluation did not complete; see the messages above")
+    return project.store.read(comparison.key)
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))

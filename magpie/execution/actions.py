@@ -1,0 +1,208 @@
+"""Built-in actions. Each takes a Job and a scratch folder and returns the result dict;
+files left in the folder become part of the artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import py_compile
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from magpie.compare.stats import bootstrap_speedup
+from magpie.harness.session import signal_verdict
+
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+def compile_python(job, out_dir: Path) -> dict:
+    impl = job.spec.params["impl"]
+    root = Path(job.spec.params["root"])
+    errors = []
+    for rel in [impl["source"], *impl["source_files"]]:
+        if not rel.endswith(".py"):
+            continue
+        try:
+            py_compile.compile(str(root / rel), cfile=str(out_dir / "bytecode.pyc"), doraise=True)
+        except py_compile.PyCompileError as err:
+            errors.append(f"{rel}: {err.exc_type_name}: {str(err.exc_value).splitlines()[0]}")
+    (out_dir / "bytecode.pyc").unlink(missing_ok=True)
+    return {"compiling_state": "FAILED" if errors else "SUCCESS", "errors": errors}
+
+
+def _template_context(job, out_dir: Path) -> dict:
+    spec = job.spec
+    impl = spec.params.get("impl") or {}
+    return {
+        "impl": SimpleNamespace(id=impl.get("id", ""), source=impl.get("source", ""),
+                                source_files=" ".join(impl.get("source_files", [])), type=impl.get("type", "")),
+        "kernel": SimpleNamespace(id=spec.kernel or ""),
+        "out": str(out_dir),
+        "root": spec.params["root"],
+    }
+
+
+def command(job, out_dir: Path) -> dict:
+    """A rule whose action is a shell command template, e.g. a compiler invocation."""
+    spec = job.spec
+    settings = spec.params.get("settings", {}).get("compile", {})
+    try:
+        line = spec.action.format(**_template_context(job, out_dir))
+    except (KeyError, AttributeError, IndexError) as err:
+        return _command_result(spec, False, [f"rule {spec.rule!r}: bad placeholder {err} in action {spec.action!r}"])
+    program = shlex.split(line)[0] if line.strip() else ""
+    if program and not shutil.which(program) and not (Path(spec.params["root"]) / program).exists():
+        return _command_result(spec, False, [
+            f"{program} not found: install it or override the action of rule {spec.rule!r} "
+            f"in magpie.toml ([[rule]] name = \"{spec.rule}\")"])
+    cwd = Path(spec.params["root"]) / (settings.get("working_dir") or ".")
+    env = {**os.environ, **(settings.get("env") or {})}
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(["/bin/sh", "-c", line], cwd=cwd, env=env, capture_output=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        return _command_result(spec, False, ["timeout after 3600 s"], line)
+    (out_dir / "command.log").write_bytes(proc.stdout + proc.stderr)
+    ok = proc.returncode == 0
+    errors = [] if ok else [
+        f"{signal_verdict(proc.returncode)}: " + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])
+    ]
+    result = _command_result(spec, ok, errors, line)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    return result
+
+
+def _command_result(spec, ok: bool, errors: list, line: str = "") -> dict:
+    state = "SUCCESS" if ok else "FAILED"
+    result = {"state": state, "command": line, "errors": errors}
+    if spec.rule == "compile":
+        result["compiling_state"] = state
+    return result
+
+
+def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
+    spec = job.spec
+    settings = spec.params["settings"]
+    request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel, "impl": spec.params["impl"],
+               "baseline": baseline, "settings": settings}
+    limit = float(settings["correctness"]["timeout_s"])
+    testcases = max(1, len(settings["correctness"]["testcases"]))
+    overall = limit * (testcases + 3) + (settings["timing"]["warmup_ms"] + settings["timing"]["budget_ms"]) / 500 + 60
+    with tempfile.TemporaryDirectory(prefix=f"magpie-{mode}-") as tmp:
+        work = Path(tmp)
+        request["work_dir"] = str(work)
+        (work / "request.json").write_text(json.dumps(request))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "magpie.harness.evaluate", str(work / "request.json"), str(work / "result.json")],
+                capture_output=True, timeout=overall, env=env, start_new_session=True,
+            )
+            failure = None if proc.returncode == 0 else (
+                f"evaluator {signal_verdict(proc.returncode)}: "
+                + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])[:600])
+        except subprocess.TimeoutExpired:
+            failure = f"evaluator timeout after {overall:g} s"
+        for log in work.glob("worker-*.log"):
+            shutil.copy(log, out_dir / log.name)
+        if failure is None:
+            return json.loads((work / "result.json").read_text())
+    state_key = "correctness_state" if mode == "correctness" else "performance_state"
+    return {state_key: "FAILED", "verdict": failure, "errors": [failure], "numerics": "unverified",
+            "performance_result": None}
+
+
+def correctness(job, out_dir: Path) -> dict:
+    spec = job.spec
+    compiled = job.dep_results.get(f"compile:{spec.kernel}/{spec.impl}")
+    if compiled is not None and compiled.get("compiling_state") != "SUCCESS":
+        reason = "; ".join(compiled.get("errors", [])) or "compile failed"
+        return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"not compiled: {reason}",
+                "checks": [], "errors": [reason]}
+    return _evaluate("correctness", job, out_dir, baseline=None)
+
+
+def timing(job, out_dir: Path) -> dict:
+    spec = job.spec
+    own = job.dep_results[f"correctness:{spec.kernel}/{spec.impl}"]
+    if own.get("correctness_state") != "SUCCESS":
+        return {"performance_state": "SKIPPED", "performance_result": None,
+                "errors": [f"not timed: correctness {own.get('correctness_state')}: {own.get('verdict')}"]}
+    baseline = spec.params["baseline"]
+    warnings = []
+    if baseline is not None and not spec.params["impl"]["is_baseline"]:
+        base_ok = job.dep_results.get(f"correctness:{spec.kernel}/{baseline['id']}", {})
+        if base_ok.get("correctness_state") != "SUCCESS":
+            warnings.append(f"baseline {baseline['id']} is not correct ({base_ok.get('verdict')}): timed alone")
+            baseline = None
+    result = _evaluate("timing", job, out_dir, baseline=baseline)
+    result.setdefault("warnings", []).extend(warnings)
+    return result
+
+
+def comparison(job, out_dir: Path) -> dict:
+    """Correctness gate first; then speedups against the explicit baseline."""
+    spec = job.spec
+    kernel = spec.kernel
+    impl_names = sorted({name.split("/", 1)[1] for name in job.dep_results if name.startswith("correctness:")})
+    rows = []
+    for impl_id in impl_names:
+        comp = job.dep_results.get(f"compile:{kernel}/{impl_id}", {})
+        corr = job.dep_results.get(f"correctness:{kernel}/{impl_id}", {})
+        tim = job.dep_results.get(f"timing:{kernel}/{impl_id}", {})
+        rows.append({
+            "implementation": impl_id,
+            "compiling_state": comp.get("compiling_state", "SKIPPED"),
+            "correctness_state": corr.get("correctness_state", "SKIPPED"),
+            "numerics": corr.get("numerics", "unverified"),
+            "verdict": corr.get("verdict", ""),
+            "performance_state": tim.get("performance_state", "SKIPPED"),
+            "performance_result": tim.get("performance_result"),
+            "baseline_result": tim.get("baseline_result"),
+            "samples_us": tim.get("samples_us"),
+            "speedup": None,
+            "errors": [*comp.get("errors", []), *corr.get("errors", []), *tim.get("errors", [])],
+            "warnings": tim.get("warnings", []),
+            "_baseline_samples": tim.get("baseline_samples_us"),
+        })
+    return rank(kernel, rows, job.spec.params.get("baseline"))
+
+
+def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:
+    baseline_id = baseline["id"] if baseline else None
+    excluded, ranked = [], []
+    for row in rows:
+        row["is_baseline"] = row["implementation"] == baseline_id
+        paired = row.pop("_baseline_samples", None)
+        if row["correctness_state"] != "SUCCESS":
+            excluded.append({"implementation": row["implementation"],
+                             "reason": f"correctness {row['correctness_state']}: {row['verdict']}"})
+            continue
+        if row["performance_state"] != "SUCCESS":
+            excluded.append({"implementation": row["implementation"],
+                             "reason": f"performance {row['performance_state']}: {'; '.join(row['errors'])}"})
+            continue
+        if row["is_baseline"]:
+            row["speedup"] = {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": "baseline"}
+        elif paired:
+            row["speedup"] = bootstrap_speedup(paired, row["samples_us"])
+            row["speedup"]["baseline_median_us"] = row["baseline_result"]["median_us"]
+            row["speedup"]["method"] = "median(baseline)/median(candidate), timed interleaved; percentile bootstrap"
+        ranked.append(row)
+    ranked.sort(key=lambda r: (-(r["speedup"] or {}).get("value", 0.0), r["performance_result"]["median_us"]))
+    best = next((r["implementation"] for r in ranked if (r["speedup"] or {}).get("verdict") == "faster"), None)
+    return {
+        "kernel": kernel,
+        "baseline": baseline_id,
+        "ranking": [r["implementation"] for r in ranked],
+        "best": best,
+        "excluded": excluded,
+        "results": rows,
+        "errors": [],
+    }

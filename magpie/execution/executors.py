@@ -1,0 +1,54 @@
+"""Executors run jobs. doit schedules; an executor decides where a job's work happens.
+
+Picked by name from EXECUTORS; a Ray executor for clusters is one more class here.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
+
+from magpie.execution.job import Job, JobOutput, run_job
+
+
+class InlineExecutor:
+    """Runs each job in the calling thread (the default for -j 1)."""
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+
+    def submit(self, job: Job) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(run_job(job))
+        except BaseException as err:
+            future.set_exception(err)
+        return future
+
+    def shutdown(self) -> None:
+        pass
+
+
+class LocalProcessExecutor:
+    """A pool of local processes; jobs and their outputs cross the boundary by pickling."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def submit(self, job: Job) -> Future:
+        return self._pool.submit(run_job, job)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+EXECUTORS = {"inline": InlineExecutor, "local": LocalProcessExecutor}
+
+
+def make_executor(jobs: int, name: str | None = None):
+    name = name or ("inline" if jobs <= 1 else "local")
+    return EXECUTORS[name](jobs)
+
+
+__all__ = ["EXECUTORS", "InlineExecutor", "LocalProcessExecutor", "make_executor", "JobOutput"]

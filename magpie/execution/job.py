@@ -1,0 +1,61 @@
+"""A job: one task's work, as plain data in and plain data out.
+
+Jobs carry their dependencies' results with them and return their files as bytes, so
+they can run in this process, in a local process pool, or on a remote worker, and the
+store is written only by the process that owns it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from magpie.graph.expand import TaskSpec
+
+# Built-in actions by name, imported only when a task of theirs runs.
+ACTIONS = {
+    "compile_python": "magpie.execution.actions:compile_python",
+    "correctness": "magpie.execution.actions:correctness",
+    "timing": "magpie.execution.actions:timing",
+    "comparison": "magpie.execution.actions:comparison",
+    "report": "magpie.report.render:report",
+}
+COMMAND_ACTION = "magpie.execution.actions:command"
+
+
+@dataclass
+class Job:
+    spec: TaskSpec
+    dep_results: dict[str, dict]
+    dep_dirs: dict[str, str]
+
+
+@dataclass
+class JobOutput:
+    result: dict
+    files: dict[str, bytes]
+    seconds: float
+
+
+def resolve_action(spec: TaskSpec):
+    name = spec.action[len("magpie:"):] if spec.is_builtin else None
+    if name is not None and name not in ACTIONS:
+        raise KeyError(f"unknown built-in action magpie:{name} (known: {', '.join(ACTIONS)})")
+    module_name, attr = (ACTIONS[name] if name else COMMAND_ACTION).split(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def run_job(job: Job) -> JobOutput:
+    started = time.monotonic()
+    action = resolve_action(job.spec)
+    with tempfile.TemporaryDirectory(prefix="magpie-job-") as tmp:
+        out_dir = Path(tmp)
+        result = action(job, out_dir)
+        files = {p.relative_to(out_dir).as_posix(): p.read_bytes() for p in sorted(out_dir.rglob("*")) if p.is_file()}
+    seconds = time.monotonic() - started
+    result.setdefault("task", job.spec.name)
+    result["task_seconds"] = round(seconds, 3)
+    return JobOutput(result, files, seconds)

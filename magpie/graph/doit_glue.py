@@ -1,0 +1,183 @@
+"""doit as the scheduler: our tasks become doit tasks, our store decides staleness.
+
+doit's own dependency file is not used for staleness (a store lookup is), so it is kept
+in memory: a build killed at any moment leaves nothing of doit's to repair.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from doit.cmd_base import TaskLoader2
+from doit.doit_cmd import DoitMain
+from doit.task import Task
+
+from magpie.execution.job import Job
+from magpie.graph.expand import explain
+
+
+class MemoryDB:
+    """doit dependency backend that forgets everything when the build ends."""
+
+    desc = "in-memory (magpie keeps state in its artifact store)"
+
+    def __init__(self, name, codec, *, module_name=None):
+        self.name = name
+        self._db: dict = {}
+
+    def dump(self):
+        pass
+
+    def set(self, task_id, dependency, value):
+        self._db.setdefault(task_id, {})[dependency] = value
+
+    def get(self, task_id, dependency):
+        return self._db.get(task_id, {}).get(dependency)
+
+    def in_(self, task_id):
+        return task_id in self._db
+
+    def remove(self, task_id):
+        self._db.pop(task_id, None)
+
+    def remove_all(self):
+        self._db = {}
+
+
+class BuildReporter:
+    """Plain lines when not on a terminal; a rich progress bar on one."""
+
+    def __init__(self, *, reasons: dict[str, str], use_rich: bool):
+        self.out = sys.stdout
+        self.reasons = reasons
+        self.failures: list[tuple[str, str]] = []
+        self.executed: list[str] = []
+        self._started: dict[str, float] = {}
+        self._progress = None
+        if use_rich and reasons:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("[bold]magpie build"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), TextColumn("{task.description}"))
+            self._bar = self._progress.add_task("", total=len(reasons))
+            self._progress.start()
+
+    def _line(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def initialize(self, tasks, selected_tasks):
+        pass
+
+    def get_status(self, task):
+        pass
+
+    def execute_task(self, task):
+        self._started[task.name] = time.monotonic()
+        if self._progress is not None:
+            self._progress.update(self._bar, description=task.name)
+        self._line(f"run   {task.name}  ({self.reasons.get(task.name, 'stale')})")
+
+    def add_success(self, task):
+        self.executed.append(task.name)
+        seconds = time.monotonic() - self._started.get(task.name, time.monotonic())
+        if self._progress is not None:
+            self._progress.advance(self._bar)
+        self._line(f"done  {task.name}  {seconds:.1f}s")
+
+    def add_failure(self, task, fail):
+        self.failures.append((task.name, fail.get_msg().strip().splitlines()[-1] if fail.get_msg() else ""))
+        if self._progress is not None:
+            self._progress.advance(self._bar)
+        self._line(f"FAIL  {task.name}: {self.failures[-1][1]}")
+
+    def skip_uptodate(self, task):
+        pass
+
+    def skip_ignore(self, task):
+        pass
+
+    def cleanup_error(self, exception):
+        self._line(f"cleanup error: {exception}")
+
+    def runtime_error(self, msg):
+        self._line(f"error: {msg.strip()}")
+
+    def teardown_task(self, task):
+        pass
+
+    def complete_run(self):
+        if self._progress is not None:
+            self._progress.stop()
+
+
+class StoreTaskLoader(TaskLoader2):
+    def __init__(self, project, executor, jobs: int, reporter: BuildReporter):
+        super().__init__()
+        self.project = project
+        self.executor = executor
+        self.jobs = jobs
+        self.reporter = reporter
+
+    def load_doit_config(self):
+        return {
+            "backend": "magpie-memory",
+            "dep_file": str(self.project.store.workspace / ".doit-state"),
+            "verbosity": 0,
+            "reporter": self.reporter,
+            "num_process": self.jobs if self.jobs > 1 else 0,
+            "par_type": "thread",
+            "continue": True,
+        }
+
+    def load_tasks(self, cmd, pos_args):
+        store = self.project.store
+        tasks = []
+        for name, spec in self.project.tasks.items():
+            tasks.append(Task(
+                name,
+                actions=[(self._run, [name])],
+                task_dep=list(spec.deps),
+                uptodate=[(store.has, [spec.key])],
+                doc=spec.rule,
+            ))
+        return tasks
+
+    def _run(self, name: str) -> bool:
+        tasks, store = self.project.tasks, self.project.store
+        spec = tasks[name]
+        job = Job(spec,
+                  dep_results={d: store.read(tasks[d].key) for d in spec.deps},
+                  dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
+        output = self.executor.submit(job).result()
+        store.commit(spec.key, output.result, output.files)
+        store.record(name, spec.key, spec.parts)
+        return True
+
+
+def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool) -> tuple[int, BuildReporter]:
+    reasons = {name: explain(project.tasks[name].parts, project.store.recorded(name))
+               for name in project.stale(_closure(project, selected))}
+    reporter = BuildReporter(reasons=reasons, use_rich=use_rich)
+    loader = StoreTaskLoader(project, executor, jobs, reporter)
+    main = DoitMain(loader, config_filenames=(),
+                    extra_config={"BACKEND": {"magpie-memory": "magpie.graph.doit_glue:MemoryDB"}})
+    code = main.run(["run", *selected])
+    return code, reporter
+
+
+def _closure(project, selected: list[str]) -> list[str]:
+    """The selected tasks and everything they depend on."""
+    seen: list[str] = []
+    stack = list(selected)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.append(name)
+        stack.extend(project.tasks[name].deps)
+    return seen

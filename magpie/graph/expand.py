@@ -1,0 +1,278 @@
+"""Expand manifest x rules into tasks, each with a content key.
+
+A task's key hashes the rule (and its action and version), the contents of its input
+files, the resolved settings that affect it, the toolchain and device facts it names,
+and the keys of the tasks it depends on. Keys are known before anything runs, so the
+up-to-date check is one `stat` of the store per task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from magpie.errors import UserError
+from magpie.graph.fingerprint import fingerprint
+from magpie.graph.rules import Rule
+from magpie.manifest.models import Implementation, Kernel, Manifest
+from magpie.paths import templates_dir
+
+
+@dataclass
+class TaskSpec:
+    """Plain, picklable data: everything an executor needs to run one task."""
+
+    name: str
+    rule: str
+    scope: str
+    action: str
+    kernel: str | None
+    impl: str | None
+    inputs: list[str]
+    config: dict
+    fingerprint: dict
+    deps: list[str]
+    params: dict
+    key: str = ""
+    parts: dict = field(default_factory=dict)
+
+    @property
+    def is_builtin(self) -> bool:
+        return self.action.startswith("magpie:")
+
+
+class FileHasher:
+    """sha256 of file contents, computed once per file per process."""
+
+    def __init__(self):
+        self._cache: dict[str, str] = {}
+
+    def __call__(self, path: Path) -> str:
+        spath = str(path)
+        digest = self._cache.get(spath)
+        if digest is None:
+            try:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            except FileNotFoundError:
+                digest = "missing"
+            self._cache[spath] = digest
+        return digest
+
+
+def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) -> dict:
+    d = manifest.defaults
+    timing = (kernel.timing or d.timing).model_dump()
+    testcases = []
+    for tc in kernel.testcases:
+        item = tc.model_dump(exclude_none=True)
+        if tc.spec:
+            item.update(
+                rtol=tc.rtol if tc.rtol is not None else (kernel.rtol if kernel.rtol is not None else d.rtol),
+                atol=tc.atol if tc.atol is not None else (kernel.atol if kernel.atol is not None else d.atol),
+                trials=tc.trials or kernel.trials or d.trials,
+            )
+        testcases.append(item)
+    limits = {"timeout_s": kernel.timeout_s or d.timeout_s, "memory_mb": d.memory_mb}
+    return {
+        "compile": {"env": impl.env, "working_dir": impl.working_dir, "compile_command": impl.compile_command},
+        "correctness": {"testcases": testcases, "seed": d.seed, "entry": impl.entry or kernel.entry, **limits},
+        "timing": {**timing, **limits},
+        "project": {"device": manifest.project.device},
+    }
+
+
+def _impl_params(kernel: Kernel, impl: Implementation | None) -> dict | None:
+    if impl is None:
+        return None
+    return {
+        "id": impl.id,
+        "type": kernel.impl_type(impl),
+        "source": impl.source,
+        "source_files": list(impl.source_files),
+        "entry": impl.entry or kernel.entry,
+        "working_dir": impl.working_dir,
+        "env": dict(impl.env),
+        "is_baseline": kernel.baseline is not None and impl.id == kernel.baseline.id,
+    }
+
+
+class Expander:
+    def __init__(self, manifest: Manifest, root: Path, rules: list[Rule], hasher: FileHasher | None = None):
+        self.manifest = manifest
+        self.root = root
+        self.rules = rules
+        self.hash_file = hasher or FileHasher()
+        self.device = manifest.project.device
+        self.tasks: dict[str, TaskSpec] = {}
+
+    # -- inputs -----------------------------------------------------------------------------
+    def _placeholder_files(self, name: str, kernel: Kernel | None, impl: Implementation | None) -> list[str]:
+        baseline = kernel.baseline if kernel else None
+        table = {
+            "impl.source": lambda: [impl.source] if impl else [],
+            "impl.source_files": lambda: list(impl.source_files) if impl else [],
+            "baseline.source": lambda: [baseline.source] if baseline else [],
+            "baseline.source_files": lambda: list(baseline.source_files) if baseline else [],
+            "testcase.specs": lambda: [tc.spec for tc in kernel.testcases if tc.spec] if kernel else [],
+            "templates": lambda: ["magpie-templates/" + p.name for p in sorted(templates_dir().glob("*.j2"))],
+        }
+        if name not in table:
+            raise UserError(f"rule input {{{name}}}: unknown placeholder (known: {', '.join(table)})")
+        return table[name]()
+
+    def _inputs(self, rule: Rule, kernel, impl) -> list[str]:
+        files: list[str] = []
+        for pattern in rule.inputs:
+            if pattern.startswith("{") and pattern.endswith("}") and pattern.count("{") == 1:
+                names = self._placeholder_files(pattern[1:-1], kernel, impl)
+            else:
+                names = [pattern]
+            files.extend(n for n in names if n not in files)
+        return files
+
+    def _input_path(self, name: str) -> Path:
+        if name.startswith("magpie-templates/"):
+            return templates_dir() / name.split("/", 1)[1]
+        return self.root / name
+
+    # -- expansion --------------------------------------------------------------------------
+    def expand(self) -> dict[str, TaskSpec]:
+        order = {"implementation": 0, "kernel": 1, "project": 2}
+        for rule in sorted(self.rules, key=lambda r: order[r.scope]):
+            if rule.scope == "implementation":
+                for kernel in self.manifest.kernel:
+                    for impl in kernel.implementations():
+                        if kernel.impl_type(impl) in rule.types:
+                            self._add(rule, kernel, impl)
+            elif rule.scope == "kernel":
+                for kernel in self.manifest.kernel:
+                    self._add(rule, kernel, None)
+            else:
+                self._add(rule, None, None)
+        for spec in self.tasks.values():
+            spec.deps = [d for d in spec.deps if d in self.tasks]
+        for name in self.tasks:
+            self._key(name, set())
+        return self.tasks
+
+    def _add(self, rule: Rule, kernel: Kernel | None, impl: Implementation | None) -> None:
+        if impl is not None:
+            name = f"{rule.name}:{kernel.id}/{impl.id}"
+        elif kernel is not None:
+            name = f"{rule.name}:{kernel.id}"
+        else:
+            name = rule.name
+        settings = resolved_settings(self.manifest, kernel, impl) if impl is not None else {}
+        if kernel is not None and impl is None:
+            settings = {"project": {"device": self.device}}
+        config = {section: settings[section] for section in rule.config if section in settings}
+        if rule.builtin_action is None and impl is not None and rule.name == "compile" and impl.compile_command:
+            action = impl.compile_command
+        else:
+            action = rule.action
+        self.tasks[name] = TaskSpec(
+            name=name,
+            rule=rule.name,
+            scope=rule.scope,
+            action=action,
+            kernel=kernel.id if kernel else None,
+            impl=impl.id if impl else None,
+            inputs=self._inputs(rule, kernel, impl),
+            config=config,
+            fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
+            deps=self._deps(rule, kernel, impl),
+            params={
+                "root": str(self.root),
+                "rule_identity": rule.identity(),
+                "impl": _impl_params(kernel, impl) if kernel else None,
+                "baseline": _impl_params(kernel, kernel.baseline) if kernel else None,
+                "settings": settings,
+                "project": self.manifest.project.name,
+            },
+        )
+
+    def _deps(self, rule: Rule, kernel, impl) -> list[str]:
+        out: list[str] = []
+
+        def add(name):
+            if name not in out:
+                out.append(name)
+
+        for dep in rule.deps:
+            if dep.startswith("baseline."):
+                if kernel is not None and kernel.baseline is not None:
+                    add(f"{dep[9:]}:{kernel.id}/{kernel.baseline.id}")
+            elif dep.startswith("impls."):
+                kernels = [kernel] if kernel is not None else self.manifest.kernel
+                for k in kernels:
+                    for i in k.implementations():
+                        add(f"{dep[6:]}:{k.id}/{i.id}")
+            elif dep.startswith("kernels."):
+                for k in self.manifest.kernel:
+                    add(f"{dep[8:]}:{k.id}")
+            elif impl is not None:
+                add(f"{dep}:{kernel.id}/{impl.id}")
+            elif kernel is not None:
+                add(f"{dep}:{kernel.id}")
+            else:
+                add(dep)
+        self_name = f"{rule.name}:{kernel.id}/{impl.id}" if impl is not None else None
+        return [d for d in out if d != self_name]
+
+    def _key(self, name: str, visiting: set) -> str:
+        spec = self.tasks[name]
+        if spec.key:
+            return spec.key
+        if name in visiting:
+            raise UserError(f"rules form a cycle through {name}: check the rules' deps")
+        visiting.add(name)
+        parts = {
+            "task": name,
+            "rule": spec.params["rule_identity"],
+            "action": spec.action,
+            "inputs": {n: self.hash_file(self._input_path(n)) for n in spec.inputs},
+            "config": spec.config,
+            "fingerprint": spec.fingerprint,
+            "deps": {d: self._key(d, visiting) for d in spec.deps},
+        }
+        visiting.discard(name)
+        spec.parts = parts
+        spec.key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        return spec.key
+
+
+def expand(manifest: Manifest, root: Path, rules: list[Rule]) -> dict[str, TaskSpec]:
+    return Expander(manifest, Path(root), rules).expand()
+
+
+def explain(parts: dict, recorded: dict | None) -> str:
+    """Why a task must run, comparing its key's parts with those of its last build."""
+    if recorded is None:
+        return "never built"
+    old = recorded.get("parts", {})
+    reasons = []
+    for name, digest in parts["inputs"].items():
+        before = old.get("inputs", {}).get(name)
+        if before is None:
+            reasons.append(f"new input {name}")
+        elif before != digest:
+            reasons.append(f"{name} changed")
+    for section in ("rule", "action"):
+        if parts[section] != old.get(section):
+            reasons.append(f"{section} changed")
+    for section, value in parts["config"].items():
+        if value != old.get("config", {}).get(section):
+            reasons.append(f"{section} settings changed")
+    for fact, value in parts["fingerprint"].items():
+        if value != old.get("fingerprint", {}).get(fact):
+            reasons.append(f"{fact} changed")
+    for dep, key in parts["deps"].items():
+        if key != old.get("deps", {}).get(dep):
+            reasons.append(f"{dep} rebuilt")
+    if not reasons:
+        return "artifact missing from the store"
+    return ", ".join(reasons[:4]) + (f" (+{len(reasons) - 4} more)" if len(reasons) > 4 else "")

@@ -1,0 +1,75 @@
+"""Toolchain and device facts that key artifacts, computed lazily and cheaply.
+
+None of these imports torch or triton: versions come from package metadata and
+compilers are identified by path and file stat, not by running them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        return "absent"
+    st = os.stat(path)
+    return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
+
+
+@lru_cache(maxsize=None)
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _device(device: str) -> str:
+    if device == "cpu":
+        return f"cpu:{cpu_model()}:{os.cpu_count()}"
+    return device
+
+
+def _harness() -> str:
+    """Hash of the code that produces verdicts and timings: changing it invalidates them."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for sub in ("harness", "compare"):
+        for path in sorted((root / sub).glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+_FACTS = {
+    "python": lambda device: f"{sys.version.split()[0]}:{platform.machine()}",
+    "torch": lambda device: _package_version("torch"),
+    "triton": lambda device: _package_version("triton"),
+    "nvcc": lambda device: _tool("nvcc"),
+    "hipcc": lambda device: _tool("hipcc"),
+    "device": _device,
+    "harness": lambda device: _harness(),
+}
+
+
+@lru_cache(maxsize=None)
+def fingerprint(name: str, device: str) -> str:
+    return _FACTS[name](device)

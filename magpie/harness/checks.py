@@ -1,0 +1,83 @@
+"""Output checks. Each returns a record naming the check that failed and by how much."""
+
+from __future__ import annotations
+
+
+def as_tuple(value) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _fail(check: str, detail: str, **errors) -> dict:
+    return {"passed": False, "check": check, "detail": detail, **errors}
+
+
+def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
+    import torch
+
+    got_t, exp_t = as_tuple(got), as_tuple(expected)
+    if len(got_t) != len(exp_t):
+        return _fail("output count", f"returned {len(got_t)} outputs, expected {len(exp_t)}")
+    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "rel_err_norm": 0.0}
+    for i, (g, e) in enumerate(zip(got_t, exp_t)):
+        where = f"output {i}: " if len(exp_t) > 1 else ""
+        if not torch.is_tensor(e):
+            if g != e:
+                return _fail("value", f"{where}got {g!r}, expected {e!r}")
+            continue
+        if not torch.is_tensor(g):
+            return _fail("type", f"{where}got {type(g).__name__}, expected a tensor")
+        if tuple(g.shape) != tuple(e.shape):
+            return _fail("shape", f"{where}shape {list(g.shape)}, expected {list(e.shape)} (no broadcasting)")
+        if g.dtype != e.dtype:
+            return _fail("dtype", f"{where}dtype {g.dtype}, expected {e.dtype}")
+        if not e.is_floating_point() and not e.is_complex():
+            mismatched = int((g != e).sum())
+            if mismatched:
+                return _fail("values", f"{where}{mismatched} of {e.numel()} elements differ (exact match needed)")
+            continue
+        g64, e64 = g.double(), e.double()
+        expected_finite = torch.isfinite(e64)
+        bad = expected_finite & ~torch.isfinite(g64)
+        if bad.any():
+            return _fail(
+                "finite",
+                f"{where}{int(bad.sum())} of {e.numel()} elements are NaN/Inf where the reference is finite "
+                "(unwritten output memory reads as NaN)",
+            )
+        diff = (g64 - e64).abs()[expected_finite]
+        ref = e64.abs()[expected_finite]
+        max_abs = float(diff.max()) if diff.numel() else 0.0
+        max_rel = float((diff / ref.clamp_min(1e-30)).max()) if diff.numel() else 0.0
+        ref_norm = float(e64[expected_finite].norm())
+        rel_norm = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
+        worst = {k: max(worst[k], v) for k, v in
+                 (("max_abs_err", max_abs), ("max_rel_err", max_rel), ("rel_err_norm", rel_norm))}
+        close = torch.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
+        if not close.all():
+            return _fail("allclose", f"{where}{int((~close).sum())} of {e.numel()} elements outside "
+                         f"rtol={rtol:g} atol={atol:g}", **worst)
+        rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 0.0
+        norm_bound = rtol + (atol / rms if rms > 0 else 0.0)
+        if rel_norm > norm_bound:
+            return _fail("error norm", f"{where}relative error norm {rel_norm:.3g} > {norm_bound:.3g}", **worst)
+    return {"passed": True, "check": "all", "detail": "", **worst}
+
+
+def compare_inputs(before: tuple, after: tuple) -> dict | None:
+    import torch
+
+    for i, (b, a) in enumerate(zip(before, after)):
+        if torch.is_tensor(b) and not (a.shape == b.shape and torch.equal(a, b)):
+            return _fail("inputs unchanged", f"input {i} was modified in place by the implementation")
+    return None
+
+
+def all_finite(got) -> dict:
+    import torch
+
+    for i, g in enumerate(as_tuple(got)):
+        if not torch.is_tensor(g):
+            return _fail("type", f"output {i} is {type(g).__name__}, expected a tensor")
+        if g.is_floating_point() and not torch.isfinite(g).all():
+            return _fail("finite", f"output {i} has {int((~torch.isfinite(g)).sum())} NaN/Inf elements")
+    return {"passed": True, "check": "finite only", "detail": ""}

@@ -1,0 +1,295 @@
+"""The evaluator process: judges one implementation, in a process of its own.
+
+It builds inputs and reference outputs from the testcase spec, hands inputs to worker
+processes that run the implementation (and, for timing, the baseline), and checks what
+comes back. Candidate code never runs here, so it cannot patch the checks or the clock
+that judges it. Usage: python -m magpie.harness.evaluate REQUEST.json RESULT.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from magpie.compare.stats import summarize_ns, thin
+from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
+from magpie.harness.session import Worker, WorkerFailure, signal_verdict
+from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed
+from magpie.harness.timing import timer_for
+
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+KEPT_SAMPLES = 2000
+
+
+class Evaluator:
+    def __init__(self, request: dict):
+        self.root = Path(request["root"])
+        self.kernel_id = request["kernel"]
+        self.impl = request["impl"]
+        self.baseline = request.get("baseline")
+        self.settings = request["settings"]
+        self.correctness_settings = self.settings["correctness"]
+        self.device = self.settings["project"]["device"]
+        self.work = Path(request["work_dir"])
+        self.timeout = float(self.correctness_settings["timeout_s"])
+        self.seed = int(self.correctness_settings["seed"])
+        self.init_seed = derive_seed(self.seed, self.kernel_id, "init")
+        self._torch = None
+
+    @property
+    def torch(self):
+        if self._torch is None:
+            import torch
+
+            self._torch = torch
+        return self._torch
+
+    # -- workers --------------------------------------------------------------------------
+    def _env(self, impl: dict) -> dict:
+        env = dict(os.environ)
+        env.update(impl.get("env") or {})
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        if impl["type"] == "triton" and self.device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        return env
+
+    def start(self, impl: dict, init_file: str | None, init_from_module: bool = False) -> Worker:
+        cwd = self.root / (impl.get("working_dir") or ".")
+        worker = Worker(label=impl["id"], cwd=str(cwd), env=self._env(impl),
+                        memory_mb=int(self.correctness_settings["memory_mb"]),
+                        log_path=self.work / f"worker-{impl['id']}.log")
+        answer = worker.request({
+            "op": "load", "id": impl["id"], "source": str(self.root / impl["source"]),
+            "entry": impl.get("entry"), "device": self.device, "seed": self.init_seed,
+            "init_inputs_file": init_file, "init_from_module": init_from_module, "threads": self.settings.get("timing", {}).get("threads", 1),
+        }, self.timeout)
+        if not answer["ok"]:
+            worker.close()
+            raise WorkerFailure(f"error while loading: {answer['error']}")
+        return worker
+
+    def _save(self, name: str, value) -> str:
+        path = self.work / name
+        self.torch.save(value, path)
+        return str(path)
+
+    def _spec(self, index: int, testcase: dict) -> ReferenceSpec:
+        return ReferenceSpec(self.root / testcase["spec"], testcase, self.device)
+
+    def _run_cases(self, worker: Worker, spec: ReferenceSpec, cases: list, tag: str, rtol, atol,
+                   check_values: bool = True) -> list[dict]:
+        inputs = [spec.make_inputs(c) for c in cases]
+        expected = [spec.reference(a, self.init_seed) for a in inputs] if check_values else None
+        inputs_file = self._save(f"{tag}-inputs.pt", inputs)
+        outputs_file = str(self.work / f"{tag}-outputs.pt")
+        answer = worker.request({"op": "run", "inputs_file": inputs_file, "outputs_file": outputs_file},
+                                self.timeout)
+        if not answer["ok"]:
+            raise WorkerFailure(f"error: {answer['error']}")
+        produced = self.torch.load(outputs_file, weights_only=True)
+        records = []
+        for i, case in enumerate(cases):
+            record = compare_inputs(inputs[i], produced["inputs_after"][i])
+            if record is None:
+                got = produced["outputs"][i]
+                record = compare_outputs(got, expected[i], rtol, atol) if check_values else all_finite(got)
+            records.append({"case": case.label, "trial": case.trial, "seed": case.seed, **record})
+        return records
+
+    # -- correctness ----------------------------------------------------------------------
+    def correctness(self) -> dict:
+        testcases = self.correctness_settings["testcases"]
+        checks: list[dict] = []
+        numerics = "verified"
+        try:
+            if not testcases:
+                return self._unverified()
+            for index, testcase in enumerate(testcases):
+                if testcase.get("command"):
+                    checks.append(self._command_check(index, testcase))
+                    continue
+                if self.impl["type"] in ("cuda", "hip"):
+                    return _skipped(f"{self.impl['type']} implementations are loaded on a GPU device only; "
+                                    f"this project's device is {self.device}")
+                spec = self._spec(index, testcase)
+                cases = spec.cases(self.seed, self.kernel_id, index, int(testcase["trials"]))
+                init_file = self._save(f"tc{index}-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
+                with self.start(self.impl, init_file) as worker:
+                    records = self._run_cases(worker, spec, cases, f"tc{index}", testcase["rtol"], testcase["atol"])
+                checks.extend({"testcase": index, **r} for r in records)
+        except SpecError as err:
+            return {"correctness_state": "FAILED", "numerics": numerics, "verdict": f"testcase spec: {err}",
+                    "checks": checks, "errors": [f"testcase spec: {err}"]}
+        except WorkerFailure as err:
+            return {"correctness_state": "FAILED", "numerics": numerics, "verdict": str(err),
+                    "checks": checks, "errors": [str(err)]}
+        return _verdict(checks, numerics)
+
+    def _unverified(self) -> dict:
+        """No testcase: the implementation runs on its own get_inputs() (inside its worker) and
+        only finiteness is checked, recorded as numerics: unverified."""
+        source = self.root / self.impl["source"]
+        if self.impl["type"] not in ("pytorch", "triton") or "def get_inputs" not in source.read_text():
+            return _skipped("no testcase declared: add a [[kernel.testcases]] with a spec or a command")
+        outputs_file = str(self.work / "outputs.pt")
+        with self.start(self.impl, None, init_from_module=True) as worker:
+            answer = worker.request({"op": "run_own_inputs", "seed": self.seed, "outputs_file": outputs_file},
+                                    self.timeout)
+            if not answer["ok"]:
+                raise WorkerFailure(f"error: {answer['error']}")
+        produced = self.torch.load(outputs_file, weights_only=True)
+        record = {"testcase": None, "case": "get_inputs()", "trial": 0, **all_finite(produced["outputs"][0])}
+        return _verdict([record], "unverified")
+
+    def _command_check(self, index: int, testcase: dict) -> dict:
+        cwd = self.root / (testcase.get("working_dir") or ".")
+        env = {**self._env(self.impl), **(testcase.get("env") or {}),
+               "MAGPIE_IMPL_ID": self.impl["id"], "MAGPIE_IMPL_SOURCE": str(self.root / self.impl["source"])}
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(["/bin/sh", "-c", testcase["command"]], cwd=cwd, env=env,
+                                  capture_output=True, timeout=self.timeout, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return {"testcase": index, "case": "command", "trial": 0, "passed": False, "check": "exit code",
+                    "detail": f"timeout after {self.timeout:g} s"}
+        tail = (proc.stdout + proc.stderr).decode(errors="replace").strip().splitlines()[-3:]
+        passed = proc.returncode == 0
+        detail = "" if passed else f"{signal_verdict(proc.returncode)}: {' | '.join(tail)[:400]}"
+        return {"testcase": index, "case": "command", "trial": 0, "passed": passed, "check": "exit code",
+                "detail": detail, "wall_s": time.monotonic() - started}
+
+    # -- timing ---------------------------------------------------------------------------
+    def timing(self) -> dict:
+        t = self.settings["timing"]
+        spec_index = next((i for i, tc in enumerate(self.correctness_settings["testcases"]) if tc.get("spec")), None)
+        if spec_index is None:
+            return {"performance_state": "SKIPPED", "performance_result": None,
+                    "errors": ["no Python spec testcase to build timing inputs from"]}
+        if self.impl["type"] in ("cuda", "hip"):
+            return {"performance_state": "SKIPPED", "performance_result": None,
+                    "errors": [f"{self.impl['type']} timing needs a GPU device; this project's device is {self.device}"]}
+        testcase = self.correctness_settings["testcases"][spec_index]
+        try:
+            return self._timed(spec_index, testcase, t)
+        except SpecError as err:
+            return {"performance_state": "FAILED", "performance_result": None, "errors": [f"testcase spec: {err}"]}
+        except WorkerFailure as err:
+            return {"performance_state": "FAILED", "performance_result": None, "errors": [str(err)]}
+
+    def _timed(self, spec_index: int, testcase: dict, t: dict) -> dict:
+        spec = self._spec(spec_index, testcase)
+        cases = spec.cases(self.seed, self.kernel_id, spec_index, 1, salt="timing")
+        case = max(cases, key=lambda c: _numel(c.shape))
+        rotation = [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, "set", k))
+                    for k in range(int(t["input_sets"]))]
+        timing_inputs = self._save("timing-inputs.pt", [spec.make_inputs(c) for c in rotation])
+        init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
+        pair = self.baseline is not None and not self.impl.get("is_baseline")
+        workers = {}
+        try:
+            workers["candidate"] = self.start(self.impl, init_file)
+            if pair:
+                workers["baseline"] = self.start(self.baseline, init_file)
+            samples = {role: [] for role in workers}
+            wall = {role: 0.0 for role in workers}
+            for role, worker in workers.items():
+                self._time_request(worker, timing_inputs, warmup_ms=t["warmup_ms"], budget_ms=0, max_reps=1)
+            rounds = int(t["rounds"])
+            for r in range(rounds):
+                order = list(workers) if r % 2 == 0 else list(reversed(workers))
+                for role in order:
+                    answer = self._time_request(workers[role], timing_inputs, warmup_ms=0,
+                                                budget_ms=t["budget_ms"] / rounds,
+                                                max_reps=max(1, int(t["max_reps"]) // rounds), offset=r)
+                    samples[role].extend(answer["samples_ns"])
+                    wall[role] += answer["wall_s"]
+            recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
+            recheck = self._run_cases(workers["candidate"], spec, recheck_cases, "recheck",
+                                      testcase["rtol"], testcase["atol"])[0]
+        finally:
+            for worker in workers.values():
+                worker.close()
+        method = timer_for(self.device).describe(t)
+        result = {
+            "performance_state": "SUCCESS",
+            "performance_result": self._summary(samples["candidate"], wall["candidate"], method, case.label),
+            "baseline_result": self._summary(samples["baseline"], wall["baseline"], method, case.label)
+            if pair else None,
+            "samples_us": [s / 1000 for s in thin(samples["candidate"], KEPT_SAMPLES)],
+            "baseline_samples_us": [s / 1000 for s in thin(samples["baseline"], KEPT_SAMPLES)] if pair else None,
+            "recheck": recheck,
+            "errors": [],
+            "warnings": [],
+        }
+        for role in workers:
+            coverage = (result["performance_result"] if role == "candidate" else result["baseline_result"])[
+                "wall_coverage"]
+            if coverage > 1.05:
+                result["performance_state"] = "FAILED"
+                result["errors"].append(f"{role} timer reported {coverage:.0%} of the wall time the evaluator "
+                                        "measured: the in-process clock was tampered with")
+            elif coverage < 0.5:
+                result["warnings"].append(f"{role} samples cover only {coverage:.0%} of the wall time: per-call "
+                                          "overhead dominates; treat sub-microsecond differences as noise")
+        if not recheck["passed"]:
+            result["performance_state"] = "FAILED"
+            result["errors"].append(f"incorrect after timing: {recheck['check']}: {recheck['detail']}")
+        return result
+
+    def _time_request(self, worker: Worker, inputs_file: str, **params) -> dict:
+        deadline = self.timeout + (params.get("budget_ms", 0) + params.get("warmup_ms", 0)) / 1000
+        answer = worker.request({"op": "time", "inputs_file": inputs_file, **params}, deadline)
+        if not answer["ok"]:
+            raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
+        return answer
+
+    @staticmethod
+    def _summary(samples_ns: list[int], wall_s: float, method: str, case: str) -> dict:
+        summary = summarize_ns(samples_ns)
+        summary.update(method=method, shape=case,
+                       wall_coverage=(sum(samples_ns) / 1e9) / wall_s if wall_s > 0 else 0.0,
+                       wall_per_call_us=wall_s * 1e6 / len(samples_ns))
+        return summary
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape or []:
+        n *= d
+    return n
+
+
+def _skipped(reason: str) -> dict:
+    return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"skipped: {reason}",
+            "checks": [], "errors": [reason]}
+
+
+def _verdict(checks: list[dict], numerics: str) -> dict:
+    failed = next((c for c in checks if not c["passed"]), None)
+    if failed is None:
+        verdict = "correct" if numerics == "verified" else "runs, output finite (numerics unverified)"
+        return {"correctness_state": "SUCCESS", "numerics": numerics, "verdict": verdict,
+                "checks": checks, "errors": []}
+    where = f" on {failed['case']} trial {failed['trial']}" if failed.get("case") != "command" else ""
+    errs = ""
+    if "max_abs_err" in failed:
+        errs = f" (max abs err {failed['max_abs_err']:.3g}, max rel err {failed['max_rel_err']:.3g})"
+    verdict = f"incorrect: {failed['check']}{where}: {failed['detail']}{errs}"
+    return {"correctness_state": "FAILED", "numerics": numerics, "verdict": verdict, "checks": checks,
+            "errors": [verdict]}
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(Path(argv[0]).read_text())
+    evaluator = Evaluator(request)
+    result = evaluator.correctness() if request["mode"] == "correctness" else evaluator.timing()
+    Path(argv[1]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

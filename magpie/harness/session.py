@@ -1,0 +1,129 @@
+"""Parent side of a worker process: start it, send commands with deadlines, and turn a
+crash, a hang or an exhausted memory limit into a verdict instead of an exception."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class WorkerFailure(Exception):
+    """The worker died or stopped answering; str() is the verdict."""
+
+
+def signal_verdict(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        if name == "SIGKILL":
+            return "crashed (SIGKILL: killed, often out of memory)"
+        return f"crashed ({name})"
+    return f"exited with code {returncode}"
+
+
+def limits(memory_mb: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if memory_mb:
+            limit = memory_mb * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return apply
+
+
+class Worker:
+    def __init__(self, *, label: str, cwd: str, env: dict, memory_mb: int, log_path: Path):
+        self.label = label
+        self.log_path = log_path
+        command_read, self._command_write = os.pipe()
+        self._answer_read, answer_write = os.pipe()
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "magpie.harness.worker", str(command_read), str(answer_write)],
+            pass_fds=(command_read, answer_write),
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+            cwd=cwd, env=env, preexec_fn=limits(memory_mb), start_new_session=True,
+        )
+        os.close(command_read)
+        os.close(answer_write)
+        self._buffer = b""
+
+    def request(self, message: dict, timeout_s: float) -> dict:
+        """Send one command; return its answer, or raise WorkerFailure with the verdict."""
+        started = time.monotonic()
+        try:
+            os.write(self._command_write, (json.dumps(message) + "\n").encode())
+        except BrokenPipeError:
+            raise WorkerFailure(self._death_verdict()) from None
+        deadline = started + timeout_s
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise WorkerFailure(f"timeout after {timeout_s:g} s")
+            ready, _, _ = select.select([self._answer_read], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(self._answer_read, 1 << 16)
+            if not chunk:
+                raise WorkerFailure(self._death_verdict())
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        answer = json.loads(line)
+        answer["wall_s"] = time.monotonic() - started
+        return answer
+
+    def _death_verdict(self) -> str:
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "stopped answering (closed its pipe)"
+        verdict = signal_verdict(code)
+        tail = self.log_tail()
+        return f"{verdict}: {tail}" if tail and code >= 0 else verdict
+
+    def log_tail(self, lines: int = 3) -> str:
+        self._log.flush()
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])[:400]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.write(self._command_write, b'{"op": "exit"}\n')
+                self.proc.wait(timeout=5)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        for fd in (self._command_write, self._answer_read):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

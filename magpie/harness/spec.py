@@ -1,0 +1,110 @@
+"""Reference specs: where inputs come from and what the right answer is.
+
+Two styles are accepted:
+- function style: `make_inputs(shape, dtype, generator)` returns the argument tuple and
+  `reference(*args)` the expected output(s); shapes and dtypes come from the manifest;
+- KernelBench style: `Model`, `get_inputs()` and `get_init_inputs()`; candidates define
+  `ModelNew`, built from the same init inputs under the same seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SpecError(Exception):
+    """The reference spec itself is wrong; str() says what to fix."""
+
+
+@dataclass
+class Case:
+    label: str
+    shape: list | None
+    dtype: str | None
+    trial: int
+    seed: int
+
+
+def derive_seed(*parts) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")
+
+
+def load_module(path: Path, name: str):
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ReferenceSpec:
+    def __init__(self, path: Path, testcase: dict, device: str):
+        import torch
+
+        self.torch = torch
+        self.path = path
+        self.device = device
+        try:
+            self.module = load_module(path, f"magpie_spec_{path.stem}")
+        except Exception as err:
+            raise SpecError(f"{path.name}: importing failed: {type(err).__name__}: {err}") from None
+        self.kernelbench = hasattr(self.module, "Model") and hasattr(self.module, "get_inputs")
+        if not self.kernelbench:
+            for attr in (testcase["inputs"], testcase["reference"]):
+                if not callable(getattr(self.module, attr, None)):
+                    raise SpecError(f"{path.name}: defines no callable {attr!r} (needed by the testcase)")
+        self.testcase = testcase
+
+    def cases(self, base_seed: int, kernel_id: str, index: int, trials: int, salt: str = "") -> list[Case]:
+        tc = self.testcase
+        shapes = [None] if self.kernelbench else tc["shapes"]
+        dtypes = [None] if self.kernelbench else tc["dtypes"]
+        out = []
+        for shape in shapes:
+            for dtype in dtypes:
+                for trial in range(trials):
+                    seed = derive_seed(base_seed, kernel_id, index, shape, dtype, trial, salt)
+                    label = "kernelbench" if self.kernelbench else f"{list(shape)} {dtype}"
+                    out.append(Case(label, shape, dtype, trial, seed))
+        return out
+
+    def init_inputs(self) -> list:
+        if not self.kernelbench or not hasattr(self.module, "get_init_inputs"):
+            return []
+        return list(self.module.get_init_inputs())
+
+    def make_inputs(self, case: Case) -> tuple:
+        torch = self.torch
+        torch.manual_seed(case.seed)
+        if self.kernelbench:
+            args = tuple(self.module.get_inputs())
+        else:
+            factory = getattr(self.module, self.testcase["inputs"])
+            generator = torch.Generator().manual_seed(case.seed)
+            dtype = getattr(torch, case.dtype)
+            params = inspect.signature(factory).parameters
+            kwargs = {"generator": generator} if "generator" in params else {}
+            args = factory(tuple(case.shape), dtype, **kwargs)
+            if not isinstance(args, (tuple, list)):
+                args = (args,)
+        for i, arg in enumerate(args):
+            if torch.is_tensor(arg) and arg.numel() > 0 and arg.is_floating_point() and not arg.any():
+                raise SpecError(
+                    f"{self.path.name}: input {i} for {case.label} is all zeros; "
+                    "magpie checks and times only on random data"
+                )
+        return tuple(args)
+
+    def reference(self, args: tuple, init_seed: int):
+        torch = self.torch
+        pristine = tuple(a.clone() if torch.is_tensor(a) else a for a in args)
+        if self.kernelbench:
+            torch.manual_seed(init_seed)
+            model = self.module.Model(*self.init_inputs())
+            return model(*pristine)
+        return getattr(self.module, self.testcase["reference"])(*pristine)

@@ -1,0 +1,151 @@
+"""The project manifest (`magpie.toml`) as pydantic v2 models.
+
+Every path is kept as written (relative to the manifest's folder); `load.py` checks
+that the files exist once the shape of the document is known to be right.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+KernelType = Literal["pytorch", "triton", "cuda", "hip"]
+PYTHON_TYPES = ("pytorch", "triton")
+IDENT = r"^[A-Za-z0-9_.\-]+$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TimingSettings(Strict):
+    warmup_ms: float = Field(20.0, ge=0)
+    budget_ms: float = Field(300.0, gt=0, description="measured time per implementation")
+    rounds: int = Field(5, ge=1, description="interleaved baseline/candidate rounds")
+    max_reps: int = Field(100_000, ge=1)
+    input_sets: int = Field(4, ge=1, description="fresh input sets rotated between calls")
+    threads: int = Field(1, ge=1, description="torch intra-op threads on the CPU")
+
+
+class Defaults(Strict):
+    trials: int = Field(3, ge=1)
+    seed: int = 0
+    rtol: float = Field(1e-5, ge=0)
+    atol: float = Field(1e-6, ge=0)
+    timeout_s: float = Field(120.0, gt=0, description="per evaluation subprocess")
+    memory_mb: int = Field(8192, ge=256, description="address-space limit of a candidate process")
+    timing: TimingSettings = TimingSettings()
+
+
+class ProjectSettings(Strict):
+    name: str = "magpie-project"
+    device: str = "cpu"
+    workspace: str = "workspaces"
+
+
+class Implementation(Strict):
+    id: str = Field(pattern=IDENT)
+    source: str
+    type: Optional[KernelType] = None
+    entry: Optional[str] = None
+    source_files: list[str] = []
+    working_dir: Optional[str] = None
+    env: dict[str, str] = {}
+    compile_command: Optional[str] = None
+
+
+class Testcase(Strict):
+    """Either a command whose exit code decides, or a Python reference spec."""
+
+    command: Optional[str] = None
+    spec: Optional[str] = None
+    reference: str = "reference"
+    inputs: str = "make_inputs"
+    shapes: list[list[int]] = []
+    dtypes: list[str] = ["float32"]
+    rtol: Optional[float] = Field(None, ge=0)
+    atol: Optional[float] = Field(None, ge=0)
+    trials: Optional[int] = Field(None, ge=1)
+    working_dir: Optional[str] = None
+    env: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if (self.command is None) == (self.spec is None):
+            raise ValueError("give exactly one of 'command' (exit code decides) or 'spec' (Python reference)")
+        return self
+
+    @field_validator("dtypes")
+    @classmethod
+    def _known_dtypes(cls, dtypes):
+        for name in dtypes:
+            if name not in DTYPES:
+                raise ValueError(f"unknown dtype {name!r} (known: {', '.join(DTYPES)})")
+        return dtypes
+
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8", "bool")
+
+
+class Kernel(Strict):
+    id: str = Field(pattern=IDENT)
+    type: KernelType
+    entry: Optional[str] = None
+    baseline: Optional[Implementation] = None
+    candidates: list[Implementation] = []
+    testcases: list[Testcase] = []
+    rtol: Optional[float] = Field(None, ge=0)
+    atol: Optional[float] = Field(None, ge=0)
+    trials: Optional[int] = Field(None, ge=1)
+    timeout_s: Optional[float] = Field(None, gt=0)
+    timing: Optional[TimingSettings] = None
+
+    @model_validator(mode="after")
+    def _unique_ids(self):
+        seen = set()
+        for impl in self.implementations():
+            if impl.id in seen:
+                raise ValueError(f"implementation id {impl.id!r} is used twice")
+            seen.add(impl.id)
+        if not seen:
+            raise ValueError("declare a 'baseline' or at least one entry in 'candidates'")
+        return self
+
+    def implementations(self) -> list[Implementation]:
+        return ([self.baseline] if self.baseline else []) + list(self.candidates)
+
+    def impl_type(self, impl: Implementation) -> str:
+        return impl.type or self.type
+
+
+class BenchmarkSpec(Strict):
+    """Reserved for the serving-benchmark issue; validated so typos surface early."""
+
+    id: str = Field(pattern=IDENT)
+    engine: Literal["vllm", "sglang", "atom", "transformers"]
+    model: str
+    mode: Literal["local", "docker", "ray"] = "local"
+
+
+class Manifest(Strict):
+    project: ProjectSettings = ProjectSettings()
+    defaults: Defaults = Defaults()
+    kernel: list[Kernel] = []
+    rule: list[dict] = []
+    benchmark: list[BenchmarkSpec] = []
+
+    @model_validator(mode="after")
+    def _unique_kernels(self):
+        seen = set()
+        for kernel in self.kernel:
+            if kernel.id in seen:
+                raise ValueError(f"kernel id {kernel.id!r} is used twice")
+            seen.add(kernel.id)
+        return self
+
+    def find_kernel(self, kernel_id: str) -> Kernel:
+        for kernel in self.kernel:
+            if kernel.id == kernel_id:
+                return kernel
+        raise KeyError(kernel_id)

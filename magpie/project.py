@@ -1,0 +1,55 @@
+"""A loaded project: manifest, rules, expanded tasks and the store they build into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from magpie.graph.expand import TaskSpec, expand
+from magpie.graph.rules import resolve_rules
+from magpie.manifest.load import load_manifest
+from magpie.manifest.models import Manifest
+from magpie.store import Store
+
+
+@dataclass
+class Project:
+    manifest: Manifest
+    root: Path
+    manifest_path: Path
+    tasks: dict[str, TaskSpec]
+    store: Store
+
+    @classmethod
+    def load(cls, manifest_path: str | Path, workspace: str | Path | None = None) -> "Project":
+        manifest, root = load_manifest(manifest_path)
+        return cls.from_manifest(manifest, root, Path(manifest_path), workspace)
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest, root: Path, manifest_path: Path,
+                      workspace: str | Path | None = None) -> "Project":
+        rules = resolve_rules(manifest.rule, manifest_path)
+        tasks = expand(manifest, root, rules)
+        store = Store(Path(workspace) if workspace else root / manifest.project.workspace)
+        return cls(manifest, root, manifest_path, tasks, store)
+
+    def select(self, names: list[str]) -> list[str]:
+        """Task names for the given kernel ids or task names (all tasks when empty)."""
+        if not names:
+            return list(self.tasks)
+        kernel_ids = {k.id for k in self.manifest.kernel}
+        selected = []
+        for name in names:
+            if name in self.tasks:
+                selected.append(name)
+            elif name in kernel_ids:
+                selected.extend(t for t, spec in self.tasks.items() if spec.kernel == name)
+            else:
+                from magpie.errors import UserError
+
+                raise UserError(f"{self.manifest_path}: no kernel or task named {name!r} "
+                                f"(kernels: {', '.join(sorted(kernel_ids)) or 'none'}; see magpie build --dry-run)")
+        return selected
+
+    def stale(self, names: list[str] | None = None) -> list[str]:
+        return [n for n in (names or list(self.tasks)) if not self.store.has(self.tasks[n].key)]

@@ -1,0 +1,47 @@
+"""The report action: every kernel's comparison rendered to HTML and Markdown."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from magpie.paths import templates_dir
+from magpie.report.plots import speedup_bars, timing_boxes
+
+
+def _environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(str(templates_dir())),
+                      autoescape=select_autoescape(["html", "j2"], default_for_string=False),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["us"] = lambda v: "—" if v is None else f"{v:,.2f}"
+    env.filters["x"] = lambda s: "—" if not s else (
+        "baseline" if s.get("verdict") == "baseline" else
+        f"{s['value']:.2f}× [{s['ci_low']:.2f}, {s['ci_high']:.2f}] {s['verdict']}")
+    return env
+
+
+def render(comparisons: list[dict], project: str) -> dict[str, str]:
+    env = _environment()
+    kernels = []
+    for comp in comparisons:
+        kernels.append({**comp,
+                        "timing_svg": Markup(timing_boxes(comp["results"])),
+                        "speedup_svg": Markup(speedup_bars(comp["results"]))})
+    context = {"project": project, "kernels": kernels,
+               "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    html = env.get_template("report.html.j2").render(**context)
+    md_env = _environment()
+    md_env.autoescape = False
+    markdown = md_env.get_template("summary.md.j2").render(**context)
+    return {"report.html": html, "summary.md": markdown}
+
+
+def report(job, out_dir: Path) -> dict:
+    comparisons = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("comparison:")]
+    for name, text in render(comparisons, job.spec.params["project"]).items():
+        (out_dir / name).write_text(text)
+    return {"state": "SUCCESS", "kernels": [c["kernel"] for c in comparisons],
+            "files": ["report.html", "summary.md"], "errors": []}
