@@ -34,7 +34,7 @@ def run(args) -> int:
     if args.dry_run:
         return dry_run(project, selected, args.json)
     return build(project, selected, jobs=args.jobs, executor_name=args.executor,
-                 use_rich=sys.stdout.isatty() and not args.plain, as_json=args.json)
+                 use_rich=sys.stderr.isatty() and not args.plain, as_json=args.json)
 
 
 def dry_run(project, selected: list[str], as_json: bool) -> int:

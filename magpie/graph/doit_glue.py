@@ -49,7 +49,7 @@ class BuildReporter:
     """Plain lines when not on a terminal; a rich progress bar on one."""
 
     def __init__(self, *, reasons: dict[str, str], use_rich: bool):
-        self.out = sys.stdout
+        self.out = sys.stderr  # stdout stays clean for --json
         self.reasons = reasons
         self.failures: list[tuple[str, str]] = []
         self.executed: list[str] = []
@@ -58,8 +58,11 @@ class BuildReporter:
         if use_rich and reasons:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+            from rich.console import Console
+
             self._progress = Progress(TextColumn("[bold]magpie build"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("{task.description}"))
+                                      TimeElapsedColumn(), TextColumn("{task.description}"),
+                                      console=Console(stderr=True))
             self._bar = self._progress.add_task("", total=len(reasons))
             self._progress.start()
 
@@ -144,6 +147,7 @@ class StoreTaskLoader(TaskLoader2):
                 task_dep=list(spec.deps),
                 uptodate=[(store.has, [spec.key])],
                 doc=spec.rule,
+                io={"capture": False},  # doit's capture swaps sys.stdout, which races across threads
             ))
         return tasks
 

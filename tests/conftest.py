@@ -1,0 +1,89 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def magpie(*args, cwd, check=None, timeout=600, env=None):
+    """Run the real CLI in its own process; returns CompletedProcess with text output."""
+    proc = subprocess.run([sys.executable, "-m", "magpie", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if check is not None and proc.returncode != check:
+        raise AssertionError(f"magpie {' '.join(map(str, args))} exited {proc.returncode}, expected {check}\n"
+                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def build_json(cwd, *args) -> dict:
+    proc = magpie("build", "--json", *args, cwd=cwd, check=0)
+    return json.loads(proc.stdout)
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+COMMAND_PROJECT = {
+    "magpie.toml": """
+        [project]
+        name = "cmd"
+
+        [[kernel]]
+        id = "k1"
+        type = "pytorch"
+        entry = "kernel"
+
+        [kernel.baseline]
+        id = "base"
+        source = "k1/base.py"
+
+        [[kernel.candidates]]
+        id = "a"
+        source = "k1/a.py"
+
+        [[kernel.candidates]]
+        id = "b"
+        source = "k1/b.py"
+
+        [[kernel.testcases]]
+        command = "python -c 'import sys; sys.exit(0)'"
+
+        [[kernel]]
+        id = "k2"
+        type = "pytorch"
+        entry = "kernel"
+
+        [kernel.baseline]
+        id = "base"
+        source = "k2/base.py"
+
+        [[kernel.candidates]]
+        id = "c"
+        source = "k2/c.py"
+
+        [[kernel.testcases]]
+        command = "python -c 'import sys; sys.exit(0)'"
+        """,
+    "k1/base.py": "def kernel(x):\n    return x\n",
+    "k1/a.py": "def kernel(x):\n    return x + 0\n",
+    "k1/b.py": "def kernel(x):\n    return x * 1\n",
+    "k2/base.py": "def kernel(x):\n    return x\n",
+    "k2/c.py": "def kernel(x):\n    return x - 0\n",
+}
+
+
+@pytest.fixture
+def command_project(tmp_path) -> Path:
+    """A fast project: command testcases decide correctness, nothing imports torch."""
+    write(tmp_path, COMMAND_PROJECT)
+    return tmp_path

@@ -1,0 +1,145 @@
+"""The build graph: only stale artifacts rebuild, a killed build loses nothing finished,
+and a copied store is a cache hit in a fresh clone."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import build_json, magpie, write
+
+ALL_K1 = {"compile:k1/a", "correctness:k1/a", "timing:k1/a", "comparison:k1", "report"}
+
+
+def dry_run(cwd) -> dict:
+    return json.loads(magpie("build", "--dry-run", "--json", cwd=cwd, check=0).stdout)
+
+
+def test_first_build_runs_everything_then_nothing(command_project):
+    first = build_json(command_project)
+    assert len(first["executed"]) == 3 * 5 + 2 + 1 and first["failed"] == []
+    assert build_json(command_project)["executed"] == []
+    report = json.loads((command_project / "workspaces/reports/k1/compare_report.json").read_text())
+    assert {r["implementation"] for r in report["results"]} == {"base", "a", "b"}
+    assert all(r["correctness_state"] == "SUCCESS" for r in report["results"])
+
+
+def test_editing_one_candidate_rebuilds_only_its_tasks(command_project):
+    build_json(command_project)
+    (command_project / "k1/a.py").write_text("def kernel(x):\n    return x + 0.0\n")
+    plan = dry_run(command_project)
+    assert {item["task"] for item in plan["would_run"]} == ALL_K1
+    why = {item["task"]: item["why"] for item in plan["would_run"]}
+    assert why["compile:k1/a"] == "k1/a.py changed"
+    assert "correctness:k1/a rebuilt" in why["comparison:k1"]
+    assert set(build_json(command_project)["executed"]) == ALL_K1
+
+
+def test_touch_without_change_runs_nothing(command_project):
+    build_json(command_project)
+    time.sleep(0.01)
+    for path in command_project.rglob("*.py"):
+        os.utime(path)
+    os.utime(command_project / "magpie.toml")
+    assert build_json(command_project)["executed"] == []
+
+
+def test_changing_a_kernel_setting_reruns_that_kernel_only(command_project):
+    build_json(command_project)
+    manifest = command_project / "magpie.toml"
+    manifest.write_text(manifest.read_text().replace(
+        'id = "k2"\ntype = "pytorch"\n', 'id = "k2"\ntype = "pytorch"\ntimeout_s = 30\n'))
+    executed = set(build_json(command_project)["executed"])
+    assert executed == {f"{rule}:k2/{impl}" for rule in ("correctness", "timing") for impl in ("base", "c")} | {
+        "comparison:k2", "report"}
+
+
+def test_clean_one_kernel_and_all(command_project):
+    build_json(command_project)
+    magpie("clean", "k2", cwd=command_project, check=0)
+    plan = {item["task"] for item in dry_run(command_project)["would_run"]}
+    assert plan == {f"{rule}:k2/{impl}" for rule in ("compile", "correctness", "timing")
+                    for impl in ("base", "c")} | {"comparison:k2", "report"}
+    magpie("clean", "--all", cwd=command_project, check=0)
+    assert not (command_project / "workspaces/store").exists()
+    assert len(dry_run(command_project)["would_run"]) == 18
+
+
+def test_unknown_target_is_one_line(command_project):
+    proc = magpie("build", "nope", cwd=command_project)
+    assert proc.returncode == 2 and "no kernel or task named 'nope'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_kill_9_keeps_finished_artifacts(command_project):
+    slow = command_project / "magpie.toml"
+    slow.write_text(slow.read_text().replace("sys.exit(0)", "import time; time.sleep(0.7)"))
+    proc = subprocess.Popen([sys.executable, "-m", "magpie", "build", "--plain"], cwd=command_project,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    store = command_project / "workspaces/store"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(store.glob("*/[0-9a-f]*"))) < 6:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = [p for p in store.glob("*/[0-9a-f]*")]
+    assert 6 <= len(finished) < 18, "the kill should land mid-build"
+    for artifact in finished:
+        json.loads((artifact / "result.json").read_text())  # whole, never half-written
+    stale = {item["task"] for item in dry_run(command_project)["would_run"]}
+    assert len(stale) == 18 - len(finished)
+    assert set(build_json(command_project)["executed"]) == stale
+    assert not list(store.glob("*/.tmp-*"))
+
+
+def test_fresh_clone_with_copied_store_runs_nothing(command_project, tmp_path_factory):
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=command_project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=command_project, check=True)
+    subprocess.run([*git, "commit", "-qm", "p"], cwd=command_project, check=True)
+    build_json(command_project)
+    clone = tmp_path_factory.mktemp("clone") / "project"
+    subprocess.run(["git", "clone", "-q", str(command_project), str(clone)], check=True)
+    shutil.copytree(command_project / "workspaces/store", clone / "workspaces/store")
+    assert dry_run(clone)["would_run"] == []
+    assert build_json(clone)["executed"] == []
+    assert (clone / "workspaces/reports/report.html").is_file()
+
+
+def test_parallel_build_through_the_process_pool(command_project):
+    result = build_json(command_project, "-j", "2")
+    assert len(result["executed"]) == 18 and result["failed"] == []
+    assert build_json(command_project)["executed"] == []
+
+
+def test_noop_build_never_imports_torch(command_project):
+    build_json(command_project)
+    code = ("import sys; from magpie.cli import main; rc = main(['build']); "
+            "heavy = [m for m in ('torch', 'triton', 'numpy') if m in sys.modules]; "
+            "print(rc, heavy)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=command_project, capture_output=True, text=True)
+    assert out.stdout.strip().splitlines()[-1] == "0 []"
+
+
+def test_project_rule_adds_a_command_artifact(command_project):
+    manifest = command_project / "magpie.toml"
+    manifest.write_text(manifest.read_text() + """
+[[rule]]
+name = "linecount"
+scope = "implementation"
+types = ["pytorch"]
+inputs = ["{impl.source}"]
+action = "wc -l {impl.source} > {out}/lines.txt"
+""")
+    build_json(command_project)
+    store = command_project / "workspaces/store"
+    counted = list(store.glob("*/*/lines.txt"))
+    assert len(counted) == 5
+    assert sorted(p.read_text().split()[0] for p in counted) == ["2"] * 5
+    (command_project / "k2/c.py").write_text("def kernel(x):\n    y = x\n    return y\n")
+    assert "linecount:k2/c" in build_json(command_project)["executed"]
+    assert sorted(p.read_text().split()[0] for p in store.glob("*/*/lines.txt")) == ["2"] * 5 + ["3"]
