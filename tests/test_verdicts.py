@@ -1,0 +1,113 @@
+"""Adversarial candidates: each way of being wrong gets its own verdict, and the build goes on."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import FIXTURES, build_json, write
+
+ADVERSARIAL = FIXTURES / "adversarial"
+
+EXPECTED = {
+    # implementation: (compiling_state, correctness_state, substring of the verdict)
+    "good": ("SUCCESS", "SUCCESS", "correct"),
+    "raises": ("SUCCESS", "FAILED", "error: ValueError: this candidate always fails"),
+    "aborts": ("SUCCESS", "FAILED", "crashed (SIGABRT)"),
+    "segfaults": ("SUCCESS", "FAILED", "crashed (SIGSEGV)"),
+    "hangs": ("SUCCESS", "FAILED", "timeout after 8 s"),
+    "hogs_memory": ("SUCCESS", "FAILED", "out of memory"),
+    "nan": ("SUCCESS", "FAILED", "incorrect: finite"),
+    "mutates": ("SUCCESS", "FAILED", "incorrect: inputs unchanged"),
+    "unwritten": ("SUCCESS", "FAILED", "unwritten output memory reads as NaN"),
+    "stale_cache": ("SUCCESS", "FAILED", "incorrect: allclose on [33, 65] float32 trial 1"),
+    "broadcast": ("SUCCESS", "FAILED", "incorrect: shape"),
+    "wrong_dtype": ("SUCCESS", "FAILED", "incorrect: dtype"),
+    "syntax_error": ("FAILED", "SKIPPED", "not compiled: syntax_error.py: SyntaxError"),
+    "fakes_clock": ("SUCCESS", "SUCCESS", "correct"),
+    "degrades": ("SUCCESS", "SUCCESS", "correct"),
+}
+
+
+@pytest.fixture(scope="module")
+def adversarial_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adversarial")
+    for name in [*EXPECTED, "spec"]:
+        shutil.copy(ADVERSARIAL / f"{name}.py", root / f"{name}.py")
+    candidates = "".join(f'\n[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n' for n in EXPECTED if n != "good")
+    write(root, {"magpie.toml": f"""
+[project]
+name = "adversarial"
+
+[defaults]
+timeout_s = 8
+memory_mb = 4096
+
+[defaults.timing]
+warmup_ms = 5
+budget_ms = 60
+rounds = 3
+
+[[kernel]]
+id = "relu2"
+type = "pytorch"
+entry = "kernel"
+
+[kernel.baseline]
+id = "good"
+source = "good.py"
+{candidates}
+[[kernel.testcases]]
+spec = "spec.py"
+shapes = [[33, 65], [8, 128]]
+dtypes = ["float32"]
+"""})
+    result = build_json(root, "-j", "2")
+    assert result["failed"] == []
+    return json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text()), root
+
+
+@pytest.mark.parametrize("impl", list(EXPECTED))
+def test_verdict(adversarial_report, impl):
+    report, _ = adversarial_report
+    row = next(r for r in report["results"] if r["implementation"] == impl)
+    compiling, correctness, verdict = EXPECTED[impl]
+    assert row["compiling_state"] == compiling
+    assert row["correctness_state"] == correctness
+    assert verdict in row["verdict"]
+
+
+def test_failures_say_where_and_by_how_much(adversarial_report):
+    report, _ = adversarial_report
+    stale = next(r for r in report["results"] if r["implementation"] == "stale_cache")
+    assert "max abs err" in stale["verdict"] and "max rel err" in stale["verdict"]
+
+
+def test_a_faked_clock_is_caught_by_the_wall_clock_cross_check(adversarial_report):
+    report, _ = adversarial_report
+    row = next(r for r in report["results"] if r["implementation"] == "fakes_clock")
+    assert row["performance_state"] == "FAILED"
+    assert any("timer inconsistent" in e for e in row["errors"])
+    assert "fakes_clock" not in report["ranking"]
+
+
+def test_a_candidate_that_goes_wrong_during_timing_is_caught_by_the_recheck(adversarial_report):
+    report, _ = adversarial_report
+    row = next(r for r in report["results"] if r["implementation"] == "degrades")
+    assert row["performance_state"] == "FAILED"
+    assert any("incorrect after timing" in e for e in row["errors"])
+
+
+def test_only_correct_and_timed_candidates_are_ranked(adversarial_report):
+    report, _ = adversarial_report
+    assert report["baseline"] == "good"
+    assert report["ranking"] == ["good"]
+    excluded = {e["implementation"] for e in report["excluded"]}
+    assert excluded == set(EXPECTED) - {"good"}
+
+
+def test_baseline_timing_says_how_it_was_taken(adversarial_report):
+    report, _ = adversarial_report
+    perf = next(r for r in report["results"] if r["implementation"] == "good")["performance_result"]
+    assert perf["n"] > 10 and perf["p20_us"] <= perf["median_us"] <= perf["p80_us"] and perf["min_us"] > 0
+    assert "perf_counter_ns" in perf["method"] and "rotated" in perf["method"]
