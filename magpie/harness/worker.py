@@ -32,8 +32,8 @@ class Implementation:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         self.module = module
-        self.fn = self._entry(module, request)
         self._input_cache: dict[str, list] = {}
+        self.fn = self._entry(module, request)
 
     def _entry(self, module, request):
         entry = request.get("entry")

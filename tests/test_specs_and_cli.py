@@ -1,0 +1,102 @@
+"""Reference styles (function, KernelBench, command, none) and the one-shot verbs."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import FIXTURES, REPO, magpie, write
+
+
+@pytest.fixture
+def kernels(tmp_path):
+    for name in ("good.py", "nan.py", "spec.py", "mutates.py"):
+        shutil.copy(FIXTURES / "adversarial" / name, tmp_path / name)
+    for name in ("reference.py", "model_new.py", "model_new_wrong.py"):
+        shutil.copy(FIXTURES / "kernelbench" / name, tmp_path / name)
+    return tmp_path
+
+
+def test_analyze_correct_kernel_writes_magpie_state_keys(kernels):
+    proc = magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
+                  "--shapes", "16x32,5x7", "--budget-ms", "40", "-o", "out", cwd=kernels, check=0)
+    report = json.loads((kernels / "out/analyze_report.json").read_text())
+    for key in ("compiling_state", "correctness_state", "performance_state", "performance_result", "errors",
+                "numerics"):
+        assert key in report
+    assert report["correctness_state"] == "SUCCESS" and report["numerics"] == "verified"
+    assert report["performance_state"] == "SUCCESS" and report["performance_result"]["n"] > 0
+    assert "median" in proc.stdout
+
+
+def test_analyze_incorrect_kernel_exits_nonzero_and_no_perf_skips_timing(kernels):
+    proc = magpie("analyze", "nan.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
+                  "--shapes", "16x32", "--no-perf", "-o", "out", cwd=kernels)
+    assert proc.returncode == 1
+    report = json.loads((kernels / "out/analyze_report.json").read_text())
+    assert report["correctness_state"] == "FAILED" and report["performance_state"] == "SKIPPED"
+
+
+def test_command_testcase_exit_code_decides(kernels):
+    ok = magpie("analyze", "good.py", "--type", "pytorch", "--testcase", "test -f good.py", "--no-perf",
+                "-o", "a", cwd=kernels)
+    bad = magpie("analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b",
+                 cwd=kernels)
+    assert ok.returncode == 0 and bad.returncode == 1
+    report = json.loads((kernels / "b/analyze_report.json").read_text())
+    assert "exited with code 3" in report["verdict"]
+
+
+def test_no_testcase_is_finite_only_and_says_unverified(kernels):
+    (kernels / "own_inputs.py").write_text(
+        "import torch\n\ndef kernel(x):\n    return x.sin()\n\ndef get_inputs():\n    return [torch.randn(4, 4)]\n")
+    magpie("analyze", "own_inputs.py", "--type", "pytorch", "--entry", "kernel", "--no-perf", "-o", "o",
+           cwd=kernels, check=0)
+    report = json.loads((kernels / "o/analyze_report.json").read_text())
+    assert report["correctness_state"] == "SUCCESS" and report["numerics"] == "unverified"
+
+
+def test_kernelbench_reference_judges_model_new(kernels):
+    write(kernels, {"kb.yaml": """
+        kernels:
+          - {id: right, type: pytorch, source_files: [model_new.py], spec: reference.py}
+          - {id: wrong, type: pytorch, source_files: [model_new_wrong.py], spec: reference.py}
+        """})
+    magpie("compare", "--kernel-config", "kb.yaml", "--no-perf", "-o", "kb", cwd=kernels, check=0)
+    report = json.loads((kernels / "kb/compare_report.json").read_text())
+    states = {r["implementation"]: (r["correctness_state"], r["verdict"]) for r in report["results"]}
+    assert states["right"] == ("SUCCESS", "correct")
+    assert states["wrong"][0] == "FAILED" and "kernelbench" in states["wrong"][1]
+
+
+def test_compare_uses_the_explicit_baseline_and_gates_correctness(kernels):
+    (kernels / "slow.py").write_text(
+        "import time, torch\n\ndef kernel(x):\n    time.sleep(0.0005)\n    return torch.relu(x) * 2.0\n")
+    proc = magpie("compare", "slow.py", "good.py", "mutates.py", "--baseline", "1", "--type", "pytorch",
+                  "--entry", "kernel", "--spec", "spec.py", "--shapes", "16x32", "--budget-ms", "60", "-o", "c",
+                  "--json", cwd=kernels, check=0)
+    report = json.loads(proc.stdout)
+    assert report["baseline"] == "good"
+    assert [e["implementation"] for e in report["excluded"]] == ["mutates"]
+    slow = next(r for r in report["results"] if r["implementation"] == "slow")
+    assert slow["speedup"]["verdict"] == "slower" and slow["speedup"]["ci_high"] < 1.0
+    assert slow["speedup"]["baseline_median_us"] > 0
+
+
+def test_compare_bad_baseline_index_is_one_line(kernels):
+    proc = magpie("compare", "good.py", "nan.py", "--type", "pytorch", "--baseline", "5", cwd=kernels)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--baseline" in proc.stderr
+
+
+def test_gpu_info_on_a_cpu_machine():
+    proc = magpie("--gpu-info", cwd=REPO, check=0)
+    assert "GPU: none found" in proc.stdout and "CPU:" in proc.stdout and "torch" in proc.stdout
+    info = json.loads(magpie("--gpu-info", "--json", cwd=REPO, check=0).stdout)
+    assert info["gpus"] == [] and info["cpu"]["cores"] >= 1 and "nvcc" in info["compilers"]
+
+
+def test_help_answers():
+    proc = magpie("--help", cwd=REPO, check=0)
+    for verb in ("build", "clean", "analyze", "compare", "--gpu-info"):
+        assert verb in proc.stdout
+    assert "--kernel-config" in magpie("analyze", "--help", cwd=REPO, check=0).stdout
