@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 from magpie.errors import UserError
 
@@ -25,11 +26,15 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from magpie.project import Project
-
     if args.jobs < 1:
         raise UserError("--jobs: must be at least 1")
+    if not args.targets and not args.dry_run and _up_to_date_by_snapshot(Path(args.manifest), args.json):
+        return 0
+    from magpie.graph import snapshot
+    from magpie.project import Project
+
     project = Project.load(args.manifest)
+    snapshot.save(project)
     selected = project.select(args.targets)
     if args.dry_run:
         return dry_run(project, selected, args.json)
@@ -60,7 +65,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
 
     project.store.sweep_temporaries()
     if not project.stale(selected):
-        publish(project)
+        publish_project(project)
         if as_json:
             print(json.dumps({"executed": [], "failed": [], "up_to_date": len(selected)}))
         elif not quiet:
@@ -71,7 +76,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
         code, reporter = run_doit(project, selected, executor, jobs, use_rich and not quiet)
     finally:
         executor.shutdown()
-    publish(project)
+    publish_project(project)
     if as_json:
         print(json.dumps({"executed": reporter.executed, "failed": [f for f, _ in reporter.failures]}))
     elif not quiet:
@@ -80,18 +85,42 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
     return 0 if code == 0 else 1
 
 
-def publish(project) -> None:
+def _up_to_date_by_snapshot(manifest: Path, as_json: bool) -> bool:
+    """The fast no-op: keys from the snapshot, one stat per artifact, no manifest validation."""
+    from magpie.graph import snapshot
+    from magpie.store import Store
+
+    saved = snapshot.load_fresh(manifest)
+    if saved is None:
+        return False
+    store = Store(Path(saved["workspace"]))
+    tasks = saved["tasks"]
+    if not all(store.has(t["key"]) for t in tasks.values()):
+        return False
+    publish(store, [(t["rule"], t["kernel"], t["key"]) for t in tasks.values()])
+    if as_json:
+        print(json.dumps({"executed": [], "failed": [], "up_to_date": len(tasks)}))
+    else:
+        print(f"magpie: {len(tasks)} artifacts up to date")
+    return True
+
+
+def publish_project(project) -> None:
+    publish(project.store, [(spec.rule, spec.kernel, spec.key) for spec in project.tasks.values()])
+
+
+def publish(store, artifacts: list[tuple[str, str | None, str]]) -> None:
     """Copy the current comparison and report artifacts to stable paths under reports/."""
-    out = project.store.workspace / "reports"
-    for name, spec in project.tasks.items():
-        if not project.store.has(spec.key):
+    out = store.workspace / "reports"
+    for rule, kernel, key in artifacts:
+        if rule not in ("comparison", "report") or not store.has(key):
             continue
-        folder = project.store.path(spec.key)
-        if spec.rule == "comparison":
-            target = out / spec.kernel / "compare_report.json"
+        folder = store.path(key)
+        if rule == "comparison":
+            target = out / kernel / "compare_report.json"
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(folder / "result.json", target)
-        elif spec.rule == "report":
+        else:
             out.mkdir(parents=True, exist_ok=True)
             for produced in ("report.html", "summary.md"):
                 if (folder / produced).is_file():

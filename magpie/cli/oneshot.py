@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from magpie.errors import UserError
-from magpie.manifest.load import describe_validation_error
 
 
 def add_common(p, paths_help: str) -> None:
@@ -83,7 +80,9 @@ def _relative(full: Path, root: Path) -> str:
 
 
 def build_project(args, kernel_id: str, baseline_index: int | None):
-    from magpie.manifest.load import check_files
+    from pydantic import ValidationError
+
+    from magpie.manifest.load import check_files, describe_validation_error
     from magpie.manifest.models import Manifest
     from magpie.project import Project
 

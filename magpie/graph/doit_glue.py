@@ -138,29 +138,32 @@ class StoreTaskLoader(TaskLoader2):
         }
 
     def load_tasks(self, cmd, pos_args):
-        store = self.project.store
-        tasks = []
-        for name, spec in self.project.tasks.items():
-            tasks.append(Task(
-                name,
-                actions=[(self._run, [name])],
-                task_dep=list(spec.deps),
-                uptodate=[(store.has, [spec.key])],
-                doc=spec.rule,
-                io={"capture": False},  # doit's capture swaps sys.stdout, which races across threads
-            ))
-        return tasks
+        return [Task(**fields) for fields in doit_fields(self.project, self.executor)]
 
-    def _run(self, name: str) -> bool:
-        tasks, store = self.project.tasks, self.project.store
-        spec = tasks[name]
-        job = Job(spec,
-                  dep_results={d: store.read(tasks[d].key) for d in spec.deps},
-                  dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
-        output = self.executor.submit(job).result()
-        store.commit(spec.key, output.result, output.files)
-        store.record(name, spec.key, spec.parts)
-        return True
+
+def doit_fields(project, executor) -> list[dict]:
+    """The project's tasks as doit task fields; staleness is a store lookup by key."""
+    store = project.store
+    return [{
+        "name": name,
+        "actions": [(run_task, [project, executor, name])],
+        "task_dep": list(spec.deps),
+        "uptodate": [(store.has, [spec.key])],
+        "doc": f"{spec.rule}: {spec.params['description']}".rstrip(": "),
+        "io": {"capture": False},  # doit's capture swaps sys.stdout, which races across threads
+    } for name, spec in project.tasks.items()]
+
+
+def run_task(project, executor, name: str) -> bool:
+    tasks, store = project.tasks, project.store
+    spec = tasks[name]
+    job = Job(spec,
+              dep_results={d: store.read(tasks[d].key) for d in spec.deps},
+              dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
+    output = executor.submit(job).result()
+    store.commit(spec.key, output.result, output.files)
+    store.record(name, spec.key, spec.parts)
+    return True
 
 
 def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool) -> tuple[int, BuildReporter]:

@@ -188,6 +188,7 @@ class Expander:
             params={
                 "root": str(self.root),
                 "rule_identity": rule.identity(),
+                "description": rule.description,
                 "impl": _impl_params(kernel, impl) if kernel else None,
                 "baseline": _impl_params(kernel, kernel.baseline) if kernel else None,
                 "settings": settings,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from html import escape
 
 ROW = 26
@@ -10,14 +11,36 @@ WIDTH = 640
 RIGHT = 70
 
 
-def _axis(lo: float, hi: float, height: int, fmt) -> str:
-    parts = []
-    for i in range(5):
-        value = lo + (hi - lo) * i / 4
-        x = LEFT + (WIDTH - LEFT - RIGHT) * i / 4
-        parts.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 18}" stroke="#ddd"/>'
-                     f'<text x="{x:.1f}" y="{height - 4}" font-size="10" text-anchor="middle">{fmt(value)}</text>')
-    return "".join(parts)
+class Scale:
+    """Maps values to x; logarithmic when the values span more than 20x, so that a
+    40 µs kernel and a 100 ms one both stay readable."""
+
+    def __init__(self, values: list[float], floor_at_zero: bool):
+        positive = [v for v in values if v > 0] or [1.0]
+        self.lo, self.hi = min(positive), max(positive)
+        self.log = self.hi / self.lo > 20
+        if self.log:
+            self.lo, self.hi = math.log10(self.lo) - 0.15, math.log10(self.hi) + 0.15
+        else:
+            self.lo, self.hi = (0.0 if floor_at_zero else self.lo * 0.9), self.hi * 1.1
+        self.span = (self.hi - self.lo) or 1.0
+
+    def x(self, value: float) -> float:
+        v = math.log10(max(value, 1e-12)) if self.log else value
+        return LEFT + (WIDTH - LEFT - RIGHT) * (v - self.lo) / self.span
+
+    def axis(self, height: int, unit: str) -> str:
+        parts = []
+        for i in range(5):
+            v = self.lo + self.span * i / 4
+            value = 10 ** v if self.log else v
+            x = LEFT + (WIDTH - LEFT - RIGHT) * i / 4
+            parts.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 18}" stroke="#ddd"/>'
+                         f'<text x="{x:.1f}" y="{height - 4}" font-size="10" text-anchor="middle">'
+                         f'{value:.3g}{unit}</text>')
+        if self.log:
+            parts.append(f'<text x="{WIDTH - 4}" y="{height - 4}" font-size="10" text-anchor="end">log</text>')
+        return "".join(parts)
 
 
 def timing_boxes(rows: list[dict]) -> str:
@@ -25,22 +48,22 @@ def timing_boxes(rows: list[dict]) -> str:
     rows = [r for r in rows if r.get("performance_result")]
     if not rows:
         return ""
-    hi = max(r["performance_result"]["p80_us"] for r in rows) * 1.1
+    perf = [r["performance_result"] for r in rows]
+    scale = Scale([p["min_us"] for p in perf] + [p["p80_us"] for p in perf], floor_at_zero=True)
     height = ROW * len(rows) + 24
-    scale = (WIDTH - LEFT - RIGHT) / hi
     out = [f'<svg class="plot" role="img" aria-label="timing distribution" width="{WIDTH}" height="{height}" '
-           f'xmlns="http://www.w3.org/2000/svg">', _axis(0, hi, height, lambda v: f"{v:.3g} µs")]
+           f'xmlns="http://www.w3.org/2000/svg">', scale.axis(height, " µs")]
     for i, row in enumerate(rows):
         p = row["performance_result"]
         y = 6 + i * ROW
         out.append(f'<text x="{LEFT - 6}" y="{y + 13}" font-size="12" text-anchor="end">'
                    f'{escape(row["implementation"])}</text>')
-        x20, x80 = LEFT + p["p20_us"] * scale, LEFT + p["p80_us"] * scale
+        x20, x80 = scale.x(p["p20_us"]), scale.x(p["p80_us"])
         out.append(f'<rect x="{x20:.1f}" y="{y + 3}" width="{max(x80 - x20, 1):.1f}" height="14" '
                    f'fill="{"#9bb" if row.get("is_baseline") else "#7ad"}"/>')
-        xm = LEFT + p["median_us"] * scale
+        xm = scale.x(p["median_us"])
         out.append(f'<line x1="{xm:.1f}" y1="{y}" x2="{xm:.1f}" y2="{y + 20}" stroke="#123" stroke-width="2"/>')
-        out.append(f'<circle cx="{LEFT + p["min_us"] * scale:.1f}" cy="{y + 10}" r="2.5" fill="#123"/>')
+        out.append(f'<circle cx="{scale.x(p["min_us"]):.1f}" cy="{y + 10}" r="2.5" fill="#123"/>')
         out.append(f'<text x="{WIDTH - RIGHT + 4}" y="{y + 13}" font-size="11">{p["median_us"]:.3g} µs</text>')
     out.append("</svg>")
     return "".join(out)
@@ -51,14 +74,13 @@ def speedup_bars(rows: list[dict]) -> str:
     rows = [r for r in rows if r.get("speedup") and not r.get("is_baseline")]
     if not rows:
         return ""
-    hi = max(max(r["speedup"]["ci_high"], r["speedup"]["value"]) for r in rows)
-    hi = max(hi * 1.15, 1.2)
+    values = [v for r in rows for v in (r["speedup"]["ci_low"], r["speedup"]["ci_high"])] + [0.8, 1.25]
+    scale = Scale(values, floor_at_zero=True)
     height = ROW * len(rows) + 24
-    scale = (WIDTH - LEFT - RIGHT) / hi
     colour = {"faster": "#2a2", "slower": "#c33", "within noise": "#999"}
     out = [f'<svg class="plot" role="img" aria-label="speedup" width="{WIDTH}" height="{height}" '
-           f'xmlns="http://www.w3.org/2000/svg">', _axis(0, hi, height, lambda v: f"{v:.2f}×")]
-    one = LEFT + scale
+           f'xmlns="http://www.w3.org/2000/svg">', scale.axis(height, "×")]
+    one = scale.x(1.0)
     out.append(f'<line x1="{one:.1f}" y1="0" x2="{one:.1f}" y2="{height - 18}" stroke="#000" '
                'stroke-dasharray="4 3"/>')
     for i, row in enumerate(rows):
@@ -67,10 +89,11 @@ def speedup_bars(rows: list[dict]) -> str:
         c = colour.get(s["verdict"], "#999")
         out.append(f'<text x="{LEFT - 6}" y="{y + 13}" font-size="12" text-anchor="end">'
                    f'{escape(row["implementation"])}</text>')
-        out.append(f'<rect x="{LEFT}" y="{y + 4}" width="{s["value"] * scale:.1f}" height="12" fill="{c}" '
-                   'opacity="0.55"/>')
-        out.append(f'<line x1="{LEFT + s["ci_low"] * scale:.1f}" y1="{y + 10}" x2="{LEFT + s["ci_high"] * scale:.1f}" '
+        start, end = sorted((one, scale.x(s["value"])))
+        out.append(f'<rect x="{start:.1f}" y="{y + 4}" width="{max(end - start, 1):.1f}" height="12" '
+                   f'fill="{c}" opacity="0.55"/>')
+        out.append(f'<line x1="{scale.x(s["ci_low"]):.1f}" y1="{y + 10}" x2="{scale.x(s["ci_high"]):.1f}" '
                    f'y2="{y + 10}" stroke="#000" stroke-width="2"/>')
-        out.append(f'<text x="{WIDTH - RIGHT + 4}" y="{y + 13}" font-size="11">{s["value"]:.2f}×</text>')
+        out.append(f'<text x="{WIDTH - RIGHT + 4}" y="{y + 13}" font-size="11">{s["value"]:.3g}×</text>')
     out.append("</svg>")
     return "".join(out)

@@ -19,7 +19,7 @@ def _environment() -> Environment:
     env.filters["us"] = lambda v: "—" if v is None else f"{v:,.2f}"
     env.filters["x"] = lambda s: "—" if not s else (
         "baseline" if s.get("verdict") == "baseline" else
-        f"{s['value']:.2f}× [{s['ci_low']:.2f}, {s['ci_high']:.2f}] {s['verdict']}")
+        f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}")
     return env
 
 
@@ -27,7 +27,8 @@ def render(comparisons: list[dict], project: str) -> dict[str, str]:
     env = _environment()
     kernels = []
     for comp in comparisons:
-        kernels.append({**comp,
+        methods = sorted({r["performance_result"]["method"] for r in comp["results"] if r.get("performance_result")})
+        kernels.append({**comp, "methods": methods,
                         "timing_svg": Markup(timing_boxes(comp["results"])),
                         "speedup_svg": Markup(speedup_bars(comp["results"]))})
     context = {"project": project, "kernels": kernels,

@@ -1,0 +1,114 @@
+"""The HTML report, checked in a real headless Chromium; the Markdown summary beside it."""
+
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+
+from conftest import FIXTURES, build_json, magpie, write
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    for name in ("good.py", "nan.py", "spec.py"):
+        shutil.copy(FIXTURES / "adversarial" / name, root / name)
+    (root / "slow.py").write_text(
+        "import time, torch\n\ndef kernel(x):\n    time.sleep(0.0004)\n    return torch.relu(x) * 2.0\n")
+    write(root, {"magpie.toml": """
+        [project]
+        name = "report-check"
+
+        [defaults.timing]
+        warmup_ms = 5
+        budget_ms = 60
+        rounds = 3
+
+        [[kernel]]
+        id = "relu2"
+        type = "pytorch"
+        entry = "kernel"
+
+        [kernel.baseline]
+        id = "good"
+        source = "good.py"
+
+        [[kernel.candidates]]
+        id = "slow"
+        source = "slow.py"
+
+        [[kernel.candidates]]
+        id = "nan"
+        source = "nan.py"
+
+        [[kernel.testcases]]
+        spec = "spec.py"
+        shapes = [[16, 64]]
+        """})
+    build_json(root)
+    return root
+
+
+class Rows(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.rows, self.svgs, self.excluded = [], 0, 0
+        self._in_list = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tr" and "data-impl" in attrs:
+            self.rows.append(attrs["data-impl"])
+        if tag == "svg":
+            self.svgs += 1
+        if tag == "ul" and attrs.get("class") == "excluded":
+            self._in_list = True
+        if tag == "li" and self._in_list:
+            self.excluded += 1
+
+
+@pytest.mark.browser
+def test_report_renders_in_headless_chromium(built, tmp_path):
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed; .ci/run installs it")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    report = built / "workspaces/reports/report.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    parsed = Rows()
+    parsed.feed(dom)
+    assert parsed.rows == ["good", "nan", "slow"]
+    assert parsed.svgs == 2 and parsed.excluded == 1
+    assert "slower" in dom and "incorrect: finite" in dom
+    shot = tmp_path / "report.png"
+    subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,900", report.as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_markdown_summary_and_rerender_only_on_change(built):
+    summary = (built / "workspaces/reports/summary.md").read_text()
+    assert "| implementation | compile | correctness |" in summary
+    assert "**nan**: correctness FAILED" in summary
+    assert build_json(built)["executed"] == []
+    (built / "slow.py").write_text((built / "slow.py").read_text().replace("0.0004", "0.0006"))
+    executed = build_json(built)["executed"]
+    assert "report" in executed and "correctness:relu2/good" not in executed
+
+
+def test_report_key_covers_its_templates(built):
+    plan = magpie("build", "--dry-run", cwd=built, check=0)
+    assert "0 to run" in plan.stdout
+    from magpie.project import Project
+
+    project = Project.load(built / "magpie.toml")
+    inputs = project.tasks["report"].parts["inputs"]
+    assert {"magpie-templates/report.html.j2", "magpie-templates/summary.md.j2"} <= set(inputs)
