@@ -100,3 +100,14 @@ def test_help_answers():
     for verb in ("build", "clean", "analyze", "compare", "--gpu-info"):
         assert verb in proc.stdout
     assert "--kernel-config" in magpie("analyze", "--help", cwd=REPO, check=0).stdout
+
+
+def test_a_spec_that_makes_zeros_is_refused(kernels):
+    (kernels / "zeros_spec.py").write_text(
+        "import torch\n\ndef make_inputs(shape, dtype, generator):\n    return (torch.zeros(shape, dtype=dtype),)\n"
+        "\ndef reference(x):\n    return torch.relu(x) * 2.0\n")
+    proc = magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "zeros_spec.py",
+                  "--shapes", "4x4", "--no-perf", "-o", "z", cwd=kernels)
+    assert proc.returncode == 1
+    report = json.loads((kernels / "z/analyze_report.json").read_text())
+    assert "all zeros" in report["verdict"] and report["verdict"].startswith("testcase spec:")
