@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -80,6 +81,39 @@ COMMAND_PROJECT = {
     "k2/base.py": "def kernel(x):\n    return x\n",
     "k2/c.py": "def kernel(x):\n    return x - 0\n",
 }
+
+
+def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str = "") -> None:
+    """A `relu2` kernel judged by the adversarial fixtures' spec, baseline `good`; each
+    candidate is a fixture file of that name (or one already written into root)."""
+    for name in ("good", "spec", *candidates):
+        if not (root / f"{name}.py").exists():
+            shutil.copy(FIXTURES / "adversarial" / f"{name}.py", root / f"{name}.py")
+    tables = "".join(f'[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n\n' for n in candidates)
+    (root / "magpie.toml").write_text(f"""[project]
+name = "relu2"
+
+[defaults]
+{defaults}
+
+[defaults.timing]
+warmup_ms = 5
+budget_ms = 60
+rounds = 3
+
+[[kernel]]
+id = "relu2"
+type = "pytorch"
+entry = "kernel"
+
+[kernel.baseline]
+id = "good"
+source = "good.py"
+
+{tables}[[kernel.testcases]]
+spec = "spec.py"
+shapes = {shapes}
+""")
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from conftest import FIXTURES, build_json, magpie, write
+from conftest import build_json, magpie, relu2_project
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -15,40 +15,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    for name in ("good.py", "nan.py", "spec.py"):
-        shutil.copy(FIXTURES / "adversarial" / name, root / name)
     (root / "slow.py").write_text(
         "import time, torch\n\ndef kernel(x):\n    time.sleep(0.0004)\n    return torch.relu(x) * 2.0\n")
-    write(root, {"magpie.toml": """
-        [project]
-        name = "report-check"
-
-        [defaults.timing]
-        warmup_ms = 5
-        budget_ms = 60
-        rounds = 3
-
-        [[kernel]]
-        id = "relu2"
-        type = "pytorch"
-        entry = "kernel"
-
-        [kernel.baseline]
-        id = "good"
-        source = "good.py"
-
-        [[kernel.candidates]]
-        id = "slow"
-        source = "slow.py"
-
-        [[kernel.candidates]]
-        id = "nan"
-        source = "nan.py"
-
-        [[kernel.testcases]]
-        spec = "spec.py"
-        shapes = [[16, 64]]
-        """})
+    relu2_project(root, ["slow", "nan"], shapes="[[16, 64]]")
     build_json(root)
     return root
 

@@ -1,13 +1,10 @@
 """Adversarial candidates: each way of being wrong gets its own verdict, and the build goes on."""
 
 import json
-import shutil
 
 import pytest
 
-from conftest import FIXTURES, build_json, write
-
-ADVERSARIAL = FIXTURES / "adversarial"
+from conftest import build_json, relu2_project
 
 EXPECTED = {
     # implementation: (compiling_state, correctness_state, substring of the verdict)
@@ -32,36 +29,8 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def adversarial_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("adversarial")
-    for name in [*EXPECTED, "spec"]:
-        shutil.copy(ADVERSARIAL / f"{name}.py", root / f"{name}.py")
-    candidates = "".join(f'\n[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n' for n in EXPECTED if n != "good")
-    write(root, {"magpie.toml": f"""
-[project]
-name = "adversarial"
-
-[defaults]
-timeout_s = 8
-memory_mb = 4096
-
-[defaults.timing]
-warmup_ms = 5
-budget_ms = 60
-rounds = 3
-
-[[kernel]]
-id = "relu2"
-type = "pytorch"
-entry = "kernel"
-
-[kernel.baseline]
-id = "good"
-source = "good.py"
-{candidates}
-[[kernel.testcases]]
-spec = "spec.py"
-shapes = [[33, 65], [8, 128]]
-dtypes = ["float32"]
-"""})
+    relu2_project(root, [n for n in EXPECTED if n != "good"], shapes="[[33, 65], [8, 128]]",
+                  defaults="timeout_s = 8\nmemory_mb = 4096")
     result = build_json(root, "-j", "2")
     assert result["failed"] == []
     return json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text()), root

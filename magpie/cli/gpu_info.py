@@ -47,9 +47,32 @@ def _nvidia_gpus() -> list[dict]:
     return gpus
 
 
+def _torch_devices() -> list[dict]:
+    """Device properties through torch (CUDA or ROCm builds), when a GPU is visible."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        arch = getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}"
+        out.append({"name": props.name, "architecture": arch.split(":")[0], "sm_count": props.multi_processor_count,
+                    "memory_mib": props.total_memory // 2**20, "l2_bytes": getattr(props, "L2_cache_size", None),
+                    "runtime": f"hip {torch.version.hip}" if torch.version.hip else f"cuda {torch.version.cuda}"})
+    return out
+
+
 def collect() -> dict:
+    gpus = _nvidia_gpus()
+    for gpu, detail in zip(gpus, _torch_devices()) if gpus else ():
+        gpu.update({k: v for k, v in detail.items() if v is not None and k != "name"})
+    if not gpus:
+        gpus = [{"vendor": "AMD" if "hip" in d["runtime"] else "NVIDIA", **d} for d in _torch_devices()]
     return {
-        "gpus": _nvidia_gpus(),
+        "gpus": gpus,
         "cpu": {"model": cpu_model(), "cores": os.cpu_count()},
         "compilers": {"nvcc": _version_line("nvcc"), "hipcc": _version_line("hipcc")},
         "profilers": {"ncu": _version_line("ncu"), "rocprofv3": _version_line("rocprofv3")},
@@ -64,8 +87,10 @@ def run(args) -> int:
         return 0
     if info["gpus"]:
         for i, gpu in enumerate(info["gpus"]):
+            extra = ", ".join(f"{k} {gpu[k]}" for k in ("sm_count", "l2_bytes", "max_sm_clock_mhz", "runtime")
+                              if gpu.get(k))
             print(f"GPU {i}: {gpu['vendor']} {gpu['name']} ({gpu['architecture']}), {gpu['memory_mib']} MiB, "
-                  f"driver {gpu['driver']}")
+                  f"driver {gpu.get('driver', '?')}{', ' + extra if extra else ''}")
     else:
         print("GPU: none found (no nvidia-smi or rocm-smi device); kernels run on the CPU default")
     print(f"CPU: {info['cpu']['model']}, {info['cpu']['cores']} cores")

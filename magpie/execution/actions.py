@@ -3,6 +3,7 @@ files left in the folder become part of the artifact."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import py_compile
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,6 +45,7 @@ def _template_context(job, out_dir: Path) -> dict:
         "impl": SimpleNamespace(id=impl.get("id", ""), source=impl.get("source", ""),
                                 source_files=" ".join(impl.get("source_files", [])), type=impl.get("type", "")),
         "kernel": SimpleNamespace(id=spec.kernel or ""),
+        "arch": spec.params.get("settings", {}).get("compile", {}).get("arch", ""),
         "out": str(out_dir),
         "root": spec.params["root"],
     }
@@ -86,11 +89,34 @@ def _command_result(spec, ok: bool, errors: list, line: str = "") -> dict:
     return result
 
 
+def _with_library(job, impl: dict | None) -> dict | None:
+    """An implementation compiled to a shared library carries its path to the evaluator."""
+    if impl is None:
+        return None
+    folder = job.dep_dirs.get(f"compile:{job.spec.kernel}/{impl['id']}")
+    library = Path(folder) / f"{impl['id']}.so" if folder else None
+    return {**impl, "library": str(library)} if library and library.is_file() else impl
+
+
+@contextmanager
+def device_lock(device: str):
+    """Timing and profiling hold the device alone, also under -j N: two measurements on one
+    device at once would each measure the other. Correctness checks run in parallel."""
+    path = Path(tempfile.gettempdir()) / f"magpie-{device.replace(':', '-')}.lock"
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     spec = job.spec
     settings = spec.params["settings"]
-    request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel, "impl": spec.params["impl"],
-               "baseline": baseline, "settings": settings}
+    request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
+               "impl": _with_library(job, spec.params["impl"]), "baseline": _with_library(job, baseline),
+               "settings": settings}
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))
     overall = limit * (testcases + 3) + (settings["timing"]["warmup_ms"] + settings["timing"]["budget_ms"]) / 500 + 60
@@ -99,11 +125,14 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         request["work_dir"] = str(work)
         (work / "request.json").write_text(json.dumps(request))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
+        exclusive = device_lock(settings["project"]["device"]) if mode == "timing" else nullcontext()
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "magpie.harness.evaluate", str(work / "request.json"), str(work / "result.json")],
-                capture_output=True, timeout=overall, env=env, start_new_session=True,
-            )
+            with exclusive:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "magpie.harness.evaluate", str(work / "request.json"),
+                     str(work / "result.json")],
+                    capture_output=True, timeout=overall, env=env, start_new_session=True,
+                )
             failure = None if proc.returncode == 0 else (
                 f"evaluator {signal_verdict(proc.returncode)}: "
                 + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])[:600])
@@ -167,6 +196,7 @@ def comparison(job, out_dir: Path) -> dict:
             "baseline_result": tim.get("baseline_result"),
             "samples_us": tim.get("samples_us"),
             "speedup": None,
+            "profile": job.dep_results.get(f"profile:{kernel}/{impl_id}"),
             "errors": [*comp.get("errors", []), *corr.get("errors", []), *tim.get("errors", [])],
             "warnings": tim.get("warnings", []),
             "_baseline_samples": tim.get("baseline_samples_us"),

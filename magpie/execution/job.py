@@ -21,6 +21,7 @@ ACTIONS = {
     "correctness": "magpie.execution.actions:correctness",
     "timing": "magpie.execution.actions:timing",
     "comparison": "magpie.execution.actions:comparison",
+    "profile": "magpie.execution.profile:profile",
     "report": "magpie.report.render:report",
 }
 COMMAND_ACTION = "magpie.execution.actions:command"

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 from magpie.errors import UserError
-from magpie.graph.fingerprint import fingerprint
+from magpie.graph.fingerprint import fingerprint, gpu_description
 from magpie.graph.rules import Rule
 from magpie.manifest.models import Implementation, Kernel, Manifest
 from magpie.paths import templates_dir
@@ -78,11 +76,19 @@ def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) 
         testcases.append(item)
     limits = {"timeout_s": kernel.timeout_s or d.timeout_s, "memory_mb": d.memory_mb}
     return {
-        "compile": {"env": impl.env, "working_dir": impl.working_dir, "compile_command": impl.compile_command},
+        "compile": {"env": impl.env, "working_dir": impl.working_dir, "compile_command": impl.compile_command,
+                    **({"arch": cuda_arch(manifest)} if kernel.impl_type(impl) == "cuda" else {})},
         "correctness": {"testcases": testcases, "seed": d.seed, "entry": impl.entry or kernel.entry, **limits},
         "timing": {**timing, **limits},
         "project": {"device": manifest.project.device},
     }
+
+
+def cuda_arch(manifest: Manifest) -> str:
+    if manifest.project.cuda_arch:
+        return manifest.project.cuda_arch
+    gpu = gpu_description()
+    return gpu[1] if gpu else "sm_90"
 
 
 def _impl_params(kernel: Kernel, impl: Implementation | None) -> dict | None:
@@ -142,7 +148,10 @@ class Expander:
     # -- expansion --------------------------------------------------------------------------
     def expand(self) -> dict[str, TaskSpec]:
         order = {"implementation": 0, "kernel": 1, "project": 2}
+        device_kind = self.device.split(":", 1)[0]
         for rule in sorted(self.rules, key=lambda r: order[r.scope]):
+            if device_kind not in rule.devices:
+                continue
             if rule.scope == "implementation":
                 for kernel in self.manifest.kernel:
                     for impl in kernel.implementations():

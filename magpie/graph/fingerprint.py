@@ -10,6 +10,7 @@ import hashlib
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from functools import lru_cache
 from importlib import metadata
@@ -42,10 +43,28 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@lru_cache(maxsize=None)
+def gpu_description() -> tuple[str, str] | None:
+    """(name, sm_XY) of the first NVIDIA GPU, from nvidia-smi; None without one."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if not out or "," not in out[0]:
+        return None
+    name, cap = (p.strip() for p in out[0].split(",", 1))
+    return name, "sm_" + cap.replace(".", "")
+
+
 def _device(device: str) -> str:
     if device == "cpu":
         return f"cpu:{cpu_model()}:{os.cpu_count()}"
-    return device
+    gpu = gpu_description()
+    return f"{device}:{gpu[0]}:{gpu[1]}" if gpu else f"{device}:unknown"
 
 
 def _harness() -> str:
@@ -65,6 +84,8 @@ _FACTS = {
     "triton": lambda device: _package_version("triton"),
     "nvcc": lambda device: _tool("nvcc"),
     "hipcc": lambda device: _tool("hipcc"),
+    "ncu": lambda device: _tool("ncu"),
+    "rocprofv3": lambda device: _tool("rocprofv3"),
     "device": _device,
     "harness": lambda device: _harness(),
 }

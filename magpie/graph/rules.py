@@ -16,8 +16,6 @@ from magpie.manifest.load import describe_validation_error, parse_toml
 from magpie.paths import rules_dir
 
 Scope = Literal["implementation", "kernel", "project"]
-CONFIG_SECTIONS = ("compile", "correctness", "timing", "project")
-FINGERPRINTS = ("python", "torch", "triton", "device", "harness", "nvcc", "hipcc")
 DEP_PREFIXES = ("baseline.", "impls.", "kernels.")
 
 
@@ -29,8 +27,10 @@ class Rule(BaseModel):
     types: list[str] = ["pytorch", "triton", "cuda", "hip"]
     inputs: list[str] = []
     deps: list[str] = []
+    devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
     config: list[Literal["compile", "correctness", "timing", "project"]] = []
-    fingerprint: list[Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc"]] = []
+    fingerprint: list[Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu",
+                              "rocprofv3"]] = []
     action: str
     version: int = 1
     description: str = ""

@@ -19,7 +19,7 @@ from magpie.compare.stats import summarize_ns, thin
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.session import Worker, WorkerFailure, signal_verdict
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed
-from magpie.harness.timing import timer_for
+from magpie.harness.timing import GRAPH_THRESHOLD_US
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 KEPT_SAMPLES = 2000
@@ -63,7 +63,7 @@ class Evaluator:
                         memory_mb=int(self.correctness_settings["memory_mb"]),
                         log_path=self.work / f"worker-{impl['id']}.log")
         answer = worker.request({
-            "op": "load", "id": impl["id"], "source": str(self.root / impl["source"]),
+            "op": "load", "id": impl["id"], "source": str(self.root / impl["source"]), "library": impl.get("library"),
             "entry": impl.get("entry"), "device": self.device, "seed": self.init_seed,
             "init_inputs_file": init_file, "init_from_module": init_from_module, "threads": self.settings.get("timing", {}).get("threads", 1),
         }, self.timeout)
@@ -86,8 +86,9 @@ class Evaluator:
         expected = [spec.reference(a, self.init_seed) for a in inputs] if check_values else None
         inputs_file = self._save(f"{tag}-inputs.pt", inputs)
         outputs_file = str(self.work / f"{tag}-outputs.pt")
-        answer = worker.request({"op": "run", "inputs_file": inputs_file, "outputs_file": outputs_file},
-                                self.timeout)
+        out_specs = [_out_specs(e) for e in expected] if expected else None
+        answer = worker.request({"op": "run", "inputs_file": inputs_file, "outputs_file": outputs_file,
+                                 "out_specs": out_specs}, self.timeout)
         if not answer["ok"]:
             raise WorkerFailure(f"error: {answer['error']}")
         produced = self.torch.load(outputs_file, weights_only=True)
@@ -112,7 +113,7 @@ class Evaluator:
                 if testcase.get("command"):
                     checks.append(self._command_check(index, testcase))
                     continue
-                if self.impl["type"] in ("cuda", "hip"):
+                if self.impl["type"] in ("cuda", "hip") and self.device == "cpu":
                     return _skipped(f"{self.impl['type']} implementations are loaded on a GPU device only; "
                                     f"this project's device is {self.device}")
                 spec = self._spec(index, testcase)
@@ -169,7 +170,7 @@ class Evaluator:
         if spec_index is None:
             return {"performance_state": "SKIPPED", "performance_result": None,
                     "errors": ["no Python spec testcase to build timing inputs from"]}
-        if self.impl["type"] in ("cuda", "hip"):
+        if self.impl["type"] in ("cuda", "hip") and self.device == "cpu":
             return {"performance_state": "SKIPPED", "performance_result": None,
                     "errors": [f"{self.impl['type']} timing needs a GPU device; this project's device is {self.device}"]}
         testcase = self.correctness_settings["testcases"][spec_index]
@@ -186,96 +187,170 @@ class Evaluator:
         case = max(cases, key=lambda c: _numel(c.shape))
         rotation = [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, "set", k))
                     for k in range(int(t["input_sets"]))]
-        timing_inputs = self._save("timing-inputs.pt", [spec.make_inputs(c) for c in rotation])
+        inputs = [spec.make_inputs(c) for c in rotation]
+        expected = spec.reference(inputs[0], self.init_seed)
+        out_specs = [_out_specs(expected)]
+        timing_inputs = self._save("timing-inputs.pt", inputs)
         init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
         pair = self.baseline is not None and not self.impl.get("is_baseline")
-        workers = {}
+        workers, answers = {}, {}
         try:
             workers["candidate"] = self.start(self.impl, init_file)
             if pair:
                 workers["baseline"] = self.start(self.baseline, init_file)
             samples = {role: [] for role in workers}
             wall = {role: 0.0 for role in workers}
-            for role, worker in workers.items():
-                self._time_request(worker, timing_inputs, warmup_ms=t["warmup_ms"], budget_ms=0, max_reps=1)
+            probes = {role: self._time_request(w, timing_inputs, out_specs, warmup_ms=t["warmup_ms"])["probe_us"]
+                      for role, w in workers.items()}
+            mode = self._mode(min(probes.values()))
             rounds = int(t["rounds"])
             for r in range(rounds):
                 order = list(workers) if r % 2 == 0 else list(reversed(workers))
                 for role in order:
-                    answer = self._time_request(workers[role], timing_inputs, warmup_ms=0,
-                                                budget_ms=t["budget_ms"] / rounds,
-                                                max_reps=max(1, int(t["max_reps"]) // rounds), offset=r)
+                    answer = self._time_request(workers[role], timing_inputs, out_specs, budget_ms=t["budget_ms"] / rounds,
+                                                max_reps=max(1, int(t["max_reps"]) // rounds), offset=r, mode=mode,
+                                                settings=t)
                     samples[role].extend(answer["samples_ns"])
                     wall[role] += answer["wall_s"]
+                    answers.setdefault(role, []).append(answer["info"])
+                    answers[f"{role}-method"] = answer["method"]
+            kernels = {}
+            if self.device != "cpu":
+                for role, worker in workers.items():
+                    reply = worker.request({"op": "kernels", "inputs_file": timing_inputs, "out_specs": out_specs},
+                                           self.timeout)
+                    kernels[role] = reply if reply["ok"] else {"error": reply["error"]}
             recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
             recheck = self._run_cases(workers["candidate"], spec, recheck_cases, "recheck",
                                       testcase["rtol"], testcase["atol"])[0]
         finally:
             for worker in workers.values():
                 worker.close()
+        floor = spec.min_bytes(inputs[0], expected)
         result = {
             "performance_state": "SUCCESS",
-            "performance_result": self._summary(samples["candidate"], wall["candidate"],
-                                                self._method(self.impl, t), case.label),
-            "baseline_result": self._summary(samples["baseline"], wall["baseline"],
-                                             self._method(self.baseline, t), case.label) if pair else None,
-            "samples_us": [s / 1000 for s in thin(samples["candidate"], KEPT_SAMPLES)],
-            "baseline_samples_us": [s / 1000 for s in thin(samples["baseline"], KEPT_SAMPLES)] if pair else None,
-            "recheck": recheck,
             "errors": [],
             "warnings": [],
+            "recheck": recheck,
+            "samples_us": [s / 1000 for s in thin(samples["candidate"], KEPT_SAMPLES)],
+            "baseline_samples_us": [s / 1000 for s in thin(samples["baseline"], KEPT_SAMPLES)] if pair else None,
+            "min_bytes": floor,
         }
         for role in workers:
-            summary = result["performance_result"] if role == "candidate" else result["baseline_result"]
-            problem = timer_inconsistency(summary)
+            summary = self._summary(samples[role], wall[role], len(answers[role]), self._method(self.impl if role == "candidate"
+                                                                              else self.baseline,
+                                                                              answers[f"{role}-method"]), case.label)
+            summary["timer_info"] = answers[role][-1]
+            summary["rounds_info"] = [{k: v for k, v in info.items() if k in ("mode", "host_wall_median_us")}
+                                      for info in answers[role]]
+            if role in kernels:
+                summary["kernel_us"] = kernels[role].get("kernel_us")
+                summary["kernels"] = kernels[role].get("kernels")
+                if summary["kernel_us"]:
+                    summary["dispatch_overhead_us"] = summary["median_us"] - summary["kernel_us"]
+            result["performance_result" if role == "candidate" else "baseline_result"] = summary
+            problem = timer_inconsistency(summary, self.device)
             if problem:
                 result["performance_state"] = "FAILED"
                 result["errors"].append(f"{role}: {problem}")
+            flag = host_wall_gap(summary)
+            if flag:
+                summary.setdefault("flags", []).append(flag)
+                result["warnings"].append(f"{role}: {flag}")
+        if not pair:
+            result["baseline_result"] = None
+        floor_flag = roofline_floor_flag(result["performance_result"], floor, self.device)
+        if floor_flag:
+            result["performance_result"].setdefault("flags", []).append(floor_flag)
+            result["warnings"].append(f"candidate: {floor_flag}")
         if not recheck["passed"]:
             result["performance_state"] = "FAILED"
             result["errors"].append(f"incorrect after timing: {recheck['check']}: {recheck['detail']}")
         return result
 
-    def _method(self, impl: dict, t: dict) -> str:
-        method = timer_for(self.device).describe(t)
+    def _mode(self, probe_us: float) -> str | None:
+        if self.device == "cpu":
+            return None
+        return "graph" if probe_us < GRAPH_THRESHOLD_US else "events"
+
+    def _method(self, impl: dict, method: str) -> str:
         if impl["type"] == "triton" and self.device == "cpu":
             method += "; Triton ran in its CPU interpreter (TRITON_INTERPRET=1): not GPU performance"
         return method
 
-    def _time_request(self, worker: Worker, inputs_file: str, **params) -> dict:
+    def _time_request(self, worker: Worker, inputs_file: str, out_specs: list, **params) -> dict:
         deadline = self.timeout + (params.get("budget_ms", 0) + params.get("warmup_ms", 0)) / 1000
-        answer = worker.request({"op": "time", "inputs_file": inputs_file, **params}, deadline)
+        answer = worker.request({"op": "time", "inputs_file": inputs_file, "out_specs": out_specs, **params},
+                                deadline)
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         return answer
 
     @staticmethod
-    def _summary(samples_ns: list[int], wall_s: float, method: str, case: str) -> dict:
+    def _summary(samples_ns: list[int], wall_s: float, requests: int, method: str, case: str) -> dict:
         summary = summarize_ns(samples_ns)
         n = len(samples_ns)
+        unexplained_ns = wall_s * 1e9 - sum(samples_ns) - requests * REQUEST_OVERHEAD_MS * 1e6
         summary.update(method=method, shape=case,
                        wall_coverage=(sum(samples_ns) / 1e9) / wall_s if wall_s > 0 else 0.0,
                        wall_per_call_us=wall_s * 1e6 / n,
-                       unexplained_us_per_call=(wall_s * 1e9 - sum(samples_ns)) / n / 1000)
+                       unexplained_us_per_call=max(0.0, unexplained_ns) / n / 1000)
         return summary
 
 
 # Wall time the evaluator measured around a timing request that the samples do not account
-# for, per call: loop and transfer overhead honestly stays well under this bound.
-UNEXPLAINED_LIMIT_US = 20.0
+# for, per call: loop and transfer overhead honestly stays well under this bound. On a GPU
+# each sample also pays an L2 flush, a device-wide synchronisation and event reads.
+UNEXPLAINED_LIMIT_US = {"cpu": 20.0, "cuda": 150.0}
+# What one timing request costs outside the timed loop: the pipe round trip, reading the
+# input file on first use, encoding the samples.
+REQUEST_OVERHEAD_MS = 5.0
 
 
-def timer_inconsistency(summary: dict) -> str | None:
+def timer_inconsistency(summary: dict, device: str = "cpu") -> str | None:
     """The in-process timer is checked against the evaluator's own wall clock."""
     if summary["wall_coverage"] > 1.05:
         return (f"timer reported {summary['wall_coverage']:.0%} of the wall time the evaluator measured: "
                 "the in-process clock was tampered with")
-    limit = max(UNEXPLAINED_LIMIT_US, 0.05 * summary["median_us"])
+    limit = max(UNEXPLAINED_LIMIT_US[device.split(":")[0]], 0.05 * summary["median_us"])
     if summary["unexplained_us_per_call"] > limit:
         return (f"timer inconsistent with the evaluator's wall clock: {summary['unexplained_us_per_call']:.1f} µs "
                 f"per call unaccounted for (limit {limit:.1f} µs); samples cover "
                 f"{summary['wall_coverage']:.0%} of the wall time")
     return None
+
+
+def host_wall_gap(summary: dict) -> str | None:
+    """Event time far under host-synchronised wall time: work the events did not see (side streams)."""
+    wall = (summary.get("timer_info") or {}).get("host_wall_median_us")
+    if wall is None or summary["timer_info"].get("mode") == "host-clock":
+        return None
+    if wall >= 1.5 * summary["median_us"] and wall - summary["median_us"] > 30:
+        return (f"host-synchronised wall time {wall:.1f} µs is {wall / summary['median_us']:.1f}x the event time "
+                f"{summary['median_us']:.1f} µs: work outside the timed stream?")
+    return None
+
+
+def roofline_floor_flag(summary: dict, min_bytes: int, device: str) -> str | None:
+    """A time under what moving the inputs and outputs once at peak bandwidth takes is not a win."""
+    if device == "cpu" or not min_bytes:
+        return None
+    from magpie.roofline.specs import detect_current
+
+    arch = detect_current()
+    if arch is None:
+        return None
+    floor_us = min_bytes / (arch.memory_tbps * 1e12) * 1e6
+    if summary["median_us"] < floor_us:
+        return (f"faster than the memory roofline floor: {summary['median_us']:.2f} µs < {floor_us:.2f} µs to move "
+                f"{min_bytes / 1e6:.1f} MB at {arch.memory_tbps} TB/s ({arch.name}); check the measurement")
+    return None
+
+
+def _out_specs(expected) -> list:
+    from magpie.harness.checks import as_tuple
+
+    return [[list(t.shape), str(t.dtype).replace("torch.", "")] for t in as_tuple(expected)]
 
 
 def _numel(shape) -> int:

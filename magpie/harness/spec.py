@@ -101,10 +101,34 @@ class ReferenceSpec:
         return tuple(args)
 
     def reference(self, args: tuple, init_seed: int):
+        """The expected output(s), computed on the project's device from pristine copies, returned on the CPU."""
         torch = self.torch
-        pristine = tuple(a.clone() if torch.is_tensor(a) else a for a in args)
+        pristine = tuple(a.clone().to(self.device) if torch.is_tensor(a) else a for a in args)
         if self.kernelbench:
             torch.manual_seed(init_seed)
             model = self.module.Model(*self.init_inputs())
-            return model(*pristine)
-        return getattr(self.module, self.testcase["reference"])(*pristine)
+            if hasattr(model, "to"):
+                model = model.to(self.device)
+            result = model(*pristine)
+        else:
+            result = getattr(self.module, self.testcase["reference"])(*pristine)
+        return _to_cpu(result)
+
+    def min_bytes(self, args: tuple, expected) -> int:
+        """Fewest bytes a kernel must move: each input read once, each output written once, unless the
+        spec says otherwise with min_bytes(*args)."""
+        custom = getattr(self.module, "min_bytes", None)
+        if callable(custom):
+            return int(custom(*args))
+        from magpie.harness.checks import as_tuple
+
+        tensors = [a for a in (*args, *as_tuple(expected)) if self.torch.is_tensor(a)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _to_cpu(x):
+    if hasattr(x, "detach"):
+        return x.detach().to("cpu")
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x

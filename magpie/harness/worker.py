@@ -27,13 +27,19 @@ class Implementation:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
         source = request["source"]
-        sys.path.insert(0, os.path.dirname(source))
-        spec = importlib.util.spec_from_file_location(f"magpie_impl_{request['id']}", source)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = None
+        if not request.get("library"):
+            sys.path.insert(0, os.path.dirname(source))
+            spec = importlib.util.spec_from_file_location(f"magpie_impl_{request['id']}", source)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
         self.module = module
         self._input_cache: dict[str, list] = {}
-        self.fn = self._entry(module, request)
+        self._timer = None
+        if request.get("library"):
+            self.fn = NativeEntry(torch, request["library"], request.get("entry") or request["id"], self.device)
+        else:
+            self.fn = self._entry(module, request)
 
     def _entry(self, module, request):
         entry = request.get("entry")
@@ -69,12 +75,18 @@ class Implementation:
             self._input_cache[path] = cached
         return cached
 
+    def _outputs_like(self, request: dict, index: int) -> None:
+        specs = request.get("out_specs")
+        if specs and isinstance(self.fn, NativeEntry):
+            self.fn.out_specs = specs[index % len(specs)]
+
     def run(self, request: dict) -> dict:
         torch = self.torch
         input_sets = self._load(request["inputs_file"])
         outputs, after = [], []
-        for args in input_sets:
+        for index, args in enumerate(input_sets):
             working = tuple(x.clone() if torch.is_tensor(x) else x for x in args)
+            self._outputs_like(request, index)
             result = self.fn(*working)
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()
@@ -91,14 +103,94 @@ class Implementation:
         self.torch.save({"outputs": [_to_cpu(result)], "inputs_after": []}, request["outputs_file"])
         return {}
 
+    def timer(self):
+        if self._timer is None:
+            self._timer = timer_for(self.device)
+        return self._timer
+
     def time(self, request: dict) -> dict:
-        timer = timer_for(self.device)
+        timer = self.timer()
         input_sets = self._load(request["inputs_file"])
+        self._outputs_like(request, 0)
+        reply = {}
         if request.get("warmup_ms"):
             timer.warmup(self.fn, input_sets, request["warmup_ms"])
-        samples = timer.measure(self.fn, input_sets, request["budget_ms"], request["max_reps"],
-                                request.get("offset", 0))
-        return {"samples_ns": samples}
+            reply["probe_us"] = timer.probe(self.fn, input_sets)
+        if request.get("budget_ms"):
+            reply["samples_ns"] = timer.measure(self.fn, input_sets, request["budget_ms"], request["max_reps"],
+                                                request.get("offset", 0), mode=request.get("mode"))
+            reply["info"] = timer.info
+            reply["method"] = timer.describe(request["settings"], timer.info.get("mode"))
+        return reply
+
+    def kernels(self, request: dict) -> dict:
+        """Device kernels of one call, from the profiler: names and summed device time."""
+        from torch.profiler import ProfilerActivity, profile
+
+        torch = self.torch
+        input_sets = self._load(request["inputs_file"])
+        self._outputs_like(request, 0)
+        reps = int(request.get("reps", 5))
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for k in range(reps):
+                self.fn(*input_sets[k % len(input_sets)])
+            torch.cuda.synchronize()
+        names: dict[str, float] = {}
+        for event in prof.events():
+            if str(event.device_type).endswith("CUDA") and event.device_time_total > 0 and not event.cpu_parent:
+                names[event.name] = names.get(event.name, 0.0) + event.device_time_total
+        total = sum(names.values())
+        return {"kernel_us": total / reps, "kernels": {n: t / reps for n, t in names.items()}}
+
+
+class NativeEntry:
+    """A compiled kernel behind magpie's C calling convention:
+
+        int entry(<inputs: tensor -> pointer, int -> int64_t, float -> double>,
+                  <outputs: pointer each>, <every input tensor's sizes as int64_t>, <stream>)
+
+    Outputs are allocated here, shaped like the reference's (poisoned like any
+    torch.empty), and the return value is a CUDA/HIP error code (0: success).
+    """
+
+    def __init__(self, torch, library: str, symbol: str, device: str):
+        import ctypes
+
+        self.ctypes = ctypes
+        self.torch = torch
+        self.device = device
+        self.symbol = symbol
+        self.lib = ctypes.CDLL(library)
+        self.fn = getattr(self.lib, symbol)
+        self.fn.restype = ctypes.c_int
+        self.out_specs: list = []
+
+    def __call__(self, *args):
+        ct, torch = self.ctypes, self.torch
+        if not self.out_specs:
+            raise RuntimeError("no output shapes known for a native entry (declare a spec testcase)")
+        outs = [torch.empty(shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in self.out_specs]
+        c_args, sizes = [], []
+        for a in args:
+            if torch.is_tensor(a):
+                if not a.is_contiguous():
+                    raise ValueError("native entries take contiguous tensors")
+                c_args.append(ct.c_void_p(a.data_ptr()))
+                sizes.extend(ct.c_int64(d) for d in a.shape)
+            elif isinstance(a, bool):
+                c_args.append(ct.c_bool(a))
+            elif isinstance(a, int):
+                c_args.append(ct.c_int64(a))
+            else:
+                c_args.append(ct.c_double(float(a)))
+        c_args.extend(ct.c_void_p(o.data_ptr()) for o in outs)
+        c_args.extend(sizes)
+        c_args.append(ct.c_void_p(torch.cuda.current_stream().cuda_stream))
+        code = self.fn(*c_args)
+        if code != 0:
+            raise RuntimeError(f"{self.symbol} returned error code {code}")
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _to_device(x, device):

@@ -40,8 +40,9 @@ class Defaults(Strict):
 
 class ProjectSettings(Strict):
     name: str = "magpie-project"
-    device: str = "cpu"
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N (ROCm too)")
     workspace: str = "workspaces"
+    cuda_arch: Optional[str] = Field(None, pattern=r"^(sm|compute)_\d+a?$", description="nvcc -arch; default: detected")
 
 
 class Implementation(Strict):

@@ -1,0 +1,157 @@
+"""GPU timing fidelity (run on the H200): magpie's CUDA timer against ncu's
+gpu__time_duration and triton.testing.do_bench for the same kernels, in one run.
+
+- a bandwidth-bound kernel (x * 2 + y over 64 Mi floats, ~0.8 GB moved) and a bf16 GEMM
+  (4096^3), both well over 50 µs: medians side by side, and magpie's repeat CV;
+- a 1-element kernel: magpie's chosen mode against CUDA-graph replay and plain events;
+- wall time of `magpie compare` on 8 Triton candidates against their timing budgets.
+Usage: python bench/gpu_fidelity.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from magpie.harness.timing import GRAPH_THRESHOLD_US, CudaTimer
+from magpie.roofline.ncu import parse_raw_csv
+
+N_ELEMENTS = 64 * 2**20
+GEMM_N = 4096
+
+
+def kernels():
+    x = torch.randn(N_ELEMENTS, device="cuda")
+    y = torch.randn(N_ELEMENTS, device="cuda")
+    a = torch.randn(GEMM_N, GEMM_N, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(GEMM_N, GEMM_N, device="cuda", dtype=torch.bfloat16)
+    one = torch.randn(1, device="cuda")
+    return {
+        "bandwidth (x*2+y, 64Mi fp32)": (lambda: torch.add(y, x, alpha=2.0), 3 * 4 * N_ELEMENTS, 0),
+        "gemm (bf16 4096^3)": (lambda: a @ b, 3 * 2 * GEMM_N**2, 2 * GEMM_N**3),
+        "one element (x+1)": (lambda: one + 1, 8, 1),
+    }
+
+
+def magpie_median_us(timer: CudaTimer, fn, mode: str, budget_ms: float = 300) -> tuple[float, list[int]]:
+    timer.warmup(lambda: fn(), [()], 50)
+    samples = timer.measure(lambda: fn(), [()], budget_ms, 100_000, 0, mode=mode)
+    return statistics.median(samples) / 1000, samples
+
+
+def ncu_median_us(name: str, out: Path) -> float | None:
+    script = out / "ncu_target.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from gpu_fidelity import kernels
+        fn = kernels()[{name!r}][0]
+        fn(); torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("magpie_profile")
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    """))
+    proc = subprocess.run(["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--nvtx", "--nvtx-include",
+                           "magpie_profile/", "--metrics", "gpu__time_duration.sum", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=600)
+    (out / f"ncu_{abs(hash(name))}.csv").write_text(proc.stdout)
+    try:
+        rows = parse_raw_csv(proc.stdout)
+    except ValueError:
+        print(proc.stderr[-2000:])
+        return None
+    durations = [r["metrics"]["gpu__time_duration.sum"] / 1000 for r in rows if "gpu__time_duration.sum" in r["metrics"]]
+    return statistics.median(durations) if durations else None
+
+
+def throughput(out: Path) -> dict:
+    root = out / "compare8"
+    root.mkdir(exist_ok=True)
+    (root / "spec.py").write_text(textwrap.dedent("""
+        import torch
+        def make_inputs(shape, dtype, generator):
+            return (torch.randn(shape, generator=generator, dtype=dtype), torch.randn(shape, generator=generator, dtype=dtype))
+        def reference(x, y):
+            return x * 2 + y
+    """))
+    (root / "torch_ref.py").write_text("def f(x, y):\n    return x * 2 + y\n")
+    files = []
+    for i, block in enumerate([128, 256, 512, 1024, 2048, 4096, 8192, 16384]):
+        path = root / f"triton_b{block}.py"
+        path.write_text(textwrap.dedent(f"""
+            import torch, triton, triton.language as tl
+            @triton.jit
+            def _k(x, y, o, n, B: tl.constexpr):
+                off = tl.program_id(0) * B + tl.arange(0, B)
+                m = off < n
+                tl.store(o + off, tl.load(x + off, mask=m) * 2 + tl.load(y + off, mask=m), mask=m)
+            def f(x, y):
+                o = torch.empty_like(x)
+                _k[(triton.cdiv(x.numel(), {block}),)](x, y, o, x.numel(), B={block})
+                return o
+        """))
+        files.append(path.name)
+    budget_ms = 300
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "magpie", "compare", "torch_ref.py", *files, "--type", "triton",
+                           "--entry", "f", "--spec", "spec.py", "--shapes", "16777216", "--budget-ms", str(budget_ms),
+                           "--json", "-o", "out"], cwd=root, capture_output=True, text=True, timeout=1200)
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-1500:]}
+    report = json.loads(proc.stdout)
+    timed = len([r for r in report["results"] if r["performance_result"]])
+    # Each candidate is timed with the baseline beside it (2 budgets), the baseline alone once.
+    budgets_s = (2 * (timed - 1) + 1) * budget_ms / 1000
+    return {"wall_s": wall, "timing_budgets_s": budgets_s, "ratio": wall / budgets_s, "timed": timed,
+            "ranking": report["ranking"][:3]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    timer = CudaTimer("cuda")
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "date": time.strftime("%Y-%m-%d"), "kernels": {}}
+    for name, (fn, nbytes, flops) in kernels().items():
+        probe = timer.probe(lambda: fn(), [()])
+        mode = "graph" if probe < GRAPH_THRESHOLD_US else "events"
+        medians = []
+        for _ in range(5):
+            median_us, samples = magpie_median_us(timer, fn, mode)
+            medians.append(median_us)
+        row = {"mode": mode, "magpie_median_us": statistics.median(medians),
+               "magpie_repeat_cv": statistics.pstdev(medians) / statistics.fmean(medians),
+               "magpie_sample_cv": statistics.pstdev(samples) / statistics.fmean(samples),
+               "do_bench_median_us": triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") * 1000,
+               "nvml": timer.info.get("nvml_after")}
+        if mode == "graph":
+            row["events_median_us"] = magpie_median_us(timer, fn, "events")[0]
+            row["do_bench_cudagraph_median_us"] = triton.testing.do_bench_cudagraph(fn, rep=300,
+                                                                                   return_mode="median") * 1000
+        else:
+            row["ncu_median_us"] = ncu_median_us(name, out)
+        results["kernels"][name] = row
+    results["compare_8_triton"] = throughput(out)
+    (out / "fidelity.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call: environment facts, GPU tests, the GPU example, calibration, fidelity
+# benchmark. Everything lands in $OUT/gpu_session.tar.gz plus a short log.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+mkdir -p /tmp/s
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv
+  python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
+  ncu --version | tail -1
+} > /tmp/s/env.txt 2>&1
+ncu --query-metrics --chip gh100 > /tmp/s/ncu_metrics.txt 2>&1
+python3 -m magpie --gpu-info --json > /tmp/s/gpu_info.json 2>&1
+for step in "$@"; do
+  case "$step" in
+    tests) timeout 300 python3 -m pytest -m gpu -q -x tests/test_gpu.py > /tmp/s/gpu_tests.txt 2>&1 ;;
+    example) (cd examples/gpu && timeout 240 python3 -m magpie build --plain > /tmp/s/example_build.txt 2>&1;
+              cp -r workspaces/reports /tmp/s/example_reports;
+              find workspaces/store -name ncu.csv -exec cp {} /tmp/s/ \; ) ;;
+    calibrate) timeout 120 python3 -m magpie calibrate --json > /tmp/s/calibration.json 2>&1 ;;
+    fidelity) timeout 400 python3 bench/gpu_fidelity.py --out /tmp/s > /tmp/s/fidelity.txt 2>&1 ;;
+  esac
+done
+tar czf "$OUT/gpu_session.tar.gz" -C /tmp s
+cat /tmp/s/env.txt; tail -5 /tmp/s/gpu_tests.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
+tail -30 /tmp/s/fidelity.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null

@@ -1,0 +1,94 @@
+"""The profile action: hardware counters of one implementation from outside its process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from magpie.execution.actions import PACKAGE_PARENT, _with_library, device_lock
+
+NCU_TIMEOUT_S = 900
+
+
+def _request(job, work: Path) -> Path:
+    spec = job.spec
+    request = {"root": spec.params["root"], "kernel": spec.kernel, "impl": _with_library(job, spec.params["impl"]),
+               "settings": spec.params["settings"], "reps": 1}
+    path = work / "request.json"
+    path.write_text(json.dumps(request))
+    return path
+
+
+def profile(job, out_dir: Path) -> dict:
+    spec = job.spec
+    correct = job.dep_results.get(f"correctness:{spec.kernel}/{spec.impl}", {})
+    if correct.get("correctness_state") != "SUCCESS":
+        return {"state": "SKIPPED", "kernels": [], "errors": ["not profiled: the implementation is not correct"]}
+    tool = _ncu if shutil.which("ncu") else _rocprof if shutil.which("rocprofv3") else None
+    if tool is not None:
+        with device_lock(spec.params["settings"]["project"]["device"]):
+            return tool(job, out_dir)
+    return {"state": "SKIPPED", "kernels": [],
+            "errors": ["ncu not found: install Nsight Compute (rocprofv3 on ROCm) or drop the rule 'profile'"]}
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
+
+
+def _ncu(job, out_dir: Path) -> dict:
+    from magpie.graph.fingerprint import gpu_description
+    from magpie.roofline.ncu import NcuParseError, kernel_roofline, metrics, parse_raw_csv
+    from magpie.roofline.specs import lookup
+
+    with tempfile.TemporaryDirectory(prefix="magpie-ncu-") as tmp:
+        request = _request(job, Path(tmp))
+        command = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", "all",
+                   "--nvtx", "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metrics()),
+                   sys.executable, "-m", "magpie.harness.profile", str(request)]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=_env())
+        except subprocess.TimeoutExpired:
+            return {"state": "FAILED", "kernels": [], "errors": [f"ncu timeout after {NCU_TIMEOUT_S} s"]}
+    (out_dir / "ncu.csv").write_text(proc.stdout)
+    (out_dir / "ncu.log").write_text(proc.stderr)
+    try:
+        kernels = parse_raw_csv(proc.stdout)
+    except NcuParseError as err:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])[:500]
+        return {"state": "FAILED", "kernels": [], "errors": [f"ncu exited {proc.returncode}: {err}: {tail}"]}
+    gpu = gpu_description()
+    arch = lookup(gpu[0]) if gpu else None
+    rows = [kernel_roofline(k, arch) for k in kernels]
+    return {"state": "SUCCESS", "tool": "ncu", "arch": arch.name if arch else None,
+            "peaks_source": (arch.source if arch and not arch.measured else "magpie calibrate") if arch else None,
+            "kernels": rows, "total_duration_us": sum(r["duration_us"] for r in rows), "errors": []}
+
+
+def _rocprof(job, out_dir: Path) -> dict:
+    """rocprofv3 kernel trace (durations) and FETCH_SIZE/WRITE_SIZE counters; unverified on AMD hardware."""
+    from magpie.roofline.rocprof import parse_rocprof
+
+    with tempfile.TemporaryDirectory(prefix="magpie-rocprof-") as tmp:
+        request = _request(job, Path(tmp))
+        outdir = Path(tmp) / "out"
+        command = ["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE", "--output-format", "csv",
+                   "-d", str(outdir), "--", sys.executable, "-m", "magpie.harness.profile", str(request)]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=_env())
+        except subprocess.TimeoutExpired:
+            return {"state": "FAILED", "kernels": [], "errors": [f"rocprofv3 timeout after {NCU_TIMEOUT_S} s"]}
+        traces = {p.name: p.read_text() for p in outdir.rglob("*.csv")}
+    for name, text in traces.items():
+        (out_dir / name).write_text(text)
+    if not traces:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])[:500]
+        return {"state": "FAILED", "kernels": [], "errors": [f"rocprofv3 wrote no CSV (exit {proc.returncode}): {tail}"]}
+    rows = parse_rocprof(traces)
+    return {"state": "SUCCESS", "tool": "rocprofv3", "kernels": rows,
+            "total_duration_us": sum(r["duration_us"] for r in rows), "errors": []}

@@ -1,0 +1,52 @@
+"""The process Nsight Compute profiles: one implementation called on spec inputs inside an
+NVTX range named `magpie_profile`, so that ncu counts its kernels and not the reference's.
+Usage: python -m magpie.harness.profile REQUEST.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from magpie.harness.spec import ReferenceSpec, derive_seed
+from magpie.harness.worker import Implementation
+
+RANGE = "magpie_profile"
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    request = json.loads(Path(argv[0]).read_text())
+    root, impl, settings = Path(request["root"]), request["impl"], request["settings"]
+    device = settings["project"]["device"]
+    testcase = next(tc for tc in settings["correctness"]["testcases"] if tc.get("spec"))
+    spec = ReferenceSpec(root / testcase["spec"], testcase, device)
+    seed = int(settings["correctness"]["seed"])
+    case = max(spec.cases(seed, request["kernel"], 0, 1, salt="profile"),
+               key=lambda c: (c.shape and __import__("math").prod(c.shape)) or 0)
+    args = spec.make_inputs(case)
+    expected = spec.reference(args, derive_seed(seed, request["kernel"], "init"))
+    runner = Implementation({"id": impl["id"], "source": str(root / impl["source"]), "entry": impl.get("entry"),
+                             "library": impl.get("library"), "device": device, "seed": derive_seed(
+                                 seed, request["kernel"], "init"), "init_inputs_file": None,
+                             "init_from_module": False, "threads": 1})
+    from magpie.harness.checks import as_tuple
+
+    if hasattr(runner.fn, "out_specs"):
+        runner.fn.out_specs = [[list(t.shape), str(t.dtype).replace("torch.", "")] for t in as_tuple(expected)]
+    on_device = tuple(a.to(device) if torch.is_tensor(a) else a for a in args)
+    runner.fn(*on_device)  # compile / autotune outside the profiled range
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(RANGE)
+    for _ in range(int(request.get("reps", 1))):
+        runner.fn(*on_device)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    print(json.dumps({"case": case.label}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,53 @@
+"""GPU tests: run on the lent H200 through the device tool (`pytest -m gpu`), never in CPU CI."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import REPO, build_json, magpie
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu_example(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu") / "example"
+    shutil.copytree(REPO / "examples/gpu", root)
+    result = build_json(root)
+    assert result["failed"] == []
+    return root, json.loads((root / "workspaces/reports/softmax/compare_report.json").read_text())
+
+
+def test_every_kernel_type_is_correct_on_the_gpu(gpu_example):
+    _, report = gpu_example
+    states = {r["implementation"]: r["correctness_state"] for r in report["results"]}
+    assert states == {"torch": "SUCCESS", "triton_rowwise": "SUCCESS", "cuda_rowwise": "SUCCESS"}
+
+
+def test_gpu_timings_say_how_they_were_taken(gpu_example):
+    _, report = gpu_example
+    for row in report["results"]:
+        perf = row["performance_result"]
+        assert row["performance_state"] == "SUCCESS", row["errors"]
+        assert "CUDA" in perf["method"] and perf["n"] >= 10
+        assert perf["timer_info"]["mode"] in ("events", "graph")
+        assert perf["kernel_us"] > 0 and perf["kernels"]
+    candidates = [r for r in report["results"] if not r["is_baseline"]]
+    assert all(r["speedup"]["verdict"] in ("faster", "slower", "within noise") for r in candidates)
+
+
+def test_counters_and_roofline_from_ncu(gpu_example):
+    _, report = gpu_example
+    for row in report["results"]:
+        profile = row["profile"]
+        assert profile["state"] == "SUCCESS", profile["errors"]
+        kernel = max(profile["kernels"], key=lambda k: k["duration_us"])
+        assert kernel["duration_us"] > 0 and kernel["dram_bytes"] > 0
+        assert kernel["roofline"]["bound"] == "memory"  # softmax moves bytes, it does not multiply
+
+
+def test_gpu_info_sees_the_h200():
+    info = json.loads(magpie("--gpu-info", "--json", cwd=REPO, check=0).stdout)
+    gpu = info["gpus"][0]
+    assert "H200" in gpu["name"] and gpu["architecture"] == "sm_90" and gpu["sm_count"] == 132
