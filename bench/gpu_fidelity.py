@@ -24,7 +24,7 @@ import triton
 import triton.testing
 
 from magpie.harness.timing import GRAPH_THRESHOLD_US, CudaTimer
-from magpie.roofline.ncu import parse_raw_csv
+from magpie.roofline.ncu import TENSOR, parse_raw_csv
 
 N_ELEMENTS = 64 * 2**20
 GEMM_N = 4096
@@ -49,7 +49,7 @@ def magpie_median_us(timer: CudaTimer, fn, mode: str, budget_ms: float = 300) ->
     return statistics.median(samples) / 1000, samples
 
 
-def ncu_median_us(name: str, out: Path) -> float | None:
+def ncu_median_us(name: str, out: Path) -> tuple[float | None, float | None]:
     script = out / "ncu_target.py"
     script.write_text(textwrap.dedent(f"""
         import sys, torch
@@ -64,16 +64,18 @@ def ncu_median_us(name: str, out: Path) -> float | None:
         torch.cuda.nvtx.range_pop()
     """))
     proc = subprocess.run(["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--nvtx", "--nvtx-include",
-                           "magpie_profile/", "--metrics", "gpu__time_duration.sum", sys.executable, str(script)],
+                           "magpie_profile/", "--metrics", ",".join(["gpu__time_duration.sum", *TENSOR["bf16_tensor"]]), sys.executable,
+                           str(script)],
                           capture_output=True, text=True, timeout=600)
     (out / f"ncu_{abs(hash(name))}.csv").write_text(proc.stdout)
     try:
         rows = parse_raw_csv(proc.stdout)
     except ValueError:
         print(proc.stderr[-2000:])
-        return None
+        return None, None
     durations = [r["metrics"]["gpu__time_duration.sum"] / 1000 for r in rows if "gpu__time_duration.sum" in r["metrics"]]
-    return statistics.median(durations) if durations else None
+    tensor_ops = [sum(r["metrics"].get(n, 0.0) for n in TENSOR["bf16_tensor"]) for r in rows]
+    return (statistics.median(durations) if durations else None), (statistics.median(tensor_ops) if rows else None)
 
 
 def throughput(out: Path) -> dict:
@@ -145,7 +147,8 @@ def main() -> int:
             row["do_bench_cudagraph_median_us"] = triton.testing.do_bench_cudagraph(fn, rep=300,
                                                                                    return_mode="median") * 1000
         else:
-            row["ncu_median_us"] = ncu_median_us(name, out)
+            row["ncu_median_us"], row["ncu_bf16_tensor_ops_per_call"] = ncu_median_us(name, out)
+            row["flops_per_call"] = flops
         results["kernels"][name] = row
     results["compare_8_triton"] = throughput(out)
     (out / "fidelity.json").write_text(json.dumps(results, indent=1))

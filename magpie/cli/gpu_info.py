@@ -58,7 +58,7 @@ def _torch_devices() -> list[dict]:
     out = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        arch = getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}"
+        arch = props.gcnArchName if torch.version.hip else f"sm_{props.major}{props.minor}"
         out.append({"name": props.name, "architecture": arch.split(":")[0], "sm_count": props.multi_processor_count,
                     "memory_mib": props.total_memory // 2**20, "l2_bytes": getattr(props, "L2_cache_size", None),
                     "runtime": f"hip {torch.version.hip}" if torch.version.hip else f"cuda {torch.version.cuda}"})

@@ -43,18 +43,21 @@ def _env() -> dict:
 
 def _ncu(job, out_dir: Path) -> dict:
     from magpie.graph.fingerprint import gpu_description
-    from magpie.roofline.ncu import NcuParseError, kernel_roofline, metrics, parse_raw_csv
+    from magpie.roofline.ncu import BASIC, NcuParseError, kernel_roofline, metrics, parse_raw_csv
     from magpie.roofline.specs import lookup
 
     with tempfile.TemporaryDirectory(prefix="magpie-ncu-") as tmp:
         request = _request(job, Path(tmp))
-        command = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", "all",
-                   "--nvtx", "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metrics()),
-                   sys.executable, "-m", "magpie.harness.profile", str(request)]
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=_env())
-        except subprocess.TimeoutExpired:
-            return {"state": "FAILED", "kernels": [], "errors": [f"ncu timeout after {NCU_TIMEOUT_S} s"]}
+        for metric_set in (metrics(), list(BASIC)):  # a chip without some counters still gets the basics
+            command = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", "all",
+                       "--nvtx", "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metric_set),
+                       sys.executable, "-m", "magpie.harness.profile", str(request)]
+            try:
+                proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=_env())
+            except subprocess.TimeoutExpired:
+                return {"state": "FAILED", "kernels": [], "errors": [f"ncu timeout after {NCU_TIMEOUT_S} s"]}
+            if '"ID"' in proc.stdout:
+                break
     (out_dir / "ncu.csv").write_text(proc.stdout)
     (out_dir / "ncu.log").write_text(proc.stderr)
     try:

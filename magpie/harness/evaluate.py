@@ -59,8 +59,10 @@ class Evaluator:
 
     def start(self, impl: dict, init_file: str | None, init_from_module: bool = False) -> Worker:
         cwd = self.root / (impl.get("working_dir") or ".")
-        worker = Worker(label=impl["id"], cwd=str(cwd), env=self._env(impl),
-                        memory_mb=int(self.correctness_settings["memory_mb"]),
+        # CUDA reserves far more address space than it uses, so the address-space limit that
+        # catches memory hogs on the CPU would stop every GPU process at start-up.
+        memory_mb = int(self.correctness_settings["memory_mb"]) if self.device == "cpu" else 0
+        worker = Worker(label=impl["id"], cwd=str(cwd), env=self._env(impl), memory_mb=memory_mb,
                         log_path=self.work / f"worker-{impl['id']}.log")
         answer = worker.request({
             "op": "load", "id": impl["id"], "source": str(self.root / impl["source"]), "library": impl.get("library"),

@@ -26,14 +26,18 @@ NON_TENSOR = {
     "fp32": ("fadd", "fmul", "ffma"),
     "fp16": ("hadd", "hmul", "hfma"),
 }
-# Tensor-core FLOPs, where the chip exposes an operation counter per source type.
+# Tensor-core math operations per source type, as Hopper names them: warpgroup (hgmma,
+# igmma) and warp-level (hmma, imma) paths are counted apart and added.
 TENSOR = {
-    "bf16_tensor": "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
-    "fp16_tensor": "sm__ops_path_tensor_src_fp16_dst_fp32.sum",
-    "tf32_tensor": "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
-    "fp8_tensor": "sm__ops_path_tensor_src_fp8_dst_fp32.sum",
-    "fp64_tensor": "sm__ops_path_tensor_src_fp64.sum",
+    "bf16_tensor": ("sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum",
+                    "sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32.sum"),
+    "fp16_tensor": ("sm__ops_path_tensor_op_hgmma_src_fp16.sum", "sm__ops_path_tensor_op_hmma_src_fp16.sum"),
+    "tf32_tensor": ("sm__ops_path_tensor_op_hgmma_src_tf32_dst_fp32.sum",
+                    "sm__ops_path_tensor_op_hmma_src_tf32_dst_fp32.sum"),
+    "fp8_tensor": ("sm__ops_path_tensor_src_fp8.sum",),
+    "int8_tensor": ("sm__ops_path_tensor_op_igmma_src_int8.sum", "sm__ops_path_tensor_op_imma_src_int8.sum"),
 }
+BASIC = (DURATION, DRAM_READ, DRAM_WRITE)
 
 
 def _inst(op: str) -> str:
@@ -41,8 +45,8 @@ def _inst(op: str) -> str:
 
 
 def metrics(available: set[str] | None = None) -> list[str]:
-    names = [DURATION, DRAM_READ, DRAM_WRITE, *SPEED_OF_LIGHT.values(),
-             *(_inst(op) for ops in NON_TENSOR.values() for op in ops), *TENSOR.values()]
+    names = [*BASIC, *SPEED_OF_LIGHT.values(),
+             *(_inst(op) for ops in NON_TENSOR.values() for op in ops), *(n for ns in TENSOR.values() for n in ns)]
     return [n for n in names if available is None or n in available]
 
 
@@ -93,7 +97,8 @@ def kernel_roofline(kernel: dict, arch: Arch | None) -> dict:
     m = kernel["metrics"]
     flops = {p: sum(m.get(_inst(op), 0.0) * (2 if op.endswith("fma") else 1) for op in ops)
              for p, ops in NON_TENSOR.items()}
-    flops.update({p: m[name] for p, name in TENSOR.items() if m.get(name)})
+    flops.update({p: sum(m.get(n, 0.0) for n in names) for p, names in TENSOR.items()
+                  if any(m.get(n) for n in names)})
     total_flops = sum(flops.values())
     bytes_moved = m.get(DRAM_READ, 0.0) + m.get(DRAM_WRITE, 0.0)
     seconds = m.get(DURATION, 0.0) / 1e9
