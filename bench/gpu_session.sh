@@ -15,16 +15,16 @@ mkdir -p /tmp/s
   python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
   ncu --version | tail -1
 } > /tmp/s/env.txt 2>&1
-ncu --query-metrics --chip gh100 > /tmp/s/ncu_metrics.txt 2>&1
 python3 -m magpie --gpu-info --json > /tmp/s/gpu_info.json 2>&1
 for step in "$@"; do
   case "$step" in
     tests) timeout 270 python3 -m pytest -m gpu -q tests/test_gpu.py --basetemp=/tmp/gpu_pytest > /tmp/s/gpu_tests.txt 2>&1;
            cp -r /tmp/gpu_pytest/gpu0/example/workspaces/reports /tmp/s/test_reports 2>/dev/null;
-           find /tmp/gpu_pytest -name ncu.csv -exec cp {} /tmp/s/ \; ;;
+           find /tmp/gpu_pytest -name ncu.csv -exec sh -c 'cp "$1" /tmp/s/ncu_$(basename $(dirname "$1")).csv' _ {} \; ;;
     example) (cd examples/gpu && timeout 240 python3 -m magpie build --plain > /tmp/s/example_build.txt 2>&1;
               cp -r workspaces/reports /tmp/s/example_reports;
-              find workspaces/store -name ncu.csv -exec cp {} /tmp/s/ \; ) ;;
+              find workspaces/store -name ncu.csv -exec sh -c 'cp "$1" /tmp/s/ncu_$(basename $(dirname "$1")).csv' _ {} \; ) ;;
+    metrics) ncu --query-metrics --chip gh100 > /tmp/s/ncu_metrics.txt 2>&1 ;;
     calibrate) timeout 120 python3 -m magpie calibrate --json > /tmp/s/calibration.json 2>&1 ;;
     fidelity) timeout 290 python3 bench/gpu_fidelity.py --out /tmp/s > /tmp/s/fidelity.txt 2>&1 ;;
   esac
