@@ -26,7 +26,8 @@ for step in "$@"; do
               find workspaces/store -name ncu.csv -exec sh -c 'cp "$1" /tmp/s/ncu_$(basename $(dirname "$1")).csv' _ {} \; ) ;;
     metrics) ncu --query-metrics --chip gh100 > /tmp/s/ncu_metrics.txt 2>&1 ;;
     calibrate) timeout 120 python3 -m magpie calibrate --json > /tmp/s/calibration.json 2>&1 ;;
-    fidelity) timeout 290 python3 bench/gpu_fidelity.py --out /tmp/s > /tmp/s/fidelity.txt 2>&1 ;;
+    fidelity) timeout 240 python3 bench/gpu_fidelity.py --parts timers --out /tmp/s > /tmp/s/fidelity.txt 2>&1 ;;
+    throughput) timeout 280 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
   esac
 done
 tar czf "$OUT/gpu_session.tar.gz" -C /tmp s

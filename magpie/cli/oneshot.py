@@ -21,8 +21,10 @@ def add_common(p, paths_help: str) -> None:
     p.add_argument("--rtol", type=float, help="relative tolerance (default 1e-5)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default 1e-6)")
     p.add_argument("--no-perf", action="store_true", help="correctness only, no timing")
+    p.add_argument("--no-profile", action="store_true", help="no hardware counters (ncu/rocprofv3) on a GPU")
     p.add_argument("--budget-ms", type=float, default=300.0, help="timed milliseconds per implementation")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per evaluation step")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("-o", "--output-dir", default="magpie_results", help="reports and artifact store go here")
     p.add_argument("-j", "--jobs", type=int, default=1, help="independent tasks in parallel")
 
@@ -106,7 +108,7 @@ def build_project(args, kernel_id: str, baseline_index: int | None):
         kernel["baseline"] = tables[0]
     out = Path(args.output_dir)
     document = {
-        "project": {"name": kernel_id, "workspace": str((out / "workspace").resolve())},
+        "project": {"name": kernel_id, "workspace": str((out / "workspace").resolve()), "device": args.device},
         "defaults": {"timeout_s": args.timeout, "timing": {"budget_ms": args.budget_ms}},
         "kernel": [kernel],
     }
@@ -117,8 +119,10 @@ def build_project(args, kernel_id: str, baseline_index: int | None):
     check_files(manifest, root, args.kernel_config or "command line")
     project = Project.from_manifest(manifest, root, Path(args.kernel_config or "command line"),
                                     workspace=out / "workspace")
-    if args.no_perf:
-        for name in [n for n, spec in project.tasks.items() if spec.rule == "timing"]:
+    dropped = {"timing"} if args.no_perf else set()
+    dropped |= {"profile"} if args.no_perf or args.no_profile else set()
+    if dropped:
+        for name in [n for n, spec in project.tasks.items() if spec.rule in dropped]:
             del project.tasks[name]
         for spec in project.tasks.values():
             spec.deps = [d for d in spec.deps if d in project.tasks]
