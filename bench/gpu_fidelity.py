@@ -152,12 +152,13 @@ def main() -> int:
                "magpie_sample_cv": statistics.pstdev(samples) / statistics.fmean(samples),
                "do_bench_median_us": triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") * 1000,
                "nvml": timer.info.get("nvml_after")}
-        if mode == "graph":
-            row["events_median_us"] = magpie_median_us(timer, fn, "events")[0]
+        row["probe_us"] = probe
+        if probe < 50:
+            other = "events" if mode == "graph" else "graph"
+            row[f"{other}_median_us"] = magpie_median_us(timer, fn, other)[0]
             row["do_bench_cudagraph_median_us"] = triton.testing.do_bench_cudagraph(fn, rep=300,
                                                                                    return_mode="median") * 1000
-        else:
-            row["ncu_median_us"], row["ncu_bf16_tensor_ops_per_call"] = ncu_median_us(name, out)
+        row["ncu_median_us"], row["ncu_bf16_tensor_ops_per_call"] = ncu_median_us(name, out)
             row["flops_per_call"] = flops
         results["kernels"][name] = row
         (out / "fidelity.json").write_text(json.dumps(results, indent=1))

@@ -202,7 +202,8 @@ class Evaluator:
                 workers["baseline"] = self.start(self.baseline, init_file)
             samples = {role: [] for role in workers}
             wall = {role: 0.0 for role in workers}
-            probes = {role: self._time_request(w, timing_inputs, out_specs, warmup_ms=t["warmup_ms"])["probe_us"]
+            probes = {role: self._time_request(w, timing_inputs, out_specs, warmup_ms=t["warmup_ms"],
+                                               probe=self.device != "cpu").get("probe_us", 0.0)
                       for role, w in workers.items()}
             mode = self._mode(min(probes.values()))
             rounds = int(t["rounds"])
@@ -286,6 +287,8 @@ class Evaluator:
                                 deadline)
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
+        if params.get("budget_ms") and not answer.get("samples_ns"):
+            raise WorkerFailure(f"the timer of {worker.label} returned no samples")
         return answer
 
     @staticmethod

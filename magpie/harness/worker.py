@@ -123,6 +123,7 @@ class Implementation:
         reply = {}
         if request.get("warmup_ms"):
             timer.warmup(self.fn, input_sets, request["warmup_ms"])
+        if request.get("probe"):
             reply["probe_us"] = timer.probe(self.fn, input_sets)
         if request.get("budget_ms"):
             reply["samples_ns"] = timer.measure(self.fn, input_sets, request["budget_ms"], request["max_reps"],
