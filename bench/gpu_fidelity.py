@@ -133,6 +133,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=".")
     parser.add_argument("--parts", default="timers,throughput")
+    parser.add_argument("--only", default="", help="time only kernels whose name contains this")
     args = parser.parse_args()
     parts = args.parts.split(",")
     out = Path(args.out)
@@ -141,6 +142,9 @@ def main() -> int:
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "date": time.strftime("%Y-%m-%d"), "kernels": {}}
     for name, (fn, nbytes, flops) in (kernels().items() if "timers" in parts else ()):
+        if args.only and args.only not in name:
+            continue
+        timer.warmup(lambda: fn(), [()], 50)
         probe = timer.probe(lambda: fn(), [()])
         mode = "graph" if probe < GRAPH_THRESHOLD_US else "events"
         medians = []
@@ -159,7 +163,7 @@ def main() -> int:
             row["do_bench_cudagraph_median_us"] = triton.testing.do_bench_cudagraph(fn, rep=300,
                                                                                    return_mode="median") * 1000
         row["ncu_median_us"], row["ncu_bf16_tensor_ops_per_call"] = ncu_median_us(name, out)
-            row["flops_per_call"] = flops
+        row["flops_per_call"] = flops
         results["kernels"][name] = row
         (out / "fidelity.json").write_text(json.dumps(results, indent=1))
     if "throughput" in parts:

@@ -27,9 +27,10 @@ for step in "$@"; do
     metrics) ncu --query-metrics --chip gh100 > /tmp/s/ncu_metrics.txt 2>&1 ;;
     calibrate) timeout 120 python3 -m magpie calibrate --json > /tmp/s/calibration.json 2>&1 ;;
     fidelity) timeout 240 python3 bench/gpu_fidelity.py --parts timers --out /tmp/s > /tmp/s/fidelity.txt 2>&1 ;;
+    short) timeout 200 python3 bench/gpu_fidelity.py --parts timers --only "one element" --out /tmp/s/short > /tmp/s/short.txt 2>&1 ;;
     throughput) timeout 280 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
   esac
 done
 tar czf "$OUT/gpu_session.tar.gz" -C /tmp s
 cat /tmp/s/env.txt; tail -5 /tmp/s/gpu_tests.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
-tail -30 /tmp/s/fidelity.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
+tail -30 /tmp/s/fidelity.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
