@@ -29,10 +29,10 @@ class Timer(ABC):
     def warmup(self, fn, input_sets: list, warmup_ms: float) -> int:
         """Call until warmup_ms has passed; return the number of calls."""
 
-    def probe(self, fn, input_sets: list) -> float:
-        """A rough per-call duration in microseconds (the fastest of a few calls), to choose a mode."""
-        samples = self.measure(fn, input_sets, budget_ms=0, max_reps=7, offset=0)
-        return min(samples) / 1000 if samples else 0.0
+    def probe(self, fn, input_sets: list, budget_ms: float = 20.0) -> float:
+        """A per-call duration in microseconds (median over a short budget), to choose a mode."""
+        samples = self.measure(fn, input_sets, budget_ms=budget_ms, max_reps=1000, offset=0)
+        return median(samples) / 1000 if samples else 0.0
 
     @abstractmethod
     def measure(self, fn, input_sets: list, budget_ms: float, max_reps: int, offset: int,
