@@ -108,6 +108,15 @@ class CudaTimer(Timer):
     def _sync(self):
         self.torch.cuda.synchronize(self.device)
 
+    def probe(self, fn, input_sets: list, budget_ms: float = 20.0) -> float:
+        """Device time per call from a short graph replay, free of launch overhead; where the call
+        cannot be captured, the events median."""
+        try:
+            samples = self._graph(fn, input_sets, budget_ms, 50 * self.GRAPH_CALLS, 0)
+        except Exception:  # host syncs inside fn make it uncapturable
+            samples = self._events(fn, input_sets, budget_ms, 1000, 0)
+        return median(samples) / 1000 if samples else 0.0
+
     def _flush_l2(self):
         # Reading (not writing) 4x the L2 leaves it full of clean lines: a written buffer would
         # leave dirty lines whose write-back the timed kernel would then pay for.
