@@ -64,8 +64,10 @@ def _number(text: str) -> float | None:
         return None
 
 
-_SCALE = {"": 1, "byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "nsecond": 1, "usecond": 1e3,
-          "msecond": 1e6, "second": 1e9}
+# Base units: bytes and nanoseconds. ncu writes 'ns' and 'byte' by default and scaled units
+# ('usecond', 'Mbyte') when asked to; counts ('inst') and percentages pass through.
+_SCALE = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3,
+          "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
 
 
 def parse_raw_csv(text: str) -> list[dict]:
