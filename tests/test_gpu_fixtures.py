@@ -105,4 +105,4 @@ def test_h200_compare_report_ranks_with_intervals_and_renders(tmp_path):
     from magpie.report.render import render
 
     html = render([report], "h200")["report.html"]
-    assert "triton_rowwise" in html and "faster" in html and "<svg" in html
+    assert "triton_rowwise" in html and "faster" in html and 'aria-label="roofline"' in html

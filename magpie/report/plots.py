@@ -97,3 +97,53 @@ def speedup_bars(rows: list[dict]) -> str:
         out.append(f'<text x="{WIDTH - RIGHT + 4}" y="{y + 13}" font-size="11">{s["value"]:.3g}×</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def roofline_plot(rows: list[dict]) -> str:
+    """Log-log roofline: the memory and compute roofs of the device, each implementation's
+    longest kernel placed by arithmetic intensity and achieved rate (from the profile rule)."""
+    points = []
+    for row in rows:
+        kernels = [k for k in ((row.get("profile") or {}).get("kernels") or []) if k.get("roofline")]
+        if kernels:
+            top = max(kernels, key=lambda k: k["duration_us"])["roofline"]
+            if top.get("arithmetic_intensity") and top.get("achieved_tflops"):
+                points.append((row["implementation"], top))
+    if not points:
+        return ""
+    roof = points[0][1]
+    peak, bandwidth = roof["peak_tflops"] or max(p["achieved_tflops"] for _, p in points), roof["peak_tbps"]
+    x_lo, x_hi = -2.0, 3.0  # log10 FLOP/byte
+    y_hi = math.log10(peak * 2)
+    y_lo = y_hi - 5
+    width, height, left, bottom = WIDTH, 300, 60, 30
+
+    def px(intensity: float) -> float:
+        return left + (width - left - 20) * (math.log10(max(intensity, 1e-9)) - x_lo) / (x_hi - x_lo)
+
+    def py(tflops: float) -> float:
+        return 10 + (height - bottom - 10) * (1 - (math.log10(max(tflops, 1e-9)) - y_lo) / (y_hi - y_lo))
+
+    out = [f'<svg class="plot roofline" role="img" aria-label="roofline" width="{width}" height="{height}" '
+           'xmlns="http://www.w3.org/2000/svg">']
+    for decade in range(int(x_lo), int(x_hi) + 1):
+        x = px(10**decade)
+        out.append(f'<line x1="{x:.1f}" y1="10" x2="{x:.1f}" y2="{height - bottom}" stroke="#eee"/>'
+                   f'<text x="{x:.1f}" y="{height - 14}" font-size="10" text-anchor="middle">{10.0**decade:g}</text>')
+    for decade in range(math.ceil(y_lo), math.floor(y_hi) + 1):
+        y = py(10**decade)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#eee"/>'
+                   f'<text x="{left - 4}" y="{y + 3:.1f}" font-size="10" text-anchor="end">{10.0**decade:g}</text>')
+    ridge = peak / bandwidth
+    out.append(f'<polyline fill="none" stroke="#123" stroke-width="2" points="{px(10**x_lo):.1f},'
+               f'{py(bandwidth * 10**x_lo):.1f} {px(ridge):.1f},{py(peak):.1f} {px(10**x_hi):.1f},{py(peak):.1f}"/>')
+    out.append(f'<text x="{width - 22}" y="{py(peak) - 4:.1f}" font-size="10" text-anchor="end">'
+               f'{peak:.4g} TFLOP/s ({escape(roof["precision"])}), {bandwidth:.3g} TB/s, {escape(roof["arch"])}'
+               f'{" measured" if roof.get("peaks_measured") else " datasheet"}</text>')
+    for i, (name, r) in enumerate(points):
+        x, y = px(r["arithmetic_intensity"]), py(r["achieved_tflops"])
+        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#c60"/>'
+                   f'<text x="{x + 6:.1f}" y="{y + 4 + 11 * (i % 2):.1f}" font-size="11">{escape(name)} '
+                   f'{r["pct_of_roofline"]:.0f}%</text>')
+    out.append(f'<text x="{left}" y="{height - 2}" font-size="10">FLOP/byte (log) · TFLOP/s (log)</text></svg>')
+    return "".join(out)

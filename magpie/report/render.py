@@ -9,7 +9,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from magpie.paths import templates_dir
-from magpie.report.plots import speedup_bars, timing_boxes
+from magpie.report.plots import roofline_plot, speedup_bars, timing_boxes
 
 
 def _environment() -> Environment:
@@ -30,7 +30,8 @@ def render(comparisons: list[dict], project: str) -> dict[str, str]:
         methods = sorted({r["performance_result"]["method"] for r in comp["results"] if r.get("performance_result")})
         kernels.append({**comp, "methods": methods,
                         "timing_svg": Markup(timing_boxes(comp["results"])),
-                        "speedup_svg": Markup(speedup_bars(comp["results"]))})
+                        "speedup_svg": Markup(speedup_bars(comp["results"])),
+                        "roofline_svg": Markup(roofline_plot(comp["results"]))})
     context = {"project": project, "kernels": kernels,
                "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     html = env.get_template("report.html.j2").render(**context)
