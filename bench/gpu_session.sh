@@ -19,7 +19,7 @@ python3 -m magpie --gpu-info --json > /tmp/s/gpu_info.json 2>&1
 for step in "$@"; do
   case "$step" in
     tests) timeout 270 python3 -m pytest -m gpu -q tests/test_gpu.py --basetemp=/tmp/gpu_pytest > /tmp/s/gpu_tests.txt 2>&1;
-           cp -r /tmp/gpu_pytest/gpu0/example/workspaces/reports /tmp/s/test_reports 2>/dev/null;
+           cp -r /tmp/gpu_pytest/gpu0/examples/gpu/workspaces/reports /tmp/s/test_reports 2>/dev/null;
            find /tmp/gpu_pytest -name ncu.csv -exec sh -c 'cp "$1" /tmp/s/ncu_$(basename $(dirname "$1")).csv' _ {} \; ;;
     example) (cd examples/gpu && timeout 240 python3 -m magpie build --plain > /tmp/s/example_build.txt 2>&1;
               cp -r workspaces/reports /tmp/s/example_reports;

@@ -18,3 +18,13 @@ def rules_dir() -> Path:
 
 def templates_dir() -> Path:
     return _resource_dir("templates")
+
+
+def subprocess_env(base: dict | None = None) -> dict:
+    """An environment in which `python -m magpie...` finds this magpie, installed or not."""
+    import os
+
+    env = dict(os.environ if base is None else base)
+    parent = str(_PACKAGE.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, env.get("PYTHONPATH")) if p)
+    return env

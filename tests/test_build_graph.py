@@ -8,9 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from conftest import build_json, magpie, write
+from conftest import build_json, magpie
 
 ALL_K1 = {"compile:k1/a", "correctness:k1/a", "timing:k1/a", "comparison:k1", "report"}
 

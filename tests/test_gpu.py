@@ -12,8 +12,10 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def gpu_example(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu") / "example"
-    shutil.copytree(REPO / "examples/gpu", root)
+    tree = tmp_path_factory.mktemp("gpu")
+    shutil.copytree(REPO / "examples/gpu", tree / "examples/gpu")
+    shutil.copytree(REPO / "kernels", tree / "kernels")
+    root = tree / "examples/gpu"
     result = build_json(root)
     assert result["failed"] == []
     return root, json.loads((root / "workspaces/reports/softmax/compare_report.json").read_text())

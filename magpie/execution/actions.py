@@ -19,8 +19,7 @@ from types import SimpleNamespace
 
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness.session import signal_verdict
-
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+from magpie.paths import subprocess_env
 
 
 def compile_python(job, out_dir: Path) -> dict:
@@ -74,7 +73,8 @@ def command(job, out_dir: Path) -> dict:
     (out_dir / "command.log").write_bytes(proc.stdout + proc.stderr)
     ok = proc.returncode == 0
     errors = [] if ok else [
-        f"{signal_verdict(proc.returncode)}: " + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])
+        f"{signal_verdict(proc.returncode)}: "
+        + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])
     ]
     result = _command_result(spec, ok, errors, line)
     result["seconds"] = round(time.monotonic() - started, 3)
@@ -124,7 +124,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         work = Path(tmp)
         request["work_dir"] = str(work)
         (work / "request.json").write_text(json.dumps(request))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
+        env = subprocess_env()
         exclusive = device_lock(settings["project"]["device"]) if mode == "timing" else nullcontext()
         try:
             with exclusive:

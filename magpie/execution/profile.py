@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from magpie.execution.actions import PACKAGE_PARENT, _with_library, device_lock
+from magpie.execution.actions import _with_library, device_lock
+from magpie.paths import subprocess_env
 
 NCU_TIMEOUT_S = 900
 
@@ -37,10 +37,6 @@ def profile(job, out_dir: Path) -> dict:
             "errors": ["ncu not found: install Nsight Compute (rocprofv3 on ROCm) or drop the rule 'profile'"]}
 
 
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
-
-
 def _ncu(job, out_dir: Path) -> dict:
     from magpie.graph.fingerprint import gpu_description
     from magpie.roofline.ncu import BASIC, NcuParseError, kernel_roofline, metrics, parse_raw_csv
@@ -53,7 +49,8 @@ def _ncu(job, out_dir: Path) -> dict:
                        "--nvtx", "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metric_set),
                        sys.executable, "-m", "magpie.harness.profile", str(request)]
             try:
-                proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=_env())
+                proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S,
+                                      env=subprocess_env())
             except subprocess.TimeoutExpired:
                 return {"state": "FAILED", "kernels": [], "errors": [f"ncu timeout after {NCU_TIMEOUT_S} s"]}
             if '"ID"' in proc.stdout:
@@ -83,7 +80,7 @@ def _rocprof(job, out_dir: Path) -> dict:
         command = ["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE", "--output-format", "csv",
                    "-d", str(outdir), "--", sys.executable, "-m", "magpie.harness.profile", str(request)]
         try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=_env())
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=subprocess_env())
         except subprocess.TimeoutExpired:
             return {"state": "FAILED", "kernels": [], "errors": [f"rocprofv3 timeout after {NCU_TIMEOUT_S} s"]}
         traces = {p.name: p.read_text() for p in outdir.rglob("*.csv")}
@@ -91,7 +88,8 @@ def _rocprof(job, out_dir: Path) -> dict:
         (out_dir / name).write_text(text)
     if not traces:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])[:500]
-        return {"state": "FAILED", "kernels": [], "errors": [f"rocprofv3 wrote no CSV (exit {proc.returncode}): {tail}"]}
+        return {"state": "FAILED", "kernels": [],
+                "errors": [f"rocprofv3 wrote no CSV (exit {proc.returncode}): {tail}"]}
     rows = parse_rocprof(traces)
     return {"state": "SUCCESS", "tool": "rocprofv3", "kernels": rows,
             "total_duration_us": sum(r["duration_us"] for r in rows), "errors": []}

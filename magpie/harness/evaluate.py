@@ -9,6 +9,7 @@ that judges it. Usage: python -m magpie.harness.evaluate REQUEST.json RESULT.jso
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,10 +19,10 @@ from pathlib import Path
 from magpie.compare.stats import summarize_ns, thin
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.session import Worker, WorkerFailure, signal_verdict
-from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed
+from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.timing import GRAPH_THRESHOLD_US
+from magpie.paths import subprocess_env
 
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 KEPT_SAMPLES = 2000
 
 
@@ -50,9 +51,7 @@ class Evaluator:
 
     # -- workers --------------------------------------------------------------------------
     def _env(self, impl: dict) -> dict:
-        env = dict(os.environ)
-        env.update(impl.get("env") or {})
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        env = subprocess_env({**os.environ, **(impl.get("env") or {})})
         if impl["type"] == "triton" and self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         return env
@@ -65,9 +64,11 @@ class Evaluator:
         worker = Worker(label=impl["id"], cwd=str(cwd), env=self._env(impl), memory_mb=memory_mb,
                         log_path=self.work / f"worker-{impl['id']}.log")
         answer = worker.request({
-            "op": "load", "id": impl["id"], "source": str(self.root / impl["source"]), "library": impl.get("library"),
+            "op": "load", "id": impl["id"], "source": str(self.root / impl["source"]),
+            "library": impl.get("library"),
             "entry": impl.get("entry"), "device": self.device, "seed": self.init_seed,
-            "init_inputs_file": init_file, "init_from_module": init_from_module, "threads": self.settings.get("timing", {}).get("threads", 1),
+            "init_inputs_file": init_file, "init_from_module": init_from_module,
+            "threads": self.settings.get("timing", {}).get("threads", 1),
         }, self.timeout)
         if not answer["ok"]:
             worker.close()
@@ -88,7 +89,7 @@ class Evaluator:
         expected = [spec.reference(a, self.init_seed) for a in inputs] if check_values else None
         inputs_file = self._save(f"{tag}-inputs.pt", inputs)
         outputs_file = str(self.work / f"{tag}-outputs.pt")
-        out_specs = [_out_specs(e) for e in expected] if expected else None
+        out_specs = [output_specs(e) for e in expected] if expected else None
         answer = worker.request({"op": "run", "inputs_file": inputs_file, "outputs_file": outputs_file,
                                  "out_specs": out_specs}, self.timeout)
         if not answer["ok"]:
@@ -174,7 +175,8 @@ class Evaluator:
                     "errors": ["no Python spec testcase to build timing inputs from"]}
         if self.impl["type"] in ("cuda", "hip") and self.device == "cpu":
             return {"performance_state": "SKIPPED", "performance_result": None,
-                    "errors": [f"{self.impl['type']} timing needs a GPU device; this project's device is {self.device}"]}
+                    "errors": [f"{self.impl['type']} timing needs a GPU device; this project's device is "
+                               f"{self.device}"]}
         testcase = self.correctness_settings["testcases"][spec_index]
         try:
             return self._timed(spec_index, testcase, t)
@@ -186,12 +188,12 @@ class Evaluator:
     def _timed(self, spec_index: int, testcase: dict, t: dict) -> dict:
         spec = self._spec(spec_index, testcase)
         cases = spec.cases(self.seed, self.kernel_id, spec_index, 1, salt="timing")
-        case = max(cases, key=lambda c: _numel(c.shape))
+        case = max(cases, key=lambda c: math.prod(c.shape or [0]))
         rotation = [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, "set", k))
                     for k in range(int(t["input_sets"]))]
         inputs = [spec.make_inputs(c) for c in rotation]
         expected = spec.reference(inputs[0], self.init_seed)
-        out_specs = [_out_specs(expected)]
+        out_specs = [output_specs(expected)]
         timing_inputs = self._save("timing-inputs.pt", inputs)
         init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
         pair = self.baseline is not None and not self.impl.get("is_baseline")
@@ -210,7 +212,8 @@ class Evaluator:
             for r in range(rounds):
                 order = list(workers) if r % 2 == 0 else list(reversed(workers))
                 for role in order:
-                    answer = self._time_request(workers[role], timing_inputs, out_specs, budget_ms=t["budget_ms"] / rounds,
+                    answer = self._time_request(workers[role], timing_inputs, out_specs,
+                                                budget_ms=t["budget_ms"] / rounds,
                                                 max_reps=max(1, int(t["max_reps"]) // rounds), offset=r, mode=mode,
                                                 settings=t)
                     samples[role].extend(answer["samples_ns"])
@@ -240,9 +243,9 @@ class Evaluator:
             "min_bytes": floor,
         }
         for role in workers:
-            summary = self._summary(samples[role], wall[role], len(answers[role]), self._method(self.impl if role == "candidate"
-                                                                              else self.baseline,
-                                                                              answers[f"{role}-method"]), case.label)
+            impl = self.impl if role == "candidate" else self.baseline
+            method = self._method(impl, answers[f"{role}-method"])
+            summary = self._summary(samples[role], wall[role], len(answers[role]), method, case.label)
             summary["timer_info"] = answers[role][-1]
             summary["rounds_info"] = [{k: v for k, v in info.items() if k in ("mode", "host_wall_median_us")}
                                       for info in answers[role]]
@@ -350,19 +353,6 @@ def roofline_floor_flag(summary: dict, min_bytes: int, device: str) -> str | Non
         return (f"faster than the memory roofline floor: {summary['median_us']:.2f} µs < {floor_us:.2f} µs to move "
                 f"{min_bytes / 1e6:.1f} MB at {arch.memory_tbps} TB/s ({arch.name}); check the measurement")
     return None
-
-
-def _out_specs(expected) -> list:
-    from magpie.harness.checks import as_tuple
-
-    return [[list(t.shape), str(t.dtype).replace("torch.", "")] for t in as_tuple(expected)]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape or []:
-        n *= d
-    return n
 
 
 def _skipped(reason: str) -> dict:

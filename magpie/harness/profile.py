@@ -6,10 +6,11 @@ Usage: python -m magpie.harness.profile REQUEST.json
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
-from magpie.harness.spec import ReferenceSpec, derive_seed
+from magpie.harness.spec import ReferenceSpec, derive_seed, output_specs
 from magpie.harness.worker import Implementation
 
 RANGE = "magpie_profile"
@@ -24,18 +25,15 @@ def main(argv: list[str]) -> int:
     testcase = next(tc for tc in settings["correctness"]["testcases"] if tc.get("spec"))
     spec = ReferenceSpec(root / testcase["spec"], testcase, device)
     seed = int(settings["correctness"]["seed"])
-    case = max(spec.cases(seed, request["kernel"], 0, 1, salt="profile"),
-               key=lambda c: (c.shape and __import__("math").prod(c.shape)) or 0)
+    case = max(spec.cases(seed, request["kernel"], 0, 1, salt="profile"), key=lambda c: math.prod(c.shape or [0]))
     args = spec.make_inputs(case)
-    expected = spec.reference(args, derive_seed(seed, request["kernel"], "init"))
+    init_seed = derive_seed(seed, request["kernel"], "init")
+    expected = spec.reference(args, init_seed)  # shapes of what a native entry allocates
     runner = Implementation({"id": impl["id"], "source": str(root / impl["source"]), "entry": impl.get("entry"),
-                             "library": impl.get("library"), "device": device, "seed": derive_seed(
-                                 seed, request["kernel"], "init"), "init_inputs_file": None,
-                             "init_from_module": False, "threads": 1})
-    from magpie.harness.checks import as_tuple
-
+                             "library": impl.get("library"), "device": device, "seed": init_seed,
+                             "init_inputs_file": None, "init_from_module": False, "threads": 1})
     if hasattr(runner.fn, "out_specs"):
-        runner.fn.out_specs = [[list(t.shape), str(t.dtype).replace("torch.", "")] for t in as_tuple(expected)]
+        runner.fn.out_specs = output_specs(expected)
     on_device = tuple(a.to(device) if torch.is_tensor(a) else a for a in args)
     runner.fn(*on_device)  # compile / autotune outside the profiled range
     torch.cuda.synchronize()

@@ -112,7 +112,7 @@ class ReferenceSpec:
             result = model(*pristine)
         else:
             result = getattr(self.module, self.testcase["reference"])(*pristine)
-        return _to_cpu(result)
+        return to_cpu(result)
 
     def min_bytes(self, args: tuple, expected) -> int:
         """Fewest bytes a kernel must move: each input read once, each output written once, unless the
@@ -126,9 +126,16 @@ class ReferenceSpec:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _to_cpu(x):
+def to_cpu(x):
     if hasattr(x, "detach"):
         return x.detach().to("cpu")
     if isinstance(x, (tuple, list)):
-        return type(x)(_to_cpu(v) for v in x)
+        return type(x)(to_cpu(v) for v in x)
     return x
+
+
+def output_specs(expected) -> list:
+    """[shape, dtype name] of each expected output: what a native entry must allocate."""
+    from magpie.harness.checks import as_tuple
+
+    return [[list(t.shape), str(t.dtype).replace("torch.", "")] for t in as_tuple(expected)]

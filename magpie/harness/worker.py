@@ -14,6 +14,7 @@ import os
 import sys
 import traceback
 
+from magpie.harness.spec import to_cpu
 from magpie.harness.timing import timer_for
 
 
@@ -96,8 +97,8 @@ class Implementation:
             result = self.fn(*working)
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            outputs.append(_to_cpu(result))
-            after.append(tuple(_to_cpu(x) for x in working))
+            outputs.append(to_cpu(result))
+            after.append(tuple(to_cpu(x) for x in working))
         torch.save({"outputs": outputs, "inputs_after": after}, request["outputs_file"])
         return {}
 
@@ -107,7 +108,7 @@ class Implementation:
         self._poison(True)
         args = tuple(_to_device(x, self.device) for x in self.module.get_inputs())
         result = self.fn(*args)
-        self.torch.save({"outputs": [_to_cpu(result)], "inputs_after": []}, request["outputs_file"])
+        self.torch.save({"outputs": [to_cpu(result)], "inputs_after": []}, request["outputs_file"])
         return {}
 
     def timer(self):
@@ -205,14 +206,6 @@ class NativeEntry:
 
 def _to_device(x, device):
     return x.to(device) if hasattr(x, "to") and device != "cpu" else x
-
-
-def _to_cpu(x):
-    if hasattr(x, "detach"):
-        return x.detach().to("cpu")
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to_cpu(v) for v in x)
-    return x
 
 
 def _describe(err: BaseException) -> str:

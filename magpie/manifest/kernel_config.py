@@ -35,9 +35,9 @@ def load_kernel_config(path: str | Path) -> tuple[list[YamlKernel], Path]:
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path}: file not found")
+        raise UserError(f"{path}: file not found") from None
     except yaml.YAMLError as err:
-        raise UserError(f"{path}: invalid YAML: {str(err).splitlines()[0]}")
+        raise UserError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict) or not ({"kernel", "kernels"} & data.keys()):
         raise UserError(f"{path}: expected a top-level 'kernel:' mapping or a 'kernels:' list")
     if "kernels" in data:

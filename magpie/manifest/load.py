@@ -48,11 +48,12 @@ def parse_toml(path: Path) -> dict:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise UserError(f"{path}: file not found (run magpie in a folder with a magpie.toml, or pass --manifest)")
+        raise UserError(f"{path}: file not found (run magpie in a folder with a magpie.toml, or pass --manifest)") \
+            from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise UserError(f"{path}: invalid TOML: {err}")
+        raise UserError(f"{path}: invalid TOML: {err}") from None
 
 
 def load_manifest(path: str | Path) -> tuple[Manifest, Path]:

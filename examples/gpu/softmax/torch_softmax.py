@@ -1,5 +1,0 @@
-import torch
-
-
-def softmax(x):
-    return torch.softmax(x, dim=-1)

@@ -1,0 +1,66 @@
+"""magpie benchmark: serving benchmarks (a later issue) and, now, gap analysis of existing traces."""
+
+from __future__ import annotations
+
+import json
+
+from magpie.errors import UserError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("benchmark", help="analyze PyTorch profiler traces (--trace-dir): where GPU time goes",
+                       description="Gap analysis of existing PyTorch profiler traces (Chrome JSON, .json or "
+                                   ".json.gz, one file per rank): the kernels that take the GPU time in a window, "
+                                   "by total contribution, with the CPU op and input shapes that launched them, and "
+                                   "a GPU timeline per device. Writes gap_analysis/gap_analysis.csv (+ per rank), "
+                                   "gap_analysis/gap_analysis.json and gpu_timeline.csv.")
+    p.add_argument("--trace-dir", required=False, metavar="DIR", help="folder of trace files")
+    p.add_argument("--top-k", type=int, default=20, help="kernels to report (default: %(default)s)")
+    p.add_argument("--start-pct", type=float, default=0.0, help="window start, percent of the GPU span")
+    p.add_argument("--end-pct", type=float, default=100.0, help="window end, percent of the GPU span")
+    p.add_argument("--include-category", default="", help="only these categories, comma separated "
+                                                           "(gemm, attention, norm, softmax, reduction, copy, "
+                                                           "elementwise, communication, memcpy, memset, other)")
+    p.add_argument("--exclude-category", default="", help="leave out these categories, comma separated")
+    p.add_argument("--min-duration-us", type=float, default=0.0, help="leave out kernels shorter on average")
+    p.add_argument("-o", "--output-dir", default="magpie_results", help="where the analysis is written")
+    p.add_argument("--json", action="store_true", help="print the JSON summary")
+    p.set_defaults(run=run)
+
+
+def _categories(text: str) -> set[str] | None:
+    return {c.strip() for c in text.split(",") if c.strip()} or None
+
+
+def run(args) -> int:
+    from magpie.traces.gap import Window
+    from magpie.traces.ingest import TraceError
+    from magpie.traces.report import analyze_traces
+
+    if not args.trace_dir:
+        raise UserError("benchmarking a serving engine is not built yet; analyze existing traces with --trace-dir DIR")
+    if not 0 <= args.start_pct < args.end_pct <= 100:
+        raise UserError("--start-pct/--end-pct: need 0 <= start < end <= 100")
+    if args.top_k < 1:
+        raise UserError("--top-k: must be at least 1")
+    try:
+        summary = analyze_traces(args.trace_dir, args.output_dir, top_k=args.top_k,
+                                 window=Window(args.start_pct, args.end_pct),
+                                 include=_categories(args.include_category), exclude=_categories(args.exclude_category),
+                                 min_duration_us=args.min_duration_us)
+    except TraceError as err:
+        raise UserError(str(err)) from None
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    total = summary["total_kernel_time_us"]
+    print(f"{len(summary['traces'])} trace(s), {total / 1000:.2f} ms of kernel time in the window "
+          f"[{args.start_pct:g}%, {args.end_pct:g}%]")
+    print(f"{'% Total':>8} {'total us':>10} {'calls':>6} {'category':12} name")
+    for row in summary["top"]:
+        print(f"{row['% Total']:8.2f} {row['Self CUDA total (us)']:10.1f} {row['Calls']:6d} {row['Category']:12} "
+              f"{row['Normalized Name'][:80]}")
+    for warning in summary["warnings"]:
+        print(f"warning: {warning}")
+    print(f"written: {summary['outputs']['gap_analysis']}")
+    return 0

@@ -1,0 +1,73 @@
+"""Gap analysis: which kernels take the GPU time in a window, by total contribution.
+
+Columns follow Magpie's (Name, Calls, Self CUDA total (us), Avg time (us), % Total,
+Input Shapes); ours add the normalized name, category, the launching CPU op and rank.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from magpie.traces.ingest import Trace
+from magpie.traces.kernels import category, normalize
+
+COLUMNS = ["Name", "Calls", "Self CUDA total (us)", "Avg time (us)", "% Total", "Input Shapes",
+           "Normalized Name", "Category", "CPU Op", "Rank"]
+
+
+@dataclass
+class Window:
+    start_pct: float = 0.0
+    end_pct: float = 100.0
+
+    def bounds(self, trace: Trace) -> tuple[float, float]:
+        kernels = trace.kernels
+        if not kernels:
+            return 0.0, 0.0
+        first = min(k.ts for k in kernels)
+        last = max(k.ts + k.dur for k in kernels)
+        span = last - first
+        return first + span * self.start_pct / 100, first + span * self.end_pct / 100
+
+
+def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include: set[str] | None = None,
+             exclude: set[str] | None = None, min_duration_us: float = 0.0, rank_label: str = "") -> list[dict]:
+    lo, hi = window.bounds(trace)
+    groups: dict[str, dict] = {}
+    total = 0.0
+    for kernel in trace.kernels:
+        if not (lo <= kernel.ts <= hi):
+            continue
+        total += kernel.dur
+        op = trace.cpu_ops[kernel.op] if kernel.op is not None else None
+        label = category(kernel.name, kernel.kind, op.name if op else None)
+        if (include and label not in include) or (exclude and label in exclude):
+            continue
+        group = groups.setdefault(kernel.name, {"calls": 0, "total": 0.0, "shapes": Counter(), "ops": Counter(),
+                                                "category": label})
+        group["calls"] += 1
+        group["total"] += kernel.dur
+        if op is not None:
+            group["ops"][op.name] += 1
+            if op.input_dims is not None:
+                group["shapes"][str(op.input_dims)] += 1
+    rows = []
+    for name, g in groups.items():
+        avg = g["total"] / g["calls"]
+        if avg < min_duration_us:
+            continue
+        rows.append({
+            "Name": name, "Calls": g["calls"], "Self CUDA total (us)": round(g["total"], 3),
+            "Avg time (us)": round(avg, 3), "% Total": round(100 * g["total"] / total, 3) if total else 0.0,
+            "Input Shapes": g["shapes"].most_common(1)[0][0] if g["shapes"] else "",
+            "Normalized Name": normalize(name), "Category": g["category"],
+            "CPU Op": g["ops"].most_common(1)[0][0] if g["ops"] else "", "Rank": rank_label,
+        })
+    rows.sort(key=lambda r: -r["Self CUDA total (us)"])
+    return rows[:top_k] if top_k else rows
+
+
+def window_total_us(trace: Trace, window: Window) -> float:
+    lo, hi = window.bounds(trace)
+    return sum(k.dur for k in trace.kernels if lo <= k.ts <= hi)

@@ -1,0 +1,77 @@
+"""Write the trace analysis: gap analysis CSVs (all ranks and per rank), GPU timelines, and a
+compact JSON summary for agents. Callable from the CLI and from rules alike."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from magpie.store import atomic_write
+from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
+from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
+from magpie.traces.timeline import gpu_timeline
+
+
+def _csv(rows: list[dict], columns: list[str]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _rank_label(trace: Trace, index: int) -> str:
+    return str(trace.rank if trace.rank is not None else index)
+
+
+def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 20, window: Window | None = None,
+                   include: set[str] | None = None, exclude: set[str] | None = None,
+                   min_duration_us: float = 0.0) -> dict:
+    window = window or Window()
+    out = Path(out_dir)
+    traces, skipped = [], []
+    for path in trace_files(trace_dir):
+        try:
+            traces.append(load_trace(path))
+        except NotATrace as err:
+            skipped.append(str(err))
+    if not traces:
+        raise TraceError(f"{trace_dir}: no PyTorch profiler traces among its JSON files ({skipped[0]})")
+    combined, per_rank, timelines = [], {}, {}
+    for index, trace in enumerate(traces):
+        rank = _rank_label(trace, index)
+        rows = gap_rows(trace, window, include=include, exclude=exclude, min_duration_us=min_duration_us,
+                        rank_label=rank)
+        per_rank[rank] = rows
+        combined.extend(rows)
+        timelines[rank] = gpu_timeline(trace)
+    combined_total = sum(r["Self CUDA total (us)"] for rows in per_rank.values() for r in rows) or 1.0
+    combined = [{**r, "% Total": round(100 * r["Self CUDA total (us)"] / combined_total, 3)} for r in combined]
+    combined.sort(key=lambda r: -r["Self CUDA total (us)"])
+    top = combined[:top_k]
+    atomic_write(out / "gap_analysis" / "gap_analysis.csv", _csv(top, COLUMNS))
+    if len(per_rank) > 1:
+        for rank, rows in per_rank.items():
+            atomic_write(out / "gap_analysis" / f"gap_analysis_rank{rank}.csv", _csv(rows[:top_k], COLUMNS))
+    for rank, devices in timelines.items():
+        for device, rows in devices.items():
+            suffix = "" if len(timelines) == 1 and len(devices) == 1 else f"_rank{rank}_dev{device}"
+            atomic_write(out / f"gpu_timeline{suffix}.csv", _csv(rows, ["type", "time ms", "percent"]))
+    summary = {
+        "traces": [{"path": t.path, "rank": _rank_label(t, i), "device": t.device_name(), "kernels": len(t.kernels),
+                    "unlinked": t.unlinked, "skipped_events": t.skipped} for i, t in enumerate(traces)],
+        "window": {"start_pct": window.start_pct, "end_pct": window.end_pct},
+        "total_kernel_time_us": sum(window_total_us(t, window) for t in traces),
+        "top_k": top_k,
+        "top": top,
+        "gpu_timeline": timelines,
+        "outputs": {"gap_analysis": str(out / "gap_analysis" / "gap_analysis.csv")},
+        "warnings": [f"{t.path}: {n} kernels could not be linked to a launch"
+                     for t in traces if (n := t.unlinked.get("kernels_without_launch"))]
+        + [f"skipped {message}" for message in skipped],
+        "errors": [],
+    }
+    atomic_write(out / "gap_analysis" / "gap_analysis.json", json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,68 @@
+"""GPU time per device split into computation, exposed communication, exposed memcpy, busy
+and idle, with TraceLens's row names and columns (type, time ms, percent)."""
+
+from __future__ import annotations
+
+from magpie.traces.ingest import Trace
+from magpie.traces.kernels import category
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def length(intervals: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Parts of the (merged) intervals a not covered by the (merged) intervals b."""
+    out, j = [], 0
+    for start, end in a:
+        cursor = start
+        while j < len(b) and b[j][1] <= cursor:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cursor:
+                out.append((cursor, b[k][0]))
+            cursor = max(cursor, b[k][1])
+            k += 1
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
+def gpu_timeline(trace: Trace) -> dict[int, list[dict]]:
+    """Rows per device: type, time ms, percent (of the device's total span)."""
+    devices: dict[int, dict[str, list]] = {}
+    base = min((a.ts for a in trace.gpu), default=0.0)  # small numbers keep microsecond precision
+    for a in trace.gpu:
+        kind = category(a.name, a.kind)
+        group = "comm" if kind == "communication" else "memcpy" if kind in ("memcpy", "memset") else "compute"
+        start = a.ts - base
+        devices.setdefault(a.device, {"compute": [], "comm": [], "memcpy": []})[group].append((start, start + a.dur))
+    tables = {}
+    for device, groups in sorted(devices.items()):
+        compute, comm, memcpy = (union(groups[g]) for g in ("compute", "comm", "memcpy"))
+        busy = union(compute + comm + memcpy)
+        total = busy[-1][1] - busy[0][0] if busy else 0.0
+        times = {
+            "computation_time": length(compute),
+            "exposed_comm_time": length(subtract(comm, compute)),
+            "exposed_memcpy_time": length(subtract(memcpy, union(compute + comm))),
+            "busy_time": length(busy),
+            "idle_time": total - length(busy),
+            "total_time": total,
+            "total_comm_time": length(comm),
+            "total_memcpy_time": length(memcpy),
+        }
+        tables[device] = [{"type": name, "time ms": us / 1000, "percent": 100 * us / total if total else 0.0}
+                          for name, us in times.items()]
+    return tables
