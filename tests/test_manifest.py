@@ -98,7 +98,8 @@ def test_cli_reports_manifest_error_without_traceback(tmp_path):
 def test_project_rule_overrides_and_bad_rule(tmp_path):
     from magpie.project import Project
 
-    text = BASE + '\n[[rule]]\nname = "compile"\ntypes = ["cuda"]\naction = "nvcc -arch=sm_90 -o {out}/k.so {impl.source}"\n'
+    rule = 'action = "nvcc -arch=sm_90 -o {out}/k.so {impl.source}"'
+    text = BASE + f'\n[[rule]]\nname = "compile"\ntypes = ["cuda"]\n{rule}\n'
     write(tmp_path, {"magpie.toml": text, "ref.py": "", "v1.py": ""})
     project = Project.load(tmp_path / "magpie.toml")
     from magpie.graph.rules import resolve_rules

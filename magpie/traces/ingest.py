@@ -8,18 +8,44 @@ the innermost CPU op around it on its thread. What cannot be linked is counted, 
 
 from __future__ import annotations
 
+import gc
 import gzip
 from dataclasses import dataclass, field
 from pathlib import Path
 
-try:
-    import orjson
+from typing import Any, Optional, Union
 
-    _loads = orjson.loads
-except ImportError:  # pragma: no cover - orjson is a dependency; json is the fallback
-    import json
+import msgspec
 
-    _loads = json.loads
+
+# Typed decoding reads only the fields the analysis uses, straight into small structs:
+# several times faster than decoding to dicts, and a fraction of the memory.
+class _Args(msgspec.Struct):
+    correlation: Optional[int] = None
+    device: Optional[int] = None
+    stream: Optional[int] = None
+    input_dims: Optional[Any] = msgspec.field(default=None, name="Input Dims")
+    input_type: Optional[Any] = msgspec.field(default=None, name="Input type")
+
+
+class _Event(msgspec.Struct):
+    ph: str = ""
+    cat: Optional[str] = None
+    name: str = ""
+    ts: Union[float, str, None] = None
+    dur: Union[float, str, None] = None
+    pid: Union[int, str, None] = None
+    tid: Union[int, str, None] = None
+    args: Optional[_Args] = None
+
+
+class _Document(msgspec.Struct):
+    traceEvents: list[_Event]
+    deviceProperties: Optional[list[dict]] = None
+    distributedInfo: Optional[dict] = None
+
+
+_DECODER = msgspec.json.Decoder(_Document)
 
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
@@ -33,7 +59,7 @@ class NotATrace(TraceError):
     """Valid JSON that is not a profiler trace (a config beside the traces, say)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuActivity:
     name: str
     kind: str  # kernel | memcpy | memset
@@ -46,7 +72,7 @@ class GpuActivity:
     op: int | None = None  # index into Trace.cpu_ops of the innermost op around the launch
 
 
-@dataclass
+@dataclass(slots=True)
 class Launch:
     name: str
     ts: float
@@ -57,7 +83,7 @@ class Launch:
     op: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class CpuOp:
     name: str
     ts: float
@@ -99,45 +125,57 @@ def _read(path: Path) -> bytes:
         raise TraceError(f"{path}: cannot decompress ({err}); is the .gz file truncated?") from None
 
 
-def decode(path: str | Path) -> dict:
+def decode(path: str | Path) -> _Document:
     path = Path(path)
+    raw = _read(path)
     try:
-        data = _loads(_read(path))
-    except ValueError as err:
+        return _DECODER.decode(raw)
+    except msgspec.ValidationError as err:
+        raise NotATrace(f"{path}: not a PyTorch profiler (Chrome) trace ({err})") from None
+    except msgspec.DecodeError as err:
         raise TraceError(f"{path}: not valid JSON ({str(err).splitlines()[0]}); truncated or not a trace?") from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise NotATrace(f"{path}: no 'traceEvents' list: not a PyTorch profiler (Chrome) trace")
-    return data
+
+
+_EMPTY_ARGS = _Args()
 
 
 def load_trace(path: str | Path) -> Trace:
+    # Millions of small objects and no cycles among them: the cyclic collector would only
+    # rescan them again and again while they are made.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _load(path)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _load(path: str | Path) -> Trace:
     data = decode(path)
-    trace = Trace(str(path), data.get("distributedInfo", {}).get("rank"), data.get("deviceProperties") or [])
+    trace = Trace(str(path), (data.distributedInfo or {}).get("rank"), data.deviceProperties or [])
     by_correlation: dict[int, int] = {}
     skipped: dict[str, int] = {}
-    for event in data["traceEvents"]:
-        if event.get("ph") != "X":
+    gpu, launches, cpu_ops = trace.gpu, trace.launches, trace.cpu_ops
+    for event in data.traceEvents:
+        if event.ph != "X":
             continue
-        cat = event.get("cat")
-        args = event.get("args") or {}
+        cat = event.cat
+        args = event.args or _EMPTY_ARGS
         try:
+            ts, dur = float(event.ts), float(event.dur or 0.0)
             if cat in GPU_CATEGORIES:
-                trace.gpu.append(GpuActivity(event["name"], GPU_CATEGORIES[cat], float(event["ts"]),
-                                             float(event.get("dur", 0.0)), int(args.get("device", 0)),
-                                             int(args.get("stream", 0)), args.get("correlation")))
+                gpu.append(GpuActivity(event.name, GPU_CATEGORIES[cat], ts, dur, args.device or 0, args.stream or 0,
+                                       args.correlation))
             elif cat in RUNTIME_CATEGORIES:
-                correlation = args.get("correlation")
-                if correlation is not None:
-                    by_correlation[correlation] = len(trace.launches)
-                trace.launches.append(Launch(event["name"], float(event["ts"]), float(event.get("dur", 0.0)),
-                                             event.get("pid", 0), event.get("tid", 0), correlation))
+                if args.correlation is not None:
+                    by_correlation[args.correlation] = len(launches)
+                launches.append(Launch(event.name, ts, dur, event.pid, event.tid, args.correlation))
             elif cat == "cpu_op":
-                trace.cpu_ops.append(CpuOp(event["name"], float(event["ts"]), float(event.get("dur", 0.0)),
-                                           event.get("pid", 0), event.get("tid", 0), args.get("Input Dims"),
-                                           args.get("Input type")))
+                cpu_ops.append(CpuOp(event.name, ts, dur, event.pid, event.tid, args.input_dims, args.input_type))
             elif cat == "user_annotation":
-                trace.annotations.append((event["name"], float(event["ts"]), float(event.get("dur", 0.0))))
-        except (KeyError, TypeError, ValueError):
+                trace.annotations.append((event.name, ts, dur))
+        except (TypeError, ValueError):
             skipped[cat or "?"] = skipped.get(cat or "?", 0) + 1
     trace.skipped = skipped
     _link(trace, by_correlation)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _TILE = re.compile(r"\d+x\d+(?:x\d+)*")
 _TRAILING_INDEX = re.compile(r"(_\d+)+$")
@@ -32,6 +33,7 @@ def _strip_balanced(text: str, open_char: str, close_char: str) -> str:
     return "".join(out)
 
 
+@lru_cache(maxsize=65536)
 def normalize(name: str) -> str:
     """'void at::native::vectorized_elementwise_kernel<4, Functor, Array>(int, ...)' ->
     'at::native::vectorized_elementwise_kernel'; tile shapes become NxM; trailing _N indices go."""
@@ -41,6 +43,7 @@ def normalize(name: str) -> str:
     return _TRAILING_INDEX.sub("", text) or name
 
 
+@lru_cache(maxsize=65536)  # kernel names repeat thousands of times and can be kilobytes long
 def category(name: str, kind: str = "kernel", op_name: str | None = None) -> str:
     if kind in ("memcpy", "memset"):
         return kind

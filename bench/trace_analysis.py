@@ -1,0 +1,84 @@
+"""Trace analysis speed and memory: a real H200 trace (tests/fixtures/traces/h200) tiled
+into a ~35 MB, ~100k-event trace and a 10x larger one, each analysed by `magpie benchmark
+--trace-dir` as a whole process; the JSON decode alone is timed beside it as the floor.
+Usage: python bench/trace_analysis.py
+"""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parents[1] / "tests/fixtures/traces/h200/llama_decode_bf16.json.gz"
+
+
+def tiled(copies: int) -> dict:
+    data = json.load(gzip.open(SOURCE))
+    events = data["traceEvents"]
+    timed = [e for e in events if "ts" in e]
+    span = max(float(e["ts"]) + float(e.get("dur", 0)) for e in timed) - min(float(e["ts"]) for e in timed)
+    out = []
+    for copy in range(copies):
+        shift = copy * (span + 1000)
+        for event in events:
+            if "ts" not in event:
+                if copy == 0:
+                    out.append(event)
+                continue
+            clone = dict(event, ts=float(event["ts"]) + shift)
+            args = event.get("args")
+            if args and "correlation" in args:
+                clone["args"] = dict(args, correlation=args["correlation"] + copy * 10_000_000)
+            if "id" in event and event.get("cat") == "ac2g":
+                clone["id"] = event["id"] + copy * 10_000_000
+            out.append(clone)
+    return dict(data, traceEvents=out)
+
+
+def measure(directory: Path) -> dict:
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "magpie", "benchmark", "--trace-dir",
+                           str(directory), "-o", str(directory / "out")], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
+    trace = next(directory.glob("*.json"))
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", f"import orjson; orjson.loads(open({str(trace)!r}, 'rb').read())"],
+                   check=True)  # the untyped decode of the whole document, for scale
+    decode = time.perf_counter() - start
+    return {"wall_s": wall, "peak_mb": peak_kb / 1024, "decode_process_s": decode}
+
+
+def main() -> int:
+    rows = []
+    for copies in (4, 40):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            data = tiled(copies)
+            path = folder / "trace.json"
+            path.write_text(json.dumps(data))
+            size_mb = path.stat().st_size / 1e6
+            result = measure(folder)
+            rows.append((len(data["traceEvents"]), size_mb, result))
+            del data
+    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}; {datetime.date.today()}\n")
+    print("| trace | events | size MB | `magpie benchmark --trace-dir` s | peak RSS MB | orjson decode alone (process) s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for (events, size, r), copies in zip(rows, (4, 40)):
+        print(f"| llama decode tiled x{copies} | {events:,} | {size:.0f} | {r['wall_s']:.2f} | {r['peak_mb']:.0f} | "
+              f"{r['decode_process_s']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
