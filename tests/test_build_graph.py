@@ -142,3 +142,29 @@ action = "wc -l {impl.source} > {out}/lines.txt"
     (command_project / "k2/c.py").write_text("def kernel(x):\n    y = x\n    return y\n")
     assert "linecount:k2/c" in build_json(command_project)["executed"]
     assert sorted(p.read_text().split()[0] for p in store.glob("*/*/lines.txt")) == ["2"] * 5 + ["3"]
+
+
+def test_progress_is_a_rich_bar_on_a_terminal_and_plain_lines_otherwise(command_project):
+    import pty
+
+    plain = magpie("build", cwd=command_project, check=0)
+    assert "run   compile:k1/a  (never built)" in plain.stderr and "━" not in plain.stderr
+    magpie("clean", "--all", cwd=command_project, check=0)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "magpie", "build"], cwd=command_project, stdin=follower,
+                            stdout=follower, stderr=follower, close_fds=True)
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closes when the build exits
+            break
+        if not chunk:
+            break
+        output += chunk
+    proc.wait(timeout=120)
+    os.close(leader)
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0
+    assert "magpie build" in text and "━" in text and "18/18" in text

@@ -146,3 +146,10 @@ def test_bad_traces_are_one_line(tmp_path):
     with pytest.raises(TraceError, match="not valid JSON"):
         (tmp_path / "broken.json").write_text('{"traceEvents": [')
         load_trace(tmp_path / "broken.json")
+
+
+def test_bad_window_and_top_k_are_one_line(tmp_path):
+    for args, expected in ((["--start-pct", "60", "--end-pct", "40"], "--start-pct/--end-pct"),
+                           (["--top-k", "0"], "--top-k")):
+        proc = magpie("benchmark", "--trace-dir", TRACES, *args, cwd=tmp_path)
+        assert proc.returncode == 2 and expected in proc.stderr and proc.stderr.count("\n") == 1
