@@ -25,9 +25,20 @@ class Timer(ABC):
     def __init__(self):
         self.info: dict = {}
 
-    @abstractmethod
     def warmup(self, fn, input_sets: list, warmup_ms: float) -> int:
-        """Call until warmup_ms has passed; return the number of calls."""
+        """Call until warmup_ms has passed (at least once); return the number of calls."""
+        deadline = _clock_ns() + int(warmup_ms * 1e6)
+        calls = 0
+        while calls == 0 or _clock_ns() < deadline:
+            fn(*input_sets[calls % len(input_sets)])
+            calls += 1
+            if calls % 16 == 0:
+                self._settle()
+        self._settle()
+        return calls
+
+    def _settle(self) -> None:
+        """Wait for work the calls queued (nothing to wait for on the CPU)."""
 
     def probe(self, fn, input_sets: list, budget_ms: float = 20.0) -> float:
         """A per-call duration in microseconds (median over a short budget), to choose a mode."""
@@ -47,14 +58,6 @@ class CpuWallTimer(Timer):
     """Host clock around each call; on the CPU the call is synchronous."""
 
     name = "cpu-perf-counter"
-
-    def warmup(self, fn, input_sets, warmup_ms):
-        deadline = _clock_ns() + int(warmup_ms * 1e6)
-        calls = 0
-        while calls == 0 or _clock_ns() < deadline:
-            fn(*input_sets[calls % len(input_sets)])
-            calls += 1
-        return calls
 
     def measure(self, fn, input_sets, budget_ms, max_reps, offset, mode=None):
         samples = []
@@ -108,6 +111,8 @@ class CudaTimer(Timer):
     def _sync(self):
         self.torch.cuda.synchronize(self.device)
 
+    _settle = _sync
+
     def probe(self, fn, input_sets: list, budget_ms: float = 20.0) -> float:
         """Device time per call from a short graph replay, free of launch overhead; where the call
         cannot be captured, the events median."""
@@ -121,17 +126,6 @@ class CudaTimer(Timer):
         # Reading (not writing) 4x the L2 leaves it full of clean lines: a written buffer would
         # leave dirty lines whose write-back the timed kernel would then pay for.
         self._flush_sink.copy_(self._flush_words.amax())
-
-    def warmup(self, fn, input_sets, warmup_ms):
-        deadline = _clock_ns() + int(warmup_ms * 1e6)
-        calls = 0
-        while calls == 0 or _clock_ns() < deadline:
-            fn(*input_sets[calls % len(input_sets)])
-            calls += 1
-            if calls % 16 == 0:
-                self._sync()
-        self._sync()
-        return calls
 
     def measure(self, fn, input_sets, budget_ms, max_reps, offset, mode=None):
         before = nvml_snapshot(self.device.index or 0)
