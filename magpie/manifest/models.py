@@ -144,9 +144,3 @@ class Manifest(Strict):
                 raise ValueError(f"kernel id {kernel.id!r} is used twice")
             seen.add(kernel.id)
         return self
-
-    def find_kernel(self, kernel_id: str) -> Kernel:
-        for kernel in self.kernel:
-            if kernel.id == kernel_id:
-                return kernel
-        raise KeyError(kernel_id)
