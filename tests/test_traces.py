@@ -153,3 +153,57 @@ def test_bad_window_and_top_k_are_one_line(tmp_path):
                            (["--top-k", "0"], "--top-k")):
         proc = magpie("benchmark", "--trace-dir", TRACES, *args, cwd=tmp_path)
         assert proc.returncode == 2 and expected in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def _op(name, dims, types, concrete=None):
+    from magpie.traces.ingest import CpuOp
+
+    return CpuOp(name, 0.0, 1.0, 1, 1, dims, types, concrete)
+
+
+def test_perf_models_match_hand_counts():
+    from magpie.traces.perf_models import causal_pairs, estimate
+
+    bf16 = "c10::BFloat16"
+    mm = estimate(_op("aten::mm", [[4, 512], [512, 8192]], [bf16, bf16]))
+    assert mm.flops == 2 * 4 * 512 * 8192 and mm.bytes == (4 * 512 + 512 * 8192 + 4 * 8192) * 2
+    assert mm.precision == "bf16_tensor" and mm.params == {"M": 4, "N": 8192, "K": 512, "B": 1}
+    addmm = estimate(_op("aten::addmm", [[1024], [512, 4096], [4096, 1024], [], []],
+                         [bf16, bf16, bf16, "Scalar", "Scalar"]))
+    assert addmm.flops == 2 * 512 * 1024 * 4096 + 512 * 1024
+    qkv = [[4, 8, 96, 64], [4, 2, 96, 64], [4, 2, 96, 64]]
+    flags = ["", "", "", "", "", "", "96", "96", "False", "0.", "True", "False", "0.125"]
+    prefill = estimate(_op("aten::_cudnn_attention_forward", qkv + [[]] * 10, [bf16] * 3 + [""] * 10, flags))
+    assert prefill.params["causal"] and prefill.flops == 2 * 4 * 8 * (96 * 97 // 2) * (64 + 64)
+    assert causal_pairs(1, 112) == 112 and causal_pairs(4, 10) == 4 * 6 + 10  # decode sees every key so far
+    mean = estimate(_op("aten::mean", [[4, 96, 512], [], [], []], ["float", "ScalarList", "Scalar", ""],
+                        ["", "[-1]", "True", ""]))
+    assert mean.params["kept"] == 4 * 96 and mean.bytes == 4 * 96 * 512 * 4 + 4 * 96 * 4
+    cat = estimate(_op("aten::cat", [[[1, 96, 32], [1, 96, 32]], []], ["TensorList", "Scalar"], ["", "-1"]))
+    assert cat.bytes == 2 * 2 * 96 * 32 * 4
+    assert estimate(_op("aten::mse_loss", [[4, 4], [4, 4]], ["float", "float"])) is None  # no model: said, not guessed
+
+
+def test_kernel_roofline_simple_csv_has_tracelens_columns(tmp_path):
+    from magpie.traces.roofline_table import COLUMNS as ROOF
+
+    magpie("benchmark", "--trace-dir", TRACES, "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    path = tmp_path / "out/tracelens/llama_decode_bf16_kernel_roofline_simple.csv"
+    with open(path) as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ROOF == [
+        "source_category", "op_name", "param_signature", "params_json", "operation_count", "num_kernels",
+        "kernel_time_ms_sum", "time_pct", "kernel_time_us_mean", "gflops", "data_moved_mb",
+        "arithmetic_intensity_flops_per_byte", "achieved_tflops_mean", "achieved_tbps_mean", "compute_spec",
+        "roofline_bound", "pct_roofline_mean", "roofline_time_us", "has_perf_model", "input_dims", "input_type"]
+    expected_ms = sum(e["dur"] for e in raw_events("llama_decode_bf16.json.gz")
+                      if e.get("cat") == "kernel" and e.get("ph") == "X") / 1000
+    assert sum(float(r["kernel_time_ms_sum"]) for r in rows) == pytest.approx(expected_ms, rel=1e-4)
+    mm = next(r for r in rows if r["op_name"] == "aten::mm" and json.loads(r["input_dims"]) == [[4, 512], [512, 512]])
+    assert float(mm["gflops"]) == pytest.approx(2 * 4 * 512 * 512 / 1e9, rel=1e-3)
+    assert mm["compute_spec"] == "bf16_tensor" and mm["roofline_bound"] == "memory"
+    assert 0 < float(mm["pct_roofline_mean"]) < 100
+    unmodeled = [r for r in rows if r["has_perf_model"] == "False"]
+    assert {r["op_name"] for r in unmodeled} <= {"aten::arange", "aten::gather"}
+    proc = magpie("benchmark", "--trace-dir", TRACES, "--arch", "TPU9", cwd=tmp_path)
+    assert proc.returncode == 2 and "--arch: unknown accelerator" in proc.stderr

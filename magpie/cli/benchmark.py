@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
                                                            "elementwise, communication, memcpy, memset, other)")
     p.add_argument("--exclude-category", default="", help="leave out these categories, comma separated")
     p.add_argument("--min-duration-us", type=float, default=0.0, help="leave out kernels shorter on average")
+    p.add_argument("--arch", help="accelerator for the roofline when the trace does not name one "
+                                   "(H100, H200, B200, A100, MI300X, MI325X, MI355X)")
     p.add_argument("-o", "--output-dir", default="magpie_results", help="where the analysis is written")
     p.add_argument("--json", action="store_true", help="print the JSON summary")
     p.set_defaults(run=run)
@@ -43,11 +45,16 @@ def run(args) -> int:
         raise UserError("--start-pct/--end-pct: need 0 <= start < end <= 100")
     if args.top_k < 1:
         raise UserError("--top-k: must be at least 1")
+    if args.arch:
+        from magpie.roofline.specs import ARCHES, lookup
+
+        if lookup(args.arch) is None:
+            raise UserError(f"--arch: unknown accelerator {args.arch!r} (known: {', '.join(a.name for a in ARCHES)})")
     try:
         summary = analyze_traces(args.trace_dir, args.output_dir, top_k=args.top_k,
                                  window=Window(args.start_pct, args.end_pct),
                                  include=_categories(args.include_category), exclude=_categories(args.exclude_category),
-                                 min_duration_us=args.min_duration_us)
+                                 min_duration_us=args.min_duration_us, arch_name=args.arch)
     except TraceError as err:
         raise UserError(str(err)) from None
     if args.json:

@@ -15,7 +15,14 @@ def roofline(flops: float, bytes_moved: float, seconds: float, arch: Arch, preci
            "achieved_tflops": achieved_tflops, "achieved_tbps": achieved_tbps, "precision": precision,
            "peak_tflops": peak_tflops, "peak_tbps": arch.memory_tbps, "arch": arch.name,
            "peaks_measured": bool(arch.measured)}
-    if peak_tflops is None or intensity is None or not seconds:
+    if not seconds or intensity is None:
+        out.update(bound=None, pct_of_roofline=None, roofline_time_us=None)
+        return out
+    if not flops:  # pure data movement: only the bandwidth roof applies
+        out.update(bound="memory", pct_of_roofline=100 * achieved_tbps / arch.memory_tbps,
+                   roofline_time_us=bytes_moved / (arch.memory_tbps * 1e12) * 1e6)
+        return out
+    if peak_tflops is None:
         out.update(bound=None, pct_of_roofline=None, roofline_time_us=None)
         return out
     ridge = peak_tflops * 1e12 / (arch.memory_tbps * 1e12)

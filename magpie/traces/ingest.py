@@ -26,6 +26,7 @@ class _Args(msgspec.Struct):
     stream: Optional[int] = None
     input_dims: Optional[Any] = msgspec.field(default=None, name="Input Dims")
     input_type: Optional[Any] = msgspec.field(default=None, name="Input type")
+    concrete: Optional[Any] = msgspec.field(default=None, name="Concrete Inputs")
 
 
 class _Event(msgspec.Struct):
@@ -92,6 +93,7 @@ class CpuOp:
     tid: int
     input_dims: list | None
     input_types: list | None
+    concrete: list | None = None
 
 
 @dataclass
@@ -172,7 +174,8 @@ def _load(path: str | Path) -> Trace:
                     by_correlation[args.correlation] = len(launches)
                 launches.append(Launch(event.name, ts, dur, event.pid, event.tid, args.correlation))
             elif cat == "cpu_op":
-                cpu_ops.append(CpuOp(event.name, ts, dur, event.pid, event.tid, args.input_dims, args.input_type))
+                cpu_ops.append(CpuOp(event.name, ts, dur, event.pid, event.tid, args.input_dims, args.input_type,
+                                     args.concrete))
             elif cat == "user_annotation":
                 trace.annotations.append((event.name, ts, dur))
         except (TypeError, ValueError):

@@ -8,9 +8,12 @@ import io
 import json
 from pathlib import Path
 
+from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
+from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
+from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.timeline import gpu_timeline
 
 
@@ -28,7 +31,7 @@ def _rank_label(trace: Trace, index: int) -> str:
 
 def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 20, window: Window | None = None,
                    include: set[str] | None = None, exclude: set[str] | None = None,
-                   min_duration_us: float = 0.0) -> dict:
+                   min_duration_us: float = 0.0, arch_name: str | None = None) -> dict:
     window = window or Window()
     out = Path(out_dir)
     traces, skipped = [], []
@@ -52,6 +55,16 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     combined.sort(key=lambda r: -r["Self CUDA total (us)"])
     top = combined[:top_k]
     atomic_write(out / "gap_analysis" / "gap_analysis.csv", _csv(top, COLUMNS))
+    roofline_files = []
+    for trace in traces:
+        found = lookup(trace.device_name() or "") if trace.device_name() else None
+        arch = found or (lookup(arch_name) if arch_name else None)
+        label = Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
+        target = out / "tracelens" / f"{label}_kernel_roofline_simple.csv"
+        atomic_write(target, _csv(roofline_rows(trace, arch), ROOFLINE_COLUMNS))
+        roofline_files.append({"path": str(target), "arch": arch.name if arch else None,
+                               "peaks": "measured (magpie calibrate)" if arch and arch.measured else
+                               (arch.source if arch else "none: pass --arch")})
     if len(per_rank) > 1:
         for rank, rows in per_rank.items():
             atomic_write(out / "gap_analysis" / f"gap_analysis_rank{rank}.csv", _csv(rows[:top_k], COLUMNS))
@@ -67,7 +80,8 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         "top_k": top_k,
         "top": top,
         "gpu_timeline": timelines,
-        "outputs": {"gap_analysis": str(out / "gap_analysis" / "gap_analysis.csv")},
+        "outputs": {"gap_analysis": str(out / "gap_analysis" / "gap_analysis.csv"),
+                    "kernel_roofline_simple": roofline_files},
         "warnings": [f"{t.path}: {n} kernels could not be linked to a launch"
                      for t in traces if (n := t.unlinked.get("kernels_without_launch"))]
         + [f"skipped {message}" for message in skipped],

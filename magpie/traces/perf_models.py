@@ -1,0 +1,320 @@
+"""FLOPs and bytes of an op from its recorded input shapes and types.
+
+Small families of generic models (a GEMM is 2·M·N·K, an elementwise op moves every tensor
+once, a reduction reads its input and writes what is left after the reduced dims) and one
+registry from aten op names to families. An op with no model returns None and is reported
+as such (`has_perf_model: False`), never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+DTYPE_BYTES = {
+    "double": 8, "float": 4, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "long": 8, "int": 4,
+    "short int": 2, "short": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "c10::complex<float>": 8,
+}
+# The roofline peak an op's arithmetic is held against, by its (first) operand dtype.
+TENSOR_PRECISION = {"c10::BFloat16": "bf16_tensor", "c10::Half": "fp16_tensor", "float": "tf32_tensor",
+                    "double": "fp64_tensor", "c10::Float8_e4m3fn": "fp8_tensor", "c10::Float8_e5m2": "fp8_tensor",
+                    "signed char": "int8_tensor"}
+VECTOR_PRECISION = {"double": "fp64"}
+
+
+@dataclass
+class Estimate:
+    family: str
+    flops: float
+    bytes: float
+    precision: str
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class Tensor:
+    shape: list[int]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES.get(self.dtype, 4)
+
+
+def _tensor(dims, dtype) -> Tensor | None:
+    if isinstance(dims, list) and dtype in DTYPE_BYTES and all(isinstance(d, int) for d in dims):
+        return Tensor(dims, dtype)
+    return None
+
+
+def tensors(op) -> list[Tensor | None]:
+    """Positional inputs as tensors (None for scalars and the like); tensor lists flattened
+    under a 'TensorList' type are returned by tensor_list()."""
+    dims, types = op.input_dims or [], op.input_types or []
+    return [_tensor(d, t) for d, t in zip(dims, types)]
+
+
+def tensor_list(op, index: int = 0) -> list[Tensor]:
+    dims = (op.input_dims or [])[index] if len(op.input_dims or []) > index else []
+    dtype = next((t for t in (op.input_types or []) if t in DTYPE_BYTES), "float")
+    return [Tensor(d, dtype) for d in dims if isinstance(d, list) and all(isinstance(x, int) for x in d)]
+
+
+def concrete(op, index: int, default: str = "") -> str:
+    values = op.concrete or []
+    return str(values[index]) if index < len(values) else default
+
+
+def _vector_precision(dtype: str) -> str:
+    return VECTOR_PRECISION.get(dtype, "fp32")
+
+
+# -- GEMM ---------------------------------------------------------------------------------
+def _gemm(m: int, n: int, k: int, batch: int, a: Tensor, b: Tensor, out_dtype: str, extra: list[Tensor]) -> Estimate:
+    out_bytes = batch * m * n * DTYPE_BYTES.get(out_dtype, 4)
+    flops = 2.0 * batch * m * n * k
+    moved = a.nbytes + b.nbytes + out_bytes + sum(t.nbytes for t in extra)
+    return Estimate("GEMM", flops, moved, TENSOR_PRECISION.get(a.dtype, "fp32"),
+                    {"M": m, "N": n, "K": k, "B": batch})
+
+
+def mm(op):
+    a, b = tensors(op)[:2]
+    if a and b and len(a.shape) == 2 and len(b.shape) == 2:
+        return _gemm(a.shape[0], b.shape[1], a.shape[1], 1, a, b, a.dtype, [])
+    return None
+
+
+def addmm(op):
+    t = tensors(op)
+    bias, a, b = (t + [None, None, None])[:3]
+    if a and b and len(a.shape) == 2 and len(b.shape) == 2:
+        est = _gemm(a.shape[0], b.shape[1], a.shape[1], 1, a, b, a.dtype, [bias] if bias else [])
+        est.flops += a.shape[0] * b.shape[1]
+        return est
+    return None
+
+
+def bmm(op):
+    a, b = tensors(op)[:2]
+    if a and b and len(a.shape) == 3 and len(b.shape) == 3:
+        return _gemm(a.shape[1], b.shape[2], a.shape[2], a.shape[0], a, b, a.dtype, [])
+    return None
+
+
+def baddbmm(op):
+    t = tensors(op)
+    bias, a, b = (t + [None, None, None])[:3]
+    if a and b and len(a.shape) == 3 and len(b.shape) == 3:
+        return _gemm(a.shape[1], b.shape[2], a.shape[2], a.shape[0], a, b, a.dtype, [bias] if bias else [])
+    return None
+
+
+def linear(op):
+    t = tensors(op)
+    x, w = t[0], t[1] if len(t) > 1 else None
+    bias = t[2] if len(t) > 2 else None
+    if x and w and len(w.shape) == 2:
+        m = math.prod(x.shape[:-1])
+        return _gemm(m, w.shape[0], w.shape[1], 1, x, w, x.dtype, [bias] if bias else [])
+    return None
+
+
+def scaled_mm(op):
+    a, b = tensors(op)[:2]
+    if a and b:
+        out_dtype = "c10::BFloat16"
+        est = _gemm(a.shape[0], b.shape[1], a.shape[1], 1, a, b, out_dtype, [])
+        est.precision = TENSOR_PRECISION.get(a.dtype, "fp8_tensor")
+        return est
+    return None
+
+
+# -- attention ------------------------------------------------------------------------------
+# Where each attention op records is_causal among its concrete inputs, and its q/k/v layout.
+ATTENTION = {
+    "aten::scaled_dot_product_attention": (5, "BHLD"),
+    "aten::_scaled_dot_product_flash_attention": (4, "BHLD"),
+    "aten::_scaled_dot_product_efficient_attention": (6, "BHLD"),
+    "aten::_scaled_dot_product_cudnn_attention": (6, "BHLD"),
+    "aten::_cudnn_attention_forward": (10, "BHLD"),
+    "aten::_flash_attention_forward": (8, "BLHD"),
+    "aten::_efficient_attention_forward": (9, "BLHD"),
+}
+
+
+def causal_pairs(lq: int, lk: int) -> int:
+    """Query/key pairs under a causal mask aligned to the bottom right (query i sees the first
+    lk - lq + i + 1 keys): decode steps (lq < lk) and prefill (lq == lk) alike."""
+    if lq > lk:
+        return lk * (lk + 1) // 2 + (lq - lk) * lk  # rows past lk see every key
+    return lq * (lk - lq) + lq * (lq + 1) // 2
+
+
+def attention(op):
+    causal_index, layout = ATTENTION[op.name]
+    q, k, v = (tensors(op) + [None, None, None])[:3]
+    if not (q and k and v and len(q.shape) == 4 and len(k.shape) == 4):
+        return None
+    if layout == "BHLD":
+        (b, h, lq, d), (_, hk, lk, _), dv = q.shape, k.shape, v.shape[3]
+    else:
+        (b, lq, h, d), (_, lk, hk, _), dv = q.shape, k.shape, v.shape[3]
+    flag = concrete(op, causal_index)
+    is_causal = flag in ("True", "1") if op.name != "aten::_efficient_attention_forward" else flag == "1"
+    pairs = causal_pairs(lq, lk) if is_causal else lq * lk
+    flops = 2.0 * b * h * pairs * (d + dv)
+    out_bytes = b * h * lq * dv * DTYPE_BYTES.get(q.dtype, 2)
+    moved = q.nbytes + k.nbytes + v.nbytes + out_bytes
+    return Estimate("SDPA", flops, moved, TENSOR_PRECISION.get(q.dtype, "fp32"),
+                    {"B": b, "H_Q": h, "H_KV": hk, "N_Q": lq, "N_KV": lk, "d_h_qk": d, "d_h_v": dv,
+                     "causal": is_causal})
+
+
+# -- memory-bound families ----------------------------------------------------------------
+def _broadcast(shapes: list[list[int]]) -> list[int]:
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for i, d in enumerate(shape[::-1]):
+            out[rank - 1 - i] = max(out[rank - 1 - i], d)
+    return out
+
+
+def elementwise(op):
+    present = [t for t in tensors(op) if t]
+    if not present:
+        return None
+    if op.name.endswith("_") or op.name in ("aten::copy_",):
+        out = present[0]  # in place: the first operand is read and written
+        moved = sum(t.nbytes for t in present) + out.nbytes
+        numel = out.numel
+    else:
+        shape = _broadcast([t.shape for t in present])
+        numel = math.prod(shape)
+        moved = sum(t.nbytes for t in present) + numel * DTYPE_BYTES.get(present[0].dtype, 4)
+    flops = 0.0 if op.name in ("aten::copy_", "aten::fill_", "aten::_to_copy", "aten::clone") else float(numel)
+    return Estimate("elementwise", flops, moved, _vector_precision(present[0].dtype), {"numel": numel})
+
+
+def _dims(text: str, rank: int) -> list[int] | None:
+    text = text.strip()
+    if not text or text in ("None", ""):
+        return list(range(rank))
+    try:
+        values = [int(v) for v in text.strip("[]").split(",") if v.strip()]
+    except ValueError:
+        return None
+    return [v % rank for v in values] if values else list(range(rank))
+
+
+def reduction(op):
+    x = tensors(op)[0] if tensors(op) else None
+    if x is None:
+        return None
+    reduced = _dims(concrete(op, 1), len(x.shape)) if op.name not in ("aten::argmax", "aten::argmin") or \
+        concrete(op, 1) not in ("", "None") else list(range(len(x.shape)))
+    if reduced is None:
+        return None
+    kept = math.prod(d for i, d in enumerate(x.shape) if i not in reduced)
+    out_dtype = "long int" if op.name in ("aten::argmax", "aten::argmin") else x.dtype
+    moved = x.nbytes + kept * DTYPE_BYTES.get(out_dtype, 4)
+    return Estimate("reduction", float(x.numel), moved, _vector_precision(x.dtype),
+                    {"numel": x.numel, "reduced_dims": reduced, "kept": kept})
+
+
+def norm(op):
+    present = [t for t in tensors(op) if t]
+    if not present:
+        return None
+    x = present[0]
+    moved = sum(t.nbytes for t in present) + x.nbytes  # every operand read, the normalized tensor written
+    return Estimate("normalization", 8.0 * x.numel, moved, _vector_precision(x.dtype), {"numel": x.numel})
+
+
+def softmax(op):
+    x = tensors(op)[0] if tensors(op) else None
+    if x is None:
+        return None
+    return Estimate("softmax", 5.0 * x.numel, 2 * x.nbytes, _vector_precision(x.dtype), {"numel": x.numel})
+
+
+def index_select(op):
+    t = tensors(op)
+    src, index = t[0], t[2] if len(t) > 2 else None
+    if not (src and index):
+        return None
+    dim = int(concrete(op, 1, "0") or 0) % len(src.shape)
+    row = src.nbytes // src.shape[dim]
+    return Estimate("indexing", 0.0, index.nbytes + 2 * row * index.numel, _vector_precision(src.dtype),
+                    {"rows": index.numel})
+
+
+def embedding(op):
+    t = tensors(op)
+    weight, indices = t[0], t[1] if len(t) > 1 else None
+    if not (weight and indices):
+        return None
+    row = weight.nbytes // weight.shape[0]
+    return Estimate("indexing", 0.0, indices.nbytes + 2 * row * indices.numel, _vector_precision(weight.dtype),
+                    {"rows": indices.numel})
+
+
+def cat(op):
+    parts = tensor_list(op, 0)
+    if not parts:
+        return None
+    total = sum(p.nbytes for p in parts)
+    return Estimate("copy", 0.0, 2.0 * total, _vector_precision(parts[0].dtype), {"inputs": len(parts)})
+
+
+def foreach(op):
+    lists = [tensor_list(op, i) for i, t in enumerate(op.input_types or []) if t == "TensorList"]
+    if not lists or not lists[0]:
+        return None
+    reads = sum(p.nbytes for group in lists for p in group)
+    writes = sum(p.nbytes for p in lists[0])
+    return Estimate("elementwise", float(sum(p.numel for p in lists[0])), reads + writes,
+                    _vector_precision(lists[0][0].dtype), {"tensors": len(lists[0])})
+
+
+ELEMENTWISE = {f"aten::{n}" for n in (
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "neg", "rsqrt", "sqrt", "pow", "exp", "log", "sin",
+    "cos", "tanh", "sigmoid", "silu", "silu_", "gelu", "relu", "relu_", "clamp", "clamp_min", "clamp_max", "where",
+    "copy_", "fill_", "_to_copy", "clone", "abs", "reciprocal", "gelu_backward", "silu_backward",
+    "threshold_backward", "sigmoid_backward", "tanh_backward", "addcmul", "addcdiv", "lerp", "masked_fill",
+    "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "bitwise_and", "bitwise_or", "logical_and", "triu", "tril")}
+REDUCTIONS = {f"aten::{n}" for n in ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod",
+                                     "var", "std", "norm", "linalg_vector_norm", "any", "all")}
+NORMS = {f"aten::{n}" for n in ("native_layer_norm", "native_layer_norm_backward", "layer_norm", "rms_norm",
+                                "_fused_rms_norm", "native_group_norm", "native_batch_norm",
+                                "_batch_norm_impl_index", "cudnn_batch_norm")}
+SOFTMAX = {f"aten::{n}" for n in ("_softmax", "softmax", "_log_softmax", "log_softmax", "_softmax_backward_data")}
+
+REGISTRY = {
+    "aten::mm": mm, "aten::addmm": addmm, "aten::bmm": bmm, "aten::baddbmm": baddbmm, "aten::linear": linear,
+    "aten::_scaled_mm": scaled_mm, "aten::index_select": index_select, "aten::embedding": embedding,
+    "aten::cat": cat,
+    **{name: attention for name in ATTENTION},
+    **{name: elementwise for name in ELEMENTWISE},
+    **{name: reduction for name in REDUCTIONS},
+    **{name: norm for name in NORMS},
+    **{name: softmax for name in SOFTMAX},
+}
+
+
+def estimate(op) -> Estimate | None:
+    model = REGISTRY.get(op.name)
+    if model is None and op.name.startswith("aten::_foreach_"):
+        model = foreach
+    if model is None:
+        return None
+    try:
+        return model(op)
+    except (TypeError, ValueError, IndexError, ZeroDivisionError):
+        return None
