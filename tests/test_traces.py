@@ -207,3 +207,48 @@ def test_kernel_roofline_simple_csv_has_tracelens_columns(tmp_path):
     assert {r["op_name"] for r in unmodeled} <= {"aten::arange", "aten::gather"}
     proc = magpie("benchmark", "--trace-dir", TRACES, "--arch", "TPU9", cwd=tmp_path)
     assert proc.returncode == 2 and "--arch: unknown accelerator" in proc.stderr
+
+
+def test_kernel_sources_resolved_ambiguous_library_unresolved(tmp_path, monkeypatch):
+    from magpie.traces.sources import SourceIndex, resolve
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    repo = tmp_path / "repo"
+    write_files = {
+        "a.py": "import triton\n\n@triton.autotune(\n    configs=[],\n    key=['n'],\n)\n@triton.jit\n"
+                "def twice(x):\n    pass\n",
+        "b.py": "import triton\n@triton.jit\ndef twice(x):\n    pass\n\ndef not_a_kernel():\n    pass\n",
+        "k.cu": "template <int N>\n__global__ void __launch_bounds__(256) tiled_add(float* x) {}\n"
+                "__device__ float helper(float v) { return v; }\n",
+        "tests/test_tiled.py": "def test_tiled_add():\n    assert 'tiled_add'\n",
+    }
+    for name, text in write_files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    index = SourceIndex([repo])
+    assert index.files_read == 4 and "helper" not in index.by_symbol and "not_a_kernel" not in index.by_symbol
+    found = resolve("void tiled_add<4>(float*)", index)
+    assert found["state"] == "resolved" and found["file"].endswith("k.cu") and found["line"] == 2
+    assert found["suggested_testcase"].endswith("test_tiled.py -k tiled_add")
+    both = resolve("twice", index)
+    assert both["state"] == "ambiguous" and len(both["candidates"]) == 2 and both["confidence"] == 0.5
+    assert resolve("nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN", index)["library"] == "cuBLAS"
+    assert resolve("Cijk_Alik_Bljk_HHS_BH_MT128x128x32", index)["library"].startswith("Tensile")
+    missing = resolve("mystery_kernel", index)
+    assert missing["state"] == "unresolved" and "mystery_kernel" in missing["reason"] and "file" not in missing
+    assert SourceIndex([repo]).files_read == 0  # indexed once, cached by content
+
+
+def test_trace_kernels_mapped_to_this_repository(tmp_path):
+    proc = magpie("benchmark", "--trace-dir", TRACES, "--top-k", "1000", "--find-kernel-sources",
+                  "--kernel-source-repos", FIXTURES.parents[1] / "bench", "-o", tmp_path / "o", "--json",
+                  cwd=tmp_path, check=0)
+    top = json.loads(proc.stdout)["top"]
+    rows = {r["Name"]: r for r in top}
+    rms = rows["_rms_kernel"]["source"]
+    assert rms["state"] == "resolved" and rms["file"].endswith("bench/capture_traces.py") and rms["kind"] == "triton"
+    assert {r["source"]["state"] for r in rows.values()} <= {"resolved", "library", "unresolved"}
+    sources = json.loads((tmp_path / "o/gap_analysis/kernel_sources.json").read_text())
+    assert len(sources["kernels"]) == len(top)
+    proc = magpie("benchmark", "--trace-dir", TRACES, "--find-kernel-sources", cwd=tmp_path)
+    assert proc.returncode == 2 and "--kernel-source-repos" in proc.stderr

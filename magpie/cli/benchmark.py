@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from magpie.errors import UserError
 
@@ -25,6 +26,10 @@ def add_parser(sub) -> None:
     p.add_argument("--min-duration-us", type=float, default=0.0, help="leave out kernels shorter on average")
     p.add_argument("--arch", help="accelerator for the roofline when the trace does not name one "
                                    "(H100, H200, B200, A100, MI300X, MI325X, MI355X)")
+    p.add_argument("--find-kernel-sources", action="store_true",
+                   help="map each top kernel to its source (Triton @triton.jit, CUDA/HIP __global__) or library")
+    p.add_argument("--kernel-source-repos", nargs="+", default=[], metavar="PATH",
+                   help="repositories to index for --find-kernel-sources")
     p.add_argument("-o", "--output-dir", default="magpie_results", help="where the analysis is written")
     p.add_argument("--json", action="store_true", help="print the JSON summary")
     p.set_defaults(run=run)
@@ -45,6 +50,11 @@ def run(args) -> int:
         raise UserError("--start-pct/--end-pct: need 0 <= start < end <= 100")
     if args.top_k < 1:
         raise UserError("--top-k: must be at least 1")
+    if args.find_kernel_sources and not args.kernel_source_repos:
+        raise UserError("--find-kernel-sources: give the repositories to search with --kernel-source-repos PATH...")
+    missing = [r for r in args.kernel_source_repos if not os.path.isdir(r)]
+    if missing:
+        raise UserError(f"--kernel-source-repos: not a folder: {missing[0]}")
     if args.arch:
         from magpie.roofline.specs import ARCHES, lookup
 
@@ -54,7 +64,8 @@ def run(args) -> int:
         summary = analyze_traces(args.trace_dir, args.output_dir, top_k=args.top_k,
                                  window=Window(args.start_pct, args.end_pct),
                                  include=_categories(args.include_category), exclude=_categories(args.exclude_category),
-                                 min_duration_us=args.min_duration_us, arch_name=args.arch)
+                                 min_duration_us=args.min_duration_us, arch_name=args.arch,
+                                 source_repos=args.kernel_source_repos if args.find_kernel_sources else None)
     except TraceError as err:
         raise UserError(str(err)) from None
     if args.json:
@@ -65,8 +76,9 @@ def run(args) -> int:
           f"[{args.start_pct:g}%, {args.end_pct:g}%]")
     print(f"{'% Total':>8} {'total us':>10} {'calls':>6} {'category':12} name")
     for row in summary["top"]:
+        source = f"  [{row['Source State']}: {row['Source']}]" if "Source State" in row else ""
         print(f"{row['% Total']:8.2f} {row['Self CUDA total (us)']:10.1f} {row['Calls']:6d} {row['Category']:12} "
-              f"{row['Normalized Name'][:80]}")
+              f"{row['Normalized Name'][:80]}{source}")
     for warning in summary["warnings"]:
         print(f"warning: {warning}")
     print(f"written: {summary['outputs']['gap_analysis']}")

@@ -14,6 +14,7 @@ from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
+from magpie.traces.sources import SourceIndex, resolve
 from magpie.traces.timeline import gpu_timeline
 
 
@@ -31,7 +32,8 @@ def _rank_label(trace: Trace, index: int) -> str:
 
 def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 20, window: Window | None = None,
                    include: set[str] | None = None, exclude: set[str] | None = None,
-                   min_duration_us: float = 0.0, arch_name: str | None = None) -> dict:
+                   min_duration_us: float = 0.0, arch_name: str | None = None,
+                   source_repos: list[str | Path] | None = None) -> dict:
     window = window or Window()
     out = Path(out_dir)
     traces, skipped = [], []
@@ -54,7 +56,22 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     combined = [{**r, "% Total": round(100 * r["Self CUDA total (us)"] / combined_total, 3)} for r in combined]
     combined.sort(key=lambda r: -r["Self CUDA total (us)"])
     top = combined[:top_k]
-    atomic_write(out / "gap_analysis" / "gap_analysis.csv", _csv(top, COLUMNS))
+    columns = list(COLUMNS)
+    if source_repos:
+        index = SourceIndex([Path(r) for r in source_repos])
+        for row in top:
+            found = resolve(row["Name"], index)
+            row["source"] = found
+            row["Source State"] = found["state"]
+            row["Source"] = (f"{found['file']}:{found['line']}" if found["state"] == "resolved" else
+                             found.get("library") or "; ".join(f"{c['file']}:{c['line']}"
+                                                               for c in found.get("candidates", [])))
+            row["Source Confidence"] = found["confidence"]
+        columns += ["Source State", "Source", "Source Confidence"]
+        atomic_write(out / "gap_analysis" / "kernel_sources.json",
+                     json.dumps({"repositories": [str(r) for r in index.repos], "files_indexed": index.files_read,
+                                 "kernels": [{"name": r["Name"], **r["source"]} for r in top]}, indent=1))
+    atomic_write(out / "gap_analysis" / "gap_analysis.csv", _csv(top, columns))
     roofline_files = []
     for trace in traces:
         found = lookup(trace.device_name() or "") if trace.device_name() else None
