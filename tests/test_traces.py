@@ -132,6 +132,12 @@ def test_cli_writes_tracelens_and_magpie_outputs(tmp_path):
         assert (tmp_path / f"out/gap_analysis/gap_analysis_rank{rank}.csv").is_file()
     with open(tmp_path / "out/gpu_timeline_rank0_dev0.csv") as handle:
         assert list(csv.DictReader(handle))[0].keys() == {"type", "time ms", "percent"}
+    from magpie.traces.ops_tables import BY_CATEGORY, OPS_SUMMARY, UNIFIED
+
+    for table, columns in (("ops_summary", OPS_SUMMARY), ("ops_summary_by_category", BY_CATEGORY),
+                           ("unified_perf_summary", UNIFIED)):
+        with open(tmp_path / f"out/tracelens/train_step_mlp/{table}.csv") as handle:
+            assert next(csv.reader(handle)) == columns
 
 
 def test_bad_traces_are_one_line(tmp_path):
@@ -252,3 +258,35 @@ def test_trace_kernels_mapped_to_this_repository(tmp_path):
     assert len(sources["kernels"]) == len(top)
     proc = magpie("benchmark", "--trace-dir", TRACES, "--find-kernel-sources", cwd=tmp_path)
     assert proc.returncode == 2 and "--kernel-source-repos" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_ops_tables_add_up_to_the_trace(name):
+    from magpie.traces.ops_tables import ops_tables
+
+    trace = load_trace(TRACES / name)
+    tables = ops_tables(trace)
+    total_ms = sum(k.dur for k in trace.kernels) / 1000
+    for table, key in (("ops_summary", "total_direct_kernel_time_ms"),
+                       ("ops_summary_by_category", "total_direct_kernel_time_ms")):
+        rows = tables[table]
+        assert sum(r[key] for r in rows) == pytest.approx(total_ms, rel=1e-5)
+        assert rows[-1]["Cumulative Percentage (%)"] == pytest.approx(100, abs=0.01)
+        assert [r[key] for r in rows] == sorted((r[key] for r in rows), reverse=True)
+    unified = tables["unified_perf_summary"]
+    assert sum(r["Kernel Time (µs)_sum"] for r in unified) == pytest.approx(total_ms * 1000, rel=1e-5)
+    assert sum(r["Count"] for r in tables["ops_summary"]) == sum(r["Count"] for r in unified)
+
+
+def test_ops_categories_on_real_traces():
+    from magpie.traces.ops_tables import ops_tables
+
+    llama = {r["op category"] for r in ops_tables(load_trace(TRACES / "llama_decode_bf16.json.gz"))[
+        "ops_summary_by_category"]}
+    assert {"GEMM", "elementwise", "reduce", "SDPA_fwd"} <= llama
+    triton = {r["op category"]: r["Count"] for r in ops_tables(load_trace(TRACES / "triton_rmsnorm_matmul.json.gz"))[
+        "ops_summary_by_category"]}
+    assert triton["triton"] == 5 and triton["GEMM"] == 5
+    train = {r["op category"] for r in ops_tables(load_trace(TRACES / "train_step_mlp.json.gz"))[
+        "ops_summary_by_category"]}
+    assert "multi_tensor_apply" in train

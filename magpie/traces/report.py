@@ -12,10 +12,14 @@ from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
+from magpie.traces.ops_tables import BY_CATEGORY, OPS_SUMMARY, UNIFIED, ops_tables
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
 from magpie.traces.timeline import gpu_timeline
+
+
+TABLE_COLUMNS = {"ops_summary": OPS_SUMMARY, "ops_summary_by_category": BY_CATEGORY, "unified_perf_summary": UNIFIED}
 
 
 def _csv(rows: list[dict], columns: list[str]) -> str:
@@ -79,6 +83,9 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         label = Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
         target = out / "tracelens" / f"{label}_kernel_roofline_simple.csv"
         atomic_write(target, _csv(roofline_rows(trace, arch), ROOFLINE_COLUMNS))
+        folder = out / "tracelens" / label
+        for name, rows in ops_tables(trace).items():
+            atomic_write(folder / f"{name}.csv", _csv(rows, TABLE_COLUMNS[name]))
         roofline_files.append({"path": str(target), "arch": arch.name if arch else None,
                                "peaks": "measured (magpie calibrate)" if arch and arch.measured else
                                (arch.source if arch else "none: pass --arch")})
