@@ -290,3 +290,20 @@ def test_ops_categories_on_real_traces():
     train = {r["op category"] for r in ops_tables(load_trace(TRACES / "train_step_mlp.json.gz"))[
         "ops_summary_by_category"]}
     assert "multi_tensor_apply" in train
+
+
+def test_convolution_model_by_hand():
+    from magpie.traces.perf_models import estimate
+
+    bf16 = "c10::BFloat16"
+    # 3x3, stride 1, padding 1: output 56x56; FLOPs 2*N*K*P*Q*C*R*S
+    conv = estimate(_op("aten::convolution", [[8, 64, 56, 56], [128, 64, 3, 3], [128], [], [], [], [], [], []],
+                        [bf16, bf16, bf16] + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"],
+                        ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]))
+    assert conv.params["output"] == [56, 56]
+    assert conv.flops == 2 * 8 * 128 * 56 * 56 * 64 * 3 * 3
+    assert conv.bytes == (8 * 64 * 56 * 56 + 128 * 64 * 9 + 8 * 128 * 56 * 56 + 128) * 2
+    strided = estimate(_op("aten::cudnn_convolution", [[1, 32, 32, 32], [32, 1, 3, 3]], ["float", "float"],
+                           ["", "", "[0, 0]", "[2, 2]", "[1, 1]", "32", "False", "False", "True"]))
+    assert strided.params["output"] == [15, 15] and strided.params["groups"] == 32
+    assert strided.flops == 2 * 1 * 32 * 15 * 15 * 1 * 9  # depthwise: one input channel per output channel

@@ -29,7 +29,7 @@ def op_category(name: str, family: str | None, kernel_names: list[str]) -> str:
     backward = "backward" in name
     if family == "SDPA":
         return "SDPA_bwd" if backward else "SDPA_fwd"
-    if "conv" in name and "convert" not in name:
+    if family == "CONV" or ("convolution" in name):
         return "CONV_bwd" if backward else "CONV_fwd"
     if "batch_norm" in name:
         return "BN_bwd" if backward else "BN_fwd"

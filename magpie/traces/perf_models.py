@@ -2,7 +2,8 @@
 
 Small families of generic models (a GEMM is 2·M·N·K, an elementwise op moves every tensor
 once, a reduction reads its input and writes what is left after the reduced dims) and one
-registry from aten op names to families. An op with no model returns None and is reported
+registry from aten op names to families (GEMM, attention, convolution, elementwise,
+reduction, normalization, softmax, indexing, copy, foreach). An op with no model returns None and is reported
 as such (`has_perf_model: False`), never guessed.
 """
 
@@ -133,6 +134,56 @@ def scaled_mm(op):
         est.precision = TENSOR_PRECISION.get(a.dtype, "fp8_tensor")
         return est
     return None
+
+
+# -- convolution ----------------------------------------------------------------------------
+# Where each convolution op records (stride, padding, dilation, transposed, output_padding, groups).
+CONVOLUTION = {
+    "aten::convolution": (3, 4, 5, 6, 7, 8),
+    "aten::_convolution": (3, 4, 5, 6, 7, 8),
+    "aten::cudnn_convolution": (3, 2, 4, None, None, 5),
+    "aten::miopen_convolution": (4, 3, 5, None, None, 6),
+}
+
+
+def _int_list(text: str, rank: int, default: int) -> list[int]:
+    values = [int(v) for v in text.strip("[]() ").split(",") if v.strip()] if text else []
+    if not values:
+        return [default] * rank
+    return values * rank if len(values) == 1 else values
+
+
+def convolution(op):
+    stride_i, pad_i, dil_i, transposed_i, outpad_i, groups_i = CONVOLUTION[op.name]
+    t = tensors(op)
+    x, w = t[0], t[1] if len(t) > 1 else None
+    if not (x and w) or len(x.shape) < 3 or len(w.shape) != len(x.shape):
+        return None
+    rank = len(x.shape) - 2
+    stride = _int_list(concrete(op, stride_i), rank, 1)
+    padding = _int_list(concrete(op, pad_i), rank, 0)
+    dilation = _int_list(concrete(op, dil_i), rank, 1)
+    transposed = transposed_i is not None and concrete(op, transposed_i) in ("True", "1")
+    output_padding = _int_list(concrete(op, outpad_i), rank, 0) if outpad_i is not None else [0] * rank
+    groups = int(concrete(op, groups_i, "1") or 1)
+    n, c_in, spatial, kernel = x.shape[0], x.shape[1], x.shape[2:], w.shape[2:]
+    if transposed:
+        c_out = w.shape[1] * groups
+        out = [(i - 1) * s - 2 * p + d * (k - 1) + op_ + 1
+               for i, s, p, d, k, op_ in zip(spatial, stride, padding, dilation, kernel, output_padding)]
+        flops = 2.0 * n * c_in * math.prod(spatial) * (c_out // groups) * math.prod(kernel)
+    else:
+        c_out = w.shape[0]
+        out = [(i + 2 * p - d * (k - 1) - 1) // s + 1
+               for i, s, p, d, k in zip(spatial, stride, padding, dilation, kernel)]
+        flops = 2.0 * n * c_out * math.prod(out) * (c_in // groups) * math.prod(kernel)
+    bias = t[2] if len(t) > 2 and t[2] else None
+    out_bytes = n * c_out * math.prod(out) * DTYPE_BYTES.get(x.dtype, 4)
+    moved = x.nbytes + w.nbytes + out_bytes + (bias.nbytes if bias else 0)
+    return Estimate("CONV", flops, moved, TENSOR_PRECISION.get(x.dtype, "fp32"),
+                    {"N": n, "C_in": c_in, "C_out": c_out, "input": spatial, "kernel": kernel, "output": out,
+                     "stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+                     "transposed": transposed})
 
 
 # -- attention ------------------------------------------------------------------------------
@@ -301,6 +352,7 @@ REGISTRY = {
     "aten::_scaled_mm": scaled_mm, "aten::index_select": index_select, "aten::embedding": embedding,
     "aten::cat": cat,
     **{name: attention for name in ATTENTION},
+    **{name: convolution for name in CONVOLUTION},
     **{name: elementwise for name in ELEMENTWISE},
     **{name: reduction for name in REDUCTIONS},
     **{name: norm for name in NORMS},
