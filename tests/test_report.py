@@ -81,3 +81,23 @@ def test_report_key_covers_its_templates(built):
     project = Project.load(built / "magpie.toml")
     inputs = project.tasks["report"].parts["inputs"]
     assert {"magpie-templates/report.html.j2", "magpie-templates/summary.md.j2"} <= set(inputs)
+
+
+@pytest.mark.browser
+def test_trace_report_renders_in_headless_chromium(tmp_path):
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed; .ci/run installs it")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    from conftest import FIXTURES
+
+    magpie("benchmark", "--trace-dir", FIXTURES / "traces" / "h200", "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    page = tmp_path / "out" / "trace_report.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert dom.count('<section class="trace"') == 3
+    assert dom.count('aria-label="gpu timeline"') == 3 and 'aria-label="roofline"' in dom
+    assert "aten::mm" in dom and "<td>triton</td>" in dom and "multi_tensor_apply" in dom

@@ -100,15 +100,19 @@ def speedup_bars(rows: list[dict]) -> str:
 
 
 def roofline_plot(rows: list[dict]) -> str:
-    """Log-log roofline: the memory and compute roofs of the device, each implementation's
-    longest kernel placed by arithmetic intensity and achieved rate (from the profile rule)."""
+    """Each implementation's longest kernel (from the profile rule) on the device's roofline."""
     points = []
     for row in rows:
         kernels = [k for k in ((row.get("profile") or {}).get("kernels") or []) if k.get("roofline")]
         if kernels:
-            top = max(kernels, key=lambda k: k["duration_us"])["roofline"]
-            if top.get("arithmetic_intensity") and top.get("achieved_tflops"):
-                points.append((row["implementation"], top))
+            points.append((row["implementation"], max(kernels, key=lambda k: k["duration_us"])["roofline"]))
+    return roofline_chart(points)
+
+
+def roofline_chart(points: list[tuple[str, dict]]) -> str:
+    """Log-log roofline: memory and compute roofs of the device (for the first point's
+    precision), each point placed by arithmetic intensity and achieved rate."""
+    points = [(name, r) for name, r in points if r.get("arithmetic_intensity") and r.get("achieved_tflops")]
     if not points:
         return ""
     roof = points[0][1]
@@ -146,4 +150,24 @@ def roofline_plot(rows: list[dict]) -> str:
                    f'<text x="{x + 6:.1f}" y="{y + 4 + 11 * (i % 2):.1f}" font-size="11">{escape(name)} '
                    f'{r["pct_of_roofline"]:.0f}%</text>')
     out.append(f'<text x="{left}" y="{height - 2}" font-size="10">FLOP/byte (log) · TFLOP/s (log)</text></svg>')
+    return "".join(out)
+
+
+TIMELINE_COLOURS = {"computation_time": "#2a7", "exposed_comm_time": "#c60", "exposed_memcpy_time": "#36c",
+                    "idle_time": "#ccc"}
+
+
+def timeline_bar(rows: list[dict]) -> str:
+    """One stacked bar of a device's time: computation, exposed communication, exposed memcpy, idle."""
+    parts = [(r["type"], r["percent"]) for r in rows if r["type"] in TIMELINE_COLOURS]
+    width, x = WIDTH - 20, 10.0
+    out = [f'<svg class="plot timeline" role="img" aria-label="gpu timeline" width="{WIDTH}" height="44" '
+           'xmlns="http://www.w3.org/2000/svg">']
+    for name, pct in parts:
+        w = width * pct / 100
+        out.append(f'<rect x="{x:.1f}" y="4" width="{max(w, 0):.1f}" height="18" fill="{TIMELINE_COLOURS[name]}">'
+                   f'<title>{escape(name)} {pct:.1f}%</title></rect>')
+        x += w
+    labels = ", ".join(f"{name.replace('_time', '').replace('_', ' ')} {pct:.1f}%" for name, pct in parts)
+    out.append(f'<text x="10" y="38" font-size="11">{escape(labels)}</text></svg>')
     return "".join(out)

@@ -9,7 +9,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from magpie.paths import templates_dir
-from magpie.report.plots import roofline_plot, speedup_bars, timing_boxes
+from magpie.report.plots import roofline_chart, roofline_plot, speedup_bars, timeline_bar, timing_boxes
 
 
 def _environment() -> Environment:
@@ -47,3 +47,15 @@ def report(job, out_dir: Path) -> dict:
         (out_dir / name).write_text(text)
     return {"state": "SUCCESS", "kernels": [c["kernel"] for c in comparisons],
             "files": ["report.html", "summary.md"], "errors": []}
+
+
+def render_trace_report(summary: dict, traces: list[dict]) -> str:
+    """The trace analysis as a page: per trace, the GPU timeline, the top ops and the ops on
+    the roofline; then the top kernels across traces."""
+    env = _environment()
+    for trace in traces:
+        trace["timelines"] = [(device, Markup(timeline_bar(rows))) for device, rows in trace["timelines"].items()]
+        trace["roofline_svg"] = Markup(roofline_chart(trace.pop("roofline_points")))
+    generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return env.get_template("trace_report.html.j2").render(traces=traces, top=summary["top"],
+                                                            window=summary["window"], generated=generated)

@@ -110,5 +110,5 @@ def _unified_row(row: dict) -> dict:
                     "FLOPS/Byte": round(est.flops / est.bytes, 4) if est.bytes else None,
                     "TFLOPS/s_mean": round(est.flops / mean_s / 1e12, 4) if mean_s else None,
                     "TB/s_mean": round(est.bytes / mean_s / 1e12, 4) if mean_s else None,
-                    "perf_params": json.dumps(est.params)})
+                    "perf_params": json.dumps(est.params), "compute_spec": est.precision})
     return out

@@ -8,6 +8,8 @@ import io
 import json
 from pathlib import Path
 
+from magpie.report.render import render_trace_report
+from magpie.roofline.model import roofline
 from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
@@ -76,19 +78,24 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
                      json.dumps({"repositories": [str(r) for r in index.repos], "files_indexed": index.files_read,
                                  "kernels": [{"name": r["Name"], **r["source"]} for r in top]}, indent=1))
     atomic_write(out / "gap_analysis" / "gap_analysis.csv", _csv(top, columns))
-    roofline_files = []
-    for trace in traces:
+    roofline_files, pages = [], []
+    for position, trace in enumerate(traces):
         found = lookup(trace.device_name() or "") if trace.device_name() else None
         arch = found or (lookup(arch_name) if arch_name else None)
         label = Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
         target = out / "tracelens" / f"{label}_kernel_roofline_simple.csv"
         atomic_write(target, _csv(roofline_rows(trace, arch), ROOFLINE_COLUMNS))
         folder = out / "tracelens" / label
-        for name, rows in ops_tables(trace).items():
+        tables = ops_tables(trace)
+        for name, rows in tables.items():
             atomic_write(folder / f"{name}.csv", _csv(rows, TABLE_COLUMNS[name]))
         roofline_files.append({"path": str(target), "arch": arch.name if arch else None,
                                "peaks": "measured (magpie calibrate)" if arch and arch.measured else
                                (arch.source if arch else "none: pass --arch")})
+        pages.append({"label": label, "device": trace.device_name(), "kernels": len(trace.kernels),
+                      "unlinked": trace.unlinked, "peaks": roofline_files[-1]["peaks"],
+                      "timelines": timelines[_rank_label(trace, position)], "ops": tables["ops_summary"][:15],
+                      "roofline_points": _roofline_points(tables["unified_perf_summary"], arch)})
     if len(per_rank) > 1:
         for rank, rows in per_rank.items():
             atomic_write(out / "gap_analysis" / f"gap_analysis_rank{rank}.csv", _csv(rows[:top_k], COLUMNS))
@@ -112,4 +119,20 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         "errors": [],
     }
     atomic_write(out / "gap_analysis" / "gap_analysis.json", json.dumps(summary, indent=1))
+    atomic_write(out / "trace_report.html", render_trace_report(summary, pages))
+    summary["outputs"]["report"] = str(out / "trace_report.html")
     return summary
+
+
+def _roofline_points(unified: list[dict], arch, limit: int = 12) -> list[tuple[str, dict]]:
+    if arch is None:
+        return []
+    points = []
+    for row in unified:
+        if row.get("GFLOPS") and row.get("Data Moved (MB)") and row["Kernel Time (µs)_mean"] > 0:
+            r = roofline(row["GFLOPS"] * 1e9, row["Data Moved (MB)"] * 1e6, row["Kernel Time (µs)_mean"] / 1e6,
+                         arch, row["compute_spec"])
+            points.append((row["name"].removeprefix("aten::"), r))
+        if len(points) == limit:
+            break
+    return points
