@@ -65,19 +65,23 @@ def ops_tables(trace: Trace) -> dict[str, list[dict]]:
     for op_index, entry in launchers.items():
         op = trace.cpu_ops[op_index] if isinstance(op_index, int) else None
         name = op.name if op else _OUTSIDE
-        est = estimate(op) if op else None
-        category = op_category(name, est.family if est else None, entry["kernels"])
-        named = by_name.setdefault(name, {"name": name, "op category": category, "total_direct_kernel_time_sum": 0.0,
-                                          "Count": 0})
-        named["total_direct_kernel_time_sum"] += entry["time"]
-        named["Count"] += 1
-        key = (name, json.dumps(op.input_dims) if op else "", json.dumps(op.input_types) if op else "")
-        row = unified.setdefault(key, {"name": name, "op category": category, "Input Dims": key[1],
-                                       "Input type": key[2], "Count": 0, "times": [], "est": est, "kernels": {}})
+        key = (name, repr(op.input_dims), repr(op.input_types), repr(op.concrete)) if op else (name,)
+        row = unified.get(key)
+        if row is None:  # one estimate per signature, not per call
+            est = estimate(op) if op else None
+            row = unified[key] = {
+                "name": name, "op category": op_category(name, est.family if est else None, entry["kernels"]),
+                "Input Dims": json.dumps(op.input_dims) if op else "",
+                "Input type": json.dumps(op.input_types) if op else "", "Count": 0, "times": [], "est": est,
+                "kernels": {}}
         row["Count"] += 1
         row["times"].append(entry["time"])
         for kernel in entry["kernels"]:
             row["kernels"][kernel] = row["kernels"].get(kernel, 0) + 1
+        named = by_name.setdefault(name, {"name": name, "op category": row["op category"],
+                                          "total_direct_kernel_time_sum": 0.0, "Count": 0})
+        named["total_direct_kernel_time_sum"] += entry["time"]
+        named["Count"] += 1
     ops = sorted(by_name.values(), key=lambda r: -r["total_direct_kernel_time_sum"])
     for row in ops:
         row["total_direct_kernel_time_sum"] = round(row["total_direct_kernel_time_sum"], 3)

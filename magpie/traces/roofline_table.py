@@ -36,7 +36,7 @@ def roofline_rows(trace: Trace, arch: Arch | None) -> list[dict]:
     for op_index, kernels in per_op.items():
         op = trace.cpu_ops[op_index] if op_index is not None else None
         name = op.name if op else "(launched outside any CPU op)"
-        signature = json.dumps([op.input_dims, op.input_types, op.concrete]) if op else kernels[0].name
+        signature = repr([op.input_dims, op.input_types, op.concrete]) if op else kernels[0].name
         group = groups.setdefault((name, signature), {"op": op, "instances": [], "kernels": 0})
         group["instances"].append(sum(k.dur for k in kernels))
         group["kernels"] += len(kernels)
