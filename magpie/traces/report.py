@@ -1,5 +1,6 @@
-"""Write the trace analysis: gap analysis CSVs (all ranks and per rank), GPU timelines, and a
-compact JSON summary for agents. Callable from the CLI and from rules alike."""
+"""Write the trace analysis: gap analysis CSVs (all ranks and per rank, sources when asked),
+GPU timelines, per-trace roofline CSVs and op tables, a JSON summary for agents and a page
+for people. Callable from the CLI and from rules alike."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
 from magpie.traces.timeline import gpu_timeline
-
 
 TABLE_COLUMNS = {"ops_summary": OPS_SUMMARY, "ops_summary_by_category": BY_CATEGORY, "unified_perf_summary": UNIFIED}
 
@@ -42,60 +42,16 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
                    source_repos: list[str | Path] | None = None) -> dict:
     window = window or Window()
     out = Path(out_dir)
-    traces, skipped = [], []
-    for path in trace_files(trace_dir):
-        try:
-            traces.append(load_trace(path))
-        except NotATrace as err:
-            skipped.append(str(err))
-    if not traces:
-        raise TraceError(f"{trace_dir}: no PyTorch profiler traces among its JSON files ({skipped[0]})")
-    combined, per_rank, timelines = [], {}, {}
-    for index, trace in enumerate(traces):
-        rank = _rank_label(trace, index)
-        rows = gap_rows(trace, window, include=include, exclude=exclude, min_duration_us=min_duration_us,
-                        rank_label=rank)
-        per_rank[rank] = rows
-        combined.extend(rows)
-        timelines[rank] = gpu_timeline(trace)
-    combined_total = sum(r["Self CUDA total (us)"] for rows in per_rank.values() for r in rows) or 1.0
-    combined = [{**r, "% Total": round(100 * r["Self CUDA total (us)"] / combined_total, 3)} for r in combined]
-    combined.sort(key=lambda r: -r["Self CUDA total (us)"])
-    top = combined[:top_k]
+    traces, skipped = _load_all(trace_dir)
+    per_rank = {_rank_label(t, i): gap_rows(t, window, include=include, exclude=exclude,
+                                            min_duration_us=min_duration_us, rank_label=_rank_label(t, i))
+                for i, t in enumerate(traces)}
+    timelines = {_rank_label(t, i): gpu_timeline(t) for i, t in enumerate(traces)}
+    top = _combined_top(per_rank, top_k)
     columns = list(COLUMNS)
     if source_repos:
-        index = SourceIndex([Path(r) for r in source_repos])
-        for row in top:
-            found = resolve(row["Name"], index)
-            row["source"] = found
-            row["Source State"] = found["state"]
-            row["Source"] = (f"{found['file']}:{found['line']}" if found["state"] == "resolved" else
-                             found.get("library") or "; ".join(f"{c['file']}:{c['line']}"
-                                                               for c in found.get("candidates", [])))
-            row["Source Confidence"] = found["confidence"]
-        columns += ["Source State", "Source", "Source Confidence"]
-        atomic_write(out / "gap_analysis" / "kernel_sources.json",
-                     json.dumps({"repositories": [str(r) for r in index.repos], "files_indexed": index.files_read,
-                                 "kernels": [{"name": r["Name"], **r["source"]} for r in top]}, indent=1))
+        columns += _map_sources(top, source_repos, out)
     atomic_write(out / "gap_analysis" / "gap_analysis.csv", _csv(top, columns))
-    roofline_files, pages = [], []
-    for position, trace in enumerate(traces):
-        found = lookup(trace.device_name() or "") if trace.device_name() else None
-        arch = found or (lookup(arch_name) if arch_name else None)
-        label = Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
-        target = out / "tracelens" / f"{label}_kernel_roofline_simple.csv"
-        atomic_write(target, _csv(roofline_rows(trace, arch), ROOFLINE_COLUMNS))
-        folder = out / "tracelens" / label
-        tables = ops_tables(trace)
-        for name, rows in tables.items():
-            atomic_write(folder / f"{name}.csv", _csv(rows, TABLE_COLUMNS[name]))
-        roofline_files.append({"path": str(target), "arch": arch.name if arch else None,
-                               "peaks": "measured (magpie calibrate)" if arch and arch.measured else
-                               (arch.source if arch else "none: pass --arch")})
-        pages.append({"label": label, "device": trace.device_name(), "kernels": len(trace.kernels),
-                      "unlinked": trace.unlinked, "peaks": roofline_files[-1]["peaks"],
-                      "timelines": timelines[_rank_label(trace, position)], "ops": tables["ops_summary"][:15],
-                      "roofline_points": _roofline_points(tables["unified_perf_summary"], arch)})
     if len(per_rank) > 1:
         for rank, rows in per_rank.items():
             atomic_write(out / "gap_analysis" / f"gap_analysis_rank{rank}.csv", _csv(rows[:top_k], COLUMNS))
@@ -103,6 +59,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         for device, rows in devices.items():
             suffix = "" if len(timelines) == 1 and len(devices) == 1 else f"_rank{rank}_dev{device}"
             atomic_write(out / f"gpu_timeline{suffix}.csv", _csv(rows, ["type", "time ms", "percent"]))
+    pages = [_per_trace_outputs(t, out, arch_name, timelines[_rank_label(t, i)]) for i, t in enumerate(traces)]
     summary = {
         "traces": [{"path": t.path, "rank": _rank_label(t, i), "device": t.device_name(), "kernels": len(t.kernels),
                     "unlinked": t.unlinked, "skipped_events": t.skipped} for i, t in enumerate(traces)],
@@ -112,7 +69,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         "top": top,
         "gpu_timeline": timelines,
         "outputs": {"gap_analysis": str(out / "gap_analysis" / "gap_analysis.csv"),
-                    "kernel_roofline_simple": roofline_files},
+                    "kernel_roofline_simple": [page["roofline_file"] for page in pages]},
         "warnings": [f"{t.path}: {n} kernels could not be linked to a launch"
                      for t in traces if (n := t.unlinked.get("kernels_without_launch"))]
         + [f"skipped {message}" for message in skipped],
@@ -122,6 +79,61 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     atomic_write(out / "trace_report.html", render_trace_report(summary, pages))
     summary["outputs"]["report"] = str(out / "trace_report.html")
     return summary
+
+
+def _load_all(trace_dir) -> tuple[list[Trace], list[str]]:
+    traces, skipped = [], []
+    for path in trace_files(trace_dir):
+        try:
+            traces.append(load_trace(path))
+        except NotATrace as err:
+            skipped.append(str(err))
+    if not traces:
+        raise TraceError(f"{trace_dir}: no PyTorch profiler traces among its JSON files ({skipped[0]})")
+    return traces, skipped
+
+
+def _combined_top(per_rank: dict[str, list[dict]], top_k: int) -> list[dict]:
+    """Rows of every rank ranked together, percentages taken over all ranks' kernel time."""
+    rows = [r for rank_rows in per_rank.values() for r in rank_rows]
+    total = sum(r["Self CUDA total (us)"] for r in rows) or 1.0
+    rows = [{**r, "% Total": round(100 * r["Self CUDA total (us)"] / total, 3)} for r in rows]
+    rows.sort(key=lambda r: -r["Self CUDA total (us)"])
+    return rows[:top_k]
+
+
+def _map_sources(top: list[dict], source_repos, out: Path) -> list[str]:
+    """Resolve each top kernel to its source; returns the CSV columns this adds."""
+    index = SourceIndex([Path(r) for r in source_repos])
+    for row in top:
+        found = resolve(row["Name"], index)
+        row["source"] = found
+        row["Source State"] = found["state"]
+        row["Source"] = (f"{found['file']}:{found['line']}" if found["state"] == "resolved" else
+                         found.get("library") or "; ".join(f"{c['file']}:{c['line']}"
+                                                           for c in found.get("candidates", [])))
+        row["Source Confidence"] = found["confidence"]
+    atomic_write(out / "gap_analysis" / "kernel_sources.json",
+                 json.dumps({"repositories": [str(r) for r in index.repos], "files_indexed": index.files_read,
+                             "kernels": [{"name": r["Name"], **r["source"]} for r in top]}, indent=1))
+    return ["Source State", "Source", "Source Confidence"]
+
+
+def _per_trace_outputs(trace: Trace, out: Path, arch_name: str | None, timelines: dict) -> dict:
+    """The roofline CSV and op tables of one trace; returns what its section of the page shows."""
+    arch = (lookup(trace.device_name()) if trace.device_name() else None) or \
+        (lookup(arch_name) if arch_name else None)
+    label = Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
+    target = out / "tracelens" / f"{label}_kernel_roofline_simple.csv"
+    atomic_write(target, _csv(roofline_rows(trace, arch), ROOFLINE_COLUMNS))
+    tables = ops_tables(trace)
+    for name, rows in tables.items():
+        atomic_write(out / "tracelens" / label / f"{name}.csv", _csv(rows, TABLE_COLUMNS[name]))
+    peaks = ("measured (magpie calibrate)" if arch.measured else arch.source) if arch else "none: pass --arch"
+    return {"label": label, "device": trace.device_name(), "kernels": len(trace.kernels), "unlinked": trace.unlinked,
+            "peaks": peaks, "timelines": timelines, "ops": tables["ops_summary"][:15],
+            "roofline_points": _roofline_points(tables["unified_perf_summary"], arch),
+            "roofline_file": {"path": str(target), "arch": arch.name if arch else None, "peaks": peaks}}
 
 
 def _roofline_points(unified: list[dict], arch, limit: int = 12) -> list[tuple[str, dict]]:
