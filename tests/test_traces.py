@@ -307,3 +307,23 @@ def test_convolution_model_by_hand():
                            ["", "", "[0, 0]", "[2, 2]", "[1, 1]", "32", "False", "False", "True"]))
     assert strided.params["output"] == [15, 15] and strided.params["groups"] == 32
     assert strided.flops == 2 * 1 * 32 * 15 * 15 * 1 * 9  # depthwise: one input channel per output channel
+
+
+def test_steady_state_window_from_step_annotations(tmp_path):
+    from magpie.traces.steady import steady_state_window
+
+    trace = load_trace(TRACES / "llama_decode_bf16.json.gz")
+    window, info = steady_state_window(trace)
+    assert info["picked"] and info["family"] == "step_N_decode" and info["steps"] == 14
+    decode = sorted((ts, ts + dur) for name, ts, dur in trace.gpu_annotations if name.endswith("_decode"))
+    assert window.bounds(trace) == (decode[1][0], decode[-2][1])  # first and last decode steps left out
+    prefill = next((ts, ts + dur) for name, ts, dur in trace.gpu_annotations if name.endswith("_prefill"))
+    inside = [k for k in trace.kernels if window.bounds(trace)[0] <= k.ts <= window.bounds(trace)[1]]
+    assert inside and not [k for k in inside if prefill[0] <= k.ts <= prefill[1]]
+    assert window_total_us(trace, window) < window_total_us(trace, Window())
+    none, why = steady_state_window(load_trace(TRACES / "train_step_mlp.json.gz"))
+    assert none is None and "no numbered step annotations" in why["reason"]
+    summary = json.loads(magpie("benchmark", "--trace-dir", TRACES, "--steady-state", "-o", tmp_path / "o",
+                                "--json", cwd=tmp_path, check=0).stdout)
+    assert [p["picked"] for p in summary["window_picks"]] == [True, False, True]
+    assert any("no steady state picked" in w for w in summary["warnings"])

@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=20, help="kernels to report (default: %(default)s)")
     p.add_argument("--start-pct", type=float, default=0.0, help="window start, percent of the GPU span")
     p.add_argument("--end-pct", type=float, default=100.0, help="window end, percent of the GPU span")
+    p.add_argument("--steady-state", action="store_true",
+                   help="window each trace to its repeating steps (numbered annotations), first and last left out")
     p.add_argument("--include-category", default="", help="only these categories, comma separated "
                                                            "(gemm, attention, norm, softmax, reduction, copy, "
                                                            "elementwise, communication, memcpy, memset, other)")
@@ -65,15 +67,19 @@ def run(args) -> int:
                                  window=Window(args.start_pct, args.end_pct),
                                  include=_categories(args.include_category), exclude=_categories(args.exclude_category),
                                  min_duration_us=args.min_duration_us, arch_name=args.arch,
-                                 source_repos=args.kernel_source_repos if args.find_kernel_sources else None)
+                                 source_repos=args.kernel_source_repos if args.find_kernel_sources else None,
+                                 steady_state=args.steady_state)
     except TraceError as err:
         raise UserError(str(err)) from None
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
     total = summary["total_kernel_time_us"]
-    print(f"{len(summary['traces'])} trace(s), {total / 1000:.2f} ms of kernel time in the window "
-          f"[{args.start_pct:g}%, {args.end_pct:g}%]")
+    where = "the steady-state windows" if args.steady_state else f"the window [{args.start_pct:g}%, {args.end_pct:g}%]"
+    print(f"{len(summary['traces'])} trace(s), {total / 1000:.2f} ms of kernel time in {where}")
+    for pick in summary["window_picks"]:
+        if pick["picked"]:
+            print(f"steady state of {pick['trace']}: {pick['reason']}")
     print(f"{'% Total':>8} {'total us':>10} {'calls':>6} {'category':12} name")
     for row in summary["top"]:
         source = f"  [{row['Source State']}: {row['Source']}]" if "Source State" in row else ""

@@ -20,8 +20,11 @@ COLUMNS = ["Name", "Calls", "Self CUDA total (us)", "Avg time (us)", "% Total", 
 class Window:
     start_pct: float = 0.0
     end_pct: float = 100.0
+    absolute: tuple[float, float] | None = None  # microseconds, when picked from the trace itself
 
     def bounds(self, trace: Trace) -> tuple[float, float]:
+        if self.absolute is not None:
+            return self.absolute
         kernels = trace.kernels
         if not kernels:
             return 0.0, 0.0

@@ -105,6 +105,7 @@ class Trace:
     launches: list[Launch] = field(default_factory=list)
     cpu_ops: list[CpuOp] = field(default_factory=list)
     annotations: list[tuple[str, float, float]] = field(default_factory=list)
+    gpu_annotations: list[tuple[str, float, float]] = field(default_factory=list)
     unlinked: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
 
@@ -178,6 +179,8 @@ def _load(path: str | Path) -> Trace:
                                      args.concrete))
             elif cat == "user_annotation":
                 trace.annotations.append((event.name, ts, dur))
+            elif cat == "gpu_user_annotation":
+                trace.gpu_annotations.append((event.name, ts, dur))
         except (TypeError, ValueError):
             skipped[cat or "?"] = skipped.get(cat or "?", 0) + 1
     trace.skipped = skipped

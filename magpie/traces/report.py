@@ -19,6 +19,7 @@ from magpie.traces.ops_tables import BY_CATEGORY, OPS_SUMMARY, UNIFIED, ops_tabl
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
+from magpie.traces.steady import steady_state_window
 from magpie.traces.timeline import gpu_timeline
 
 TABLE_COLUMNS = {"ops_summary": OPS_SUMMARY, "ops_summary_by_category": BY_CATEGORY, "unified_perf_summary": UNIFIED}
@@ -39,11 +40,17 @@ def _rank_label(trace: Trace, index: int) -> str:
 def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 20, window: Window | None = None,
                    include: set[str] | None = None, exclude: set[str] | None = None,
                    min_duration_us: float = 0.0, arch_name: str | None = None,
-                   source_repos: list[str | Path] | None = None) -> dict:
+                   source_repos: list[str | Path] | None = None, steady_state: bool = False) -> dict:
     window = window or Window()
     out = Path(out_dir)
     traces, skipped = _load_all(trace_dir)
-    per_rank = {_rank_label(t, i): gap_rows(t, window, include=include, exclude=exclude,
+    windows, picks = [window] * len(traces), []
+    if steady_state:
+        for i, trace in enumerate(traces):
+            picked, info = steady_state_window(trace)
+            picks.append({"trace": trace.path, **info})
+            windows[i] = picked or window
+    per_rank = {_rank_label(t, i): gap_rows(t, windows[i], include=include, exclude=exclude,
                                             min_duration_us=min_duration_us, rank_label=_rank_label(t, i))
                 for i, t in enumerate(traces)}
     timelines = {_rank_label(t, i): gpu_timeline(t) for i, t in enumerate(traces)}
@@ -63,8 +70,9 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     summary = {
         "traces": [{"path": t.path, "rank": _rank_label(t, i), "device": t.device_name(), "kernels": len(t.kernels),
                     "unlinked": t.unlinked, "skipped_events": t.skipped} for i, t in enumerate(traces)],
-        "window": {"start_pct": window.start_pct, "end_pct": window.end_pct},
-        "total_kernel_time_us": sum(window_total_us(t, window) for t in traces),
+        "window": {"start_pct": window.start_pct, "end_pct": window.end_pct, "steady_state": steady_state},
+        "window_picks": picks,
+        "total_kernel_time_us": sum(window_total_us(t, windows[i]) for i, t in enumerate(traces)),
         "top_k": top_k,
         "top": top,
         "gpu_timeline": timelines,
@@ -72,7 +80,9 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
                     "kernel_roofline_simple": [page["roofline_file"] for page in pages]},
         "warnings": [f"{t.path}: {n} kernels could not be linked to a launch"
                      for t in traces if (n := t.unlinked.get("kernels_without_launch"))]
-        + [f"skipped {message}" for message in skipped],
+        + [f"skipped {message}" for message in skipped]
+        + [f"{p['trace']}: no steady state picked ({p['reason']}); the whole window is used"
+           for p in picks if not p["picked"]],
         "errors": [],
     }
     atomic_write(out / "gap_analysis" / "gap_analysis.json", json.dumps(summary, indent=1))
