@@ -262,10 +262,10 @@ def test_trace_kernels_mapped_to_this_repository(tmp_path):
 
 @pytest.mark.parametrize("name", ALL)
 def test_ops_tables_add_up_to_the_trace(name):
-    from magpie.traces.ops_tables import ops_tables
+    from magpie.traces.ops_tables import ops_tables, signature_groups
 
     trace = load_trace(TRACES / name)
-    tables = ops_tables(trace)
+    tables = ops_tables(signature_groups(trace))
     total_ms = sum(k.dur for k in trace.kernels) / 1000
     for table, key in (("ops_summary", "total_direct_kernel_time_ms"),
                        ("ops_summary_by_category", "total_direct_kernel_time_ms")):
@@ -279,16 +279,16 @@ def test_ops_tables_add_up_to_the_trace(name):
 
 
 def test_ops_categories_on_real_traces():
-    from magpie.traces.ops_tables import ops_tables
+    from magpie.traces.ops_tables import ops_tables, signature_groups
 
-    llama = {r["op category"] for r in ops_tables(load_trace(TRACES / "llama_decode_bf16.json.gz"))[
-        "ops_summary_by_category"]}
+    def by_category(name):
+        return ops_tables(signature_groups(load_trace(TRACES / name)))["ops_summary_by_category"]
+
+    llama = {r["op category"] for r in by_category("llama_decode_bf16.json.gz")}
     assert {"GEMM", "elementwise", "reduce", "SDPA_fwd"} <= llama
-    triton = {r["op category"]: r["Count"] for r in ops_tables(load_trace(TRACES / "triton_rmsnorm_matmul.json.gz"))[
-        "ops_summary_by_category"]}
+    triton = {r["op category"]: r["Count"] for r in by_category("triton_rmsnorm_matmul.json.gz")}
     assert triton["triton"] == 5 and triton["GEMM"] == 5
-    train = {r["op category"] for r in ops_tables(load_trace(TRACES / "train_step_mlp.json.gz"))[
-        "ops_summary_by_category"]}
+    train = {r["op category"] for r in by_category("train_step_mlp.json.gz")}
     assert "multi_tensor_apply" in train
 
 

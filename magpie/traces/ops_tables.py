@@ -1,15 +1,16 @@
 """TraceLens-style operation tables from one parsed trace: `ops_summary.csv` (per op name),
 `ops_summary_by_category.csv` (per category) and `unified_perf_summary.csv` (per op name and
-argument signature, with the perf models' metrics). Kernel time is the time of the kernels
-each CPU op launched directly (its innermost-op kernels)."""
+argument signature, with the perf models' metrics), all from `signature_groups`. Kernel time
+is the time of the kernels each CPU op launched directly (its innermost-op kernels)."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass, field
 
-from magpie.traces.ingest import Trace
-from magpie.traces.perf_models import estimate
+from magpie.traces.ingest import CpuOp, Trace
+from magpie.traces.perf_models import Estimate, estimate
 
 OPS_SUMMARY = ["name", "op category", "total_direct_kernel_time_sum", "Count", "total_direct_kernel_time_ms",
                "Percentage (%)", "Cumulative Percentage (%)"]
@@ -38,15 +39,44 @@ def op_category(name: str, family: str | None, kernel_names: list[str]) -> str:
     return _FAMILY_CATEGORY.get(family or "", "other")
 
 
-def _launchers(trace: Trace) -> dict:
-    """Per CPU op instance that launched kernels: its name, kernels and direct kernel time."""
-    out: dict = defaultdict(lambda: {"kernels": [], "time": 0.0})
+@dataclass
+class SignatureGroup:
+    """Every call of one op with one argument signature (or, outside any op, one kernel)."""
+
+    name: str
+    op: CpuOp | None
+    est: Estimate | None
+    category: str
+    times: list[float] = field(default_factory=list)  # direct kernel time of each call, µs
+    kernels: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.times)
+
+
+def signature_groups(trace: Trace) -> list[SignatureGroup]:
+    """Calls grouped by op and argument signature, longest total kernel time first; the perf
+    model is evaluated once per group. Both the op tables and the roofline rows read these."""
+    launches: dict = defaultdict(lambda: ([], [0.0]))
     for kernel in trace.kernels:
         # a kernel launched outside any op is its own launcher (Triton's launcher calls the driver directly)
-        entry = out[kernel.op if kernel.op is not None else ("launch", kernel.launch, kernel.ts)]
-        entry["kernels"].append(kernel.name)
-        entry["time"] += kernel.dur
-    return out
+        names, time = launches[kernel.op if kernel.op is not None else ("launch", kernel.launch, kernel.ts)]
+        names.append(kernel.name)
+        time[0] += kernel.dur
+    groups: dict[tuple, SignatureGroup] = {}
+    for launcher, (names, (time,)) in launches.items():
+        op = trace.cpu_ops[launcher] if isinstance(launcher, int) else None
+        key = (op.name, repr(op.input_dims), repr(op.input_types), repr(op.concrete)) if op else (_OUTSIDE, names[0])
+        group = groups.get(key)
+        if group is None:
+            est = estimate(op) if op else None
+            name = op.name if op else _OUTSIDE
+            group = groups[key] = SignatureGroup(name, op, est, op_category(name, est.family if est else None, names))
+        group.times.append(time)
+        for kernel in names:
+            group.kernels[kernel] = group.kernels.get(kernel, 0) + 1
+    return sorted(groups.values(), key=lambda g: -g.total)
 
 
 def _percentages(rows: list[dict], key: str) -> None:
@@ -58,30 +88,13 @@ def _percentages(rows: list[dict], key: str) -> None:
         row["Cumulative Percentage (%)"] = round(running, 4)
 
 
-def ops_tables(trace: Trace) -> dict[str, list[dict]]:
-    launchers = _launchers(trace)
+def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
     by_name: dict[str, dict] = {}
-    unified: dict[tuple, dict] = {}
-    for op_index, entry in launchers.items():
-        op = trace.cpu_ops[op_index] if isinstance(op_index, int) else None
-        name = op.name if op else _OUTSIDE
-        key = (name, repr(op.input_dims), repr(op.input_types), repr(op.concrete)) if op else (name,)
-        row = unified.get(key)
-        if row is None:  # one estimate per signature, not per call
-            est = estimate(op) if op else None
-            row = unified[key] = {
-                "name": name, "op category": op_category(name, est.family if est else None, entry["kernels"]),
-                "Input Dims": json.dumps(op.input_dims) if op else "",
-                "Input type": json.dumps(op.input_types) if op else "", "Count": 0, "times": [], "est": est,
-                "kernels": {}}
-        row["Count"] += 1
-        row["times"].append(entry["time"])
-        for kernel in entry["kernels"]:
-            row["kernels"][kernel] = row["kernels"].get(kernel, 0) + 1
-        named = by_name.setdefault(name, {"name": name, "op category": row["op category"],
-                                          "total_direct_kernel_time_sum": 0.0, "Count": 0})
-        named["total_direct_kernel_time_sum"] += entry["time"]
-        named["Count"] += 1
+    for group in groups:
+        named = by_name.setdefault(group.name, {"name": group.name, "op category": group.category,
+                                                "total_direct_kernel_time_sum": 0.0, "Count": 0})
+        named["total_direct_kernel_time_sum"] += group.total
+        named["Count"] += len(group.times)
     ops = sorted(by_name.values(), key=lambda r: -r["total_direct_kernel_time_sum"])
     for row in ops:
         row["total_direct_kernel_time_sum"] = round(row["total_direct_kernel_time_sum"], 3)
@@ -98,16 +111,18 @@ def ops_tables(trace: Trace) -> dict[str, list[dict]]:
     by_category = sorted(categories.values(), key=lambda r: -r["total_direct_kernel_time_ms"])
     _percentages(by_category, "total_direct_kernel_time_ms")
     return {"ops_summary": ops, "ops_summary_by_category": by_category,
-            "unified_perf_summary": [_unified_row(r) for r in sorted(unified.values(), key=lambda r: -sum(r["times"]))]}
+            "unified_perf_summary": [_unified_row(g) for g in groups]}
 
 
-def _unified_row(row: dict) -> dict:
-    times, est = row["times"], row["est"]
-    total = sum(times)
-    out = {"name": row["name"], "op category": row["op category"], "Input Dims": row["Input Dims"],
-           "Input type": row["Input type"], "Count": row["Count"], "Kernel Time (µs)_sum": round(total, 3),
+def _unified_row(group: SignatureGroup) -> dict:
+    times, est, op = group.times, group.est, group.op
+    total = group.total
+    out = {"name": group.name, "op category": group.category,
+           "Input Dims": json.dumps(op.input_dims) if op else "",
+           "Input type": json.dumps(op.input_types) if op else "",
+           "Count": len(times), "Kernel Time (µs)_sum": round(total, 3),
            "Kernel Time (µs)_mean": round(total / len(times), 3),
-           "kernel_details_summary": json.dumps([{"name": k, "count": c} for k, c in row["kernels"].items()])}
+           "kernel_details_summary": json.dumps([{"name": k, "count": c} for k, c in group.kernels.items()])}
     if est is not None:
         mean_s = total / len(times) / 1e6
         out.update({"GFLOPS": round(est.flops / 1e9, 6), "Data Moved (MB)": round(est.bytes / 1e6, 6),

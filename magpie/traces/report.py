@@ -15,7 +15,7 @@ from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
-from magpie.traces.ops_tables import BY_CATEGORY, OPS_SUMMARY, UNIFIED, ops_tables
+from magpie.traces.ops_tables import BY_CATEGORY, OPS_SUMMARY, UNIFIED, ops_tables, signature_groups
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
@@ -135,8 +135,9 @@ def _per_trace_outputs(trace: Trace, out: Path, arch_name: str | None, timelines
         (lookup(arch_name) if arch_name else None)
     label = Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
     target = out / "tracelens" / f"{label}_kernel_roofline_simple.csv"
-    atomic_write(target, _csv(roofline_rows(trace, arch), ROOFLINE_COLUMNS))
-    tables = ops_tables(trace)
+    groups = signature_groups(trace)
+    atomic_write(target, _csv(roofline_rows(groups, arch), ROOFLINE_COLUMNS))
+    tables = ops_tables(groups)
     for name, rows in tables.items():
         atomic_write(out / "tracelens" / label / f"{name}.csv", _csv(rows, TABLE_COLUMNS[name]))
     peaks = ("measured (magpie calibrate)" if arch.measured else arch.source) if arch else "none: pass --arch"
