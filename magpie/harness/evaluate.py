@@ -197,7 +197,9 @@ class Evaluator:
         timing_inputs = self._save("timing-inputs.pt", inputs)
         init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
         pair = self.baseline is not None and not self.impl.get("is_baseline")
-        workers, answers = {}, {}
+        workers: dict[str, Worker] = {}
+        infos: dict[str, list] = {}  # the timer's info of each round, per role
+        methods: dict[str, str] = {}
         try:
             workers["candidate"] = self.start(self.impl, init_file)
             if pair:
@@ -218,8 +220,8 @@ class Evaluator:
                                                 settings=t)
                     samples[role].extend(answer["samples_ns"])
                     wall[role] += answer["wall_s"]
-                    answers.setdefault(role, []).append(answer["info"])
-                    answers[f"{role}-method"] = answer["method"]
+                    infos.setdefault(role, []).append(answer["info"])
+                    methods[role] = answer["method"]
             kernels = {}
             if self.device != "cpu":
                 for role, worker in workers.items():
@@ -241,14 +243,15 @@ class Evaluator:
             "samples_us": [s / 1000 for s in thin(samples["candidate"], KEPT_SAMPLES)],
             "baseline_samples_us": [s / 1000 for s in thin(samples["baseline"], KEPT_SAMPLES)] if pair else None,
             "min_bytes": floor,
+            "baseline_result": None,
         }
         for role in workers:
             impl = self.impl if role == "candidate" else self.baseline
-            method = self._method(impl, answers[f"{role}-method"])
-            summary = self._summary(samples[role], wall[role], len(answers[role]), method, case.label)
-            summary["timer_info"] = answers[role][-1]
+            method = self._method(impl, methods[role])
+            summary = self._summary(samples[role], wall[role], len(infos[role]), method, case.label)
+            summary["timer_info"] = infos[role][-1]
             summary["rounds_info"] = [{k: v for k, v in info.items() if k in ("mode", "host_wall_median_us")}
-                                      for info in answers[role]]
+                                      for info in infos[role]]
             if role in kernels:
                 summary["kernel_us"] = kernels[role].get("kernel_us")
                 summary["kernels"] = kernels[role].get("kernels")
@@ -263,8 +266,6 @@ class Evaluator:
             if flag:
                 summary.setdefault("flags", []).append(flag)
                 result["warnings"].append(f"{role}: {flag}")
-        if not pair:
-            result["baseline_result"] = None
         floor_flag = roofline_floor_flag(result["performance_result"], floor, self.device)
         if floor_flag:
             result["performance_result"].setdefault("flags", []).append(floor_flag)
