@@ -89,7 +89,7 @@ def _command_result(spec, ok: bool, errors: list, line: str = "") -> dict:
     return result
 
 
-def _with_library(job, impl: dict | None) -> dict | None:
+def with_library(job, impl: dict | None) -> dict | None:
     """An implementation compiled to a shared library carries its path to the evaluator."""
     if impl is None:
         return None
@@ -115,7 +115,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     spec = job.spec
     settings = spec.params["settings"]
     request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
-               "impl": _with_library(job, spec.params["impl"]), "baseline": _with_library(job, baseline),
+               "impl": with_library(job, spec.params["impl"]), "baseline": with_library(job, baseline),
                "settings": settings}
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))

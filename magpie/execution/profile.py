@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from magpie.execution.actions import _with_library, device_lock
+from magpie.execution.actions import device_lock, with_library
 from magpie.paths import subprocess_env
 
 NCU_TIMEOUT_S = 900
@@ -17,7 +17,7 @@ NCU_TIMEOUT_S = 900
 
 def _request(job, work: Path) -> Path:
     spec = job.spec
-    request = {"root": spec.params["root"], "kernel": spec.kernel, "impl": _with_library(job, spec.params["impl"]),
+    request = {"root": spec.params["root"], "kernel": spec.kernel, "impl": with_library(job, spec.params["impl"]),
                "settings": spec.params["settings"], "reps": 1}
     path = work / "request.json"
     path.write_text(json.dumps(request))
