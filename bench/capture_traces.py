@@ -3,8 +3,15 @@
 - llama_decode: a small Llama-style model (random weights, bf16) generating tokens with a
   KV cache, a prefill step and decode steps, each under a `step` annotation;
 - triton_custom: a model step that calls a custom Triton kernel;
-- train_step: one forward/backward/optimizer step of a small MLP in bf16 autocast.
-Usage: python bench/capture_traces.py OUT_DIR
+- train_step: one forward/backward/optimizer step of a small MLP in bf16 autocast;
+- serving_steps_vllm_format: the same model served in engine-like steps (prefill-only,
+  decode-only and mixed steps of a few requests), each step under an annotation in vLLM's
+  format `execute_context_N(T)_generation_M(G)`, written by this script (not by vLLM);
+- llama_unannotated: a prefill and decode steps with no annotation at all, for the stage
+  split from the call tree's repeating structure;
+- conv_bf16: 2-d, grouped, transposed and 1-d convolutions of a small conv net;
+- fp8_scaled_mm: torch._scaled_mm on float8_e4m3fn operands (row-wise and tensor-wise scales).
+Usage: python bench/capture_traces.py OUT_DIR [capture,capture...]
 """
 
 from __future__ import annotations
@@ -30,12 +37,7 @@ def _save(prof, out: Path, name: str) -> None:
 
 
 def llama_decode(out: Path) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
-                         num_key_value_heads=2, vocab_size=8192, max_position_embeddings=512)
-    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    model = _small_llama()
     prompt = torch.randint(0, 8192, (4, 96), device="cuda")
     with torch.no_grad():
         model.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up
@@ -51,6 +53,103 @@ def llama_decode(out: Path) -> None:
                     ids = result.logits[:, -1:].argmax(-1)
             torch.cuda.synchronize()
     _save(prof, out, "llama_decode_bf16")
+
+
+def _small_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+                         num_key_value_heads=2, vocab_size=8192, max_position_embeddings=512)
+    return LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+
+
+def serving_steps(out: Path) -> None:
+    """Requests arrive while others decode: steps are prefill-only, decode-only or mixed (a
+    new request's prefill beside the running requests' decodes, here two forwards in one step)."""
+    model = _small_llama()
+    running: list[tuple] = []  # (past, next ids)
+    arrivals = {0: 2, 5: 1, 11: 1}  # step -> new requests of 64 prompt tokens
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, 8192, (1, 64), device="cuda"))  # warm-up
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            for step in range(18):
+                new = arrivals.get(step, 0)
+                name = f"execute_context_{new}({64 * new})_generation_{len(running)}({len(running)})"
+                with record_function(name):
+                    decoded = []
+                    for past, ids in running:
+                        result = model(input_ids=ids, past_key_values=past, use_cache=True)
+                        decoded.append((result.past_key_values, result.logits[:, -1:].argmax(-1)))
+                    if new:
+                        prompt = torch.randint(0, 8192, (new, 64), device="cuda")
+                        result = model(input_ids=prompt, use_cache=True)
+                        decoded.append((result.past_key_values, result.logits[:, -1:].argmax(-1)))
+                    running = decoded
+            torch.cuda.synchronize()
+    _save(prof, out, "serving_steps_vllm_format")
+
+
+def llama_unannotated(out: Path) -> None:
+    model = _small_llama()
+    prompt = torch.randint(0, 8192, (4, 80), device="cuda")
+    with torch.no_grad():
+        model(input_ids=prompt, use_cache=True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            past, ids = None, prompt
+            for _ in range(13):
+                result = model(input_ids=ids, past_key_values=past, use_cache=True)
+                past, ids = result.past_key_values, result.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+    _save(prof, out, "llama_unannotated")
+
+
+def conv_net(out: Path) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, padding=1, groups=8), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 128, 1, stride=2),
+        torch.nn.ConvTranspose2d(128, 32, 4, stride=2, padding=1),
+    ).to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)
+    conv1d = torch.nn.Conv1d(64, 64, 5, padding=2).to("cuda", torch.bfloat16)
+    x = torch.randn(8, 32, 56, 56, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    seq = torch.randn(8, 64, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        net(x), conv1d(seq)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            for i in range(3):
+                with record_function(f"iteration_{i}"):
+                    net(x)
+                    conv1d(seq)
+            torch.cuda.synchronize()
+    _save(prof, out, "conv_bf16")
+
+
+def fp8_scaled_mm(out: Path) -> None:
+    torch.manual_seed(0)
+    shapes = [(2048, 4096, 4096), (64, 8192, 4096)]
+    operands = []
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
+        operands.append((a, b, torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda"),
+                         torch.tensor(1.0, device="cuda")))
+    def run():
+        for a, b, row_scale, col_scale, one in operands:
+            torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            torch._scaled_mm(a, b, scale_a=row_scale, scale_b=col_scale, out_dtype=torch.bfloat16)
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        for i in range(3):
+            with record_function(f"iteration_{i}"):
+                run()
+        torch.cuda.synchronize()
+    _save(prof, out, "fp8_scaled_mm")
 
 
 @triton.jit
@@ -113,7 +212,11 @@ def train_step(out: Path) -> None:
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
-    for capture in (llama_decode, triton_custom, train_step):
+    chosen = set(argv[1].split(",")) if len(argv) > 1 else None
+    captures = (llama_decode, triton_custom, train_step, serving_steps, llama_unannotated, conv_net, fp8_scaled_mm)
+    for capture in captures:
+        if chosen and capture.__name__ not in chosen:
+            continue
         try:
             capture(out)
         except Exception as err:  # keep the others

@@ -23,11 +23,13 @@ import torch
 import triton
 import triton.testing
 
-from magpie.harness.timing import GRAPH_THRESHOLD_US, CudaTimer
+from magpie.harness.timing import GRAPH_THRESHOLD_US, CudaTimer, nvml_snapshot
 from magpie.roofline.ncu import TENSOR, parse_raw_csv
 
 N_ELEMENTS = 64 * 2**20
+LARGE_ELEMENTS = 256 * 2**20
 GEMM_N = 4096
+ROUNDS = 3
 
 
 def kernels():
@@ -36,8 +38,11 @@ def kernels():
     a = torch.randn(GEMM_N, GEMM_N, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(GEMM_N, GEMM_N, device="cuda", dtype=torch.bfloat16)
     one = torch.randn(1, device="cuda")
+    big_x = torch.randn(LARGE_ELEMENTS, device="cuda")
+    big_y = torch.randn(LARGE_ELEMENTS, device="cuda")
     return {
         "bandwidth (x*2+y, 64Mi fp32)": (lambda: torch.add(y, x, alpha=2.0), 3 * 4 * N_ELEMENTS, 0),
+        "bandwidth large (x*2+y, 256Mi fp32)": (lambda: torch.add(big_y, big_x, alpha=2.0), 3 * 4 * LARGE_ELEMENTS, 0),
         "gemm (bf16 4096^3)": (lambda: a @ b, 3 * 2 * GEMM_N**2, 2 * GEMM_N**3),
         "one element (x+1)": (lambda: one + 1, 8, 1),
     }
@@ -116,16 +121,24 @@ def throughput(out: Path) -> dict:
         return {"error": proc.stderr[-1500:]}
     report = json.loads(proc.stdout)
     seconds = {"correctness": 0.0, "timing": 0.0}
+    phases: dict[str, float] = {}
     for result in (root / "out/workspace/store").glob("*/*/result.json"):
         data = json.loads(result.read_text())
         rule = data.get("task", "").split(":")[0]
         if rule in seconds:
             seconds[rule] += data["task_seconds"]
+        for phase, value in (data.get("phases_s") or {}).items():
+            phases[phase] = phases.get(phase, 0.0) + value
     timed = len([r for r in report["results"] if r["performance_result"]])
     # Each candidate is timed with the baseline beside it (2 budgets), the baseline alone once.
     budgets_s = (2 * (timed - 1) + 1) * budget_ms / 1000
+    # JIT lands in the first calls of each timing task (Triton's cache is warm from the
+    # correctness task, so this is mostly loading); it is reported apart, as the target asks.
+    jit_s = phases.get("first_calls", 0.0)
     return {"wall_s": wall, "timing_tasks_s": seconds["timing"], "correctness_tasks_s": seconds["correctness"],
-            "timing_budgets_s": budgets_s, "timing_ratio": seconds["timing"] / budgets_s, "timed": timed,
+            "timing_phases_s": phases, "timing_budgets_s": budgets_s,
+            "timing_ratio": seconds["timing"] / budgets_s,
+            "timing_ratio_without_first_calls": (seconds["timing"] - jit_s) / budgets_s, "timed": timed,
             "ranking": report["ranking"][:3]}
 
 
@@ -147,22 +160,31 @@ def main() -> int:
         timer.warmup(lambda: fn(), [()], 50)
         probe = timer.probe(lambda: fn(), [()])
         mode = "graph" if probe < GRAPH_THRESHOLD_US else "events"
-        medians = []
-        for _ in range(5):
-            median_us, samples = magpie_median_us(timer, fn, mode)
-            medians.append(median_us)
-        row = {"mode": mode, "magpie_median_us": statistics.median(medians),
-               "magpie_repeat_cv": statistics.pstdev(medians) / statistics.fmean(medians),
-               "magpie_sample_cv": statistics.pstdev(samples) / statistics.fmean(samples),
-               "do_bench_median_us": triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") * 1000,
-               "nvml": timer.info.get("nvml_after")}
+        # The tools take turns (magpie, do_bench, magpie, ...) so that a change of clock or
+        # power state lands on both; ncu runs before and after in processes of its own.
+        ncu_before, tensor_ops = ncu_median_us(name, out)
+        rounds = []
+        for _ in range(ROUNDS):
+            medians = [magpie_median_us(timer, fn, mode)[0] for _ in range(3)]
+            magpie_nvml = timer.info.get("nvml_after")
+            do_bench_us = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") * 1000
+            rounds.append({"magpie_medians_us": medians, "magpie_nvml": magpie_nvml, "do_bench_us": do_bench_us,
+                           "do_bench_nvml": nvml_snapshot(0)})
+        ncu_after, _ = ncu_median_us(name, out)
+        magpie_all = [m for r in rounds for m in r["magpie_medians_us"]]
+        row = {"mode": mode, "magpie_median_us": statistics.median(magpie_all),
+               "magpie_repeat_cv": statistics.pstdev(magpie_all) / statistics.fmean(magpie_all),
+               "do_bench_median_us": statistics.median(r["do_bench_us"] for r in rounds),
+               "ncu_runs_us": [ncu_before, ncu_after], "rounds": rounds}
+        ncu_runs = [v for v in (ncu_before, ncu_after) if v is not None]
+        row["ncu_median_us"] = statistics.median(ncu_runs) if ncu_runs else None
+        row["ncu_bf16_tensor_ops_per_call"] = tensor_ops
         row["probe_us"] = probe
         if probe < 50 or "one element" in name:
             other = "events" if mode == "graph" else "graph"
             row[f"{other}_median_us"] = magpie_median_us(timer, fn, other)[0]
             row["do_bench_cudagraph_median_us"] = triton.testing.do_bench_cudagraph(fn, rep=300,
                                                                                    return_mode="median") * 1000
-        row["ncu_median_us"], row["ncu_bf16_tensor_ops_per_call"] = ncu_median_us(name, out)
         row["flops_per_call"] = flops
         results["kernels"][name] = row
         (out / "fidelity.json").write_text(json.dumps(results, indent=1))

@@ -62,6 +62,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
           use_rich: bool = False, as_json: bool = False, quiet: bool = False) -> int:
     from magpie.execution.executors import make_executor
     from magpie.graph.doit_glue import run_doit
+    from magpie.harness import zygote
 
     project.store.sweep_temporaries()
     if not project.stale(selected):
@@ -71,11 +72,12 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
         elif not quiet:
             print(f"magpie: {len(selected)} artifacts up to date")
         return 0
-    executor = make_executor(jobs, executor_name)
-    try:
-        code, reporter = run_doit(project, selected, executor, jobs, use_rich and not quiet)
-    finally:
-        executor.shutdown()
+    with zygote.session():  # before the executor, so that its job processes find the zygote's folder
+        executor = make_executor(jobs, executor_name)
+        try:
+            code, reporter = run_doit(project, selected, executor, jobs, use_rich and not quiet)
+        finally:
+            executor.shutdown()
     publish_project(project)
     if as_json:
         print(json.dumps({"executed": reporter.executed, "failed": [f for f, _ in reporter.failures]}))

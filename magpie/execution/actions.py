@@ -9,8 +9,8 @@ import os
 import py_compile
 import shlex
 import shutil
+import signal
 import subprocess
-import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness.session import signal_verdict
+from magpie.harness.zygote import launch
 from magpie.paths import subprocess_env
 
 
@@ -124,20 +125,20 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         work = Path(tmp)
         request["work_dir"] = str(work)
         (work / "request.json").write_text(json.dumps(request))
-        env = subprocess_env()
         exclusive = device_lock(settings["project"]["device"]) if mode == "timing" else nullcontext()
-        try:
-            with exclusive:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "magpie.harness.evaluate", str(work / "request.json"),
-                     str(work / "result.json")],
-                    capture_output=True, timeout=overall, env=env, start_new_session=True,
-                )
-            failure = None if proc.returncode == 0 else (
-                f"evaluator {signal_verdict(proc.returncode)}: "
-                + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])[:600])
-        except subprocess.TimeoutExpired:
-            failure = f"evaluator timeout after {overall:g} s"
+        log_path = work / "evaluator.log"
+        with exclusive:
+            proc = launch("magpie.harness.evaluate", [str(work / "request.json"), str(work / "result.json")],
+                          cwd=os.getcwd(), env=subprocess_env(), log_path=log_path)
+            try:
+                code = proc.wait(timeout=overall)
+                failure = None if code == 0 else (
+                    f"evaluator {signal_verdict(code)}: "
+                    + " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])[:600])
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                failure = f"evaluator timeout after {overall:g} s"
         for log in work.glob("worker-*.log"):
             shutil.copy(log, out_dir / log.name)
         if failure is None:

@@ -200,15 +200,18 @@ class Evaluator:
         workers: dict[str, Worker] = {}
         infos: dict[str, list] = {}  # the timer's info of each round, per role
         methods: dict[str, str] = {}
+        phases = Phases()
         try:
             workers["candidate"] = self.start(self.impl, init_file)
             if pair:
                 workers["baseline"] = self.start(self.baseline, init_file)
+            phases.mark("start")
             samples = {role: [] for role in workers}
             wall = {role: 0.0 for role in workers}
             probes = {role: self._time_request(w, timing_inputs, out_specs, warmup_ms=t["warmup_ms"],
                                                probe=self.device != "cpu").get("probe_us", 0.0)
                       for role, w in workers.items()}
+            phases.mark("first_calls")
             mode = self._mode(min(probes.values()))
             rounds = int(t["rounds"])
             for r in range(rounds):
@@ -222,15 +225,18 @@ class Evaluator:
                     wall[role] += answer["wall_s"]
                     infos.setdefault(role, []).append(answer["info"])
                     methods[role] = answer["method"]
+            phases.mark("timed")
             kernels = {}
             if self.device != "cpu":
                 for role, worker in workers.items():
                     reply = worker.request({"op": "kernels", "inputs_file": timing_inputs, "out_specs": out_specs},
                                            self.timeout)
                     kernels[role] = reply if reply["ok"] else {"error": reply["error"]}
+                phases.mark("kernel_profile")
             recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
             recheck = self._run_cases(workers["candidate"], spec, recheck_cases, "recheck",
                                       testcase["rtol"], testcase["atol"])[0]
+            phases.mark("recheck")
         finally:
             for worker in workers.values():
                 worker.close()
@@ -244,6 +250,7 @@ class Evaluator:
             "baseline_samples_us": [s / 1000 for s in thin(samples["baseline"], KEPT_SAMPLES)] if pair else None,
             "min_bytes": floor,
             "baseline_result": None,
+            "phases_s": phases.seconds,
         }
         for role in workers:
             impl = self.impl if role == "candidate" else self.baseline
@@ -305,6 +312,20 @@ class Evaluator:
                        wall_per_call_us=wall_s * 1e6 / n,
                        unexplained_us_per_call=max(0.0, unexplained_ns) / n / 1000)
         return summary
+
+
+class Phases:
+    """Wall seconds of each step of an evaluation, so overheads (process start, JIT on the
+    first calls, profiling) are reported apart from the measured budget."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(now - self._last, 3)
+        self._last = now
 
 
 # Wall time the evaluator measured around a timing request that the samples do not account

@@ -9,9 +9,10 @@ import resource
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from magpie.harness.zygote import launch
 
 
 class WorkerFailure(Exception):
@@ -45,13 +46,9 @@ class Worker:
         self.log_path = log_path
         command_read, self._command_write = os.pipe()
         self._answer_read, answer_write = os.pipe()
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "magpie.harness.worker", str(command_read), str(answer_write)],
-            pass_fds=(command_read, answer_write),
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-            cwd=cwd, env=env, preexec_fn=limits(memory_mb), start_new_session=True,
-        )
+        log_path.write_bytes(b"")
+        self.proc = launch("magpie.harness.worker", [str(command_read), str(answer_write)], cwd=cwd, env=env,
+                           log_path=log_path, memory_mb=memory_mb, pass_fds=(command_read, answer_write))
         os.close(command_read)
         os.close(answer_write)
         self._buffer = b""
@@ -92,7 +89,6 @@ class Worker:
         return f"{verdict}: {tail}" if tail and code >= 0 else verdict
 
     def log_tail(self, lines: int = 3) -> str:
-        self._log.flush()
         try:
             text = self.log_path.read_text(errors="replace").strip().splitlines()
         except OSError:
@@ -120,7 +116,6 @@ class Worker:
                 os.close(fd)
             except OSError:
                 pass
-        self._log.close()
 
     def __enter__(self):
         return self

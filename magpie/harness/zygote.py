@@ -1,0 +1,310 @@
+"""A zygote: one process that imports torch (and Triton) once and forks evaluators and
+workers on request, so each of them starts in milliseconds instead of paying the imports.
+
+A build owns at most one. `session()` marks the build's folder for it in the environment;
+the first evaluation that needs a process starts the zygote there (under a lock, so parallel
+jobs share one), and the build stops it at the end. The zygote never initialises CUDA, so a
+forked child creates its own context as a fresh process would. A child runs in its own
+session with the requested working folder, environment, memory limit and log, and the
+zygote reports its exit status to the requester over the connection it asked on.
+
+Children whose environments differ in anything imports read come from different zygotes.
+Without a zygote folder (outside a build), or where a zygote cannot start, `launch` starts a
+fresh process instead.
+Usage (started by `launch`): python -m magpie.harness.zygote SOCKET OWNER_PID
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
+# Variables a forked child may set differently from its zygote: none of them is read while
+# torch or Triton are imported (CUDA reads its own at context creation, magpie's at run time).
+# Any other difference gets a zygote of its own (TRITON_INTERPRET, for one, decides how
+# triton.language's own functions are built when it is imported).
+FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
+                       "TRITON_CACHE_DIR", "PYTHONPATH", "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", FOLDER_VARIABLE}
+PRELOAD = ("torch", "triton", "triton.language", "magpie.harness.worker", "magpie.harness.evaluate")
+START_TIMEOUT_S = 120.0
+
+
+# -- the requester's side ----------------------------------------------------------------
+@contextlib.contextmanager
+def session():
+    """While the block runs, processes launched by this build (and its job processes) may be
+    forked from one shared zygote; it is stopped when the block ends."""
+    if os.environ.get(FOLDER_VARIABLE):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="magpie-zygote-")
+    os.environ[FOLDER_VARIABLE] = folder
+    os.environ["MAGPIE_ZYGOTE_OWNER"] = str(os.getpid())
+    try:
+        yield
+    finally:
+        del os.environ[FOLDER_VARIABLE]
+        os.environ.pop("MAGPIE_ZYGOTE_OWNER", None)
+        _stop(Path(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path, memory_mb: int = 0,
+           pass_fds: tuple[int, ...] = ()):
+    """Start `module.main(args)` in a process of its own; returns an object with pid, poll()
+    and wait(timeout) like subprocess.Popen. Arguments equal to a passed descriptor's number
+    are rewritten to that descriptor's number in the child."""
+    folder = os.environ.get(FOLDER_VARIABLE)
+    socket_path = _ensure(Path(folder), env) if folder else None
+    if socket_path is not None:
+        try:
+            return ForkedProcess(socket_path, module, args, cwd=cwd, env=env, log_path=log_path,
+                                 memory_mb=memory_mb, pass_fds=pass_fds)
+        except OSError:
+            pass  # the zygote went away: a fresh process does the same work
+    from magpie.harness.session import limits
+
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", module, *args], pass_fds=pass_fds,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cwd, env=env,
+                                preexec_fn=limits(memory_mb), start_new_session=True)
+
+
+def _ensure(folder: Path, env: dict) -> Path | None:
+    """The socket of the zygote for this environment (one per set of variables that imports
+    read), starting it if no job has yet; None if it cannot start."""
+    import hashlib
+
+    imported = sorted((k, v) for k, v in env.items() if k not in FORK_SAFE_VARIABLES)
+    key = hashlib.sha1(json.dumps(imported).encode()).hexdigest()[:12]
+    socket_path = folder / f"{key}.sock"
+    try:
+        with open(folder / f"{key}.lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (folder / f"{key}.failed").exists():
+                return None
+            if _listening(socket_path):
+                return socket_path
+            owner = os.environ.get("MAGPIE_ZYGOTE_OWNER", str(os.getppid()))
+            with open(folder / f"{key}.log", "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "magpie.harness.zygote", str(socket_path), owner],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                        start_new_session=True)
+            (folder / f"{key}.pid").write_text(str(proc.pid))
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while time.monotonic() < deadline and proc.poll() is None:
+                if _listening(socket_path):
+                    return socket_path
+                time.sleep(0.02)
+            proc.kill()
+            (folder / f"{key}.failed").write_text(f"the zygote did not start; see {key}.log\n")
+            return None
+    except FileNotFoundError:  # the build ended and removed the folder
+        return None
+
+
+def _listening(path: Path) -> bool:
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+            probe.sendall(b'{"op": "ping"}\n')
+            return probe.recv(64).startswith(b"{")
+        except OSError:
+            return False
+
+
+def _stop(folder: Path) -> None:
+    for pid_file in folder.glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+class ForkedProcess:
+    """A child of the zygote, seen from the process that asked for it."""
+
+    def __init__(self, socket_path: Path, module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
+                 memory_mb: int, pass_fds: tuple[int, ...]):
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._conn.connect(str(socket_path))
+            message = {"op": "fork", "module": module, "args": list(args), "cwd": cwd, "env": env,
+                       "log": str(log_path), "memory_mb": memory_mb, "fds": list(pass_fds)}
+            socket.send_fds(self._conn, [json.dumps(message).encode() + b"\n"], list(pass_fds))
+            reply = self._read_line(START_TIMEOUT_S)
+        except OSError:
+            self._conn.close()
+            raise
+        if reply is None or "pid" not in reply:
+            self._conn.close()
+            raise OSError(f"the zygote did not fork: {reply}")
+        self.pid = reply["pid"]
+        self.returncode: int | None = None
+        self.args = [module, *args]
+
+    def _read_line(self, timeout_s: float | None) -> dict | None:
+        buffer = b""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not buffer.endswith(b"\n"):
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._conn], [], [], remaining)
+            if not ready:
+                raise subprocess.TimeoutExpired(self.args if hasattr(self, "args") else "fork", timeout_s)
+            chunk = self._conn.recv(4096)
+            if not chunk:
+                return None
+            buffer += chunk
+        return json.loads(buffer)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            reply = self._read_line(timeout)
+            # A zygote that vanished cannot say how its child ended; the child's group is killed.
+            self.returncode = reply["exit"] if reply else -signal.SIGKILL
+            if reply is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGKILL)
+            self._conn.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                return self.wait(0)
+            except subprocess.TimeoutExpired:
+                return None
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+
+
+# -- the zygote's side -------------------------------------------------------------------
+def serve(socket_path: str, owner_pid: int) -> None:
+    import importlib
+
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)
+    owner = os.pidfd_open(owner_pid)
+    children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, requester's connection)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        ready, _, _ = select.select([listener, owner, *children], [], [])
+        for item in ready:
+            if item is listener:
+                conn, _ = listener.accept()
+                child = _answer(conn, listener, children)
+                if child is not None:
+                    children[child[0]] = (child[1], conn)
+                else:
+                    conn.close()
+            elif item is owner:
+                return
+            else:
+                pid, conn = children.pop(item)
+                _, status = os.waitpid(pid, 0)
+                os.close(item)
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                conn.close()
+
+
+def _answer(conn: socket.socket, listener: socket.socket, children: dict) -> tuple[int, int] | None:
+    """One request on a new connection: a ping, or a fork (returns the child's pidfd and pid)."""
+    conn.settimeout(30)
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
+        while not data.endswith(b"\n"):
+            more = conn.recv(1 << 20)
+            if not more:
+                return None
+            data += more
+    except OSError:
+        return None
+    request = json.loads(data)
+    if request["op"] == "ping":
+        conn.sendall(b'{"pong": true}\n')
+        return None
+    renumber = {str(old): str(new) for old, new in zip(request["fds"], fds)}
+    args = [renumber.get(a, a) for a in request["args"]]
+    pid = os.fork()
+    if pid == 0:
+        _become_child(request, args, fds, [listener, conn, *(c for _, c in children.values())], list(children))
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    return os.pidfd_open(pid), pid
+
+
+def _become_child(request: dict, args: list[str], keep_fds: list[int], sockets: list, pidfds: list[int]) -> None:
+    code = 1
+    try:
+        for sock in sockets:
+            sock.close()
+        for fd in pidfds:
+            os.close(fd)
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from magpie.harness.session import limits
+
+        limits(int(request["memory_mb"]))()
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[:1] = [request["cwd"], *extra]
+        sys.argv = [request["module"], *args]
+        import importlib
+
+        module = importlib.import_module(request["module"])
+        code = module.main(args) or 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # the child's failure is reported by its exit code and its log
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    try:  # children and the owner are watched through pidfds (Linux 5.3+)
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as err:
+        print(f"no zygote on this system: {err}", file=sys.stderr)
+        return 3
+    serve(argv[0], int(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""The zygote forks evaluators and workers with torch already imported; what a child sees
+(folder, environment, descriptors, exit status) must be what a fresh process would see."""
+
+import json
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from magpie.harness import zygote
+from magpie.paths import subprocess_env
+
+PROBE = textwrap.dedent("""
+    import json, os, signal, sys
+
+    def main(argv):
+        if argv[0] == "report":
+            print(json.dumps({"torch_preloaded": "torch" in sys.modules, "cwd": os.getcwd(),
+                              "var": os.environ.get("PROBE_VAR"), "own_session": os.getsid(0) == os.getpid(),
+                              "ppid": os.getppid()}))
+            return 0
+        if argv[0] == "exit":
+            return int(argv[1])
+        if argv[0] == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if argv[0] == "pipe":
+            os.write(int(argv[1]), b"through the passed descriptor")
+            return 0
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.fixture
+def probe_env(tmp_path):
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    return env
+
+
+def run_probe(tmp_path: Path, env: dict, *args: str, **kwargs):
+    log = tmp_path / f"probe-{'-'.join(args)}.log"
+    proc = zygote.launch("zygote_probe", list(args), cwd=str(tmp_path), env=env, log_path=log, **kwargs)
+    return proc, proc.wait(timeout=120), log
+
+
+def test_children_are_forked_with_torch_imported_and_their_own_folder_environment_and_session(tmp_path, probe_env):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with zygote.session():
+        folder = Path(os.environ[zygote.FOLDER_VARIABLE])
+        proc = zygote.launch("zygote_probe", ["report"], cwd=str(workdir), env={**probe_env, "PROBE_VAR": "a"},
+                             log_path=tmp_path / "a.log")
+        assert proc.wait(timeout=120) == 0
+        other = zygote.launch("zygote_probe", ["report"], cwd=str(workdir), env={**probe_env, "PROBE_VAR": "b"},
+                              log_path=tmp_path / "b.log")
+        assert other.wait(timeout=120) == 0
+        pids = [int(p.read_text()) for p in folder.glob("*.pid")]
+    seen = [json.loads((tmp_path / f"{v}.log").read_text()) for v in "ab"]
+    assert [s["var"] for s in seen] == ["a", "b"]
+    assert all(s["torch_preloaded"] and s["own_session"] and s["cwd"] == str(workdir) for s in seen)
+    # PROBE_VAR could be read by an import, so each value has a zygote of its own
+    assert len(pids) == 2 and {s["ppid"] for s in seen} == set(pids)
+    assert not folder.exists()
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(pid) for pid in pids), "zygotes outlived their session"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (here the zygotes are children of the test process)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_exit_codes_signals_and_passed_descriptors_come_through(tmp_path, probe_env):
+    with zygote.session():
+        proc, code, _ = run_probe(tmp_path, probe_env, "exit", "3")
+        assert isinstance(proc, zygote.ForkedProcess) and code == 3
+        _, code, _ = run_probe(tmp_path, probe_env, "segv")
+        assert code == -signal.SIGSEGV
+        read_end, write_end = os.pipe()
+        _, code, _ = run_probe(tmp_path, probe_env, "pipe", str(write_end), pass_fds=(write_end,))
+        os.close(write_end)
+        assert code == 0 and os.read(read_end, 100) == b"through the passed descriptor"
+        os.close(read_end)
+
+
+def test_outside_a_build_a_fresh_process_does_the_same(tmp_path, probe_env):
+    assert zygote.FOLDER_VARIABLE not in os.environ
+    proc, code, log = run_probe(tmp_path, probe_env, "report")
+    assert not isinstance(proc, zygote.ForkedProcess) and code == 0
+    assert json.loads(log.read_text())["torch_preloaded"] is False
