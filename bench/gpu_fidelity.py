@@ -122,11 +122,17 @@ def throughput(out: Path) -> dict:
     report = json.loads(proc.stdout)
     seconds = {"correctness": 0.0, "timing": 0.0}
     phases: dict[str, float] = {}
+    tasks: dict[str, dict] = {}
     for result in (root / "out/workspace/store").glob("*/*/result.json"):
         data = json.loads(result.read_text())
         rule = data.get("task", "").split(":")[0]
         if rule in seconds:
             seconds[rule] += data["task_seconds"]
+        if rule in seconds:
+            tasks[data["task"]] = {k: data.get(k) for k in ("task_seconds", "phases_s", "first_call_steps_s",
+                                                            "worker_steps_s")}
+        if rule != "timing":
+            continue
         for phase, value in (data.get("phases_s") or {}).items():
             phases[phase] = phases.get(phase, 0.0) + value
     timed = len([r for r in report["results"] if r["performance_result"]])
@@ -139,7 +145,7 @@ def throughput(out: Path) -> dict:
             "timing_phases_s": phases, "timing_budgets_s": budgets_s,
             "timing_ratio": seconds["timing"] / budgets_s,
             "timing_ratio_without_first_calls": (seconds["timing"] - jit_s) / budgets_s, "timed": timed,
-            "ranking": report["ranking"][:3]}
+            "ranking": report["ranking"][:3], "tasks": tasks}
 
 
 def main() -> int:

@@ -112,6 +112,20 @@ def device_lock(device: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+SHARED_MEMORY = Path("/dev/shm")
+SHARED_MEMORY_MIN_FREE = 4 << 30
+
+
+def scratch_root() -> str | None:
+    """Inputs and outputs cross between evaluator and workers as files: in memory where there
+    is room (containers often cap /dev/shm at 64 MB), else in the default temporary folder."""
+    try:
+        stats = os.statvfs(SHARED_MEMORY)
+    except OSError:
+        return None
+    return str(SHARED_MEMORY) if stats.f_bavail * stats.f_frsize >= SHARED_MEMORY_MIN_FREE else None
+
+
 def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     spec = job.spec
     settings = spec.params["settings"]
@@ -121,7 +135,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))
     overall = limit * (testcases + 3) + (settings["timing"]["warmup_ms"] + settings["timing"]["budget_ms"]) / 500 + 60
-    with tempfile.TemporaryDirectory(prefix=f"magpie-{mode}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"magpie-{mode}-", dir=scratch_root()) as tmp:
         work = Path(tmp)
         request["work_dir"] = str(work)
         (work / "request.json").write_text(json.dumps(request))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from magpie.compare.stats import summarize_ns, thin
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
+from magpie.harness.laps import Laps
 from magpie.harness.session import Worker, WorkerFailure, signal_verdict
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.timing import GRAPH_THRESHOLD_US
@@ -40,6 +41,8 @@ class Evaluator:
         self.seed = int(self.correctness_settings["seed"])
         self.init_seed = derive_seed(self.seed, self.kernel_id, "init")
         self._torch = None
+        self.laps = Laps()
+        self.worker_steps: list[dict | None] = []
 
     @property
     def torch(self):
@@ -94,6 +97,7 @@ class Evaluator:
                                  "out_specs": out_specs}, self.timeout)
         if not answer["ok"]:
             raise WorkerFailure(f"error: {answer['error']}")
+        self.worker_steps.append(answer.get("steps_s"))
         produced = self.torch.load(outputs_file, weights_only=True)
         records = []
         for i, case in enumerate(cases):
@@ -123,7 +127,9 @@ class Evaluator:
                 cases = spec.cases(self.seed, self.kernel_id, index, int(testcase["trials"]))
                 init_file = self._save(f"tc{index}-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
                 with self.start(self.impl, init_file) as worker:
+                    self.laps.mark("start")
                     records = self._run_cases(worker, spec, cases, f"tc{index}", testcase["rtol"], testcase["atol"])
+                    self.laps.mark("cases")
                 checks.extend({"testcase": index, **r} for r in records)
         except SpecError as err:
             return {"correctness_state": "FAILED", "numerics": numerics, "verdict": f"testcase spec: {err}",
@@ -131,7 +137,7 @@ class Evaluator:
         except WorkerFailure as err:
             return {"correctness_state": "FAILED", "numerics": numerics, "verdict": str(err),
                     "checks": checks, "errors": [str(err)]}
-        return _verdict(checks, numerics)
+        return {**_verdict(checks, numerics), "phases_s": self.laps.seconds, "worker_steps_s": self.worker_steps}
 
     def _unverified(self) -> dict:
         """No testcase: the implementation runs on its own get_inputs() (inside its worker) and
@@ -186,6 +192,7 @@ class Evaluator:
             return {"performance_state": "FAILED", "performance_result": None, "errors": [str(err)]}
 
     def _timed(self, spec_index: int, testcase: dict, t: dict) -> dict:
+        phases = Laps()
         spec = self._spec(spec_index, testcase)
         cases = spec.cases(self.seed, self.kernel_id, spec_index, 1, salt="timing")
         case = max(cases, key=lambda c: math.prod(c.shape or [0]))
@@ -200,7 +207,8 @@ class Evaluator:
         workers: dict[str, Worker] = {}
         infos: dict[str, list] = {}  # the timer's info of each round, per role
         methods: dict[str, str] = {}
-        phases = Phases()
+        first_steps: dict[str, dict] = {}
+        phases.mark("inputs")
         try:
             workers["candidate"] = self.start(self.impl, init_file)
             if pair:
@@ -208,9 +216,12 @@ class Evaluator:
             phases.mark("start")
             samples = {role: [] for role in workers}
             wall = {role: 0.0 for role in workers}
-            probes = {role: self._time_request(w, timing_inputs, out_specs, warmup_ms=t["warmup_ms"],
-                                               probe=self.device != "cpu").get("probe_us", 0.0)
-                      for role, w in workers.items()}
+            probes = {}
+            for role, worker in workers.items():
+                answer = self._time_request(worker, timing_inputs, out_specs, warmup_ms=t["warmup_ms"],
+                                            probe=self.device != "cpu")
+                probes[role] = answer.get("probe_us", 0.0)
+                first_steps[role] = answer.get("steps_s")
             phases.mark("first_calls")
             mode = self._mode(min(probes.values()))
             rounds = int(t["rounds"])
@@ -251,6 +262,7 @@ class Evaluator:
             "min_bytes": floor,
             "baseline_result": None,
             "phases_s": phases.seconds,
+            "first_call_steps_s": first_steps,
         }
         for role in workers:
             impl = self.impl if role == "candidate" else self.baseline
@@ -312,20 +324,6 @@ class Evaluator:
                        wall_per_call_us=wall_s * 1e6 / n,
                        unexplained_us_per_call=max(0.0, unexplained_ns) / n / 1000)
         return summary
-
-
-class Phases:
-    """Wall seconds of each step of an evaluation, so overheads (process start, JIT on the
-    first calls, profiling) are reported apart from the measured budget."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self._last = time.monotonic()
-
-    def mark(self, name: str) -> None:
-        now = time.monotonic()
-        self.seconds[name] = round(now - self._last, 3)
-        self._last = now
 
 
 # Wall time the evaluator measured around a timing request that the samples do not account

@@ -14,6 +14,7 @@ import os
 import sys
 import traceback
 
+from magpie.harness.laps import Laps
 from magpie.harness.spec import to_cpu
 from magpie.harness.timing import timer_for
 
@@ -88,7 +89,9 @@ class Implementation:
 
     def run(self, request: dict) -> dict:
         torch = self.torch
+        steps = Laps()
         input_sets = self._load(request["inputs_file"])
+        steps.mark("inputs")
         self._poison(True)
         outputs, after = [], []
         for index, args in enumerate(input_sets):
@@ -99,8 +102,12 @@ class Implementation:
                 torch.cuda.synchronize()
             outputs.append(to_cpu(result))
             after.append(tuple(to_cpu(x) for x in working))
+            if index == 0:
+                steps.mark("first_call")
+        steps.mark("calls")
         torch.save({"outputs": outputs, "inputs_after": after}, request["outputs_file"])
-        return {}
+        steps.mark("save")
+        return {"steps_s": steps.seconds}
 
     def run_own_inputs(self, request: dict) -> dict:
         """For a kernel with no testcase: call it on its own get_inputs(), for a finite-only check."""
@@ -117,15 +124,20 @@ class Implementation:
         return self._timer
 
     def time(self, request: dict) -> dict:
+        steps = Laps()
         timer = self.timer()
+        steps.mark("timer")
         input_sets = self._load(request["inputs_file"])
+        steps.mark("inputs")
         self._outputs_like(request, 0)
         self._poison(False)
-        reply = {}
+        reply = {"steps_s": steps.seconds}
         if request.get("warmup_ms"):
             timer.warmup(self.fn, input_sets, request["warmup_ms"])
+            steps.mark("warmup")
         if request.get("probe"):
             reply["probe_us"] = timer.probe(self.fn, input_sets)
+            steps.mark("probe")
         if request.get("budget_ms"):
             reply["samples_ns"] = timer.measure(self.fn, input_sets, request["budget_ms"], request["max_reps"],
                                                 request.get("offset", 0), mode=request.get("mode"))
