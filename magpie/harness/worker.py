@@ -19,6 +19,15 @@ from magpie.harness.spec import to_cpu
 from magpie.harness.timing import timer_for
 
 
+def preload() -> None:
+    """Run once in the zygote before it forks workers: switching deterministic algorithms
+    (the NaN poisoning below) imports torch's compiler configuration on first use, about 900
+    modules and seconds of start-up that every worker would otherwise pay on its first call."""
+    import torch
+
+    torch.use_deterministic_algorithms(False, warn_only=True)
+
+
 class Implementation:
     def __init__(self, request: dict):
         import torch

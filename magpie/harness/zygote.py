@@ -37,6 +37,7 @@ FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 # triton.language's own functions are built when it is imported).
 FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
                        "TRITON_CACHE_DIR", "PYTHONPATH", "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", FOLDER_VARIABLE}
+# Imported before forking; a module's preload() function, where it has one, runs too.
 PRELOAD = ("torch", "triton", "triton.language", "magpie.harness.worker", "magpie.harness.evaluate")
 START_TIMEOUT_S = 120.0
 
@@ -199,7 +200,7 @@ def serve(socket_path: str, owner_pid: int) -> None:
 
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
-            importlib.import_module(name)
+            getattr(importlib.import_module(name), "preload", lambda: None)()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)
