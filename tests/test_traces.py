@@ -3,6 +3,7 @@
 import csv
 import gzip
 import json
+import math
 
 import pytest
 
@@ -13,7 +14,22 @@ from magpie.traces.kernels import category, normalize
 from magpie.traces.timeline import gpu_timeline, length, subtract, union
 
 TRACES = FIXTURES / "traces" / "h200"
-ALL = ["llama_decode_bf16.json.gz", "triton_rmsnorm_matmul.json.gz", "train_step_mlp.json.gz"]
+ALL = ["llama_decode_bf16.json.gz", "triton_rmsnorm_matmul.json.gz", "train_step_mlp.json.gz",
+       "serving_steps_vllm_format.json.gz", "llama_unannotated.json.gz", "conv_bf16.json.gz", "fp8_scaled_mm.json.gz"]
+
+
+FIRST_THREE = ALL[:3]
+
+
+def first_three(tmp_path):
+    """The first three captures and the capture notes beside them, as one trace folder."""
+    import shutil
+
+    folder = tmp_path / "traces"
+    folder.mkdir(exist_ok=True)
+    for name in [*FIRST_THREE, "capture_info.json"]:
+        shutil.copy(TRACES / name, folder / name)
+    return folder
 
 
 def raw_events(name):
@@ -121,7 +137,7 @@ def test_timeline_adds_up(name):
 
 
 def test_cli_writes_tracelens_and_magpie_outputs(tmp_path):
-    proc = magpie("benchmark", "--trace-dir", TRACES, "--top-k", "5", "-o", tmp_path / "out", "--json",
+    proc = magpie("benchmark", "--trace-dir", first_three(tmp_path), "--top-k", "5", "-o", tmp_path / "out", "--json",
                   cwd=tmp_path, check=0)
     summary = json.loads(proc.stdout)
     assert len(summary["traces"]) == 3 and any("capture_info.json" in w for w in summary["warnings"])
@@ -193,7 +209,7 @@ def test_perf_models_match_hand_counts():
 def test_kernel_roofline_simple_csv_has_tracelens_columns(tmp_path):
     from magpie.traces.roofline_table import COLUMNS as ROOF
 
-    magpie("benchmark", "--trace-dir", TRACES, "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    magpie("benchmark", "--trace-dir", first_three(tmp_path), "-o", tmp_path / "out", cwd=tmp_path, check=0)
     path = tmp_path / "out/tracelens/llama_decode_bf16_kernel_roofline_simple.csv"
     with open(path) as handle:
         rows = list(csv.DictReader(handle))
@@ -246,7 +262,7 @@ def test_kernel_sources_resolved_ambiguous_library_unresolved(tmp_path, monkeypa
 
 
 def test_trace_kernels_mapped_to_this_repository(tmp_path):
-    proc = magpie("benchmark", "--trace-dir", TRACES, "--top-k", "1000", "--find-kernel-sources",
+    proc = magpie("benchmark", "--trace-dir", first_three(tmp_path), "--top-k", "1000", "--find-kernel-sources",
                   "--kernel-source-repos", FIXTURES.parents[1] / "bench", "-o", tmp_path / "o", "--json",
                   cwd=tmp_path, check=0)
     top = json.loads(proc.stdout)["top"]
@@ -323,7 +339,54 @@ def test_steady_state_window_from_step_annotations(tmp_path):
     assert window_total_us(trace, window) < window_total_us(trace, Window())
     none, why = steady_state_window(load_trace(TRACES / "train_step_mlp.json.gz"))
     assert none is None and "no numbered step annotations" in why["reason"]
-    summary = json.loads(magpie("benchmark", "--trace-dir", TRACES, "--steady-state", "-o", tmp_path / "o",
+    summary = json.loads(magpie("benchmark", "--trace-dir", first_three(tmp_path), "--steady-state",
+                                "-o", tmp_path / "o",
                                 "--json", cwd=tmp_path, check=0).stdout)
     assert [p["picked"] for p in summary["window_picks"]] == [True, False, True]
     assert any("no steady state picked" in w for w in summary["warnings"])
+
+
+def _modelled(name: str) -> dict:
+    """Perf-model estimates of the real trace's ops, by op name and input dims."""
+    from magpie.traces.ops_tables import signature_groups
+
+    found = {}
+    for group in signature_groups(load_trace(TRACES / name)):
+        if group.est is not None:
+            found[(group.op.name, json.dumps(group.op.input_dims))] = group.est
+    return found
+
+
+def test_convolution_models_on_a_real_trace():
+    """Every convolution of the H200 conv net (plain, grouped, strided 1x1, transposed, 1-d run
+    as 2-d by cuDNN) against a hand count; argument positions as the trace records them."""
+    found = _modelled("conv_bf16.json.gz")
+    convs = {dims: e for (name, dims), e in found.items() if "convolution" in name and name.startswith("aten::cudnn")}
+    expected = {  # input dims -> (FLOPs, output spatial)
+        (8, 32, 56, 56): (2 * 8 * 64 * 56 * 56 * 32 * 9, [56, 56]),
+        (8, 64, 56, 56, "g8"): (2 * 8 * 64 * 56 * 56 * 8 * 9, [56, 56]),
+        (8, 64, 56, 56, "1x1"): (2 * 8 * 128 * 28 * 28 * 64, [28, 28]),
+        (8, 128, 28, 28): (2 * 8 * 128 * 28 * 28 * 32 * 16, [56, 56]),  # transposed: per input pixel
+        (8, 64, 1, 1024): (2 * 8 * 64 * 1024 * 64 * 5, [1, 1024]),
+    }
+    got = {}
+    for dims, estimate in convs.items():
+        x, w = json.loads(dims)[:2]
+        key = tuple(x) + (("g8",) if w[1] == 8 else ("1x1",) if w[2:] == [1, 1] else ())
+        got[key] = (estimate.flops, estimate.params["output"])
+    assert got == expected
+    transposed = next(e for (name, _), e in found.items() if name == "aten::cudnn_convolution_transpose")
+    assert transposed.params["transposed"] and transposed.precision == "bf16_tensor"
+
+
+def test_scaled_mm_model_on_a_real_fp8_trace():
+    found = _modelled("fp8_scaled_mm.json.gz")
+    scaled = {dims: e for (name, dims), e in found.items() if name == "aten::_scaled_mm"}
+    assert len(scaled) == 4  # two shapes, tensor-wise and row-wise scales
+    for dims, estimate in scaled.items():
+        (m, k), (_, n) = json.loads(dims)[:2]
+        assert estimate.flops == 2 * m * n * k
+        assert estimate.precision == "fp8_tensor"
+        # one byte per fp8 operand element, bf16 out (out_dtype recorded as ScalarType 15), fp32 scales
+        scales = sum(4 * math.prod(d) for d in json.loads(dims)[2:4])  # 0-d, or one per row / column
+        assert estimate.bytes == m * k + k * n + 2 * m * n + scales

@@ -126,23 +126,36 @@ def linear(op):
     return None
 
 
+# c10::ScalarType codes as the profiler records a dtype argument (out_dtype of _scaled_mm).
+SCALAR_TYPES = {"5": "c10::Half", "6": "float", "7": "double", "15": "c10::BFloat16", "23": "c10::Float8_e5m2",
+                "24": "c10::Float8_e4m3fn"}
+
+
 def scaled_mm(op):
-    a, b = tensors(op)[:2]
-    if a and b:
-        out_dtype = "c10::BFloat16"
-        est = _gemm(a.shape[0], b.shape[1], a.shape[1], 1, a, b, out_dtype, [])
+    """_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum): the
+    scales (0-d, row- or column-wise) and the bias are read too; the output has out_dtype."""
+    t = tensors(op)
+    a, b = (t + [None, None])[:2]
+    if a and b and len(a.shape) == 2 and len(b.shape) == 2:
+        out_dtype = SCALAR_TYPES.get(concrete(op, 6), a.dtype)
+        extra = [x for x in t[2:5] if x]
+        est = _gemm(a.shape[0], b.shape[1], a.shape[1], 1, a, b, out_dtype, extra)
         est.precision = TENSOR_PRECISION.get(a.dtype, "fp8_tensor")
         return est
     return None
 
 
 # -- convolution ----------------------------------------------------------------------------
-# Where each convolution op records (stride, padding, dilation, transposed, output_padding, groups).
+# Where each convolution op records (stride, padding, dilation, transposed, output_padding, groups);
+# transposed is an argument index, or True for the ops that are transposed by name. Checked
+# against the argument lists of an H200 trace (tests/fixtures/traces/h200/conv_bf16.json.gz).
 CONVOLUTION = {
     "aten::convolution": (3, 4, 5, 6, 7, 8),
     "aten::_convolution": (3, 4, 5, 6, 7, 8),
     "aten::cudnn_convolution": (3, 2, 4, None, None, 5),
+    "aten::cudnn_convolution_transpose": (4, 2, 5, True, 3, 6),
     "aten::miopen_convolution": (4, 3, 5, None, None, 6),
+    "aten::miopen_convolution_transpose": (5, 3, 6, True, 4, 7),
 }
 
 
@@ -163,7 +176,7 @@ def convolution(op):
     stride = _int_list(concrete(op, stride_i), rank, 1)
     padding = _int_list(concrete(op, pad_i), rank, 0)
     dilation = _int_list(concrete(op, dil_i), rank, 1)
-    transposed = transposed_i is not None and concrete(op, transposed_i) in ("True", "1")
+    transposed = transposed_i is True or (transposed_i is not None and concrete(op, transposed_i) in ("True", "1"))
     output_padding = _int_list(concrete(op, outpad_i), rank, 0) if outpad_i is not None else [0] * rank
     groups = int(concrete(op, groups_i, "1") or 1)
     n, c_in, spatial, kernel = x.shape[0], x.shape[1], x.shape[2:], w.shape[2:]
