@@ -4,6 +4,7 @@ import csv
 import gzip
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -390,3 +391,84 @@ def test_scaled_mm_model_on_a_real_fp8_trace():
         # one byte per fp8 operand element, bf16 out (out_dtype recorded as ScalarType 15), fp32 scales
         scales = sum(4 * math.prod(d) for d in json.loads(dims)[2:4])  # 0-d, or one per row / column
         assert estimate.bytes == m * k + k * n + 2 * m * n + scales
+
+
+def test_steps_and_stages_from_vllm_step_annotations():
+    from magpie.traces.stages import split_steps, stage_traces
+
+    trace = load_trace(TRACES / "serving_steps_vllm_format.json.gz")
+    steps, how = split_steps(trace)
+    assert how["format"] == "vllm" and how["source"] == "gpu annotations"
+    # the capture: 2 requests arrive at step 0, one at 5 and one at 11, beside running decodes
+    assert "".join(s.stage[0] for s in steps) == "pdddd" + "pddddd" + "pdddddd"
+    assert [s.stage for s in steps if s.detail["context_requests"]] == ["prefill", "prefilldecode", "prefilldecode"]
+    views = stage_traces(trace, steps)
+    assert {stage: (pick["steps"], pick["kept_steps"]) for stage, (_, _, pick) in views.items()} == \
+        {"prefill": (1, 1), "decode": (15, 13), "prefilldecode": (2, 2)}
+    # an independent count: kernel events that start inside the kept steps' GPU annotations
+    events = raw_events("serving_steps_vllm_format.json.gz")
+    spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "gpu_user_annotation")
+    decode = [(s, e) for s, e, name in spans if name.startswith("execute_context_0(0)")][1:-1]
+    expected = sum(e["dur"] for e in events if e.get("cat") == "kernel"
+                   and any(s <= e["ts"] <= end for s, end in decode))
+    assert views["decode"][2]["kernel_time_us"] == pytest.approx(expected)
+
+
+def test_steps_from_the_call_tree_when_nothing_is_annotated():
+    from magpie.traces.stages import split_steps
+
+    trace = load_trace(TRACES / "llama_unannotated.json.gz")
+    assert not trace.annotations
+    steps, how = split_steps(trace)
+    # the capture: a prefill of 4 x 80 tokens, then 12 decode steps of 4 tokens
+    assert how["method"] == "call tree" and how["anchor"] == "aten::embedding"
+    assert [s.stage for s in steps] == ["prefill"] + ["decode"] * 12
+    assert [s.detail["gemm_rows"] for s in steps[:2]] == [320, 4]
+    launched = sum(k.dur for k in trace.kernels if k.launch is not None)
+    assert sum(k.dur for k in trace.kernels if any(s.start <= k.ts <= s.end for s in steps)) == \
+        pytest.approx(launched)
+    steps, how = split_steps(load_trace(TRACES / "train_step_mlp.json.gz"))
+    assert steps == [] and "no top-level op repeats" in how["reason"]
+
+
+def test_stage_words_and_step_formats():
+    from magpie.traces.stages import STEP_FORMATS
+
+    def stage(name):
+        for pattern, classify in STEP_FORMATS.values():
+            match = pattern.search(name)
+            if match:
+                return classify(match)[0]
+        return "none"
+
+    assert stage("execute_context_3(512)_generation_0(0)") == "prefill"
+    assert stage("execute_context_0(0)_generation_8(8)") == "decode"
+    assert stage("execute_context_1(77)_generation_8(8)") == "prefilldecode"
+    assert stage("execute_context_0(0)_generation_0(0)") is None  # an idle step
+    assert stage("step_7_decode") == "decode" and stage("EXTEND 12") == "prefill" and stage("mixed-3") == "prefilldecode"
+    assert stage("decoder_layer") == "none" and stage("prefill") == "none"  # a step needs its number
+
+
+def test_inference_mode_writes_per_stage_outputs_and_the_tracelens_block(tmp_path):
+    import shutil
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for name in ("serving_steps_vllm_format.json.gz", "train_step_mlp.json.gz"):
+        shutil.copy(TRACES / name, folder / name)
+    summary = json.loads(magpie("benchmark", "--trace-dir", folder, "--analysis-mode", "inference", "-o",
+                                tmp_path / "o", "--json", cwd=tmp_path, check=0).stdout)
+    block = summary["tracelens_analysis"]
+    assert block["analysis_mode"] == "inference" and block["errors"] == []
+    stages = block["per_stage"]["serving_steps_vllm_format"]
+    assert set(stages) == {"prefill", "decode", "prefilldecode"}
+    for info in stages.values():
+        assert all(Path(f).is_file() for f in info["files"]) and info["reason"]
+    decode = tmp_path / "o" / "tracelens" / "serving_steps_vllm_format" / "decode"
+    with open(decode / "gap_analysis.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sum(float(r["Self CUDA total (us)"]) for r in rows) <= stages["decode"]["kernel_time_us"] + 0.01
+    timeline = {r["type"]: float(r["time ms"]) for r in csv.DictReader(open(decode / "gpu_timeline.csv"))}
+    assert timeline["computation_time"] * 1000 == pytest.approx(stages["decode"]["kernel_time_us"], rel=1e-3)
+    assert any("train_step_mlp" in w and "no steps found" in w for w in block["warnings"])
+    assert all(Path(f).is_file() for f in block["outputs"])

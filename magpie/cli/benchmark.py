@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from magpie.errors import UserError
 
@@ -21,6 +22,11 @@ def add_parser(sub) -> None:
     p.add_argument("--end-pct", type=float, default=100.0, help="window end, percent of the GPU span")
     p.add_argument("--steady-state", action="store_true",
                    help="window each trace to its repeating steps (numbered annotations), first and last left out")
+    p.add_argument("--analysis-mode", choices=("pytorch", "inference"), default="pytorch",
+                   help="pytorch: the whole-trace report; inference: also split serving traces into steps and "
+                        "stages (prefill, decode, prefilldecode) from the engine's step annotations (vLLM's "
+                        "execute_context_..._generation_...; a stage word beside a step number) or the call tree's "
+                        "repetition, with per-stage outputs under tracelens/<trace>/<stage>/ (default: %(default)s)")
     p.add_argument("--include-category", default="", help="only these categories, comma separated "
                                                            "(gemm, attention, norm, softmax, reduction, copy, "
                                                            "elementwise, communication, memcpy, memset, other)")
@@ -68,7 +74,7 @@ def run(args) -> int:
                                  include=_categories(args.include_category), exclude=_categories(args.exclude_category),
                                  min_duration_us=args.min_duration_us, arch_name=args.arch,
                                  source_repos=args.kernel_source_repos if args.find_kernel_sources else None,
-                                 steady_state=args.steady_state)
+                                 steady_state=args.steady_state, analysis_mode=args.analysis_mode)
     except TraceError as err:
         raise UserError(str(err)) from None
     if args.json:
@@ -85,6 +91,10 @@ def run(args) -> int:
         source = f"  [{row['Source State']}: {row['Source']}]" if "Source State" in row else ""
         print(f"{row['% Total']:8.2f} {row['Self CUDA total (us)']:10.1f} {row['Calls']:6d} {row['Category']:12} "
               f"{row['Normalized Name'][:80]}{source}")
+    for label, stages in summary["tracelens_analysis"]["per_stage"].items():
+        for stage, info in stages.items():
+            print(f"{label} {stage}: {info['kept_steps']} of {info['steps']} steps, "
+                  f"{info['kernel_time_us'] / 1000:.2f} ms of kernel time -> {Path(info['files'][0]).parent}")
     for warning in summary["warnings"]:
         print(f"warning: {warning}")
     print(f"written: {summary['outputs']['gap_analysis']}")

@@ -19,6 +19,7 @@ from magpie.traces.ops_tables import BY_CATEGORY, OPS_SUMMARY, UNIFIED, ops_tabl
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
+from magpie.traces.stages import split_steps, stage_traces
 from magpie.traces.steady import steady_state_window
 from magpie.traces.timeline import gpu_timeline
 
@@ -40,7 +41,8 @@ def _rank_label(trace: Trace, index: int) -> str:
 def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 20, window: Window | None = None,
                    include: set[str] | None = None, exclude: set[str] | None = None,
                    min_duration_us: float = 0.0, arch_name: str | None = None,
-                   source_repos: list[str | Path] | None = None, steady_state: bool = False) -> dict:
+                   source_repos: list[str | Path] | None = None, steady_state: bool = False,
+                   analysis_mode: str = "pytorch") -> dict:
     window = window or Window()
     out = Path(out_dir)
     traces, skipped = _load_all(trace_dir)
@@ -66,7 +68,9 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         for device, rows in devices.items():
             suffix = "" if len(timelines) == 1 and len(devices) == 1 else f"_rank{rank}_dev{device}"
             atomic_write(out / f"gpu_timeline{suffix}.csv", _csv(rows, ["type", "time ms", "percent"]))
-    pages = [_per_trace_outputs(t, out, arch_name, timelines[_rank_label(t, i)]) for i, t in enumerate(traces)]
+    pages = [_per_trace_outputs(t, out / "tracelens", _label(t), arch_name, timelines[_rank_label(t, i)])
+             for i, t in enumerate(traces)]
+    tracelens = _tracelens_analysis(traces, out, analysis_mode, arch_name, top_k, pages)
     summary = {
         "traces": [{"path": t.path, "rank": _rank_label(t, i), "device": t.device_name(), "kernels": len(t.kernels),
                     "unlinked": t.unlinked, "skipped_events": t.skipped} for i, t in enumerate(traces)],
@@ -84,7 +88,9 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         + [f"{p['trace']}: no steady state picked ({p['reason']}); the whole window is used"
            for p in picks if not p["picked"]],
         "errors": [],
+        "tracelens_analysis": tracelens,
     }
+    summary["warnings"] += tracelens["warnings"]
     atomic_write(out / "gap_analysis" / "gap_analysis.json", json.dumps(summary, indent=1))
     atomic_write(out / "trace_report.html", render_trace_report(summary, pages))
     summary["outputs"]["report"] = str(out / "trace_report.html")
@@ -129,17 +135,57 @@ def _map_sources(top: list[dict], source_repos, out: Path) -> list[str]:
     return ["Source State", "Source", "Source Confidence"]
 
 
-def _per_trace_outputs(trace: Trace, out: Path, arch_name: str | None, timelines: dict) -> dict:
-    """The roofline CSV and op tables of one trace; returns what its section of the page shows."""
+def _label(trace: Trace) -> str:
+    return Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
+
+
+def _tracelens_analysis(traces: list[Trace], out: Path, mode: str, arch_name: str | None, top_k: int,
+                        pages: list[dict]) -> dict:
+    """The `tracelens_analysis` block: what was written, and in inference mode the per-stage
+    outputs of each trace with the steps picked and why."""
+    outputs = [page["roofline_file"]["path"] for page in pages]
+    outputs += [str(out / "tracelens" / page["label"] / f"{name}.csv") for page in pages for name in TABLE_COLUMNS]
+    block = {"analysis_mode": mode, "outputs": outputs, "per_stage": {}, "picks": [], "warnings": [], "errors": []}
+    if mode != "inference":
+        return block
+    for trace in traces:
+        label = _label(trace)
+        steps, how = split_steps(trace)
+        block["picks"].append({"trace": trace.path, **{k: v for k, v in how.items() if k != "warnings"}})
+        block["warnings"] += [f"{trace.path}: {w}" for w in how.get("warnings", [])]
+        if not steps:
+            block["warnings"].append(f"{trace.path}: no steps found ({how['reason']}); no per-stage outputs")
+            continue
+        stages = {}
+        for stage, (view, spans, pick) in stage_traces(trace, steps).items():
+            folder = out / "tracelens" / label / stage
+            atomic_write(folder / "gap_analysis.csv", _csv(gap_rows(view, Window(), top_k=top_k), COLUMNS))
+            timeline_files = []
+            for device, rows in gpu_timeline(view, spans).items():
+                suffix = "" if len(trace.device_properties) <= 1 else f"_dev{device}"
+                timeline_files.append(str(folder / f"gpu_timeline{suffix}.csv"))
+                atomic_write(folder / f"gpu_timeline{suffix}.csv", _csv(rows, ["type", "time ms", "percent"]))
+            page = _per_trace_outputs(view, folder, f"{label}_{stage}", arch_name, {}, tables_folder=folder)
+            files = [str(folder / "gap_analysis.csv"), *timeline_files, page["roofline_file"]["path"],
+                     *(str(folder / f"{name}.csv") for name in TABLE_COLUMNS)]
+            stages[stage] = {**pick, "files": files}
+            block["outputs"] += files
+        block["per_stage"][label] = stages
+    return block
+
+
+def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | None, timelines: dict,
+                       tables_folder: Path | None = None) -> dict:
+    """The roofline CSV and op tables of one trace (or one stage of it); returns what its
+    section of the page shows."""
     arch = (lookup(trace.device_name()) if trace.device_name() else None) or \
         (lookup(arch_name) if arch_name else None)
-    label = Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
-    target = out / "tracelens" / f"{label}_kernel_roofline_simple.csv"
+    target = folder / f"{label}_kernel_roofline_simple.csv"
     groups = signature_groups(trace)
     atomic_write(target, _csv(roofline_rows(groups, arch), ROOFLINE_COLUMNS))
     tables = ops_tables(groups)
     for name, rows in tables.items():
-        atomic_write(out / "tracelens" / label / f"{name}.csv", _csv(rows, TABLE_COLUMNS[name]))
+        atomic_write((tables_folder or folder / label) / f"{name}.csv", _csv(rows, TABLE_COLUMNS[name]))
     peaks = ("measured (magpie calibrate)" if arch.measured else arch.source) if arch else "none: pass --arch"
     return {"label": label, "device": trace.device_name(), "kernels": len(trace.kernels), "unlinked": trace.unlinked,
             "peaks": peaks, "timelines": timelines, "ops": tables["ops_summary"][:15],

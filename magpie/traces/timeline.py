@@ -39,8 +39,9 @@ def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list
     return out
 
 
-def gpu_timeline(trace: Trace) -> dict[int, list[dict]]:
-    """Rows per device: type, time ms, percent (of the device's total span)."""
+def gpu_timeline(trace: Trace, spans: list[tuple[float, float]] | None = None) -> dict[int, list[dict]]:
+    """Rows per device: type, time ms, percent (of the device's total span, or of the given
+    spans, e.g. the steps of one stage, whose gaps are then neither busy nor idle)."""
     devices: dict[int, dict[str, list]] = {}
     base = min((a.ts for a in trace.gpu), default=0.0)  # small numbers keep microsecond precision
     for a in trace.gpu:
@@ -52,7 +53,10 @@ def gpu_timeline(trace: Trace) -> dict[int, list[dict]]:
     for device, groups in sorted(devices.items()):
         compute, comm, memcpy = (union(groups[g]) for g in ("compute", "comm", "memcpy"))
         busy = union(compute + comm + memcpy)
-        total = busy[-1][1] - busy[0][0] if busy else 0.0
+        if spans is not None:
+            total = length(union([(s - base, e - base) for s, e in spans]))
+        else:
+            total = busy[-1][1] - busy[0][0] if busy else 0.0
         times = {
             "computation_time": length(compute),
             "exposed_comm_time": length(subtract(comm, compute)),
