@@ -472,3 +472,25 @@ def test_inference_mode_writes_per_stage_outputs_and_the_tracelens_block(tmp_pat
     assert timeline["computation_time"] * 1000 == pytest.approx(stages["decode"]["kernel_time_us"], rel=1e-3)
     assert any("train_step_mlp" in w and "no steps found" in w for w in block["warnings"])
     assert all(Path(f).is_file() for f in block["outputs"])
+
+
+def test_unique_args_and_family_sheets_with_tracelens_columns():
+    from magpie.traces.ops_tables import PERF_FAMILIES, UNIFIED, ops_tables, signature_groups, table_columns
+
+    trace = load_trace(TRACES / "conv_bf16.json.gz")
+    tables = ops_tables(signature_groups(trace))
+    unique = tables["ops_unique_args"]
+    assert sum(r["total_direct_kernel_time_sum"] for r in unique) == pytest.approx(sum(k.dur for k in trace.kernels))
+    assert sum(sum(d["count"] for d in json.loads(r["kernel_details_summary"])) for r in unique) == len(trace.kernels)
+    for row in tables["unified_perf_summary"]:
+        assert row["Kernel Time (µs)_min"] <= row["Kernel Time (µs)_median"] <= row["Kernel Time (µs)_max"]
+        assert row["Kernel Time (µs)_mean"] * row["Count"] == pytest.approx(row["Kernel Time (µs)_sum"], rel=1e-3)
+    conv = tables["CONV_fwd"]
+    assert {r["name"] for r in conv} == {"aten::cudnn_convolution", "aten::cudnn_convolution_transpose"}
+    assert table_columns("CONV_fwd", conv)[:len(UNIFIED)] == UNIFIED
+    assert {"param: stride", "param: groups", "param: transposed"} <= set(table_columns("CONV_fwd", conv))
+    assert {r["name"] for r in tables["UnaryElementwise"]} == {"aten::clamp_min"}  # relu's kernel
+    assert {r["name"] for r in tables["BinaryElementwise"]} == {"aten::add_"}  # the bias
+    gemm = ops_tables(signature_groups(load_trace(TRACES / "llama_decode_bf16.json.gz")))["GEMM"]
+    assert gemm and all({"param: M", "param: N", "param: K"} <= set(r) for r in gemm)
+    assert set(tables) >= set(PERF_FAMILIES)

@@ -6,18 +6,28 @@ is the time of the kernels each CPU op launched directly (its innermost-op kerne
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from magpie.traces.ingest import CpuOp, Trace
 from magpie.traces.perf_models import Estimate, estimate
 
+STATS = ("mean", "median", "std", "min", "max")
 OPS_SUMMARY = ["name", "op category", "total_direct_kernel_time_sum", "Count", "total_direct_kernel_time_ms",
                "Percentage (%)", "Cumulative Percentage (%)"]
 BY_CATEGORY = ["op category", "Count", "total_direct_kernel_time_ms", "Percentage (%)", "Cumulative Percentage (%)"]
-UNIFIED = ["name", "op category", "Input Dims", "Input type", "Count", "Kernel Time (µs)_sum", "Kernel Time (µs)_mean",
-           "GFLOPS", "Data Moved (MB)", "FLOPS/Byte", "TFLOPS/s_mean", "TB/s_mean", "perf_params",
-           "kernel_details_summary"]
+UNIQUE_ARGS = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "operation_count",
+               "total_direct_kernel_time_sum", *(f"total_direct_kernel_time_{s}" for s in STATS),
+               "kernel_details_summary", "Percentage (%)", "Cumulative Percentage (%)"]
+UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "Count", "Kernel Time (µs)_sum",
+           *(f"Kernel Time (µs)_{s}" for s in STATS), "GFLOPS", "Data Moved (MB)", "FLOPS/Byte",
+           *(f"TFLOPS/s_{s}" for s in STATS), *(f"TB/s_{s}" for s in STATS), "compute_spec", "has_perf_model",
+           "perf_params", "kernel_details_summary", "Percentage (%)", "Cumulative Percentage (%)"]
+# TraceLens's performance-metric sheets, one CSV each: the unified rows of one op family
+# with a "param: <name>" column per perf-model parameter. Input strides are not ingested.
+PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise")
 
 _FAMILY_CATEGORY = {"GEMM": "GEMM", "elementwise": "elementwise", "reduction": "reduce", "copy": "elementwise",
                     "indexing": "other", "normalization": "other", "softmax": "other"}
@@ -48,7 +58,7 @@ class SignatureGroup:
     est: Estimate | None
     category: str
     times: list[float] = field(default_factory=list)  # direct kernel time of each call, µs
-    kernels: dict[str, int] = field(default_factory=dict)
+    kernels: dict[str, list[float]] = field(default_factory=dict)  # kernel name -> its durations, µs
 
     @property
     def total(self) -> float:
@@ -61,12 +71,13 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
     launches: dict = defaultdict(lambda: ([], [0.0]))
     for kernel in trace.kernels:
         # a kernel launched outside any op is its own launcher (Triton's launcher calls the driver directly)
-        names, time = launches[kernel.op if kernel.op is not None else ("launch", kernel.launch, kernel.ts)]
-        names.append(kernel.name)
+        launched, time = launches[kernel.op if kernel.op is not None else ("launch", kernel.launch, kernel.ts)]
+        launched.append(kernel)
         time[0] += kernel.dur
     groups: dict[tuple, SignatureGroup] = {}
-    for launcher, (names, (time,)) in launches.items():
+    for launcher, (launched, (time,)) in launches.items():
         op = trace.cpu_ops[launcher] if isinstance(launcher, int) else None
+        names = [k.name for k in launched]
         key = (op.name, repr(op.input_dims), repr(op.input_types), repr(op.concrete)) if op else (_OUTSIDE, names[0])
         group = groups.get(key)
         if group is None:
@@ -74,8 +85,8 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
             name = op.name if op else _OUTSIDE
             group = groups[key] = SignatureGroup(name, op, est, op_category(name, est.family if est else None, names))
         group.times.append(time)
-        for kernel in names:
-            group.kernels[kernel] = group.kernels.get(kernel, 0) + 1
+        for kernel in launched:
+            group.kernels.setdefault(kernel.name, []).append(kernel.dur)
     return sorted(groups.values(), key=lambda g: -g.total)
 
 
@@ -110,24 +121,79 @@ def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
         cat["total_direct_kernel_time_ms"] = round(cat["total_direct_kernel_time_ms"], 6)
     by_category = sorted(categories.values(), key=lambda r: -r["total_direct_kernel_time_ms"])
     _percentages(by_category, "total_direct_kernel_time_ms")
-    return {"ops_summary": ops, "ops_summary_by_category": by_category,
-            "unified_perf_summary": [_unified_row(g) for g in groups]}
+    unique = [_unique_args_row(g) for g in groups]
+    _percentages(unique, "total_direct_kernel_time_sum")
+    unified = [_unified_row(g) for g in groups]
+    _percentages(unified, "Kernel Time (µs)_sum")
+    tables = {"ops_summary": ops, "ops_summary_by_category": by_category, "ops_unique_args": unique,
+              "unified_perf_summary": unified}
+    for family in PERF_FAMILIES:
+        tables[family] = [{**row, **{f"param: {k}": v for k, v in g.est.params.items()}}
+                          for g, row in zip(groups, unified) if g.est is not None and perf_family(g) == family]
+    return tables
+
+
+def table_columns(name: str, rows: list[dict]) -> list[str]:
+    """The CSV columns of a table: fixed ones, and for a family sheet its parameters too."""
+    fixed = {"ops_summary": OPS_SUMMARY, "ops_summary_by_category": BY_CATEGORY, "ops_unique_args": UNIQUE_ARGS,
+             "unified_perf_summary": UNIFIED}.get(name)
+    if fixed is not None:
+        return fixed
+    params = dict.fromkeys(k for row in rows for k in row if k.startswith("param: "))
+    return [*UNIFIED, *params]
+
+
+def perf_family(group: SignatureGroup) -> str | None:
+    """The TraceLens performance sheet a modelled op belongs on, if any."""
+    if group.category in PERF_FAMILIES:
+        return group.category
+    if group.est is not None and group.est.family == "elementwise":
+        return "UnaryElementwise" if group.est.params.get("tensor_inputs", 1) <= 1 else "BinaryElementwise"
+    return None
+
+
+def _stats(values: list[float], prefix: str, digits: int = 4) -> dict:
+    if not values:
+        return {}
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    return {f"{prefix}_mean": round(mean, digits), f"{prefix}_median": round(statistics.median(values), digits),
+            f"{prefix}_std": round(std, digits), f"{prefix}_min": round(min(values), digits),
+            f"{prefix}_max": round(max(values), digits)}
+
+
+def _kernel_details(group: SignatureGroup) -> str:
+    details = []
+    for name, durations in group.kernels.items():
+        stats = _stats(durations, "d")
+        details.append({"kernel_name": name, "count": len(durations), "mean_duration_us": stats["d_mean"],
+                        "std_dev_duration_us": stats["d_std"]})
+    return json.dumps(details)
+
+
+def _signature(group: SignatureGroup) -> dict:
+    op = group.op
+    return {"name": group.name, "op category": group.category,
+            "Input Dims": json.dumps(op.input_dims) if op else "", "Input type": json.dumps(op.input_types) if op else "",
+            "Concrete Inputs": json.dumps(op.concrete) if op and op.concrete is not None else ""}
+
+
+def _unique_args_row(group: SignatureGroup) -> dict:
+    return {**_signature(group), "operation_count": len(group.times),
+            "total_direct_kernel_time_sum": round(group.total, 3),
+            **_stats(group.times, "total_direct_kernel_time"), "kernel_details_summary": _kernel_details(group)}
 
 
 def _unified_row(group: SignatureGroup) -> dict:
-    times, est, op = group.times, group.est, group.op
-    total = group.total
-    out = {"name": group.name, "op category": group.category,
-           "Input Dims": json.dumps(op.input_dims) if op else "",
-           "Input type": json.dumps(op.input_types) if op else "",
-           "Count": len(times), "Kernel Time (µs)_sum": round(total, 3),
-           "Kernel Time (µs)_mean": round(total / len(times), 3),
-           "kernel_details_summary": json.dumps([{"name": k, "count": c} for k, c in group.kernels.items()])}
+    times, est = group.times, group.est
+    out = {**_signature(group), "Count": len(times), "Kernel Time (µs)_sum": round(group.total, 3),
+           **_stats(times, "Kernel Time (µs)"), "has_perf_model": est is not None,
+           "kernel_details_summary": _kernel_details(group)}
     if est is not None:
-        mean_s = total / len(times) / 1e6
+        seconds = [t / 1e6 for t in times if t > 0]
         out.update({"GFLOPS": round(est.flops / 1e9, 6), "Data Moved (MB)": round(est.bytes / 1e6, 6),
                     "FLOPS/Byte": round(est.flops / est.bytes, 4) if est.bytes else None,
-                    "TFLOPS/s_mean": round(est.flops / mean_s / 1e12, 4) if mean_s else None,
-                    "TB/s_mean": round(est.bytes / mean_s / 1e12, 4) if mean_s else None,
+                    **_stats([est.flops / s / 1e12 for s in seconds], "TFLOPS/s"),
+                    **_stats([est.bytes / s / 1e12 for s in seconds], "TB/s"),
                     "perf_params": json.dumps(est.params), "compute_spec": est.precision})
     return out

@@ -263,7 +263,8 @@ def elementwise(op):
         numel = math.prod(shape)
         moved = sum(t.nbytes for t in present) + numel * DTYPE_BYTES.get(present[0].dtype, 4)
     flops = 0.0 if op.name in ("aten::copy_", "aten::fill_", "aten::_to_copy", "aten::clone") else float(numel)
-    return Estimate("elementwise", flops, moved, _vector_precision(present[0].dtype), {"numel": numel})
+    return Estimate("elementwise", flops, moved, _vector_precision(present[0].dtype),
+                    {"numel": numel, "tensor_inputs": len(present)})
 
 
 def _dims(text: str, rank: int) -> list[int] | None:

@@ -15,15 +15,13 @@ from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
-from magpie.traces.ops_tables import BY_CATEGORY, OPS_SUMMARY, UNIFIED, ops_tables, signature_groups
+from magpie.traces.ops_tables import ops_tables, signature_groups, table_columns
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
 from magpie.traces.stages import split_steps, stage_traces
 from magpie.traces.steady import steady_state_window
 from magpie.traces.timeline import gpu_timeline
-
-TABLE_COLUMNS = {"ops_summary": OPS_SUMMARY, "ops_summary_by_category": BY_CATEGORY, "unified_perf_summary": UNIFIED}
 
 
 def _csv(rows: list[dict], columns: list[str]) -> str:
@@ -143,8 +141,7 @@ def _tracelens_analysis(traces: list[Trace], out: Path, mode: str, arch_name: st
                         pages: list[dict]) -> dict:
     """The `tracelens_analysis` block: what was written, and in inference mode the per-stage
     outputs of each trace with the steps picked and why."""
-    outputs = [page["roofline_file"]["path"] for page in pages]
-    outputs += [str(out / "tracelens" / page["label"] / f"{name}.csv") for page in pages for name in TABLE_COLUMNS]
+    outputs = [path for page in pages for path in (page["roofline_file"]["path"], *page["table_files"])]
     block = {"analysis_mode": mode, "outputs": outputs, "per_stage": {}, "picks": [], "warnings": [], "errors": []}
     if mode != "inference":
         return block
@@ -167,7 +164,7 @@ def _tracelens_analysis(traces: list[Trace], out: Path, mode: str, arch_name: st
                 atomic_write(folder / f"gpu_timeline{suffix}.csv", _csv(rows, ["type", "time ms", "percent"]))
             page = _per_trace_outputs(view, folder, f"{label}_{stage}", arch_name, {}, tables_folder=folder)
             files = [str(folder / "gap_analysis.csv"), *timeline_files, page["roofline_file"]["path"],
-                     *(str(folder / f"{name}.csv") for name in TABLE_COLUMNS)]
+                     *page["table_files"]]
             stages[stage] = {**pick, "files": files}
             block["outputs"] += files
         block["per_stage"][label] = stages
@@ -184,13 +181,17 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
     groups = signature_groups(trace)
     atomic_write(target, _csv(roofline_rows(groups, arch), ROOFLINE_COLUMNS))
     tables = ops_tables(groups)
+    table_files = []
     for name, rows in tables.items():
-        atomic_write((tables_folder or folder / label) / f"{name}.csv", _csv(rows, TABLE_COLUMNS[name]))
+        if rows or not name[0].isupper():  # a family sheet only where the trace has such ops, as TraceLens does
+            table_files.append(str((tables_folder or folder / label) / f"{name}.csv"))
+            atomic_write(Path(table_files[-1]), _csv(rows, table_columns(name, rows)))
     peaks = ("measured (magpie calibrate)" if arch.measured else arch.source) if arch else "none: pass --arch"
     return {"label": label, "device": trace.device_name(), "kernels": len(trace.kernels), "unlinked": trace.unlinked,
             "peaks": peaks, "timelines": timelines, "ops": tables["ops_summary"][:15],
             "roofline_points": _roofline_points(tables["unified_perf_summary"], arch),
-            "roofline_file": {"path": str(target), "arch": arch.name if arch else None, "peaks": peaks}}
+            "roofline_file": {"path": str(target), "arch": arch.name if arch else None, "peaks": peaks},
+            "table_files": table_files}
 
 
 def _roofline_points(unified: list[dict], arch, limit: int = 12) -> list[tuple[str, dict]]:

@@ -33,7 +33,7 @@ def roofline_rows(groups: list[SignatureGroup], arch: Arch | None) -> list[dict]
         signature = repr([op.input_dims, op.input_types, op.concrete]) if op else next(iter(group.kernels))
         row = {"source_category": est.family if est else "unmodeled", "op_name": group.name,
                "param_signature": signature, "params_json": json.dumps(est.params) if est else "",
-               "operation_count": len(times), "num_kernels": sum(group.kernels.values()),
+               "operation_count": len(times), "num_kernels": sum(len(d) for d in group.kernels.values()),
                "kernel_time_ms_sum": _round(group.total / 1000, 6), "time_pct": _round(100 * group.total / total_us),
                "kernel_time_us_mean": _round(group.total / len(times)), "has_perf_model": est is not None,
                "input_dims": json.dumps(op.input_dims) if op else "",
