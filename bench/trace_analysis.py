@@ -44,10 +44,11 @@ def tiled(copies: int) -> dict:
     return dict(data, traceEvents=out)
 
 
-def measure(directory: Path) -> dict:
+def measure(directory: Path, mode: str) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "magpie", "benchmark", "--trace-dir",
-                           str(directory), "-o", str(directory / "out")], capture_output=True, text=True, check=True)
+                           str(directory), "--analysis-mode", mode, "-o", str(directory / f"out-{mode}")],
+                          capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
     trace = next(directory.glob("*.json"))
@@ -67,16 +68,18 @@ def main() -> int:
             path = folder / "trace.json"
             path.write_text(json.dumps(data))
             size_mb = path.stat().st_size / 1e6
-            result = measure(folder)
-            rows.append((len(data["traceEvents"]), size_mb, result))
+            events = len(data["traceEvents"])
             del data
+            for mode in ("pytorch", "inference"):
+                rows.append((copies, mode, events, size_mb, measure(folder, mode)))
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}; {datetime.date.today()}\n")
-    print("| trace | events | size MB | `magpie benchmark --trace-dir` s | peak RSS MB | orjson decode alone (process) s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for (events, size, r), copies in zip(rows, (4, 40)):
-        print(f"| llama decode tiled x{copies} | {events:,} | {size:.0f} | {r['wall_s']:.2f} | {r['peak_mb']:.0f} | "
-              f"{r['decode_process_s']:.2f} |")
+    print("| trace | analysis mode | events | size MB | `magpie benchmark --trace-dir` s | peak RSS MB "
+          "| orjson decode alone (process) s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for copies, mode, events, size, r in rows:
+        print(f"| llama decode tiled x{copies} | {mode} | {events:,} | {size:.0f} | {r['wall_s']:.2f} | "
+              f"{r['peak_mb']:.0f} | {r['decode_process_s']:.2f} |")
     return 0
 
 

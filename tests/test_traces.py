@@ -445,7 +445,8 @@ def test_stage_words_and_step_formats():
     assert stage("execute_context_0(0)_generation_8(8)") == "decode"
     assert stage("execute_context_1(77)_generation_8(8)") == "prefilldecode"
     assert stage("execute_context_0(0)_generation_0(0)") is None  # an idle step
-    assert stage("step_7_decode") == "decode" and stage("EXTEND 12") == "prefill" and stage("mixed-3") == "prefilldecode"
+    assert stage("step_7_decode") == "decode" and stage("EXTEND 12") == "prefill"
+    assert stage("mixed-3") == "prefilldecode"
     assert stage("decoder_layer") == "none" and stage("prefill") == "none"  # a step needs its number
 
 

@@ -174,7 +174,8 @@ def _kernel_details(group: SignatureGroup) -> str:
 def _signature(group: SignatureGroup) -> dict:
     op = group.op
     return {"name": group.name, "op category": group.category,
-            "Input Dims": json.dumps(op.input_dims) if op else "", "Input type": json.dumps(op.input_types) if op else "",
+            "Input Dims": json.dumps(op.input_dims) if op else "",
+            "Input type": json.dumps(op.input_types) if op else "",
             "Concrete Inputs": json.dumps(op.concrete) if op and op.concrete is not None else ""}
 
 
