@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass, field
+
+import msgspec
 
 from magpie.traces.ingest import CpuOp, Trace
 from magpie.traces.perf_models import Estimate, estimate
@@ -68,17 +69,22 @@ class SignatureGroup:
 def signature_groups(trace: Trace) -> list[SignatureGroup]:
     """Calls grouped by op and argument signature, longest total kernel time first; the perf
     model is evaluated once per group. Both the op tables and the roofline rows read these."""
-    launches: dict = defaultdict(lambda: ([], [0.0]))
+    launches: dict = {}
     for kernel in trace.kernels:
         # a kernel launched outside any op is its own launcher (Triton's launcher calls the driver directly)
-        launched, time = launches[kernel.op if kernel.op is not None else ("launch", kernel.launch, kernel.ts)]
-        launched.append(kernel)
-        time[0] += kernel.dur
+        launcher = kernel.op if kernel.op is not None else ("launch", kernel.launch, kernel.ts)
+        launched = launches.get(launcher)
+        if launched is None:
+            launches[launcher] = [kernel]
+        else:
+            launched.append(kernel)
     groups: dict[tuple, SignatureGroup] = {}
-    for launcher, (launched, (time,)) in launches.items():
+    encode = msgspec.json.encode  # a signature key several times faster than repr() of the argument lists
+    for launcher, launched in launches.items():
         op = trace.cpu_ops[launcher] if isinstance(launcher, int) else None
+        time = sum(k.dur for k in launched)
         names = [k.name for k in launched]
-        key = (op.name, repr(op.input_dims), repr(op.input_types), repr(op.concrete)) if op else (_OUTSIDE, names[0])
+        key = (op.name, encode((op.input_dims, op.input_types, op.concrete))) if op else (_OUTSIDE, names[0])
         group = groups.get(key)
         if group is None:
             est = estimate(op) if op else None

@@ -5,6 +5,7 @@ for people. Callable from the CLI and from rules alike."""
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import json
 from pathlib import Path
@@ -104,6 +105,9 @@ def _load_all(trace_dir) -> tuple[list[Trace], list[str]]:
             skipped.append(str(err))
     if not traces:
         raise TraceError(f"{trace_dir}: no PyTorch profiler traces among its JSON files ({skipped[0]})")
+    # The parsed traces live until the end and hold no cycles: out of the collector's sight, they
+    # no longer make each full collection walk millions of objects (0.17 s each for 100k events).
+    gc.freeze()
     return traces, skipped
 
 

@@ -16,11 +16,6 @@ COLUMNS = ["source_category", "op_name", "param_signature", "params_json", "oper
            "roofline_bound", "pct_roofline_mean", "roofline_time_us", "has_perf_model", "input_dims", "input_type"]
 
 
-def _mean(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
 def _round(value, digits: int = 4):
     return None if value is None else round(value, digits)
 
@@ -39,16 +34,16 @@ def roofline_rows(groups: list[SignatureGroup], arch: Arch | None) -> list[dict]
                "input_dims": json.dumps(op.input_dims) if op else "",
                "input_type": json.dumps(op.input_types) if op else ""}
         if est is not None:
-            per_instance = [roofline(est.flops, est.bytes, us / 1e6, arch, est.precision) for us in times if us > 0] \
-                if arch else []
             row.update(gflops=_round(est.flops / 1e9, 6), data_moved_mb=_round(est.bytes / 1e6, 6),
                        arithmetic_intensity_flops_per_byte=_round(est.flops / est.bytes if est.bytes else None),
                        compute_spec=est.precision)
-            if per_instance:
-                row.update(achieved_tflops_mean=_round(_mean([r["achieved_tflops"] for r in per_instance])),
-                           achieved_tbps_mean=_round(_mean([r["achieved_tbps"] for r in per_instance])),
-                           roofline_bound=per_instance[0]["bound"],
-                           pct_roofline_mean=_round(_mean([r["pct_of_roofline"] for r in per_instance])),
-                           roofline_time_us=_round(per_instance[0]["roofline_time_us"]))
+            rates = [1e6 / us for us in times if us > 0]
+            if arch and rates:
+                # Achieved rates and percent of roofline are linear in 1/time, so their means over
+                # the calls are the values at the time whose inverse is the mean inverse time.
+                r = roofline(est.flops, est.bytes, len(rates) / sum(rates), arch, est.precision)
+                row.update(achieved_tflops_mean=_round(r["achieved_tflops"]), achieved_tbps_mean=_round(r["achieved_tbps"]),
+                           roofline_bound=r["bound"], pct_roofline_mean=_round(r["pct_of_roofline"]),
+                           roofline_time_us=_round(r["roofline_time_us"]))
         rows.append({column: row.get(column) for column in COLUMNS})
     return rows

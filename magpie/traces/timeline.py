@@ -8,13 +8,20 @@ from magpie.traces.kernels import category
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
+    merged: list[tuple[float, float]] = []
+    if not intervals:
+        return merged
+    ordered = sorted(intervals)
+    start, end = ordered[0]
+    for s, e in ordered:
+        if s <= end:
+            if e > end:
+                end = e
         else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
+            merged.append((start, end))
+            start, end = s, e
+    merged.append((start, end))
+    return merged
 
 
 def length(intervals: list[tuple[float, float]]) -> float:
