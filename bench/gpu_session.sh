@@ -28,6 +28,7 @@ for step in "$@"; do
     calibrate) timeout 120 python3 -m magpie calibrate --json > /tmp/s/calibration.json 2>&1 ;;
     fidelity) timeout 480 python3 bench/gpu_fidelity.py --parts timers --out /tmp/s > /tmp/s/fidelity.txt 2>&1 ;;
     short) timeout 200 python3 bench/gpu_fidelity.py --parts timers --only "one element" --out /tmp/s/short > /tmp/s/short.txt 2>&1 ;;
+    gemm) timeout 120 python3 bench/gemm_timer_variants.py /tmp/s/gemm_variants.json > /tmp/s/gemm.txt 2>&1 ;;
     startup) timeout 200 python3 bench/cuda_startup.py /tmp/s/cuda_startup.json > /tmp/s/startup.txt 2>&1 ;;
     traces) timeout 150 python3 bench/capture_traces.py /tmp/s/traces serving_steps,llama_unannotated,conv_net,fp8_scaled_mm > /tmp/s/traces.txt 2>&1 ;;
     throughput) timeout 280 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
@@ -35,4 +36,4 @@ for step in "$@"; do
 done
 tar czf "$OUT/gpu_session.tar.gz" -C /tmp s
 cat /tmp/s/env.txt; tail -5 /tmp/s/gpu_tests.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
-cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
+cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null

@@ -42,7 +42,8 @@ def roofline_rows(groups: list[SignatureGroup], arch: Arch | None) -> list[dict]
                 # Achieved rates and percent of roofline are linear in 1/time, so their means over
                 # the calls are the values at the time whose inverse is the mean inverse time.
                 r = roofline(est.flops, est.bytes, len(rates) / sum(rates), arch, est.precision)
-                row.update(achieved_tflops_mean=_round(r["achieved_tflops"]), achieved_tbps_mean=_round(r["achieved_tbps"]),
+                row.update(achieved_tflops_mean=_round(r["achieved_tflops"]),
+                           achieved_tbps_mean=_round(r["achieved_tbps"]),
                            roofline_bound=r["bound"], pct_roofline_mean=_round(r["pct_of_roofline"]),
                            roofline_time_us=_round(r["roofline_time_us"]))
         rows.append({column: row.get(column) for column in COLUMNS})
