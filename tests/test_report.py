@@ -91,13 +91,20 @@ def test_trace_report_renders_in_headless_chromium(tmp_path):
         pytest.skip("chromium not installed (apt-get install chromium)")
     from conftest import FIXTURES
 
-    magpie("benchmark", "--trace-dir", FIXTURES / "traces" / "h200", "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    traces = FIXTURES / "traces" / "h200"
+    magpie("benchmark", "--trace-dir", traces, "--analysis-mode", "inference", "-o", tmp_path / "out", cwd=tmp_path,
+           check=0)
+    count = len(list(traces.glob("*.json.gz")))
     page = tmp_path / "out" / "trace_report.html"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120).stdout
-    assert dom.count('<section class="trace"') == 3
-    assert dom.count('aria-label="gpu timeline"') == 3 and 'aria-label="roofline"' in dom
+    assert dom.count('<section class="trace"') == count
+    assert dom.count('aria-label="gpu timeline"') == count and 'aria-label="roofline"' in dom
+    # the serving, decode and unannotated captures, and the Triton capture's repeated iterations
+    # (one token count throughout: taken as decode, with a warning)
+    assert dom.count('<table class="stages">') == 4
+    assert "prefilldecode" in dom and "the first and the last left out" in dom
     assert "aten::mm" in dom and "<td>triton</td>" in dom and "multi_tensor_apply" in dom

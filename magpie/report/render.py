@@ -49,13 +49,21 @@ def report(job, out_dir: Path) -> dict:
             "files": ["report.html", "summary.md"], "errors": []}
 
 
-def render_trace_report(summary: dict, traces: list[dict]) -> str:
-    """The trace analysis as a page: per trace, the GPU timeline, the top ops and the ops on
-    the roofline; then the top kernels across traces."""
+def _trace_pages(summary: dict) -> list[dict]:
+    """The summary's per-trace pages with their plots drawn (the summary is left as it is)."""
+    pages = []
+    for page in summary["pages"]:
+        pages.append({**page, "timeline_svgs": [(device, Markup(timeline_bar(rows)))
+                                                for device, rows in page["timelines"].items()],
+                      "roofline_svg": Markup(roofline_chart([tuple(p) for p in page["roofline_points"]]))})
+    return pages
+
+
+def render_trace_report(summary: dict) -> str:
+    """The trace analysis as a page: per trace, the GPU timeline, the stages (inference mode),
+    the top ops and the ops on the roofline; then the top kernels across traces."""
     env = _environment()
-    for trace in traces:
-        trace["timelines"] = [(device, Markup(timeline_bar(rows))) for device, rows in trace["timelines"].items()]
-        trace["roofline_svg"] = Markup(roofline_chart(trace.pop("roofline_points")))
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return env.get_template("trace_report.html.j2").render(traces=traces, top=summary["top"],
-                                                            window=summary["window"], generated=generated)
+    return env.get_template("trace_report.html.j2").render(
+        pages=_trace_pages(summary), per_stage=summary["tracelens_analysis"]["per_stage"], top=summary["top"],
+        window=summary["window"], generated=generated)

@@ -90,8 +90,10 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         "tracelens_analysis": tracelens,
     }
     summary["warnings"] += tracelens["warnings"]
+    summary["pages"] = [{k: v for k, v in page.items() if k not in ("roofline_file", "table_files")}
+                        for page in pages]
     atomic_write(out / "gap_analysis" / "gap_analysis.json", json.dumps(summary, indent=1))
-    atomic_write(out / "trace_report.html", render_trace_report(summary, pages))
+    atomic_write(out / "trace_report.html", render_trace_report(summary))
     summary["outputs"]["report"] = str(out / "trace_report.html")
     return summary
 
