@@ -28,6 +28,7 @@ class Project:
     @classmethod
     def from_manifest(cls, manifest: Manifest, root: Path, manifest_path: Path,
                       workspace: str | Path | None = None) -> "Project":
+        _check_trace_folders(manifest, root, manifest_path)
         rules = resolve_rules(manifest.rule, manifest_path)
         tasks = expand(manifest, root, rules)
         store = Store(Path(workspace) if workspace else root / manifest.project.workspace)
@@ -38,18 +39,34 @@ class Project:
         if not names:
             return list(self.tasks)
         kernel_ids = {k.id for k in self.manifest.kernel}
+        trace_ids = {t.id for t in self.manifest.traces}
         selected = []
         for name in names:
             if name in self.tasks:
                 selected.append(name)
             elif name in kernel_ids:
                 selected.extend(t for t, spec in self.tasks.items() if spec.kernel == name)
+            elif name in trace_ids:
+                selected.extend(t for t, spec in self.tasks.items() if spec.scope == "trace" and t.endswith(f":{name}"))
             else:
                 from magpie.errors import UserError
 
-                raise UserError(f"{self.manifest_path}: no kernel or task named {name!r} "
+                raise UserError(f"{self.manifest_path}: no kernel, trace set or task named {name!r} "
                                 f"(kernels: {', '.join(sorted(kernel_ids)) or 'none'}; see magpie build --dry-run)")
         return selected
 
     def stale(self, names: list[str] | None = None) -> list[str]:
         return [n for n in (names or list(self.tasks)) if not self.store.has(self.tasks[n].key)]
+
+
+def _check_trace_folders(manifest: Manifest, root: Path, manifest_path: Path) -> None:
+    from magpie.errors import located
+
+    for i, trace in enumerate(manifest.traces):
+        if not (root / trace.dir).is_dir():
+            raise located(manifest_path, f"traces[{i}].dir",
+                          f"no folder {trace.dir!r} next to the manifest: give the folder of profiler traces")
+        for repo in trace.kernel_source_repos:
+            if not (root / repo).is_dir():
+                raise located(manifest_path, f"traces[{i}].kernel_source_repos",
+                              f"no folder {repo!r} next to the manifest")

@@ -495,3 +495,42 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     gemm = ops_tables(signature_groups(load_trace(TRACES / "llama_decode_bf16.json.gz")))["GEMM"]
     assert gemm and all({"param: M", "param: N", "param: K"} <= set(r) for r in gemm)
     assert set(tables) >= set(PERF_FAMILIES)
+
+
+def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
+    """[[traces]] in magpie.toml: analysed by the trace_analysis rule, shown in the build's report,
+    rebuilt only when a trace changes; a missing folder is one line naming the field."""
+    import shutil
+
+    from conftest import build_json, write
+
+    (tmp_path / "traces").mkdir()
+    for name in ("serving_steps_vllm_format.json.gz", "triton_rmsnorm_matmul.json.gz"):
+        shutil.copy(TRACES / name, tmp_path / "traces" / name)
+    write(tmp_path, {"magpie.toml": """
+        [[traces]]
+        id = "serving"
+        dir = "traces"
+        analysis_mode = "inference"
+        top_k = 5
+    """})
+    first = magpie("build", "--json", cwd=tmp_path, check=0)
+    assert json.loads(first.stdout)["executed"] == ["trace_analysis:serving", "report"], first.stdout
+    assert build_json(tmp_path)["executed"] == []
+    published = tmp_path / "workspaces" / "reports" / "traces" / "serving"
+    result = json.loads((published / "result.json").read_text())
+    assert result["state"] == "SUCCESS" and len(result["summary"]["top"]) == 5
+    outputs = result["summary"]["tracelens_analysis"]["outputs"]
+    assert outputs and all((published / path).is_file() for path in outputs)  # relative to the artifact
+    html = (tmp_path / "workspaces" / "reports" / "report.html").read_text()
+    assert 'id="traces-serving"' in html and '<table class="stages">' in html
+    assert "traces/serving/trace_report.html" in html
+    shutil.copy(TRACES / "llama_unannotated.json.gz", tmp_path / "traces" / "extra.json.gz")
+    assert build_json(tmp_path)["executed"] == ["trace_analysis:serving", "report"]
+    write(tmp_path, {"magpie.toml": """
+        [[traces]]
+        id = "serving"
+        dir = "no_such_folder"
+    """})
+    proc = magpie("build", cwd=tmp_path, check=2)
+    assert proc.stderr.strip().count("\n") == 0 and "traces[0].dir" in proc.stderr and "Traceback" not in proc.stderr

@@ -99,7 +99,7 @@ def _up_to_date_by_snapshot(manifest: Path, as_json: bool) -> bool:
     tasks = saved["tasks"]
     if not all(store.has(t["key"]) for t in tasks.values()):
         return False
-    publish(store, [(t["rule"], t["kernel"], t["key"]) for t in tasks.values()])
+    publish(store, [(name, t["rule"], t["kernel"], t["key"]) for name, t in tasks.items()])
     if as_json:
         print(json.dumps({"executed": [], "failed": [], "up_to_date": len(tasks)}))
     else:
@@ -108,20 +108,28 @@ def _up_to_date_by_snapshot(manifest: Path, as_json: bool) -> bool:
 
 
 def publish_project(project) -> None:
-    publish(project.store, [(spec.rule, spec.kernel, spec.key) for spec in project.tasks.values()])
+    publish(project.store, [(name, spec.rule, spec.kernel, spec.key) for name, spec in project.tasks.items()])
 
 
-def publish(store, artifacts: list[tuple[str, str | None, str]]) -> None:
-    """Copy the current comparison and report artifacts to stable paths under reports/."""
+def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> None:
+    """Copy the current comparison, trace analysis and report artifacts to stable paths under reports/."""
     out = store.workspace / "reports"
-    for rule, kernel, key in artifacts:
-        if rule not in ("comparison", "report") or not store.has(key):
+    for name, rule, kernel, key in artifacts:
+        if rule not in ("comparison", "report", "trace_analysis") or not store.has(key):
             continue
         folder = store.path(key)
         if rule == "comparison":
             target = out / kernel / "compare_report.json"
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(folder / "result.json", target)
+        elif rule == "trace_analysis":
+            target = out / "traces" / name.split(":", 1)[1]
+            stamp = target / ".artifact"
+            if stamp.is_file() and stamp.read_text() == key:
+                continue  # published already: keeps the no-op build a stat per artifact
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(folder, target)
+            stamp.write_text(key)
         else:
             out.mkdir(parents=True, exist_ok=True)
             for produced in ("report.html", "summary.md"):

@@ -23,6 +23,7 @@ ACTIONS = {
     "comparison": "magpie.execution.actions:comparison",
     "profile": "magpie.execution.profile:profile",
     "report": "magpie.report.render:report",
+    "trace_analysis": "magpie.traces.report:trace_analysis_rule",
 }
 COMMAND_ACTION = "magpie.execution.actions:command"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from magpie.errors import UserError
 from magpie.graph.fingerprint import fingerprint, gpu_description
 from magpie.graph.rules import Rule
-from magpie.manifest.models import Implementation, Kernel, Manifest
+from magpie.manifest.models import Implementation, Kernel, Manifest, TraceSet
 from magpie.paths import templates_dir
 
 
@@ -116,9 +116,11 @@ class Expander:
         self.tasks: dict[str, TaskSpec] = {}
 
     # -- inputs -----------------------------------------------------------------------------
-    def _placeholder_files(self, name: str, kernel: Kernel | None, impl: Implementation | None) -> list[str]:
+    def _placeholder_files(self, name: str, kernel: Kernel | None, impl: Implementation | None,
+                           trace: TraceSet | None = None) -> list[str]:
         baseline = kernel.baseline if kernel else None
         table = {
+            "trace.files": lambda: self._trace_files(trace) if trace else [],
             "impl.source": lambda: [impl.source] if impl else [],
             "impl.source_files": lambda: list(impl.source_files) if impl else [],
             "baseline.source": lambda: [baseline.source] if baseline else [],
@@ -130,11 +132,16 @@ class Expander:
             raise UserError(f"rule input {{{name}}}: unknown placeholder (known: {', '.join(table)})")
         return table[name]()
 
-    def _inputs(self, rule: Rule, kernel, impl) -> list[str]:
+    def _trace_files(self, trace: TraceSet) -> list[str]:
+        folder = self.root / trace.dir
+        found = [p for p in folder.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))]
+        return sorted(p.relative_to(self.root).as_posix() for p in found)
+
+    def _inputs(self, rule: Rule, kernel, impl, trace: TraceSet | None = None) -> list[str]:
         files: list[str] = []
         for pattern in rule.inputs:
             if pattern.startswith("{") and pattern.endswith("}") and pattern.count("{") == 1:
-                names = self._placeholder_files(pattern[1:-1], kernel, impl)
+                names = self._placeholder_files(pattern[1:-1], kernel, impl, trace)
             else:
                 names = [pattern]
             files.extend(n for n in names if n not in files)
@@ -147,7 +154,7 @@ class Expander:
 
     # -- expansion --------------------------------------------------------------------------
     def expand(self) -> dict[str, TaskSpec]:
-        order = {"implementation": 0, "kernel": 1, "project": 2}
+        order = {"implementation": 0, "kernel": 1, "trace": 1, "project": 2}
         device_kind = self.device.split(":", 1)[0]
         for rule in sorted(self.rules, key=lambda r: order[r.scope]):
             if device_kind not in rule.devices:
@@ -160,6 +167,9 @@ class Expander:
             elif rule.scope == "kernel":
                 for kernel in self.manifest.kernel:
                     self._add(rule, kernel, None)
+            elif rule.scope == "trace":
+                for trace in self.manifest.traces:
+                    self._add_trace(rule, trace)
             else:
                 self._add(rule, None, None)
         for spec in self.tasks.values():
@@ -205,6 +215,19 @@ class Expander:
             },
         )
 
+    def _add_trace(self, rule: Rule, trace: TraceSet) -> None:
+        name = f"{rule.name}:{trace.id}"
+        settings = {"trace": trace.model_dump(), "project": {"device": self.device}}
+        self.tasks[name] = TaskSpec(
+            name=name, rule=rule.name, scope=rule.scope, action=rule.action, kernel=None, impl=None,
+            inputs=self._inputs(rule, None, None, trace),
+            config={section: settings[section] for section in rule.config if section in settings},
+            fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
+            deps=self._deps(rule, None, None),
+            params={"root": str(self.root), "rule_identity": rule.identity(), "description": rule.description,
+                    "impl": None, "baseline": None, "settings": settings, "project": self.manifest.project.name},
+        )
+
     def _deps(self, rule: Rule, kernel, impl) -> list[str]:
         out: list[str] = []
 
@@ -224,6 +247,9 @@ class Expander:
             elif dep.startswith("kernels."):
                 for k in self.manifest.kernel:
                     add(f"{dep[8:]}:{k.id}")
+            elif dep.startswith("traces."):
+                for t in self.manifest.traces:
+                    add(f"{dep[7:]}:{t.id}")
             elif impl is not None:
                 add(f"{dep}:{kernel.id}/{impl.id}")
             elif kernel is not None:

@@ -15,8 +15,8 @@ from magpie.errors import UserError, located
 from magpie.manifest.load import describe_validation_error, parse_toml
 from magpie.paths import rules_dir
 
-Scope = Literal["implementation", "kernel", "project"]
-DEP_PREFIXES = ("baseline.", "impls.", "kernels.")
+Scope = Literal["implementation", "kernel", "trace", "project"]
+DEP_PREFIXES = ("baseline.", "impls.", "kernels.", "traces.")
 
 
 class Rule(BaseModel):
@@ -28,7 +28,7 @@ class Rule(BaseModel):
     inputs: list[str] = []
     deps: list[str] = []
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
-    config: list[Literal["compile", "correctness", "timing", "project"]] = []
+    config: list[Literal["compile", "correctness", "timing", "project", "trace"]] = []
     fingerprint: list[Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu",
                               "rocprofv3"]] = []
     action: str

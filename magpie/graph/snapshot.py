@@ -55,6 +55,9 @@ def _watched(project) -> list[str]:
             if name.startswith("magpie-templates/"):
                 continue
             paths.add(str((project.root / name).resolve()))
+    for trace in project.manifest.traces:  # a trace added to a folder changes the folder's stat
+        folder = (project.root / trace.dir).resolve()
+        paths.update([str(folder), *(str(d) for d in folder.rglob("*") if d.is_dir())])
     paths.update(str(p) for p in rules_dir().glob("*.toml"))
     paths.update(str(p) for p in templates_dir().glob("*.j2"))
     paths.update(str(p) for p in _PACKAGE.rglob("*.py"))

@@ -120,6 +120,18 @@ class Kernel(Strict):
         return impl.type or self.type
 
 
+class TraceSet(Strict):
+    """A folder of PyTorch profiler traces, analysed by the trace_analysis rule."""
+
+    id: str = Field(pattern=IDENT)
+    dir: str = Field(description="folder of .json / .json.gz traces, relative to magpie.toml")
+    analysis_mode: Literal["pytorch", "inference"] = "pytorch"
+    top_k: int = Field(20, ge=1)
+    steady_state: bool = False
+    arch: Optional[str] = Field(None, description="accelerator when the traces do not name one")
+    kernel_source_repos: list[str] = Field([], description="repositories to map top kernels to source")
+
+
 class BenchmarkSpec(Strict):
     """Reserved for the serving-benchmark issue; validated so typos surface early."""
 
@@ -135,12 +147,14 @@ class Manifest(Strict):
     kernel: list[Kernel] = []
     rule: list[dict] = []
     benchmark: list[BenchmarkSpec] = []
+    traces: list[TraceSet] = []
 
     @model_validator(mode="after")
-    def _unique_kernels(self):
-        seen = set()
-        for kernel in self.kernel:
-            if kernel.id in seen:
-                raise ValueError(f"kernel id {kernel.id!r} is used twice")
-            seen.add(kernel.id)
+    def _unique_ids(self):
+        for kind, items in (("kernel", self.kernel), ("traces", self.traces)):
+            seen = set()
+            for item in items:
+                if item.id in seen:
+                    raise ValueError(f"{kind} id {item.id!r} is used twice")
+                seen.add(item.id)
         return self

@@ -23,7 +23,7 @@ def _environment() -> Environment:
     return env
 
 
-def render(comparisons: list[dict], project: str) -> dict[str, str]:
+def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None = None) -> dict[str, str]:
     env = _environment()
     kernels = []
     for comp in comparisons:
@@ -32,7 +32,9 @@ def render(comparisons: list[dict], project: str) -> dict[str, str]:
                         "timing_svg": Markup(timing_boxes(comp["results"])),
                         "speedup_svg": Markup(speedup_bars(comp["results"])),
                         "roofline_svg": Markup(roofline_plot(comp["results"]))})
-    context = {"project": project, "kernels": kernels,
+    traces = [{**t, "pages": _trace_pages(t["summary"]), "per_stage": t["summary"]["tracelens_analysis"]["per_stage"]}
+              if t.get("summary") else t for t in trace_sets or []]
+    context = {"project": project, "kernels": kernels, "trace_sets": traces,
                "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     html = env.get_template("report.html.j2").render(**context)
     md_env = _environment()
@@ -43,10 +45,11 @@ def render(comparisons: list[dict], project: str) -> dict[str, str]:
 
 def report(job, out_dir: Path) -> dict:
     comparisons = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("comparison:")]
-    for name, text in render(comparisons, job.spec.params["project"]).items():
+    trace_sets = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("trace_analysis:")]
+    for name, text in render(comparisons, job.spec.params["project"], trace_sets).items():
         (out_dir / name).write_text(text)
     return {"state": "SUCCESS", "kernels": [c["kernel"] for c in comparisons],
-            "files": ["report.html", "summary.md"], "errors": []}
+            "trace_sets": [t["trace_set"] for t in trace_sets], "files": ["report.html", "summary.md"], "errors": []}
 
 
 def _trace_pages(summary: dict) -> list[dict]:

@@ -212,3 +212,18 @@ def _roofline_points(unified: list[dict], arch, limit: int = 12) -> list[tuple[s
         if len(points) == limit:
             break
     return points
+
+
+def trace_analysis_rule(job, out_dir: Path) -> dict:
+    """The trace_analysis rule: one declared folder of traces analysed into the artifact."""
+    trace = job.spec.params["settings"]["trace"]
+    root = Path(job.spec.params["root"])
+    try:
+        summary = analyze_traces(root / trace["dir"], out_dir, top_k=trace["top_k"], arch_name=trace["arch"],
+                                 steady_state=trace["steady_state"], analysis_mode=trace["analysis_mode"],
+                                 source_repos=[root / r for r in trace["kernel_source_repos"]] or None)
+    except TraceError as err:
+        return {"state": "FAILED", "trace_set": trace["id"], "errors": [str(err)]}
+    # Paths inside the artifact are kept relative to it: the artifact moves into the store.
+    text = json.dumps(summary).replace(json.dumps(str(out_dir) + "/")[1:-1], "")
+    return {"state": "SUCCESS", "trace_set": trace["id"], "summary": json.loads(text), "errors": []}
