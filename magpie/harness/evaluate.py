@@ -216,13 +216,20 @@ class Evaluator:
             phases.mark("start")
             samples = {role: [] for role in workers}
             wall = {role: 0.0 for role in workers}
-            probes = {}
+            # First calls (context creation, input upload, JIT, warm-up) in all workers at once;
+            # nothing is measured until every worker is through them.
+            for worker in workers.values():
+                worker.send({"op": "time", "inputs_file": timing_inputs, "out_specs": out_specs,
+                             "warmup_ms": t["warmup_ms"]})
             for role, worker in workers.items():
-                answer = self._time_request(worker, timing_inputs, out_specs, warmup_ms=t["warmup_ms"],
-                                            probe=self.device != "cpu")
-                probes[role] = answer.get("probe_us", 0.0)
+                answer = worker.receive(self.timeout + t["warmup_ms"] / 1000)
+                if not answer["ok"]:
+                    raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
                 first_steps[role] = answer.get("steps_s")
             phases.mark("first_calls")
+            probes = {role: self._time_request(w, timing_inputs, out_specs, probe=self.device != "cpu")
+                      .get("probe_us", 0.0) for role, w in workers.items()}
+            phases.mark("probe")
             mode = self._mode(min(probes.values()))
             rounds = int(t["rounds"])
             for r in range(rounds):

@@ -52,14 +52,24 @@ class Worker:
         os.close(command_read)
         os.close(answer_write)
         self._buffer = b""
+        self._sent = time.monotonic()
 
     def request(self, message: dict, timeout_s: float) -> dict:
         """Send one command; return its answer, or raise WorkerFailure with the verdict."""
-        started = time.monotonic()
+        self.send(message)
+        return self.receive(timeout_s)
+
+    def send(self, message: dict) -> None:
+        """Send a command without waiting, so that several workers can work at once."""
+        self._sent = time.monotonic()
         try:
             os.write(self._command_write, (json.dumps(message) + "\n").encode())
         except BrokenPipeError:
             raise WorkerFailure(self._death_verdict()) from None
+
+    def receive(self, timeout_s: float) -> dict:
+        """The answer to the last command sent, within timeout_s of sending it."""
+        started = self._sent
         deadline = started + timeout_s
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
