@@ -108,3 +108,26 @@ def test_trace_report_renders_in_headless_chromium(tmp_path):
     assert dom.count('<table class="stages">') == 4
     assert "prefilldecode" in dom and "the first and the last left out" in dom
     assert "aten::mm" in dom and "<td>triton</td>" in dom and "multi_tensor_apply" in dom
+
+
+def test_reports_are_checked_against_their_models():
+    """The H200 compare report (written before the models existed) matches CompareReport; a
+    row that loses a Magpie key, or a speedup verdict outside the known ones, does not."""
+    import copy
+    import json
+
+    from pydantic import ValidationError
+
+    from conftest import FIXTURES
+    from magpie.report.models import CompareReport
+
+    report = json.loads((FIXTURES / "h200" / "compare_report_softmax.json").read_text())
+    CompareReport.model_validate(report)
+    broken = copy.deepcopy(report)
+    del broken["results"][0]["correctness_state"]
+    with pytest.raises(ValidationError, match="correctness_state"):
+        CompareReport.model_validate(broken)
+    broken = copy.deepcopy(report)
+    broken["results"][1]["speedup"]["verdict"] = "probably faster"
+    with pytest.raises(ValidationError, match="verdict"):
+        CompareReport.model_validate(broken)

@@ -459,6 +459,9 @@ def test_inference_mode_writes_per_stage_outputs_and_the_tracelens_block(tmp_pat
         shutil.copy(TRACES / name, folder / name)
     summary = json.loads(magpie("benchmark", "--trace-dir", folder, "--analysis-mode", "inference", "-o",
                                 tmp_path / "o", "--json", cwd=tmp_path, check=0).stdout)
+    from magpie.report.models import TraceSummary
+
+    TraceSummary.model_validate(summary)  # the CLI's summary keeps the rule's contract
     block = summary["tracelens_analysis"]
     assert block["analysis_mode"] == "inference" and block["errors"] == []
     stages = block["per_stage"]["serving_steps_vllm_format"]

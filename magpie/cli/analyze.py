@@ -27,7 +27,9 @@ def run(args) -> int:
     kernel = project.manifest.kernel[0]
     report["type"] = kernel.impl_type(kernel.baseline)
     report["source"] = kernel.baseline.source
-    write_json(out / "analyze_report.json", report)
+    from magpie.report.models import AnalyzeReport, checked
+
+    write_json(out / "analyze_report.json", checked(AnalyzeReport, report))
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=True))
     else:

@@ -216,7 +216,9 @@ def comparison(job, out_dir: Path) -> dict:
             "warnings": tim.get("warnings", []),
             "_baseline_samples": tim.get("baseline_samples_us"),
         })
-    return rank(kernel, rows, job.spec.params.get("baseline"))
+    from magpie.report.models import CompareReport, checked
+
+    return checked(CompareReport, rank(kernel, rows, job.spec.params.get("baseline")))
 
 
 def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:

@@ -224,6 +224,9 @@ def trace_analysis_rule(job, out_dir: Path) -> dict:
                                  source_repos=[root / r for r in trace["kernel_source_repos"]] or None)
     except TraceError as err:
         return {"state": "FAILED", "trace_set": trace["id"], "errors": [str(err)]}
+    from magpie.report.models import TraceSummary, checked  # here, not on the CLI's path: pydantic costs 0.18 s
+
+    checked(TraceSummary, summary)
     # Paths inside the artifact are kept relative to it: the artifact moves into the store.
     text = json.dumps(summary).replace(json.dumps(str(out_dir) + "/")[1:-1], "")
     return {"state": "SUCCESS", "trace_set": trace["id"], "summary": json.loads(text), "errors": []}

@@ -1,0 +1,156 @@
+"""The reports magpie writes, as pydantic models: the contract behind their JSON keys.
+
+Reports are built as plain dicts by the actions (they cross process boundaries as JSON) and
+checked against these models before they are written, so a key that goes missing or changes
+type fails the build that wrote it instead of the scripts that read it. The keys follow
+Magpie's (`compiling_state`, `correctness_state`, `performance_state`, `performance_result`,
+`errors`) and TraceLens's where they exist. Nested details the models do not name (timer
+info, kernel lists, per-round data) are allowed through unchecked.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+State = Literal["SUCCESS", "FAILED", "SKIPPED"]
+
+
+class Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class PerformanceResult(Open):
+    median_us: float
+    p20_us: float
+    p80_us: float
+    min_us: float
+    mean_us: float
+    n: int
+    cv: float
+    method: str
+    shape: Optional[str] = None
+    kernel_us: Optional[float] = None
+    dispatch_overhead_us: Optional[float] = None
+    flags: list[str] = []
+
+
+class Speedup(Open):
+    value: float
+    ci_low: float
+    ci_high: float
+    verdict: Literal["faster", "slower", "within noise", "baseline"]
+
+
+class ResultRow(Open):
+    implementation: str
+    is_baseline: bool
+    compiling_state: State
+    correctness_state: State
+    numerics: Literal["verified", "unverified"]
+    verdict: str
+    performance_state: State
+    performance_result: Optional[PerformanceResult]
+    baseline_result: Optional[PerformanceResult]
+    samples_us: Optional[list[float]]
+    speedup: Optional[Speedup]
+    profile: Optional[dict]
+    errors: list[str]
+    warnings: list[str]
+
+
+class Excluded(Open):
+    implementation: str
+    reason: str
+
+
+class CompareReport(Open):
+    """compare_report.json: one kernel's implementations, the correctness gate, the ranking."""
+
+    kernel: str
+    baseline: Optional[str]
+    ranking: list[str]
+    best: Optional[str]
+    excluded: list[Excluded]
+    results: list[ResultRow]
+    errors: list[str]
+
+
+class AnalyzeReport(Open):
+    """analyze_report.json: one implementation judged alone."""
+
+    kernel: str
+    type: str
+    source: str
+    compiling_state: State
+    correctness_state: State
+    performance_state: State
+    performance_result: Optional[PerformanceResult]
+    numerics: Literal["verified", "unverified"]
+    verdict: str
+    errors: list[str]
+    warnings: Optional[list[str]]
+
+
+class StagePick(Open):
+    steps: int
+    kept_steps: int
+    reason: str
+    step_mean_us: float
+    kernels: int
+    kernel_time_us: float
+    files: list[str]
+
+
+class TracelensAnalysis(Open):
+    """What the TraceLens-style post-processing wrote, and in inference mode what it picked."""
+
+    analysis_mode: Literal["pytorch", "inference"]
+    outputs: list[str]
+    per_stage: dict[str, dict[Literal["prefill", "decode", "prefilldecode"], StagePick]]
+    picks: list[dict]
+    warnings: list[str]
+    errors: list[str]
+
+
+class TraceInfo(Open):
+    path: str
+    rank: str
+    device: Optional[str]
+    kernels: int
+    unlinked: dict[str, int]
+
+
+class GapRow(Open):
+    """A gap-analysis row: Magpie's columns (Name, Calls, ...) and ours beside them."""
+
+    name: str = Field(alias="Name")
+    calls: int = Field(alias="Calls")
+    total_us: float = Field(alias="Self CUDA total (us)")
+    avg_us: float = Field(alias="Avg time (us)")
+    pct_total: float = Field(alias="% Total")
+    input_shapes: str = Field(alias="Input Shapes")
+
+
+class TraceSummary(Open):
+    """gap_analysis/gap_analysis.json: the compact summary of a trace analysis, for agents."""
+
+    traces: list[TraceInfo]
+    window: dict
+    window_picks: list[dict]
+    total_kernel_time_us: float
+    top_k: int
+    top: list[GapRow]
+    gpu_timeline: dict
+    outputs: dict
+    warnings: list[str]
+    errors: list[str]
+    tracelens_analysis: TracelensAnalysis
+    pages: list[dict]
+
+
+def checked(model: type[BaseModel], report: dict) -> dict:
+    """The report itself, once it matches its model (pydantic's error otherwise)."""
+    model.model_validate(report)
+    return report
