@@ -10,7 +10,9 @@
 - llama_unannotated: a prefill and decode steps with no annotation at all, for the stage
   split from the call tree's repeating structure;
 - conv_bf16: 2-d, grouped, transposed and 1-d convolutions of a small conv net;
-- fp8_scaled_mm: torch._scaled_mm on float8_e4m3fn operands (row-wise and tensor-wise scales).
+- fp8_scaled_mm: torch._scaled_mm on float8_e4m3fn operands (row-wise and tensor-wise scales);
+- graph_replay: an MLP captured as a CUDA graph and replayed as decode steps (vLLM-format
+  annotations written by this script), so kernels come from cudaGraphLaunch.
 Usage: python bench/capture_traces.py OUT_DIR [capture,capture...]
 """
 
@@ -152,6 +154,32 @@ def fp8_scaled_mm(out: Path) -> None:
     _save(prof, out, "fp8_scaled_mm")
 
 
+def graph_replay(out: Path) -> None:
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024))
+    mlp = mlp.to("cuda", torch.bfloat16)
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                mlp(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            mlp(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            with record_function("execute_context_1(8)_generation_0(0)"):
+                mlp(x)  # an eager prefill-like step
+            for _ in range(6):
+                with record_function("execute_context_0(0)_generation_8(8)"):
+                    graph.replay()
+            torch.cuda.synchronize()
+    _save(prof, out, "graph_replay")
+
+
 @triton.jit
 def _rms_kernel(x_ptr, w_ptr, y_ptr, n_cols, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -213,7 +241,8 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
     chosen = set(argv[1].split(",")) if len(argv) > 1 else None
-    captures = (llama_decode, triton_custom, train_step, serving_steps, llama_unannotated, conv_net, fp8_scaled_mm)
+    captures = (llama_decode, triton_custom, train_step, serving_steps, llama_unannotated, conv_net, fp8_scaled_mm,
+                graph_replay)
     for capture in captures:
         if chosen and capture.__name__ not in chosen:
             continue

@@ -25,10 +25,12 @@ def main(argv: list[str]) -> int:
     timer = CudaTimer("cuda")
     dirty = torch.empty(4 * timer.l2_bytes // 4, dtype=torch.int32, device="cuda")
 
-    def run(flush, sync_every: int, budget_s: float = 0.3) -> list[float]:
+    def run(flush, sync_every: int, budget_s: float = 0.3, idle_s: float = 0.0) -> list[float]:
         samples, pending = [], []
         deadline = time.perf_counter() + budget_s
         while time.perf_counter() < deadline:
+            if idle_s:
+                time.sleep(idle_s)
             flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -49,6 +51,9 @@ def main(argv: list[str]) -> int:
         "read flush, sync every 50": lambda: run(timer._flush_l2, 50),
         "write flush, sync each": lambda: run(dirty.zero_, 1),
         "no flush, sync each": lambda: run(lambda: None, 1),
+        "no flush, sync every 50 (back to back)": lambda: run(lambda: None, 50),
+        "no flush, sync each, 1 ms idle before each": lambda: run(lambda: None, 1, idle_s=0.001),
+        "read flush, sync each, 1 ms idle before each": lambda: run(timer._flush_l2, 1, idle_s=0.001),
         "do_bench": None,
     }
     results = {name: [] for name in variants}

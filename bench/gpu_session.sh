@@ -30,7 +30,7 @@ for step in "$@"; do
     short) timeout 200 python3 bench/gpu_fidelity.py --parts timers --only "one element" --out /tmp/s/short > /tmp/s/short.txt 2>&1 ;;
     gemm) timeout 120 python3 bench/gemm_timer_variants.py /tmp/s/gemm_variants.json > /tmp/s/gemm.txt 2>&1 ;;
     startup) timeout 200 python3 bench/cuda_startup.py /tmp/s/cuda_startup.json > /tmp/s/startup.txt 2>&1 ;;
-    traces) timeout 150 python3 bench/capture_traces.py /tmp/s/traces serving_steps,llama_unannotated,conv_net,fp8_scaled_mm > /tmp/s/traces.txt 2>&1 ;;
+    traces) timeout 150 python3 bench/capture_traces.py /tmp/s/traces ${CAPTURES:-serving_steps,llama_unannotated,conv_net,fp8_scaled_mm} > /tmp/s/traces.txt 2>&1 ;;
     throughput) timeout 280 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
   esac
 done
