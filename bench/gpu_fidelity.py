@@ -161,7 +161,7 @@ def main() -> int:
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "date": time.strftime("%Y-%m-%d"), "kernels": {}}
     for name, (fn, nbytes, flops) in (kernels().items() if "timers" in parts else ()):
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         timer.warmup(lambda: fn(), [()], 50)
         probe = timer.probe(lambda: fn(), [()])

@@ -95,6 +95,8 @@ class CudaTimer(Timer):
 
     name = "cuda"
     GRAPH_CALLS = 20
+    BATCH_US = 5000.0  # device time queued between synchronisations in events mode
+    MAX_BATCH = 50
 
     def __init__(self, device: str = "cuda"):
         super().__init__()
@@ -152,21 +154,30 @@ class CudaTimer(Timer):
         return samples
 
     def _events(self, fn, input_sets, budget_ms, max_reps, offset):
+        """Flush, then the call between two events, queued back to back and synchronised in
+        batches of about BATCH_US of device time: a GPU left idle between samples (a sync per
+        call) starts the next kernel in a lower power state, and on the H200 a 4096³ bf16 GEMM
+        then reads 10-30% slower (docs/benchmarks.md)."""
         torch = self.torch
         samples = []
         deadline = _clock_ns() + int(budget_ms * 1e6)
         count = len(input_sets)
         i = offset
+        batch = 1  # until the first sample says how long a call takes
         while len(samples) < max_reps and (not samples or _clock_ns() < deadline):
-            args = input_sets[i % count]
-            self._flush_l2()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(*args)
-            end.record()
+            pending = []
+            for _ in range(min(batch, max_reps - len(samples))):
+                args = input_sets[i % count]
+                self._flush_l2()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(*args)
+                end.record()
+                pending.append((start, end))
+                i += 1
             self._sync()
-            samples.append(int(start.elapsed_time(end) * 1e6))
-            i += 1
+            samples.extend(int(start.elapsed_time(end) * 1e6) for start, end in pending)
+            batch = max(1, min(self.MAX_BATCH, int(self.BATCH_US * 1000 / max(samples[0], 1))))
         return samples
 
     def _graph(self, fn, input_sets, budget_ms, max_reps, offset):
@@ -212,7 +223,8 @@ class CudaTimer(Timer):
                    f"{self.GRAPH_CALLS} (kernels under {GRAPH_THRESHOLD_US:g} µs; warm L2)")
         else:
             how = (f"CUDA events around each call, L2 flushed before each ({4 * self.l2_bytes >> 20} MiB read), "
-                   "device-wide synchronisation after each")
+                   f"calls queued back to back, device-wide synchronisation every ~{self.BATCH_US / 1000:g} ms of "
+                   "device time")
         return (f"{how}; warm-up {settings['warmup_ms']:g} ms, {settings['input_sets']} fresh input sets rotated, "
                 f"{settings['rounds']} rounds interleaved with the baseline; host-synchronised wall time cross-checked")
 
