@@ -85,9 +85,10 @@ class CpuWallTimer(Timer):
 class CudaTimer(Timer):
     """Device time of each call.
 
-    events: CUDA events around each call, the L2 flushed before it by writing a buffer of
-    four times the L2 size, and a device-wide synchronisation after it so nothing of one
-    sample (side streams included) runs into the next. graph: for kernels under
+    events: CUDA events around each call, the L2 flushed before it by reading a buffer of
+    four times the L2 size, calls queued back to back and synchronised device-wide in batches
+    (work a call leaves on a side stream without joining it shows in the host-synchronised
+    cross-check below, not in its events). graph: for kernels under
     GRAPH_THRESHOLD_US, a CUDA graph of GRAPH_CALLS calls is replayed and each replay's
     event time divided by the calls it holds (warm L2: such kernels live in cache anyway).
     After measuring, a few host-synchronised wall-clock calls cross-check the event time.
