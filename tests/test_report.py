@@ -103,9 +103,9 @@ def test_trace_report_renders_in_headless_chromium(tmp_path):
                          timeout=120).stdout
     assert dom.count('<section class="trace"') == count
     assert dom.count('aria-label="gpu timeline"') == count and 'aria-label="roofline"' in dom
-    # the serving, decode and unannotated captures, and the Triton capture's repeated iterations
-    # (one token count throughout: taken as decode, with a warning)
-    assert dom.count('<table class="stages">') == 4
+    # the serving, graph-replay, decode and unannotated captures, and the Triton capture's
+    # repeated iterations (one token count throughout: taken as decode, with a warning)
+    assert dom.count('<table class="stages">') == 5
     assert "prefilldecode" in dom and "the first and the last left out" in dom
     assert "aten::mm" in dom and "<td>triton</td>" in dom and "multi_tensor_apply" in dom
 

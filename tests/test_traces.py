@@ -16,7 +16,8 @@ from magpie.traces.timeline import gpu_timeline, length, subtract, union
 
 TRACES = FIXTURES / "traces" / "h200"
 ALL = ["llama_decode_bf16.json.gz", "triton_rmsnorm_matmul.json.gz", "train_step_mlp.json.gz",
-       "serving_steps_vllm_format.json.gz", "llama_unannotated.json.gz", "conv_bf16.json.gz", "fp8_scaled_mm.json.gz"]
+       "serving_steps_vllm_format.json.gz", "llama_unannotated.json.gz", "conv_bf16.json.gz", "fp8_scaled_mm.json.gz",
+       "graph_replay.json.gz"]
 
 
 FIRST_THREE = ALL[:3]
@@ -52,10 +53,11 @@ def test_every_kernel_links_to_its_launch_and_aten_kernels_to_their_op(name):
     trace = load_trace(TRACES / name)
     assert trace.unlinked["kernels_without_launch"] == 0
     assert all(trace.launches[k.launch].correlation == k.correlation for k in trace.kernels)
-    # Triton's launcher calls the driver directly, outside any aten op: those are counted as such
-    without_op = [k.name for k in trace.kernels if k.op is None]
+    # Triton's launcher calls the driver directly, and a graph replay is no aten op: kernels
+    # outside any op are those, counted as such
+    without_op = [k for k in trace.kernels if k.op is None]
     assert trace.unlinked["kernels_without_cpu_op"] == len(without_op)
-    assert set(without_op) <= {"_rms_kernel"}
+    assert all(k.name == "_rms_kernel" or trace.launches[k.launch].name == "cudaGraphLaunch" for k in without_op)
 
 
 def test_unlinked_kernels_are_counted_not_dropped(tmp_path):
@@ -537,3 +539,20 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
     """})
     proc = magpie("build", cwd=tmp_path, check=2)
     assert proc.stderr.strip().count("\n") == 0 and "traces[0].dir" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_graph_replays_link_to_their_graph_launch_and_are_grouped_by_kernel_kind():
+    from magpie.traces.ops_tables import ops_tables, signature_groups
+    from magpie.traces.stages import split_steps, stage_traces
+
+    trace = load_trace(TRACES / "graph_replay.json.gz")
+    replayed = [k for k in trace.kernels if k.launch is not None
+                and trace.launches[k.launch].name == "cudaGraphLaunch"]
+    assert len(replayed) == 24 and all(k.op is None for k in replayed)  # 6 replays of a 4-kernel graph
+    assert trace.unlinked["kernels_without_launch"] == 0 and trace.unlinked["kernels_without_cpu_op"] == 24
+    ops = {r["name"]: r for r in ops_tables(signature_groups(trace))["ops_summary"]}
+    assert ops["(graph replay: gemm)"]["op category"] == "GEMM"
+    assert ops["(graph replay: elementwise)"]["Count"] == 6
+    steps, _ = split_steps(trace)
+    decode = stage_traces(trace, steps)["decode"][0]
+    assert len(decode.kernels) == 16  # 4 of the 6 replayed steps kept, 4 kernels each

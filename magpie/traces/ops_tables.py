@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from magpie.traces.ingest import CpuOp, Trace
+from magpie.traces.kernels import category as kernel_category
 from magpie.traces.perf_models import Estimate, estimate
 
 STATS = ("mean", "median", "std", "min", "max")
@@ -33,9 +34,16 @@ PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryE
 _FAMILY_CATEGORY = {"GEMM": "GEMM", "elementwise": "elementwise", "reduction": "reduce", "copy": "elementwise",
                     "indexing": "other", "normalization": "other", "softmax": "other"}
 _OUTSIDE = "(launched outside any CPU op)"
+_GRAPH = "(graph replay: {})"
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "hipGraphLaunch")
+# Kernels replayed from a CUDA/HIP graph have no op around them: one pseudo-op per kind of
+# kernel (by name), so each lands in its own category.
+_KERNEL_CATEGORY = {"gemm": "GEMM", "elementwise": "elementwise", "copy": "elementwise", "reduction": "reduce"}
 
 
 def op_category(name: str, family: str | None, kernel_names: list[str]) -> str:
+    if name.startswith("(graph replay: "):
+        return _KERNEL_CATEGORY.get(kernel_category(kernel_names[0]), "other") if kernel_names else "other"
     if name == _OUTSIDE:
         return "triton" if kernel_names and all(not k.startswith(("void ", "at::")) for k in kernel_names) else "other"
     backward = "backward" in name
@@ -84,11 +92,15 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
         op = trace.cpu_ops[launcher] if isinstance(launcher, int) else None
         time = sum(k.dur for k in launched)
         names = [k.name for k in launched]
-        key = (op.name, encode((op.input_dims, op.input_types, op.concrete))) if op else (_OUTSIDE, names[0])
+        if op is None:
+            launch = trace.launches[launched[0].launch] if launched[0].launch is not None else None
+            graph = launch is not None and launch.name.startswith(GRAPH_LAUNCHES)
+            outside = _GRAPH.format(kernel_category(names[0])) if graph else _OUTSIDE
+        key = (op.name, encode((op.input_dims, op.input_types, op.concrete))) if op else (outside, names[0])
         group = groups.get(key)
         if group is None:
             est = estimate(op) if op else None
-            name = op.name if op else _OUTSIDE
+            name = op.name if op else outside
             group = groups[key] = SignatureGroup(name, op, est, op_category(name, est.family if est else None, names))
         group.times.append(time)
         for kernel in launched:
