@@ -78,6 +78,29 @@ def test_unlinked_kernels_are_counted_not_dropped(tmp_path):
     assert rows["k_orphan"]["Self CUDA total (us)"] == 7
 
 
+def test_launches_outside_any_op_are_attributed_to_the_python_function_around_them(tmp_path):
+    """with_stack traces: a Triton launcher's driver call has no aten op around it, but a
+    Python function; an aten op, where there is one, still wins."""
+    events = [
+        {"ph": "X", "cat": "python_function", "name": "kernels.py(12): rmsnorm", "ts": 0, "dur": 50,
+         "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 5, "dur": 2, "pid": 1, "tid": 1,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 20, "dur": 10, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 22, "dur": 2, "pid": 1, "tid": 1,
+         "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "_rms_kernel", "ts": 10, "dur": 5, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "ts": 30, "dur": 5, "args": {"correlation": 2}},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_trace(path)
+    assert len(trace.python_calls) == 1 and trace.unlinked["kernels_without_cpu_op"] == 1
+    rows = {r["Name"]: r for r in gap_rows(trace, Window())}
+    assert rows["_rms_kernel"]["CPU Op"] == "python: kernels.py(12): rmsnorm"
+    assert rows["gemm_kernel"]["CPU Op"] == "aten::mm"
+
+
 def test_gap_rows_rank_by_total_contribution_with_magpie_columns():
     trace = load_trace(TRACES / "llama_decode_bf16.json.gz")
     rows = gap_rows(trace, Window(), top_k=10)

@@ -55,6 +55,8 @@ def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include:
             group["ops"][op.name] += 1
             if op.input_dims is not None:
                 group["shapes"][str(op.input_dims)] += 1
+        elif kernel.python is not None:
+            group["ops"][f"python: {trace.python_calls[kernel.python].name}"] += 1
     rows = []
     for name, g in groups.items():
         avg = g["total"] / g["calls"]

@@ -71,6 +71,7 @@ class GpuActivity:
     correlation: int | None
     launch: int | None = None  # index into Trace.launches
     op: int | None = None  # index into Trace.cpu_ops of the innermost op around the launch
+    python: int | None = None  # index into Trace.python_calls, where no op is around the launch
 
 
 @dataclass(slots=True)
@@ -82,6 +83,18 @@ class Launch:
     tid: int
     correlation: int | None
     op: int | None = None
+    python: int | None = None
+
+
+@dataclass(slots=True)
+class PythonCall:
+    """A python_function span (traces recorded with with_stack=True)."""
+
+    name: str
+    ts: float
+    dur: float
+    pid: int
+    tid: int
 
 
 @dataclass(slots=True)
@@ -104,6 +117,7 @@ class Trace:
     gpu: list[GpuActivity] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
     cpu_ops: list[CpuOp] = field(default_factory=list)
+    python_calls: list[PythonCall] = field(default_factory=list)
     annotations: list[tuple[str, float, float]] = field(default_factory=list)
     gpu_annotations: list[tuple[str, float, float]] = field(default_factory=list)
     unlinked: dict[str, int] = field(default_factory=dict)
@@ -177,6 +191,8 @@ def _load(path: str | Path) -> Trace:
             elif cat == "cpu_op":
                 cpu_ops.append(CpuOp(event.name, ts, dur, event.pid, event.tid, args.input_dims, args.input_type,
                                      args.concrete))
+            elif cat == "python_function":
+                trace.python_calls.append(PythonCall(event.name, ts, dur, event.pid, event.tid))
             elif cat == "user_annotation":
                 trace.annotations.append((event.name, ts, dur))
             elif cat == "gpu_user_annotation":
@@ -195,28 +211,41 @@ def _link(trace: Trace, by_correlation: dict[int, int]) -> None:
         if index is None:
             missing_launch += activity.kind == "kernel"
         activity.launch = index
-    # innermost CPU op containing each launch, per thread: one sweep over both, sorted by time
-    streams: dict[tuple, list] = {}
-    for i, op in enumerate(trace.cpu_ops):
-        streams.setdefault((op.pid, op.tid), []).append((op.ts, 0, -op.dur, i))
-    for i, launch in enumerate(trace.launches):
-        streams.setdefault((launch.pid, launch.tid), []).append((launch.ts, 1, 0.0, i))
-    for items in streams.values():
-        items.sort()
-        open_ops: list[int] = []
-        for ts, kind, _, index in items:
-            while open_ops and trace.cpu_ops[open_ops[-1]].ts + trace.cpu_ops[open_ops[-1]].dur < ts:
-                open_ops.pop()
-            if kind == 0:
-                open_ops.append(index)
-            elif open_ops:
-                trace.launches[index].op = open_ops[-1]
+    for index, op in _innermost(trace.cpu_ops, trace.launches):
+        trace.launches[index].op = op
+    # a launch outside any aten op (a Triton launcher, a graph replay) is attributed to the
+    # innermost Python function around it, where the trace recorded them
+    orphans = [i for i, launch in enumerate(trace.launches) if launch.op is None]
+    if trace.python_calls and orphans:
+        for at, call in _innermost(trace.python_calls, [trace.launches[i] for i in orphans]):
+            trace.launches[orphans[at]].python = call
     without_op = 0
     for activity in trace.gpu:
         if activity.launch is not None:
-            activity.op = trace.launches[activity.launch].op
+            launch = trace.launches[activity.launch]
+            activity.op, activity.python = launch.op, launch.python
             without_op += activity.op is None and activity.kind == "kernel"
     trace.unlinked = {"kernels_without_launch": missing_launch, "kernels_without_cpu_op": without_op}
+
+
+def _innermost(spans: list, points: list):
+    """(point index, index of the innermost span around it on its thread) for each point
+    inside one: one sweep per thread over both, sorted by time."""
+    streams: dict[tuple, list] = {}
+    for i, span in enumerate(spans):
+        streams.setdefault((span.pid, span.tid), []).append((span.ts, 0, -span.dur, i))
+    for i, point in enumerate(points):
+        streams.setdefault((point.pid, point.tid), []).append((point.ts, 1, 0.0, i))
+    for items in streams.values():
+        items.sort()
+        open_spans: list[int] = []
+        for ts, kind, _, index in items:
+            while open_spans and spans[open_spans[-1]].ts + spans[open_spans[-1]].dur < ts:
+                open_spans.pop()
+            if kind == 0:
+                open_spans.append(index)
+            elif open_spans:
+                yield index, open_spans[-1]
 
 
 def trace_files(directory: str | Path) -> list[Path]:
