@@ -106,3 +106,11 @@ def test_h200_compare_report_ranks_with_intervals_and_renders(tmp_path):
 
     html = render([report], "h200")["report.html"]
     assert "triton_rowwise" in html and "faster" in html and 'aria-label="roofline"' in html
+
+
+def test_one_nvidia_smi_query_feeds_keys_and_gpu_info():
+    from magpie.graph.fingerprint import parse_nvidia_smi
+
+    gpus = parse_nvidia_smi("NVIDIA H200, 143771, 580.159.04, 9.0, 1980\nnot a gpu line\n")
+    assert gpus == [{"vendor": "NVIDIA", "name": "NVIDIA H200", "memory_mib": 143771, "driver": "580.159.04",
+                     "architecture": "sm_90", "max_sm_clock_mhz": "1980"}]

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from importlib import metadata
 
-from magpie.graph.fingerprint import cpu_model
+from magpie.graph.fingerprint import cpu_model, nvidia_gpus
 
 
 def _version_line(tool: str, flag: str = "--version") -> str | None:
@@ -27,24 +27,6 @@ def _package(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _nvidia_gpus() -> list[dict]:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return []
-    fields = "name,memory.total,driver_version,compute_cap,clocks.max.sm"
-    try:
-        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    gpus = []
-    for line in out.strip().splitlines():
-        name, mem, driver, cap, clock = [p.strip() for p in line.split(",")]
-        gpus.append({"vendor": "NVIDIA", "name": name, "memory_mib": int(float(mem)), "driver": driver,
-                     "architecture": "sm_" + cap.replace(".", ""), "max_sm_clock_mhz": clock})
-    return gpus
 
 
 def _torch_devices() -> list[dict]:
@@ -66,7 +48,7 @@ def _torch_devices() -> list[dict]:
 
 
 def collect() -> dict:
-    gpus = _nvidia_gpus()
+    gpus = [dict(gpu) for gpu in nvidia_gpus()]  # the query is cached: fill copies
     for gpu, detail in zip(gpus, _torch_devices()) if gpus else ():
         gpu.update({k: v for k, v in detail.items() if v is not None and k != "name"})
     if not gpus:

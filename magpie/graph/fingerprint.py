@@ -44,20 +44,36 @@ def cpu_model() -> str:
 
 
 @lru_cache(maxsize=None)
-def gpu_description() -> tuple[str, str] | None:
-    """(name, sm_XY) of the first NVIDIA GPU, from nvidia-smi; None without one."""
+def nvidia_gpus() -> tuple[dict, ...]:
+    """NVIDIA GPUs as nvidia-smi lists them, asked once per process (keys and --gpu-info alike)."""
     smi = shutil.which("nvidia-smi")
     if not smi:
-        return None
+        return ()
+    fields = "name,memory.total,driver_version,compute_cap,clocks.max.sm"
     try:
-        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    if not out or "," not in out[0]:
-        return None
-    name, cap = (p.strip() for p in out[0].split(",", 1))
-    return name, "sm_" + cap.replace(".", "")
+        return ()
+    return tuple(parse_nvidia_smi(out))
+
+
+def parse_nvidia_smi(out: str) -> list[dict]:
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5:
+            continue
+        name, mem, driver, cap, clock = parts
+        gpus.append({"vendor": "NVIDIA", "name": name, "memory_mib": int(float(mem)), "driver": driver,
+                     "architecture": "sm_" + cap.replace(".", ""), "max_sm_clock_mhz": clock})
+    return gpus
+
+
+def gpu_description() -> tuple[str, str] | None:
+    """(name, sm_XY) of the first NVIDIA GPU; None without one."""
+    gpus = nvidia_gpus()
+    return (gpus[0]["name"], gpus[0]["architecture"]) if gpus else None
 
 
 def _device(device: str) -> str:
