@@ -99,3 +99,11 @@ def test_outside_a_build_a_fresh_process_does_the_same(tmp_path, probe_env):
     proc, code, log = run_probe(tmp_path, probe_env, "report")
     assert not isinstance(proc, zygote.ForkedProcess) and code == 0
     assert json.loads(log.read_text())["torch_preloaded"] is False
+
+
+def test_a_child_that_ends_at_once_reports_its_status(tmp_path, probe_env):
+    """The fork's pid and the exit status can reach the requester in one read."""
+    with zygote.session():
+        for _ in range(20):
+            proc, code, _ = run_probe(tmp_path, probe_env, "exit", "7")
+            assert code == 7 and proc.poll() == 7

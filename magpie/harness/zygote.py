@@ -120,6 +120,7 @@ def _listening(path: Path) -> bool:
     if not path.exists():
         return False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(10)  # a zygote that does not answer a ping in that time is not used
         try:
             probe.connect(str(path))
             probe.sendall(b'{"op": "ping"}\n')
@@ -139,6 +140,9 @@ class ForkedProcess:
 
     def __init__(self, socket_path: Path, module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
                  memory_mb: int, pass_fds: tuple[int, ...]):
+        self.args = [module, *args]
+        self.returncode: int | None = None
+        self._buffer = b""
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.connect(str(socket_path))
@@ -146,29 +150,29 @@ class ForkedProcess:
                        "log": str(log_path), "memory_mb": memory_mb, "fds": list(pass_fds)}
             socket.send_fds(self._conn, [json.dumps(message).encode() + b"\n"], list(pass_fds))
             reply = self._read_line(START_TIMEOUT_S)
-        except OSError:
+        except (OSError, subprocess.TimeoutExpired) as err:
             self._conn.close()
-            raise
+            raise OSError(f"the zygote did not answer: {err}") from None
         if reply is None or "pid" not in reply:
             self._conn.close()
             raise OSError(f"the zygote did not fork: {reply}")
         self.pid = reply["pid"]
-        self.returncode: int | None = None
-        self.args = [module, *args]
 
     def _read_line(self, timeout_s: float | None) -> dict | None:
-        buffer = b""
+        """The zygote's next message (the fork's pid, later the exit status: both can arrive
+        in one read when the child ends at once); None if the zygote closed the connection."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not buffer.endswith(b"\n"):
+        while b"\n" not in self._buffer:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([self._conn], [], [], remaining)
             if not ready:
-                raise subprocess.TimeoutExpired(self.args if hasattr(self, "args") else "fork", timeout_s)
+                raise subprocess.TimeoutExpired(self.args, timeout_s)
             chunk = self._conn.recv(4096)
             if not chunk:
                 return None
-            buffer += chunk
-        return json.loads(buffer)
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
