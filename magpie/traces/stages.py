@@ -111,7 +111,7 @@ def repeated_steps(trace: Trace) -> tuple[list[Step], dict]:
     for i, kernels in enumerate(members):
         if not kernels:
             continue
-        stage = "decode" if tokens[i] and tokens[i] == fewest else "prefill"
+        stage = "prefill" if tokens[i] > fewest else "decode"
         steps.append(Step(f"{anchor} #{i}", stage, min(k.ts for k in kernels), max(k.ts + k.dur for k in kernels),
                           {"gemm_rows": tokens[i]}))
     return steps, {"method": "call tree", "anchor": anchor, "source": "top-level cpu ops of the launching thread",
