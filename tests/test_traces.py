@@ -579,3 +579,17 @@ def test_graph_replays_link_to_their_graph_launch_and_are_grouped_by_kernel_kind
     steps, _ = split_steps(trace)
     decode = stage_traces(trace, steps)["decode"][0]
     assert len(decode.kernels) == 16  # 4 of the 6 replayed steps kept, 4 kernels each
+
+
+def test_traces_with_one_file_name_in_two_folders_keep_their_own_outputs(tmp_path):
+    import shutil
+
+    for rank, name in (("rank0", "llama_decode_bf16.json.gz"), ("rank1", "triton_rmsnorm_matmul.json.gz")):
+        (tmp_path / "t" / rank).mkdir(parents=True)
+        shutil.copy(TRACES / name, tmp_path / "t" / rank / "trace.json.gz")
+    summary = json.loads(magpie("benchmark", "--trace-dir", tmp_path / "t", "-o", tmp_path / "o", "--json",
+                                cwd=tmp_path, check=0).stdout)
+    assert [p["label"] for p in summary["pages"]] == ["rank0_trace", "rank1_trace"]
+    for label in ("rank0_trace", "rank1_trace"):
+        assert (tmp_path / "o" / "tracelens" / f"{label}_kernel_roofline_simple.csv").is_file()
+        assert (tmp_path / "o" / "tracelens" / label / "ops_summary.csv").is_file()

@@ -16,7 +16,7 @@ from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
-from magpie.traces.ops_tables import ops_tables, signature_groups, table_columns
+from magpie.traces.ops_tables import PERF_FAMILIES, ops_tables, signature_groups, table_columns
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
@@ -67,9 +67,10 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         for device, rows in devices.items():
             suffix = "" if len(timelines) == 1 and len(devices) == 1 else f"_rank{rank}_dev{device}"
             atomic_write(out / f"gpu_timeline{suffix}.csv", _csv(rows, ["type", "time ms", "percent"]))
-    pages = [_per_trace_outputs(t, out / "tracelens", _label(t), arch_name, timelines[_rank_label(t, i)])
+    labels = _labels(traces)
+    pages = [_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[_rank_label(t, i)])
              for i, t in enumerate(traces)]
-    tracelens = _tracelens_analysis(traces, out, analysis_mode, arch_name, top_k, pages)
+    tracelens = _tracelens_analysis(traces, labels, out, analysis_mode, arch_name, top_k, pages)
     summary = {
         "traces": [{"path": t.path, "rank": _rank_label(t, i), "device": t.device_name(), "kernels": len(t.kernels),
                     "unlinked": t.unlinked, "skipped_events": t.skipped} for i, t in enumerate(traces)],
@@ -139,20 +140,23 @@ def _map_sources(top: list[dict], source_repos, out: Path) -> list[str]:
     return ["Source State", "Source", "Source Confidence"]
 
 
-def _label(trace: Trace) -> str:
-    return Path(trace.path).name.removesuffix(".gz").removesuffix(".json")
+def _labels(traces: list[Trace]) -> list[str]:
+    """A label per trace for its output files: the file name, with its folder where two traces
+    share a name (rank0/trace.json, rank1/trace.json), and its position where that still does."""
+    names = [Path(t.path).name.removesuffix(".gz").removesuffix(".json") for t in traces]
+    labels = [f"{Path(t.path).parent.name}_{n}" if names.count(n) > 1 else n for t, n in zip(traces, names)]
+    return [f"{label}_{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
 
 
-def _tracelens_analysis(traces: list[Trace], out: Path, mode: str, arch_name: str | None, top_k: int,
-                        pages: list[dict]) -> dict:
+def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode: str, arch_name: str | None,
+                        top_k: int, pages: list[dict]) -> dict:
     """The `tracelens_analysis` block: what was written, and in inference mode the per-stage
     outputs of each trace with the steps picked and why."""
     outputs = [path for page in pages for path in (page["roofline_file"]["path"], *page["table_files"])]
     block = {"analysis_mode": mode, "outputs": outputs, "per_stage": {}, "picks": [], "warnings": [], "errors": []}
     if mode != "inference":
         return block
-    for trace in traces:
-        label = _label(trace)
+    for trace, label in zip(traces, labels):
         steps, how = split_steps(trace)
         block["picks"].append({"trace": trace.path, **{k: v for k, v in how.items() if k != "warnings"}})
         block["warnings"] += [f"{trace.path}: {w}" for w in how.get("warnings", [])]
@@ -189,7 +193,7 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
     tables = ops_tables(groups)
     table_files = []
     for name, rows in tables.items():
-        if rows or not name[0].isupper():  # a family sheet only where the trace has such ops, as TraceLens does
+        if rows or name not in PERF_FAMILIES:  # a family sheet only where the trace has such ops, as TraceLens does
             table_files.append(str((tables_folder or folder / label) / f"{name}.csv"))
             atomic_write(Path(table_files[-1]), _csv(rows, table_columns(name, rows)))
     peaks = ("measured (magpie calibrate)" if arch.measured else arch.source) if arch else "none: pass --arch"
