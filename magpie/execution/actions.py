@@ -13,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -150,7 +150,8 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
                     f"evaluator {signal_verdict(code)}: "
                     + " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])[:600])
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 failure = f"evaluator timeout after {overall:g} s"
         for log in work.glob("worker-*.log"):

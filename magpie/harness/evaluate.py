@@ -219,13 +219,9 @@ class Evaluator:
             # First calls (context creation, input upload, JIT, warm-up) in all workers at once;
             # nothing is measured until every worker is through them.
             for worker in workers.values():
-                worker.send({"op": "time", "inputs_file": timing_inputs, "out_specs": out_specs,
-                             "warmup_ms": t["warmup_ms"]})
+                self._send_time(worker, timing_inputs, out_specs, warmup_ms=t["warmup_ms"])
             for role, worker in workers.items():
-                answer = worker.receive(self.timeout + t["warmup_ms"] / 1000)
-                if not answer["ok"]:
-                    raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
-                first_steps[role] = answer.get("steps_s")
+                first_steps[role] = self._time_answer(worker, warmup_ms=t["warmup_ms"]).get("steps_s")
             phases.mark("first_calls")
             probes = {role: self._time_request(w, timing_inputs, out_specs, probe=self.device != "cpu")
                       .get("probe_us", 0.0) for role, w in workers.items()}
@@ -312,9 +308,16 @@ class Evaluator:
         return method
 
     def _time_request(self, worker: Worker, inputs_file: str, out_specs: list, **params) -> dict:
+        self._send_time(worker, inputs_file, out_specs, **params)
+        return self._time_answer(worker, **params)
+
+    @staticmethod
+    def _send_time(worker: Worker, inputs_file: str, out_specs: list, **params) -> None:
+        worker.send({"op": "time", "inputs_file": inputs_file, "out_specs": out_specs, **params})
+
+    def _time_answer(self, worker: Worker, **params) -> dict:
         deadline = self.timeout + (params.get("budget_ms", 0) + params.get("warmup_ms", 0)) / 1000
-        answer = worker.request({"op": "time", "inputs_file": inputs_file, "out_specs": out_specs, **params},
-                                deadline)
+        answer = worker.receive(deadline)
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         if params.get("budget_ms") and not answer.get("samples_ns"):

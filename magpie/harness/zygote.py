@@ -252,14 +252,14 @@ def _answer(conn: socket.socket, listener: socket.socket, children: dict) -> tup
     args = [renumber.get(a, a) for a in request["args"]]
     pid = os.fork()
     if pid == 0:
-        _become_child(request, args, fds, [listener, conn, *(c for _, c in children.values())], list(children))
+        _become_child(request, args, [listener, conn, *(c for _, c in children.values())], list(children))
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     return os.pidfd_open(pid), pid
 
 
-def _become_child(request: dict, args: list[str], keep_fds: list[int], sockets: list, pidfds: list[int]) -> None:
+def _become_child(request: dict, args: list[str], sockets: list, pidfds: list[int]) -> None:
     code = 1
     try:
         for sock in sockets:

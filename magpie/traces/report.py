@@ -22,6 +22,7 @@ from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
 from magpie.traces.stages import split_steps, stage_traces
 from magpie.traces.steady import steady_state_window
+from magpie.traces.timeline import COLUMNS as TIMELINE_COLUMNS
 from magpie.traces.timeline import gpu_timeline
 
 
@@ -66,7 +67,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     for rank, devices in timelines.items():
         for device, rows in devices.items():
             suffix = "" if len(timelines) == 1 and len(devices) == 1 else f"_rank{rank}_dev{device}"
-            atomic_write(out / f"gpu_timeline{suffix}.csv", _csv(rows, ["type", "time ms", "percent"]))
+            atomic_write(out / f"gpu_timeline{suffix}.csv", _csv(rows, TIMELINE_COLUMNS))
     labels = _labels(traces)
     pages = [_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[_rank_label(t, i)])
              for i, t in enumerate(traces)]
@@ -171,7 +172,7 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
             for device, rows in gpu_timeline(view, spans).items():
                 suffix = "" if len(trace.device_properties) <= 1 else f"_dev{device}"
                 timeline_files.append(str(folder / f"gpu_timeline{suffix}.csv"))
-                atomic_write(folder / f"gpu_timeline{suffix}.csv", _csv(rows, ["type", "time ms", "percent"]))
+                atomic_write(folder / f"gpu_timeline{suffix}.csv", _csv(rows, TIMELINE_COLUMNS))
             page = _per_trace_outputs(view, folder, f"{label}_{stage}", arch_name, {}, tables_folder=folder)
             files = [str(folder / "gap_analysis.csv"), *timeline_files, page["roofline_file"]["path"],
                      *page["table_files"]]

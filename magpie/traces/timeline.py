@@ -6,6 +6,8 @@ from __future__ import annotations
 from magpie.traces.ingest import Trace
 from magpie.traces.kernels import category
 
+COLUMNS = ["type", "time ms", "percent"]
+
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[tuple[float, float]] = []
