@@ -562,6 +562,23 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
     """})
     proc = magpie("build", cwd=tmp_path, check=2)
     assert proc.stderr.strip().count("\n") == 0 and "traces[0].dir" in proc.stderr and "Traceback" not in proc.stderr
+    for manifest, field in (("""
+        [[traces]]
+        id = "serving"
+        dir = "traces"
+        kernel_source_repos = ["no_such_repo"]
+    """, "traces[0].kernel_source_repos"), ("""
+        [[traces]]
+        id = "serving"
+        dir = "traces"
+
+        [[traces]]
+        id = "serving"
+        dir = "traces"
+    """, "'serving' is used twice")):
+        write(tmp_path, {"magpie.toml": manifest})
+        proc = magpie("build", cwd=tmp_path, check=2)
+        assert proc.stderr.strip().count("\n") == 0 and field in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_graph_replays_link_to_their_graph_launch_and_are_grouped_by_kernel_kind():
