@@ -18,7 +18,7 @@ mkdir -p /tmp/s
 python3 -m magpie --gpu-info --json > /tmp/s/gpu_info.json 2>&1
 for step in "$@"; do
   case "$step" in
-    tests) timeout 270 python3 -m pytest -m gpu -q tests/test_gpu.py --basetemp=/tmp/gpu_pytest > /tmp/s/gpu_tests.txt 2>&1;
+    tests) timeout 420 python3 -m pytest -m gpu -q tests/test_gpu.py --basetemp=/tmp/gpu_pytest > /tmp/s/gpu_tests.txt 2>&1;
            cp -r /tmp/gpu_pytest/gpu0/examples/gpu/workspaces/reports /tmp/s/test_reports 2>/dev/null;
            find /tmp/gpu_pytest -name ncu.csv -exec sh -c 'cp "$1" /tmp/s/ncu_$(basename $(dirname "$1")).csv' _ {} \; ;;
     example) (cd examples/gpu && timeout 240 python3 -m magpie build --plain > /tmp/s/example_build.txt 2>&1;
@@ -32,7 +32,7 @@ for step in "$@"; do
     gemm) timeout 120 python3 bench/gemm_timer_variants.py /tmp/s/gemm_variants.json > /tmp/s/gemm.txt 2>&1 ;;
     startup) timeout 200 python3 bench/cuda_startup.py /tmp/s/cuda_startup.json > /tmp/s/startup.txt 2>&1 ;;
     traces) timeout 150 python3 bench/capture_traces.py /tmp/s/traces ${CAPTURES:-serving_steps,llama_unannotated,conv_net,fp8_scaled_mm} > /tmp/s/traces.txt 2>&1 ;;
-    throughput) timeout 280 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
+    throughput) timeout 560 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
   esac
 done
 tar czf "$OUT/gpu_session.tar.gz" -C /tmp s

@@ -83,7 +83,7 @@ COMMAND_PROJECT = {
 }
 
 
-def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str = "") -> None:
+def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str = "", device: str = "cpu") -> None:
     """A `relu2` kernel judged by the adversarial fixtures' spec, baseline `good`; each
     candidate is a fixture file of that name (or one already written into root)."""
     for name in ("good", "spec", *candidates):
@@ -92,6 +92,7 @@ def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str 
     tables = "".join(f'[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n\n' for n in candidates)
     (root / "magpie.toml").write_text(f"""[project]
 name = "relu2"
+device = "{device}"
 
 [defaults]
 {defaults}

@@ -5,7 +5,8 @@ import shutil
 
 import pytest
 
-from conftest import REPO, build_json, magpie
+from conftest import REPO, build_json, magpie, relu2_project
+from test_verdicts import EXPECTED
 
 pytestmark = pytest.mark.gpu
 
@@ -53,3 +54,33 @@ def test_gpu_info_sees_the_h200():
     info = json.loads(magpie("--gpu-info", "--json", cwd=REPO, check=0).stdout)
     gpu = info["gpus"][0]
     assert "H200" in gpu["name"] and gpu["architecture"] == "sm_90" and gpu["sm_count"] == 132
+
+
+# Verdicts that do not depend on the device; the memory hog is a host-memory test (no address
+# space limit applies to GPU processes) and the CPU clock is not the one timed here.
+GPU_VERDICTS = {name: want for name, want in EXPECTED.items() if name not in ("hogs_memory", "fakes_clock")}
+
+
+@pytest.fixture(scope="module")
+def gpu_adversarial(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adversarial_gpu")
+    relu2_project(root, [n for n in GPU_VERDICTS if n != "good"], shapes="[[33, 65], [8, 128]]",
+                  defaults="timeout_s = 8", device="cuda")
+    result = build_json(root, "-j", "4")
+    assert result["failed"] == []
+    return json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+
+
+@pytest.mark.parametrize("impl", list(GPU_VERDICTS))
+def test_adversarial_verdicts_hold_on_the_gpu(gpu_adversarial, impl):
+    row = next(r for r in gpu_adversarial["results"] if r["implementation"] == impl)
+    compiling, correctness, verdict = GPU_VERDICTS[impl]
+    assert (row["compiling_state"], row["correctness_state"]) == (compiling, correctness)
+    assert verdict in row["verdict"]
+
+
+def test_gpu_recheck_and_clock_cross_check_catch_cheats(gpu_adversarial):
+    rows = {r["implementation"]: r for r in gpu_adversarial["results"]}
+    assert any("incorrect after timing" in e for e in rows["degrades"]["errors"])
+    assert any("timer returned after" in e for e in rows["returns_early"]["errors"])
+    assert gpu_adversarial["ranking"] == ["good"]

@@ -111,3 +111,18 @@ def test_a_spec_that_makes_zeros_is_refused(kernels):
     assert proc.returncode == 1
     report = json.loads((kernels / "z/analyze_report.json").read_text())
     assert "all zeros" in report["verdict"] and report["verdict"].startswith("testcase spec:")
+
+
+def test_only_results_shaped_like_the_reference_go_into_lent_buffers():
+    """Anything else travels as it is, so the checks name the wrong count, shape or dtype."""
+    import torch
+
+    from magpie.harness.exchange import _fits
+
+    buffers = [(torch.empty(2, 3), torch.empty(4, dtype=torch.int64))]
+    assert _fits(torch, [(torch.ones(2, 3), torch.ones(4, dtype=torch.int64))], buffers)
+    assert not _fits(torch, [(torch.ones(3, 2), torch.ones(4, dtype=torch.int64))], buffers)
+    assert not _fits(torch, [(torch.ones(2, 3), torch.ones(4))], buffers)
+    assert not _fits(torch, [torch.ones(2, 3)], buffers)
+    assert not _fits(torch, [(torch.ones(2, 3), 4)], buffers)
+    assert _fits(torch, [torch.ones(5)], [(torch.empty(5),)])  # one output, as a tensor or a 1-tuple

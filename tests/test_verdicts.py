@@ -22,6 +22,7 @@ EXPECTED = {
     "wrong_dtype": ("SUCCESS", "FAILED", "incorrect: dtype"),
     "syntax_error": ("FAILED", "SKIPPED", "not compiled: syntax_error.py: SyntaxError"),
     "fakes_clock": ("SUCCESS", "SUCCESS", "correct"),
+    "returns_early": ("SUCCESS", "SUCCESS", "correct"),
     "degrades": ("SUCCESS", "SUCCESS", "correct"),
 }
 
@@ -58,6 +59,13 @@ def test_a_faked_clock_is_caught_by_the_wall_clock_cross_check(adversarial_repor
     assert row["performance_state"] == "FAILED"
     assert any("timer inconsistent" in e for e in row["errors"])
     assert "fakes_clock" not in report["ranking"]
+
+
+def test_a_timer_replaced_by_one_that_skips_its_budget_is_caught(adversarial_report):
+    report, _ = adversarial_report
+    row = next(r for r in report["results"] if r["implementation"] == "returns_early")
+    assert row["performance_state"] == "FAILED"
+    assert any("timer returned after" in e for e in row["errors"])
 
 
 def test_a_candidate_that_goes_wrong_during_timing_is_caught_by_the_recheck(adversarial_report):

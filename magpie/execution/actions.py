@@ -3,7 +3,6 @@ files left in the folder become part of the artifact."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import py_compile
@@ -13,7 +12,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import suppress
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -99,19 +98,6 @@ def with_library(job, impl: dict | None) -> dict | None:
     return {**impl, "library": str(library)} if library and library.is_file() else impl
 
 
-@contextmanager
-def device_lock(device: str):
-    """Timing and profiling hold the device alone, also under -j N: two measurements on one
-    device at once would each measure the other. Correctness checks run in parallel."""
-    path = Path(tempfile.gettempdir()) / f"magpie-{device.replace(':', '-')}.lock"
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 SHARED_MEMORY = Path("/dev/shm")
 SHARED_MEMORY_MIN_FREE = 4 << 30
 
@@ -139,21 +125,19 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         work = Path(tmp)
         request["work_dir"] = str(work)
         (work / "request.json").write_text(json.dumps(request))
-        exclusive = device_lock(settings["project"]["device"]) if mode == "timing" else nullcontext()
         log_path = work / "evaluator.log"
-        with exclusive:
-            proc = launch("magpie.harness.evaluate", [str(work / "request.json"), str(work / "result.json")],
-                          cwd=os.getcwd(), env=subprocess_env(), log_path=log_path)
-            try:
-                code = proc.wait(timeout=overall)
-                failure = None if code == 0 else (
-                    f"evaluator {signal_verdict(code)}: "
-                    + " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])[:600])
-            except subprocess.TimeoutExpired:
-                with suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                failure = f"evaluator timeout after {overall:g} s"
+        proc = launch("magpie.harness.evaluate", [str(work / "request.json"), str(work / "result.json")],
+                      cwd=os.getcwd(), env=subprocess_env(), log_path=log_path)
+        try:
+            code = proc.wait(timeout=overall)
+            failure = None if code == 0 else (
+                f"evaluator {signal_verdict(code)}: "
+                + " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])[:600])
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            failure = f"evaluator timeout after {overall:g} s"
         for log in work.glob("worker-*.log"):
             shutil.copy(log, out_dir / log.name)
         if failure is None:

@@ -9,7 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from magpie.execution.actions import device_lock, with_library
+from magpie.execution.actions import with_library
+from magpie.harness import device_lock
 from magpie.paths import subprocess_env
 
 NCU_TIMEOUT_S = 900
@@ -31,7 +32,7 @@ def profile(job, out_dir: Path) -> dict:
         return {"state": "SKIPPED", "kernels": [], "errors": ["not profiled: the implementation is not correct"]}
     tool = _ncu if shutil.which("ncu") else _rocprof if shutil.which("rocprofv3") else None
     if tool is not None:
-        with device_lock(spec.params["settings"]["project"]["device"]):
+        with device_lock.exclusive(spec.params["settings"]["project"]["device"]):
             return tool(job, out_dir)
     return {"state": "SKIPPED", "kernels": [],
             "errors": ["ncu not found: install Nsight Compute (rocprofv3 on ROCm) or drop the rule 'profile'"]}

@@ -17,11 +17,13 @@ import time
 from pathlib import Path
 
 from magpie.compare.stats import summarize_ns, thin
+from magpie.harness import device_lock
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
+from magpie.harness.exchange import exchange_for
 from magpie.harness.laps import Laps
 from magpie.harness.session import Worker, WorkerFailure, signal_verdict
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
-from magpie.harness.timing import GRAPH_THRESHOLD_US
+from magpie.harness.timing import GRAPH_THRESHOLD_US, sample_cap
 from magpie.paths import subprocess_env
 
 KEPT_SAMPLES = 2000
@@ -41,6 +43,7 @@ class Evaluator:
         self.seed = int(self.correctness_settings["seed"])
         self.init_seed = derive_seed(self.seed, self.kernel_id, "init")
         self._torch = None
+        self._exchange = None
         self.laps = Laps()
         self.worker_steps: list[dict | None] = []
 
@@ -51,6 +54,12 @@ class Evaluator:
 
             self._torch = torch
         return self._torch
+
+    @property
+    def exchange(self):
+        if self._exchange is None:
+            self._exchange = exchange_for(self.torch, self.work, self.device)
+        return self._exchange
 
     # -- workers --------------------------------------------------------------------------
     def _env(self, impl: dict) -> dict:
@@ -86,25 +95,22 @@ class Evaluator:
     def _spec(self, index: int, testcase: dict) -> ReferenceSpec:
         return ReferenceSpec(self.root / testcase["spec"], testcase, self.device)
 
-    def _run_cases(self, worker: Worker, spec: ReferenceSpec, cases: list, tag: str, rtol, atol,
-                   check_values: bool = True) -> list[dict]:
+    def _run_cases(self, worker: Worker, spec: ReferenceSpec, cases: list, tag: str, rtol, atol) -> list[dict]:
         inputs = [spec.make_inputs(c) for c in cases]
-        expected = [spec.reference(a, self.init_seed) for a in inputs] if check_values else None
-        inputs_file = self._save(f"{tag}-inputs.pt", inputs)
-        outputs_file = str(self.work / f"{tag}-outputs.pt")
-        out_specs = [output_specs(e) for e in expected] if expected else None
-        answer = worker.request({"op": "run", "inputs_file": inputs_file, "outputs_file": outputs_file,
-                                 "out_specs": out_specs}, self.timeout)
+        expected = [spec.reference(a, self.init_seed) for a in inputs]
+        outputs = self.exchange.offer_outputs(tag, expected, inputs)
+        answer = worker.request({"op": "run", "inputs": self.exchange.offer_inputs(tag, inputs), "outputs": outputs,
+                                 "out_specs": [output_specs(e) for e in expected]}, self.timeout)
         if not answer["ok"]:
             raise WorkerFailure(f"error: {answer['error']}")
         self.worker_steps.append(answer.get("steps_s"))
-        produced = self.torch.load(outputs_file, weights_only=True)
+        produced = self.exchange.collect(outputs, answer)
+        self.exchange.release()
         records = []
         for i, case in enumerate(cases):
             record = compare_inputs(inputs[i], produced["inputs_after"][i])
             if record is None:
-                got = produced["outputs"][i]
-                record = compare_outputs(got, expected[i], rtol, atol) if check_values else all_finite(got)
+                record = compare_outputs(produced["outputs"][i], expected[i], rtol, atol)
             records.append({"case": case.label, "trial": case.trial, "seed": case.seed, **record})
         return records
 
@@ -192,68 +198,81 @@ class Evaluator:
             return {"performance_state": "FAILED", "performance_result": None, "errors": [str(err)]}
 
     def _timed(self, spec_index: int, testcase: dict, t: dict) -> dict:
+        """Inputs, workers and their first calls beside other jobs on the device; warm-up,
+        measurement and the kernel profile with the device held alone; the re-check after."""
         phases = Laps()
         spec = self._spec(spec_index, testcase)
         cases = spec.cases(self.seed, self.kernel_id, spec_index, 1, salt="timing")
         case = max(cases, key=lambda c: math.prod(c.shape or [0]))
-        rotation = [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, "set", k))
-                    for k in range(int(t["input_sets"]))]
-        inputs = [spec.make_inputs(c) for c in rotation]
-        expected = spec.reference(inputs[0], self.init_seed)
-        out_specs = [output_specs(expected)]
-        timing_inputs = self._save("timing-inputs.pt", inputs)
-        init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
         pair = self.baseline is not None and not self.impl.get("is_baseline")
         workers: dict[str, Worker] = {}
         infos: dict[str, list] = {}  # the timer's info of each round, per role
         methods: dict[str, str] = {}
         first_steps: dict[str, dict] = {}
-        phases.mark("inputs")
+        kernels = {}
         try:
-            workers["candidate"] = self.start(self.impl, init_file)
-            if pair:
-                workers["baseline"] = self.start(self.baseline, init_file)
-            phases.mark("start")
+            with device_lock.shared(self.device):
+                phases.mark("wait_shared")
+                rotation = [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, "set", k))
+                            for k in range(int(t["input_sets"]))]
+                inputs = [spec.make_inputs(c) for c in rotation]
+                expected = spec.reference(inputs[0], self.init_seed)
+                out_specs = [output_specs(expected)]
+                init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
+                phases.mark("inputs")
+                workers["candidate"] = self.start(self.impl, init_file)
+                if pair:
+                    workers["baseline"] = self.start(self.baseline, init_file)
+                phases.mark("start")
+                offers = {role: self.exchange.offer_inputs("timing", inputs) for role in workers}
+                # First calls (context creation, taking the inputs, JIT) in all workers at once.
+                for role, worker in workers.items():
+                    self._send_time(worker, offers[role], out_specs, first_call=True)
+                for role, worker in workers.items():
+                    first_steps[role] = self._time_answer(worker).get("steps_s")
+                self.exchange.release()
+                phases.mark("first_calls")
             samples = {role: [] for role in workers}
             wall = {role: 0.0 for role in workers}
-            # First calls (context creation, input upload, JIT, warm-up) in all workers at once;
-            # nothing is measured until every worker is through them.
-            for worker in workers.values():
-                self._send_time(worker, timing_inputs, out_specs, warmup_ms=t["warmup_ms"])
-            for role, worker in workers.items():
-                first_steps[role] = self._time_answer(worker, warmup_ms=t["warmup_ms"]).get("steps_s")
-            phases.mark("first_calls")
-            probes = {role: self._time_request(w, timing_inputs, out_specs, probe=self.device != "cpu")
-                      .get("probe_us", 0.0) for role, w in workers.items()}
-            phases.mark("probe")
-            mode = self._mode(min(probes.values()))
-            rounds = int(t["rounds"])
-            for r in range(rounds):
-                order = list(workers) if r % 2 == 0 else list(reversed(workers))
-                for role in order:
-                    answer = self._time_request(workers[role], timing_inputs, out_specs,
-                                                budget_ms=t["budget_ms"] / rounds,
-                                                max_reps=max(1, int(t["max_reps"]) // rounds), offset=r, mode=mode,
-                                                settings=t)
-                    samples[role].extend(answer["samples_ns"])
-                    wall[role] += answer["wall_s"]
-                    infos.setdefault(role, []).append(answer["info"])
-                    methods[role] = answer["method"]
-            phases.mark("timed")
-            kernels = {}
-            if self.device != "cpu":
-                for role, worker in workers.items():
-                    reply = worker.request({"op": "kernels", "inputs_file": timing_inputs, "out_specs": out_specs},
-                                           self.timeout)
-                    kernels[role] = reply if reply["ok"] else {"error": reply["error"]}
-                phases.mark("kernel_profile")
-            recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
-            recheck = self._run_cases(workers["candidate"], spec, recheck_cases, "recheck",
-                                      testcase["rtol"], testcase["atol"])[0]
-            phases.mark("recheck")
+            early: dict[str, list[float]] = {role: [] for role in workers}
+            with device_lock.exclusive(self.device):
+                phases.mark("wait_exclusive")
+                probes = {role: self._time_request(w, offers[role], out_specs, warmup_ms=t["warmup_ms"],
+                                                   probe=self.device != "cpu").get("probe_us", 0.0)
+                          for role, w in workers.items()}
+                phases.mark("warmup_probe")
+                mode = self._mode(min(probes.values()))
+                rounds = int(t["rounds"])
+                budget_ms, max_reps = t["budget_ms"] / rounds, max(1, int(t["max_reps"]) // rounds)
+                for r in range(rounds):
+                    order = list(workers) if r % 2 == 0 else list(reversed(workers))
+                    for role in order:
+                        answer = self._time_request(workers[role], offers[role], out_specs, budget_ms=budget_ms,
+                                                    max_reps=max_reps, offset=r, mode=mode, settings=t)
+                        samples[role].extend(answer["samples_ns"])
+                        wall[role] += answer["wall_s"]
+                        if (len(answer["samples_ns"]) < sample_cap(mode, max_reps)
+                                and answer["wall_s"] * 1000 < EARLY_FRACTION * budget_ms):
+                            early[role].append(round(answer["wall_s"] * 1000, 3))
+                        infos.setdefault(role, []).append(answer["info"])
+                        methods[role] = answer["method"]
+                phases.mark("timed")
+                if self.device != "cpu":
+                    for role, worker in workers.items():
+                        reply = worker.request({"op": "kernels", "inputs": offers[role], "out_specs": out_specs},
+                                               self.timeout)
+                        kernels[role] = reply if reply["ok"] else {"error": reply["error"]}
+                    phases.mark("kernel_profile")
+            with device_lock.shared(self.device):
+                phases.mark("wait_shared")
+                recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
+                recheck = self._run_cases(workers["candidate"], spec, recheck_cases, "recheck",
+                                          testcase["rtol"], testcase["atol"])[0]
+                phases.mark("recheck")
         finally:
             for worker in workers.values():
                 worker.close()
+            self.exchange.release()
         floor = spec.min_bytes(inputs[0], expected)
         result = {
             "performance_state": "SUCCESS",
@@ -272,6 +291,7 @@ class Evaluator:
             method = self._method(impl, methods[role])
             summary = self._summary(samples[role], wall[role], len(infos[role]), method, case.label)
             summary["timer_info"] = infos[role][-1]
+            summary["early_rounds_ms"] = early[role]
             summary["rounds_info"] = [{k: v for k, v in info.items() if k in ("mode", "host_wall_median_us")}
                                       for info in infos[role]]
             if role in kernels:
@@ -307,13 +327,13 @@ class Evaluator:
             method += "; Triton ran in its CPU interpreter (TRITON_INTERPRET=1): not GPU performance"
         return method
 
-    def _time_request(self, worker: Worker, inputs_file: str, out_specs: list, **params) -> dict:
-        self._send_time(worker, inputs_file, out_specs, **params)
+    def _time_request(self, worker: Worker, offer: dict, out_specs: list, **params) -> dict:
+        self._send_time(worker, offer, out_specs, **params)
         return self._time_answer(worker, **params)
 
     @staticmethod
-    def _send_time(worker: Worker, inputs_file: str, out_specs: list, **params) -> None:
-        worker.send({"op": "time", "inputs_file": inputs_file, "out_specs": out_specs, **params})
+    def _send_time(worker: Worker, offer: dict, out_specs: list, **params) -> None:
+        worker.send({"op": "time", "inputs": offer, "out_specs": out_specs, **params})
 
     def _time_answer(self, worker: Worker, **params) -> dict:
         deadline = self.timeout + (params.get("budget_ms", 0) + params.get("warmup_ms", 0)) / 1000
@@ -340,6 +360,8 @@ class Evaluator:
 # for, per call: loop and transfer overhead honestly stays well under this bound. On a GPU
 # each sample also pays an L2 flush, a device-wide synchronisation and event reads.
 UNEXPLAINED_LIMIT_US = {"cpu": 20.0, "cuda": 150.0}
+# An honest timer stops at its sample cap or once its budget has passed, never well before.
+EARLY_FRACTION = 0.9
 # What one timing request costs outside the timed loop: the pipe round trip, reading the
 # input file on first use, encoding the samples.
 REQUEST_OVERHEAD_MS = 5.0
@@ -347,6 +369,9 @@ REQUEST_OVERHEAD_MS = 5.0
 
 def timer_inconsistency(summary: dict, device: str = "cpu") -> str | None:
     """The in-process timer is checked against the evaluator's own wall clock."""
+    if summary.get("early_rounds_ms"):
+        return (f"timer returned after {summary['early_rounds_ms'][0]:g} ms with fewer samples than its cap, before "
+                "its budget had passed: the timer in the implementation's process was replaced")
     if summary["wall_coverage"] > 1.05:
         return (f"timer reported {summary['wall_coverage']:.0%} of the wall time the evaluator measured: "
                 "the in-process clock was tampered with")
@@ -408,7 +433,11 @@ def _verdict(checks: list[dict], numerics: str) -> dict:
 def main(argv: list[str]) -> int:
     request = json.loads(Path(argv[0]).read_text())
     evaluator = Evaluator(request)
-    result = evaluator.correctness() if request["mode"] == "correctness" else evaluator.timing()
+    if request["mode"] == "correctness":
+        with device_lock.shared(evaluator.device):
+            result = evaluator.correctness()
+    else:
+        result = evaluator.timing()
     Path(argv[1]).write_text(json.dumps(result))
     return 0
 

@@ -79,40 +79,44 @@ class ReferenceSpec:
         return list(self.module.get_init_inputs())
 
     def make_inputs(self, case: Case) -> tuple:
+        """The argument tuple of one case, made on the project's device: factories that name no
+        device make their tensors there, and a `generator` parameter gets one on that device."""
         torch = self.torch
         torch.manual_seed(case.seed)
-        if self.kernelbench:
-            args = tuple(self.module.get_inputs())
-        else:
-            factory = getattr(self.module, self.testcase["inputs"])
-            generator = torch.Generator().manual_seed(case.seed)
-            dtype = getattr(torch, case.dtype)
-            params = inspect.signature(factory).parameters
-            kwargs = {"generator": generator} if "generator" in params else {}
-            args = factory(tuple(case.shape), dtype, **kwargs)
-            if not isinstance(args, (tuple, list)):
-                args = (args,)
+        with torch.device(self.device):
+            if self.kernelbench:
+                args = tuple(self.module.get_inputs())
+            else:
+                factory = getattr(self.module, self.testcase["inputs"])
+                generator = torch.Generator(device=self.device).manual_seed(case.seed)
+                dtype = getattr(torch, case.dtype)
+                params = inspect.signature(factory).parameters
+                kwargs = {"generator": generator} if "generator" in params else {}
+                args = factory(tuple(case.shape), dtype, **kwargs)
+                if not isinstance(args, (tuple, list)):
+                    args = (args,)
+        args = tuple(to_device(a, self.device) for a in args)
         for i, arg in enumerate(args):
             if torch.is_tensor(arg) and arg.numel() > 0 and arg.is_floating_point() and not arg.any():
                 raise SpecError(
                     f"{self.path.name}: input {i} for {case.label} is all zeros; "
                     "magpie checks and times only on random data"
                 )
-        return tuple(args)
+        return args
 
     def reference(self, args: tuple, init_seed: int):
-        """The expected output(s), computed on the project's device from pristine copies, returned on the CPU."""
+        """The expected output(s), computed on the project's device from pristine copies."""
         torch = self.torch
-        pristine = tuple(a.clone().to(self.device) if torch.is_tensor(a) else a for a in args)
+        pristine = tuple(a.clone() if torch.is_tensor(a) else a for a in args)
         if self.kernelbench:
-            torch.manual_seed(init_seed)
+            torch.manual_seed(init_seed)  # built on the CPU, as the worker builds ModelNew: same weights
             model = self.module.Model(*self.init_inputs())
             if hasattr(model, "to"):
                 model = model.to(self.device)
             result = model(*pristine)
         else:
             result = getattr(self.module, self.testcase["reference"])(*pristine)
-        return to_cpu(result)
+        return to_device(result, self.device)
 
     def min_bytes(self, args: tuple, expected) -> int:
         """Fewest bytes a kernel must move: each input read once, each output written once, unless the
@@ -126,12 +130,16 @@ class ReferenceSpec:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def to_cpu(x):
+def to_device(x, device: str):
     if hasattr(x, "detach"):
-        return x.detach().to("cpu")
+        return x.detach().to(device)
     if isinstance(x, (tuple, list)):
-        return type(x)(to_cpu(v) for v in x)
+        return type(x)(to_device(v, device) for v in x)
     return x
+
+
+def to_cpu(x):
+    return to_device(x, "cpu")
 
 
 def output_specs(expected) -> list:

@@ -14,18 +14,10 @@ import os
 import sys
 import traceback
 
+from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
-from magpie.harness.spec import to_cpu
+from magpie.harness.spec import to_cpu, to_device
 from magpie.harness.timing import timer_for
-
-
-def preload() -> None:
-    """Run once in the zygote before it forks workers: switching deterministic algorithms
-    (the NaN poisoning below) imports torch's compiler configuration on first use, about 900
-    modules and seconds of start-up that every worker would otherwise pay on its first call."""
-    import torch
-
-    torch.use_deterministic_algorithms(False, warn_only=True)
 
 
 class Implementation:
@@ -67,7 +59,8 @@ class Implementation:
             if request.get("init_from_module"):
                 init = list(getattr(module, "get_init_inputs", list)())
             else:
-                init = self._load(request["init_inputs_file"])[0] if request.get("init_inputs_file") else []
+                init = list(self.torch.load(request["init_inputs_file"], weights_only=True)[0]) \
+                    if request.get("init_inputs_file") else []
             model = target(*init)
             if hasattr(model, "to"):
                 model = model.to(self.device)
@@ -76,20 +69,25 @@ class Implementation:
             raise TypeError(f"entry {entry!r} is not callable")
         return target
 
-    def _load(self, path: str) -> list:
-        cached = self._input_cache.get(path)
+    def _load(self, offer: dict) -> list:
+        cached = self._input_cache.get(offer["key"])
         if cached is None:
-            loaded = self.torch.load(path, weights_only=True)
-            cached = [tuple(_to_device(x, self.device) for x in args) for args in loaded]
-            self._input_cache[path] = cached
+            cached = self._input_cache[offer["key"]] = receive_inputs(self.torch, offer, self.device)
         return cached
 
     def _poison(self, on: bool) -> None:
         """While checking, uninitialised tensors are filled with NaN (the dtype's max for integers) so an
         unwritten output element shows. While timing, not: the fill is a kernel of its own per output
         allocation, and deterministic algorithms may be slower than the ones production runs."""
-        self.torch.use_deterministic_algorithms(on, warn_only=True)
-        self.torch.utils.deterministic.fill_uninitialized_memory = on
+        torch = self.torch
+        # torch.use_deterministic_algorithms also imports the compiler's configuration (about 900
+        # modules, seconds per process); the switch it makes is this one.
+        switch = getattr(torch._C, "_set_deterministic_algorithms", None)
+        if switch is not None:
+            switch(on, warn_only=True)
+        else:
+            torch.use_deterministic_algorithms(on, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = on
 
     def _outputs_like(self, request: dict, index: int) -> None:
         specs = request.get("out_specs")
@@ -99,30 +97,29 @@ class Implementation:
     def run(self, request: dict) -> dict:
         torch = self.torch
         steps = Laps()
-        input_sets = self._load(request["inputs_file"])
+        input_sets = self._load(request["inputs"])
         steps.mark("inputs")
         self._poison(True)
         outputs, after = [], []
         for index, args in enumerate(input_sets):
             working = tuple(x.clone() if torch.is_tensor(x) else x for x in args)
             self._outputs_like(request, index)
-            result = self.fn(*working)
+            outputs.append(self.fn(*working))
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            outputs.append(to_cpu(result))
-            after.append(tuple(to_cpu(x) for x in working))
+            after.append(working)
             if index == 0:
                 steps.mark("first_call")
         steps.mark("calls")
-        torch.save({"outputs": outputs, "inputs_after": after}, request["outputs_file"])
-        steps.mark("save")
-        return {"steps_s": steps.seconds}
+        reply = deliver(torch, request["outputs"], outputs, after)
+        steps.mark("deliver")
+        return {**reply, "steps_s": steps.seconds}
 
     def run_own_inputs(self, request: dict) -> dict:
         """For a kernel with no testcase: call it on its own get_inputs(), for a finite-only check."""
         self.torch.manual_seed(int(request["seed"]))
         self._poison(True)
-        args = tuple(_to_device(x, self.device) for x in self.module.get_inputs())
+        args = tuple(to_device(x, self.device) for x in self.module.get_inputs())
         result = self.fn(*args)
         self.torch.save({"outputs": [to_cpu(result)], "inputs_after": []}, request["outputs_file"])
         return {}
@@ -136,11 +133,14 @@ class Implementation:
         steps = Laps()
         timer = self.timer()
         steps.mark("timer")
-        input_sets = self._load(request["inputs_file"])
+        input_sets = self._load(request["inputs"])
         steps.mark("inputs")
         self._outputs_like(request, 0)
         self._poison(False)
         reply = {"steps_s": steps.seconds}
+        if request.get("first_call"):
+            timer.warmup(self.fn, input_sets, 0)  # one call: JIT, autotuning, lazy loading
+            steps.mark("first_call")
         if request.get("warmup_ms"):
             timer.warmup(self.fn, input_sets, request["warmup_ms"])
             steps.mark("warmup")
@@ -159,7 +159,7 @@ class Implementation:
         from torch.profiler import ProfilerActivity, profile
 
         torch = self.torch
-        input_sets = self._load(request["inputs_file"])
+        input_sets = self._load(request["inputs"])
         self._outputs_like(request, 0)
         reps = int(request.get("reps", 5))
         self._poison(False)
@@ -223,10 +223,6 @@ class NativeEntry:
         if code != 0:
             raise RuntimeError(f"{self.symbol} returned error code {code}")
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-def _to_device(x, device):
-    return x.to(device) if hasattr(x, "to") and device != "cpu" else x
 
 
 def _describe(err: BaseException) -> str:

@@ -37,8 +37,15 @@ FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 # triton.language's own functions are built when it is imported).
 FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
                        "TRITON_CACHE_DIR", "PYTHONPATH", "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", FOLDER_VARIABLE}
-# Imported before forking; a module's preload() function, where it has one, runs too.
-PRELOAD = ("torch", "triton", "triton.language", "magpie.harness.worker", "magpie.harness.evaluate")
+# Imported before forking (torch.multiprocessing: the reducers that lend CUDA tensors).
+PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpie.harness.worker",
+           "magpie.harness.evaluate")
+# On a machine with a GPU, also torch._dynamo: the first use of torch's profiler (a GPU
+# worker's kernel list) imports it, about 900 modules, 1-3 s that each worker would
+# otherwise pay with the device held alone. Device nodes, not CUDA, say whether one is there:
+# a zygote must never initialise CUDA.
+GPU_PRELOAD = ("torch._dynamo",)
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
 START_TIMEOUT_S = 120.0
 
 
@@ -202,9 +209,10 @@ class ForkedProcess:
 def serve(socket_path: str, owner_pid: int) -> None:
     import importlib
 
-    for name in PRELOAD:
+    has_gpu = any(os.path.exists(node) for node in GPU_DEVICE_NODES)
+    for name in PRELOAD + (GPU_PRELOAD if has_gpu else ()):
         with contextlib.suppress(ImportError):
-            getattr(importlib.import_module(name), "preload", lambda: None)()
+            importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)

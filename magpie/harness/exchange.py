@@ -1,0 +1,149 @@
+"""How inputs reach a worker and what it produced comes back.
+
+On a CUDA device the evaluator makes inputs and references on the device and lends the
+worker its tensors through CUDA IPC: a handle of a few hundred bytes in the request instead
+of hundreds of megabytes written, read and uploaded. The worker copies what it is lent into
+memory of its own before any candidate code sees it, and writes outputs and its inputs
+after the call into buffers the evaluator allocated. Handles only ever travel from the
+evaluator to the worker: the evaluator never unpickles what a worker sends, so candidate
+code cannot run in the judge's process.
+
+On the CPU, and for results that do not fit the buffers (a wrong count, shape or dtype is
+a verdict the checks must see as it is), both travel as torch files in the scratch folder.
+
+The request carries `inputs` ({"key", "file" or "ipc"}) and `outputs` ({"file", and "ipc"
+where buffers were lent}).
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from pathlib import Path
+
+from magpie.harness.checks import as_tuple
+from magpie.harness.spec import to_device as _to
+
+
+def _dumps_shared(value) -> str:
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the reducers that share CUDA tensors)
+
+    return base64.b64encode(bytes(ForkingPickler.dumps(value))).decode()
+
+
+def _loads_shared(payload: str):
+    return pickle.loads(base64.b64decode(payload))
+
+
+# -- the evaluator's side ----------------------------------------------------------------
+class FileExchange:
+    def __init__(self, torch, work: Path, device: str):
+        self.torch = torch
+        self.work = work
+        self.device = device
+
+    def offer_inputs(self, tag: str, input_sets: list) -> dict:
+        path = self.work / f"{tag}-inputs.pt"
+        if not path.exists():  # workers offered the same inputs read one file
+            self.torch.save([tuple(_to(x, "cpu") for x in args) for args in input_sets], path)
+        return {"key": tag, "file": str(path)}
+
+    def offer_outputs(self, tag: str, expected: list | None, input_sets: list) -> dict:
+        return {"file": str(self.work / f"{tag}-outputs.pt")}
+
+    def collect(self, offer: dict, answer: dict) -> dict:
+        """{"outputs": [...], "inputs_after": [...]}, one entry per input set, on the device."""
+        produced = self.torch.load(offer["file"], weights_only=True)
+        return {key: [_to(v, self.device) for v in values] for key, values in produced.items()}
+
+    def release(self) -> None:
+        """Nothing is held between requests."""
+
+
+class CudaIpcExchange(FileExchange):
+    def __init__(self, torch, work: Path, device: str):
+        super().__init__(torch, work, device)
+        self._lent: list = []  # kept alive until the evaluator ends: a worker may still map them
+        self._buffers: dict[str, tuple[list, list, list[bool]]] = {}
+
+    def offer_inputs(self, tag: str, input_sets: list) -> dict:
+        # Each offer lends copies: what one worker does to lent memory reaches no other worker,
+        # and not the evaluator's originals, which the checks compare against.
+        copies = [tuple(x.clone() if self.torch.is_tensor(x) else x for x in args) for args in input_sets]
+        self._lent.append(copies)
+        return {"key": tag, "ipc": _dumps_shared(copies)}
+
+    def offer_outputs(self, tag: str, expected: list | None, input_sets: list) -> dict:
+        offer = super().offer_outputs(tag, expected, input_sets)
+        if expected is None:
+            return offer
+        torch = self.torch
+        if not all(torch.is_tensor(e) for exp in expected for e in as_tuple(exp)):
+            return offer
+        outputs = [tuple(torch.full_like(e, float("nan")) if e.is_floating_point() else torch.empty_like(e)
+                         for e in as_tuple(exp)) for exp in expected]
+        after = [tuple(torch.empty_like(x) if torch.is_tensor(x) else x for x in args) for args in input_sets]
+        self._buffers[tag] = (outputs, after, [isinstance(exp, (tuple, list)) for exp in expected])
+        self._lent.append((outputs, after))
+        return {**offer, "ipc": _dumps_shared({"outputs": outputs, "inputs_after": after}), "tag": tag}
+
+    def collect(self, offer: dict, answer: dict) -> dict:
+        if answer.get("outputs_in_file") or "ipc" not in offer:
+            return super().collect(offer, answer)
+        outputs, after, as_tuples = self._buffers[offer["tag"]]
+        return {"outputs": [out if many else out[0] for out, many in zip(outputs, as_tuples)],
+                "inputs_after": after}
+
+    def release(self) -> None:
+        """Drop what was lent so far: workers have taken their copies and written their outputs."""
+        self._lent.clear()
+        self._buffers.clear()
+
+
+def exchange_for(torch, work: Path, device: str) -> FileExchange:
+    return (CudaIpcExchange if device.startswith("cuda") else FileExchange)(torch, work, device)
+
+
+# -- the worker's side -------------------------------------------------------------------
+def receive_inputs(torch, offer: dict, device: str) -> list[tuple]:
+    if "ipc" in offer:
+        lent = _loads_shared(offer["ipc"])
+        own = [tuple(x.clone() if torch.is_tensor(x) else x for x in args) for args in lent]
+        del lent  # unmapped once collected: the candidate never sees the evaluator's memory
+        return own
+    return [tuple(_to(x, device) for x in args) for args in torch.load(offer["file"], weights_only=True)]
+
+
+def deliver(torch, offer: dict, outputs: list, inputs_after: list) -> dict:
+    """Put what the calls produced where the evaluator reads it; the reply's fields."""
+    if "ipc" in offer:
+        buffers = _loads_shared(offer["ipc"])
+        if _fits(torch, outputs, buffers["outputs"]) and _fits(torch, inputs_after, buffers["inputs_after"]):
+            for produced, lent in ((outputs, buffers["outputs"]), (inputs_after, buffers["inputs_after"])):
+                for values, targets in zip(produced, lent):
+                    for value, target in zip(as_tuple(values), targets):
+                        if torch.is_tensor(target):
+                            target.copy_(value)
+            torch.cuda.synchronize()
+            del buffers
+            return {"outputs_in_file": False}
+    torch.save({"outputs": [_to(v, "cpu") for v in outputs], "inputs_after": [_to(v, "cpu") for v in inputs_after]},
+               offer["file"])
+    return {"outputs_in_file": True}
+
+
+def _fits(torch, produced: list, buffers: list) -> bool:
+    if len(produced) != len(buffers):
+        return False
+    for values, targets in zip(produced, buffers):
+        values = as_tuple(values)
+        if len(values) != len(targets):
+            return False
+        for value, target in zip(values, targets):
+            if not torch.is_tensor(target):
+                continue
+            if not (torch.is_tensor(value) and value.shape == target.shape and value.dtype == target.dtype):
+                return False
+    return True
