@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from magpie.harness import zygote
+from magpie.harness.session import Worker
 from magpie.paths import subprocess_env
 
 PROBE = textwrap.dedent("""
@@ -107,3 +108,41 @@ def test_a_child_that_ends_at_once_reports_its_status(tmp_path, probe_env):
         for _ in range(20):
             proc, code, _ = run_probe(tmp_path, probe_env, "exit", "7")
             assert code == 7 and proc.poll() == 7
+
+
+IMPLEMENTATION = "def kernel(x):\n    return x * 2\n"
+
+
+def _worker(tmp_path: Path, key: str, name: str) -> Worker:
+    worker = Worker(label="impl", cwd=str(tmp_path), env=subprocess_env(), memory_mb=0,
+                    log_path=tmp_path / f"{name}.log", key=key)
+    message = {"op": "relog", "log": str(tmp_path / f"{name}.log")} if worker.adopted else {
+        "op": "load", "id": "impl", "source": str(tmp_path / "impl.py"), "entry": "kernel", "device": "cpu",
+        "seed": 0, "threads": 1}
+    assert worker.request(message, 60)["ok"]
+    return worker
+
+
+def test_a_released_worker_is_adopted_by_the_next_job_with_its_key_only(tmp_path):
+    (tmp_path / "impl.py").write_text(IMPLEMENTATION)
+    with zygote.session():
+        first = _worker(tmp_path, "key-a", "first")
+        pid = first.proc.pid
+        first.release()
+        other_key = _worker(tmp_path, "key-b", "other")
+        assert not other_key.adopted and other_key.proc.pid != pid
+        again = _worker(tmp_path, "key-a", "again")
+        assert again.adopted and again.proc.pid == pid
+        # the adopted worker still holds its implementation and answers on the new pipes
+        answer = again.request({"op": "run_own_inputs", "seed": 0, "outputs_file": str(tmp_path / "o.pt")}, 60)
+        assert answer["ok"] is False and "get_inputs" in answer["error"]
+        again.release()  # it failed a request: it is ended, not parked
+        assert again.proc.wait(timeout=30) is not None
+        fresh = _worker(tmp_path, "key-a", "fresh")
+        assert not fresh.adopted
+        fresh.release()
+        other_key.close()
+    deadline = time.monotonic() + 10
+    while _running(fresh.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(fresh.proc.pid), "a parked worker outlived its build's zygote"

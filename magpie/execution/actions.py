@@ -8,17 +8,15 @@ import os
 import py_compile
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
-from contextlib import suppress
 from pathlib import Path
 from types import SimpleNamespace
 
 from magpie.compare.stats import bootstrap_speedup
-from magpie.harness.session import signal_verdict
-from magpie.harness.zygote import launch
+from magpie.harness.evaluate import evaluator_key
+from magpie.harness.session import Worker, WorkerFailure, signal_verdict
 from magpie.paths import subprocess_env
 
 
@@ -126,18 +124,21 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         request["work_dir"] = str(work)
         (work / "request.json").write_text(json.dumps(request))
         log_path = work / "evaluator.log"
-        proc = launch("magpie.harness.evaluate", [str(work / "request.json"), str(work / "result.json")],
-                      cwd=os.getcwd(), env=subprocess_env(), log_path=log_path)
+        env = subprocess_env()
+        # An evaluator runs no candidate code, so one that finished a job may take the next.
+        evaluator = Worker(label="evaluator", cwd=os.getcwd(), env=env, memory_mb=0, log_path=log_path,
+                           key=evaluator_key(env),
+                           module="magpie.harness.evaluate")
         try:
-            code = proc.wait(timeout=overall)
-            failure = None if code == 0 else (
-                f"evaluator {signal_verdict(code)}: "
-                + " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])[:600])
-        except subprocess.TimeoutExpired:
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            failure = f"evaluator timeout after {overall:g} s"
+            if evaluator.adopted:
+                evaluator.request({"op": "relog", "log": str(log_path)}, 30)
+            answer = evaluator.request({"op": "evaluate", "request": str(work / "request.json"),
+                                        "result": str(work / "result.json")}, overall)
+            failure = None if answer["ok"] else f"evaluator error: {answer['error']}"
+        except WorkerFailure as err:
+            failure = f"evaluator {err}"
+        finally:
+            evaluator.release()
         for log in work.glob("worker-*.log"):
             shutil.copy(log, out_dir / log.name)
         if failure is None:

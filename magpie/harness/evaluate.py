@@ -3,17 +3,20 @@
 It builds inputs and reference outputs from the testcase spec, hands inputs to worker
 processes that run the implementation (and, for timing, the baseline), and checks what
 comes back. Candidate code never runs here, so it cannot patch the checks or the clock
-that judges it. Usage: python -m magpie.harness.evaluate REQUEST.json RESULT.json
+that judges it; which is also why one evaluator may judge job after job of a build.
+Usage (started by an action, through session.Worker): python -m magpie.harness.evaluate COMMAND_FD ANSWER_FD
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from magpie.compare.stats import summarize_ns, thin
@@ -21,7 +24,7 @@ from magpie.harness import device_lock
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
 from magpie.harness.laps import Laps
-from magpie.harness.session import Worker, WorkerFailure, signal_verdict
+from magpie.harness.session import Worker, WorkerFailure, log_to, release_memory, signal_verdict
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.timing import GRAPH_THRESHOLD_US, sample_cap
 from magpie.paths import subprocess_env
@@ -73,15 +76,18 @@ class Evaluator:
         # CUDA reserves far more address space than it uses, so the address-space limit that
         # catches memory hogs on the CPU would stop every GPU process at start-up.
         memory_mb = int(self.correctness_settings["memory_mb"]) if self.device == "cpu" else 0
-        worker = Worker(label=impl["id"], cwd=str(cwd), env=self._env(impl), memory_mb=memory_mb,
-                        log_path=self.work / f"worker-{impl['id']}.log")
-        answer = worker.request({
+        env = self._env(impl)
+        load = {
             "op": "load", "id": impl["id"], "source": str(self.root / impl["source"]),
             "library": impl.get("library"),
             "entry": impl.get("entry"), "device": self.device, "seed": self.init_seed,
             "init_inputs_file": init_file, "init_from_module": init_from_module,
             "threads": self.settings.get("timing", {}).get("threads", 1),
-        }, self.timeout)
+        }
+        log_path = self.work / f"worker-{impl['id']}.log"
+        key = worker_key(load, impl, self.root, cwd=str(cwd), env=env, memory_mb=memory_mb)
+        worker = Worker(label=impl["id"], cwd=str(cwd), env=env, memory_mb=memory_mb, log_path=log_path, key=key)
+        answer = worker.request({"op": "relog", "log": str(log_path)} if worker.adopted else load, self.timeout)
         if not answer["ok"]:
             worker.close()
             raise WorkerFailure(f"error while loading: {answer['error']}")
@@ -271,7 +277,7 @@ class Evaluator:
                 phases.mark("recheck")
         finally:
             for worker in workers.values():
-                worker.close()
+                worker.release()
             self.exchange.release()
         floor = spec.min_bytes(inputs[0], expected)
         result = {
@@ -285,6 +291,7 @@ class Evaluator:
             "baseline_result": None,
             "phases_s": phases.seconds,
             "first_call_steps_s": first_steps,
+            "workers_adopted": {role: worker.adopted for role, worker in workers.items()},
         }
         for role in workers:
             impl = self.impl if role == "candidate" else self.baseline
@@ -410,6 +417,17 @@ def roofline_floor_flag(summary: dict, min_bytes: int, device: str) -> str | Non
     return None
 
 
+def worker_key(load: dict, impl: dict, root: Path, **process) -> str:
+    """What a parked worker must share with a new job's to stand in for it: the load request,
+    the bytes of every file it loaded, and how its process was started."""
+    digest = hashlib.sha256(json.dumps({**load, "init_inputs_file": None, **process}, sort_keys=True).encode())
+    files = [root / impl["source"], *(root / f for f in impl.get("source_files") or []),
+             *(Path(p) for p in (load["library"], load["init_inputs_file"]) if p)]
+    for path in files:
+        digest.update(path.read_bytes() if path.is_file() else b"-")
+    return digest.hexdigest()[:24]
+
+
 def _skipped(reason: str) -> dict:
     return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"skipped: {reason}",
             "checks": [], "errors": [reason]}
@@ -430,15 +448,50 @@ def _verdict(checks: list[dict], numerics: str) -> dict:
             "errors": [verdict]}
 
 
-def main(argv: list[str]) -> int:
-    request = json.loads(Path(argv[0]).read_text())
+def evaluate(request_path: str, result_path: str) -> None:
+    request = json.loads(Path(request_path).read_text())
     evaluator = Evaluator(request)
     if request["mode"] == "correctness":
         with device_lock.shared(evaluator.device):
             result = evaluator.correctness()
     else:
         result = evaluator.timing()
-    Path(argv[1]).write_text(json.dumps(result))
+    Path(result_path).write_text(json.dumps(result))
+
+
+def evaluator_key(env: dict) -> str:
+    """Evaluators started alike are alike: one may take any job of the build."""
+    return "evaluator-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def serve(commands, answers) -> None:
+    """Jobs one after another: {"op": "evaluate", "request": PATH, "result": PATH}; between
+    jobs the action that ran one may park this process for the next ("reset", "relog")."""
+    for line in commands:
+        message = json.loads(line)
+        op = message["op"]
+        if op == "exit":
+            break
+        try:
+            if op == "evaluate":
+                evaluate(message["request"], message["result"])
+            elif op == "relog":
+                log_to(message["log"])
+            elif op == "reset":
+                release_memory()
+            reply = {"ok": True}
+        except Exception as err:  # a bug here or in a spec: that job's failure, told in one line
+            traceback.print_exc()
+            reply = {"ok": False, "error": f"{type(err).__name__}: {err}".splitlines()[0][:500]}
+        answers.write(json.dumps(reply) + "\n")
+        answers.flush()
+
+
+def main(argv: list[str]) -> int:
+    command_fd, answer_fd = int(argv[0]), int(argv[1])
+    os.dup2(2, 1)
+    with os.fdopen(command_fd, "r") as commands, os.fdopen(answer_fd, "w") as answers:
+        serve(commands, answers)
     return 0
 
 

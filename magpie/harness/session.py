@@ -9,10 +9,31 @@ import resource
 import select
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-from magpie.harness.zygote import launch
+from magpie.harness import zygote
+
+
+def log_to(path: str) -> None:
+    """Point this process's stdout and stderr at a new log (a parked process adopted by a job)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+
+
+def release_memory() -> None:
+    """Between jobs: what the last one left goes, on the device too."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 class WorkerFailure(Exception):
@@ -41,16 +62,30 @@ def limits(memory_mb: int):
 
 
 class Worker:
-    def __init__(self, *, label: str, cwd: str, env: dict, memory_mb: int, log_path: Path):
+    """A process that serves JSON-line commands on two pipes: a worker (`magpie.harness.worker`,
+    the default) or an evaluator (`magpie.harness.evaluate`). With a key, it may be one an
+    earlier job of the build parked (same code, same files, same environment: `adopted` says
+    so, and it needs no load), and `release` parks it again for the next job instead of ending
+    it, unless it failed."""
+
+    def __init__(self, *, label: str, cwd: str, env: dict, memory_mb: int, log_path: Path, key: str | None = None,
+                 module: str = "magpie.harness.worker"):
         self.label = label
         self.log_path = log_path
-        command_read, self._command_write = os.pipe()
-        self._answer_read, answer_write = os.pipe()
+        self.key = key
+        self.failed = False
         log_path.write_bytes(b"")
-        self.proc = launch("magpie.harness.worker", [str(command_read), str(answer_write)], cwd=cwd, env=env,
-                           log_path=log_path, memory_mb=memory_mb, pass_fds=(command_read, answer_write))
-        os.close(command_read)
-        os.close(answer_write)
+        found = zygote.adopt(key, env) if key else None
+        self.adopted = found is not None
+        if found is not None:
+            self.proc, (self._command_write, self._answer_read) = found
+        else:
+            command_read, self._command_write = os.pipe()
+            self._answer_read, answer_write = os.pipe()
+            self.proc = zygote.launch(module, [str(command_read), str(answer_write)], cwd=cwd, env=env,
+                                      log_path=log_path, memory_mb=memory_mb, pass_fds=(command_read, answer_write))
+            os.close(command_read)
+            os.close(answer_write)
         self._buffer = b""
         self._sent = time.monotonic()
 
@@ -65,6 +100,7 @@ class Worker:
         try:
             os.write(self._command_write, (json.dumps(message) + "\n").encode())
         except BrokenPipeError:
+            self.failed = True
             raise WorkerFailure(self._death_verdict()) from None
 
     def receive(self, timeout_s: float) -> dict:
@@ -74,6 +110,7 @@ class Worker:
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self.failed = True
                 self.kill()
                 raise WorkerFailure(f"timeout after {timeout_s:g} s")
             ready, _, _ = select.select([self._answer_read], [], [], remaining)
@@ -81,11 +118,13 @@ class Worker:
                 continue
             chunk = os.read(self._answer_read, 1 << 16)
             if not chunk:
+                self.failed = True
                 raise WorkerFailure(self._death_verdict())
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         answer = json.loads(line)
         answer["wall_s"] = time.monotonic() - started
+        self.failed = self.failed or not answer.get("ok")
         return answer
 
     def _death_verdict(self) -> str:
@@ -113,6 +152,20 @@ class Worker:
                 pass
             self.proc.wait()
 
+    def release(self) -> None:
+        """Park the worker for a later job with the same key (its caches emptied), or end it."""
+        if self.key and not self.failed and not self._buffer and self.proc.poll() is None:
+            try:
+                reset = self.request({"op": "reset"}, 30)["ok"]
+            except WorkerFailure:
+                reset = False
+            if reset and isinstance(self.proc, zygote.ForkedProcess) \
+                    and self.proc.park(self.key, [self._command_write, self._answer_read]):
+                for fd in (self._command_write, self._answer_read):
+                    os.close(fd)
+                return
+        self.close()
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -131,4 +184,4 @@ class Worker:
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self.release()

@@ -40,13 +40,10 @@ FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUN
 # Imported before forking (torch.multiprocessing: the reducers that lend CUDA tensors).
 PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpie.harness.worker",
            "magpie.harness.evaluate")
-# On a machine with a GPU, also torch._dynamo: the first use of torch's profiler (a GPU
-# worker's kernel list) imports it, about 900 modules, 1-3 s that each worker would
-# otherwise pay with the device held alone. Device nodes, not CUDA, say whether one is there:
-# a zygote must never initialise CUDA.
-GPU_PRELOAD = ("torch._dynamo",)
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
+
 START_TIMEOUT_S = 120.0
+# Idle children kept for adoption at once; each holds its process (and on a GPU its context).
+MAX_PARKED = 16
 
 
 # -- the requester's side ----------------------------------------------------------------
@@ -88,6 +85,18 @@ def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
         return subprocess.Popen([sys.executable, "-m", module, *args], pass_fds=pass_fds,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cwd, env=env,
                                 preexec_fn=limits(memory_mb), start_new_session=True)
+
+
+def adopt(key: str, env: dict) -> tuple[ForkedProcess, list[int]] | None:
+    """A child parked under key by an earlier job of this build, if there is one."""
+    folder = os.environ.get(FOLDER_VARIABLE)
+    socket_path = _ensure(Path(folder), env) if folder else None
+    if socket_path is None:
+        return None
+    try:
+        return ForkedProcess.adopt(socket_path, key)
+    except OSError:
+        return None
 
 
 def _ensure(folder: Path, env: dict) -> Path | None:
@@ -143,27 +152,67 @@ def _stop(folder: Path) -> None:
 
 
 class ForkedProcess:
-    """A child of the zygote, seen from the process that asked for it."""
+    """A child of the zygote, seen from the process that asked for it (or adopted it)."""
 
     def __init__(self, socket_path: Path, module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
                  memory_mb: int, pass_fds: tuple[int, ...]):
         self.args = [module, *args]
+        message = {"op": "fork", "module": module, "args": list(args), "cwd": cwd, "env": env,
+                   "log": str(log_path), "memory_mb": memory_mb, "fds": list(pass_fds)}
+        reply, _ = self._connect(socket_path, message, list(pass_fds))
+        if reply is None or "pid" not in reply:
+            self._conn.close()
+            raise OSError(f"the zygote did not fork: {reply}")
+        self.pid = reply["pid"]
+
+    def _connect(self, socket_path: Path, message: dict, fds: list[int]) -> tuple[dict | None, list[int]]:
+        """Send one request; its reply and the descriptors that came with it."""
+        self.socket_path = socket_path
         self.returncode: int | None = None
         self._buffer = b""
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.connect(str(socket_path))
-            message = {"op": "fork", "module": module, "args": list(args), "cwd": cwd, "env": env,
-                       "log": str(log_path), "memory_mb": memory_mb, "fds": list(pass_fds)}
-            socket.send_fds(self._conn, [json.dumps(message).encode() + b"\n"], list(pass_fds))
-            reply = self._read_line(START_TIMEOUT_S)
+            socket.send_fds(self._conn, [json.dumps(message).encode() + b"\n"], fds)
+            ready, _, _ = select.select([self._conn], [], [], START_TIMEOUT_S)
+            if not ready:
+                raise subprocess.TimeoutExpired(message["op"], START_TIMEOUT_S)
+            data, received, _, _ = socket.recv_fds(self._conn, 4096, 4)
+            self._buffer = data
+            return (self._read_line(START_TIMEOUT_S) if data else None), received
         except (OSError, subprocess.TimeoutExpired) as err:
             self._conn.close()
             raise OSError(f"the zygote did not answer: {err}") from None
-        if reply is None or "pid" not in reply:
+
+    @classmethod
+    def adopt(cls, socket_path: Path, key: str) -> tuple[ForkedProcess, list[int]] | None:
+        """A parked child for this key, with its descriptors, or None."""
+        proc = cls.__new__(cls)
+        proc.args = ["adopted", key]
+        reply, fds = proc._connect(socket_path, {"op": "adopt", "key": key}, [])
+        if reply is None or "pid" not in reply or len(fds) != 2:
+            proc._conn.close()
+            for fd in fds:
+                os.close(fd)
+            return None
+        proc.pid = reply["pid"]
+        return proc, fds
+
+    def park(self, key: str, fds: list[int]) -> bool:
+        """Hand this live child and the descriptors that talk to it to the zygote, for a later
+        adopt(key); this side keeps nothing. False if the zygote refused it."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            try:
+                conn.settimeout(30)
+                conn.connect(str(self.socket_path))
+                socket.send_fds(conn, [json.dumps({"op": "park", "pid": self.pid, "key": key}).encode() + b"\n"], fds)
+                parked = conn.recv(64).startswith(b'{"parked": true')
+            except OSError:
+                parked = False
+        if parked:
             self._conn.close()
-            raise OSError(f"the zygote did not fork: {reply}")
-        self.pid = reply["pid"]
+            self.returncode = 0  # no longer this side's child
+        return parked
 
     def _read_line(self, timeout_s: float | None) -> dict | None:
         """The zygote's next message (the fork's pid, later the exit status: both can arrive
@@ -209,70 +258,136 @@ class ForkedProcess:
 def serve(socket_path: str, owner_pid: int) -> None:
     import importlib
 
-    has_gpu = any(os.path.exists(node) for node in GPU_DEVICE_NODES)
-    for name in PRELOAD + (GPU_PRELOAD if has_gpu else ()):
+    for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)
     owner = os.pidfd_open(owner_pid)
-    children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, requester's connection)
+    state = Children()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
-        ready, _, _ = select.select([listener, owner, *children], [], [])
+        ready, _, _ = select.select([listener, owner, *state.running], [], [])
         for item in ready:
             if item is listener:
                 conn, _ = listener.accept()
-                child = _answer(conn, listener, children)
-                if child is not None:
-                    children[child[0]] = (child[1], conn)
-                else:
+                if not _answer(conn, listener, state):
                     conn.close()
             elif item is owner:
-                return
+                return  # parked children read end-of-file on their command pipes and end
             else:
-                pid, conn = children.pop(item)
-                _, status = os.waitpid(pid, 0)
-                os.close(item)
-                with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-                conn.close()
+                state.reap(item)
 
 
-def _answer(conn: socket.socket, listener: socket.socket, children: dict) -> tuple[int, int] | None:
-    """One request on a new connection: a ping, or a fork (returns the child's pidfd and pid)."""
+class Children:
+    """The zygote's children: who waits for each one's exit status, and which ones are parked
+    (alive, idle, their pipes held here) for a later job to adopt."""
+
+    def __init__(self):
+        self.running: dict[int, list] = {}  # pidfd -> [pid, requester's connection or None]
+        self.parked: dict[int, tuple[str, list[int], float]] = {}  # pidfd -> (key, descriptors, since)
+
+    def descriptors(self) -> list[int]:
+        """Everything a newly forked child must close: it may talk to no other child."""
+        return [*self.running, *(fd for _, fds, _ in self.parked.values() for fd in fds)]
+
+    def reap(self, pidfd: int) -> None:
+        pid, conn = self.running.pop(pidfd)
+        self._unpark(pidfd, close=True)
+        _, status = os.waitpid(pid, 0)
+        os.close(pidfd)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            conn.close()
+
+    def park(self, pid: int, key: str, fds: list[int]) -> bool:
+        pidfd = next((fd for fd, (p, _) in self.running.items() if p == pid), None)
+        if pidfd is None or pidfd in self.parked:
+            return False
+        conn = self.running[pidfd][1]
+        if conn is not None:
+            conn.close()
+        self.running[pidfd][1] = None
+        self.parked[pidfd] = (key, fds, time.monotonic())
+        while len(self.parked) > MAX_PARKED:  # the longest parked goes; it is reaped when it ends
+            oldest = min(self.parked, key=lambda fd: self.parked[fd][2])
+            self._unpark(oldest, close=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.running[oldest][0], signal.SIGKILL)
+        return True
+
+    def adopt(self, key: str, conn: socket.socket) -> tuple[int, list[int]] | None:
+        pidfd = next((fd for fd, (k, _, _) in self.parked.items() if k == key), None)
+        if pidfd is None:
+            return None
+        fds = self._unpark(pidfd, close=False)
+        self.running[pidfd][1] = conn
+        return self.running[pidfd][0], fds
+
+    def _unpark(self, pidfd: int, close: bool) -> list[int]:
+        _, fds, _ = self.parked.pop(pidfd, ("", [], 0.0))
+        if close:
+            for fd in fds:
+                os.close(fd)
+        return fds
+
+
+def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bool:
+    """One request on a new connection: a ping, a fork, a park or an adopt. True when the
+    connection stays open to carry a child's exit status."""
     conn.settimeout(30)
     try:
         data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
         while not data.endswith(b"\n"):
             more = conn.recv(1 << 20)
             if not more:
-                return None
+                return False
             data += more
     except OSError:
-        return None
+        return False
     request = json.loads(data)
-    if request["op"] == "ping":
+    op = request["op"]
+    if op == "ping":
         conn.sendall(b'{"pong": true}\n')
-        return None
+        return False
+    if op == "park":
+        parked = state.park(int(request["pid"]), request["key"], fds)
+        if not parked:
+            for fd in fds:
+                os.close(fd)
+        conn.sendall(json.dumps({"parked": parked}).encode() + b"\n")
+        return False
+    if op == "adopt":
+        found = state.adopt(request["key"], conn)
+        if found is None:
+            conn.sendall(b'{"none": true}\n')
+            return False
+        pid, child_fds = found
+        socket.send_fds(conn, [json.dumps({"pid": pid}).encode() + b"\n"], child_fds)
+        for fd in child_fds:
+            os.close(fd)
+        return True
     renumber = {str(old): str(new) for old, new in zip(request["fds"], fds)}
     args = [renumber.get(a, a) for a in request["args"]]
     pid = os.fork()
     if pid == 0:
-        _become_child(request, args, [listener, conn, *(c for _, c in children.values())], list(children))
+        _become_child(request, args, [listener, conn, *(c for _, c in state.running.values() if c is not None)],
+                      state.descriptors())
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-    return os.pidfd_open(pid), pid
+    state.running[os.pidfd_open(pid)] = [pid, conn]
+    return True
 
 
-def _become_child(request: dict, args: list[str], sockets: list, pidfds: list[int]) -> None:
+def _become_child(request: dict, args: list[str], sockets: list, descriptors: list[int]) -> None:
     code = 1
     try:
         for sock in sockets:
             sock.close()
-        for fd in pidfds:
+        for fd in descriptors:
             os.close(fd)
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
