@@ -140,6 +140,10 @@ def test_a_released_worker_is_adopted_by_the_next_job_with_its_key_only(tmp_path
         assert again.proc.wait(timeout=30) is not None
         fresh = _worker(tmp_path, "key-a", "fresh")
         assert not fresh.adopted
+        owing = _worker(tmp_path, "key-c", "owing")
+        owing.send({"op": "reset"})  # its answer never read: parking it would hand that answer on
+        owing.release()
+        assert not _worker(tmp_path, "key-c", "after_owing").adopted
         fresh.release()
         other_key.close()
     deadline = time.monotonic() + 10

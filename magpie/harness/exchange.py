@@ -65,7 +65,7 @@ class FileExchange:
 class CudaIpcExchange(FileExchange):
     def __init__(self, torch, work: Path, device: str):
         super().__init__(torch, work, device)
-        self._lent: list = []  # kept alive until the evaluator ends: a worker may still map them
+        self._lent: list = []  # kept alive until released: a worker may still be mapping them
         self._buffers: dict[str, tuple[list, list, list[bool]]] = {}
 
     def offer_inputs(self, tag: str, input_sets: list) -> dict:

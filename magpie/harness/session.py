@@ -74,6 +74,7 @@ class Worker:
         self.log_path = log_path
         self.key = key
         self.failed = False
+        self._pending = False  # a command sent whose answer has not been read
         log_path.write_bytes(b"")
         found = zygote.adopt(key, env) if key else None
         self.adopted = found is not None
@@ -97,6 +98,7 @@ class Worker:
     def send(self, message: dict) -> None:
         """Send a command without waiting, so that several workers can work at once."""
         self._sent = time.monotonic()
+        self._pending = True
         try:
             os.write(self._command_write, (json.dumps(message) + "\n").encode())
         except BrokenPipeError:
@@ -125,6 +127,7 @@ class Worker:
         answer = json.loads(line)
         answer["wall_s"] = time.monotonic() - started
         self.failed = self.failed or not answer.get("ok")
+        self._pending = False
         return answer
 
     def _death_verdict(self) -> str:
@@ -153,14 +156,16 @@ class Worker:
             self.proc.wait()
 
     def release(self) -> None:
-        """Park the worker for a later job with the same key (its caches emptied), or end it."""
-        if self.key and not self.failed and not self._buffer and self.proc.poll() is None:
+        """Park the worker for a later job with the same key (its caches emptied), or end it.
+        Only a zygote's child that failed nothing and owes no answer is parked: the next job
+        must find the protocol where a fresh process would have it."""
+        if (self.key and isinstance(self.proc, zygote.ForkedProcess) and not self.failed and not self._pending
+                and not self._buffer and self.proc.poll() is None):
             try:
                 reset = self.request({"op": "reset"}, 30)["ok"]
             except WorkerFailure:
                 reset = False
-            if reset and isinstance(self.proc, zygote.ForkedProcess) \
-                    and self.proc.park(self.key, [self._command_write, self._answer_read]):
+            if reset and self.proc.park(self.key, [self._command_write, self._answer_read]):
                 for fd in (self._command_write, self._answer_read):
                     os.close(fd)
                 return
