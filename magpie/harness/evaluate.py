@@ -24,7 +24,7 @@ from magpie.harness import device_lock
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
 from magpie.harness.laps import Laps
-from magpie.harness.session import Worker, WorkerFailure, log_to, release_memory, signal_verdict
+from magpie.harness.session import Worker, WorkerFailure, log_to, release_memory, serve_pipes, signal_verdict
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.timing import GRAPH_THRESHOLD_US, sample_cap
 from magpie.paths import subprocess_env
@@ -488,11 +488,7 @@ def serve(commands, answers) -> None:
 
 
 def main(argv: list[str]) -> int:
-    command_fd, answer_fd = int(argv[0]), int(argv[1])
-    os.dup2(2, 1)
-    with os.fdopen(command_fd, "r") as commands, os.fdopen(answer_fd, "w") as answers:
-        serve(commands, answers)
-    return 0
+    return serve_pipes(argv, serve)
 
 
 if __name__ == "__main__":

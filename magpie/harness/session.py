@@ -26,6 +26,16 @@ def log_to(path: str) -> None:
     os.close(log)
 
 
+def serve_pipes(argv: list[str], serve) -> int:
+    """The served side's main: commands on the first descriptor, answers on the second; its
+    own stdout goes to stderr, so nothing printed mixes with the protocol."""
+    command_fd, answer_fd = int(argv[0]), int(argv[1])
+    os.dup2(2, 1)
+    with os.fdopen(command_fd, "r") as commands, os.fdopen(answer_fd, "w") as answers:
+        serve(commands, answers)
+    return 0
+
+
 def release_memory() -> None:
     """Between jobs: what the last one left goes, on the device too."""
     import gc

@@ -16,7 +16,7 @@ import traceback
 
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
-from magpie.harness.session import log_to, release_memory
+from magpie.harness.session import log_to, release_memory, serve_pipes
 from magpie.harness.spec import to_cpu, to_device
 from magpie.harness.timing import timer_for
 
@@ -270,11 +270,7 @@ def serve(commands, answers) -> None:
 
 
 def main(argv: list[str]) -> int:
-    command_fd, answer_fd = int(argv[0]), int(argv[1])
-    os.dup2(2, 1)
-    with os.fdopen(command_fd, "r") as commands, os.fdopen(answer_fd, "w") as answers:
-        serve(commands, answers)
-    return 0
+    return serve_pipes(argv, serve)
 
 
 if __name__ == "__main__":
