@@ -126,3 +126,14 @@ def test_only_results_shaped_like_the_reference_go_into_lent_buffers():
     assert not _fits(torch, [torch.ones(2, 3)], buffers)
     assert not _fits(torch, [(torch.ones(2, 3), 4)], buffers)
     assert _fits(torch, [torch.ones(5)], [(torch.empty(5),)])  # one output, as a tensor or a 1-tuple
+
+
+def test_inputs_travel_as_files_where_cuda_ipc_is_switched_off(monkeypatch, tmp_path):
+    import torch
+
+    from magpie.harness.exchange import SWITCH, CudaIpcExchange, FileExchange, exchange_for
+
+    assert type(exchange_for(torch, tmp_path, "cuda:0")) is CudaIpcExchange
+    monkeypatch.setenv(SWITCH, "0")
+    assert type(exchange_for(torch, tmp_path, "cuda:0")) is FileExchange
+    assert type(exchange_for(torch, tmp_path, "cpu")) is FileExchange

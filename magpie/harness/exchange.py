@@ -18,6 +18,7 @@ where buffers were lent}).
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 from pathlib import Path
 
@@ -33,8 +34,22 @@ def _dumps_shared(value) -> str:
     return base64.b64encode(bytes(ForkingPickler.dumps(value))).decode()
 
 
+# Where CUDA IPC is not available (processes in different containers, say), inputs and
+# outputs travel as files with this variable set to 0.
+SWITCH = "MAGPIE_CUDA_IPC"
+
+
+class LentMemoryError(RuntimeError):
+    """The worker could not map what the evaluator lent: a property of the system, not of the
+    implementation; str() says what to do."""
+
+
 def _loads_shared(payload: str):
-    return pickle.loads(base64.b64decode(payload))
+    try:
+        return pickle.loads(base64.b64decode(payload))
+    except RuntimeError as err:
+        raise LentMemoryError(f"could not map memory lent through CUDA IPC ({str(err).splitlines()[0]}); "
+                              f"set {SWITCH}=0 to pass inputs and outputs as files") from None
 
 
 # -- the evaluator's side ----------------------------------------------------------------
@@ -103,7 +118,8 @@ class CudaIpcExchange(FileExchange):
 
 
 def exchange_for(torch, work: Path, device: str) -> FileExchange:
-    return (CudaIpcExchange if device.startswith("cuda") else FileExchange)(torch, work, device)
+    lend = device.startswith("cuda") and os.environ.get(SWITCH, "1") != "0"
+    return (CudaIpcExchange if lend else FileExchange)(torch, work, device)
 
 
 # -- the worker's side -------------------------------------------------------------------

@@ -36,7 +36,8 @@ FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 # Any other difference gets a zygote of its own (TRITON_INTERPRET, for one, decides how
 # triton.language's own functions are built when it is imported).
 FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
-                       "TRITON_CACHE_DIR", "PYTHONPATH", "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", FOLDER_VARIABLE}
+                       "TRITON_CACHE_DIR", "PYTHONPATH", "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", "MAGPIE_CUDA_IPC",
+                       FOLDER_VARIABLE}
 # Imported before forking (torch.multiprocessing: the reducers that lend CUDA tensors).
 PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpie.harness.worker",
            "magpie.harness.evaluate")
