@@ -28,6 +28,7 @@ for step in "$@"; do
     calibrate) timeout 120 python3 -m magpie calibrate --json > /tmp/s/calibration.json 2>&1 ;;
     fidelity) timeout 480 python3 bench/gpu_fidelity.py --parts timers --out /tmp/s > /tmp/s/fidelity.txt 2>&1 ;;
     fidelity2) timeout 300 python3 bench/gpu_fidelity.py --parts timers --only "gemm,bandwidth (x" --out /tmp/s/f2 > /tmp/s/fidelity2.txt 2>&1 ;;
+    fidelity3) timeout 450 python3 bench/gpu_fidelity.py --parts timers --only "gemm,bandwidth" --out /tmp/s/f3 > /tmp/s/fidelity3.txt 2>&1 ;;
     short) timeout 200 python3 bench/gpu_fidelity.py --parts timers --only "one element" --out /tmp/s/short > /tmp/s/short.txt 2>&1 ;;
     gemm) timeout 120 python3 bench/gemm_timer_variants.py /tmp/s/gemm_variants.json > /tmp/s/gemm.txt 2>&1 ;;
     startup) timeout 200 python3 bench/cuda_startup.py /tmp/s/cuda_startup.json > /tmp/s/startup.txt 2>&1 ;;
