@@ -150,3 +150,17 @@ def test_a_released_worker_is_adopted_by_the_next_job_with_its_key_only(tmp_path
     while _running(fresh.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(fresh.proc.pid), "a parked worker outlived its build's zygote"
+
+
+def test_a_prestarted_zygote_is_the_one_later_launches_use(tmp_path, probe_env):
+    with zygote.session(prestart=True):
+        folder = Path(os.environ[zygote.FOLDER_VARIABLE])
+        deadline = time.monotonic() + 120
+        while not list(folder.glob("*.sock")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(folder.glob("*.sock")), "no zygote started before any launch"
+        started = [p.read_text() for p in folder.glob("*.pid")]
+        proc = zygote.launch("zygote_probe", ["exit", "0"], cwd=str(tmp_path), env=subprocess_env(),
+                             log_path=tmp_path / "p.log")
+        assert isinstance(proc, zygote.ForkedProcess) and proc.wait(timeout=60) == 0
+        assert [p.read_text() for p in folder.glob("*.pid")] == started

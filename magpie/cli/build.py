@@ -58,6 +58,10 @@ def dry_run(project, selected: list[str], as_json: bool) -> int:
     return 0
 
 
+# Actions that start an evaluator: the build starts their zygote (importing torch) at once.
+EVALUATING_ACTIONS = ("magpie:correctness", "magpie:timing")
+
+
 def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | None = None,
           use_rich: bool = False, as_json: bool = False, quiet: bool = False) -> int:
     from magpie.execution.executors import make_executor
@@ -65,14 +69,17 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
     from magpie.harness import zygote
 
     project.store.sweep_temporaries()
-    if not project.stale(selected):
+    stale = project.stale(selected)
+    if not stale:
         publish_project(project)
         if as_json:
             print(json.dumps({"executed": [], "failed": [], "up_to_date": len(selected)}))
         elif not quiet:
             print(f"magpie: {len(selected)} artifacts up to date")
         return 0
-    with zygote.session():  # before the executor, so that its job processes find the zygote's folder
+    evaluates = any(project.tasks[name].action in EVALUATING_ACTIONS for name in stale)
+    # before the executor, so that its job processes find the zygote's folder
+    with zygote.session(prestart=evaluates):
         executor = make_executor(jobs, executor_name)
         try:
             code, reporter = run_doit(project, selected, executor, jobs, use_rich and not quiet)

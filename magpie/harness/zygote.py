@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,15 +50,21 @@ MAX_PARKED = 16
 
 # -- the requester's side ----------------------------------------------------------------
 @contextlib.contextmanager
-def session():
+def session(prestart: bool = False):
     """While the block runs, processes launched by this build (and its job processes) may be
-    forked from one shared zygote; it is stopped when the block ends."""
+    forked from one shared zygote; it is stopped when the block ends. With prestart, the
+    zygote for this process's environment (the evaluators') starts importing at once, beside
+    the scheduler's set-up and the first jobs, instead of when the first evaluator is needed."""
     if os.environ.get(FOLDER_VARIABLE):
         yield
         return
     folder = tempfile.mkdtemp(prefix="magpie-zygote-")
     os.environ[FOLDER_VARIABLE] = folder
     os.environ["MAGPIE_ZYGOTE_OWNER"] = str(os.getpid())
+    if prestart:
+        from magpie.paths import subprocess_env
+
+        threading.Thread(target=_ensure, args=(Path(folder), subprocess_env()), daemon=True).start()
     try:
         yield
     finally:
