@@ -4,6 +4,7 @@
 import json
 import os
 import signal
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -164,3 +165,24 @@ def test_a_prestarted_zygote_is_the_one_later_launches_use(tmp_path, probe_env):
                              log_path=tmp_path / "p.log")
         assert isinstance(proc, zygote.ForkedProcess) and proc.wait(timeout=60) == 0
         assert [p.read_text() for p in folder.glob("*.pid")] == started
+
+
+def test_with_keep_warm_the_zygote_and_its_parked_workers_serve_the_next_build_then_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(zygote.KEEP_WARM_VARIABLE, "3")
+    (tmp_path / "impl.py").write_text(IMPLEMENTATION)
+    with zygote.session():
+        first = _worker(tmp_path, "key-w", "first")
+        worker_pid = first.proc.pid
+        first.release()
+        folder = Path(os.environ[zygote.FOLDER_VARIABLE])
+    zygote_pid = int(next(folder.glob("*.pid")).read_text())
+    assert _running(zygote_pid) and _running(worker_pid)  # the build is over; they are not
+    with zygote.session():
+        again = _worker(tmp_path, "key-w", "again")
+        assert again.adopted and again.proc.pid == worker_pid
+        again.release()
+    deadline = time.monotonic() + 30
+    while (_running(zygote_pid) or _running(worker_pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(zygote_pid) and not _running(worker_pid), "idle warm zygote did not end"

@@ -11,13 +11,15 @@ zygote reports its exit status to the requester over the connection it asked on.
 Children whose environments differ in anything imports read come from different zygotes.
 Without a zygote folder (outside a build), or where a zygote cannot start, `launch` starts a
 fresh process instead.
-Usage (started by `launch`): python -m magpie.harness.zygote SOCKET OWNER_PID
+Usage (started by `launch`): python -m magpie.harness.zygote SOCKET OWNER_PID IDLE_S
+(OWNER_PID 0: no owner; it ends once idle IDLE_S seconds)
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import gc
 import json
 import os
@@ -33,13 +35,18 @@ import time
 from pathlib import Path
 
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
+OWNER_VARIABLE = "MAGPIE_ZYGOTE_OWNER"
+# Seconds a zygote (with its parked processes) outlives the build that started it, for the
+# next build to use: repeated `magpie compare` runs skip torch's import and, for unchanged
+# implementations, their workers' start-up. 0 (the default): it ends with its build.
+KEEP_WARM_VARIABLE = "MAGPIE_KEEP_WARM_S"
 # Variables a forked child may set differently from its zygote: none of them is read while
 # torch or Triton are imported (CUDA reads its own at context creation, magpie's at run time).
 # Any other difference gets a zygote of its own (TRITON_INTERPRET, for one, decides how
 # triton.language's own functions are built when it is imported).
 FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
                        "TRITON_CACHE_DIR", "PYTHONPATH", "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", "MAGPIE_CUDA_IPC",
-                       FOLDER_VARIABLE}
+                       FOLDER_VARIABLE, OWNER_VARIABLE, KEEP_WARM_VARIABLE}
 # Imported before forking (torch.multiprocessing: the reducers that lend CUDA tensors).
 PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpie.harness.worker",
            "magpie.harness.evaluate")
@@ -53,26 +60,66 @@ MAX_PARKED = 16
 @contextlib.contextmanager
 def session(prestart: bool = False):
     """While the block runs, processes launched by this build (and its job processes) may be
-    forked from one shared zygote; it is stopped when the block ends. With prestart, the
-    zygote for this process's environment (the evaluators') starts importing at once, beside
-    the scheduler's set-up and the first jobs, instead of when the first evaluator is needed."""
+    forked from one shared zygote; it is stopped when the block ends, or, with
+    MAGPIE_KEEP_WARM_S set, once it has been idle that long. With prestart, the zygote for
+    this process's environment (the evaluators') starts importing at once, beside the
+    scheduler's set-up and the first jobs, instead of when the first evaluator is needed."""
     if os.environ.get(FOLDER_VARIABLE):
         yield
         return
-    folder = tempfile.mkdtemp(prefix="magpie-zygote-")
-    os.environ[FOLDER_VARIABLE] = folder
-    os.environ["MAGPIE_ZYGOTE_OWNER"] = str(os.getpid())
+    folder = _warm_folder() if keep_warm_s() else None
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="magpie-zygote-"))
+        os.environ[OWNER_VARIABLE] = str(os.getpid())
+    os.environ[FOLDER_VARIABLE] = str(folder)
     if prestart:
         from magpie.paths import subprocess_env
 
-        threading.Thread(target=_ensure, args=(Path(folder), subprocess_env()), daemon=True).start()
+        threading.Thread(target=_ensure, args=(folder, subprocess_env()), daemon=True).start()
     try:
         yield
     finally:
         del os.environ[FOLDER_VARIABLE]
-        os.environ.pop("MAGPIE_ZYGOTE_OWNER", None)
-        _stop(Path(folder))
-        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.pop(OWNER_VARIABLE, None):
+            _stop(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def keep_warm_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(KEEP_WARM_VARIABLE) or 0))
+    except ValueError:
+        return 0.0
+
+
+def _warm_folder() -> Path | None:
+    """The folder zygotes that outlive builds share: one per user, private, or None."""
+    folder = Path(tempfile.gettempdir()) / f"magpie-zygotes-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.stat()
+    except OSError:
+        return None
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None  # not ours alone: fall back to a zygote per build
+    for marker in folder.glob("*.failed"):  # a zygote that failed to start may start next time
+        marker.unlink(missing_ok=True)
+    return folder
+
+
+@functools.lru_cache(maxsize=1)
+def _code_version() -> str:
+    """What a zygote's imports depend on besides the environment: the interpreter, magpie's
+    own files, torch's and Triton's versions. A warm zygote of older code is not used."""
+    from importlib import metadata
+
+    package = Path(__file__).resolve().parent.parent
+    parts = [sys.executable, sys.version]
+    parts += [f"{p}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in sorted(package.rglob("*.py"))]
+    for name in ("torch", "triton"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            parts.append(f"{name}=={metadata.version(name)}")
+    return "\n".join(parts)
 
 
 def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path, memory_mb: int = 0,
@@ -114,7 +161,7 @@ def _ensure(folder: Path, env: dict) -> Path | None:
     import hashlib
 
     imported = sorted((k, v) for k, v in env.items() if k not in FORK_SAFE_VARIABLES)
-    key = hashlib.sha1(json.dumps(imported).encode()).hexdigest()[:12]
+    key = hashlib.sha1(json.dumps([imported, _code_version()]).encode()).hexdigest()[:12]
     socket_path = folder / f"{key}.sock"
     try:
         with open(folder / f"{key}.lock", "a+") as lock:
@@ -123,9 +170,13 @@ def _ensure(folder: Path, env: dict) -> Path | None:
                 return None
             if _listening(socket_path):
                 return socket_path
-            owner = os.environ.get("MAGPIE_ZYGOTE_OWNER", str(os.getppid()))
+            # Owned by the build (it ends when the build's process does), or by nobody: it ends
+            # once idle for MAGPIE_KEEP_WARM_S.
+            owner = os.environ.get(OWNER_VARIABLE, "0")
+            idle_s = "0" if owner != "0" else str(keep_warm_s() or START_TIMEOUT_S)
             with open(folder / f"{key}.log", "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "magpie.harness.zygote", str(socket_path), owner],
+                proc = subprocess.Popen([sys.executable, "-m", "magpie.harness.zygote", str(socket_path), owner,
+                                         idle_s],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                         start_new_session=True)
             (folder / f"{key}.pid").write_text(str(proc.pid))
@@ -264,7 +315,7 @@ class ForkedProcess:
 
 
 # -- the zygote's side -------------------------------------------------------------------
-def serve(socket_path: str, owner_pid: int) -> None:
+def serve(socket_path: str, owner_pid: int, idle_s: float = 0.0) -> None:
     import importlib
 
     for name in PRELOAD:
@@ -275,19 +326,31 @@ def serve(socket_path: str, owner_pid: int) -> None:
     # do not write to pages it shares with the zygote.
     gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):  # left by a warm zygote that went idle
+        os.unlink(socket_path)
     listener.bind(socket_path)
     listener.listen(64)
-    owner = os.pidfd_open(owner_pid)
+    owner = [os.pidfd_open(owner_pid)] if owner_pid else []
     state = Children()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    last_activity = time.monotonic()
     while True:
-        ready, _, _ = select.select([listener, owner, *state.running], [], [])
+        timeout = max(0.0, last_activity + idle_s - time.monotonic()) if idle_s else None
+        ready, _, _ = select.select([listener, *owner, *state.running], [], [], timeout)
+        if not ready:  # idle this long, with nothing running but parked processes: done
+            if len(state.running) > len(state.parked):
+                last_activity = time.monotonic()
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(socket_path)
+            return
+        last_activity = time.monotonic()
         for item in ready:
             if item is listener:
                 conn, _ = listener.accept()
                 if not _answer(conn, listener, state):
                     conn.close()
-            elif item is owner:
+            elif item in owner:
                 return  # parked children read end-of-file on their command pipes and end
             else:
                 state.reap(item)
@@ -443,7 +506,7 @@ def main(argv: list[str]) -> int:
     except (AttributeError, OSError) as err:
         print(f"no zygote on this system: {err}", file=sys.stderr)
         return 3
-    serve(argv[0], int(argv[1]))
+    serve(argv[0], int(argv[1]), float(argv[2]) if len(argv) > 2 else 0.0)
     return 0
 
 
