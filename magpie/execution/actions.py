@@ -48,6 +48,10 @@ def _template_context(job, out_dir: Path) -> dict:
     }
 
 
+# What to install for a compiler the built-in rules call.
+TOOLCHAINS = {"hipcc": "ROCm", "nvcc": "the CUDA toolkit"}
+
+
 def command(job, out_dir: Path) -> dict:
     """A rule whose action is a shell command template, e.g. a compiler invocation."""
     spec = job.spec
@@ -59,8 +63,9 @@ def command(job, out_dir: Path) -> dict:
     program = shlex.split(line)[0] if line.strip() else ""
     if program and not shutil.which(program) and not (Path(spec.params["root"]) / program).exists():
         return _command_result(spec, False, [
-            f"{program} not found: install it or override the action of rule {spec.rule!r} "
-            f"in magpie.toml ([[rule]] name = \"{spec.rule}\")"])
+            f"{program} not found: install {TOOLCHAINS.get(program, 'it')} or override the action of rule "
+            f"{spec.rule!r} for {spec.params.get('impl', {}).get('type', 'these')} kernels in magpie.toml "
+            f"([[rule]] name = \"{spec.rule}\")"])
     cwd = Path(spec.params["root"]) / (settings.get("working_dir") or ".")
     env = {**os.environ, **(settings.get("env") or {})}
     started = time.monotonic()
