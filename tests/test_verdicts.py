@@ -1,5 +1,6 @@
 """Adversarial candidates: each way of being wrong gets its own verdict, and the build goes on."""
 
+import bisect
 import json
 
 import pytest
@@ -88,3 +89,57 @@ def test_baseline_timing_says_how_it_was_taken(adversarial_report):
     perf = next(r for r in report["results"] if r["implementation"] == "good")["performance_result"]
     assert perf["n"] > 10 and perf["p20_us"] <= perf["median_us"] <= perf["p80_us"] and perf["min_us"] > 0
     assert "perf_counter_ns" in perf["method"] and "rotated" in perf["method"]
+
+
+CHATTER = '''
+import threading
+import time
+
+import torch
+
+
+def _tick():
+    with open("candidate_ticks.txt", "a") as out:
+        while True:
+            out.write(f"{time.monotonic()}\\n")
+            out.flush()
+            time.sleep(0.0005)
+
+
+threading.Thread(target=_tick, daemon=True).start()
+
+
+def kernel(x):
+    return torch.relu(x) * 2.0
+'''
+MARKED_BASELINE = '''
+import time
+
+import torch
+
+_calls = open("baseline_calls.txt", "a")
+
+
+def kernel(x):
+    _calls.write(f"{time.monotonic()}\\n")
+    _calls.flush()
+    return torch.relu(x) * 2.0
+'''
+
+
+def test_a_thread_the_candidate_leaves_running_is_stopped_while_the_baseline_is_timed(tmp_path):
+    (tmp_path / "chatter.py").write_text(CHATTER)
+    (tmp_path / "good.py").write_text(MARKED_BASELINE)
+    relu2_project(tmp_path, ["chatter"], shapes="[[33, 65]]")
+    assert build_json(tmp_path, "-j", "1")["failed"] == []
+    ticks = sorted(float(v) for v in (tmp_path / "candidate_ticks.txt").read_text().split())
+    calls = sorted(float(v) for v in (tmp_path / "baseline_calls.txt").read_text().split())
+    # consecutive baseline calls less than 5 ms apart are inside one timing request
+    gaps = [(a, b) for a, b in zip(calls, calls[1:]) if b - a < 0.005]
+    during = [t for a, b in gaps for t in ticks[bisect.bisect_right(ticks, a):bisect.bisect_left(ticks, b)]]
+    assert len(gaps) > 100 and not during
+    # the candidate did run between the baseline's requests
+    assert any(gaps[0][0] < t < gaps[-1][1] for t in ticks)
+    results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
+    timing = next(r for r in results if r.get("task") == "timing:relu2/chatter")
+    assert timing["workers_adopted"]["candidate"] is False  # its correctness worker, thread and all, was not kept

@@ -241,11 +241,11 @@ class Evaluator:
             samples = {role: [] for role in workers}
             wall = {role: 0.0 for role in workers}
             early: dict[str, list[float]] = {role: [] for role in workers}
-            with device_lock.exclusive(self.device):
+            with device_lock.exclusive(self.device), Turns(workers) as turns:
                 phases.mark("wait_exclusive")
-                probes = {role: self._time_request(w, offers[role], out_specs, warmup_ms=t["warmup_ms"],
-                                                   probe=self.device != "cpu").get("probe_us", 0.0)
-                          for role, w in workers.items()}
+                probes = {role: self._time_request(turns.give(role), offers[role], out_specs,
+                                                   warmup_ms=t["warmup_ms"], probe=self.device != "cpu")
+                          .get("probe_us", 0.0) for role in workers}
                 phases.mark("warmup_probe")
                 mode = self._mode(min(probes.values()))
                 rounds = int(t["rounds"])
@@ -253,7 +253,7 @@ class Evaluator:
                 for r in range(rounds):
                     order = list(workers) if r % 2 == 0 else list(reversed(workers))
                     for role in order:
-                        answer = self._time_request(workers[role], offers[role], out_specs, budget_ms=budget_ms,
+                        answer = self._time_request(turns.give(role), offers[role], out_specs, budget_ms=budget_ms,
                                                     max_reps=max_reps, offset=r, mode=mode, settings=t)
                         samples[role].extend(answer["samples_ns"])
                         wall[role] += answer["wall_s"]
@@ -264,9 +264,9 @@ class Evaluator:
                         methods[role] = answer["method"]
                 phases.mark("timed")
                 if self.device != "cpu":
-                    for role, worker in workers.items():
-                        reply = worker.request({"op": "kernels", "inputs": offers[role], "out_specs": out_specs},
-                                               self.timeout)
+                    for role in workers:
+                        reply = turns.give(role).request({"op": "kernels", "inputs": offers[role],
+                                                          "out_specs": out_specs}, self.timeout)
                         kernels[role] = reply if reply["ok"] else {"error": reply["error"]}
                     phases.mark("kernel_profile")
             with device_lock.shared(self.device):
@@ -415,6 +415,35 @@ def roofline_floor_flag(summary: dict, min_bytes: int, device: str) -> str | Non
         return (f"faster than the memory roofline floor: {summary['median_us']:.2f} µs < {floor_us:.2f} µs to move "
                 f"{min_bytes / 1e6:.1f} MB at {arch.memory_tbps} TB/s ({arch.name}); check the measurement")
     return None
+
+
+class Turns:
+    """One worker runs at a time while measuring; the others stay stopped, also across one
+    worker's consecutive requests: a thread an implementation left running (on the GPU or the
+    CPU) must not slow down what it is compared with."""
+
+    def __init__(self, workers: dict[str, Worker]):
+        self.workers = workers
+        self.current: str | None = None
+
+    def give(self, role: str) -> Worker:
+        if role != self.current:
+            for other, worker in self.workers.items():
+                if other != role and not worker.stopped:
+                    worker.stop()
+            if self.workers[role].stopped:
+                self.workers[role].resume()
+            self.current = role
+        return self.workers[role]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for worker in self.workers.values():
+            if worker.stopped:
+                worker.resume()
+        self.current = None
 
 
 def worker_key(load: dict, impl: dict, root: Path, **process) -> str:

@@ -3,6 +3,7 @@ crash, a hang or an exhausted memory limit into a verdict instead of an exceptio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -85,6 +86,7 @@ class Worker:
         self.key = key
         self.failed = False
         self._pending = False  # a command sent whose answer has not been read
+        self.stopped = False
         log_path.write_bytes(b"")
         found = zygote.adopt(key, env) if key else None
         self.adopted = found is not None
@@ -165,14 +167,30 @@ class Worker:
                 pass
             self.proc.wait()
 
+    def stop(self) -> None:
+        """SIGSTOP to its process group: nothing it would run on its own, a thread the
+        implementation started, say, competes with what another process measures."""
+        self._signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+        self.stopped = False
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
     def release(self) -> None:
         """Park the worker for a later job with the same key (its caches emptied), or end it.
-        Only a zygote's child that failed nothing and owes no answer is parked: the next job
-        must find the protocol where a fresh process would have it."""
+        Only a zygote's child that failed nothing, owes no answer and runs no thread besides
+        its main one is parked: the next job must find the protocol where a fresh process
+        would have it, and nothing of it may run while other jobs measure."""
         if (self.key and isinstance(self.proc, zygote.ForkedProcess) and not self.failed and not self._pending
                 and not self._buffer and self.proc.poll() is None):
             try:
-                reset = self.request({"op": "reset"}, 30)["ok"]
+                answer = self.request({"op": "reset"}, 30)
+                reset = answer["ok"] and answer.get("threads", 1) == 1
             except WorkerFailure:
                 reset = False
             if reset and self.proc.park(self.key, [self._command_write, self._answer_read]):

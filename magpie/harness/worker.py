@@ -96,10 +96,14 @@ class Implementation:
             self.fn.out_specs = specs[index % len(specs)]
 
     def reset(self, request: dict) -> dict:
-        """Between jobs (the worker is parked for the next one): inputs and outputs held go."""
+        """Between jobs (the worker is parked for the next one): inputs and outputs held go.
+        The threads still running are counted: a worker whose implementation left one is not
+        parked."""
+        import threading
+
         self._input_cache.clear()
         release_memory()
-        return {}
+        return {"threads": threading.active_count()}
 
     def run(self, request: dict) -> dict:
         torch = self.torch
