@@ -143,3 +143,28 @@ def test_a_thread_the_candidate_leaves_running_is_stopped_while_the_baseline_is_
     results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
     timing = next(r for r in results if r.get("task") == "timing:relu2/chatter")
     assert timing["workers_adopted"]["candidate"] is False  # its correctness worker, thread and all, was not kept
+
+
+def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_both(tmp_path):
+    """Two specs import a `common` module of their own folder; one evaluator judges job
+    after job (-j 1), and each job must see its own, as a fresh process would."""
+    kernels = ""
+    for name, factor in (("double", 2), ("triple", 3)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "common.py").write_text(f"def scale(x):\n    return x * {factor}\n")
+        (folder / "spec.py").write_text(
+            "import torch\nfrom common import scale\n\n"
+            "def make_inputs(shape, dtype, generator):\n"
+            "    return (torch.randn(shape, generator=generator, dtype=dtype),)\n\n"
+            "def reference(x):\n    return scale(x)\n")
+        (folder / "impl.py").write_text(f"def kernel(x):\n    return x * {factor}\n")
+        kernels += (f'[[kernel]]\nid = "{name}"\ntype = "pytorch"\nentry = "kernel"\n\n'
+                    f'[kernel.baseline]\nid = "impl"\nsource = "{name}/impl.py"\n\n'
+                    f'[[kernel.testcases]]\nspec = "{name}/spec.py"\nshapes = [[16, 8]]\n\n')
+    (tmp_path / "magpie.toml").write_text(
+        '[project]\nname = "helpers"\n\n[defaults.timing]\nwarmup_ms = 1\nbudget_ms = 10\nrounds = 1\n\n' + kernels)
+    assert build_json(tmp_path, "-j", "1")["failed"] == []
+    for name in ("double", "triple"):
+        report = json.loads((tmp_path / f"workspaces/reports/{name}/compare_report.json").read_text())
+        assert [r["correctness_state"] for r in report["results"]] == ["SUCCESS"], name

@@ -9,6 +9,7 @@ Usage (started by an action, through session.Worker): python -m magpie.harness.e
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -488,6 +489,24 @@ def evaluate(request_path: str, result_path: str) -> None:
     Path(result_path).write_text(json.dumps(result))
 
 
+@contextlib.contextmanager
+def fresh_imports():
+    """Each job sees the modules its spec imports as a fresh process would: what a job
+    imported from outside the interpreter's own trees (and magpie) is forgotten after it, and
+    sys.path is restored; two kernels' specs may each import a `common` of their own."""
+    path, before = list(sys.path), set(sys.modules)
+    try:
+        yield
+    finally:
+        sys.path[:] = path
+        kept = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+        kept += (str(Path(__file__).resolve().parent.parent) + os.sep,)
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules[name], "__file__", None)
+            if file and not os.path.realpath(file).startswith(kept):
+                del sys.modules[name]
+
+
 def evaluator_key(env: dict) -> str:
     """Evaluators started alike are alike: one may take any job of the build."""
     return "evaluator-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:24]
@@ -503,7 +522,8 @@ def serve(commands, answers) -> None:
             break
         try:
             if op == "evaluate":
-                evaluate(message["request"], message["result"])
+                with fresh_imports():
+                    evaluate(message["request"], message["result"])
             elif op == "relog":
                 log_to(message["log"])
             elif op == "reset":
