@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from magpie.harness import zygote
 from magpie.harness.session import Worker
@@ -186,3 +187,44 @@ def test_with_keep_warm_the_zygote_and_its_parked_workers_serve_the_next_build_t
     while (_running(zygote_pid) or _running(worker_pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _running(zygote_pid) and not _running(worker_pid), "idle warm zygote did not end"
+
+
+STATEFUL_MODEL = """
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(2))
+
+    def forward(self, x):
+        self.calls += 1
+        return x * 0 + self.calls
+
+
+def get_inputs():
+    return [torch.ones(2)]
+"""
+
+
+def test_a_parked_kernelbench_worker_hands_on_the_model_a_fresh_process_would_build(tmp_path):
+    (tmp_path / "model.py").write_text(STATEFUL_MODEL)
+    load = {"op": "load", "id": "model", "source": str(tmp_path / "model.py"), "device": "cpu", "seed": 1,
+            "init_from_module": True, "threads": 1}
+
+    def first_output(worker: Worker) -> float:
+        out = tmp_path / "out.pt"
+        assert worker.request({"op": "run_own_inputs", "seed": 0, "outputs_file": str(out)}, 60)["ok"]
+        return float(torch.load(out, weights_only=True)["outputs"][0][0])
+
+    with zygote.session():
+        worker = Worker(label="model", cwd=str(tmp_path), env=subprocess_env(), memory_mb=0,
+                        log_path=tmp_path / "a.log", key="model")
+        assert worker.request(load, 60)["ok"]
+        assert [first_output(worker), first_output(worker)] == [1.0, 2.0]
+        worker.release()
+        again = Worker(label="model", cwd=str(tmp_path), env=subprocess_env(), memory_mb=0,
+                       log_path=tmp_path / "b.log", key="model")
+        assert again.adopted and first_output(again) == 1.0
+        again.close()

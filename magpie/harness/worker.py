@@ -38,6 +38,7 @@ class Implementation:
         self.module = module
         self._input_cache: dict[str, list] = {}
         self._timer = None
+        self._build = None  # how a KernelBench model was built: a parked worker rebuilds it
         if request.get("library"):
             self.fn = NativeEntry(torch, request["library"], request.get("entry") or request["id"], self.device)
         else:
@@ -56,19 +57,21 @@ class Implementation:
                     f"{request['source']}: no entry declared and no ModelNew/Model class; set entry = \"fn\""
                 )
         if isinstance(target, type):  # KernelBench convention: a module built from init inputs
-            self.torch.manual_seed(int(request["seed"]))
             if request.get("init_from_module"):
                 init = list(getattr(module, "get_init_inputs", list)())
             else:
                 init = list(self.torch.load(request["init_inputs_file"], weights_only=True)[0]) \
                     if request.get("init_inputs_file") else []
-            model = target(*init)
-            if hasattr(model, "to"):
-                model = model.to(self.device)
-            return model
+            self._build = lambda: self._model(target, init, int(request["seed"]))
+            return self._build()
         if not callable(target):
             raise TypeError(f"entry {entry!r} is not callable")
         return target
+
+    def _model(self, cls, init: list, seed: int):
+        self.torch.manual_seed(seed)
+        model = cls(*init)
+        return model.to(self.device) if hasattr(model, "to") else model
 
     def _load(self, offer: dict) -> list:
         cached = self._input_cache.get(offer["key"])
@@ -96,12 +99,17 @@ class Implementation:
             self.fn.out_specs = specs[index % len(specs)]
 
     def reset(self, request: dict) -> dict:
-        """Between jobs (the worker is parked for the next one): inputs and outputs held go.
-        The threads still running are counted: a worker whose implementation left one is not
-        parked."""
+        """Between jobs (the worker is parked for the next one): inputs and outputs held go, a
+        KernelBench model is built again from its init inputs and seed (calls may have changed
+        its state). The threads still running are counted: a worker whose implementation left
+        one is not parked."""
         import threading
 
         self._input_cache.clear()
+        if self._build is not None:  # the next job gets the model a fresh process would build
+            self.fn = None
+            release_memory()
+            self.fn = self._build()
         release_memory()
         return {"threads": threading.active_count()}
 
