@@ -137,3 +137,19 @@ def test_inputs_travel_as_files_where_cuda_ipc_is_switched_off(monkeypatch, tmp_
     monkeypatch.setenv(SWITCH, "0")
     assert type(exchange_for(torch, tmp_path, "cuda:0")) is FileExchange
     assert type(exchange_for(torch, tmp_path, "cpu")) is FileExchange
+
+
+def test_a_reused_evaluator_forgets_project_modules_but_keeps_libraries(tmp_path):
+    import importlib
+    import sys
+
+    from magpie.harness.evaluate import fresh_imports
+
+    (tmp_path / "project_helper.py").write_text("VALUE = 1\n")
+    path = list(sys.path)
+    sys.modules.pop("wave", None)  # a standard-library module the suite does not otherwise use
+    with fresh_imports():
+        sys.path.insert(0, str(tmp_path))
+        importlib.import_module("project_helper")
+        importlib.import_module("wave")
+    assert "project_helper" not in sys.modules and "wave" in sys.modules and sys.path == path
