@@ -228,3 +228,12 @@ def test_a_parked_kernelbench_worker_hands_on_the_model_a_fresh_process_would_bu
                        log_path=tmp_path / "b.log", key="model")
         assert again.adopted and first_output(again) == 1.0
         again.close()
+
+
+def test_when_too_many_are_parked_a_second_copy_goes_before_a_unique_one():
+    children = zygote.Children()
+    children.parked = {10: ("candidate-a", [], 1.0), 11: ("evaluator", [], 2.0), 12: ("evaluator", [], 3.0),
+                       13: ("candidate-b", [], 4.0)}
+    assert children.victim() == 11  # not candidate-a, parked longer but the only one of its kind
+    children.parked = {10: ("candidate-a", [], 1.0), 13: ("candidate-b", [], 4.0)}
+    assert children.victim() == 10

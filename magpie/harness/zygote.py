@@ -17,6 +17,7 @@ Usage (started by `launch`): python -m magpie.harness.zygote SOCKET OWNER_PID ID
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import functools
@@ -387,12 +388,20 @@ class Children:
             conn.close()
         self.running[pidfd][1] = None
         self.parked[pidfd] = (key, fds, time.monotonic())
-        while len(self.parked) > MAX_PARKED:  # the longest parked goes; it is reaped when it ends
-            oldest = min(self.parked, key=lambda fd: self.parked[fd][2])
-            self._unpark(oldest, close=True)
+        while len(self.parked) > MAX_PARKED:  # it is reaped when it ends
+            victim = self.victim()
+            self._unpark(victim, close=True)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.running[oldest][0], signal.SIGKILL)
+                os.killpg(self.running[victim][0], signal.SIGKILL)
         return True
+
+    def victim(self) -> int:
+        """Which parked process goes when too many wait: the longest parked among keys with
+        more than one waiting (a second copy only serves jobs running at once, a unique one
+        saves its implementation a whole start), else the longest parked."""
+        counts = collections.Counter(key for key, _, _ in self.parked.values())
+        pool = [fd for fd, (key, _, _) in self.parked.items() if counts[key] > 1] or list(self.parked)
+        return min(pool, key=lambda fd: self.parked[fd][2])
 
     def adopt(self, key: str, conn: socket.socket) -> tuple[int, list[int]] | None:
         pidfd = next((fd for fd, (k, _, _) in self.parked.items() if k == key), None)
