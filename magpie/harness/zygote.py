@@ -476,16 +476,13 @@ def _become_child(request: dict, args: list[str], sockets: list, descriptors: li
             os.close(fd)
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        from magpie.harness.session import limits
+        from magpie.harness.session import limits, log_to
 
         limits(int(request["memory_mb"]))()
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
         os.close(null)
+        log_to(request["log"])
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
