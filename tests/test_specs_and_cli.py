@@ -113,6 +113,27 @@ def test_a_spec_that_makes_zeros_is_refused(kernels):
     assert "all zeros" in report["verdict"] and report["verdict"].startswith("testcase spec:")
 
 
+def test_a_spec_whose_inputs_or_reference_fail_is_one_line_naming_it(kernels):
+    (kernels / "broken_spec.py").write_text(
+        "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
+        "    return (torch.randn(shape, generator=generator, device='meta'),)\n"
+        "\ndef reference(x):\n    return torch.relu(x) * 2.0\n")
+    proc = magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_spec.py",
+                  "--shapes", "4x4", "--no-perf", "-o", "b", cwd=kernels)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    verdict = json.loads((kernels / "b/analyze_report.json").read_text())["verdict"]
+    assert verdict.startswith("testcase spec: broken_spec.py: make_inputs() failed for [4, 4] float32: ")
+    assert "\n" not in verdict and "inputs are made on cpu" in verdict
+    (kernels / "broken_reference.py").write_text(
+        "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
+        "    return (torch.randn(shape, generator=generator),)\n"
+        "\ndef reference(x):\n    return x @ torch.ones(3, 3)\n")
+    magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_reference.py",
+           "--shapes", "4x4", "--no-perf", "-o", "r", cwd=kernels, check=1)
+    verdict = json.loads((kernels / "r/analyze_report.json").read_text())["verdict"]
+    assert verdict.startswith("testcase spec: broken_reference.py: reference() failed: RuntimeError: ")
+
+
 def test_only_results_shaped_like_the_reference_go_into_lent_buffers():
     """Anything else travels as it is, so the checks name the wrong count, shape or dtype."""
     import torch

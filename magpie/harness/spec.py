@@ -83,19 +83,23 @@ class ReferenceSpec:
         device make their tensors there, and a `generator` parameter gets one on that device."""
         torch = self.torch
         torch.manual_seed(case.seed)
-        with torch.device(self.device):
-            if self.kernelbench:
-                args = tuple(self.module.get_inputs())
-            else:
-                factory = getattr(self.module, self.testcase["inputs"])
-                generator = torch.Generator(device=self.device).manual_seed(case.seed)
-                dtype = getattr(torch, case.dtype)
-                params = inspect.signature(factory).parameters
-                kwargs = {"generator": generator} if "generator" in params else {}
-                args = factory(tuple(case.shape), dtype, **kwargs)
-                if not isinstance(args, (tuple, list)):
-                    args = (args,)
-        args = tuple(to_device(a, self.device) for a in args)
+        factory = self.module.get_inputs if self.kernelbench else getattr(self.module, self.testcase["inputs"])
+        try:
+            with torch.device(self.device):
+                if self.kernelbench:
+                    args = tuple(factory())
+                else:
+                    generator = torch.Generator(device=self.device).manual_seed(case.seed)
+                    params = inspect.signature(factory).parameters
+                    kwargs = {"generator": generator} if "generator" in params else {}
+                    args = factory(tuple(case.shape), getattr(torch, case.dtype), **kwargs)
+                    if not isinstance(args, (tuple, list)):
+                        args = (args,)
+            args = tuple(to_device(a, self.device) for a in args)
+        except Exception as err:
+            raise SpecError(f"{self.path.name}: {factory.__name__}() failed for {case.label}: {type(err).__name__}: "
+                            f"{str(err).splitlines()[0] if str(err) else ''} (inputs are made on {self.device}, "
+                            "with the generator passed on that device)") from None
         for i, arg in enumerate(args):
             if torch.is_tensor(arg) and arg.numel() > 0 and arg.is_floating_point() and not arg.any():
                 raise SpecError(
@@ -108,15 +112,20 @@ class ReferenceSpec:
         """The expected output(s), computed on the project's device from pristine copies."""
         torch = self.torch
         pristine = tuple(a.clone() if torch.is_tensor(a) else a for a in args)
-        if self.kernelbench:
-            torch.manual_seed(init_seed)  # built on the CPU, as the worker builds ModelNew: same weights
-            model = self.module.Model(*self.init_inputs())
-            if hasattr(model, "to"):
-                model = model.to(self.device)
-            result = model(*pristine)
-        else:
-            result = getattr(self.module, self.testcase["reference"])(*pristine)
-        return to_device(result, self.device)
+        name = "Model" if self.kernelbench else self.testcase["reference"]
+        try:
+            if self.kernelbench:
+                torch.manual_seed(init_seed)  # built on the CPU, as the worker builds ModelNew: same weights
+                model = self.module.Model(*self.init_inputs())
+                if hasattr(model, "to"):
+                    model = model.to(self.device)
+                result = model(*pristine)
+            else:
+                result = getattr(self.module, name)(*pristine)
+            return to_device(result, self.device)
+        except Exception as err:
+            raise SpecError(f"{self.path.name}: {name}() failed: {type(err).__name__}: "
+                            f"{str(err).splitlines()[0] if str(err) else ''}") from None
 
     def min_bytes(self, args: tuple, expected) -> int:
         """Fewest bytes a kernel must move: each input read once, each output written once, unless the
