@@ -1,5 +1,7 @@
-"""Parent side of a worker process: start it, send commands with deadlines, and turn a
-crash, a hang or an exhausted memory limit into a verdict instead of an exception."""
+"""Parent side of a served process (a worker, or an evaluator): start or adopt it, send
+commands with deadlines, turn a crash, a hang or an exhausted memory limit into a verdict
+instead of an exception, and park it for the next job. Also the served side's shared pieces
+(its main loop's pipes, its log, its clean-up between jobs)."""
 
 from __future__ import annotations
 
@@ -161,10 +163,7 @@ class Worker:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self._signal(signal.SIGKILL)
             self.proc.wait()
 
     def stop(self) -> None:

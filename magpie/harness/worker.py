@@ -106,11 +106,11 @@ class Implementation:
         import threading
 
         self._input_cache.clear()
-        if self._build is not None:  # the next job gets the model a fresh process would build
-            self.fn = None
-            release_memory()
-            self.fn = self._build()
+        if self._build is not None:
+            self.fn = None  # freed before the next job's model, the one a fresh process would build, is made
         release_memory()
+        if self._build is not None:
+            self.fn = self._build()
         return {"threads": threading.active_count()}
 
     def run(self, request: dict) -> dict:
