@@ -145,6 +145,24 @@ def test_a_thread_the_candidate_leaves_running_is_stopped_while_the_baseline_is_
     assert timing["workers_adopted"]["candidate"] is False  # its correctness worker, thread and all, was not kept
 
 
+def test_one_baseline_process_is_timed_beside_every_candidate(tmp_path):
+    """Measurements take turns on the device, so the baseline worker one parked is the next
+    one's: at most a second process starts, when a job took it before its turn came."""
+    (tmp_path / "good.py").write_text(
+        "import os\nimport torch\n\nwith open('baseline_pids.txt', 'a') as out:\n    out.write(f'{os.getpid()}\\n')\n\n"
+        "def kernel(x):\n    return torch.relu(x) * 2.0\n")
+    names = [f"copy{i}" for i in range(5)]
+    for i, name in enumerate(names):
+        (tmp_path / f"{name}.py").write_text(f"import torch\n\ndef kernel(x):  # {i}\n    return torch.relu(x) * 2.0\n")
+    relu2_project(tmp_path, names, shapes="[[33, 65]]")
+    assert build_json(tmp_path, "-j", "4")["failed"] == []
+    results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
+    timings = [r for r in results if r.get("task", "").startswith("timing:") and r["task"] != "timing:relu2/good"]
+    assert len(timings) == 5 and all(r["performance_state"] == "SUCCESS" for r in timings)
+    assert all(r["baseline_result"]["n"] > 10 for r in timings)
+    assert len(set((tmp_path / "baseline_pids.txt").read_text().split())) <= 2
+
+
 def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_both(tmp_path):
     """Two specs import a `common` module of their own folder; one evaluator judges job
     after job (-j 1), and each job must see its own, as a fresh process would."""

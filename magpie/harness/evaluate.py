@@ -27,7 +27,8 @@ from magpie.harness import device_lock
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
 from magpie.harness.laps import Laps
-from magpie.harness.session import Worker, WorkerFailure, log_to, release_memory, serve_pipes, signal_verdict
+from magpie.harness.session import (NothingParked, Worker, WorkerFailure, log_to, release_memory, serve_pipes,
+                                    signal_verdict)
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.timing import GRAPH_THRESHOLD_US, sample_cap
 from magpie.paths import subprocess_env
@@ -74,7 +75,10 @@ class Evaluator:
             env["TRITON_INTERPRET"] = "1"
         return env
 
-    def start(self, impl: dict, init_file: str | None, init_from_module: bool = False) -> Worker:
+    def start(self, impl: dict, init_file: str | None, init_from_module: bool = False,
+              fork: bool = True) -> Worker | None:
+        """A loaded worker for impl: one a job parked if there is one, else a new process
+        (with fork=False, None)."""
         cwd = self.root / (impl.get("working_dir") or ".")
         # CUDA reserves far more address space than it uses, so the address-space limit that
         # catches memory hogs on the CPU would stop every GPU process at start-up.
@@ -89,7 +93,11 @@ class Evaluator:
         }
         log_path = self.work / f"worker-{impl['id']}.log"
         key = worker_key(load, impl, self.root, cwd=str(cwd), env=env, memory_mb=memory_mb)
-        worker = Worker(label=impl["id"], cwd=str(cwd), env=env, memory_mb=memory_mb, log_path=log_path, key=key)
+        try:
+            worker = Worker(label=impl["id"], cwd=str(cwd), env=env, memory_mb=memory_mb, log_path=log_path, key=key,
+                            fork=fork)
+        except NothingParked:
+            return None
         answer = worker.request({"op": "relog", "log": str(log_path)} if worker.adopted else load, self.timeout)
         if not answer["ok"]:
             worker.close()
@@ -208,7 +216,12 @@ class Evaluator:
 
     def _timed(self, spec_index: int, testcase: dict, t: dict) -> dict:
         """Inputs, workers and their first calls beside other jobs on the device; warm-up,
-        measurement and the kernel profile with the device held alone; the re-check after."""
+        measurement and the kernel profile with the device held alone; the re-check after.
+
+        The baseline is timed beside every candidate, and those measurements take turns on
+        the device: one baseline worker serves them all. A job takes it where it is parked;
+        if it is not (another job has it), the job asks again once it holds the device, when
+        the last measurement has parked it, and gives it back before letting the device go."""
         phases = Laps()
         spec = self._spec(spec_index, testcase)
         cases = spec.cases(self.seed, self.kernel_id, spec_index, 1, salt="timing")
@@ -219,6 +232,7 @@ class Evaluator:
         methods: dict[str, str] = {}
         first_steps: dict[str, dict] = {}
         kernels = {}
+        adopted: dict[str, bool] = {}
         try:
             with device_lock.shared(self.device):
                 phases.mark("wait_shared")
@@ -230,8 +244,9 @@ class Evaluator:
                 init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
                 phases.mark("inputs")
                 workers["candidate"] = self.start(self.impl, init_file)
-                if pair:
-                    workers["baseline"] = self.start(self.baseline, init_file)
+                baseline = self.start(self.baseline, init_file, fork=False) if pair else None
+                if baseline is not None:
+                    workers["baseline"] = baseline
                 phases.mark("start")
                 offers = {role: self.exchange.offer_inputs("timing", inputs) for role in workers}
                 # First calls (context creation, taking the inputs, JIT) in all workers at once.
@@ -241,37 +256,53 @@ class Evaluator:
                     first_steps[role] = self._time_answer(worker).get("steps_s")
                 self.exchange.release()
                 phases.mark("first_calls")
-            samples = {role: [] for role in workers}
-            wall = {role: 0.0 for role in workers}
-            early: dict[str, list[float]] = {role: [] for role in workers}
-            with device_lock.exclusive(self.device), Turns(workers) as turns:
+            with device_lock.exclusive(self.device):
                 phases.mark("wait_exclusive")
-                probes = {role: self._time_request(turns.give(role), offers[role], out_specs,
-                                                   warmup_ms=t["warmup_ms"], probe=self.device != "cpu")
-                          .get("probe_us", 0.0) for role in workers}
-                phases.mark("warmup_probe")
-                mode = self._mode(min(probes.values()))
-                rounds = int(t["rounds"])
-                budget_ms, max_reps = t["budget_ms"] / rounds, max(1, int(t["max_reps"]) // rounds)
-                for r in range(rounds):
-                    order = list(workers) if r % 2 == 0 else list(reversed(workers))
-                    for role in order:
-                        answer = self._time_request(turns.give(role), offers[role], out_specs, budget_ms=budget_ms,
-                                                    max_reps=max_reps, offset=r, mode=mode, settings=t)
-                        samples[role].extend(answer["samples_ns"])
-                        wall[role] += answer["wall_s"]
-                        if (len(answer["samples_ns"]) < sample_cap(mode, max_reps)
-                                and answer["wall_s"] * 1000 < EARLY_FRACTION * budget_ms):
-                            early[role].append(round(answer["wall_s"] * 1000, 3))
-                        infos.setdefault(role, []).append(answer["info"])
-                        methods[role] = answer["method"]
-                phases.mark("timed")
-                if self.device != "cpu":
-                    for role in workers:
-                        reply = turns.give(role).request({"op": "kernels", "inputs": offers[role],
-                                                          "out_specs": out_specs}, self.timeout)
-                        kernels[role] = reply if reply["ok"] else {"error": reply["error"]}
-                    phases.mark("kernel_profile")
+                late = pair and "baseline" not in workers
+                if late:
+                    workers["baseline"] = self.start(self.baseline, init_file)
+                    offers["baseline"] = self.exchange.offer_inputs("timing", inputs)
+                    phases.mark("start_baseline")
+                samples = {role: [] for role in workers}
+                wall = {role: 0.0 for role in workers}
+                early: dict[str, list[float]] = {role: [] for role in workers}
+                with Turns(workers) as turns:
+                    warmed = {role: self._time_request(turns.give(role), offers[role], out_specs,
+                                                       first_call=late and role == "baseline",
+                                                       warmup_ms=t["warmup_ms"], probe=self.device != "cpu")
+                              for role in workers}
+                    if late:
+                        first_steps["baseline"] = warmed["baseline"].get("steps_s")
+                        self.exchange.release()
+                    phases.mark("warmup_probe")
+                    mode = self._mode(min(answer.get("probe_us", 0.0) for answer in warmed.values()))
+                    rounds = int(t["rounds"])
+                    budget_ms, max_reps = t["budget_ms"] / rounds, max(1, int(t["max_reps"]) // rounds)
+                    for r in range(rounds):
+                        order = list(workers) if r % 2 == 0 else list(reversed(workers))
+                        for role in order:
+                            answer = self._time_request(turns.give(role), offers[role], out_specs,
+                                                        budget_ms=budget_ms, max_reps=max_reps, offset=r, mode=mode,
+                                                        settings=t)
+                            samples[role].extend(answer["samples_ns"])
+                            wall[role] += answer["wall_s"]
+                            if (len(answer["samples_ns"]) < sample_cap(mode, max_reps)
+                                    and answer["wall_s"] * 1000 < EARLY_FRACTION * budget_ms):
+                                early[role].append(round(answer["wall_s"] * 1000, 3))
+                            infos.setdefault(role, []).append(answer["info"])
+                            methods[role] = answer["method"]
+                    phases.mark("timed")
+                    if self.device != "cpu":
+                        for role in workers:
+                            reply = turns.give(role).request({"op": "kernels", "inputs": offers[role],
+                                                              "out_specs": out_specs}, self.timeout)
+                            kernels[role] = reply if reply["ok"] else {"error": reply["error"]}
+                        phases.mark("kernel_profile")
+                if pair:  # parked while the device is still held: the next measurement finds it
+                    baseline_worker = workers.pop("baseline")
+                    adopted["baseline"] = baseline_worker.adopted
+                    baseline_worker.release()
+                    phases.mark("park_baseline")
             with device_lock.shared(self.device):
                 phases.mark("wait_shared")
                 recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
@@ -294,9 +325,9 @@ class Evaluator:
             "baseline_result": None,
             "phases_s": phases.seconds,
             "first_call_steps_s": first_steps,
-            "workers_adopted": {role: worker.adopted for role, worker in workers.items()},
+            "workers_adopted": {**adopted, **{role: worker.adopted for role, worker in workers.items()}},
         }
-        for role in workers:
+        for role in samples:  # the baseline's worker is parked by now, its samples kept
             impl = self.impl if role == "candidate" else self.baseline
             method = self._method(impl, methods[role])
             summary = self._summary(samples[role], wall[role], len(infos[role]), method, case.label)

@@ -53,6 +53,10 @@ class WorkerFailure(Exception):
     """The worker died or stopped answering; str() is the verdict."""
 
 
+class NothingParked(Exception):
+    """A worker asked for with fork=False found no parked process of its key."""
+
+
 def signal_verdict(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -79,18 +83,20 @@ class Worker:
     the default) or an evaluator (`magpie.harness.evaluate`). With a key, it may be one an
     earlier job of the build parked (same code, same files, same environment: `adopted` says
     so, and it needs no load), and `release` parks it again for the next job instead of ending
-    it, unless it failed."""
+    it, unless it failed. With fork=False only a parked one will do (NothingParked if none is)."""
 
     def __init__(self, *, label: str, cwd: str, env: dict, memory_mb: int, log_path: Path, key: str | None = None,
-                 module: str = "magpie.harness.worker"):
+                 module: str = "magpie.harness.worker", fork: bool = True):
         self.label = label
         self.log_path = log_path
         self.key = key
         self.failed = False
         self._pending = False  # a command sent whose answer has not been read
         self.stopped = False
-        log_path.write_bytes(b"")
         found = zygote.adopt(key, env) if key else None
+        if found is None and not fork:
+            raise NothingParked(key)
+        log_path.write_bytes(b"")
         self.adopted = found is not None
         if found is not None:
             self.proc, (self._command_write, self._answer_read) = found
