@@ -37,7 +37,8 @@ def _row(impl, correct=True, median=10.0, samples=None, paired=None):
     perf = {"median_us": median} if correct else None
     return {"implementation": impl, "correctness_state": "SUCCESS" if correct else "FAILED",
             "performance_state": "SUCCESS" if correct else "SKIPPED", "performance_result": perf,
-            "baseline_result": {"median_us": 10.0}, "samples_us": samples, "_baseline_samples": paired,
+            "baseline_result": {"median_us": 10.0}, "samples_us": samples,
+            "_paired_speedup": bootstrap_speedup(paired, samples) if paired else None,
             "verdict": "correct" if correct else "incorrect: allclose", "errors": []}
 
 

@@ -130,6 +130,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         (work / "request.json").write_text(json.dumps(request))
         log_path = work / "evaluator.log"
         env = subprocess_env()
+        asked = time.monotonic()
         # An evaluator runs no candidate code, so one that finished a job may take the next.
         evaluator = Worker(label="evaluator", cwd=os.getcwd(), env=env, memory_mb=0, log_path=log_path,
                            key=evaluator_key(env),
@@ -137,6 +138,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         try:
             if evaluator.adopted:
                 evaluator.request({"op": "relog", "log": str(log_path)}, 30)
+            started = time.monotonic()
             answer = evaluator.request({"op": "evaluate", "request": str(work / "request.json"),
                                         "result": str(work / "result.json")}, overall)
             failure = None if answer["ok"] else f"evaluator error: {answer['error']}"
@@ -147,7 +149,10 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         for log in work.glob("worker-*.log"):
             shutil.copy(log, out_dir / log.name)
         if failure is None:
-            return json.loads((work / "result.json").read_text())
+            result = json.loads((work / "result.json").read_text())
+            # a build's first evaluators wait here for the zygote's imports
+            result["evaluator_start_s"] = round(started - asked, 3)
+            return result
     state_key = "correctness_state" if mode == "correctness" else "performance_state"
     return {state_key: "FAILED", "verdict": failure, "errors": [failure], "numerics": "unverified",
             "performance_result": None}
@@ -178,6 +183,13 @@ def timing(job, out_dir: Path) -> dict:
             baseline = None
     result = _evaluate("timing", job, out_dir, baseline=baseline)
     result.setdefault("warnings", []).extend(warnings)
+    if result.get("performance_state") == "SUCCESS" and result.get("baseline_samples_us"):
+        # Here, not in the comparison: the timing jobs finish one by one while others measure,
+        # the comparison waits for the last of them.
+        result["speedup"] = {
+            **bootstrap_speedup(result["baseline_samples_us"], result["samples_us"]),
+            "baseline_median_us": result["baseline_result"]["median_us"],
+            "method": "median(baseline)/median(candidate), timed interleaved; percentile bootstrap"}
     return result
 
 
@@ -205,7 +217,7 @@ def comparison(job, out_dir: Path) -> dict:
             "profile": job.dep_results.get(f"profile:{kernel}/{impl_id}"),
             "errors": [*comp.get("errors", []), *corr.get("errors", []), *tim.get("errors", [])],
             "warnings": tim.get("warnings", []),
-            "_baseline_samples": tim.get("baseline_samples_us"),
+            "_paired_speedup": tim.get("speedup"),
         })
     from magpie.report.models import CompareReport, checked
 
@@ -217,7 +229,7 @@ def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:
     excluded, ranked = [], []
     for row in rows:
         row["is_baseline"] = row["implementation"] == baseline_id
-        paired = row.pop("_baseline_samples", None)
+        paired = row.pop("_paired_speedup", None)
         if row["correctness_state"] != "SUCCESS":
             excluded.append({"implementation": row["implementation"],
                              "reason": f"correctness {row['correctness_state']}: {row['verdict']}"})
@@ -229,9 +241,7 @@ def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:
         if row["is_baseline"]:
             row["speedup"] = {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": "baseline"}
         elif paired:
-            row["speedup"] = bootstrap_speedup(paired, row["samples_us"])
-            row["speedup"]["baseline_median_us"] = row["baseline_result"]["median_us"]
-            row["speedup"]["method"] = "median(baseline)/median(candidate), timed interleaved; percentile bootstrap"
+            row["speedup"] = paired
         ranked.append(row)
     ranked.sort(key=lambda r: (-(r["speedup"] or {}).get("value", 0.0), r["performance_result"]["median_us"]))
     best = next((r["implementation"] for r in ranked if (r["speedup"] or {}).get("verdict") == "faster"), None)
