@@ -41,10 +41,18 @@ def kernels():
     one = torch.randn(1, device="cuda")
     big_x = torch.randn(LARGE_ELEMENTS, device="cuda")
     big_y = torch.randn(LARGE_ELEMENTS, device="cuda")
+    # Off the power limit: a short-K tensor-core GEMM and one on the SIMT pipes (TF32 off).
+    short_a = torch.randn(GEMM_N, GEMM_N // 2, device="cuda", dtype=torch.bfloat16)
+    short_b = torch.randn(GEMM_N // 2, GEMM_N, device="cuda", dtype=torch.bfloat16)
+    f32 = torch.randn(GEMM_N // 2, GEMM_N // 2, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
     return {
         "bandwidth (x*2+y, 64Mi fp32)": (lambda: torch.add(y, x, alpha=2.0), 3 * 4 * N_ELEMENTS, 0),
         "bandwidth large (x*2+y, 256Mi fp32)": (lambda: torch.add(big_y, big_x, alpha=2.0), 3 * 4 * LARGE_ELEMENTS, 0),
         "gemm (bf16 4096^3)": (lambda: a @ b, 3 * 2 * GEMM_N**2, 2 * GEMM_N**3),
+        "gemm short-k (bf16 4096x4096x2048)": (lambda: short_a @ short_b, 2 * (GEMM_N**2 + GEMM_N**2),
+                                               GEMM_N**3),
+        "gemm fp32 (2048^3, SIMT)": (lambda: f32 @ f32, 3 * 4 * (GEMM_N // 2) ** 2, 2 * (GEMM_N // 2) ** 3),
         "one element (x+1)": (lambda: one + 1, 8, 1),
     }
 
@@ -84,7 +92,8 @@ def ncu_median_us(name: str, out: Path) -> tuple[float | None, float | None]:
     return (statistics.median(durations) if durations else None), (statistics.median(tensor_ops) if rows else None)
 
 
-def throughput(out: Path) -> dict:
+def throughput(out: Path, device: str = "cuda") -> dict:
+    """On the CPU (a smoke test of this script: Triton interpreted) the vectors are small."""
     root = out / "compare8"
     root.mkdir(exist_ok=True)
     (root / "spec.py").write_text(textwrap.dedent("""
@@ -119,7 +128,9 @@ def throughput(out: Path) -> dict:
     env = {**os.environ, "TRITON_CACHE_DIR": str(root / "triton_cache")}
     kept = {**env, "MAGPIE_KEEP_WARM_S": "60"}
     plan = {"cold": env, "warm": env, "kept_first": kept, "kept_again": kept}
-    runs = {name: _compare_run(root, files, budget_ms, f"out_{name}", run_env) for name, run_env in plan.items()}
+    shape = "16777216" if device.startswith("cuda") else "4096"
+    runs = {name: _compare_run(root, files, budget_ms, f"out_{name}", run_env, device, shape)
+            for name, run_env in plan.items()}
     if any("error" in run for run in runs.values()):
         return runs
     budgets_s = runs["warm"]["timing_budgets_s"]
@@ -130,11 +141,13 @@ def throughput(out: Path) -> dict:
             "ratio_kept_again": runs["kept_again"]["wall_s"] / budgets_s, "runs": runs}
 
 
-def _compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env: dict) -> dict:
+def _compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env: dict, device: str,
+                 shape: str) -> dict:
+    start_unix = time.time()
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "magpie", "compare", "torch_ref.py", *files, "--type", "triton",
-                           "--entry", "f", "--spec", "spec.py", "--shapes", "16777216", "--budget-ms", str(budget_ms),
-                           "--device", "cuda", "--no-profile", "-j", "8", "--json", "-o", out_name], cwd=root,
+                           "--entry", "f", "--spec", "spec.py", "--shapes", shape, "--budget-ms", str(budget_ms),
+                           "--device", device, "--no-profile", "-j", "8", "--json", "-o", out_name], cwd=root,
                           capture_output=True, text=True, timeout=1200, env=env)
     wall = time.monotonic() - start
     if proc.returncode != 0:
@@ -150,7 +163,9 @@ def _compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, en
             continue
         seconds[rule] += data["task_seconds"]
         tasks[data["task"]] = {k: data.get(k) for k in ("task_seconds", "phases_s", "first_call_steps_s",
-                                                        "worker_steps_s")}
+                                                        "worker_steps_s", "evaluator_start_s", "workers_adopted")}
+        began = data["task_started_unix"] - start_unix
+        tasks[data["task"]]["span_s"] = [round(began, 3), round(began + data["task_seconds"], 3)]
         if rule == "timing":
             for phase, value in (data.get("phases_s") or {}).items():
                 phases[phase] = phases.get(phase, 0.0) + value
@@ -158,7 +173,14 @@ def _compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, en
     # Each candidate is timed with the baseline beside it (2 budgets), the baseline alone once.
     budgets_s = (2 * (timed - 1) + 1) * budget_ms / 1000
     held = sum(v for k, v in phases.items() if k in ("warmup_probe", "timed", "kernel_profile"))
-    return {"wall_s": wall, "timing_tasks_s": seconds["timing"], "correctness_tasks_s": seconds["correctness"],
+    spans = {rule: [t["span_s"] for name, t in tasks.items() if name.startswith(rule)] for rule in seconds}
+    # When the build reached each stage, from the command's start.
+    timeline = {"first_correctness_start": min(s[0] for s in spans["correctness"]),
+                "last_correctness_end": max(s[1] for s in spans["correctness"]),
+                "first_timing_start": min(s[0] for s in spans["timing"]),
+                "last_timing_end": max(s[1] for s in spans["timing"]), "exit": wall}
+    return {"wall_s": wall, "timeline_s": timeline, "timing_tasks_s": seconds["timing"],
+            "correctness_tasks_s": seconds["correctness"],
             "timing_phases_s": phases, "timing_budgets_s": budgets_s, "device_held_alone_s": held,
             "timed": timed, "ranking": report["ranking"][:3], "tasks": tasks}
 
@@ -168,12 +190,13 @@ def main() -> int:
     parser.add_argument("--out", default=".")
     parser.add_argument("--parts", default="timers,throughput")
     parser.add_argument("--only", default="", help="time only kernels whose name contains this")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the throughput part")
     args = parser.parse_args()
     parts = args.parts.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    timer = CudaTimer("cuda")
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    timer = CudaTimer("cuda") if "timers" in parts else None
+    results = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "torch": torch.__version__, "triton": triton.__version__,
                "date": time.strftime("%Y-%m-%d"), "kernels": {}}
     for name, (fn, nbytes, flops) in (kernels().items() if "timers" in parts else ()):
         if args.only and not any(part in name for part in args.only.split(",")):
@@ -210,7 +233,7 @@ def main() -> int:
         results["kernels"][name] = row
         (out / "fidelity.json").write_text(json.dumps(results, indent=1))
     if "throughput" in parts:
-        results["compare_8_triton"] = throughput(out)
+        results["compare_8_triton"] = throughput(out, args.device)
     (out / f"fidelity-{args.parts.replace(',', '-')}.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
     return 0

@@ -29,6 +29,7 @@ for step in "$@"; do
     fidelity) timeout 480 python3 bench/gpu_fidelity.py --parts timers --out /tmp/s > /tmp/s/fidelity.txt 2>&1 ;;
     fidelity2) timeout 300 python3 bench/gpu_fidelity.py --parts timers --only "gemm,bandwidth (x" --out /tmp/s/f2 > /tmp/s/fidelity2.txt 2>&1 ;;
     fidelity3) timeout 450 python3 bench/gpu_fidelity.py --parts timers --only "gemm,bandwidth" --out /tmp/s/f3 > /tmp/s/fidelity3.txt 2>&1 ;;
+    gemms) timeout 400 python3 bench/gpu_fidelity.py --parts timers --only "gemm" --out /tmp/s/gemms > /tmp/s/gemms.txt 2>&1 ;;
     short) timeout 200 python3 bench/gpu_fidelity.py --parts timers --only "one element" --out /tmp/s/short > /tmp/s/short.txt 2>&1 ;;
     gemm) timeout 120 python3 bench/gemm_timer_variants.py /tmp/s/gemm_variants.json > /tmp/s/gemm.txt 2>&1 ;;
     startup) timeout 200 python3 bench/cuda_startup.py /tmp/s/cuda_startup.json > /tmp/s/startup.txt 2>&1 ;;
@@ -38,4 +39,4 @@ for step in "$@"; do
 done
 tar czf "$OUT/gpu_session.tar.gz" -C /tmp s
 cat /tmp/s/env.txt; tail -5 /tmp/s/gpu_tests.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
-cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
+cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; grep -E '"(ncu_median_us|do_bench_median_us|magpie_median_us|magpie_repeat_cv)"|gemm' /tmp/s/gemms.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null

@@ -51,6 +51,7 @@ def resolve_action(spec: TaskSpec):
 
 
 def run_job(job: Job) -> JobOutput:
+    started_unix = time.time()  # where the task sat in the build's timeline
     started = time.monotonic()
     action = resolve_action(job.spec)
     with tempfile.TemporaryDirectory(prefix="magpie-job-") as tmp:
@@ -60,4 +61,5 @@ def run_job(job: Job) -> JobOutput:
     seconds = time.monotonic() - started
     result.setdefault("task", job.spec.name)
     result["task_seconds"] = round(seconds, 3)
+    result["task_started_unix"] = round(started_unix, 3)
     return JobOutput(result, files, seconds)
