@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from magpie.cli.oneshot import add_common, build_project, run_and_collect, write_json
+from magpie.harness import zygote
 
 STATE_KEYS = ("compiling_state", "correctness_state", "performance_state", "performance_result", "numerics",
               "verdict", "errors", "warnings")
@@ -20,8 +21,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    project, out = build_project(args, "analyze", baseline_index=None)
-    comparison = run_and_collect(project, args.jobs)
+    # The zygote imports torch while the project is set up: these verbs always evaluate.
+    with zygote.session(prestart=True):
+        project, out = build_project(args, "analyze", baseline_index=None)
+        comparison = run_and_collect(project, args.jobs)
     row = comparison["results"][0]
     report = {"kernel": row["implementation"], **{k: row.get(k) for k in STATE_KEYS}}
     kernel = project.manifest.kernel[0]

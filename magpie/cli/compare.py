@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from magpie.cli.oneshot import add_common, build_project, run_and_collect, write_json
+from magpie.harness import zygote
 
 
 def add_parser(sub) -> None:
@@ -18,8 +19,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    project, out = build_project(args, "compare", baseline_index=args.baseline)
-    report = run_and_collect(project, args.jobs)
+    # The zygote imports torch while the project is set up: these verbs always evaluate.
+    with zygote.session(prestart=True):
+        project, out = build_project(args, "compare", baseline_index=args.baseline)
+        report = run_and_collect(project, args.jobs)
     write_json(out / "compare_report.json", report)
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=True))

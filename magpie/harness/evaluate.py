@@ -53,6 +53,7 @@ class Evaluator:
         self._exchange = None
         self.laps = Laps()
         self.worker_steps: list[dict | None] = []
+        self._loading: set[Worker] = set()  # started with a load whose answer is still due
 
     @property
     def torch(self):
@@ -76,9 +77,11 @@ class Evaluator:
         return env
 
     def start(self, impl: dict, init_file: str | None, init_from_module: bool = False,
-              fork: bool = True) -> Worker | None:
+              fork: bool = True, wait: bool = True) -> Worker | None:
         """A loaded worker for impl: one a job parked if there is one, else a new process
-        (with fork=False, None)."""
+        (with fork=False, None). With wait=False the load is under way when it returns, and
+        `loaded` waits for it: a new process's CUDA context is made while the evaluator makes
+        the inputs (and its own)."""
         cwd = self.root / (impl.get("working_dir") or ".")
         # CUDA reserves far more address space than it uses, so the address-space limit that
         # catches memory hogs on the CPU would stop every GPU process at start-up.
@@ -98,10 +101,17 @@ class Evaluator:
                             fork=fork)
         except NothingParked:
             return None
-        answer = worker.request({"op": "relog", "log": str(log_path)} if worker.adopted else load, self.timeout)
-        if not answer["ok"]:
-            worker.close()
-            raise WorkerFailure(f"error while loading: {answer['error']}")
+        worker.send({"op": "relog", "log": str(log_path)} if worker.adopted else load)
+        self._loading.add(worker)
+        return self.loaded(worker) if wait else worker
+
+    def loaded(self, worker: Worker) -> Worker:
+        if worker in self._loading:
+            self._loading.discard(worker)
+            answer = worker.receive(self.timeout)
+            if not answer["ok"]:
+                worker.close()
+                raise WorkerFailure(f"error while loading: {answer['error']}")
         return worker
 
     def _save(self, name: str, value) -> str:
@@ -116,6 +126,7 @@ class Evaluator:
         inputs = [spec.make_inputs(c) for c in cases]
         expected = [spec.reference(a, self.init_seed) for a in inputs]
         outputs = self.exchange.offer_outputs(tag, expected, inputs)
+        self.loaded(worker)
         answer = worker.request({"op": "run", "inputs": self.exchange.offer_inputs(tag, inputs), "outputs": outputs,
                                  "out_specs": [output_specs(e) for e in expected]}, self.timeout)
         if not answer["ok"]:
@@ -149,7 +160,7 @@ class Evaluator:
                 spec = self._spec(index, testcase)
                 cases = spec.cases(self.seed, self.kernel_id, index, int(testcase["trials"]))
                 init_file = self._save(f"tc{index}-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
-                with self.start(self.impl, init_file) as worker:
+                with self.start(self.impl, init_file, wait=False) as worker:
                     self.laps.mark("start")
                     records = self._run_cases(worker, spec, cases, f"tc{index}", testcase["rtol"], testcase["atol"])
                     self.laps.mark("cases")
@@ -236,18 +247,21 @@ class Evaluator:
         try:
             with device_lock.shared(self.device):
                 phases.mark("wait_shared")
+                init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
+                workers["candidate"] = self.start(self.impl, init_file, wait=False)
+                baseline = self.start(self.baseline, init_file, fork=False, wait=False) if pair else None
+                if baseline is not None:
+                    workers["baseline"] = baseline
+                phases.mark("start")
                 rotation = [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, "set", k))
                             for k in range(int(t["input_sets"]))]
                 inputs = [spec.make_inputs(c) for c in rotation]
                 expected = spec.reference(inputs[0], self.init_seed)
                 out_specs = [output_specs(expected)]
-                init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
                 phases.mark("inputs")
-                workers["candidate"] = self.start(self.impl, init_file)
-                baseline = self.start(self.baseline, init_file, fork=False) if pair else None
-                if baseline is not None:
-                    workers["baseline"] = baseline
-                phases.mark("start")
+                for worker in workers.values():
+                    self.loaded(worker)
+                phases.mark("loaded")
                 offers = {role: self.exchange.offer_inputs("timing", inputs) for role in workers}
                 # First calls (context creation, taking the inputs, JIT) in all workers at once.
                 for role, worker in workers.items():
