@@ -56,6 +56,14 @@ def test_gpu_info_sees_the_h200():
     assert "H200" in gpu["name"] and gpu["architecture"] == "sm_90" and gpu["sm_count"] == 132
 
 
+def test_nvml_tells_the_zygote_the_device_memory():
+    from magpie.harness import zygote
+
+    sizes = zygote.nvidia_device_bytes()
+    assert sizes and all(size > 100 << 30 for size in sizes)  # an H200 has 141 GB
+    assert zygote.parked_cap(sizes) == zygote.MAX_PARKED
+
+
 # Verdicts that do not depend on the device; the memory hog is a host-memory test (no address
 # space limit applies to GPU processes) and the CPU clock is not the one timed here.
 GPU_VERDICTS = {name: want for name, want in EXPECTED.items() if name not in ("hogs_memory", "fakes_clock")}

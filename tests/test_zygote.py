@@ -237,3 +237,10 @@ def test_when_too_many_are_parked_a_second_copy_goes_before_a_unique_one():
     assert children.victim() == 11  # not candidate-a, parked longer but the only one of its kind
     children.parked = {10: ("candidate-a", [], 1.0), 13: ("candidate-b", [], 4.0)}
     assert children.victim() == 10
+
+
+
+def test_the_parked_cap_fits_the_device_memory():
+    assert zygote.parked_cap([]) == zygote.MAX_PARKED  # no GPU
+    assert zygote.parked_cap([141 << 30]) == zygote.MAX_PARKED  # an H200's eighth holds more
+    assert zygote.parked_cap([141 << 30, 24 << 30]) == 6  # the 24 GiB card's eighth: six contexts

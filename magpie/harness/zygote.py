@@ -53,8 +53,33 @@ PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpi
            "magpie.harness.evaluate")
 
 START_TIMEOUT_S = 120.0
-# Idle children kept for adoption at once; each holds its process (and on a GPU its context).
-MAX_PARKED = 16
+# Idle children kept for adoption at once. Each holds its process and, on a GPU, its CUDA
+# context: about half a GiB of device memory, so no more than fit in an eighth of the
+# smallest device's (32 on an H200; a compare of 8 candidates under -j 8 parks about 20).
+MAX_PARKED = 32
+CONTEXT_BYTES = 512 << 20
+
+
+def parked_cap(device_bytes: list[int]) -> int:
+    return max(4, min([MAX_PARKED, *(size // 8 // CONTEXT_BYTES for size in device_bytes)]))
+
+
+def nvidia_device_bytes() -> list[int]:
+    """Each NVIDIA device's memory, through NVML (no CUDA context: the zygote forks); none
+    where there is no NVML or no driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+        try:
+            return [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total
+                    for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return []
 
 
 # -- the requester's side ----------------------------------------------------------------
@@ -364,6 +389,7 @@ class Children:
     def __init__(self):
         self.running: dict[int, list] = {}  # pidfd -> [pid, requester's connection or None]
         self.parked: dict[int, tuple[str, list[int], float]] = {}  # pidfd -> (key, descriptors, since)
+        self.cap: int | None = None  # looked up at the first park, off the zygote's start
 
     def descriptors(self) -> list[int]:
         """Everything a newly forked child must close: it may talk to no other child."""
@@ -388,7 +414,9 @@ class Children:
             conn.close()
         self.running[pidfd][1] = None
         self.parked[pidfd] = (key, fds, time.monotonic())
-        while len(self.parked) > MAX_PARKED:  # it is reaped when it ends
+        if self.cap is None:
+            self.cap = parked_cap(nvidia_device_bytes())
+        while len(self.parked) > self.cap:  # it is reaped when it ends
             victim = self.victim()
             self._unpark(victim, close=True)
             with contextlib.suppress(ProcessLookupError):
