@@ -115,6 +115,20 @@ def test_parallel_build_through_the_process_pool(command_project):
     assert build_json(command_project)["executed"] == []
 
 
+def test_job_processes_take_the_environment_of_the_build_that_made_them(monkeypatch):
+    """They are forked from a server that outlives one build: what its environment was then
+    (another build's zygote folder, say) must not be what a later build's jobs see."""
+    from magpie.execution.executors import LocalProcessExecutor
+
+    for value in ("first build", "second build"):
+        monkeypatch.setenv("MAGPIE_PROBE", value)
+        executor = LocalProcessExecutor(1)
+        try:
+            assert executor._pool.submit(os.getenv, "MAGPIE_PROBE").result(timeout=60) == value
+        finally:
+            executor.shutdown()
+
+
 def test_noop_build_never_imports_torch(command_project):
     build_json(command_project)
     code = ("import sys; from magpie.cli import main; rc = main(['build']); "

@@ -6,6 +6,7 @@ Picked by name from EXECUTORS; a Ray executor for clusters is one more class her
 from __future__ import annotations
 
 import multiprocessing
+import os
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from magpie.execution.job import Job, JobOutput, run_job
@@ -29,12 +30,27 @@ class InlineExecutor:
         pass
 
 
+def _take_environment(environment: dict) -> None:
+    os.environ.clear()
+    os.environ.update(environment)
+
+
 class LocalProcessExecutor:
-    """A pool of local processes; jobs and their outputs cross the boundary by pickling."""
+    """A pool of local processes; jobs and their outputs cross the boundary by pickling.
+
+    The processes are forked from a server that imported the job code once (where there is
+    one: Linux), instead of each starting an interpreter and importing it; they take the
+    environment the build has now, not the one the server started with."""
 
     def __init__(self, workers: int):
         self.workers = workers
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["magpie.execution.job", "magpie.execution.actions"])
+        else:
+            context = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_take_environment,
+                                         initargs=(dict(os.environ),))
 
     def submit(self, job: Job) -> Future:
         return self._pool.submit(run_job, job)
