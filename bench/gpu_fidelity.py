@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -95,7 +96,8 @@ def ncu_median_us(name: str, out: Path) -> tuple[float | None, float | None]:
 def throughput(out: Path, device: str = "cuda") -> dict:
     """On the CPU (a smoke test of this script: Triton interpreted) the vectors are small."""
     root = out / "compare8"
-    root.mkdir(exist_ok=True)
+    shutil.rmtree(root, ignore_errors=True)  # a machine kept warm between calls keeps /tmp: no stale store or cache
+    root.mkdir()
     (root / "spec.py").write_text(textwrap.dedent("""
         import torch
         def make_inputs(shape, dtype, generator):
