@@ -69,6 +69,17 @@ def test_kernelbench_reference_judges_model_new(kernels):
     assert states["wrong"][0] == "FAILED" and "kernelbench" in states["wrong"][1]
 
 
+def test_a_kernelbench_timing_job_takes_the_worker_its_correctness_job_parked(kernels):
+    write(kernels, {"kb.yaml": """
+        kernels:
+          - {id: right, type: pytorch, source_files: [model_new.py], spec: reference.py}
+        """})
+    magpie("compare", "--kernel-config", "kb.yaml", "--budget-ms", "20", "-o", "kb", cwd=kernels)
+    results = [json.loads(p.read_text()) for p in (kernels / "kb/workspace/store").glob("*/*/result.json")]
+    timing = next(r for r in results if r.get("task") == "timing:compare/right")
+    assert timing["performance_state"] == "SUCCESS" and timing["workers_adopted"] == {"candidate": True}
+
+
 def test_compare_uses_the_explicit_baseline_and_gates_correctness(kernels):
     (kernels / "slow.py").write_text(
         "import time, torch\n\ndef kernel(x):\n    time.sleep(0.0005)\n    return torch.relu(x) * 2.0\n")

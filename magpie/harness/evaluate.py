@@ -119,6 +119,12 @@ class Evaluator:
         self.torch.save(value, path)
         return str(path)
 
+    def _init_file(self, spec: ReferenceSpec) -> str | None:
+        """A KernelBench model's init inputs, in a file of one name for every job: torch.save
+        writes the name into the file, and the file's bytes are part of the worker's key (a
+        parked worker serves the next job only if its model was built from the same)."""
+        return self._save("init-inputs.pt", [spec.init_inputs()]) if spec.kernelbench else None
+
     def _spec(self, index: int, testcase: dict) -> ReferenceSpec:
         return ReferenceSpec(self.root / testcase["spec"], testcase, self.device)
 
@@ -159,7 +165,7 @@ class Evaluator:
                                     f"this project's device is {self.device}")
                 spec = self._spec(index, testcase)
                 cases = spec.cases(self.seed, self.kernel_id, index, int(testcase["trials"]))
-                init_file = self._save(f"tc{index}-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
+                init_file = self._init_file(spec)
                 with self.start(self.impl, init_file, wait=False) as worker:
                     self.laps.mark("start")
                     records = self._run_cases(worker, spec, cases, f"tc{index}", testcase["rtol"], testcase["atol"])
@@ -247,7 +253,7 @@ class Evaluator:
         try:
             with device_lock.shared(self.device):
                 phases.mark("wait_shared")
-                init_file = self._save("timing-init.pt", [spec.init_inputs()]) if spec.kernelbench else None
+                init_file = self._init_file(spec)
                 workers["candidate"] = self.start(self.impl, init_file, wait=False)
                 baseline = self.start(self.baseline, init_file, fork=False, wait=False) if pair else None
                 if baseline is not None:
