@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from conftest import REPO, build_json, magpie, relu2_project
-from test_verdicts import EXPECTED
+from test_verdicts import EXPECTED, check_candidate_thread_is_stopped
 
 pytestmark = pytest.mark.gpu
 
@@ -92,3 +92,30 @@ def test_gpu_recheck_and_clock_cross_check_catch_cheats(gpu_adversarial):
     assert any("incorrect after timing" in e for e in rows["degrades"]["errors"])
     assert any("timer returned after" in e for e in rows["returns_early"]["errors"])
     assert gpu_adversarial["ranking"] == ["good"]
+
+
+def test_a_thread_the_candidate_leaves_running_is_stopped_on_the_gpu_too(tmp_path):
+    check_candidate_thread_is_stopped(tmp_path, "cuda")
+
+
+def test_kernelbench_models_are_judged_and_timed_on_the_gpu(tmp_path):
+    """The model is built on the device from its init inputs; the timing job takes the worker
+    the correctness job parked, whose model was rebuilt as a fresh process would build it."""
+    for name in ("reference.py", "model_new.py", "model_new_wrong.py"):
+        shutil.copy(REPO / "tests/fixtures/kernelbench" / name, tmp_path / name)
+    shutil.copy(tmp_path / "model_new.py", tmp_path / "model_new_copy.py")
+    (tmp_path / "kb.yaml").write_text(
+        "kernels:\n"
+        "  - {id: right, type: pytorch, source_files: [model_new.py], spec: reference.py}\n"
+        "  - {id: copy, type: pytorch, source_files: [model_new_copy.py], spec: reference.py}\n"
+        "  - {id: wrong, type: pytorch, source_files: [model_new_wrong.py], spec: reference.py}\n")
+    magpie("compare", "--kernel-config", "kb.yaml", "--device", "cuda", "--budget-ms", "50", "-o", "kb",
+           cwd=tmp_path, check=0)
+    report = json.loads((tmp_path / "kb/compare_report.json").read_text())
+    rows = {r["implementation"]: r for r in report["results"]}
+    assert rows["wrong"]["correctness_state"] == "FAILED" and "kernelbench" in rows["wrong"]["verdict"]
+    assert rows["copy"]["performance_result"]["median_us"] > 0
+    assert rows["copy"]["speedup"]["verdict"] in ("faster", "slower", "within noise")
+    results = [json.loads(p.read_text()) for p in (tmp_path / "kb/workspace/store").glob("*/*/result.json")]
+    timing = next(r for r in results if r.get("task", "").startswith("timing:") and r["task"].endswith("/copy"))
+    assert timing["workers_adopted"]["candidate"] is True

@@ -128,9 +128,13 @@ def kernel(x):
 
 
 def test_a_thread_the_candidate_leaves_running_is_stopped_while_the_baseline_is_timed(tmp_path):
+    check_candidate_thread_is_stopped(tmp_path, "cpu")
+
+
+def check_candidate_thread_is_stopped(tmp_path, device: str) -> None:
     (tmp_path / "chatter.py").write_text(CHATTER)
     (tmp_path / "good.py").write_text(MARKED_BASELINE)
-    relu2_project(tmp_path, ["chatter"], shapes="[[33, 65]]")
+    relu2_project(tmp_path, ["chatter"], shapes="[[33, 65]]", device=device)
     assert build_json(tmp_path, "-j", "1")["failed"] == []
     ticks = sorted(float(v) for v in (tmp_path / "candidate_ticks.txt").read_text().split())
     calls = sorted(float(v) for v in (tmp_path / "baseline_calls.txt").read_text().split())
