@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from magpie.harness import zygote
-from magpie.harness.session import Worker
+from magpie.harness.session import Worker, all_stopped
 from magpie.paths import subprocess_env
 
 PROBE = textwrap.dedent("""
@@ -123,6 +123,36 @@ def _worker(tmp_path: Path, key: str, name: str) -> Worker:
         "seed": 0, "threads": 1}
     assert worker.request(message, 60)["ok"]
     return worker
+
+
+BUSY_IMPLEMENTATION = """
+import subprocess, threading
+
+def _spin():
+    while True:
+        pass
+
+threading.Thread(target=_spin, daemon=True).start()
+subprocess.Popen(["sleep", "60"])
+
+def kernel(x):
+    return x * 2
+"""
+
+
+def test_stop_returns_once_every_thread_and_child_of_the_worker_has_stopped(tmp_path):
+    (tmp_path / "impl.py").write_text(BUSY_IMPLEMENTATION)
+    with zygote.session():
+        worker = _worker(tmp_path, "busy", "busy")
+        try:
+            for _ in range(20):
+                worker.stop()
+                assert all_stopped(worker.proc.pid)
+                worker.resume()
+                time.sleep(0.01)
+                assert not all_stopped(worker.proc.pid)  # the spinning thread runs again
+        finally:
+            worker.kill()
 
 
 def test_a_released_worker_is_adopted_by_the_next_job_with_its_key_only(tmp_path):

@@ -78,6 +78,31 @@ def limits(memory_mb: int):
     return apply
 
 
+# How long stop() waits for a process group to stop; a thread in uninterruptible sleep (disk
+# I/O) stops when that ends.
+STOP_WAIT_S = 2.0
+
+
+def all_stopped(pid: int) -> bool:
+    """Every thread of pid, and of its children and theirs, is stopped (or gone)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    children = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/task/{tid}/children") as listed:
+                children += listed.read().split()
+        except FileNotFoundError:  # the thread ended
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return all(all_stopped(int(child)) for child in children)
+
+
 class Worker:
     """A process that serves JSON-line commands on two pipes: a worker (`magpie.harness.worker`,
     the default) or an evaluator (`magpie.harness.evaluate`). With a key, it may be one an
@@ -174,9 +199,15 @@ class Worker:
 
     def stop(self) -> None:
         """SIGSTOP to its process group: nothing it would run on its own, a thread the
-        implementation started, say, competes with what another process measures."""
+        implementation started, say, competes with what another process measures. Returns
+        once every thread of the process and of its children has stopped: the kernel stops
+        the other threads only when the one it woke for the signal runs, which on a busy
+        machine can be milliseconds after kill() returned."""
         self._signal(signal.SIGSTOP)
         self.stopped = True
+        deadline = time.monotonic() + STOP_WAIT_S
+        while not all_stopped(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.0001)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
