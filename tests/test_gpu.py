@@ -115,6 +115,7 @@ def test_kernelbench_models_are_judged_and_timed_on_the_gpu(tmp_path):
     rows = {r["implementation"]: r for r in report["results"]}
     assert rows["wrong"]["correctness_state"] == "FAILED" and "kernelbench" in rows["wrong"]["verdict"]
     assert rows["copy"]["performance_result"]["median_us"] > 0
+    assert rows["right"]["correctness_state"] == "SUCCESS", rows["right"]["verdict"]
     assert rows["copy"]["speedup"]["verdict"] in ("faster", "slower", "within noise")
     results = [json.loads(p.read_text()) for p in (tmp_path / "kb/workspace/store").glob("*/*/result.json")]
     timing = next(r for r in results if r.get("task", "").startswith("timing:") and r["task"].endswith("/copy"))
