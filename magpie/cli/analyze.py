@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from magpie.cli.oneshot import add_common, build_project, run_and_collect, write_json
-from magpie.harness import zygote
 
 STATE_KEYS = ("compiling_state", "correctness_state", "performance_state", "performance_result", "numerics",
               "verdict", "errors", "warnings")
@@ -21,6 +20,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from magpie.harness import zygote  # not at import: every verb's module loads for --help
+
     # The zygote imports torch while the project is set up: these verbs always evaluate.
     with zygote.session(prestart=True):
         project, out = build_project(args, "analyze", baseline_index=None)
