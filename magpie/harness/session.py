@@ -94,12 +94,13 @@ def all_stopped(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as stat:
                 state = stat.read().rsplit(")", 1)[1].split()[0]
-            with open(f"/proc/{pid}/task/{tid}/children") as listed:
-                children += listed.read().split()
         except FileNotFoundError:  # the thread ended
             continue
         if state not in ("T", "t", "Z", "X"):
             return False
+        # FileNotFoundError: the thread ended, or the kernel keeps no list of children
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/children") as listed:
+            children += listed.read().split()
     return all(all_stopped(int(child)) for child in children)
 
 
