@@ -4,6 +4,7 @@ built by the same engine as `magpie build`, in a workspace under the output fold
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from magpie.errors import UserError
@@ -26,7 +27,9 @@ def add_common(p, paths_help: str) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per evaluation step")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("-o", "--output-dir", default="magpie_results", help="reports and artifact store go here")
-    p.add_argument("-j", "--jobs", type=int, default=1, help="independent tasks in parallel")
+    p.add_argument("-j", "--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                   help="independent tasks in parallel (default: the CPU count, at most 8); checks share the "
+                        "device, measurements hold it alone")
 
 
 def _shapes(text: str) -> list[list[int]]:
