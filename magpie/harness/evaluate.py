@@ -27,8 +27,15 @@ from magpie.harness import device_lock
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
 from magpie.harness.laps import Laps
-from magpie.harness.session import (NothingParked, Worker, WorkerFailure, log_to, release_memory, serve_pipes,
-                                    signal_verdict)
+from magpie.harness.session import (
+    NothingParked,
+    Worker,
+    WorkerFailure,
+    log_to,
+    release_memory,
+    serve_pipes,
+    signal_verdict,
+)
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.timing import GRAPH_THRESHOLD_US, sample_cap
 from magpie.paths import subprocess_env
