@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import build_json, magpie
+from conftest import REPO, build_json, magpie
 
 ALL_K1 = {"compile:k1/a", "correctness:k1/a", "timing:k1/a", "comparison:k1", "report"}
 
@@ -158,27 +158,42 @@ action = "wc -l {impl.source} > {out}/lines.txt"
     assert sorted(p.read_text().split()[0] for p in store.glob("*/*/lines.txt")) == ["2"] * 5 + ["3"]
 
 
-def test_progress_is_a_rich_bar_on_a_terminal_and_plain_lines_otherwise(command_project):
+def _on_a_terminal(args: list[str], cwd) -> tuple[int, str]:
+    """Run magpie with stdin, stdout and stderr on a pseudo-terminal; its exit code and output."""
     import pty
 
-    plain = magpie("build", cwd=command_project, check=0)
-    assert "run   compile:k1/a  (never built)" in plain.stderr and "━" not in plain.stderr
-    magpie("clean", "--all", cwd=command_project, check=0)
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "magpie", "build"], cwd=command_project, stdin=follower,
+    proc = subprocess.Popen([sys.executable, "-m", "magpie", *args], cwd=cwd, stdin=follower,
                             stdout=follower, stderr=follower, close_fds=True)
     os.close(follower)
     output = b""
     while True:
         try:
             chunk = os.read(leader, 65536)
-        except OSError:  # the terminal closes when the build exits
+        except OSError:  # the terminal closes when magpie exits
             break
         if not chunk:
             break
         output += chunk
-    proc.wait(timeout=120)
+    proc.wait(timeout=300)
     os.close(leader)
-    text = output.decode(errors="replace")
-    assert proc.returncode == 0
+    return proc.returncode, output.decode(errors="replace")
+
+
+def test_progress_is_a_rich_bar_on_a_terminal_and_plain_lines_otherwise(command_project):
+    plain = magpie("build", cwd=command_project, check=0)
+    assert "run   compile:k1/a  (never built)" in plain.stderr and "━" not in plain.stderr
+    magpie("clean", "--all", cwd=command_project, check=0)
+    code, text = _on_a_terminal(["build"], command_project)
+    assert code == 0
     assert "magpie build" in text and "━" in text and "18/18" in text
+
+
+def test_compare_shows_its_progress_bar_on_a_terminal(tmp_path):
+    shutil.copy(REPO / "tests/fixtures/adversarial/spec.py", tmp_path / "spec.py")
+    shutil.copy(REPO / "tests/fixtures/adversarial/good.py", tmp_path / "good.py")
+    (tmp_path / "twice.py").write_text("import torch\n\ndef kernel(x):\n    return torch.relu(x) + torch.relu(x)\n")
+    code, text = _on_a_terminal(["compare", "good.py", "twice.py", "--type", "pytorch", "--entry", "kernel",
+                                 "--spec", "spec.py", "--shapes", "8x16", "--budget-ms", "20"], tmp_path)
+    assert code == 0, text[-2000:]
+    assert "magpie compare" in text and "━" in text and "twice" in text

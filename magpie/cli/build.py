@@ -63,7 +63,7 @@ EVALUATING_ACTIONS = ("magpie:correctness", "magpie:timing")
 
 
 def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | None = None,
-          use_rich: bool = False, as_json: bool = False, quiet: bool = False) -> int:
+          use_rich: bool = False, as_json: bool = False, quiet: bool = False, title: str = "magpie build") -> int:
     from magpie.execution.executors import make_executor
     from magpie.graph.doit_glue import run_doit
     from magpie.harness import zygote
@@ -82,7 +82,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
     with zygote.session(prestart=evaluates):
         executor = make_executor(jobs, executor_name)
         try:
-            code, reporter = run_doit(project, selected, executor, jobs, use_rich and not quiet)
+            code, reporter = run_doit(project, selected, executor, jobs, use_rich, title)
         finally:
             executor.shutdown()
     publish_project(project)

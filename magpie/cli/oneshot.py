@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from magpie.errors import UserError
@@ -132,12 +133,12 @@ def build_project(args, kernel_id: str, baseline_index: int | None):
     return project, out
 
 
-def run_and_collect(project, jobs: int) -> dict:
+def run_and_collect(project, jobs: int, verb: str) -> dict:
     from magpie.cli.build import build
 
     if jobs < 1:
         raise UserError("--jobs: must be at least 1")
-    build(project, list(project.tasks), jobs=jobs, quiet=True)
+    build(project, list(project.tasks), jobs=jobs, quiet=True, use_rich=sys.stderr.isatty(), title=f"magpie {verb}")
     comparison = next(spec for spec in project.tasks.values() if spec.rule == "comparison")
     if not project.store.has(comparison.key):
         raise UserError("the evaluation did not complete; see the messages above")

@@ -48,7 +48,7 @@ class MemoryDB:
 class BuildReporter:
     """Plain lines when not on a terminal; a rich progress bar on one."""
 
-    def __init__(self, *, reasons: dict[str, str], use_rich: bool):
+    def __init__(self, *, reasons: dict[str, str], use_rich: bool, title: str = "magpie build"):
         self.out = sys.stderr  # stdout stays clean for --json
         self.reasons = reasons
         self.failures: list[tuple[str, str]] = []
@@ -60,7 +60,7 @@ class BuildReporter:
 
             from rich.console import Console
 
-            self._progress = Progress(TextColumn("[bold]magpie build"), BarColumn(), MofNCompleteColumn(),
+            self._progress = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(),
                                       TimeElapsedColumn(), TextColumn("{task.description}"),
                                       console=Console(stderr=True))
             self._bar = self._progress.add_task("", total=len(reasons))
@@ -166,10 +166,11 @@ def run_task(project, executor, name: str) -> bool:
     return True
 
 
-def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool) -> tuple[int, BuildReporter]:
+def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
+             title: str = "magpie build") -> tuple[int, BuildReporter]:
     reasons = {name: explain(project.tasks[name].parts, project.store.recorded(name))
                for name in project.stale(_closure(project, selected))}
-    reporter = BuildReporter(reasons=reasons, use_rich=use_rich)
+    reporter = BuildReporter(reasons=reasons, use_rich=use_rich, title=title)
     loader = StoreTaskLoader(project, executor, jobs, reporter)
     main = DoitMain(loader, config_filenames=(),
                     extra_config={"BACKEND": {"magpie-memory": "magpie.graph.doit_glue:MemoryDB"}})
