@@ -196,4 +196,4 @@ def test_compare_shows_its_progress_bar_on_a_terminal(tmp_path):
     code, text = _on_a_terminal(["compare", "good.py", "twice.py", "--type", "pytorch", "--entry", "kernel",
                                  "--spec", "spec.py", "--shapes", "8x16", "--budget-ms", "20"], tmp_path)
     assert code == 0, text[-2000:]
-    assert "magpie compare" in text and "━" in text and "twice" in text
+    assert "magpie compare" in text and "━" in text and "twice" in text and "device held alone" in text

@@ -92,6 +92,9 @@ def test_compare_uses_the_explicit_baseline_and_gates_correctness(kernels):
     slow = next(r for r in report["results"] if r["implementation"] == "slow")
     assert slow["speedup"]["verdict"] == "slower" and slow["speedup"]["ci_high"] < 1.0
     assert slow["speedup"]["baseline_median_us"] > 0
+    # slow and its baseline each measured for the 60 ms budget while the job held the device
+    assert slow["time_s"]["device_held"] >= 0.12 and slow["time_s"]["first_calls"] is not None
+    assert report["time_s"]["device_held"] >= slow["time_s"]["device_held"] + 0.06  # good's own timing too
 
 
 def test_compare_bad_baseline_index_is_one_line(kernels):

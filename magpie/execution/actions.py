@@ -218,10 +218,28 @@ def comparison(job, out_dir: Path) -> dict:
             "errors": [*comp.get("errors", []), *corr.get("errors", []), *tim.get("errors", [])],
             "warnings": tim.get("warnings", []),
             "_paired_speedup": tim.get("speedup"),
+            "time_s": time_spent(comp, corr, tim),
         })
     from magpie.report.models import CompareReport, checked
 
-    return checked(CompareReport, rank(kernel, rows, job.spec.params.get("baseline")))
+    report = rank(kernel, rows, job.spec.params.get("baseline"))
+    report["time_s"] = {key: round(sum(row["time_s"][key] or 0.0 for row in rows), 3) for key in TIME_KEYS}
+    return checked(CompareReport, report)
+
+
+TIME_KEYS = ("compile", "first_calls", "correctness", "timing", "device_held")
+
+
+def time_spent(compiled: dict, checked: dict, timed: dict) -> dict:
+    """Where an implementation's evaluation time went, in seconds: its compile job; the first
+    calls of its correctness workers (JIT compile or cache load, autotuning, lazy loading: what
+    a parked worker has done already); its correctness and timing jobs (waits included); and
+    how long its timing job held the device alone (warm-up, measurement, kernel list)."""
+    first_calls = [steps.get("first_call", 0.0) for steps in checked.get("worker_steps_s") or [] if steps]
+    return {"compile": compiled.get("task_seconds"),
+            "first_calls": round(sum(first_calls), 4) if first_calls else None,
+            "correctness": checked.get("task_seconds"), "timing": timed.get("task_seconds"),
+            "device_held": timed.get("device_held_s")}
 
 
 def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:

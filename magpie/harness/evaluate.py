@@ -285,6 +285,7 @@ class Evaluator:
                 phases.mark("first_calls")
             with device_lock.exclusive(self.device):
                 phases.mark("wait_exclusive")
+                held_from = time.monotonic()
                 late = pair and "baseline" not in workers
                 if late:
                     workers["baseline"] = self.start(self.baseline, init_file)
@@ -330,6 +331,7 @@ class Evaluator:
                     adopted["baseline"] = baseline_worker.adopted
                     baseline_worker.release()
                     phases.mark("park_baseline")
+            device_held_s = time.monotonic() - held_from
             with device_lock.shared(self.device):
                 phases.mark("wait_shared")
                 recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
@@ -351,6 +353,7 @@ class Evaluator:
             "min_bytes": floor,
             "baseline_result": None,
             "phases_s": phases.seconds,
+            "device_held_s": round(device_held_s, 4),
             "first_call_steps_s": first_steps,
             "workers_adopted": {**adopted, **{role: worker.adopted for role, worker in workers.items()}},
         }
