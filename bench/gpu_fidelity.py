@@ -1,8 +1,9 @@
 """GPU timing fidelity (run on the H200): magpie's CUDA timer against ncu's
 gpu__time_duration and triton.testing.do_bench for the same kernels, in one run.
 
-- a bandwidth-bound kernel (x * 2 + y over 64 Mi floats, ~0.8 GB moved) and a bf16 GEMM
-  (4096^3), both well over 50 µs: medians side by side, and magpie's repeat CV;
+- bandwidth-bound kernels (x * 2 + y over 64 Mi and 256 Mi floats) and GEMMs (bf16 4096^3,
+  bf16 4096x4096x2048, fp32 2048^3 on the SIMT pipes), all well over 50 µs: medians side by
+  side, and magpie's repeat CV;
 - a 1-element kernel: magpie's chosen mode against CUDA-graph replay and plain events;
 - wall time of `magpie compare` on 8 Triton candidates against their timing budgets.
 Usage: python bench/gpu_fidelity.py --out DIR
@@ -88,7 +89,8 @@ def ncu_median_us(name: str, out: Path) -> tuple[float | None, float | None]:
     except ValueError:
         print(proc.stderr[-2000:])
         return None, None
-    durations = [r["metrics"]["gpu__time_duration.sum"] / 1000 for r in rows if "gpu__time_duration.sum" in r["metrics"]]
+    durations = [r["metrics"]["gpu__time_duration.sum"] / 1000 for r in rows
+                 if "gpu__time_duration.sum" in r["metrics"]]
     tensor_ops = [sum(r["metrics"].get(n, 0.0) for n in TENSOR["bf16_tensor"]) for r in rows]
     return (statistics.median(durations) if durations else None), (statistics.median(tensor_ops) if rows else None)
 
@@ -101,13 +103,13 @@ def throughput(out: Path, device: str = "cuda") -> dict:
     (root / "spec.py").write_text(textwrap.dedent("""
         import torch
         def make_inputs(shape, dtype, generator):
-            return (torch.randn(shape, generator=generator, dtype=dtype), torch.randn(shape, generator=generator, dtype=dtype))
+            return tuple(torch.randn(shape, generator=generator, dtype=dtype) for _ in range(2))
         def reference(x, y):
             return x * 2 + y
     """))
     (root / "torch_ref.py").write_text("def f(x, y):\n    return x * 2 + y\n")
     files = []
-    for i, block in enumerate([128, 256, 512, 1024, 2048, 4096, 8192, 16384]):
+    for block in [128, 256, 512, 1024, 2048, 4096, 8192, 16384]:
         path = root / f"triton_b{block}.py"
         path.write_text(textwrap.dedent(f"""
             import torch, triton, triton.language as tl
@@ -165,7 +167,8 @@ def _compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, en
             continue
         seconds[rule] += data["task_seconds"]
         tasks[data["task"]] = {k: data.get(k) for k in ("task_seconds", "phases_s", "first_call_steps_s",
-                                                        "worker_steps_s", "evaluator_start_s", "workers_adopted")}
+                                                        "worker_steps_s", "evaluator_start_s", "workers_adopted",
+                                                        "device_held_s")}
         began = data["task_started_unix"] - start_unix
         tasks[data["task"]]["span_s"] = [round(began, 3), round(began + data["task_seconds"], 3)]
         if rule == "timing":
@@ -174,7 +177,7 @@ def _compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, en
     timed = len([r for r in report["results"] if r["performance_result"]])
     # Each candidate is timed with the baseline beside it (2 budgets), the baseline alone once.
     budgets_s = (2 * (timed - 1) + 1) * budget_ms / 1000
-    held = sum(v for k, v in phases.items() if k in ("warmup_probe", "timed", "kernel_profile"))
+    held = sum(t["device_held_s"] or 0.0 for t in tasks.values() if t.get("device_held_s") is not None)
     spans = {rule: [t["span_s"] for name, t in tasks.items() if name.startswith(rule)] for rule in seconds}
     # When the build reached each stage, from the command's start.
     timeline = {"first_correctness_start": min(s[0] for s in spans["correctness"]),
@@ -198,7 +201,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timer = CudaTimer("cuda") if "timers" in parts else None
-    results = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "torch": torch.__version__, "triton": triton.__version__,
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    results = {"device": device_name, "torch": torch.__version__, "triton": triton.__version__,
                "date": time.strftime("%Y-%m-%d"), "kernels": {}}
     for name, (fn, nbytes, flops) in (kernels().items() if "timers" in parts else ()):
         if args.only and not any(part in name for part in args.only.split(",")):
