@@ -56,7 +56,7 @@ def test_report_renders_in_headless_chromium(built, tmp_path):
     parsed.feed(dom)
     assert parsed.rows == ["good", "nan", "slow"]
     assert parsed.svgs == 2 and parsed.excluded == 1
-    assert "slower" in dom and "incorrect: finite" in dom
+    assert "slower" in dom and "incorrect: finite" in dom and "device held alone" in dom
     shot = tmp_path / "report.png"
     subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,900", report.as_uri()],
                    capture_output=True, timeout=120)
@@ -67,6 +67,7 @@ def test_markdown_summary_and_rerender_only_on_change(built):
     summary = (built / "workspaces/reports/summary.md").read_text()
     assert "| implementation | compile | correctness |" in summary
     assert "**nan**: correctness FAILED" in summary
+    assert "device held alone" in summary and "first calls in new workers" in summary
     assert build_json(built)["executed"] == []
     (built / "slow.py").write_text((built / "slow.py").read_text().replace("0.0004", "0.0006"))
     executed = build_json(built)["executed"]
