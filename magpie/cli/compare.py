@@ -44,9 +44,8 @@ def table(report: dict) -> str:
         lines.append(f"{row['implementation']:24} {row['correctness_state']:12} {median:>12} {speed:>28}")
     for item in report["excluded"]:
         lines.append(f"excluded {item['implementation']}: {item['reason']}")
-    spent = report.get("time_s")
-    if spent:
-        lines.append(f"time: compile {spent['compile']:.1f} s, first calls (JIT) {spent['first_calls']:.1f} s, "
-                     f"device held alone {spent['device_held']:.1f} s; job time summed: correctness "
-                     f"{spent['correctness']:.1f} s, timing {spent['timing']:.1f} s")
+    if report.get("time_s"):
+        from magpie.report.render import time_spent_text
+
+        lines.append(f"time: {time_spent_text(report['time_s'])}")
     return "\n".join(lines)

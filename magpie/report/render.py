@@ -12,11 +12,19 @@ from magpie.paths import templates_dir
 from magpie.report.plots import roofline_chart, roofline_plot, speedup_bars, timeline_bar, timing_boxes
 
 
+def time_spent_text(spent: dict) -> str:
+    """A comparison's `time_s` in one sentence (the compare table, the HTML and Markdown reports)."""
+    return (f"compile {spent['compile']:.1f} s; first calls in new workers (JIT, autotuning) "
+            f"{spent['first_calls']:.1f} s; device held alone {spent['device_held']:.1f} s; job time summed: "
+            f"correctness {spent['correctness']:.1f} s, timing {spent['timing']:.1f} s")
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(templates_dir())),
                       autoescape=select_autoescape(["html", "j2"], default_for_string=False),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["us"] = lambda v: "—" if v is None else f"{v:,.2f}"
+    env.filters["time_spent"] = time_spent_text
     env.filters["x"] = lambda s: "—" if not s else (
         "baseline" if s.get("verdict") == "baseline" else
         f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}")
