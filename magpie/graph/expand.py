@@ -185,9 +185,14 @@ class Expander:
             name = f"{rule.name}:{kernel.id}"
         else:
             name = rule.name
-        settings = resolved_settings(self.manifest, kernel, impl) if impl is not None else {}
-        if kernel is not None and impl is None:
+        if impl is not None:
+            settings = resolved_settings(self.manifest, kernel, impl)
+        elif kernel is not None:
             settings = {"project": {"device": self.device}}
+        else:
+            # The report prints the project's name: renaming the project must rebuild it, and
+            # only it (the name is in no other task's settings).
+            settings = {"project": {"device": self.device, "name": self.manifest.project.name}}
         config = {section: settings[section] for section in rule.config if section in settings}
         if rule.builtin_action is None and impl is not None and rule.name == "compile" and impl.compile_command:
             action = impl.compile_command
