@@ -3,6 +3,7 @@ built by the same engine as `magpie build`, in a workspace under the output fold
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
@@ -34,12 +35,19 @@ def add_common(p, paths_help: str) -> None:
 
 
 def _shapes(text: str) -> list[list[int]]:
+    from magpie.manifest.models import check_shape
+
     shapes = []
     for part in filter(None, (s.strip() for s in text.split(","))):
         try:
-            shapes.append([int(d) for d in part.lower().split("x")])
+            shape = [int(d) for d in part.lower().split("x")]
         except ValueError:
             raise UserError(f"--shapes: {part!r} is not a shape like 64x1024") from None
+        try:
+            check_shape(shape)
+        except ValueError as err:
+            raise UserError(f"--shapes: {err}") from None
+        shapes.append(shape)
     return shapes
 
 
@@ -121,6 +129,7 @@ def build_project(args, kernel_id: str, baseline_index: int | None):
     except ValidationError as err:
         raise describe_validation_error(args.kernel_config or "command line", err) from None
     check_files(manifest, root, args.kernel_config or "command line")
+    _check_entries(manifest.kernel[0], root, args.kernel_config)
     project = Project.from_manifest(manifest, root, Path(args.kernel_config or "command line"),
                                     workspace=out / "workspace")
     dropped = {"timing"} if args.no_perf else set()
@@ -131,6 +140,43 @@ def build_project(args, kernel_id: str, baseline_index: int | None):
         for spec in project.tasks.values():
             spec.deps = [d for d in spec.deps if d in project.tasks]
     return project, out
+
+
+def _check_entries(kernel, root: Path, kernel_config: str | None) -> None:
+    """Refuse, before anything is evaluated, an implementation the worker could not load:
+    with no entry named it takes a ModelNew or Model class (KernelBench), and there is none."""
+    from magpie.manifest.models import PYTHON_TYPES
+
+    loads_code = not kernel.testcases or any(tc.spec for tc in kernel.testcases)  # commands load nothing
+    if not loads_code:
+        return
+    for impl in kernel.implementations():
+        if kernel.impl_type(impl) not in PYTHON_TYPES or impl.entry or kernel.entry:
+            continue
+        if _binds_a_model_class(root / impl.source):
+            continue
+        if kernel_config:
+            raise UserError(f"{kernel_config}: kernel {impl.id!r}: no entry, and {impl.source} has no ModelNew or "
+                            f"Model class: add 'entry: NAME', the function to evaluate")
+        raise UserError(f"{impl.source}: no --entry given and no ModelNew or Model class in it: "
+                        f"pass --entry NAME, the function to evaluate")
+
+
+def _binds_a_model_class(source: Path) -> bool:
+    """Whether the module may define ModelNew or Model (as the worker looks them up: any name)."""
+    try:
+        tree = ast.parse(source.read_bytes())
+    except (SyntaxError, ValueError):
+        return True  # the compile step reports a file that does not parse, in its own words
+    wanted = {"ModelNew", "Model"}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted:
+            return True
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in wanted:
+            return True
+        if isinstance(node, ast.alias) and (node.name == "*" or (node.asname or node.name) in wanted):
+            return True
+    return False
 
 
 def run_and_collect(project, jobs: int, verb: str) -> dict:

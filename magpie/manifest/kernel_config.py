@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from magpie.errors import UserError, located
-from magpie.manifest.load import describe_validation_error
+from magpie.manifest.load import describe_validation_error, read_text
 from magpie.manifest.models import Implementation, Testcase
 
 ALLOWED = {
@@ -33,11 +33,9 @@ class YamlKernel:
 def load_kernel_config(path: str | Path) -> tuple[list[YamlKernel], Path]:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
+        data = yaml.safe_load(read_text(path))
     except yaml.YAMLError as err:
-        raise UserError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+        raise UserError(_yaml_error(path, err)) from None
     if not isinstance(data, dict) or not ({"kernel", "kernels"} & data.keys()):
         raise UserError(f"{path}: expected a top-level 'kernel:' mapping or a 'kernels:' list")
     if "kernels" in data:
@@ -53,6 +51,16 @@ def load_kernel_config(path: str | Path) -> tuple[list[YamlKernel], Path]:
     if len(set(ids)) != len(ids):
         raise located(path, prefix, f"kernel ids must be unique, got {ids}")
     return kernels, root
+
+
+def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    """`file:line:col: invalid YAML: problem (context)`, the place editors jump to."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return f"{path}: invalid YAML: {str(err).splitlines()[0]}"
+    context = getattr(err, "context", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}: invalid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def _one(path: Path, root: Path, entry, where: str) -> YamlKernel:

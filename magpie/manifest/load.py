@@ -29,7 +29,9 @@ def field_path(loc) -> str:
     return out
 
 
-def describe_validation_error(path, err: ValidationError) -> UserError:
+def describe_validation_error(path, err: ValidationError, document: dict | None = None) -> UserError:
+    """One line for pydantic's first error; given the validated document, a problem inside
+    a kernel also names the kernel's id (an index alone is hard to find in a long manifest)."""
     first = err.errors()[0]
     loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
     kind = first["type"]
@@ -41,15 +43,39 @@ def describe_validation_error(path, err: ValidationError) -> UserError:
         problem = first["msg"].removeprefix("Value error, ")
         if "input" in first and kind not in ("value_error",) and not isinstance(first["input"], dict):
             problem += f" (got {first['input']!r})"
+    kernel_id = _kernel_id_at(loc, document)
+    if kernel_id is not None:
+        problem = f"kernel {kernel_id!r}: {problem}"
     return located(path, field_path(loc), problem)
 
 
-def parse_toml(path: Path) -> dict:
+def _kernel_id_at(loc: list, document: dict | None):
+    if document is None or len(loc) < 2 or loc[0] != "kernel" or not isinstance(loc[1], int):
+        return None
+    kernel = document["kernel"][loc[1]]  # pydantic found the error there, so it exists
+    return kernel.get("id") if isinstance(kernel, dict) else None
+
+
+def read_text(path: Path, missing_hint: str = "") -> str:
+    """A user's file as text, or one line saying why it cannot be read."""
     try:
-        text = path.read_text()
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UserError(f"{path}: file not found (run magpie in a folder with a magpie.toml, or pass --manifest)") \
+        raise UserError(f"{path}: file not found{missing_hint}") from None
+    except IsADirectoryError:
+        inside = path / "magpie.toml"
+        example = f" (e.g. {inside})" if inside.is_file() else ""
+        raise UserError(f"{path}: is a folder, not a file: name the file itself{example}") from None
+    except UnicodeDecodeError as err:
+        line = err.object[:err.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: byte 0x{err.object[err.start]:02x} is not UTF-8: save the file as UTF-8") \
             from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot be read: {err.strerror}") from None
+
+
+def parse_toml(path: Path) -> dict:
+    text = read_text(path, " (run magpie in a folder with a magpie.toml, or pass --manifest)")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -63,7 +89,11 @@ def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as err:
-        raise describe_validation_error(path, err) from None
+        raise describe_validation_error(path, err, data) from None
+    if not manifest.kernel and not manifest.traces:
+        # Otherwise the build "succeeds" with an empty report, which reads as all is well.
+        raise UserError(f"{path}: declares nothing to build: add a [[kernel]] with a baseline or candidates, "
+                        f"or a [[traces]] folder (see the manifest in README.md)")
     root = path.resolve().parent
     check_files(manifest, root, path)
     return manifest, root

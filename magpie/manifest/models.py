@@ -77,6 +77,13 @@ class Testcase(Strict):
             raise ValueError("give exactly one of 'command' (exit code decides) or 'spec' (Python reference)")
         return self
 
+    @field_validator("shapes")
+    @classmethod
+    def _no_empty_dimensions(cls, shapes):
+        for shape in shapes:
+            check_shape(shape)
+        return shapes
+
     @field_validator("dtypes")
     @classmethod
     def _known_dtypes(cls, dtypes):
@@ -84,6 +91,15 @@ class Testcase(Strict):
             if name not in DTYPES:
                 raise ValueError(f"unknown dtype {name!r} (known: {', '.join(DTYPES)})")
         return dtypes
+
+
+def check_shape(shape: list[int]) -> None:
+    """Refuse a dimension below 1: an empty tensor gives an empty output, and every
+    implementation, however wrong, matches an empty reference."""
+    bad = next((d for d in shape if d < 1), None)
+    if bad is not None:
+        raise ValueError(f"shape {shape} has a dimension of {bad}: every dimension must be at least 1 "
+                         f"(on an empty tensor any implementation passes)")
 
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8", "bool")
