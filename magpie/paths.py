@@ -28,3 +28,15 @@ def subprocess_env(base: dict | None = None) -> dict:
     parent = str(_PACKAGE.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, env.get("PYTHONPATH")) if p)
     return env
+
+
+def python_module_command(module: str) -> list[str]:
+    """`python -m module` without the working folder on the module path: magpie's own
+    processes start in a project's folder, where code under test may have left a `magpie/`
+    (or any module magpie imports) to be picked up first."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    return [sys.executable, "-c", "import runpy, sys; del sys.path[0], sys.argv[0]; "
+            "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)", module]

@@ -168,10 +168,10 @@ def test_inputs_travel_as_files_where_cuda_ipc_is_switched_off(monkeypatch, tmp_
 
     from magpie.harness.exchange import SWITCH, CudaIpcExchange, FileExchange, exchange_for
 
-    assert type(exchange_for(torch, tmp_path, "cuda:0")) is CudaIpcExchange
+    assert type(exchange_for(torch, "cuda:0")) is CudaIpcExchange
     monkeypatch.setenv(SWITCH, "0")
-    assert type(exchange_for(torch, tmp_path, "cuda:0")) is FileExchange
-    assert type(exchange_for(torch, tmp_path, "cpu")) is FileExchange
+    assert type(exchange_for(torch, "cuda:0")) is FileExchange
+    assert type(exchange_for(torch, "cpu")) is FileExchange
 
 
 def test_a_reused_evaluator_forgets_project_modules_but_keeps_libraries(tmp_path):

@@ -9,12 +9,12 @@ import py_compile
 import shlex
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from magpie.compare.stats import bootstrap_speedup
+from magpie.harness import scratch as scratch_folders
 from magpie.harness.evaluate import evaluator_key
 from magpie.harness.session import Worker, WorkerFailure, signal_verdict
 from magpie.paths import subprocess_env
@@ -101,20 +101,6 @@ def with_library(job, impl: dict | None) -> dict | None:
     return {**impl, "library": str(library)} if library and library.is_file() else impl
 
 
-SHARED_MEMORY = Path("/dev/shm")
-SHARED_MEMORY_MIN_FREE = 4 << 30
-
-
-def scratch_root() -> str | None:
-    """Inputs and outputs cross between evaluator and workers as files: in memory where there
-    is room (containers often cap /dev/shm at 64 MB), else in the default temporary folder."""
-    try:
-        stats = os.statvfs(SHARED_MEMORY)
-    except OSError:
-        return None
-    return str(SHARED_MEMORY) if stats.f_bavail * stats.f_frsize >= SHARED_MEMORY_MIN_FREE else None
-
-
 def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     spec = job.spec
     settings = spec.params["settings"]
@@ -124,8 +110,8 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))
     overall = limit * (testcases + 3) + (settings["timing"]["warmup_ms"] + settings["timing"]["budget_ms"]) / 500 + 60
-    with tempfile.TemporaryDirectory(prefix=f"magpie-{mode}-", dir=scratch_root()) as tmp:
-        work = Path(tmp)
+    work = scratch_folders.make(f"{mode}-")
+    try:
         request["work_dir"] = str(work)
         (work / "request.json").write_text(json.dumps(request))
         log_path = work / "evaluator.log"
@@ -139,8 +125,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
             if evaluator.adopted:
                 evaluator.request({"op": "relog", "log": str(log_path)}, 30)
             started = time.monotonic()
-            answer = evaluator.request({"op": "evaluate", "request": str(work / "request.json"),
-                                        "result": str(work / "result.json")}, overall)
+            answer = evaluator.request({"op": "evaluate", "request": str(work / "request.json")}, overall)
             failure = None if answer["ok"] else f"evaluator error: {answer['error']}"
         except WorkerFailure as err:
             failure = f"evaluator {err}"
@@ -149,10 +134,12 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         for log in work.glob("worker-*.log"):
             shutil.copy(log, out_dir / log.name)
         if failure is None:
-            result = json.loads((work / "result.json").read_text())
+            result = answer["result"]
             # a build's first evaluators wait here for the zygote's imports
             result["evaluator_start_s"] = round(started - asked, 3)
             return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     state_key = "correctness_state" if mode == "correctness" else "performance_state"
     return {state_key: "FAILED", "verdict": failure, "errors": [failure], "numerics": "unverified",
             "performance_result": None}

@@ -16,14 +16,18 @@ import importlib.machinery
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
+from magpie import sandbox
+from magpie.sandbox import namespaces
 from magpie.compare.stats import summarize_ns, thin
 from magpie.harness import device_lock
+from magpie.harness import scratch as scratch_folders
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
 from magpie.harness.laps import Laps
@@ -61,6 +65,7 @@ class Evaluator:
         self.laps = Laps()
         self.worker_steps: list[dict | None] = []
         self._loading: set[Worker] = set()  # started with a load whose answer is still due
+        self.isolation: str | None = None  # of the workers that ran code under test
 
     @property
     def torch(self):
@@ -73,7 +78,7 @@ class Evaluator:
     @property
     def exchange(self):
         if self._exchange is None:
-            self._exchange = exchange_for(self.torch, self.work, self.device)
+            self._exchange = exchange_for(self.torch, self.device)
         return self._exchange
 
     # -- workers --------------------------------------------------------------------------
@@ -103,14 +108,35 @@ class Evaluator:
         }
         log_path = self.work / f"worker-{impl['id']}.log"
         key = worker_key(load, impl, self.root, cwd=str(cwd), env=env, memory_mb=memory_mb)
+        caches = compiler_caches(key)
+        env = {**env, **caches}
+        policy = None if sandbox.trusted() else self._policy(impl, cwd, memory_mb)
+        self.isolation = sandbox.describe(policy)
+        if policy is not None:
+            policy.write += list(caches.values())
         try:
             worker = Worker(label=impl["id"], cwd=str(cwd), env=env, memory_mb=memory_mb, log_path=log_path, key=key,
-                            fork=fork)
+                            fork=fork, sandbox=policy.to_json() if policy else None)
         except NothingParked:
             return None
-        worker.send({"op": "relog", "log": str(log_path)} if worker.adopted else load)
+        if worker.adopted:
+            worker.send({"op": "relog", "log": str(worker.live_log)})
+        else:
+            if init_file and worker.scratch:  # the worker reads nothing outside its own folder
+                load["init_inputs_file"] = str(shutil.copy(init_file, worker.scratch / Path(init_file).name))
+            worker.send(load)
         self._loading.add(worker)
         return self.loaded(worker) if wait else worker
+
+    def _policy(self, impl: dict, cwd: Path, memory_mb: int) -> sandbox.Policy:
+        """What a worker of impl may touch: it reads the project, its own sources and its compiled
+        library; it writes only its scratch folder (added by the Worker) and its compiler cache."""
+        files = [self.root / impl["source"], *(self.root / f for f in impl.get("source_files") or [])]
+        read = [str(self.root), str(cwd), *{str(f.parent) for f in files}]
+        if impl.get("library"):
+            read.append(str(Path(impl["library"]).parent))
+        hide = [str(scratch_folders.root())] if self.device != "cpu" else []
+        return sandbox.Policy(write=[], read=read, hide=hide, gpu=self.device != "cpu", memory_mb=memory_mb)
 
     def loaded(self, worker: Worker) -> Worker:
         if worker in self._loading:
@@ -138,9 +164,11 @@ class Evaluator:
     def _run_cases(self, worker: Worker, spec: ReferenceSpec, cases: list, tag: str, rtol, atol) -> list[dict]:
         inputs = [spec.make_inputs(c) for c in cases]
         expected = [spec.reference(a, self.init_seed) for a in inputs]
-        outputs = self.exchange.offer_outputs(tag, expected, inputs)
+        folder = worker.scratch or self.work
+        outputs = self.exchange.offer_outputs(tag, expected, inputs, folder)
         self.loaded(worker)
-        answer = worker.request({"op": "run", "inputs": self.exchange.offer_inputs(tag, inputs), "outputs": outputs,
+        answer = worker.request({"op": "run", "inputs": self.exchange.offer_inputs(tag, inputs, folder),
+                                 "outputs": outputs,
                                  "out_specs": [output_specs(e) for e in expected]}, self.timeout)
         if not answer["ok"]:
             raise WorkerFailure(f"error: {answer['error']}")
@@ -192,13 +220,13 @@ class Evaluator:
         source = self.root / self.impl["source"]
         if self.impl["type"] not in ("pytorch", "triton") or "def get_inputs" not in source.read_text():
             return _skipped("no testcase declared: add a [[kernel.testcases]] with a spec or a command")
-        outputs_file = str(self.work / "outputs.pt")
         with self.start(self.impl, None, init_from_module=True) as worker:
+            outputs_file = str((worker.scratch or self.work) / "outputs.pt")
             answer = worker.request({"op": "run_own_inputs", "seed": self.seed, "outputs_file": outputs_file},
                                     self.timeout)
             if not answer["ok"]:
                 raise WorkerFailure(f"error: {answer['error']}")
-        produced = self.torch.load(outputs_file, weights_only=True)
+            produced = self.torch.load(outputs_file, weights_only=True)
         record = {"testcase": None, "case": "get_inputs()", "trial": 0, **all_finite(produced["outputs"][0])}
         return _verdict([record], "unverified")
 
@@ -275,7 +303,8 @@ class Evaluator:
                 for worker in workers.values():
                     self.loaded(worker)
                 phases.mark("loaded")
-                offers = {role: self.exchange.offer_inputs("timing", inputs) for role in workers}
+                offers = {role: self.exchange.offer_inputs("timing", inputs, worker.scratch or self.work)
+                          for role, worker in workers.items()}
                 # First calls (context creation, taking the inputs, JIT) in all workers at once.
                 for role, worker in workers.items():
                     self._send_time(worker, offers[role], out_specs, first_call=True)
@@ -289,7 +318,8 @@ class Evaluator:
                 late = pair and "baseline" not in workers
                 if late:
                     workers["baseline"] = self.start(self.baseline, init_file)
-                    offers["baseline"] = self.exchange.offer_inputs("timing", inputs)
+                    offers["baseline"] = self.exchange.offer_inputs("timing", inputs,
+                                                                    workers["baseline"].scratch or self.work)
                     phases.mark("start_baseline")
                 samples = {role: [] for role in workers}
                 wall = {role: 0.0 for role in workers}
@@ -521,6 +551,18 @@ def worker_key(load: dict, impl: dict, root: Path, **process) -> str:
     return digest.hexdigest()[:24]
 
 
+def compiler_caches(key: str) -> dict[str, str]:
+    """Compiler caches of one implementation's workers, keyed by what they load: code under
+    test writes into its own, never into one another implementation reads (a shared Triton
+    cache let one candidate replace another's compiled kernels)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "magpie" / "compiled" / key
+    folders = {"TRITON_CACHE_DIR": base / "triton", "CUDA_CACHE_PATH": base / "cuda",
+               "TORCH_EXTENSIONS_DIR": base / "torch_extensions"}
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    return {name: str(folder) for name, folder in folders.items()}
+
+
 def _skipped(reason: str) -> dict:
     return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"skipped: {reason}",
             "checks": [], "errors": [reason]}
@@ -541,7 +583,7 @@ def _verdict(checks: list[dict], numerics: str) -> dict:
             "errors": [verdict]}
 
 
-def evaluate(request_path: str, result_path: str) -> None:
+def evaluate(request_path: str) -> dict:
     request = json.loads(Path(request_path).read_text())
     evaluator = Evaluator(request)
     if request["mode"] == "correctness":
@@ -549,7 +591,8 @@ def evaluate(request_path: str, result_path: str) -> None:
             result = evaluator.correctness()
     else:
         result = evaluator.timing()
-    Path(result_path).write_text(json.dumps(result))
+    result["isolation"] = evaluator.isolation
+    return result
 
 
 @contextlib.contextmanager
@@ -592,22 +635,25 @@ def evaluator_key(env: dict) -> str:
 
 
 def serve(commands, answers) -> None:
-    """Jobs one after another: {"op": "evaluate", "request": PATH, "result": PATH}; between
+    """Jobs one after another: {"op": "evaluate", "request": PATH}, answered with the result
+    (over this pipe, which no worker holds: code under test cannot write a verdict); between
     jobs the action that ran one may park this process for the next ("reset", "relog")."""
+    # No process of the same user (a candidate's left-over child, say) reads or writes this one's memory.
+    namespaces.prctl(namespaces.PR_SET_DUMPABLE, 0)
     for line in commands:
         message = json.loads(line)
         op = message["op"]
         if op == "exit":
             break
+        reply = {"ok": True}
         try:
             if op == "evaluate":
                 with fresh_imports():
-                    evaluate(message["request"], message["result"])
+                    reply["result"] = evaluate(message["request"])
             elif op == "relog":
                 log_to(message["log"])
             elif op == "reset":
                 release_memory()
-            reply = {"ok": True}
         except Exception as err:  # a bug here or in a spec: that job's failure, told in one line
             traceback.print_exc()
             reply = {"ok": False, "error": f"{type(err).__name__}: {err}".splitlines()[0][:500]}

@@ -54,19 +54,19 @@ def _loads_shared(payload: str):
 
 # -- the evaluator's side ----------------------------------------------------------------
 class FileExchange:
-    def __init__(self, torch, work: Path, device: str):
+    def __init__(self, torch, device: str):
         self.torch = torch
-        self.work = work
         self.device = device
 
-    def offer_inputs(self, tag: str, input_sets: list) -> dict:
-        path = self.work / f"{tag}-inputs.pt"
-        if not path.exists():  # workers offered the same inputs read one file
-            self.torch.save([tuple(_to(x, "cpu") for x in args) for args in input_sets], path)
+    def offer_inputs(self, tag: str, input_sets: list, folder: Path) -> dict:
+        """Inputs for the worker whose scratch folder is `folder` (each worker reads, and can
+        touch, only its own copy)."""
+        path = folder / f"{tag}-inputs.pt"
+        self.torch.save([tuple(_to(x, "cpu") for x in args) for args in input_sets], path)
         return {"key": tag, "file": str(path)}
 
-    def offer_outputs(self, tag: str, expected: list | None, input_sets: list) -> dict:
-        return {"file": str(self.work / f"{tag}-outputs.pt")}
+    def offer_outputs(self, tag: str, expected: list | None, input_sets: list, folder: Path) -> dict:
+        return {"file": str(folder / f"{tag}-outputs.pt")}
 
     def collect(self, offer: dict, answer: dict) -> dict:
         """{"outputs": [...], "inputs_after": [...]}, one entry per input set, on the device."""
@@ -78,20 +78,20 @@ class FileExchange:
 
 
 class CudaIpcExchange(FileExchange):
-    def __init__(self, torch, work: Path, device: str):
-        super().__init__(torch, work, device)
+    def __init__(self, torch, device: str):
+        super().__init__(torch, device)
         self._lent: list = []  # kept alive until released: a worker may still be mapping them
         self._buffers: dict[str, tuple[list, list, list[bool]]] = {}
 
-    def offer_inputs(self, tag: str, input_sets: list) -> dict:
+    def offer_inputs(self, tag: str, input_sets: list, folder: Path) -> dict:
         # Each offer lends copies: what one worker does to lent memory reaches no other worker,
         # and not the evaluator's originals, which the checks compare against.
         copies = [tuple(x.clone() if self.torch.is_tensor(x) else x for x in args) for args in input_sets]
         self._lent.append(copies)
         return {"key": tag, "ipc": _dumps_shared(copies)}
 
-    def offer_outputs(self, tag: str, expected: list | None, input_sets: list) -> dict:
-        offer = super().offer_outputs(tag, expected, input_sets)
+    def offer_outputs(self, tag: str, expected: list | None, input_sets: list, folder: Path) -> dict:
+        offer = super().offer_outputs(tag, expected, input_sets, folder)
         if expected is None:
             return offer
         torch = self.torch
@@ -117,9 +117,9 @@ class CudaIpcExchange(FileExchange):
         self._buffers.clear()
 
 
-def exchange_for(torch, work: Path, device: str) -> FileExchange:
+def exchange_for(torch, device: str) -> FileExchange:
     lend = device.startswith("cuda") and os.environ.get(SWITCH, "1") != "0"
-    return (CudaIpcExchange if lend else FileExchange)(torch, work, device)
+    return (CudaIpcExchange if lend else FileExchange)(torch, device)
 
 
 # -- the worker's side -------------------------------------------------------------------

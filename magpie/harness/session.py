@@ -10,12 +10,14 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from magpie.harness import scratch as scratch_folders
 from magpie.harness import zygote
 
 
@@ -104,37 +106,63 @@ def all_stopped(pid: int) -> bool:
     return all(all_stopped(int(child)) for child in children)
 
 
+# What of a worker's output a job keeps: its end. A candidate may print gigabytes.
+LOG_KEPT_BYTES = 256 << 10
+
+
 class Worker:
     """A process that serves JSON-line commands on two pipes: a worker (`magpie.harness.worker`,
     the default) or an evaluator (`magpie.harness.evaluate`). With a key, it may be one an
     earlier job of the build parked (same code, same files, same environment: `adopted` says
     so, and it needs no load), and `release` parks it again for the next job instead of ending
-    it, unless it failed. With fork=False only a parked one will do (NothingParked if none is)."""
+    it, unless it failed. With fork=False only a parked one will do (NothingParked if none is).
+
+    With a sandbox policy (code under test), the process gets a scratch folder of its own,
+    the only place it may write: its log lives there (the job's `log_path` receives its end
+    when the job is done with it), as do the files the evaluator exchanges with it, and its
+    TMPDIR. The folder goes when the process does."""
 
     def __init__(self, *, label: str, cwd: str, env: dict, memory_mb: int, log_path: Path, key: str | None = None,
-                 module: str = "magpie.harness.worker", fork: bool = True):
+                 module: str = "magpie.harness.worker", fork: bool = True, sandbox: dict | None = None):
         self.label = label
         self.log_path = log_path
         self.key = key
         self.failed = False
         self._pending = False  # a command sent whose answer has not been read
         self.stopped = False
+        self.sandboxed = sandbox is not None
         found = zygote.adopt(key, env) if key else None
         if found is None and not fork:
             raise NothingParked(key)
-        log_path.write_bytes(b"")
         self.adopted = found is not None
         if found is not None:
-            self.proc, (self._command_write, self._answer_read) = found
+            self.proc, (self._command_write, self._answer_read), scratch = found
+            self.scratch = Path(scratch) if scratch else None
+            self.live_log.write_bytes(b"")
         else:
+            self.scratch = scratch_folders.make("w-") if self.sandboxed else None
+            self.live_log.write_bytes(b"")
+            if self.sandboxed:
+                env = {**env, "TMPDIR": str(self.scratch)}
+                sandbox = {**sandbox, "write": [*sandbox["write"], str(self.scratch)]}
             command_read, self._command_write = os.pipe()
             self._answer_read, answer_write = os.pipe()
             self.proc = zygote.launch(module, [str(command_read), str(answer_write)], cwd=cwd, env=env,
-                                      log_path=log_path, memory_mb=memory_mb, pass_fds=(command_read, answer_write))
+                                      log_path=self.live_log, memory_mb=memory_mb,
+                                      pass_fds=(command_read, answer_write), sandbox=sandbox,
+                                      scratch=str(self.scratch) if self.scratch else None,
+                                      cwd_on_path=module == "magpie.harness.worker")
             os.close(command_read)
             os.close(answer_write)
+            if self.scratch:
+                scratch_folders.own(self.scratch, self.proc.pid)
         self._buffer = b""
         self._sent = time.monotonic()
+
+    @property
+    def live_log(self) -> Path:
+        """Where the process writes: its scratch folder when it has one, else the job's log."""
+        return self.scratch / "output.log" if self.scratch else self.log_path
 
     def request(self, message: dict, timeout_s: float) -> dict:
         """Send one command; return its answer, or raise WorkerFailure with the verdict."""
@@ -187,11 +215,19 @@ class Worker:
         return f"{verdict}: {tail}" if tail and code >= 0 else verdict
 
     def log_tail(self, lines: int = 3) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
+        data, _ = scratch_folders.tail(self.live_log, 16 << 10)
+        text = data.decode(errors="replace").strip().splitlines()
         return " | ".join(text[-lines:])[:400]
+
+    def keep_log(self) -> None:
+        """The job's log gets the end of what the process wrote (the size of what was left out
+        said first)."""
+        if self.live_log == self.log_path:
+            return
+        data, size = scratch_folders.tail(self.live_log, LOG_KEPT_BYTES)
+        head = f"[{size - len(data)} earlier bytes of output not kept]\n".encode() if size > len(data) else b""
+        with contextlib.suppress(OSError):
+            self.log_path.write_bytes(head + data)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -223,6 +259,7 @@ class Worker:
         Only a zygote's child that failed nothing, owes no answer and runs no thread besides
         its main one is parked: the next job must find the protocol where a fresh process
         would have it, and nothing of it may run while other jobs measure."""
+        self.keep_log()
         if (self.key and isinstance(self.proc, zygote.ForkedProcess) and not self.failed and not self._pending
                 and not self._buffer and self.proc.poll() is None):
             try:
@@ -237,6 +274,7 @@ class Worker:
         self.close()
 
     def close(self) -> None:
+        self.keep_log()
         if self.proc.poll() is None:
             try:
                 os.write(self._command_write, b'{"op": "exit"}\n')
@@ -249,6 +287,8 @@ class Worker:
                 os.close(fd)
             except OSError:
                 pass
+        if self.scratch and not isinstance(self.proc, zygote.ForkedProcess):
+            shutil.rmtree(self.scratch, ignore_errors=True)  # a zygote's child's folder goes when it is reaped
 
     def __enter__(self):
         return self

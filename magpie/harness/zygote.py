@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from magpie.sandbox import namespaces
+
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 OWNER_VARIABLE = "MAGPIE_ZYGOTE_OWNER"
 # Seconds a zygote (with its parked processes) outlives the build that started it, for the
@@ -46,7 +48,8 @@ KEEP_WARM_VARIABLE = "MAGPIE_KEEP_WARM_S"
 # Any other difference gets a zygote of its own (TRITON_INTERPRET, for one, decides how
 # triton.language's own functions are built when it is imported).
 FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
-                       "TRITON_CACHE_DIR", "PYTHONPATH", "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", "MAGPIE_CUDA_IPC",
+                       "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR", "TMPDIR", "PYTHONPATH",
+                       "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", "MAGPIE_CUDA_IPC", "MAGPIE_TRUST_CODE",
                        FOLDER_VARIABLE, OWNER_VARIABLE, KEEP_WARM_VARIABLE}
 # Imported before forking (torch.multiprocessing: the reducers that lend CUDA tensors).
 PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpie.harness.worker",
@@ -93,6 +96,9 @@ def session(prestart: bool = False):
     if os.environ.get(FOLDER_VARIABLE):
         yield
         return
+    from magpie.harness import scratch
+
+    scratch.sweep()  # what builds killed before they could clean up left
     folder = _warm_folder() if keep_warm_s() else None
     if folder is None:
         folder = Path(tempfile.mkdtemp(prefix="magpie-zygote-"))
@@ -149,27 +155,36 @@ def _code_version() -> str:
 
 
 def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path, memory_mb: int = 0,
-           pass_fds: tuple[int, ...] = ()):
+           pass_fds: tuple[int, ...] = (), sandbox: dict | None = None, scratch: str | None = None,
+           cwd_on_path: bool = False):
     """Start `module.main(args)` in a process of its own; returns an object with pid, poll()
     and wait(timeout) like subprocess.Popen. Arguments equal to a passed descriptor's number
-    are rewritten to that descriptor's number in the child."""
+    are rewritten to that descriptor's number in the child. With a sandbox policy (code under
+    test) the process starts inside it; the zygote removes its scratch folder when it ends.
+    cwd_on_path: the module path starts with the working folder (code under test imports
+    what lies beside it; magpie's own processes never do)."""
     folder = os.environ.get(FOLDER_VARIABLE)
     socket_path = _ensure(Path(folder), env) if folder else None
     if socket_path is not None:
         try:
             return ForkedProcess(socket_path, module, args, cwd=cwd, env=env, log_path=log_path,
-                                 memory_mb=memory_mb, pass_fds=pass_fds)
+                                 memory_mb=memory_mb, pass_fds=pass_fds, sandbox=sandbox, scratch=scratch,
+                                 cwd_on_path=cwd_on_path)
         except OSError:
             pass  # the zygote went away: a fresh process does the same work
     from magpie.harness.session import limits
+    from magpie.paths import python_module_command
 
+    command = python_module_command(module) + list(args)
+    if sandbox is not None:
+        command = python_module_command("magpie.sandbox") + [json.dumps(sandbox), "--module", module, *args]
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", module, *args], pass_fds=pass_fds,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cwd, env=env,
-                                preexec_fn=limits(memory_mb), start_new_session=True)
+        return subprocess.Popen(command, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                cwd=cwd, env=env, preexec_fn=limits(0 if sandbox else memory_mb),
+                                start_new_session=True)
 
 
-def adopt(key: str, env: dict) -> tuple[ForkedProcess, list[int]] | None:
+def adopt(key: str, env: dict) -> tuple[ForkedProcess, list[int], str | None] | None:
     """A child parked under key by an earlier job of this build, if there is one."""
     folder = os.environ.get(FOLDER_VARIABLE)
     socket_path = _ensure(Path(folder), env) if folder else None
@@ -201,8 +216,10 @@ def _ensure(folder: Path, env: dict) -> Path | None:
             owner = os.environ.get(OWNER_VARIABLE, "0")
             idle_s = "0" if owner != "0" else str(keep_warm_s() or START_TIMEOUT_S)
             with open(folder / f"{key}.log", "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "magpie.harness.zygote", str(socket_path), owner,
-                                         idle_s],
+                from magpie.paths import python_module_command
+
+                proc = subprocess.Popen(python_module_command("magpie.harness.zygote") + [str(socket_path), owner,
+                                                                                           idle_s],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                         start_new_session=True)
             (folder / f"{key}.pid").write_text(str(proc.pid))
@@ -241,10 +258,12 @@ class ForkedProcess:
     """A child of the zygote, seen from the process that asked for it (or adopted it)."""
 
     def __init__(self, socket_path: Path, module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
-                 memory_mb: int, pass_fds: tuple[int, ...]):
+                 memory_mb: int, pass_fds: tuple[int, ...], sandbox: dict | None = None, scratch: str | None = None,
+                 cwd_on_path: bool = False):
         self.args = [module, *args]
         message = {"op": "fork", "module": module, "args": list(args), "cwd": cwd, "env": env,
-                   "log": str(log_path), "memory_mb": memory_mb, "fds": list(pass_fds)}
+                   "log": str(log_path), "memory_mb": memory_mb, "fds": list(pass_fds), "sandbox": sandbox,
+                   "scratch": scratch, "cwd_on_path": cwd_on_path}
         reply, _ = self._connect(socket_path, message, list(pass_fds))
         if reply is None or "pid" not in reply:
             self._conn.close()
@@ -271,8 +290,8 @@ class ForkedProcess:
             raise OSError(f"the zygote did not answer: {err}") from None
 
     @classmethod
-    def adopt(cls, socket_path: Path, key: str) -> tuple[ForkedProcess, list[int]] | None:
-        """A parked child for this key, with its descriptors, or None."""
+    def adopt(cls, socket_path: Path, key: str) -> tuple[ForkedProcess, list[int], str | None] | None:
+        """A parked child for this key, with its descriptors and scratch folder, or None."""
         proc = cls.__new__(cls)
         proc.args = ["adopted", key]
         reply, fds = proc._connect(socket_path, {"op": "adopt", "key": key}, [])
@@ -282,7 +301,7 @@ class ForkedProcess:
                 os.close(fd)
             return None
         proc.pid = reply["pid"]
-        return proc, fds
+        return proc, fds, reply.get("scratch")
 
     def park(self, key: str, fds: list[int]) -> bool:
         """Hand this live child and the descriptors that talk to it to the zygote, for a later
@@ -344,6 +363,7 @@ class ForkedProcess:
 def serve(socket_path: str, owner_pid: int, idle_s: float = 0.0) -> None:
     import importlib
 
+    namespaces.prctl(namespaces.PR_SET_DUMPABLE, 0)  # no process of the same user reads or writes its memory
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -387,7 +407,7 @@ class Children:
     (alive, idle, their pipes held here) for a later job to adopt."""
 
     def __init__(self):
-        self.running: dict[int, list] = {}  # pidfd -> [pid, requester's connection or None]
+        self.running: dict[int, list] = {}  # pidfd -> [pid, requester's connection or None, scratch folder]
         self.parked: dict[int, tuple[str, list[int], float]] = {}  # pidfd -> (key, descriptors, since)
         self.cap: int | None = None  # looked up at the first park, off the zygote's start
 
@@ -396,17 +416,19 @@ class Children:
         return [*self.running, *(fd for _, fds, _ in self.parked.values() for fd in fds)]
 
     def reap(self, pidfd: int) -> None:
-        pid, conn = self.running.pop(pidfd)
+        pid, conn, scratch = self.running.pop(pidfd)
         self._unpark(pidfd, close=True)
         _, status = os.waitpid(pid, 0)
         os.close(pidfd)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
         if conn is not None:
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
             conn.close()
 
     def park(self, pid: int, key: str, fds: list[int]) -> bool:
-        pidfd = next((fd for fd, (p, _) in self.running.items() if p == pid), None)
+        pidfd = next((fd for fd, (p, _, _) in self.running.items() if p == pid), None)
         if pidfd is None or pidfd in self.parked:
             return False
         conn = self.running[pidfd][1]
@@ -431,13 +453,13 @@ class Children:
         pool = [fd for fd, (key, _, _) in self.parked.items() if counts[key] > 1] or list(self.parked)
         return min(pool, key=lambda fd: self.parked[fd][2])
 
-    def adopt(self, key: str, conn: socket.socket) -> tuple[int, list[int]] | None:
+    def adopt(self, key: str, conn: socket.socket) -> tuple[int, list[int], str | None] | None:
         pidfd = next((fd for fd, (k, _, _) in self.parked.items() if k == key), None)
         if pidfd is None:
             return None
         fds = self._unpark(pidfd, close=False)
         self.running[pidfd][1] = conn
-        return self.running[pidfd][0], fds
+        return self.running[pidfd][0], fds, self.running[pidfd][2]
 
     def _unpark(self, pidfd: int, close: bool) -> list[int]:
         _, fds, _ = self.parked.pop(pidfd, ("", [], 0.0))
@@ -477,8 +499,8 @@ def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bo
         if found is None:
             conn.sendall(b'{"none": true}\n')
             return False
-        pid, child_fds = found
-        socket.send_fds(conn, [json.dumps({"pid": pid}).encode() + b"\n"], child_fds)
+        pid, child_fds, scratch = found
+        socket.send_fds(conn, [json.dumps({"pid": pid, "scratch": scratch}).encode() + b"\n"], child_fds)
         for fd in child_fds:
             os.close(fd)
         return True
@@ -486,12 +508,12 @@ def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bo
     args = [renumber.get(a, a) for a in request["args"]]
     pid = os.fork()
     if pid == 0:
-        _become_child(request, args, [listener, conn, *(c for _, c in state.running.values() if c is not None)],
+        _become_child(request, args, [listener, conn, *(c for _, c, _ in state.running.values() if c is not None)],
                       state.descriptors())
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-    state.running[os.pidfd_open(pid)] = [pid, conn]
+    state.running[os.pidfd_open(pid)] = [pid, conn, request.get("scratch")]
     return True
 
 
@@ -504,9 +526,11 @@ def _become_child(request: dict, args: list[str], sockets: list, descriptors: li
             os.close(fd)
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from magpie import sandbox
         from magpie.harness.session import limits, log_to
 
-        limits(int(request["memory_mb"]))()
+        sandboxed = request.get("sandbox")
+        limits(0 if sandboxed else int(request["memory_mb"]))()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
@@ -514,9 +538,16 @@ def _become_child(request: dict, args: list[str], sockets: list, descriptors: li
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # TMPDIR is the child's own, not the one the zygote's imports saw
         extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-        sys.path[:1] = [request["cwd"], *extra]
+        # Code under test finds modules beside it as `python -m` would; magpie's own processes
+        # never look in the folder they run in.
+        sys.path[:0] = [request["cwd"], *extra] if request.get("cwd_on_path") else extra
         sys.argv = [request["module"], *args]
+        if sandboxed:
+            # the zygote is not dumpable (its memory is nobody's to read); the child may map its ids
+            namespaces.prctl(namespaces.PR_SET_DUMPABLE, 1)
+            sandbox.enter_or_exit(sandbox.Policy.from_json(sandboxed))
         import importlib
 
         module = importlib.import_module(request["module"])

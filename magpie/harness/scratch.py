@@ -1,0 +1,84 @@
+"""Scratch folders: one per evaluator job and one per worker process, all under one private
+root per user, so a sandbox can hide them all and bind back only its own.
+
+In memory (/dev/shm) where it has room (containers often cap it at 64 MB), else in the
+temporary folder. Each folder names the process that owns it; the next build removes those
+whose owner is gone (a build killed with SIGKILL leaves them)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+SHARED_MEMORY = Path("/dev/shm")
+SHARED_MEMORY_MIN_FREE = 4 << 30
+OWNER = ".owner"
+# A folder without an owner file yet is being made; one this old without one was abandoned.
+UNOWNED_GRACE_S = 3600
+
+
+def root() -> Path:
+    try:
+        stats = os.statvfs(SHARED_MEMORY)
+        base = SHARED_MEMORY if stats.f_bavail * stats.f_frsize >= SHARED_MEMORY_MIN_FREE else None
+    except OSError:
+        base = None
+    folder = Path(base or tempfile.gettempdir()) / f"magpie-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def make(prefix: str, owner: int | None = None) -> Path:
+    """A new folder, owned by the process `owner` (this one by default) until it is removed."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root()))
+    own(folder, owner or os.getpid())
+    return folder
+
+
+def own(folder: Path, pid: int) -> None:
+    (folder / OWNER).write_text(str(pid))
+
+
+def sweep() -> int:
+    """Remove the folders whose owner has ended; the count removed."""
+    removed = 0
+    try:
+        entries = list(root().iterdir())
+    except OSError:
+        return 0
+    for folder in entries:
+        try:
+            pid = int((folder / OWNER).read_text())
+            alive = _alive(pid)
+        except FileNotFoundError:
+            alive = time.time() - folder.stat().st_mtime < UNOWNED_GRACE_S
+        except (OSError, ValueError):
+            alive = False
+        if not alive:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def tail(path: Path, limit: int) -> tuple[bytes, int]:
+    """The last `limit` bytes of a file and its whole size, without reading the rest."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - limit))
+            return handle.read(limit), size
+    except OSError:
+        return b"", 0

@@ -1,0 +1,273 @@
+"""The sandbox every process that runs code under test starts in (workers, and the commands
+of compile rules and command testcases).
+
+`contain(policy)` turns the calling process, which must still be single-threaded (a fresh
+fork), into the first process of new user, PID and mount namespaces (and, where no GPU is
+needed, a network namespace of its own, which has nothing but a loopback that is down):
+
+- every process it starts lives in that PID namespace and dies with it; it can name, signal
+  or trace no process outside it (Landlock scopes signals and ptrace as well, and `/proc`
+  shows only the namespace's processes);
+- Landlock lets it write only its policy's `write` trees and read only the system's trees,
+  the interpreter's and the policy's `read` trees: not the temporary folder (other jobs'
+  scratch, magpie's locks and zygote sockets), nor the store unless it lies in the project,
+  which is then read-only like everything else; no TCP unless the policy allows network;
+- a seccomp filter makes the calls that reach into other processes or change the mount
+  table fail; no_new_privs, no capabilities, and resource limits on memory, file size and
+  processes.
+
+It must work unprivileged and as root: root is root only in its own user namespace, and
+Landlock holds whatever the file permissions say. The `describe()` of a policy is what a
+report records as the isolation in force.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import resource
+import signal
+import sys
+import sysconfig
+import tempfile
+
+from magpie.sandbox import landlock, namespaces, seccomp
+
+# Exit status of a process whose sandbox could not be set up (nothing of the code under test ran).
+SANDBOX_FAILED = 70
+TRUST_VARIABLE = "MAGPIE_TRUST_CODE"
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class Policy:
+    write: list[str]  # trees it may change: its scratch folder, its compiler caches
+    read: list[str] = dataclasses.field(default_factory=list)  # trees to read besides the system's
+    hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (write trees beneath kept)
+    gpu: bool = False  # GPU devices usable; /dev/shm writable (CUDA IPC reference counts live there)
+    network: bool = False
+    memory_mb: int = 0  # address space; 0: no limit (CUDA reserves far more than it uses)
+    file_mb: int = 1024  # largest file it may write
+    processes: int = 512  # per user inside the namespace (not enforced for root, which the PID namespace bounds)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Policy:
+        return cls(**data)
+
+
+def describe(policy: Policy | None) -> str:
+    """The isolation a report records."""
+    if policy is None:
+        return "none: code trusted (--trust-code)"
+    layers = ["user, PID and mount namespaces" + ("" if policy.network or policy.gpu else ", network namespace"),
+              f"landlock ABI {landlock.abi_version()}"]
+    if seccomp.supported():
+        layers.append("seccomp")
+    layers.append("no_new_privs, no capabilities")
+    limits = [f"files {policy.file_mb} MiB", f"{policy.processes} processes"]
+    if policy.memory_mb:
+        limits.insert(0, f"memory {policy.memory_mb} MiB")
+    return "; ".join(layers) + "; limits: " + ", ".join(limits)
+
+
+def trusted() -> bool:
+    return os.environ.get(TRUST_VARIABLE, "") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable_reason() -> str | None:
+    """Why no sandbox can be set up on this host (None: it can). Tried once per process, in
+    a fork that sets one up and exits."""
+    if sys.platform != "linux":
+        return f"no sandbox on {sys.platform} (Linux namespaces and Landlock are needed)"
+    if landlock.abi_version() < 1:
+        return "the kernel has no Landlock (Linux 5.13+ with landlock in the enabled LSMs)"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        code = 0
+        try:
+            contain(Policy(write=[tempfile.gettempdir()]), fork=False)
+        except BaseException as err:  # noqa: BLE001 - told to the parent, which decides
+            os.write(write, str(err).encode()[:500])
+            code = 1
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as reason:
+        message = reason.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return message or f"the sandbox test process ended with status {status}"
+    return None
+
+
+def refusal() -> str:
+    return (f"cannot sandbox code under test here: {unavailable_reason()}; "
+            "run it only if you trust it, with --trust-code or [project] trust_code = true")
+
+
+def _top_level_reads(excluded: set[str]) -> list[str]:
+    return [os.path.join("/", name) for name in sorted(os.listdir("/"))
+            if name not in excluded and os.path.isdir(os.path.join("/", name))]
+
+
+def _top(path: str) -> str:
+    parts = os.path.realpath(path).split(os.sep)
+    return parts[1] if len(parts) > 1 else ""
+
+
+def read_trees(policy: Policy) -> list[str]:
+    """The system, the interpreter and its libraries, magpie, and the policy's trees: not the
+    temporary folder (where other jobs' scratch, magpie's locks and sockets live)."""
+    excluded = {"dev", "tmp", "lost+found", _top(tempfile.gettempdir())}
+    paths = sysconfig.get_paths()
+    interpreter = [sys.prefix, sys.base_prefix, sys.exec_prefix, paths["stdlib"], paths["platstdlib"],
+                   paths["purelib"], paths["platlib"], os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    import site
+
+    interpreter += [*site.getsitepackages(), site.getusersitepackages()]
+    return [*_top_level_reads(excluded), *interpreter, *policy.read]
+
+
+def device_files(policy: Policy) -> list[str]:
+    """/dev without its shared-memory folders (other processes' files live there), which only
+    a GPU process may write: CUDA IPC keeps its reference counts in /dev/shm."""
+    try:
+        names = os.listdir("/dev")
+    except OSError:
+        return []
+    found = [os.path.join("/dev", n) for n in names if n not in ("shm", "mqueue") and _is_device(os.path.join("/dev", n))]
+    if policy.gpu:
+        found.append("/dev/shm")
+    return found
+
+
+def _is_device(path: str) -> bool:
+    """A device node or a folder of them; not a link (/dev/stdin and friends point at
+    descriptors, which Landlock rules cannot name)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    import stat
+
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode)
+
+
+def contain(policy: Policy, fork: bool = True) -> None:
+    """Put this process in the sandbox. With fork, the process becomes a waiter and the
+    sandboxed code continues in its child, the first process of the new PID namespace; the
+    waiter ends as the child does (with its exit status or signal). Raises SandboxError."""
+    uid, gid = os.getuid(), os.getgid()
+    isolate_network = not (policy.network or policy.gpu)
+    try:
+        namespaces.unshare(namespaces.CLONE_NEWUSER | namespaces.CLONE_NEWNS | namespaces.CLONE_NEWPID
+                           | (namespaces.CLONE_NEWNET if isolate_network else 0))
+        namespaces.map_own_ids(uid, gid)
+        namespaces.make_private()
+        for folder in policy.hide:
+            keep = [w for w in policy.write if os.path.realpath(w).startswith(os.path.realpath(folder) + os.sep)]
+            namespaces.cover(folder, keep)
+    except OSError as err:
+        raise SandboxError(f"namespaces: {err}") from None
+    if fork:
+        _wait_as_parent_of_sandbox()
+    try:
+        _limits(policy)
+        namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
+        landlock.restrict(read=read_trees(policy), write=list(policy.write), devices=device_files(policy),
+                          network=policy.network)
+        if seccomp.supported():
+            seccomp.install(policy.network)
+        namespaces.drop_capabilities()
+    except OSError as err:
+        raise SandboxError(str(err)) from None
+
+
+def _limits(policy: Policy) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    file_bytes = policy.file_mb << 20
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    resource.setrlimit(resource.RLIMIT_NPROC, (policy.processes, policy.processes))
+    if policy.memory_mb:
+        memory = policy.memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+
+def _wait_as_parent_of_sandbox() -> None:
+    """Fork twice: the first child is the new PID namespace's init, which reaps what is
+    orphaned there and says how the second ended; the second returns and runs the code (not
+    as PID 1, to which the kernel delivers no signal it sends itself: abort() would end in a
+    SIGSEGV). This process waits and ends the way the code's process ended, holding none of
+    its descriptors; killing it, or the init, kills everything in the namespace."""
+    status_read, status_write = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(status_read)
+        namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
+        _serve_as_init(status_write)
+        return
+    os.close(status_write)
+    _close_all_but(status_read)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: os.kill(init, signal.SIGKILL))
+    _, status = os.waitpid(init, 0)
+    with os.fdopen(status_read, "rb") as told:
+        reported = told.read()
+    if len(reported) == 4:
+        status = int.from_bytes(reported, "little")
+    _end_like(status)
+
+
+def _serve_as_init(status_write: int) -> None:
+    """In the new PID namespace, as its first process: fork the process that returns to run
+    the code; reap every process until that one ends; report its status and exit."""
+    try:
+        namespaces.mount_proc()
+    except OSError as err:
+        print(f"sandbox: /proc: {err}", file=sys.stderr, flush=True)
+        os._exit(SANDBOX_FAILED)
+    code = os.fork()
+    if code == 0:
+        os.close(status_write)
+        namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
+        return
+    _close_all_but(status_write)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == code:
+            os.write(status_write, status.to_bytes(4, "little"))
+            os._exit(0)
+
+
+def _close_all_but(keep: int) -> None:
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def _end_like(status: int) -> None:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def enter_or_exit(policy: Policy | None) -> None:
+    """For a process about to run code under test: contain it, or end it with SANDBOX_FAILED
+    and one line on stderr saying why."""
+    if policy is None:
+        return
+    try:
+        contain(policy)
+    except SandboxError as err:
+        print(f"sandbox: {err}", file=sys.stderr, flush=True)
+        os._exit(SANDBOX_FAILED)

@@ -1,0 +1,81 @@
+"""User, PID, mount (and network) namespaces through libc, for a process that is still
+single-threaded (a fork of the zygote, or the sandbox launcher before it runs anything)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 38, 4, 24
+CAP_LAST = 63
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def map_own_ids(uid: int, gid: int) -> None:
+    """In a new user namespace, be the same user and group as outside (the one mapping an
+    unprivileged process may write for itself); supplementary groups can no longer change."""
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = (lambda s: None if s is None else s.encode())
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {target}")
+
+
+def make_private() -> None:
+    """Nothing mounted here from now on is seen outside the namespace."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+
+def cover(folder: str, keep: list[str]) -> None:
+    """Hide everything under folder behind an empty tmpfs, except the folders in keep (each
+    beneath folder), which are bound back where they were."""
+    kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in keep]
+    try:
+        mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        for path, fd in kept:
+            os.makedirs(path, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    finally:
+        for _, fd in kept:
+            os.close(fd)
+
+
+def mount_proc() -> None:
+    """A /proc that shows only this PID namespace's processes."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def prctl(option: int, value: int) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
+
+
+def drop_capabilities() -> None:
+    """Give up every capability this process holds in its user namespace, and the right to
+    get any back through exec."""
+    for cap in range(CAP_LAST + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # past the kernel's last capability
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable, twice: all empty
+    _check(_libc.capset(header, data), "capset")
