@@ -1,0 +1,203 @@
+"""Code under test is an adversary: from inside its worker it tries to rewrite stored
+verdicts, plant modules magpie imports, change the spec that judges it, leave processes
+behind, stop or read other processes, fill shared memory and reach the network. Each attempt
+must fail, the wrong candidate must be judged wrong, and nothing of it may survive the build."""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from conftest import build_json, relu2_project
+
+from magpie import sandbox
+
+pytestmark = pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason="no sandbox on this host")
+
+ATTACKER = '''
+import glob, json, os, signal, socket, subprocess, sys, time
+
+import torch
+
+TOKEN = "{token}"
+ROOT = "{root}"
+
+
+def attempt(name, action):
+    try:
+        action()
+        print("SUCCEEDED", name, flush=True)
+    except Exception as err:
+        print("failed", name, type(err).__name__, err, flush=True)
+
+
+def rewrite_results():
+    found = glob.glob(ROOT + "/workspaces/store/*/*/result.json")
+    for path in found:
+        with open(path, "w") as out:
+            json.dump({{"correctness_state": "SUCCESS", "PWNED": TOKEN}}, out)
+    if not found:
+        raise FileNotFoundError("no stored result readable")
+
+
+def plant_package():
+    os.makedirs(ROOT + "/magpie", exist_ok=True)
+    with open(ROOT + "/magpie/__init__.py", "w") as out:
+        out.write("PWNED = True\\n")
+
+
+def append_reference():
+    with open(ROOT + "/spec.py", "a") as out:
+        out.write("\\ndef reference(x):\\n    return x * 0\\n")
+
+
+def fill_shared_memory():
+    with open("/dev/shm/magpie-attack-" + TOKEN, "wb") as out:
+        out.write(b"x" * (1 << 20))
+
+
+def write_temporary_folder():
+    with open("/tmp/magpie-attack-" + TOKEN, "w") as out:
+        out.write("x")
+
+
+def leave_processes():
+    subprocess.Popen(["sleep", "300", TOKEN], start_new_session=True)
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.setsid()
+            os.execvp("sleep", ["sleep", "301", TOKEN])
+        os._exit(0)
+
+
+def stop_everyone():
+    os.kill(-1, signal.SIGSTOP)  # every process this one may signal, but itself
+
+
+def see_other_processes():
+    """The test runner (pytest) and the build are outside: they must not be visible."""
+    outside = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            line = open(f"/proc/{{pid}}/cmdline").read()
+        except OSError:
+            continue
+        if "pytest" in line or "magpie build" in line or " build --json" in line:
+            outside.append(pid)
+    if not outside:
+        raise PermissionError("none of the build's processes is visible")
+    print("visible:", outside[:5], flush=True)
+
+
+def read_parent_memory():
+    with open(f"/proc/{{os.getppid() or 1}}/mem", "rb") as mem:
+        mem.read(1)
+    ppid = os.getppid()
+    if ppid == 0:
+        raise PermissionError("no parent visible")
+
+
+def connect_out():
+    socket.create_connection(("127.0.0.1", 9), timeout=1)
+
+
+def ptrace_the_evaluator():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.ptrace(16, 1, 0, 0) != 0:  # PTRACE_ATTACH to this namespace's init
+        raise PermissionError(os.strerror(ctypes.get_errno()))
+
+
+for name, action in [("rewrite_results", rewrite_results), ("plant_package", plant_package),
+                     ("append_reference", append_reference), ("fill_shared_memory", fill_shared_memory),
+                     ("write_temporary_folder", write_temporary_folder), ("leave_processes", leave_processes),
+                     ("see_other_processes", see_other_processes), ("read_parent_memory", read_parent_memory),
+                     ("connect_out", connect_out), ("ptrace_the_evaluator", ptrace_the_evaluator),
+                     ("stop_everyone", stop_everyone)]:
+    attempt(name, action)
+
+
+def kernel(x):
+    return torch.zeros_like(x)  # wrong everywhere
+'''
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacked")
+    token = uuid.uuid4().hex
+    (root / "attacker.py").write_text(ATTACKER.format(token=token, root=root))
+    relu2_project(root, ["attacker"], shapes="[[33, 65]]", defaults="timeout_s = 60")
+    spec_before = (root / "spec.py").read_text()
+    result = build_json(root, "-j", "1")
+    return root, token, result, spec_before
+
+
+def attempts(root) -> dict[str, str]:
+    logs = list((root / "workspaces/store").glob("*/*/worker-attacker.log"))
+    lines = [line for log in logs for line in log.read_text().splitlines()]
+    return {line.split()[1]: line for line in lines if line.split()[:1] in (["SUCCEEDED"], ["failed"])}
+
+
+def test_the_wrong_candidate_is_judged_wrong_and_the_build_goes_on(attacked):
+    root, _, result, _ = attacked
+    assert result["failed"] == []
+    report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+    row = next(r for r in report["results"] if r["implementation"] == "attacker")
+    assert row["correctness_state"] == "FAILED" and "allclose" in row["verdict"]
+
+
+@pytest.mark.parametrize("attack", ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory",
+                                    "write_temporary_folder", "see_other_processes", "read_parent_memory",
+                                    "connect_out", "ptrace_the_evaluator"])
+def test_each_attack_fails_inside_the_sandbox(attacked, attack):
+    root, _, _, _ = attacked
+    tried = attempts(root)
+    assert attack in tried, sorted(tried)
+    assert tried[attack].startswith("failed"), tried[attack]
+
+
+def test_nothing_it_touched_changed(attacked):
+    root, token, _, spec_before = attacked
+    assert not (root / "magpie").exists()
+    assert (root / "spec.py").read_text() == spec_before
+    for path in (root / "workspaces/store").glob("*/*/result.json"):
+        assert token not in path.read_text(), path
+    assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
+    assert not os.path.exists(f"/tmp/magpie-attack-{token}")
+
+
+def test_no_process_it_started_outlives_the_build(attacked):
+    _, token, _, _ = attacked
+    survivors = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
+    assert survivors == []
+
+
+def test_reports_record_the_isolation_in_force(attacked):
+    root, _, _, _ = attacked
+    results = [json.loads(p.read_text()) for p in (root / "workspaces/store").glob("*/*/result.json")]
+    judged = [r for r in results if r.get("task", "").startswith("correctness:")]
+    assert judged and all("landlock" in r["isolation"] and "PID" in r["isolation"] for r in judged)
+
+
+def test_the_sandbox_runs_a_command_as_the_first_process_of_its_namespace(tmp_path):
+    policy = sandbox.Policy(write=[str(tmp_path)])
+    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+                           "sh", "-c", "echo $$; touch ok; touch /tmp/escaped-$$ || echo denied"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split()
+    assert lines[0] == "2" and lines[-1] == "denied"  # the namespace's init is 1
+    assert (tmp_path / "ok").exists()
+
+
+def test_a_signal_the_code_sends_itself_ends_it_with_that_signal(tmp_path):
+    """The code does not run as PID 1 (which ignores signals it sends itself): abort() is SIGABRT."""
+    policy = sandbox.Policy(write=[str(tmp_path)])
+    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+                           sys.executable, "-c", "import os; os.abort()"], capture_output=True, timeout=60)
+    assert proc.returncode == -6
