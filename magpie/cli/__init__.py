@@ -8,7 +8,7 @@ import sys
 from magpie import __version__
 from magpie.errors import UserError
 
-VERBS = ("build", "clean", "analyze", "compare", "benchmark", "calibrate")
+VERBS = ("build", "clean", "verify", "analyze", "compare", "benchmark", "calibrate")
 
 
 def parser() -> argparse.ArgumentParser:

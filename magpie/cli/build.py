@@ -22,32 +22,43 @@ def add_parser(sub) -> None:
     p.add_argument("-n", "--dry-run", action="store_true", help="list what would run and why, run nothing")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout at the end")
+    p.add_argument("--verify", action="store_true",
+                   help="hash every artifact first and rebuild any modified since it was written (otherwise one "
+                        "whose files' stat is unchanged since its digest was last checked is trusted unread)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     if args.jobs < 1:
         raise UserError("--jobs: must be at least 1")
-    if not args.targets and not args.dry_run and _up_to_date_by_snapshot(Path(args.manifest), args.json):
+    if (not args.targets and not args.dry_run and not args.verify
+            and _up_to_date_by_snapshot(Path(args.manifest), args.json)):
         return 0
     from magpie.graph import snapshot
     from magpie.project import Project
 
     project = Project.load(args.manifest)
-    snapshot.save(project)
+    saved = snapshot.save(project)
     selected = project.select(args.targets)
     if args.dry_run:
         return dry_run(project, selected, args.json)
-    return build(project, selected, jobs=args.jobs, executor_name=args.executor,
-                 use_rich=sys.stderr.isatty() and not args.plain, as_json=args.json)
+    try:
+        return build(project, selected, jobs=args.jobs, executor_name=args.executor,
+                     use_rich=sys.stderr.isatty() and not args.plain, as_json=args.json, verify=args.verify)
+    finally:
+        snapshot.save(project, saved)  # with the stamps of the artifacts checked or written
 
 
 def dry_run(project, selected: list[str], as_json: bool) -> int:
     from magpie.graph.doit_glue import _closure
     from magpie.graph.expand import explain
 
-    stale = project.stale(_closure(project, selected))
-    rows = [(name, explain(project.tasks[name].parts, project.store.recorded(name))) for name in stale]
+    closure = _closure(project, selected)
+    modified = {name: f"modified after it was written: {problem}" for name, problem in
+                check_artifacts(project, closure, remove=False).items()}
+    stale = [name for name in closure if name in modified or not project.store.has(project.tasks[name].key)]
+    rows = [(name, modified.get(name) or explain(project.tasks[name].parts, project.store.recorded(name)))
+            for name in stale]
     if as_json:
         print(json.dumps({"would_run": [{"task": n, "why": w} for n, w in rows],
                           "up_to_date": len(project.tasks) - len(rows)}, indent=1))
@@ -63,29 +74,44 @@ EVALUATING_ACTIONS = ("magpie:correctness", "magpie:timing")
 
 
 def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | None = None,
-          use_rich: bool = False, as_json: bool = False, quiet: bool = False, title: str = "magpie build") -> int:
+          use_rich: bool = False, as_json: bool = False, quiet: bool = False, title: str = "magpie build",
+          verify: bool = False) -> int:
     from magpie.execution.executors import make_executor
-    from magpie.graph.doit_glue import run_doit
+    from magpie.graph.doit_glue import _closure, run_doit
     from magpie.harness import zygote
 
     project.store.sweep_temporaries()
+    # what this build reads or publishes, checked first: a modified artifact is rebuilt
+    published = [name for name, spec in project.tasks.items() if spec.rule in PUBLISHED]
+    modified = check_artifacts(project, list(dict.fromkeys(_closure(project, selected) + published)),
+                               trust_stamps=not verify)
+    selected = selected + [name for name in modified if name not in selected]
     stale = project.stale(selected)
     if not stale:
-        publish_project(project)
-        if as_json:
-            print(json.dumps({"executed": [], "failed": [], "up_to_date": len(selected)}))
-        elif not quiet:
-            print(f"magpie: {len(selected)} artifacts up to date")
-        return 0
+        bad = publish_project(project)
+        if not bad:
+            if as_json:
+                print(json.dumps({"executed": [], "failed": [], "up_to_date": len(selected)}))
+            elif not quiet:
+                print(f"magpie: {len(selected)} artifacts up to date")
+            return 0
+        selected += [name for name in bad if name not in selected]  # modified since checked
+        stale = project.stale(selected)
     evaluates = any(project.tasks[name].action in EVALUATING_ACTIONS for name in stale)
+    why = {name: f"modified after it was written: {problem}" for name, problem in modified.items()}
     # before the executor, so that its job processes find the zygote's folder
     with zygote.session(prestart=evaluates):
         executor = make_executor(jobs, executor_name)
         try:
-            code, reporter = run_doit(project, selected, executor, jobs, use_rich, title)
+            code, reporter = run_doit(project, selected, executor, jobs, use_rich, title, why)
+            again = publish_project(project)  # modified while this build ran: rebuilt once more
+            if again:
+                more, second = run_doit(project, again, executor, jobs, use_rich, title)
+                reporter.executed += second.executed
+                reporter.failures += second.failures
+                code = code or more or (1 if publish_project(project) else 0)
         finally:
             executor.shutdown()
-    publish_project(project)
     if as_json:
         print(json.dumps({"executed": reporter.executed, "failed": [f for f, _ in reporter.failures]}))
     elif not quiet:
@@ -94,8 +120,29 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
     return 0 if code == 0 else 1
 
 
+def check_artifacts(project, names: list[str], *, trust_stamps: bool = True, remove: bool = True) -> dict[str, str]:
+    """{task: problem} for the built artifacts among `names` whose files are not the ones
+    recorded when they were written; each is announced in one line and removed (so that
+    the build rebuilds it) unless `remove` is false. An artifact whose files' stat is the one
+    they had when its digest was last found right is not read again (unless not trust_stamps)."""
+    from magpie.store import warning
+
+    store, found = project.store, {}
+    for name in names:
+        key = project.tasks[name].key
+        if not store.has(key):
+            continue
+        problem = store.check(key, name, trust_stamps=trust_stamps)
+        if problem is not None:
+            found[name] = problem
+            if remove:
+                print(warning(name, problem), file=sys.stderr, flush=True)
+                store.remove(key)
+    return found
+
+
 def _up_to_date_by_snapshot(manifest: Path, as_json: bool) -> bool:
-    """The fast no-op: keys from the snapshot, one stat per artifact, no manifest validation."""
+    """The fast no-op: keys from the snapshot, one stat per artifact file, no manifest validation."""
     from magpie.graph import snapshot
     from magpie.store import Store
 
@@ -104,9 +151,10 @@ def _up_to_date_by_snapshot(manifest: Path, as_json: bool) -> bool:
         return False
     store = Store(Path(saved["workspace"]))
     tasks = saved["tasks"]
-    if not all(store.has(t["key"]) for t in tasks.values()):
-        return False
-    publish(store, [(name, t["rule"], t["kernel"], t["key"]) for name, t in tasks.items()])
+    if not all(store.unchanged(t["key"], t.get("stamp")) for t in tasks.values()):
+        return False  # missing, or touched since its digest was checked: the full load checks it
+    if publish(store, [(name, t["rule"], t["kernel"], t["key"]) for name, t in tasks.items()]):
+        return False  # one was modified (and is removed now): the full load rebuilds it
     if as_json:
         print(json.dumps({"executed": [], "failed": [], "up_to_date": len(tasks)}))
     else:
@@ -114,31 +162,82 @@ def _up_to_date_by_snapshot(manifest: Path, as_json: bool) -> bool:
     return True
 
 
-def publish_project(project) -> None:
-    publish(project.store, [(name, spec.rule, spec.kernel, spec.key) for name, spec in project.tasks.items()])
+def publish_project(project) -> list[str]:
+    return publish(project.store, [(name, spec.rule, spec.kernel, spec.key) for name, spec in project.tasks.items()])
 
 
-def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> None:
-    """Copy the current comparison, trace analysis and report artifacts to stable paths under reports/."""
+PUBLISHED = ("comparison", "report", "trace_analysis")
+LEDGER = ".published.json"  # under reports/: task -> {"key": artifact key, "files": {published file: stat}}
+
+
+def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[str]:
+    """Copy the current comparison, trace analysis and report artifacts to stable paths under
+    reports/. What is there already from the same artifact, untouched since, is left alone
+    (a no-op build reads no artifact); what is copied is checked against the artifact's
+    digests first, and the bytes checked are the bytes written. Returns the tasks whose
+    artifacts were found modified: announced, removed, and left for a build to rebuild."""
+    from magpie.store import Modified, atomic_write
+
     out = store.workspace / "reports"
+    try:
+        ledger = json.loads((out / LEDGER).read_text())
+    except (OSError, ValueError):
+        ledger = {}
+    ledger = ledger if isinstance(ledger, dict) else {}
+    before, bad = json.dumps(ledger, sort_keys=True), []
     for name, rule, kernel, key in artifacts:
-        if rule not in ("comparison", "report", "trace_analysis") or not store.has(key):
+        if rule not in PUBLISHED or not store.has(key):
             continue
-        folder = store.path(key)
-        if rule == "comparison":
-            target = out / kernel / "compare_report.json"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(folder / "result.json", target)
-        elif rule == "trace_analysis":
+        if rule == "trace_analysis":
             target = out / "traces" / name.split(":", 1)[1]
             stamp = target / ".artifact"
             if stamp.is_file() and stamp.read_text() == key:
                 continue  # published already: keeps the no-op build a stat per artifact
+        elif _still_published(ledger.get(name), key, out):
+            continue
+        try:
+            contents = store.verified_files(key, name)
+        except Modified as err:
+            print(err, file=sys.stderr, flush=True)
+            store.remove(key)
+            bad.append(name)
+            continue
+        if rule == "trace_analysis":
+            staging = target.parent / f".{target.name}.publishing"
+            shutil.rmtree(staging, ignore_errors=True)
+            for rel, data in contents.items():
+                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staging / rel).write_bytes(data)
+            (staging / ".artifact").write_text(key)
             shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(folder, target)
-            stamp.write_text(key)
-        else:
-            out.mkdir(parents=True, exist_ok=True)
-            for produced in ("report.html", "summary.md"):
-                if (folder / produced).is_file():
-                    shutil.copyfile(folder / produced, out / produced)
+            staging.rename(target)
+            continue
+        wanted = ({"result.json": f"{kernel}/compare_report.json"} if rule == "comparison"
+                  else {"report.html": "report.html", "summary.md": "summary.md"})
+        files = {}
+        for produced, rel in wanted.items():
+            if produced in contents:
+                target = out / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.unlink(missing_ok=True)  # a new file: never written through a link put there
+                target.write_bytes(contents[produced])
+                files[rel] = _stat(target)
+        ledger[name] = {"key": key, "files": files}
+    if json.dumps(ledger, sort_keys=True) != before:
+        atomic_write(out / LEDGER, json.dumps(ledger, sort_keys=True))
+    return bad
+
+
+def _still_published(entry, key: str, out: Path) -> bool:
+    """Whether the files published from this artifact are there, untouched since (a stat each)."""
+    if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("files"), dict):
+        return False
+    return bool(entry["files"]) and all(_stat(out / rel) == stat for rel, stat in entry["files"].items())
+
+
+def _stat(path: Path) -> list | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]

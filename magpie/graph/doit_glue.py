@@ -7,6 +7,7 @@ in memory: a build killed at any moment leaves nothing of doit's to repair.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 from doit.cmd_base import TaskLoader2
@@ -158,17 +159,48 @@ def run_task(project, executor, name: str) -> bool:
     tasks, store = project.tasks, project.store
     spec = tasks[name]
     job = Job(spec,
-              dep_results={d: store.read(tasks[d].key) for d in spec.deps},
+              dep_results={d: read_dependency(project, executor, d) for d in spec.deps},
               dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
     output = executor.submit(job).result()
-    store.commit(spec.key, output.result, output.files)
+    store.commit(spec.key, output.result, output.files, task=name)
     store.record(name, spec.key, spec.parts)
     return True
 
 
+def read_dependency(project, executor, name: str) -> dict:
+    """A dependency's result, its files checked against their digests first. One found
+    modified since it was written (by anything running while this build runs) is rebuilt
+    here, once; modified again, the dependent task fails."""
+    from magpie.store import Modified
+
+    key = project.tasks[name].key
+    try:
+        return project.store.read_verified(key, name)
+    except Modified as err:
+        found = err
+    with _REBUILDING:  # one thread rebuilds it; the others find it rebuilt
+        try:
+            return project.store.read_verified(key, name)
+        except Modified:
+            pass
+        print(found, file=sys.stderr, flush=True)
+        project.store.remove(key)
+        run_task(project, executor, name)
+        try:
+            return project.store.read_verified(key, name)
+        except Modified as err:
+            raise RuntimeError(f"store: artifact of {name} was modified again right after it was rebuilt "
+                               f"({err.problem})") from None
+
+
+_REBUILDING = threading.Lock()
+
+
 def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
-             title: str = "magpie build") -> tuple[int, BuildReporter]:
-    reasons = {name: explain(project.tasks[name].parts, project.store.recorded(name))
+             title: str = "magpie build", why: dict[str, str] | None = None) -> tuple[int, BuildReporter]:
+    """`why`: reasons known beforehand (an artifact found modified), over explain()'s."""
+    why = why or {}
+    reasons = {name: why.get(name) or explain(project.tasks[name].parts, project.store.recorded(name))
                for name in project.stale(_closure(project, selected))}
     reporter = BuildReporter(reasons=reasons, use_rich=use_rich, title=title)
     loader = StoreTaskLoader(project, executor, jobs, reporter)

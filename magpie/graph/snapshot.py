@@ -4,7 +4,8 @@ Computing keys needs the validated manifest (pydantic) and content hashes of eve
 When nothing those keys depend on has been touched since the last load — the same
 manifest bytes, the same stat of every input file, rule file, template and magpie source
 file, the same interpreter, packages folders and compilers — the keys are the ones saved
-here, and "is the build up to date" is one stat per artifact. Any doubt means a full load,
+here, and "is the build up to date" is one stat per artifact file, compared with the stat
+it had when its digest was last found right (nothing is hashed). Any doubt means a full load,
 which computes keys from contents, so a stale snapshot can cost time but never a wrong
 answer about what is up to date. Imports nothing heavy on purpose.
 """
@@ -17,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-VERSION = 1
+VERSION = 2  # 2: artifacts' stamps
 NAME = "graph-snapshot.json"
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -68,20 +69,42 @@ def path_for(manifest_path: Path, workspace: str) -> Path:
     return manifest_path.resolve().parent / workspace / NAME
 
 
-def save(project) -> None:
+def save(project, data: dict | None = None) -> dict:
+    """Write the snapshot of a loaded project; returns it. Called again after the build with
+    the same `data` (its stamps of inputs are the ones the keys were computed from) to add
+    the artifacts' stamps: their files' stat when their digests were last found right. The
+    stamps of the snapshot this one replaces are carried over (a stamp holds only while the
+    stat does) and given to the store, which then needs to hash only what changed."""
     from magpie.store import atomic_write
 
     workspace = project.manifest.project.workspace
-    data = {
-        "version": VERSION,
-        "manifest": str(project.manifest_path.resolve()),
-        "workspace": str(project.store.workspace.resolve()),
-        "environment": environment(),
-        "stamps": {p: _stat(p) for p in _watched(project)},
-        "tasks": {name: {"key": spec.key, "rule": spec.rule, "kernel": spec.kernel}
-                  for name, spec in project.tasks.items()},
-    }
+    store = project.store
+    if data is None:
+        for key, stamp in _previous_stamps(path_for(project.manifest_path, workspace), store).items():
+            store.stamps.setdefault(key, stamp)
+        data = {
+            "version": VERSION,
+            "manifest": str(project.manifest_path.resolve()),
+            "workspace": str(store.workspace.resolve()),
+            "environment": environment(),
+            "stamps": {p: _stat(p) for p in _watched(project)},
+            "tasks": {name: {"key": spec.key, "rule": spec.rule, "kernel": spec.kernel}
+                      for name, spec in project.tasks.items()},
+        }
+    for task in data["tasks"].values():
+        task["stamp"] = store.stamps.get(task["key"])
     atomic_write(path_for(project.manifest_path, workspace), json.dumps(data))
+    return data
+
+
+def _previous_stamps(path: Path, store) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        if data.get("version") != VERSION or data.get("workspace") != str(store.workspace.resolve()):
+            return {}
+        return {t["key"]: t["stamp"] for t in data["tasks"].values() if t.get("stamp")}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return {}
 
 
 def load_fresh(manifest_path: Path) -> dict | None:

@@ -4,10 +4,21 @@ An artifact is a folder `store/<key[:2]>/<key>/` holding `result.json` and any f
 action produced. It is built in a temporary folder beside it and renamed into place, so
 an artifact either exists whole or not at all; a killed build leaves only temp folders,
 which the next build removes. The store is plain files: copy it and the cache travels.
+
+Every artifact's files are recorded when it is committed (size and sha256 of each) in its
+index record, outside the artifact folder, and in `.digest.json` inside it (for a store
+copied without its index, and for artifacts of earlier keys, whose index record was
+replaced). Reading an artifact for a dependent or for publishing checks them: an artifact
+whose files differ (modified, truncated, missing, added) or that has no recorded digest
+(written by an older magpie) is not trusted, and the build removes and rebuilds it. The
+stat of every file when its digest was last found right (`stamps`) lets a no-op build
+trust an untouched artifact without reading it (a file added to the folder, or a changed
+.digest.json, is found when the artifact is next read, or by `magpie verify`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,6 +27,38 @@ from pathlib import Path
 from urllib.parse import quote
 
 RESULT = "result.json"
+DIGEST = ".digest.json"  # inside the artifact: its task, key and every other file's [size, sha256]
+UNRECORDED = "no digest recorded"
+
+
+class Modified(Exception):
+    """An artifact whose files are not the ones recorded when it was committed."""
+
+    def __init__(self, task: str, problem: str):
+        super().__init__(warning(task, problem))
+        self.task, self.problem = task, problem
+
+
+def warning(task: str, problem: str) -> str:
+    """The one line a build prints before rebuilding an artifact it does not trust."""
+    if problem == UNRECORDED:
+        return f"store: artifact of {task} has no recorded digest (written by an older magpie); rebuilding it"
+    return f"store: artifact of {task} was modified after it was written ({problem}); rebuilding it"
+
+
+def _file_stamp(path: str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _well_formed(files) -> bool:
+    return isinstance(files, dict) and RESULT in files and all(
+        isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
+        for v in files.values())
+
+
+def _digest(data: bytes) -> list:
+    return [len(data), hashlib.sha256(data).hexdigest()]
 
 
 class Store:
@@ -23,38 +66,155 @@ class Store:
         self.workspace = Path(workspace)
         self.objects = self.workspace / "store"
         self.index = self.workspace / "index"
+        # key -> [[file, inode, size, mtime_ns, ctime_ns], ...] of its files (.digest.json aside)
+        # when their digests were last found right: a stat that still matches needs no hashing
+        self.stamps: dict[str, list] = {}
+        self.digests: dict[str, dict] = {}  # key -> {file: [size, sha256]} of what this process committed
 
     def path(self, key: str) -> Path:
         return self.objects / key[:2] / key
 
     def has(self, key: str) -> bool:
-        return os.path.isdir(self.objects / key[:2] / key)
+        return os.path.isdir(f"{self.objects}/{key[:2]}/{key}")
 
     def read(self, key: str) -> dict:
         return json.loads((self.path(key) / RESULT).read_text())
 
-    def commit(self, key: str, result: dict, files: dict[str, bytes]) -> Path:
+    def commit(self, key: str, result: dict, files: dict[str, bytes], task: str | None = None) -> Path:
+        if DIGEST in files:
+            raise ValueError(f"an action may not produce a file named {DIGEST} (the store's record of the artifact)")
         final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-", dir=final.parent))
+        contents = {**files, RESULT: json.dumps(result, indent=1, sort_keys=True).encode()}
+        digests = {name: _digest(data) for name, data in sorted(contents.items())}
         try:
-            for name, data in files.items():
+            for name, data in contents.items():
                 target = tmp / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
-            (tmp / RESULT).write_text(json.dumps(result, indent=1, sort_keys=True))
+            (tmp / DIGEST).write_text(json.dumps({"task": task, "key": key, "files": digests}, sort_keys=True))
+            # stat before the rename (which leaves files' stat alone): a later write shows
+            stamp = [[name, *_file_stamp(str(tmp / name))] for name in sorted(contents)]
             try:
                 os.rename(tmp, final)
             except OSError:
                 if not final.is_dir():  # lost a race to an identical artifact otherwise
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)
+                digests, stamp = self._expected_in_folder(key), None  # the winner's files, checked on use
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if digests is not None:
+            self.digests[key] = digests
+        if stamp is not None:
+            self.stamps[key] = stamp
         return final
 
+    # Integrity: what was recorded at commit against what the folder holds now.
+    def expected(self, key: str, task: str | None = None) -> dict | None:
+        """{file: [size, sha256]} recorded for the artifact: its index record's when that is for
+        this key (outside the folder), else the folder's own .digest.json; None if neither."""
+        record = self.recorded(task) if task else None
+        if record and record.get("key") == key and _well_formed(record.get("files")):
+            return record["files"]
+        return self._expected_in_folder(key)
+
+    def _expected_in_folder(self, key: str) -> dict | None:
+        try:
+            data = json.loads((self.path(key) / DIGEST).read_text())
+        except (OSError, ValueError):
+            return None
+        files = data.get("files") if isinstance(data, dict) and data.get("key") == key else None
+        return files if _well_formed(files) else None
+
+    def scan(self, key: str) -> tuple[dict[str, bytes], list]:
+        """Every file of the artifact (.digest.json aside) as bytes, and their stat taken before reading."""
+        contents: dict[str, bytes] = {}
+        stamp: list = []
+
+        def walk(folder: str, prefix: str) -> None:
+            try:
+                entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+            except OSError:
+                return
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    walk(entry.path, rel + "/")
+                    continue
+                if rel == DIGEST:
+                    continue
+                try:
+                    with open(entry.path, "rb") as handle:
+                        st = os.fstat(handle.fileno())
+                        contents[rel] = handle.read()
+                except OSError:
+                    continue  # vanished while read: reported missing if it was recorded
+                stamp.append([rel, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+
+        walk(f"{self.objects}/{key[:2]}/{key}", "")
+        return contents, stamp
+
+    def problem(self, key: str, task: str | None = None, contents: dict[str, bytes] | None = None) -> str | None:
+        """What is wrong with the artifact (None when its files are the ones recorded)."""
+        if not contents and not self.has(key):
+            return "artifact folder missing"
+        expected = self.expected(key, task)
+        if expected is None:
+            return UNRECORDED
+        if contents is None:
+            contents = self.scan(key)[0]
+        for name, (size, sha) in sorted(expected.items()):
+            data = contents.get(name)
+            if data is None:
+                return f"{name} missing"
+            if len(data) < size:
+                return f"{name} truncated"
+            if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
+                return f"{name} digest mismatch"
+        extra = sorted(set(contents) - set(expected))
+        return f"unexpected file {extra[0]}" if extra else None
+
+    def unchanged(self, key: str, stamp: list | None) -> bool:
+        """Whether every file still has the stat it had when its digest was found right (no reading)."""
+        if not stamp:
+            return False
+        base = f"{self.objects}/{key[:2]}/{key}/"
+        try:
+            for name, *stat in stamp:
+                if _file_stamp(base + name) != stat:
+                    return False
+        except (OSError, TypeError, ValueError):
+            return False
+        return True
+
+    def verified_files(self, key: str, task: str) -> dict[str, bytes]:
+        """The artifact's files, checked against its recorded digests; raises Modified."""
+        contents, stamp = self.scan(key)
+        problem = self.problem(key, task, contents)
+        if problem is not None:
+            raise Modified(task, problem)
+        self.stamps[key] = stamp
+        return contents
+
+    def read_verified(self, key: str, task: str) -> dict:
+        return json.loads(self.verified_files(key, task)[RESULT])
+
+    def check(self, key: str, task: str, *, trust_stamps: bool = True) -> str | None:
+        """None when the artifact is intact: its stat unchanged since its digest was last found
+        right (when trust_stamps), or its files hashed and found to be the ones recorded."""
+        if trust_stamps and self.unchanged(key, self.stamps.get(key)):
+            return None
+        try:
+            self.verified_files(key, task)
+        except Modified as err:
+            return err.problem
+        return None
+
     def remove(self, key: str) -> bool:
+        self.stamps.pop(key, None)
         path = self.path(key)
         if path.is_dir():
             shutil.rmtree(path)
@@ -76,12 +236,17 @@ class Store:
         return self.index / (quote(task_name, safe="") + ".json")
 
     def record(self, task_name: str, key: str, parts: dict) -> None:
+        """Also the digests of the artifact this process committed for the key (checked on use)."""
         self.index.mkdir(parents=True, exist_ok=True)
-        atomic_write(self._index_file(task_name), json.dumps({"key": key, "parts": parts}, sort_keys=True))
+        data = {"key": key, "parts": parts}
+        if key in self.digests:
+            data["files"] = self.digests[key]
+        atomic_write(self._index_file(task_name), json.dumps(data, sort_keys=True))
 
     def recorded(self, task_name: str) -> dict | None:
         try:
-            return json.loads(self._index_file(task_name).read_text())
+            with open(f"{self.index}/{quote(task_name, safe='')}.json", "rb") as handle:
+                return json.loads(handle.read())
         except (OSError, ValueError):
             return None
 

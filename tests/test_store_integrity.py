@@ -1,0 +1,143 @@
+"""The store is verified on use: an artifact changed after it was written (a verdict
+flipped, a file truncated or deleted, a digest missing) is announced in one line and
+rebuilt, never trusted; `magpie verify` checks the whole store."""
+
+import json
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from conftest import build_json, magpie
+
+WARNING = "store: artifact of {task} was modified after it was written ({problem}); rebuilding it"
+
+
+@pytest.fixture
+def failing_b(command_project) -> Path:
+    """The command project with candidate k1/b failing its testcase, built once."""
+    manifest = command_project / "magpie.toml"
+    text = manifest.read_text()
+    manifest.write_text(text.replace("command = \"python -c 'import sys; sys.exit(0)'\"",
+                                     "command = 'test \"$MAGPIE_IMPL_ID\" != b'", 1))
+    build_json(command_project)
+    assert result(command_project, "correctness:k1/b")["correctness_state"] == "FAILED"
+    return command_project
+
+
+def artifact(root: Path, task: str) -> Path:
+    key = json.loads((root / "workspaces/index" / (quote(task, safe="") + ".json")).read_text())["key"]
+    return root / "workspaces/store" / key[:2] / key
+
+
+def result(root: Path, task: str) -> dict:
+    return json.loads((artifact(root, task) / "result.json").read_text())
+
+
+def warnings(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.startswith("store:")]
+
+
+def test_a_flipped_verdict_is_found_and_rebuilt(failing_b):
+    path = artifact(failing_b, "correctness:k1/b") / "result.json"
+    path.write_text(path.read_text().replace('"FAILED"', '"SUCCESS"'))
+
+    verify = magpie("verify", cwd=failing_b, check=1)
+    assert "correctness:k1/b" in verify.stdout and "result.json digest mismatch" in verify.stdout
+    plan = json.loads(magpie("build", "--dry-run", "--json", cwd=failing_b, check=0).stdout)
+    assert plan["would_run"] == [{"task": "correctness:k1/b",
+                                  "why": "modified after it was written: result.json digest mismatch"}]
+
+    proc = magpie("build", "--json", cwd=failing_b, check=0)
+    assert warnings(proc.stderr) == [WARNING.format(task="correctness:k1/b", problem="result.json digest mismatch")]
+    assert json.loads(proc.stdout)["executed"] == ["correctness:k1/b"]
+    assert result(failing_b, "correctness:k1/b")["correctness_state"] == "FAILED"
+    assert magpie("verify", cwd=failing_b, check=0).stdout.startswith("magpie: all ")
+    assert build_json(failing_b)["executed"] == []
+
+
+def test_truncated_and_deleted_files_are_rebuilt(failing_b):
+    report = artifact(failing_b, "report") / "report.html"
+    report.write_bytes(report.read_bytes()[:100])
+    (artifact(failing_b, "correctness:k2/c") / "result.json").unlink()
+
+    verify = json.loads(magpie("verify", "--json", cwd=failing_b, check=1).stdout)
+    assert {(bad["task"], bad["problem"]) for bad in verify["bad"]} == {
+        ("report", "report.html truncated"), ("correctness:k2/c", "result.json missing")}
+
+    proc = magpie("build", "--json", cwd=failing_b, check=0)
+    assert sorted(warnings(proc.stderr)) == [
+        WARNING.format(task="correctness:k2/c", problem="result.json missing"),
+        WARNING.format(task="report", problem="report.html truncated")]
+    assert set(json.loads(proc.stdout)["executed"]) == {"correctness:k2/c", "report"}
+    assert (failing_b / "workspaces/reports/report.html").read_bytes() == report.read_bytes()
+    assert len(report.read_bytes()) > 100
+    magpie("verify", cwd=failing_b, check=0)
+
+
+def test_verify_fix_removes_what_is_bad_and_the_build_rebuilds_it(failing_b):
+    path = artifact(failing_b, "comparison:k1") / "result.json"
+    path.write_text(path.read_text() + " ")
+    proc = magpie("verify", "--fix", cwd=failing_b, check=1)
+    assert "comparison:k1" in proc.stdout and "removed" in proc.stdout
+    assert not path.exists()
+    proc = magpie("build", "--json", cwd=failing_b, check=0)
+    assert warnings(proc.stderr) == []  # removed already: simply missing
+    assert json.loads(proc.stdout)["executed"] == ["comparison:k1"]
+    magpie("verify", cwd=failing_b, check=0)
+
+
+def test_build_verify_hashes_even_what_the_no_op_path_would_trust(failing_b):
+    folder = artifact(failing_b, "correctness:k1/a")
+    (folder / ".digest.json").unlink()  # not part of the no-op path's stat check
+    index = failing_b / "workspaces/index" / (quote("correctness:k1/a", safe="") + ".json")
+    record = json.loads(index.read_text())
+    del record["files"]  # as an older magpie wrote it
+    index.write_text(json.dumps(record))
+    assert build_json(failing_b)["executed"] == []  # trusted by stat, never read
+    proc = magpie("build", "--verify", "--json", cwd=failing_b, check=0)
+    assert warnings(proc.stderr) == ["store: artifact of correctness:k1/a has no recorded digest "
+                                     "(written by an older magpie); rebuilding it"]
+    assert json.loads(proc.stdout)["executed"] == ["correctness:k1/a"]
+    magpie("verify", cwd=failing_b, check=0)
+
+
+def test_a_dependency_modified_during_the_build_is_rebuilt_before_it_is_read(failing_b, capsys):
+    from magpie.execution.executors import make_executor
+    from magpie.graph.doit_glue import run_task
+    from magpie.project import Project
+
+    project = Project.load(failing_b / "magpie.toml")
+    path = artifact(failing_b, "correctness:k1/b") / "result.json"
+    path.write_text(path.read_text().replace('"FAILED"', '"SUCCESS"'))
+    project.store.remove(project.tasks["comparison:k1"].key)
+    executor = make_executor(1, "inline")
+    try:
+        run_task(project, executor, "comparison:k1")
+    finally:
+        executor.shutdown()
+    assert capsys.readouterr().err.splitlines() == [
+        WARNING.format(task="correctness:k1/b", problem="result.json digest mismatch")]
+    assert result(failing_b, "correctness:k1/b")["correctness_state"] == "FAILED"
+    rows = {row["implementation"]: row for row in result(failing_b, "comparison:k1")["results"]}
+    assert rows["b"]["correctness_state"] == "FAILED"
+
+
+def test_a_modified_artifact_is_never_published(failing_b, capsys):
+    from magpie.cli.build import publish
+    from magpie.store import Store
+
+    store = Store(failing_b / "workspaces")
+    key = artifact(failing_b, "comparison:k1").name
+    published = failing_b / "workspaces/reports/k1/compare_report.json"
+    honest = published.read_text()
+    published.unlink()
+    (store.path(key) / "result.json").write_text(honest.replace('"FAILED"', '"SUCCESS"'))
+    assert publish(store, [("comparison:k1", "comparison", "k1", key)]) == ["comparison:k1"]
+    assert capsys.readouterr().err.strip() == WARNING.format(task="comparison:k1",
+                                                             problem="result.json digest mismatch")
+    assert not published.exists() and not store.has(key)
+    assert build_json(failing_b)["executed"] == ["comparison:k1"]
+    rows = {row["implementation"]: row for row in json.loads(published.read_text())["results"]}
+    assert rows["b"]["correctness_state"] == "FAILED"
