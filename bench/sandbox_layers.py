@@ -39,6 +39,17 @@ def landlock_only():
                       network=False)
 
 
+def landlock_variant(read=None, write=None, network=False, scopes=None):
+    def apply():
+        namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
+        landlock.restrict(read=sandbox.read_trees(POLICY) if read is None else read,
+                          write=[SCRATCH] if write is None else [os.path.realpath(w) for w in write], devices=sandbox.device_files(POLICY),
+                          network=network,
+                          scopes=landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL if scopes is None
+                          else scopes)
+    return apply
+
+
 def seccomp_only():
     namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
     seccomp.install(network=False)
@@ -54,7 +65,15 @@ def limits():
 
 
 LAYERS = {"nothing": lambda: None, "user+mount+pid namespaces": user_mount_pid, "fresh /proc (init + child)": fresh_proc,
-          "landlock": landlock_only, "seccomp": seccomp_only, "no capabilities": no_capabilities, "rlimits": limits,
+          "landlock": landlock_only,
+          "landlock, no scopes": landlock_variant(scopes=0),
+          "landlock, no signal scope": landlock_variant(scopes=landlock.SCOPE_ABSTRACT_UNIX_SOCKET),
+          "landlock, no socket scope": landlock_variant(scopes=landlock.SCOPE_SIGNAL),
+          "landlock, network allowed": landlock_variant(network=True),
+          "landlock, / readable": landlock_variant(read=["/"]),
+          "landlock, / writable": landlock_variant(write=["/"]),
+          **{f"landlock, {path} writable": landlock_variant(write=[SCRATCH, path])
+             for path in ("/proc", "/proc/self", "/proc/self/task", "/proc/driver", "/proc/sys", "/sys")}, "seccomp": seccomp_only, "no capabilities": no_capabilities, "rlimits": limits,
           "all (contain)": lambda: sandbox.contain(POLICY)}
 
 

@@ -183,7 +183,9 @@ def contain(policy: Policy, fork: bool = True) -> None:
     try:
         _limits(policy)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
-        landlock.restrict(read=read_trees(policy), write=list(policy.write), devices=device_files(policy),
+        # The CUDA driver names its threads (it writes /proc/self/task/*/comm): it fails to start without.
+        own_threads = [f"/proc/{os.getpid()}/task"] if policy.gpu else []
+        landlock.restrict(read=read_trees(policy), write=[*policy.write, *own_threads], devices=device_files(policy),
                           network=policy.network)
         if seccomp.supported():
             seccomp.install(policy.network)

@@ -47,16 +47,18 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-def restrict(*, read: list[str], write: list[str], devices: list[str], network: bool) -> int:
+def restrict(*, read: list[str], write: list[str], devices: list[str], network: bool,
+             scopes: int = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) -> int:
     """Enforce on this process (and its future children): `read` trees readable and executable,
-    `write` trees fully usable, `devices` readable, writable and ioctl-able, nothing else.
-    no_new_privs must be set. Returns the ABI version used."""
+    `write` trees fully usable, `devices` readable, writable and ioctl-able, nothing else; no
+    signal to, or abstract socket of, a process outside (`scopes`). no_new_privs must be set.
+    Returns the ABI version used."""
     abi = abi_version()
     if abi < 1:
         raise LandlockError(0, "landlock is not available on this kernel")
     handled_fs = FS_BY_ABI[min(abi, 5)]
     handled_net = 0 if network or abi < 4 else BIND_TCP | CONNECT_TCP
-    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    scoped = scopes if abi >= 6 else 0
     attr = struct.pack("=QQQ", handled_fs, handled_net, scoped)
     size = 8 if abi < 4 else (16 if abi < 6 else 24)
     ruleset = _check(_libc.syscall(CREATE_RULESET, ctypes.c_char_p(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)),
