@@ -201,3 +201,69 @@ def test_a_signal_the_code_sends_itself_ends_it_with_that_signal(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
                            sys.executable, "-c", "import os; os.abort()"], capture_output=True, timeout=60)
     assert proc.returncode == -6
+
+
+SEGMENT_WIPER = '''
+import ctypes
+
+import torch
+
+import magpie.harness.exchange as exchange
+
+_cuda = ctypes.CDLL("libcuda.so.1")
+_loads_shared = exchange._loads_shared
+
+
+def _wipe(value):
+    """Zero the whole allocation CUDA IPC mapped for a lent tensor, not just the tensor."""
+    if torch.is_tensor(value) and value.is_cuda:
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        if _cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(value.data_ptr())) == 0:
+            torch.cuda.synchronize()
+            _cuda.cuMemsetD8_v2(base, ctypes.c_ubyte(0), size)
+            torch.cuda.synchronize()
+            print("wiped", size.value, "bytes", flush=True)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _wipe(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _wipe(item)
+
+
+def _loads(payload):
+    value = _loads_shared(payload)
+    _wipe(value)
+    return value
+
+
+exchange._loads_shared = _loads
+
+
+def kernel(x):
+    return torch.zeros_like(x)  # wrong, unless the references were wiped too
+'''
+
+
+@pytest.mark.gpu
+def test_attacks_fail_on_the_gpu_too(tmp_path):
+    """The same attacks from a GPU worker, plus one of its own: memory lent through CUDA IPC
+    is a whole allocator segment, and wiping it must reach nothing but the worker's own copies."""
+    token = uuid.uuid4().hex
+    (tmp_path / "attacker.py").write_text(ATTACKER.format(token=token, root=tmp_path))
+    (tmp_path / "wiper.py").write_text(SEGMENT_WIPER)
+    relu2_project(tmp_path, ["attacker", "wiper"], shapes="[[33, 65], [256, 1024]]", defaults="timeout_s = 120",
+                  device="cuda")
+    assert build_json(tmp_path, "-j", "2")["failed"] == []
+    report = json.loads((tmp_path / "workspaces/reports/relu2/compare_report.json").read_text())
+    rows = {r["implementation"]: r for r in report["results"]}
+    assert rows["good"]["correctness_state"] == "SUCCESS"
+    for name in ("attacker", "wiper"):
+        assert rows[name]["correctness_state"] == "FAILED" and "allclose" in rows[name]["verdict"], rows[name]
+    wiped = "".join(p.read_text() for p in (tmp_path / "workspaces/store").glob("*/*/worker-wiper.log"))
+    assert "wiped" in wiped  # the attack ran
+    tried = attempts(tmp_path)
+    assert tried and all(line.startswith("failed") for name, line in tried.items()
+                         if name not in ("stop_everyone", "leave_processes")), tried
+    assert subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split() == []
+    assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")

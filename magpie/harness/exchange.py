@@ -80,14 +80,24 @@ class FileExchange:
 class CudaIpcExchange(FileExchange):
     def __init__(self, torch, device: str):
         super().__init__(torch, device)
-        self._lent: list = []  # kept alive until released: a worker may still be mapping them
+        self._lent: list[tuple] = []  # (pool, what was made in it), kept until released: a worker may be mapping it
         self._buffers: dict[str, tuple[list, list, list[bool]]] = {}
+
+    def _in_own_memory(self, make):
+        """What make() allocates comes from a memory pool of its own. CUDA IPC lends the whole
+        allocator segment a tensor lies in, not the tensor alone: one shared with the references
+        or another worker's inputs would be the borrowing worker's to write."""
+        pool = self.torch.cuda.MemPool()
+        with self.torch.cuda.use_mem_pool(pool):
+            made = make()
+        self._lent.append((pool, made))
+        return made
 
     def offer_inputs(self, tag: str, input_sets: list, folder: Path) -> dict:
         # Each offer lends copies: what one worker does to lent memory reaches no other worker,
         # and not the evaluator's originals, which the checks compare against.
-        copies = [tuple(x.clone() if self.torch.is_tensor(x) else x for x in args) for args in input_sets]
-        self._lent.append(copies)
+        copies = self._in_own_memory(
+            lambda: [tuple(x.clone() if self.torch.is_tensor(x) else x for x in args) for args in input_sets])
         return {"key": tag, "ipc": _dumps_shared(copies)}
 
     def offer_outputs(self, tag: str, expected: list | None, input_sets: list, folder: Path) -> dict:
@@ -97,11 +107,11 @@ class CudaIpcExchange(FileExchange):
         torch = self.torch
         if not all(torch.is_tensor(e) for exp in expected for e in as_tuple(exp)):
             return offer
-        outputs = [tuple(torch.full_like(e, float("nan")) if e.is_floating_point() else torch.empty_like(e)
-                         for e in as_tuple(exp)) for exp in expected]
-        after = [tuple(torch.empty_like(x) if torch.is_tensor(x) else x for x in args) for args in input_sets]
+        outputs, after = self._in_own_memory(lambda: (
+            [tuple(torch.full_like(e, float("nan")) if e.is_floating_point() else torch.empty_like(e)
+                   for e in as_tuple(exp)) for exp in expected],
+            [tuple(torch.empty_like(x) if torch.is_tensor(x) else x for x in args) for args in input_sets]))
         self._buffers[tag] = (outputs, after, [isinstance(exp, (tuple, list)) for exp in expected])
-        self._lent.append((outputs, after))
         return {**offer, "ipc": _dumps_shared({"outputs": outputs, "inputs_after": after}), "tag": tag}
 
     def collect(self, offer: dict, answer: dict) -> dict:
@@ -113,12 +123,16 @@ class CudaIpcExchange(FileExchange):
 
     def release(self) -> None:
         """Drop what was lent so far: workers have taken their copies and written their outputs."""
-        self._lent.clear()
         self._buffers.clear()
+        while self._lent:
+            pool, made = self._lent.pop()
+            del made  # before its pool
+            del pool
 
 
 def exchange_for(torch, device: str) -> FileExchange:
-    lend = device.startswith("cuda") and os.environ.get(SWITCH, "1") != "0"
+    """Memory is lent only where it can be lent alone (torch's private memory pools)."""
+    lend = device.startswith("cuda") and os.environ.get(SWITCH, "1") != "0" and hasattr(torch.cuda, "MemPool")
     return (CudaIpcExchange if lend else FileExchange)(torch, device)
 
 
