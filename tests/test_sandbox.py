@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -171,10 +172,20 @@ def test_nothing_it_touched_changed(attacked):
     assert not os.path.exists(f"/tmp/magpie-attack-{token}")
 
 
+def survivors(token: str) -> list[str]:
+    """Processes whose command line names the token, once the build's parked processes, which
+    end when they read the end of their command pipes, have had a moment to."""
+    deadline = time.monotonic() + 5
+    while True:
+        found = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def test_no_process_it_started_outlives_the_build(attacked):
     _, token, _, _ = attacked
-    survivors = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
-    assert survivors == []
+    assert survivors(token) == []
 
 
 def test_reports_record_the_isolation_in_force(attacked):
@@ -265,5 +276,5 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     tried = attempts(tmp_path)
     assert tried and all(line.startswith("failed") for name, line in tried.items()
                          if name not in ("stop_everyone", "leave_processes")), tried
-    assert subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split() == []
+    assert survivors(token) == []
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
