@@ -269,8 +269,10 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     report = json.loads((tmp_path / "workspaces/reports/relu2/compare_report.json").read_text())
     rows = {r["implementation"]: r for r in report["results"]}
     assert rows["good"]["correctness_state"] == "SUCCESS"
-    for name in ("attacker", "wiper"):
-        assert rows[name]["correctness_state"] == "FAILED" and "allclose" in rows[name]["verdict"], rows[name]
+    assert rows["attacker"]["correctness_state"] == "FAILED" and "allclose" in rows["attacker"]["verdict"]
+    # what the wiper zeroed was its own copy of the inputs (the judge's originals and references live
+    # elsewhere): it changed its inputs and its zeros match no reference
+    assert rows["wiper"]["correctness_state"] == "FAILED", rows["wiper"]
     wiped = "".join(p.read_text() for p in (tmp_path / "workspaces/store").glob("*/*/worker-wiper.log"))
     assert "wiped" in wiped  # the attack ran
     tried = attempts(tmp_path)
