@@ -280,3 +280,46 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
                          if name not in ("stop_everyone", "leave_processes")), tried
     assert survivors(token) == []
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
+
+
+def test_commands_of_rules_and_testcases_write_only_their_own_folders(command_project):
+    """A candidate's compile command and a command testcase run in the sandbox too: the
+    testcase may write its TMPDIR, not the project it reads."""
+    manifest = command_project / "magpie.toml"
+    text = manifest.read_text().replace(
+        'source = "k1/a.py"\n',
+        'source = "k1/a.py"\ntype = "cuda"\ncompile_command = "touch $TMPDIR/ok && touch planted_by_compile"\n', 1)
+    text = text.replace("command = \"python -c 'import sys; sys.exit(0)'\"",
+                        "command = \"touch $TMPDIR/fine && touch planted_by_testcase\"", 1)
+    manifest.write_text(text)
+    build_json(command_project)
+    assert not (command_project / "planted_by_compile").exists()
+    assert not (command_project / "planted_by_testcase").exists()
+    results = [json.loads(p.read_text()) for p in (command_project / "workspaces/store").glob("*/*/result.json")]
+    by_task = {r["task"]: r for r in results}
+    assert by_task["compile:k1/a"]["compiling_state"] == "FAILED"
+    assert by_task["correctness:k1/base"]["correctness_state"] == "FAILED"
+    assert "landlock" in by_task["correctness:k1/base"]["isolation"]
+
+
+def test_a_host_without_a_sandbox_is_refused_unless_the_code_is_trusted(command_project, tmp_path_factory):
+    """Inside magpie's own sandbox no namespace can be made (seccomp): the build there is a host
+    that allows no sandbox. It refuses in one line, and runs with --trust-code."""
+    temporary = tmp_path_factory.mktemp("tmp")
+    from magpie.harness import scratch
+
+    policy = sandbox.Policy(write=[str(command_project), str(temporary), str(scratch.root())], network=True)
+    outer = [sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+             sys.executable, "-m", "magpie", "build", "--json"]
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    refused = subprocess.run(outer, cwd=command_project, capture_output=True, text=True, timeout=300, env=env)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().startswith("magpie: cannot sandbox code under test here: namespaces:")
+    assert "--trust-code" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (command_project / "workspaces/reports").exists()
+    trusted = subprocess.run(outer + ["--trust-code"], cwd=command_project, capture_output=True, text=True,
+                             timeout=300, env=env)
+    assert trusted.returncode == 0, trusted.stderr
+    assert json.loads(trusted.stdout)["failed"] == []
+    results = [json.loads(p.read_text()) for p in (command_project / "workspaces/store").glob("*/*/result.json")]
+    assert {r["isolation"] for r in results if r["task"].startswith("correctness:")} == {sandbox.describe(None)}

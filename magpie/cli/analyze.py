@@ -25,7 +25,7 @@ def run(args) -> int:
     # The zygote imports torch while the project is set up: these verbs always evaluate.
     with zygote.session(prestart=True):
         project, out = build_project(args, "analyze", baseline_index=None)
-        comparison = run_and_collect(project, args.jobs, "analyze")
+        comparison = run_and_collect(project, args.jobs, "analyze", args.trust_code)
     row = comparison["results"][0]
     report = {"kernel": row["implementation"], **{k: row.get(k) for k in STATE_KEYS}}
     kernel = project.manifest.kernel[0]

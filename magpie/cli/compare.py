@@ -23,7 +23,7 @@ def run(args) -> int:
     # The zygote imports torch while the project is set up: these verbs always evaluate.
     with zygote.session(prestart=True):
         project, out = build_project(args, "compare", baseline_index=args.baseline)
-        report = run_and_collect(project, args.jobs, "compare")
+        report = run_and_collect(project, args.jobs, "compare", args.trust_code)
     write_json(out / "compare_report.json", report)
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=True))

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from magpie import sandbox
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness import scratch as scratch_folders
 from magpie.harness.evaluate import evaluator_key
@@ -67,12 +68,20 @@ def command(job, out_dir: Path) -> dict:
             f"{spec.rule!r} for {spec.params.get('impl', {}).get('type', 'these')} kernels in magpie.toml "
             f"([[rule]] name = \"{spec.rule}\")"])
     cwd = Path(spec.params["root"]) / (settings.get("working_dir") or ".")
-    env = {**os.environ, **(settings.get("env") or {})}
+    scratch = scratch_folders.make("cmd-")
+    # A rule's command (a candidate's compile command among them) writes its artifact's folder
+    # and its own temporary folder, nothing else.
+    policy = None if sandbox.trusted() else sandbox.Policy(write=[str(out_dir), str(scratch)],
+                                                           read=[spec.params["root"], str(cwd)])
+    env = subprocess_env({**os.environ, **(settings.get("env") or {}), "TMPDIR": str(scratch)})
     started = time.monotonic()
     try:
-        proc = subprocess.run(["/bin/sh", "-c", line], cwd=cwd, env=env, capture_output=True, timeout=3600)
+        proc = subprocess.run(sandbox.command(["/bin/sh", "-c", line], policy), cwd=cwd, env=env,
+                              capture_output=True, timeout=3600)
     except subprocess.TimeoutExpired:
         return _command_result(spec, False, ["timeout after 3600 s"], line)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     (out_dir / "command.log").write_bytes(proc.stdout + proc.stderr)
     ok = proc.returncode == 0
     errors = [] if ok else [

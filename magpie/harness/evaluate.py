@@ -232,16 +232,26 @@ class Evaluator:
 
     def _command_check(self, index: int, testcase: dict) -> dict:
         cwd = self.root / (testcase.get("working_dir") or ".")
-        env = {**self._env(self.impl), **(testcase.get("env") or {}),
+        scratch = scratch_folders.make("testcase-", owner=os.getpid())
+        env = {**self._env(self.impl), **(testcase.get("env") or {}), "TMPDIR": str(scratch),
                "MAGPIE_IMPL_ID": self.impl["id"], "MAGPIE_IMPL_SOURCE": str(self.root / self.impl["source"])}
+        # The command runs the implementation: it reads the project, writes only its TMPDIR.
+        policy = None if sandbox.trusted() else sandbox.Policy(
+            write=[str(scratch)], read=[str(self.root), str(cwd)], gpu=self.device != "cpu")
+        self.isolation = sandbox.describe(policy)
         started = time.monotonic()
+        output = scratch / "output.log"
         try:
-            proc = subprocess.run(["/bin/sh", "-c", testcase["command"]], cwd=cwd, env=env,
-                                  capture_output=True, timeout=self.timeout, start_new_session=True)
+            with open(output, "wb") as log:  # read back by its end only: a command may print gigabytes
+                proc = subprocess.run(sandbox.command(["/bin/sh", "-c", testcase["command"]], policy), cwd=cwd,
+                                      env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                      timeout=self.timeout, start_new_session=True)
+            tail = scratch_folders.tail(output, 16 << 10)[0].decode(errors="replace").strip().splitlines()[-3:]
         except subprocess.TimeoutExpired:
             return {"testcase": index, "case": "command", "trial": 0, "passed": False, "check": "exit code",
                     "detail": f"timeout after {self.timeout:g} s"}
-        tail = (proc.stdout + proc.stderr).decode(errors="replace").strip().splitlines()[-3:]
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         passed = proc.returncode == 0
         detail = "" if passed else f"{signal_verdict(proc.returncode)}: {' | '.join(tail)[:400]}"
         return {"testcase": index, "case": "command", "trial": 0, "passed": passed, "check": "exit code",

@@ -43,6 +43,7 @@ class ProjectSettings(Strict):
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N (ROCm too)")
     workspace: str = "workspaces"
     cuda_arch: Optional[str] = Field(None, pattern=r"^(sm|compute)_\d+a?$", description="nvcc -arch; default: detected")
+    trust_code: bool = Field(False, description="run code under test without a sandbox, where none can be set up")
 
 
 class Implementation(Strict):

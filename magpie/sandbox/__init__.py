@@ -109,9 +109,20 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def refusal() -> str:
-    return (f"cannot sandbox code under test here: {unavailable_reason()}; "
-            "run it only if you trust it, with --trust-code or [project] trust_code = true")
+def admit(trust: bool) -> None:
+    """Before a build runs code under test: with trust (--trust-code, [project] trust_code),
+    the processes it starts run it without a sandbox; without, a host that allows none is
+    refused in one line (UserError)."""
+    if trust:
+        os.environ[TRUST_VARIABLE] = "1"
+    if trusted():
+        return
+    reason = unavailable_reason()
+    if reason is not None:
+        from magpie.errors import UserError
+
+        raise UserError(f"cannot sandbox code under test here: {reason}; run it only if you trust it, "
+                        "with --trust-code or [project] trust_code = true")
 
 
 def _top_level_reads(excluded: set[str]) -> list[str]:
@@ -261,6 +272,18 @@ def _end_like(status: int) -> None:
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def command(argv: list[str], policy: Policy | None) -> list[str]:
+    """argv as run inside the sandbox (a launcher contains itself, then executes it), or as it
+    is when the code is trusted (no policy)."""
+    if policy is None:
+        return argv
+    import json
+
+    from magpie.paths import python_module_command
+
+    return python_module_command("magpie.sandbox") + [json.dumps(policy.to_json()), "--", *argv]
 
 
 def enter_or_exit(policy: Policy | None) -> None:
