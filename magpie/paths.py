@@ -21,10 +21,14 @@ def templates_dir() -> Path:
 
 
 def subprocess_env(base: dict | None = None) -> dict:
-    """An environment in which `python -m magpie...` finds this magpie, installed or not."""
+    """An environment in which `python -m magpie...` finds this magpie, installed or not, and
+    which never carries the build's input secret (code under test reads its environment)."""
     import os
 
+    from magpie.harness.spec import SECRET_VARIABLE
+
     env = dict(os.environ if base is None else base)
+    env.pop(SECRET_VARIABLE, None)
     parent = str(_PACKAGE.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, env.get("PYTHONPATH")) if p)
     return env

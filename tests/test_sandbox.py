@@ -323,3 +323,37 @@ def test_a_host_without_a_sandbox_is_refused_unless_the_code_is_trusted(command_
     assert json.loads(trusted.stdout)["failed"] == []
     results = [json.loads(p.read_text()) for p in (command_project / "workspaces/store").glob("*/*/result.json")]
     assert {r["isolation"] for r in results if r["task"].startswith("correctness:")} == {sandbox.describe(None)}
+
+
+SNOOP = '''
+import os
+
+import torch
+
+print("environment", sorted(k for k in os.environ if "SECRET" in k), flush=True)
+print("store", sorted(os.listdir("workspaces")) if os.path.isdir("workspaces") else "absent", flush=True)
+
+
+def kernel(x):
+    return torch.relu(x) * 2.0
+'''
+
+
+def test_inputs_come_from_a_secret_that_code_under_test_cannot_read(tmp_path):
+    """Each build mixes a secret of its own into every input seed (so seeds re-derived from
+    magpie.toml predict nothing); the secret is in no worker's environment, and the store that
+    records it is hidden from workers."""
+    (tmp_path / "snoop.py").write_text(SNOOP)
+    relu2_project(tmp_path, ["snoop"], shapes="[[33, 65]]")
+    seeds = []
+    for _ in range(2):
+        assert build_json(tmp_path)["failed"] == []
+        results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
+        correctness = next(r for r in results if r.get("task") == "correctness:relu2/snoop")
+        assert correctness["correctness_state"] == "SUCCESS" and len(correctness["input_secret"]) == 32
+        seeds.append([c["seed"] for c in correctness["checks"]])
+        log = next((tmp_path / "workspaces/store").glob("*/*/worker-snoop.log")).read_text()
+        assert "environment []" in log and "store []" in log, log
+        subprocess.run([sys.executable, "-m", "magpie", "clean", "--all"], cwd=tmp_path, check=True,
+                       capture_output=True)
+    assert seeds[0] != seeds[1]

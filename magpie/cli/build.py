@@ -104,6 +104,13 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
         selected += [name for name in bad if name not in selected]  # modified since checked
         stale = project.stale(selected)
     evaluates = any(project.tasks[name].action in EVALUATING_ACTIONS for name in stale)
+    if evaluates:
+        import os
+        import secrets
+
+        from magpie.harness.spec import SECRET_VARIABLE
+
+        os.environ.setdefault(SECRET_VARIABLE, secrets.token_hex(16))
     if evaluates or any(not project.tasks[name].action.startswith("magpie:") for name in stale):
         from magpie import sandbox
 

@@ -17,6 +17,7 @@ from magpie import sandbox
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness import scratch as scratch_folders
 from magpie.harness.evaluate import evaluator_key
+from magpie.harness.spec import SECRET_VARIABLE
 from magpie.harness.session import Worker, WorkerFailure, signal_verdict
 from magpie.paths import subprocess_env
 
@@ -72,7 +73,7 @@ def command(job, out_dir: Path) -> dict:
     # A rule's command (a candidate's compile command among them) writes its artifact's folder
     # and its own temporary folder, nothing else.
     policy = None if sandbox.trusted() else sandbox.Policy(write=[str(out_dir), str(scratch)],
-                                                           read=[spec.params["root"], str(cwd)])
+                                                           read=[spec.params["root"], str(cwd)], hide=_workspace(job))
     env = subprocess_env({**os.environ, **(settings.get("env") or {}), "TMPDIR": str(scratch)})
     started = time.monotonic()
     try:
@@ -110,12 +111,20 @@ def with_library(job, impl: dict | None) -> dict | None:
     return {**impl, "library": str(library)} if library and library.is_file() else impl
 
 
+def _workspace(job) -> list[str]:
+    """The artifact store's workspace (where the job's dependencies were stored), for the
+    sandbox to hide: it holds this build's verdicts and its input secret."""
+    folder = next(iter(job.dep_dirs.values()), None)
+    return [str(Path(folder).parents[2])] if folder else []
+
+
 def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     spec = job.spec
     settings = spec.params["settings"]
     request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
                "impl": with_library(job, spec.params["impl"]), "baseline": with_library(job, baseline),
-               "settings": settings}
+               "settings": settings, "input_secret": os.environ.get(SECRET_VARIABLE, ""),
+               "hide": _workspace(job)}
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))
     overall = limit * (testcases + 3) + (settings["timing"]["warmup_ms"] + settings["timing"]["budget_ms"]) / 500 + 60

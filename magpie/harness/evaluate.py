@@ -58,7 +58,11 @@ class Evaluator:
         self.device = self.settings["project"]["device"]
         self.work = Path(request["work_dir"])
         self.timeout = float(self.correctness_settings["timeout_s"])
-        self.seed = int(self.correctness_settings["seed"])
+        self.input_secret = request.get("input_secret", "")
+        # the manifest's seed, made unpredictable to code under test by the build's secret
+        self.seed = derive_seed(int(self.correctness_settings["seed"]), self.input_secret) if self.input_secret \
+            else int(self.correctness_settings["seed"])
+        self.hide = list(request.get("hide") or [])
         self.init_seed = derive_seed(self.seed, self.kernel_id, "init")
         self._torch = None
         self._exchange = None
@@ -135,7 +139,7 @@ class Evaluator:
         read = [str(self.root), str(cwd), *{str(f.parent) for f in files}]
         if impl.get("library"):
             read.append(str(Path(impl["library"]).parent))
-        hide = [str(scratch_folders.root())] if self.device != "cpu" else []
+        hide = [*self.hide, *([str(scratch_folders.root())] if self.device != "cpu" else [])]
         return sandbox.Policy(write=[], read=read, hide=hide, gpu=self.device != "cpu", memory_mb=memory_mb)
 
     def loaded(self, worker: Worker) -> Worker:
@@ -237,7 +241,7 @@ class Evaluator:
                "MAGPIE_IMPL_ID": self.impl["id"], "MAGPIE_IMPL_SOURCE": str(self.root / self.impl["source"])}
         # The command runs the implementation: it reads the project, writes only its TMPDIR.
         policy = None if sandbox.trusted() else sandbox.Policy(
-            write=[str(scratch)], read=[str(self.root), str(cwd)], gpu=self.device != "cpu")
+            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self.hide, gpu=self.device != "cpu")
         self.isolation = sandbox.describe(policy)
         started = time.monotonic()
         output = scratch / "output.log"
@@ -602,6 +606,7 @@ def evaluate(request_path: str) -> dict:
     else:
         result = evaluator.timing()
     result["isolation"] = evaluator.isolation
+    result["input_secret"] = evaluator.input_secret
     return result
 
 

@@ -47,7 +47,7 @@ class SandboxError(RuntimeError):
 class Policy:
     write: list[str]  # trees it may change: its scratch folder, its compiler caches
     read: list[str] = dataclasses.field(default_factory=list)  # trees to read besides the system's
-    hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (write trees beneath kept)
+    hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (read/write trees beneath kept)
     gpu: bool = False  # GPU devices usable; /dev/shm writable (CUDA IPC reference counts live there)
     network: bool = False
     memory_mb: int = 0  # address space; 0: no limit (CUDA reserves far more than it uses)
@@ -185,8 +185,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
         namespaces.map_own_ids(uid, gid)
         namespaces.make_private()
         for folder in policy.hide:
-            keep = [w for w in policy.write if os.path.realpath(w).startswith(os.path.realpath(folder) + os.sep)]
-            namespaces.cover(folder, keep)
+            beneath = os.path.realpath(folder) + os.sep
+            namespaces.cover(folder, [p for p in [*policy.write, *policy.read] if os.path.realpath(p).startswith(beneath)])
     except OSError as err:
         raise SandboxError(f"namespaces: {err}") from None
     if fork:
