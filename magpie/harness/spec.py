@@ -42,10 +42,12 @@ def derive_seed(*parts) -> int:
 
 
 def load_module(path: Path, name: str):
+    """A module run from its source file, never from a cached .pyc (whose stamp, the source's
+    mtime and size, anyone who can write the folder can match)."""
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    exec(compile(path.read_bytes(), str(path), "exec", dont_inherit=True), module.__dict__)
     return module
 
 

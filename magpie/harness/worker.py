@@ -8,16 +8,15 @@ filled with NaN (or the dtype's max) so an output element the kernel never wrote
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import sys
 import traceback
+from pathlib import Path
 
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
 from magpie.harness.session import log_to, release_memory, serve_pipes
-from magpie.harness.spec import to_cpu, to_device
+from magpie.harness.spec import load_module, to_cpu, to_device
 from magpie.harness.timing import timer_for
 
 
@@ -33,10 +32,7 @@ class Implementation:
         source = request["source"]
         module = None
         if not request.get("library"):
-            sys.path.insert(0, os.path.dirname(source))
-            spec = importlib.util.spec_from_file_location(f"magpie_impl_{request['id']}", source)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            module = load_module(Path(source), f"magpie_impl_{request['id']}")
         self.module = module
         self._input_cache: dict[str, list] = {}
         self._timer = None
