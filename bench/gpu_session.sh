@@ -16,9 +16,11 @@ mkdir -p /tmp/s
   ncu --version | tail -1
 } > /tmp/s/env.txt 2>&1
 python3 -m magpie --gpu-info --json > /tmp/s/gpu_info.json 2>&1
+status=0  # the exit status: the GPU tests' where they ran, else 0 (the summary below may find files missing)
 for step in "$@"; do
   case "$step" in
     tests) timeout 420 python3 -m pytest -m gpu -q tests/test_gpu.py --basetemp=/tmp/gpu_pytest > /tmp/s/gpu_tests.txt 2>&1;
+           status=$?;
            cp -r /tmp/gpu_pytest/gpu0/examples/gpu/workspaces/reports /tmp/s/test_reports 2>/dev/null;
            find /tmp/gpu_pytest -name ncu.csv -exec sh -c 'cp "$1" /tmp/s/ncu_$(basename $(dirname "$1")).csv' _ {} \; ;;
     example) (cd examples/gpu && timeout 240 python3 -m magpie build --plain > /tmp/s/example_build.txt 2>&1;
@@ -37,6 +39,7 @@ for step in "$@"; do
     throughput) timeout 560 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
   esac
 done
-tar czf "$OUT/gpu_session.tar.gz" -C /tmp s
+tar czf "$OUT/gpu_session.tar.gz" -C /tmp s || { echo "gpu_session: no archive written" >&2; [ "$status" -ne 0 ] || status=1; }
 cat /tmp/s/env.txt; tail -5 /tmp/s/gpu_tests.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
 cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; grep -E '"(ncu_median_us|do_bench_median_us|magpie_median_us|magpie_repeat_cv)"|gemm' /tmp/s/gemms.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
+exit $status

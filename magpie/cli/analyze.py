@@ -37,8 +37,10 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=True))
     else:
+        from magpie.report.render import spread_text
+
         perf = report["performance_result"]
-        timing = f"median {perf['median_us']:.2f} µs (n={perf['n']}, CV {perf['cv']:.1%})" if perf else "not timed"
+        timing = f"median {perf['median_us']:.2f} µs (n={perf['n']}, p20-p80 {spread_text(perf)})" if perf else "not timed"
         print(f"{report['kernel']}: compile {report['compiling_state']}, correctness {report['correctness_state']} "
               f"({report['verdict']}), {timing}")
         print(f"report: {out / 'analyze_report.json'}")

@@ -62,6 +62,13 @@ def collect() -> dict:
     }
 
 
+def gpu_label(gpu: dict) -> str:
+    """Vendor and name, the vendor once: nvidia-smi's and torch's names carry it already
+    ("NVIDIA H200", "AMD Instinct MI300X"), a bare name ("H200") gets it in front."""
+    name, vendor = gpu.get("name") or "unknown GPU", gpu.get("vendor") or ""
+    return name if not vendor or name.lower().startswith(vendor.lower()) else f"{vendor} {name}"
+
+
 def run(args) -> int:
     info = collect()
     if args.json:
@@ -71,7 +78,7 @@ def run(args) -> int:
         for i, gpu in enumerate(info["gpus"]):
             extra = ", ".join(f"{k} {gpu[k]}" for k in ("sm_count", "l2_bytes", "max_sm_clock_mhz", "runtime")
                               if gpu.get(k))
-            print(f"GPU {i}: {gpu['vendor']} {gpu['name']} ({gpu['architecture']}), {gpu['memory_mib']} MiB, "
+            print(f"GPU {i}: {gpu_label(gpu)} ({gpu['architecture']}), {gpu['memory_mib']} MiB, "
                   f"driver {gpu.get('driver', '?')}{', ' + extra if extra else ''}")
     else:
         print("GPU: none found (no nvidia-smi or rocm-smi device); kernels run on the CPU default")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from statistics import fmean, median, pstdev
+from statistics import NormalDist, fmean, median, pstdev
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -17,46 +17,162 @@ def quantile(sorted_values: list[float], q: float) -> float:
 
 
 def summarize_ns(samples_ns: list[int]) -> dict:
+    """Median, p20, p80, min, mean, n; `spread_rel`, half the p20-p80 range over the median
+    (the headline spread: ±spread_rel holds the middle 60% of the samples, whatever the
+    tails), and `cv`, the standard deviation over the mean (kept in the JSON, but a few slow
+    samples inflate it: 11% where p20-p80 is ±1%)."""
     values = sorted(s / 1000.0 for s in samples_ns)
     mean = fmean(values)
+    mid, p20, p80 = median(values), quantile(values, 0.2), quantile(values, 0.8)
     return {
-        "median_us": median(values),
-        "p20_us": quantile(values, 0.2),
-        "p80_us": quantile(values, 0.8),
+        "median_us": mid,
+        "p20_us": p20,
+        "p80_us": p80,
         "min_us": values[0],
         "mean_us": mean,
         "n": len(values),
+        "spread_rel": (p80 - p20) / (2 * mid) if mid > 0 else 0.0,
         "cv": pstdev(values) / mean if mean > 0 else 0.0,
     }
 
 
 def thin(values: list[float], limit: int) -> list[float]:
     """Every k-th value, keeping time order, so long sample runs bootstrap quickly."""
+    return thin_rounds(values, [len(values)], limit)[0]
+
+
+def thin_rounds(values: list[float], sizes: list[int], limit: int) -> tuple[list[float], list[int]]:
+    """`thin(values, limit)` of samples taken in rounds of `sizes` (in time order), and how
+    many of the kept samples each round holds: thinning keeps time order, so the kept
+    samples of a round stay together and each round keeps its share (±1)."""
     if len(values) <= limit:
-        return list(values)
+        return list(values), list(sizes)
     step = len(values) / limit
-    return [values[int(i * step)] for i in range(limit)]
+    picked = [int(i * step) for i in range(limit)]
+    counts, end, r = [0] * len(sizes), 0, -1
+    for index in picked:
+        while index >= end:
+            r += 1
+            end += sizes[r]
+        counts[r] += 1
+    return [values[i] for i in picked], counts
 
 
-def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *, resamples: int = 1000,
-                      confidence: float = 0.95, seed: int = 0, max_samples: int = 300) -> dict:
-    """Speedup = median(baseline) / median(candidate), with a percentile bootstrap interval
-    from resampling each sample set independently. An interval that contains 1.0 means the
-    difference is within the noise of these measurements."""
-    rng = random.Random(seed)
+def _split(values: list[float], sizes: list[int]) -> list[list[float]]:
+    out, start = [], 0
+    for size in sizes:
+        out.append(values[start:start + size])
+        start += size
+    return out
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Quantile p (> 0.5) of Student's t with integer df, by bisection on its exact CDF
+    (Abramowitz & Stegun 26.7.3-4)."""
+    if df > 200:
+        return NormalDist().inv_cdf(p)
+    central = 2 * p - 1  # P(|T| < t)
+
+    def within(t: float) -> float:
+        theta = math.atan(t / math.sqrt(df))
+        c2, s = math.cos(theta) ** 2, math.sin(theta)
+        if df % 2:
+            term = total = 1.0 if df > 1 else 0.0
+            for k in range(1, (df - 3) // 2 + 1):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+            return 2 / math.pi * (theta + (s * math.cos(theta) * total if df > 1 else 0.0))
+        term = total = 1.0
+        for k in range(1, (df - 2) // 2 + 1):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return s * total
+
+    lo, hi = 0.0, 1.0
+    while within(hi) < central:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if within(mid) < central else (lo, mid)
+    return (lo + hi) / 2
+
+
+def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
+                      baseline_rounds: list[int] | None = None, candidate_rounds: list[int] | None = None,
+                      resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
+                      max_samples: int = 1000) -> dict:
+    """Speedup = median(baseline) / median(candidate) over all samples, with a confidence
+    interval from a block bootstrap over the interleaved rounds. An interval that contains
+    1.0 means the difference is within the noise of these measurements ("within noise").
+
+    `baseline_rounds` and `candidate_rounds` are how many of the (time-ordered) samples
+    each round holds; round r of the baseline and round r of the candidate were timed one
+    right after the other. Without them all samples count as one round.
+
+    - Statistic: the ratio of the medians of all samples, the medians the reports show;
+      pooling keeps every sample's weight (the median of five round medians would throw
+      most of them away) and the resampling below carries the rounds' structure.
+    - Resampling: rounds, with replacement, the same round indices for both roles: a
+      round's pair shares the device's state then (clocks, temperature, neighbours), and
+      what drifts from round to round, not sample to sample, is what the old i.i.d.
+      bootstrap missed (intervals of repeated runs that did not overlap). Samples inside a
+      chosen round are kept as measured, not resampled again: they are not independent
+      (they drift within the round too), and their noise already shows in how the rounds
+      differ; a two-level bootstrap (rounds, then samples in them) counts it twice
+      (Davison & Hinkley 1997, section 3.8), in simulation intervals twice as wide as needed
+      and covering 100% where rounds agree.
+    - Few rounds (5 by default): a bootstrap over R blocks underestimates the variance by
+      (R-1)/R and its percentiles ignore that the between-round variance is estimated from
+      R-1 degrees of freedom. The deviations are scaled by sqrt(R/(R-1)) * t(R-1)/z, the
+      usual few-clusters correction (t critical values with G-1 degrees of freedom:
+      Cameron, Gelbach & Miller 2008). In simulation (R = 2..10, round-to-round shifts from
+      none to six times the within-round noise) these intervals cover the true ratio 90-98%
+      of the time at 95%; the uncorrected percentile intervals 76-99%, the i.i.d. ones as
+      little as 16%.
+    - The interval is taken on the log ratio (a speedup of 2 and a slowdown of 2 get
+      intervals of the same shape) and centred on the point estimate: lower and upper ends
+      are the point estimate times exp(k * (q - m)), q the bootstrap distribution's alpha/2
+      and 1 - alpha/2 quantiles, m its median, k the correction above. The offset m - log
+      point (resampling a median is biased, and discrete) is removed, the spread kept, so
+      the point estimate lies inside its interval by construction.
+    - With one round (or none given) samples are resampled one by one instead, as before:
+      nothing then shows variation between rounds, and no interval shows variation between
+      runs (another process, another day): repeat the run for that.
+    """
     point = median(baseline_us) / median(candidate_us)
-    base, cand = thin(baseline_us, max_samples), thin(candidate_us, max_samples)
-    stats = []
-    for _ in range(resamples):
-        b = median(rng.choices(base, k=len(base)))
-        c = median(rng.choices(cand, k=len(cand)))
-        stats.append(b / c)
-    stats.sort()
+    paired = (baseline_rounds is not None and candidate_rounds is not None
+              and len(baseline_rounds) == len(candidate_rounds)
+              and sum(baseline_rounds) == len(baseline_us) and sum(candidate_rounds) == len(candidate_us))
+    if not paired:
+        baseline_rounds, candidate_rounds = [len(baseline_us)], [len(candidate_us)]
+    base, base_sizes = thin_rounds(baseline_us, baseline_rounds, max_samples)
+    cand, cand_sizes = thin_rounds(candidate_us, candidate_rounds, max_samples)
+    pairs = [(b, c) for b, c in zip(_split(base, base_sizes), _split(cand, cand_sizes)) if b and c]
+    rng = random.Random(seed)
     alpha = (1 - confidence) / 2
-    low, high = quantile(stats, alpha), quantile(stats, 1 - alpha)
+    stats = []
+    if len(pairs) > 1:
+        blocks = len(pairs)
+        for _ in range(resamples):
+            b, c = [], []
+            for r in rng.choices(range(blocks), k=blocks):
+                b.extend(pairs[r][0])
+                c.extend(pairs[r][1])
+            stats.append(math.log(median(b) / median(c)))
+        scale = math.sqrt(blocks / (blocks - 1)) * t_quantile(1 - alpha, blocks - 1) / NormalDist().inv_cdf(1 - alpha)
+        resampling = f"{blocks} rounds, paired"
+    else:
+        blocks, scale, resampling = 1, 1.0, "samples (no rounds)"
+        for _ in range(resamples):
+            stats.append(math.log(median(rng.choices(base, k=len(base))) / median(rng.choices(cand, k=len(cand)))))
+    stats.sort()
+    centre = quantile(stats, 0.5)
+    low = point * math.exp(scale * (quantile(stats, alpha) - centre))
+    high = point * math.exp(scale * (quantile(stats, 1 - alpha) - centre))
     if low <= 1.0 <= high:
         verdict = "within noise"
     else:
         verdict = "faster" if low > 1.0 else "slower"
     return {"value": point, "ci_low": low, "ci_high": high, "confidence": confidence,
-            "resamples": resamples, "verdict": verdict}
+            "resamples": resamples, "verdict": verdict, "rounds": blocks, "resampling": resampling,
+            "few_rounds_factor": scale, "bootstrap_median": math.exp(centre)}

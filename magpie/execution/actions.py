@@ -192,9 +192,12 @@ def timing(job, out_dir: Path) -> dict:
         # Here, not in the comparison: the timing jobs finish one by one while others measure,
         # the comparison waits for the last of them.
         result["speedup"] = {
-            **bootstrap_speedup(result["baseline_samples_us"], result["samples_us"]),
+            **bootstrap_speedup(result["baseline_samples_us"], result["samples_us"],
+                                baseline_rounds=result.get("baseline_round_sizes"),
+                                candidate_rounds=result.get("round_sizes")),
             "baseline_median_us": result["baseline_result"]["median_us"],
-            "method": "median(baseline)/median(candidate), timed interleaved; percentile bootstrap"}
+            "method": "median(baseline)/median(candidate) over all samples, timed in interleaved rounds; "
+                      "block bootstrap over the rounds (paired), few-rounds t correction, centred on the estimate"}
     return result
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from magpie import sandbox
 from magpie.sandbox import namespaces
-from magpie.compare.stats import summarize_ns, thin
+from magpie.compare.stats import summarize_ns, thin_rounds
 from magpie.harness import device_lock
 from magpie.harness import scratch as scratch_folders
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
@@ -336,6 +336,7 @@ class Evaluator:
                                                                     workers["baseline"].scratch or self.work)
                     phases.mark("start_baseline")
                 samples = {role: [] for role in workers}
+                round_sizes = {role: [] for role in workers}  # samples per round: the bootstrap's blocks
                 wall = {role: 0.0 for role in workers}
                 early: dict[str, list[float]] = {role: [] for role in workers}
                 with Turns(workers) as turns:
@@ -357,6 +358,7 @@ class Evaluator:
                                                         budget_ms=budget_ms, max_reps=max_reps, offset=r, mode=mode,
                                                         settings=t)
                             samples[role].extend(answer["samples_ns"])
+                            round_sizes[role].append(len(answer["samples_ns"]))
                             wall[role] += answer["wall_s"]
                             if (len(answer["samples_ns"]) < sample_cap(mode, max_reps)
                                     and answer["wall_s"] * 1000 < EARLY_FRACTION * budget_ms):
@@ -387,13 +389,17 @@ class Evaluator:
                 worker.release()
             self.exchange.release()
         floor = spec.min_bytes(inputs[0], expected)
+        # Thinned in time order: the kept samples of a round stay together, counted per round.
+        kept = {role: thin_rounds(samples[role], round_sizes[role], KEPT_SAMPLES) for role in samples}
         result = {
             "performance_state": "SUCCESS",
             "errors": [],
             "warnings": [],
             "recheck": recheck,
-            "samples_us": [s / 1000 for s in thin(samples["candidate"], KEPT_SAMPLES)],
-            "baseline_samples_us": [s / 1000 for s in thin(samples["baseline"], KEPT_SAMPLES)] if pair else None,
+            "samples_us": [s / 1000 for s in kept["candidate"][0]],
+            "round_sizes": kept["candidate"][1],
+            "baseline_samples_us": [s / 1000 for s in kept["baseline"][0]] if pair else None,
+            "baseline_round_sizes": kept["baseline"][1] if pair else None,
             "min_bytes": floor,
             "baseline_result": None,
             "phases_s": phases.seconds,

@@ -19,12 +19,22 @@ def time_spent_text(spent: dict) -> str:
             f"correctness {spent['correctness']:.1f} s, timing {spent['timing']:.1f} s")
 
 
+def spread_text(perf: dict) -> str:
+    """The headline spread of a timing: ±half the p20-p80 range over the median (robust to
+    the tails that inflate the CV, which stays in the JSON)."""
+    rel = perf.get("spread_rel")
+    if rel is None:  # a result from before the key existed
+        rel = (perf["p80_us"] - perf["p20_us"]) / (2 * perf["median_us"]) if perf["median_us"] else 0.0
+    return f"±{rel:.1%}"
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(templates_dir())),
                       autoescape=select_autoescape(["html", "j2"], default_for_string=False),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["us"] = lambda v: "—" if v is None else f"{v:,.2f}"
     env.filters["time_spent"] = time_spent_text
+    env.filters["spread"] = lambda p: "—" if not p else spread_text(p)
     env.filters["x"] = lambda s: "—" if not s else (
         "baseline" if s.get("verdict") == "baseline" else
         f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}")
