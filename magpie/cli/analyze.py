@@ -7,7 +7,7 @@ import json
 from magpie.cli.oneshot import add_common, build_project, run_and_collect, write_json
 
 STATE_KEYS = ("compiling_state", "correctness_state", "performance_state", "performance_result", "numerics",
-              "verdict", "errors", "warnings", "time_s")
+              "verdict", "errors", "warnings", "failures", "flags", "numerics_margin", "time_s")
 
 
 def add_parser(sub) -> None:

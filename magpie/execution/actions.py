@@ -17,6 +17,8 @@ from magpie import sandbox
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness import scratch as scratch_folders
 from magpie.harness.evaluate import evaluator_key
+from magpie.harness.kinds import command_kind
+from magpie.harness.kinds import failure as failed
 from magpie.harness.spec import SECRET_VARIABLE
 from magpie.harness.session import Worker, WorkerFailure, signal_verdict
 from magpie.paths import subprocess_env
@@ -34,7 +36,8 @@ def compile_python(job, out_dir: Path) -> dict:
         except py_compile.PyCompileError as err:
             errors.append(f"{rel}: {err.exc_type_name}: {str(err.exc_value).splitlines()[0]}")
     (out_dir / "bytecode.pyc").unlink(missing_ok=True)
-    return {"compiling_state": "FAILED" if errors else "SUCCESS", "errors": errors}
+    return {"compiling_state": "FAILED" if errors else "SUCCESS", "errors": errors,
+            "failures": [failed("compile", "compile", e) for e in errors]}
 
 
 def _template_context(job, out_dir: Path) -> dict:
@@ -99,6 +102,7 @@ def _command_result(spec, ok: bool, errors: list, line: str = "") -> dict:
     result = {"state": state, "command": line, "errors": errors}
     if spec.rule == "compile":
         result["compiling_state"] = state
+        result["failures"] = [failed(command_kind(e, "compile"), "compile", e) for e in errors]
     return result
 
 
@@ -160,7 +164,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     state_key = "correctness_state" if mode == "correctness" else "performance_state"
     return {state_key: "FAILED", "verdict": failure, "errors": [failure], "numerics": "unverified",
-            "performance_result": None}
+            "performance_result": None, "failures": [failed("evaluator", mode, failure)]}
 
 
 def correctness(job, out_dir: Path) -> dict:
@@ -169,7 +173,7 @@ def correctness(job, out_dir: Path) -> dict:
     if compiled is not None and compiled.get("compiling_state") != "SUCCESS":
         reason = "; ".join(compiled.get("errors", [])) or "compile failed"
         return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"not compiled: {reason}",
-                "checks": [], "errors": [reason]}
+                "checks": [], "errors": [reason], "failures": [failed("not_compiled", "correctness", reason)]}
     return _evaluate("correctness", job, out_dir, baseline=None)
 
 
@@ -177,8 +181,9 @@ def timing(job, out_dir: Path) -> dict:
     spec = job.spec
     own = job.dep_results[f"correctness:{spec.kernel}/{spec.impl}"]
     if own.get("correctness_state") != "SUCCESS":
-        return {"performance_state": "SKIPPED", "performance_result": None,
-                "errors": [f"not timed: correctness {own.get('correctness_state')}: {own.get('verdict')}"]}
+        reason = f"not timed: correctness {own.get('correctness_state')}: {own.get('verdict')}"
+        return {"performance_state": "SKIPPED", "performance_result": None, "errors": [reason],
+                "failures": [failed("not_correct", "timing", reason)]}
     baseline = spec.params["baseline"]
     warnings = []
     if baseline is not None and not spec.params["impl"]["is_baseline"]:
@@ -224,7 +229,11 @@ def comparison(job, out_dir: Path) -> dict:
             "speedup": None,
             "profile": job.dep_results.get(f"profile:{kernel}/{impl_id}"),
             "errors": [*comp.get("errors", []), *corr.get("errors", []), *tim.get("errors", [])],
+            # the same, machine-readable (kind, stage, case): the cause first, then what it kept from running
+            "failures": [*comp.get("failures", []), *corr.get("failures", []), *tim.get("failures", [])],
+            "numerics_margin": corr.get("numerics_margin"),
             "warnings": tim.get("warnings", []),
+            "flags": tim.get("flags", []),
             "_paired_speedup": tim.get("speedup"),
             "time_s": time_spent(comp, corr, tim),
         })

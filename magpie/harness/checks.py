@@ -7,8 +7,9 @@ def as_tuple(value) -> tuple:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
-def _fail(check: str, detail: str, **errors) -> dict:
-    return {"passed": False, "check": check, "detail": detail, **errors}
+def _fail(check: str, detail: str, kind: str | None = None, **errors) -> dict:
+    """kind: the machine-readable name (harness/kinds.py), the check's own where it is one word."""
+    return {"passed": False, "check": check, "kind": kind or check, "detail": detail, **errors}
 
 
 def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
@@ -16,8 +17,10 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
 
     got_t, exp_t = as_tuple(got), as_tuple(expected)
     if len(got_t) != len(exp_t):
-        return _fail("output count", f"returned {len(got_t)} outputs, expected {len(exp_t)}")
-    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "rel_err_norm": 0.0}
+        return _fail("output count", kind="output_count",
+                     detail=f"returned {len(got_t)} outputs, expected {len(exp_t)}")
+    # tolerance_used: the largest |got - expected| / (atol + rtol |expected|), 1 at the allclose bound
+    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "rel_err_norm": 0.0, "tolerance_used": 0.0}
     for i, (g, e) in enumerate(zip(got_t, exp_t)):
         where = f"output {i}: " if len(exp_t) > 1 else ""
         if not torch.is_tensor(e):
@@ -33,7 +36,8 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
         if not e.is_floating_point() and not e.is_complex():
             mismatched = int((g != e).sum())
             if mismatched:
-                return _fail("values", f"{where}{mismatched} of {e.numel()} elements differ (exact match needed)")
+                return _fail("values", kind="exact",
+                             detail=f"{where}{mismatched} of {e.numel()} elements differ (exact match needed)")
             continue
         g64, e64 = g.double(), e.double()
         expected_finite = torch.isfinite(e64)
@@ -48,10 +52,12 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
         ref = e64.abs()[expected_finite]
         max_abs = float(diff.max()) if diff.numel() else 0.0
         max_rel = float((diff / ref.clamp_min(1e-30)).max()) if diff.numel() else 0.0
+        used = float((diff / (atol + rtol * ref).clamp_min(1e-30)).max()) if diff.numel() else 0.0
         ref_norm = float(e64[expected_finite].norm())
         rel_norm = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
         worst = {k: max(worst[k], v) for k, v in
-                 (("max_abs_err", max_abs), ("max_rel_err", max_rel), ("rel_err_norm", rel_norm))}
+                 (("max_abs_err", max_abs), ("max_rel_err", max_rel), ("rel_err_norm", rel_norm),
+                  ("tolerance_used", used))}
         close = torch.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
         if not close.all():
             return _fail("allclose", f"{where}{int((~close).sum())} of {e.numel()} elements outside "
@@ -59,7 +65,8 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
         rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 0.0
         norm_bound = rtol + (atol / rms if rms > 0 else 0.0)
         if rel_norm > norm_bound:
-            return _fail("error norm", f"{where}relative error norm {rel_norm:.3g} > {norm_bound:.3g}", **worst)
+            return _fail("error norm", kind="error_norm",
+                         detail=f"{where}relative error norm {rel_norm:.3g} > {norm_bound:.3g}", **worst)
     return {"passed": True, "check": "all", "detail": "", **worst}
 
 
@@ -68,7 +75,8 @@ def compare_inputs(before: tuple, after: tuple) -> dict | None:
 
     for i, (b, a) in enumerate(zip(before, after)):
         if torch.is_tensor(b) and not (a.shape == b.shape and torch.equal(a, b)):
-            return _fail("inputs unchanged", f"input {i} was modified in place by the implementation")
+            return _fail("inputs unchanged", kind="mutation",
+                         detail=f"input {i} was modified in place by the implementation")
     return None
 
 

@@ -30,6 +30,7 @@ from magpie.harness import device_lock
 from magpie.harness import scratch as scratch_folders
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
+from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.session import (
     NothingParked,
@@ -184,7 +185,8 @@ class Evaluator:
             record = compare_inputs(inputs[i], produced["inputs_after"][i])
             if record is None:
                 record = compare_outputs(produced["outputs"][i], expected[i], rtol, atol)
-            records.append({"case": case.label, "trial": case.trial, "seed": case.seed, **record})
+            records.append({"case": case.label, "shape": case.shape, "dtype": case.dtype, "trial": case.trial,
+                            "seed": case.seed, **record})
         return records
 
     # -- correctness ----------------------------------------------------------------------
@@ -192,6 +194,7 @@ class Evaluator:
         testcases = self.correctness_settings["testcases"]
         checks: list[dict] = []
         numerics = "verified"
+        index = None  # the testcase a failure below happened in
         try:
             if not testcases:
                 return self._unverified()
@@ -212,10 +215,12 @@ class Evaluator:
                 checks.extend({"testcase": index, **r} for r in records)
         except SpecError as err:
             return {"correctness_state": "FAILED", "numerics": numerics, "verdict": f"testcase spec: {err}",
-                    "checks": checks, "errors": [f"testcase spec: {err}"]}
+                    "checks": checks, "errors": [f"testcase spec: {err}"],
+                    "failures": [failure("spec", "correctness", str(err), {"testcase": index})]}
         except WorkerFailure as err:
             return {"correctness_state": "FAILED", "numerics": numerics, "verdict": str(err),
-                    "checks": checks, "errors": [str(err)]}
+                    "checks": checks, "errors": [str(err)],
+                    "failures": [failure(failure_kind(str(err)), "correctness", str(err), {"testcase": index})]}
         return {**_verdict(checks, numerics), "phases_s": self.laps.seconds, "worker_steps_s": self.worker_steps}
 
     def _unverified(self) -> dict:
@@ -253,32 +258,31 @@ class Evaluator:
             tail = scratch_folders.tail(output, 16 << 10)[0].decode(errors="replace").strip().splitlines()[-3:]
         except subprocess.TimeoutExpired:
             return {"testcase": index, "case": "command", "trial": 0, "passed": False, "check": "exit code",
-                    "detail": f"timeout after {self.timeout:g} s"}
+                    "kind": "timeout", "detail": f"timeout after {self.timeout:g} s"}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         passed = proc.returncode == 0
         detail = "" if passed else f"{signal_verdict(proc.returncode)}: {' | '.join(tail)[:400]}"
         return {"testcase": index, "case": "command", "trial": 0, "passed": passed, "check": "exit code",
-                "detail": detail, "wall_s": time.monotonic() - started}
+                "kind": None if passed else command_kind(detail, "testcase_command"), "detail": detail,
+                "wall_s": time.monotonic() - started}
 
     # -- timing ---------------------------------------------------------------------------
     def timing(self) -> dict:
         t = self.settings["timing"]
         spec_index = next((i for i, tc in enumerate(self.correctness_settings["testcases"]) if tc.get("spec")), None)
         if spec_index is None:
-            return {"performance_state": "SKIPPED", "performance_result": None,
-                    "errors": ["no Python spec testcase to build timing inputs from"]}
+            return _not_timed("SKIPPED", "skipped", "no Python spec testcase to build timing inputs from")
         if self.impl["type"] in ("cuda", "hip") and self.device == "cpu":
-            return {"performance_state": "SKIPPED", "performance_result": None,
-                    "errors": [f"{self.impl['type']} timing needs a GPU device; this project's device is "
-                               f"{self.device}"]}
+            return _not_timed("SKIPPED", "skipped", f"{self.impl['type']} timing needs a GPU device; this project's "
+                                                    f"device is {self.device}")
         testcase = self.correctness_settings["testcases"][spec_index]
         try:
             return self._timed(spec_index, testcase, t)
         except SpecError as err:
-            return {"performance_state": "FAILED", "performance_result": None, "errors": [f"testcase spec: {err}"]}
+            return _not_timed("FAILED", "spec", f"testcase spec: {err}", spec_index)
         except WorkerFailure as err:
-            return {"performance_state": "FAILED", "performance_result": None, "errors": [str(err)]}
+            return _not_timed("FAILED", failure_kind(str(err)), str(err), spec_index)
 
     def _timed(self, spec_index: int, testcase: dict, t: dict) -> dict:
         """Inputs, workers and their first calls beside other jobs on the device; warm-up,
@@ -425,17 +429,23 @@ class Evaluator:
             if problem:
                 result["performance_state"] = "FAILED"
                 result["errors"].append(f"{role}: {problem}")
+                _record(result, "failures", "timer_integrity", f"{role}: {problem}", case, spec_index)
             flag = host_wall_gap(summary)
             if flag:
                 summary.setdefault("flags", []).append(flag)
                 result["warnings"].append(f"{role}: {flag}")
+                _record(result, "flags", "untimed_work", f"{role}: {flag}", case, spec_index)
         floor_flag = roofline_floor_flag(result["performance_result"], floor, self.device)
         if floor_flag:
             result["performance_result"].setdefault("flags", []).append(floor_flag)
             result["warnings"].append(f"candidate: {floor_flag}")
+            _record(result, "flags", "impossible_time", f"candidate: {floor_flag}", case, spec_index)
         if not recheck["passed"]:
             result["performance_state"] = "FAILED"
             result["errors"].append(f"incorrect after timing: {recheck['check']}: {recheck['detail']}")
+            detail = f"after timing: {recheck['detail']}"
+            result.setdefault("failures", []).append(failure(recheck["kind"], "timing", detail,
+                                                             {**recheck, "testcase": spec_index}))
         return result
 
     def _mode(self, probe_us: float) -> str | None:
@@ -585,7 +595,18 @@ def compiler_caches(key: str) -> dict[str, str]:
 
 def _skipped(reason: str) -> dict:
     return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"skipped: {reason}",
-            "checks": [], "errors": [reason]}
+            "checks": [], "errors": [reason], "failures": [failure("skipped", "correctness", reason)]}
+
+
+def _record(result: dict, key: str, kind: str, detail: str, case, testcase: int) -> None:
+    """A timing failure ("failures") or flag ("flags") on the timed case, beside its line in errors or warnings."""
+    where = {"testcase": testcase, "case": case.label, "shape": case.shape, "dtype": case.dtype}
+    result.setdefault(key, []).append(failure(kind, "timing", detail, where))
+
+
+def _not_timed(state: str, kind: str, error: str, testcase: int | None = None) -> dict:
+    return {"performance_state": state, "performance_result": None, "errors": [error],
+            "failures": [failure(kind, "timing", error, {"testcase": testcase})]}
 
 
 def _verdict(checks: list[dict], numerics: str) -> dict:
@@ -593,14 +614,28 @@ def _verdict(checks: list[dict], numerics: str) -> dict:
     if failed is None:
         verdict = "correct" if numerics == "verified" else "runs, output finite (numerics unverified)"
         return {"correctness_state": "SUCCESS", "numerics": numerics, "verdict": verdict,
-                "checks": checks, "errors": []}
+                "checks": checks, "errors": [], "failures": [], "numerics_margin": numerics_margin(checks)}
     where = f" on {failed['case']} trial {failed['trial']}" if failed.get("case") != "command" else ""
     errs = ""
     if "max_abs_err" in failed:
         errs = f" (max abs err {failed['max_abs_err']:.3g}, max rel err {failed['max_rel_err']:.3g})"
     verdict = f"incorrect: {failed['check']}{where}: {failed['detail']}{errs}"
+    # every failing case, the one the verdict names first
+    failures = [failure(c.get("kind") or c["check"], "correctness", c["detail"], c) for c in checks if not c["passed"]]
     return {"correctness_state": "FAILED", "numerics": numerics, "verdict": verdict, "checks": checks,
-            "errors": [verdict]}
+            "errors": [verdict], "failures": failures}
+
+
+def numerics_margin(checks: list[dict]) -> dict | None:
+    """How close a correct implementation came to its tolerance: the error figures of the case
+    that used most of it (tolerance_used 1 is the allclose bound), and how many cases were compared."""
+    compared = [c for c in checks if "max_abs_err" in c]
+    if not compared:
+        return None
+    worst = max(compared, key=lambda c: (c.get("tolerance_used", 0.0), c["max_rel_err"]))
+    keys = ("max_abs_err", "max_rel_err", "rel_err_norm", "tolerance_used", "testcase", "case", "shape", "dtype",
+            "trial")
+    return {**{k: worst[k] for k in keys if k in worst}, "cases": len(compared)}
 
 
 def evaluate(request_path: str) -> dict:

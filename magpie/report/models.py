@@ -4,7 +4,8 @@ Reports are built as plain dicts by the actions (they cross process boundaries a
 checked against these models before they are written, so a key that goes missing or changes
 type fails the build that wrote it instead of the scripts that read it. The keys follow
 Magpie's (`compiling_state`, `correctness_state`, `performance_state`, `performance_result`,
-`errors`) and TraceLens's where they exist. Nested details the models do not name (timer
+`errors`) and TraceLens's where they exist; beside `verdict` and `errors`, `failures` says the same
+in records a script can match on (kind, stage, case). Nested details the models do not name (timer
 info, kernel lists, per-round data) are allowed through unchecked.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from magpie.harness.kinds import KINDS, STAGES
 
 State = Literal["SUCCESS", "FAILED", "SKIPPED"]
 
@@ -34,6 +37,37 @@ class PerformanceResult(Open):
     kernel_us: Optional[float] = None
     dispatch_overhead_us: Optional[float] = None
     flags: list[str] = []
+
+
+class Failure(Open):
+    """One failure, where it was detected: `kind` is one of harness/kinds.py's KINDS, `detail`
+    the line a person reads; the case where it is known (a worker that died took its whole
+    testcase with it: only `testcase` then), and the error magnitudes a check computed."""
+
+    kind: Literal[KINDS]
+    stage: Literal[STAGES]
+    detail: str
+    check: Optional[str] = None
+    testcase: Optional[int] = None
+    case: Optional[str] = None
+    shape: Optional[list] = None
+    dtype: Optional[str] = None
+    trial: Optional[int] = None
+    max_abs_err: Optional[float] = None
+    max_rel_err: Optional[float] = None
+
+
+class NumericsMargin(Open):
+    """How close a correct implementation came: the figures of the case that used most of its
+    tolerance (`tolerance_used`: max |got - expected| / (atol + rtol |expected|), 1 at the bound)."""
+
+    max_abs_err: float
+    max_rel_err: float
+    rel_err_norm: float
+    tolerance_used: Optional[float] = None
+    case: Optional[str] = None
+    trial: Optional[int] = None
+    cases: int
 
 
 class Speedup(Open):
@@ -58,6 +92,9 @@ class ResultRow(Open):
     profile: Optional[dict]
     errors: list[str]
     warnings: list[str]
+    failures: list[Failure] = []
+    flags: list[Failure] = []  # a timing that stands but needs a look (impossible_time, untimed_work)
+    numerics_margin: Optional[NumericsMargin] = None
 
 
 class Excluded(Open):
@@ -91,6 +128,9 @@ class AnalyzeReport(Open):
     verdict: str
     errors: list[str]
     warnings: Optional[list[str]]
+    failures: list[Failure] = []
+    flags: list[Failure] = []
+    numerics_margin: Optional[NumericsMargin] = None
 
 
 class StagePick(Open):

@@ -1,0 +1,124 @@
+"""Machine-readable verdicts: each failing row of compare_report.json names its failure's kind,
+stage and case beside the verdict a person reads; a passing row says how close it came."""
+
+import json
+import shutil
+import signal
+
+import pytest
+
+from conftest import FIXTURES, build_json, magpie, relu2_project
+from magpie.harness.kinds import command_kind, failure_kind
+from magpie.harness.session import signal_verdict
+from magpie.sandbox import SANDBOX_FAILED
+
+FIRST = "[33, 65] float32"
+TIMED = "[33, 65] float32"  # the largest shape is the one timed
+EXPECTED = {
+    # implementation: (kind, stage, case, trial) of the row's first failure; None: where the
+    # failure took the whole testcase's process with it, no case can be named
+    "raises": ("error", "correctness", None, None),
+    "aborts": ("crash", "correctness", None, None),
+    "segfaults": ("crash", "correctness", None, None),
+    "hangs": ("timeout", "correctness", None, None),
+    "hogs_memory": ("out_of_memory", "correctness", None, None),
+    "nan": ("finite", "correctness", FIRST, 0),
+    "mutates": ("mutation", "correctness", FIRST, 0),
+    # torch fills unwritten memory with the same quiet NaN that float("nan") is: from the
+    # values, an element never written cannot be told from a NaN the kernel wrote
+    "unwritten": ("finite", "correctness", FIRST, 0),
+    "stale_cache": ("allclose", "correctness", FIRST, 1),
+    "broadcast": ("shape", "correctness", FIRST, 0),
+    "wrong_dtype": ("dtype", "correctness", FIRST, 0),
+    "syntax_error": ("compile", "compile", None, None),
+    "fakes_clock": ("timer_integrity", "timing", TIMED, None),
+    "returns_early": ("timer_integrity", "timing", TIMED, None),
+    "degrades": ("allclose", "timing", TIMED, 0),
+}
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kinds")
+    relu2_project(root, list(EXPECTED), shapes="[[33, 65], [8, 128]]", defaults="timeout_s = 8\nmemory_mb = 4096")
+    result = build_json(root, "-j", "2")
+    assert result["failed"] == []
+    report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+    return {row["implementation"]: row for row in report["results"]}
+
+
+@pytest.mark.parametrize("impl", list(EXPECTED))
+def test_failure_kind_stage_and_case(rows, impl):
+    row = rows[impl]
+    kind, stage, case, trial = EXPECTED[impl]
+    first = row["failures"][0]
+    assert (first["kind"], first["stage"], first.get("case"), first.get("trial")) == (kind, stage, case, trial), first
+    assert first["detail"]
+    if stage != "compile":
+        assert first["testcase"] == 0
+    if case is not None:
+        assert first["shape"] == [33, 65] and first["dtype"] == "float32"
+    # the verdict and errors a person reads are still there, unchanged in kind
+    assert row["errors"]
+
+
+def test_what_a_failure_kept_from_running_follows_it(rows):
+    assert [(f["kind"], f["stage"]) for f in rows["syntax_error"]["failures"]] == [
+        ("compile", "compile"), ("not_compiled", "correctness"), ("not_correct", "timing")]
+    assert [f["kind"] for f in rows["segfaults"]["failures"]] == ["crash", "not_correct"]
+
+
+def test_a_numeric_failure_says_by_how_much(rows):
+    first = rows["stale_cache"]["failures"][0]
+    assert first["max_abs_err"] > 0 and first["max_rel_err"] > 0
+    assert first["check"] == "allclose"
+    # every failing case is listed (a stale answer is wrong on every later trial of both shapes)
+    checked = [f for f in rows["stale_cache"]["failures"] if f["stage"] == "correctness"]
+    assert {f["case"] for f in checked} == {FIRST, "[8, 128] float32"} and {f["trial"] for f in checked} == {1, 2}
+
+
+def test_a_passing_row_says_how_close_it_came(rows):
+    good = rows["good"]
+    assert good["failures"] == [] and good["correctness_state"] == "SUCCESS"
+    margin = good["numerics_margin"]
+    assert margin["max_abs_err"] >= 0 and margin["max_rel_err"] >= 0 and 0 <= margin["tolerance_used"] <= 1
+    assert margin["cases"] >= 2 and margin["case"] in (FIRST, "[8, 128] float32")
+    assert all(rows[name]["numerics_margin"] is None for name in EXPECTED if rows[name]["correctness_state"] != "SUCCESS")
+    assert rows["fakes_clock"]["numerics_margin"]["max_abs_err"] >= 0  # correct, then failed its timing
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("timeout after 8 s", "timeout"),
+    (signal_verdict(-signal.SIGSEGV), "crash"),
+    (signal_verdict(-signal.SIGKILL), "crash"),
+    (signal_verdict(-signal.SIGSYS), "sandbox_violation"),
+    (f"{signal_verdict(SANDBOX_FAILED)}: sandbox: landlock: not supported", "sandbox"),
+    ("exited with code 1: Traceback", "crash"),
+    ("stopped answering (closed its pipe)", "crash"),
+    ("error: out of memory (MemoryError)", "out_of_memory"),
+    ("error while timing good: out of memory (CUDA out of memory)", "out_of_memory"),
+    ("error: ValueError: this candidate always fails", "error"),
+    ("error while loading: ImportError: no module named x", "load_error"),
+    ("the timer of good returned no samples", "timer_integrity"),
+])
+def test_worker_failure_messages_map_to_kinds(message, kind):
+    assert failure_kind(message) == kind
+
+
+def test_a_commands_exit_is_its_own_kind_unless_the_sandbox_stopped_it():
+    assert command_kind("exited with code 1: error: expected ';'", "compile") == "compile"
+    assert command_kind(f"exited with code {SANDBOX_FAILED}: sandbox: seccomp", "compile") == "sandbox"
+    assert command_kind("crashed (SIGSYS)", "testcase_command") == "sandbox_violation"
+    assert command_kind("crashed (SIGSEGV)", "testcase_command") == "testcase_command"
+
+
+def test_analyze_report_carries_the_kind_of_a_failing_command_testcase(tmp_path):
+    shutil.copy(FIXTURES / "adversarial" / "good.py", tmp_path / "good.py")
+    magpie("analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b", cwd=tmp_path,
+           check=1)
+    report = json.loads((tmp_path / "b/analyze_report.json").read_text())
+    assert "exited with code 3" in report["verdict"]
+    first = report["failures"][0]
+    assert (first["kind"], first["stage"], first["case"], first["testcase"]) == (
+        "testcase_command", "correctness", "command", 0)
+    assert report["numerics_margin"] is None
