@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from magpie.errors import UserError
@@ -49,10 +53,64 @@ def run(args) -> int:
     if args.dry_run:
         return dry_run(project, selected, args.json)
     try:
-        return build(project, selected, jobs=args.jobs, executor_name=args.executor,
-                     use_rich=sys.stderr.isatty() and not args.plain, as_json=args.json, verify=args.verify)
+        with stopped_by_sigterm(project):
+            return build(project, selected, jobs=args.jobs, executor_name=args.executor,
+                         use_rich=sys.stderr.isatty() and not args.plain, as_json=args.json, verify=args.verify)
     finally:
         snapshot.save(project, saved)  # with the stamps of the artifacts checked or written
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm(project):
+    """While the block runs, SIGTERM stops the build: no task starts or stores its artifact
+    after it (one being stored is stored first), every process the build started is killed
+    (a zygote kept warm for later builds excepted), one line on stderr names the tasks that
+    were running, and the process exits 143 (SystemExit, raised where the main thread was)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, _: _stop(project, signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(project, signum: int) -> None:
+    from magpie.graph.doit_glue import stop_storing
+
+    if not _STOPPING:  # a second signal while stopping changes nothing
+        _STOPPING.append(signum)
+        stop_storing(lambda running: _stopped(project, signum, running))
+
+
+_STOPPING: list[int] = []
+
+
+def _stopped(project, signum: int, running: list[str]) -> None:
+    import multiprocessing.resource_tracker as resource_tracker
+
+    from magpie.execution.executors import stop_descendants
+    from magpie.harness import scratch, zygote
+
+    # The resource tracker is left to end by itself, after this process: it removes what
+    # the process pool registered (its semaphores) and ends when no process holds its pipe.
+    spare = {getattr(resource_tracker._resource_tracker, "_pid", None)}
+    folder = os.environ.get(zygote.FOLDER_VARIABLE)
+    if folder and not os.environ.get(zygote.OWNER_VARIABLE):  # kept warm: not this build's to stop
+        for pid_file in Path(folder).glob("*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                spare.add(int(pid_file.read_text()))
+    stop_descendants(os.getpid(), frozenset(pid for pid in spare if pid))
+    scratch.sweep()  # the folders of the processes just killed
+    name = signal.Signals(signum).name
+    unstored = [task for task in running if not project.store.has(project.tasks[task].key)]
+    line = (f"magpie: stopped by {name} while running {', '.join(unstored)}; nothing of them was stored"
+            if unstored else f"magpie: stopped by {name}; no task was running")
+    # a write of its own: the main thread may have been stopped inside one of sys.stderr's
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode())
+    raise SystemExit(128 + signum)
 
 
 def dry_run(project, selected: list[str], as_json: bool) -> int:

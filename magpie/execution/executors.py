@@ -1,12 +1,18 @@
 """Executors run jobs. doit schedules; an executor decides where a job's work happens.
 
 Picked by name from EXECUTORS; a Ray executor for clusters is one more class here.
+Also how a build stops what it started: `stop_descendants`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import select
+import signal
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from magpie.execution.job import Job, JobOutput, run_job
@@ -35,6 +41,46 @@ def _take_environment(environment: dict) -> None:
     os.environ.update(environment)
 
 
+def _start_job_process(environment: dict, build_pid: int) -> None:
+    """A pool process's start: the build's environment, and an end with the build. It is the
+    forkserver's child, not the build's, and the forkserver outlives the build as long as any
+    pool process does (each holds the pipe whose end-of-file would end it): so each watches
+    the build itself, and when it ends, stops what it started and ends too; the forkserver
+    and the resource tracker then read end-of-file and end. Should the forkserver go first,
+    the kernel ends it (PR_SET_PDEATHSIG)."""
+    _take_environment(environment)
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no prctl (not Linux)
+        from magpie.sandbox import namespaces
+
+        namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_end_with, args=(build_pid,), name="magpie-end-with-build", daemon=True).start()
+
+
+def _end_with(pid: int) -> None:
+    try:
+        watch = os.pidfd_open(pid)
+    except ProcessLookupError:
+        watch = None  # already gone
+    except (AttributeError, OSError):  # no pidfds (Linux before 5.3): look every second
+        while _alive(pid):
+            time.sleep(1.0)
+        watch = None
+    if watch is not None:
+        select.select([watch], [], [])
+    stop_descendants(os.getpid())
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's (the build's pid went to another process)
+        return True
+    return True
+
+
 class LocalProcessExecutor:
     """A pool of local processes; jobs and their outputs cross the boundary by pickling.
 
@@ -49,14 +95,105 @@ class LocalProcessExecutor:
             context.set_forkserver_preload(["magpie.execution.job", "magpie.execution.actions"])
         else:
             context = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_take_environment,
-                                         initargs=(dict(os.environ),))
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_job_process,
+                                         initargs=(dict(os.environ), os.getpid()))
 
     def submit(self, job: Job) -> Future:
         return self._pool.submit(run_job, job)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+# How long stop_descendants waits for the processes it stopped to be stopped (a thread in
+# uninterruptible sleep stops when that ends) before it kills them all anyway.
+STOP_WAIT_S = 2.0
+
+
+def stop_descendants(root: int, spare: frozenset[int] = frozenset()) -> list[int]:
+    """Kill every descendant of `root` (not root itself), except the processes in `spare`
+    and theirs; the pids killed. Each is stopped (SIGSTOP) first and the tree walked again
+    until no new process appears: a process killed before its children were found would
+    leave them orphaned, out of the walk's reach, and a running one may fork meanwhile.
+    Signals go through pidfds where there are, so a pid reused meanwhile is not hit."""
+    held: dict[int, int | None] = {}  # pid -> its pidfd (None: signalled by pid)
+    deadline = time.monotonic() + STOP_WAIT_S
+    try:
+        while True:
+            # looked at before the walk: a process stopped then has forked nothing since
+            settled = all(_stopped(pid) for pid in held)
+            table = _process_table()
+            found = [pid for pid in _subtree(table, root, spare) if pid not in held]
+            for pid in found:
+                try:
+                    fd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue
+                except (AttributeError, OSError):
+                    fd = None
+                row = _process_table_row(pid)
+                if row is None or row[0] != table[pid][0]:  # it ended (its pid may be another's now)
+                    if fd is not None:
+                        os.close(fd)
+                    continue
+                held[pid] = fd
+                _signal(pid, fd, signal.SIGSTOP)
+            if (settled and not found) or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+    finally:
+        for pid, fd in held.items():
+            _signal(pid, fd, signal.SIGKILL)
+            if fd is not None:
+                os.close(fd)
+    return list(held)
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process /proc shows."""
+    table = {}
+    with contextlib.suppress(OSError):  # no /proc: nothing to walk
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                row = _process_table_row(int(entry.name))
+                if row is not None:
+                    table[int(entry.name)] = row
+    return table
+
+
+def _process_table_row(pid: int) -> tuple[int, str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[0].decode()
+
+
+def _subtree(table: dict[int, tuple[int, str]], root: int, spare: frozenset[int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in spare:
+                found.append(child)
+                stack.append(child)
+    return found
+
+
+def _stopped(pid: int) -> bool:
+    row = _process_table_row(pid)
+    return row is None or row[1] in ("T", "t", "Z", "X")
+
+
+def _signal(pid: int, fd: int | None, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
 
 
 EXECUTORS = {"inline": InlineExecutor, "local": LocalProcessExecutor}
@@ -67,4 +204,4 @@ def make_executor(jobs: int, name: str | None = None):
     return EXECUTORS[name](jobs)
 
 
-__all__ = ["EXECUTORS", "InlineExecutor", "LocalProcessExecutor", "make_executor", "JobOutput"]
+__all__ = ["EXECUTORS", "InlineExecutor", "LocalProcessExecutor", "make_executor", "stop_descendants", "JobOutput"]

@@ -55,6 +55,7 @@ class BuildReporter:
         self.failures: list[tuple[str, str]] = []
         self.executed: list[str] = []
         self._started: dict[str, float] = {}
+        self.silent = False  # the build is being stopped: it says so in one line of its own
         self._progress = None
         if use_rich and reasons:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -68,11 +69,26 @@ class BuildReporter:
             self._progress.start()
 
     def _line(self, text: str) -> None:
+        if self.silent:
+            return
         if self._progress is not None:
             self._progress.console.print(text, markup=False, highlight=False)
         else:
             self.out.write(text + "\n")
             self.out.flush()
+
+    def running(self) -> list[str]:
+        """The tasks started and not finished, in the order they started."""
+        finished = set(self.executed) | {name for name, _ in self.failures}
+        return [name for name in list(self._started) if name not in finished]
+
+    def silence(self) -> None:
+        self.silent = True
+        if self._progress is not None:
+            try:
+                self._progress.stop()
+            except Exception:  # noqa: BLE001 - interrupted while drawing: the line after it still shows
+                pass
 
     def initialize(self, tasks, selected_tasks):
         pass
@@ -158,13 +174,58 @@ def doit_fields(project, executor) -> list[dict]:
 def run_task(project, executor, name: str) -> bool:
     tasks, store = project.tasks, project.store
     spec = tasks[name]
+    if _STOPPING.is_set():
+        raise Stopped(f"{name}: not started, the build is being stopped")
     job = Job(spec,
               dep_results={d: read_dependency(project, executor, d) for d in spec.deps},
               dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
     output = executor.submit(job).result()
-    store.commit(spec.key, output.result, output.files, task=name)
-    store.record(name, spec.key, spec.parts)
+    with _STORING:
+        if _STOPPING.is_set():
+            raise Stopped(f"{name}: not stored, the build is being stopped")
+        _STORING_IN[0] = threading.get_ident()
+        try:
+            store.commit(spec.key, output.result, output.files, task=name)
+            store.record(name, spec.key, spec.parts)
+        finally:
+            _STORING_IN[0] = None
+    if _AFTER_STORING and _AFTER_STORING[0][0] == threading.get_ident():  # asked for while this thread stored
+        stop_storing(_AFTER_STORING.pop()[1])
     return True
+
+
+class Stopped(RuntimeError):
+    """A task that would start, or store its artifact, after the build was told to stop."""
+
+
+# A build told to stop (by a signal, cli/build.py): from then on no task starts or stores its
+# artifact. Storing (commit and index record) is never interrupted by it.
+_STOPPING = threading.Event()
+# re-entrant: a signal handler may run in the main thread between its taking the lock and its
+# saying so in _STORING_IN (or after, while it lets go), and find it held by its own thread
+_STORING = threading.RLock()
+_STORING_IN: list[int | None] = [None]  # the thread storing an artifact now
+_AFTER_STORING: list = []
+_REPORTER: list[BuildReporter] = []  # the reporter of the latest run_doit
+
+
+def stop_storing(then) -> None:
+    """Called in the main thread (from a signal handler): no task starts or stores an artifact
+    from now on, and the reporter prints nothing more; then `then(running)` is called with the
+    tasks that were running, in the order they started (any of them may have stored its
+    artifact just before). A signal handler that interrupted the main thread while it stored
+    an artifact defers all of this until that artifact is stored."""
+    if _STORING_IN[0] == threading.get_ident():
+        _AFTER_STORING.append((threading.get_ident(), then))
+        return
+    _STOPPING.set()
+    with _STORING:  # an artifact being stored by another thread is stored first
+        pass
+    running = []
+    if _REPORTER:
+        _REPORTER[0].silence()
+        running = _REPORTER[0].running()
+    then(running)
 
 
 def read_dependency(project, executor, name: str) -> dict:
@@ -203,6 +264,9 @@ def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
     reasons = {name: why.get(name) or explain(project.tasks[name].parts, project.store.recorded(name))
                for name in project.stale(_closure(project, selected))}
     reporter = BuildReporter(reasons=reasons, use_rich=use_rich, title=title)
+    _REPORTER[:] = [reporter]
+    _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
+    _AFTER_STORING.clear()
     loader = StoreTaskLoader(project, executor, jobs, reporter)
     main = DoitMain(loader, config_filenames=(),
                     extra_config={"BACKEND": {"magpie-memory": "magpie.graph.doit_glue:MemoryDB"}})

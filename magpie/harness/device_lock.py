@@ -2,47 +2,194 @@
 
 Checking, input making and first calls (JIT, context creation) may share a device; a
 measurement (timing, a profiler's replays) holds it alone, so nothing another job of the
-build runs lands in its numbers, also under `-j N`. Both are advisory `flock`s on files in
-the temporary folder, shared by every magpie process on the machine, and released by the
+build runs lands in its numbers, also under `-j N`. Both are advisory `flock`s on files in a
+private folder of the user's under the temporary folder (code under test, sandboxed, cannot
+see it), shared by every magpie process of that user on the machine, and released by the
 kernel when their holder dies.
 
 A job that waits to measure holds the turnstile, so that new sharers queue behind it:
 without it, a stream of checking jobs could keep a measurement waiting to the end.
+
+No wait is endless: a process left holding a lock (one stopped, or stuck in the driver)
+would stall every build on the host. A waiter gives up once the same processes have held
+what it waits for (and, behind the turnstile, the lock) MAGPIE_DEVICE_LOCK_TIMEOUT_S seconds
+(600 by default; a queue that keeps moving never trips it), with DeviceLockTimeout, whose
+one line names the lock file and, as /proc/locks tells, the holders' pids and command lines.
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
+import stat
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
+TIMEOUT_VARIABLE = "MAGPIE_DEVICE_LOCK_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600.0
+POLL_S = 0.02  # between attempts to take a lock that is held
+LOOK_S = 1.0  # at most this long between looks at who holds it
+
+
+class DeviceLockError(RuntimeError):
+    """The device lock could not be taken; str() is the one-line verdict."""
+
+
+class DeviceLockTimeout(DeviceLockError):
+    """Waited too long for a device lock held by the same processes all along."""
+
+
+def timeout_s() -> float:
+    """How long a wait may see the same holders (inf: for ever)."""
+    try:
+        value = float(os.environ.get(TIMEOUT_VARIABLE) or DEFAULT_TIMEOUT_S)
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+    return value if value > 0 else DEFAULT_TIMEOUT_S
+
+
+def folder() -> Path:
+    """The user's private folder of lock files (made here, mode 0700; refused if not ours alone)."""
+    path = Path(tempfile.gettempdir()) / f"magpie-locks-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as err:
+        raise DeviceLockError(f"device lock: cannot make the lock folder {path}: {err.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise DeviceLockError(f"device lock: {path} is not a private folder of this user (owner uid "
+                              f"{info.st_uid}, mode {stat.filemode(info.st_mode)}); remove it")
+    return path
+
 
 def _path(device: str, role: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"magpie-{device.replace(':', '-')}.{role}"
+    return folder() / f"{device.replace(':', '-').replace(os.sep, '-')}.{role}"
 
 
 @contextmanager
-def _flock(path: Path, mode: int):
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, mode)
+def _flock(path: Path, mode: int, purpose: str, behind: Path | None = None):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        _acquire(fd, path, mode, purpose, behind)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _acquire(fd: int, path: Path, mode: int, purpose: str, behind: Path | None) -> None:
+    """Take the lock, polling (the wait must be able to end); DeviceLockTimeout once the same
+    processes have held it timeout_s() seconds, and those of `behind` too (the lock the
+    turnstile's holder may be waiting for: a measurement waiting behind checks that keep
+    ending is a queue that moves)."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    limit = timeout_s()
+    started = time.monotonic()
+    holders = _holders(fd, behind)
+    since = started  # when the holders were last seen to change
+    look = started + min(LOOK_S, limit / 4)
+    while True:
+        time.sleep(POLL_S)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if now >= look or now - since >= limit:
+            seen = _holders(fd, behind)
+            if seen != holders:
+                holders, since = seen, now
+            look = now + min(LOOK_S, limit / 4)
+        if now - since >= limit:
+            raise DeviceLockTimeout(_timeout_line(path, purpose, now - started, now - since,
+                                                  None if holders is None else holders[0]))
+
+
+def _timeout_line(path: Path, purpose: str, waited: float, held: float, holders: list[int] | None) -> str:
+    if holders is None:
+        who = "by a process /proc/locks does not show"
+    elif not holders:
+        who = "by no process /proc/locks names"
+    else:
+        who = "by " + ", ".join(f"pid {pid} ({_command_line(pid)})" for pid in holders[:3])
+        who += f" and {len(holders) - 3} more" if len(holders) > 3 else ""
+    when = "all that time" if held >= waited - 0.5 else f"the last {held:.0f} s"
+    return (f"device lock: gave up after {waited:.0f} s waiting for {path} ({purpose}), held {when} {who}; "
+            f"{TIMEOUT_VARIABLE} sets the wait")
+
+
+def _command_line(pid: int) -> str:
+    if pid == os.getpid():
+        return "this process"
+    if pid <= 0:
+        return "in a PID namespace this one does not see"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            words = handle.read(4096).rstrip(b"\0").split(b"\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return "ended; a process it started holds the file"
+    except OSError:
+        return "command line not readable"
+    line = " ".join(w.decode(errors="replace") for w in words).replace("\n", " ").strip()
+    if not line:
+        return "no command line"
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def _holders(fd: int, behind: Path | None = None) -> list[list[int]] | None:
+    """The pids /proc/locks gives as holding a lock on fd's file (sorted), then on `behind`'s;
+    None where it cannot be read."""
+    files = [os.fstat(fd)]
+    if behind is not None:
+        try:
+            files.append(os.stat(behind))
+        except OSError:
+            pass
+    try:
+        with open("/proc/locks") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    found = [(set(), set()) for _ in files]  # (on the same device, on any device) per file
+    for line in lines:
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 23087 fe:00:2146442 0 EOF"; a blocked waiter's has "->"
+        if len(parts) < 6 or parts[1] == "->":
+            continue
+        dev, _, inode = parts[5].rpartition(":")
+        for info, (exact, same_inode) in zip(files, found):
+            if inode == str(info.st_ino):
+                try:
+                    pid = int(parts[4])
+                except ValueError:
+                    continue
+                exact_dev = dev == f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}"
+                (exact if exact_dev else same_inode).add(pid)
+    # by inode alone where the device numbering differs (an overlay file system's)
+    return [sorted(exact or same_inode) for exact, same_inode in found]
 
 
 @contextmanager
 def shared(device: str):
     """Use the device beside other sharers, never during a measurement."""
-    with _flock(_path(device, "turnstile"), fcntl.LOCK_EX):
+    with _flock(_path(device, "turnstile"), fcntl.LOCK_EX, "to share the device", _path(device, "lock")):
         pass
-    with _flock(_path(device, "lock"), fcntl.LOCK_SH):
+    with _flock(_path(device, "lock"), fcntl.LOCK_SH, "to share the device"):
         yield
 
 
 @contextmanager
 def exclusive(device: str):
     """Hold the device alone: every sharer has left, and none enters until the block ends."""
-    with _flock(_path(device, "turnstile"), fcntl.LOCK_EX), _flock(_path(device, "lock"), fcntl.LOCK_EX):
+    with _flock(_path(device, "turnstile"), fcntl.LOCK_EX, "to hold the device alone", _path(device, "lock")), \
+            _flock(_path(device, "lock"), fcntl.LOCK_EX, "to hold the device alone"):
         yield

@@ -710,6 +710,8 @@ def serve(commands, answers) -> None:
                 log_to(message["log"])
             elif op == "reset":
                 release_memory()
+        except device_lock.DeviceLockError as err:  # that job's failure, in the lock's own line
+            reply = {"ok": False, "error": str(err)}
         except Exception as err:  # a bug here or in a spec: that job's failure, told in one line
             traceback.print_exc()
             reply = {"ok": False, "error": f"{type(err).__name__}: {err}".splitlines()[0][:500]}

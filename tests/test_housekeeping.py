@@ -1,0 +1,144 @@
+"""A build stopped from outside leaves none of its processes behind: with SIGTERM it stops
+them all and says in one line which tasks it stopped (exit 143, nothing of them stored);
+killed with SIGKILL, its process pool, forkserver, resource tracker and zygote notice and end."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from conftest import COMMAND_PROJECT, magpie, write
+
+
+def _hanging_project(root, token: str) -> None:
+    """The command project, its testcases a command that hangs (the token in its command line)."""
+    files = dict(COMMAND_PROJECT)
+    files["magpie.toml"] = files["magpie.toml"].replace("python -c 'import sys; sys.exit(0)'", f"sleep 600 # {token}")
+    write(root, files)
+
+
+def _processes() -> dict[int, tuple[int, str, int, str]]:
+    """pid -> (parent pid, state, start time, command line) of every process /proc shows."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        table[int(name)] = (int(fields[1]), fields[0].decode(), int(fields[19]), command)
+    return table
+
+
+def _descendants(root: int) -> dict[tuple[int, int], str]:
+    """(pid, start time) -> command line of every process under root."""
+    table = _processes()
+    found, stack = {}, [root]
+    while stack:
+        parent = stack.pop()
+        for pid, (ppid, _, start, command) in table.items():
+            if ppid == parent and (pid, start) not in found:
+                found[(pid, start)] = command
+                stack.append(pid)
+    return found
+
+
+def _alive(procs) -> list[tuple[int, int]]:
+    table = _processes()
+    return [(pid, start) for pid, start in procs
+            if pid in table and table[pid][2] == start and table[pid][1] not in ("Z", "X")]
+
+
+def _gone_within(procs, seconds: float) -> list[tuple[int, int]]:
+    deadline = time.monotonic() + seconds
+    while (left := _alive(procs)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _kill(procs) -> None:
+    for pid, _ in _alive(procs):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _start_hanging_build(root, jobs: int):
+    """A real `magpie build -j N` whose correctness jobs all hang in their command; returns it
+    once N of them run, with every process under it then."""
+    token = f"hang-{uuid.uuid4().hex[:12]}"
+    _hanging_project(root, token)
+    stderr = open(root / "stderr.txt", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "magpie", "build", "-j", str(jobs), "--plain"], cwd=root,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+    stderr.close()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        hanging = [c for c in _descendants(proc.pid).values() if c.startswith("/bin/sh -c sleep 600") and token in c]
+        if len(hanging) >= jobs:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, (root / "stderr.txt").read_text()
+    assert len(hanging) >= jobs, (root / "stderr.txt").read_text()
+    return proc, _descendants(proc.pid)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigterm_stops_every_process_and_names_the_tasks_it_stopped(tmp_path, jobs):
+    proc, tree = _start_hanging_build(tmp_path, jobs)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+        left = _gone_within(tree, 5)
+        assert not left, [tree[p] for p in left]
+    finally:
+        proc.kill()
+        _kill(tree)
+    lines = (tmp_path / "stderr.txt").read_text().splitlines()
+    started = [m.group(1) for m in map(re.compile(r"run   (\S+)  \(").match, lines) if m]
+    finished = {m.group(1) for m in map(re.compile(r"(?:done  |FAIL  )(\S+?):? ").match, lines) if m}
+    running = [name for name in started if name not in finished]
+    assert len(running) == jobs and all(name.startswith("correctness:") for name in running)
+    stopped = re.fullmatch(r"magpie: stopped by SIGTERM while running (.+); nothing of them was stored", lines[-1])
+    assert stopped and sorted(stopped.group(1).split(", ")) == sorted(running), lines[-1]
+    assert sum("magpie:" in line for line in lines) == 1, lines
+    # the store: the finished artifacts whole, the stopped ones absent, nothing half-written
+    store = tmp_path / "workspaces/store"
+    assert not list(store.glob("*/.tmp-*"))
+    magpie("verify", cwd=tmp_path, check=0)
+    plan = json.loads(magpie("build", "--dry-run", "--json", cwd=tmp_path, check=0).stdout)
+    assert set(running) <= {item["task"] for item in plan["would_run"]}
+    assert not [item for item in plan["would_run"] if item["task"] in finished], plan
+
+
+def test_sigkill_leaves_no_pool_forkserver_resource_tracker_or_zygote(tmp_path):
+    proc, tree = _start_hanging_build(tmp_path, 2)
+    own = {p: c for p, c in tree.items()
+           if "multiprocessing" in c or ("magpie.harness.zygote" in c and _processes().get(p[0], (0,))[0] == proc.pid)}
+    kinds = {kind: [p for p, c in own.items() if kind in c]
+             for kind in ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "magpie.harness.zygote")}
+    assert all(kinds.values()), own  # there were all of them to end
+    assert len(kinds["multiprocessing.forkserver"]) >= 3  # the server and the pool's two processes
+    jobs = {p: c for p, c in tree.items() if p not in own}
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        left = _gone_within(own, 10)
+        assert not left, [own[p] for p in left]
+        survivors = _gone_within(jobs, 2)
+    finally:
+        _kill(tree)
+    if survivors:
+        pytest.xfail(f"{len(survivors)} processes of the jobs (evaluators, the commands they ran) outlived the "
+                     "killed build: its zygote ends when its owner does, but does not end its running children; "
+                     "they end at their own timeouts")
