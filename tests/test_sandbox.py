@@ -348,11 +348,12 @@ def test_inputs_come_from_a_secret_that_code_under_test_cannot_read(tmp_path):
     seeds = []
     for _ in range(2):
         assert build_json(tmp_path)["failed"] == []
-        results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
-        correctness = next(r for r in results if r.get("task") == "correctness:relu2/snoop")
+        folder = next(p.parent for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+                      if json.loads(p.read_text()).get("task") == "correctness:relu2/snoop")
+        correctness = json.loads((folder / "result.json").read_text())
         assert correctness["correctness_state"] == "SUCCESS" and len(correctness["input_secret"]) == 32
         seeds.append([c["seed"] for c in correctness["checks"]])
-        log = next((tmp_path / "workspaces/store").glob("*/*/worker-snoop.log")).read_text()
+        log = (folder / "worker-snoop.log").read_text()  # the process that imported it
         assert "environment []" in log and "store []" in log, log
         subprocess.run([sys.executable, "-m", "magpie", "clean", "--all"], cwd=tmp_path, check=True,
                        capture_output=True)

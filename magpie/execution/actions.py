@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from magpie import sandbox
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness import scratch as scratch_folders
-from magpie.harness.evaluate import evaluator_key
+from magpie.harness.evaluate import code_reads, evaluator_key
 from magpie.harness.kinds import command_kind
 from magpie.harness.kinds import failure as failed
 from magpie.harness.spec import SECRET_VARIABLE
@@ -75,8 +75,10 @@ def command(job, out_dir: Path) -> dict:
     scratch = scratch_folders.make("cmd-")
     # A rule's command (a candidate's compile command among them) writes its artifact's folder
     # and its own temporary folder, nothing else.
-    policy = None if sandbox.trusted() else sandbox.Policy(write=[str(out_dir), str(scratch)],
-                                                           read=[spec.params["root"], str(cwd)], hide=_workspace(job))
+    impl = spec.params.get("impl")
+    read = code_reads(Path(spec.params["root"]), impl, cwd) if impl else [spec.params["root"], str(cwd)]
+    policy = None if sandbox.trusted() else sandbox.Policy(write=[str(out_dir), str(scratch)], read=read,
+                                                           hide=workspace_of(job))
     env = subprocess_env({**os.environ, **(settings.get("env") or {}), "TMPDIR": str(scratch)})
     started = time.monotonic()
     try:
@@ -115,7 +117,7 @@ def with_library(job, impl: dict | None) -> dict | None:
     return {**impl, "library": str(library)} if library and library.is_file() else impl
 
 
-def _workspace(job) -> list[str]:
+def workspace_of(job) -> list[str]:
     """The artifact store's workspace (where the job's dependencies were stored), for the
     sandbox to hide: it holds this build's verdicts and its input secret."""
     folder = next(iter(job.dep_dirs.values()), None)
@@ -128,7 +130,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
                "impl": with_library(job, spec.params["impl"]), "baseline": with_library(job, baseline),
                "settings": settings, "input_secret": os.environ.get(SECRET_VARIABLE, ""),
-               "hide": _workspace(job)}
+               "hide": workspace_of(job)}
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))
     overall = limit * (testcases + 3) + (settings["timing"]["warmup_ms"] + settings["timing"]["budget_ms"]) / 500 + 60

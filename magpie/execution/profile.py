@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from magpie.execution.actions import with_library
+from magpie import sandbox
+from magpie.execution.actions import workspace_of, with_library
 from magpie.harness import device_lock
+from magpie.harness import scratch as scratch_folders
+from magpie.harness.evaluate import code_reads
 from magpie.paths import subprocess_env
 
 NCU_TIMEOUT_S = 900
@@ -23,6 +27,22 @@ def _request(job, work: Path) -> Path:
     path = work / "request.json"
     path.write_text(json.dumps(request))
     return path
+
+
+def _sandboxed(job, work: Path, profiler: list[str]) -> list[str]:
+    """The profiler and the process it starts (the implementation's code) run in the sandbox
+    together: a profiler injects threads into what it starts, and a process with threads can
+    no longer enter namespaces. They get a private /tmp (profilers keep their locks there)
+    and network sockets (their injected library talks to them over local ones); the report's
+    isolation says so."""
+    spec = job.spec
+    request = _request(job, work)
+    root = Path(spec.params["root"])
+    impl = with_library(job, spec.params["impl"])
+    read = code_reads(root, impl, root / (impl.get("working_dir") or "."))
+    policy = None if sandbox.trusted() else sandbox.Policy(
+        write=[str(work), "/tmp"], read=read, hide=[*workspace_of(job), "/tmp"], gpu=True, network=True)
+    return sandbox.command([*profiler, sys.executable, "-m", "magpie.harness.profile", str(request)], policy)
 
 
 def profile(job, out_dir: Path) -> dict:
@@ -43,19 +63,21 @@ def _ncu(job, out_dir: Path) -> dict:
     from magpie.roofline.ncu import BASIC, NcuParseError, kernel_roofline, metrics, parse_raw_csv
     from magpie.roofline.specs import lookup
 
-    with tempfile.TemporaryDirectory(prefix="magpie-ncu-") as tmp:
-        request = _request(job, Path(tmp))
+    work = scratch_folders.make("ncu-")
+    try:
         for metric_set in (metrics(), list(BASIC)):  # a chip without some counters still gets the basics
-            command = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", "all",
-                       "--nvtx", "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metric_set),
-                       sys.executable, "-m", "magpie.harness.profile", str(request)]
+            command = _sandboxed(job, work, [
+                "ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", "all", "--nvtx",
+                "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metric_set)])
             try:
                 proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S,
-                                      env=subprocess_env())
+                                      env=subprocess_env({**os.environ, "TMPDIR": str(work)}))
             except subprocess.TimeoutExpired:
                 return {"state": "FAILED", "kernels": [], "errors": [f"ncu timeout after {NCU_TIMEOUT_S} s"]}
             if '"ID"' in proc.stdout:
                 break
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     (out_dir / "ncu.csv").write_text(proc.stdout)
     (out_dir / "ncu.log").write_text(proc.stderr)
     try:
@@ -76,10 +98,9 @@ def _rocprof(job, out_dir: Path) -> dict:
     from magpie.roofline.rocprof import parse_rocprof
 
     with tempfile.TemporaryDirectory(prefix="magpie-rocprof-") as tmp:
-        request = _request(job, Path(tmp))
         outdir = Path(tmp) / "out"
-        command = ["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE", "--output-format", "csv",
-                   "-d", str(outdir), "--", sys.executable, "-m", "magpie.harness.profile", str(request)]
+        command = _sandboxed(job, Path(tmp), ["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE",
+                                              "--output-format", "csv", "-d", str(outdir), "--"])
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=subprocess_env())
         except subprocess.TimeoutExpired:

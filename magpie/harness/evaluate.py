@@ -136,10 +136,7 @@ class Evaluator:
     def _policy(self, impl: dict, cwd: Path, memory_mb: int) -> sandbox.Policy:
         """What a worker of impl may touch: it reads the project, its own sources and its compiled
         library; it writes only its scratch folder (added by the Worker) and its compiler cache."""
-        files = [self.root / impl["source"], *(self.root / f for f in impl.get("source_files") or [])]
-        read = [str(self.root), str(cwd), *{str(f.parent) for f in files}]
-        if impl.get("library"):
-            read.append(str(Path(impl["library"]).parent))
+        read = code_reads(self.root, impl, cwd)
         hide = [*self.hide, *([str(scratch_folders.root())] if self.device != "cpu" else [])]
         return sandbox.Policy(write=[], read=read, hide=hide, gpu=self.device != "cpu", memory_mb=memory_mb)
 
@@ -579,6 +576,17 @@ def worker_key(load: dict, impl: dict, root: Path, **process) -> str:
     for path in files:
         digest.update(path.read_bytes() if path.is_file() else b"-")
     return digest.hexdigest()[:24]
+
+
+def code_reads(root: Path, impl: dict, cwd: Path) -> list[str]:
+    """What a sandboxed process running impl reads besides the system: the project, its working
+    folder, the folders of its sources (which may lie outside the project) and of its compiled
+    library (in the store, which is otherwise hidden)."""
+    files = [root / impl["source"], *(root / f for f in impl.get("source_files") or [])]
+    read = [str(root), str(cwd), *sorted({str(f.parent) for f in files})]
+    if impl.get("library"):
+        read.append(str(Path(impl["library"]).parent))
+    return read
 
 
 def compiler_caches(key: str) -> dict[str, str]:

@@ -190,13 +190,14 @@ def contain(policy: Policy, fork: bool = True) -> None:
     except OSError as err:
         raise SandboxError(f"namespaces: {err}") from None
     if fork:
-        _wait_as_parent_of_sandbox()
+        _wait_as_parent_of_sandbox(policy)
     try:
         _limits(policy)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
-        # The CUDA driver names its threads (it writes /proc/self/task/*/comm): it fails to start without.
-        own_threads = [f"/proc/{os.getpid()}/task"] if policy.gpu else []
-        landlock.restrict(read=read_trees(policy), write=[*policy.write, *own_threads], devices=device_files(policy),
+        # The CUDA driver names its threads (it writes /proc/PID/task/*/comm, of whichever process
+        # starts it: a profiler's child too); what the host's root may write there stays read-only.
+        proc = ["/proc"] if policy.gpu else []
+        landlock.restrict(read=read_trees(policy), write=[*policy.write, *proc], devices=device_files(policy),
                           network=policy.network)
         if seccomp.supported():
             seccomp.install(policy.network)
@@ -215,7 +216,7 @@ def _limits(policy: Policy) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
 
-def _wait_as_parent_of_sandbox() -> None:
+def _wait_as_parent_of_sandbox(policy: Policy) -> None:
     """Fork twice: the first child is the new PID namespace's init, which reaps what is
     orphaned there and says how the second ended; the second returns and runs the code (not
     as PID 1, to which the kernel delivers no signal it sends itself: abort() would end in a
@@ -226,7 +227,7 @@ def _wait_as_parent_of_sandbox() -> None:
     if init == 0:
         os.close(status_read)
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
-        _serve_as_init(status_write)
+        _serve_as_init(status_write, policy)
         return
     os.close(status_write)
     _close_all_but(status_read)
@@ -240,11 +241,13 @@ def _wait_as_parent_of_sandbox() -> None:
     _end_like(status)
 
 
-def _serve_as_init(status_write: int) -> None:
+def _serve_as_init(status_write: int, policy: Policy) -> None:
     """In the new PID namespace, as its first process: fork the process that returns to run
     the code; reap every process until that one ends; report its status and exit."""
     try:
         namespaces.mount_proc()
+        if policy.gpu:
+            namespaces.protect_proc()
     except OSError as err:
         print(f"sandbox: /proc: {err}", file=sys.stderr, flush=True)
         os._exit(SANDBOX_FAILED)

@@ -8,7 +8,7 @@ import os
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 38, 4, 24
 CAP_LAST = 63
 
@@ -52,7 +52,7 @@ def cover(folder: str, keep: list[str]) -> None:
     beneath folder), which are bound back where they were."""
     kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in keep]
     try:
-        mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
         for path, fd in kept:
             os.makedirs(path, exist_ok=True)
             mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
@@ -64,6 +64,20 @@ def cover(folder: str, keep: list[str]) -> None:
 def mount_proc() -> None:
     """A /proc that shows only this PID namespace's processes."""
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+# What of /proc stays read-only where the rest of it is writable: the files the host's root
+# may write (this namespace's root is the host's root to file permissions), as container
+# runtimes keep them.
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
+                  "/proc/scsi", "/proc/driver", "/proc/sysvipc", "/proc/tty")
+
+
+def protect_proc() -> None:
+    for path in PROC_READ_ONLY:
+        if os.path.exists(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def prctl(option: int, value: int) -> None:
