@@ -135,10 +135,7 @@ def test_sigkill_leaves_no_pool_forkserver_resource_tracker_or_zygote(tmp_path):
         proc.wait(timeout=30)
         left = _gone_within(own, 10)
         assert not left, [own[p] for p in left]
-        survivors = _gone_within(jobs, 2)
+        survivors = _gone_within(jobs, 5)  # the zygote ends its children, the commands die with them
+        assert not survivors, [jobs[p] for p in survivors]
     finally:
         _kill(tree)
-    if survivors:
-        pytest.xfail(f"{len(survivors)} processes of the jobs (evaluators, the commands they ran) outlived the "
-                     "killed build: its zygote ends when its owner does, but does not end its running children; "
-                     "they end at their own timeouts")

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -251,7 +252,7 @@ class Evaluator:
             with open(output, "wb") as log:  # read back by its end only: a command may print gigabytes
                 proc = subprocess.run(sandbox.command(["/bin/sh", "-c", testcase["command"]], policy), cwd=cwd,
                                       env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                      timeout=self.timeout, start_new_session=True)
+                                      timeout=self.timeout, start_new_session=True, preexec_fn=_dies_with_parent)
             tail = scratch_folders.tail(output, 16 << 10)[0].decode(errors="replace").strip().splitlines()[-3:]
         except subprocess.TimeoutExpired:
             return {"testcase": index, "case": "command", "trial": 0, "passed": False, "check": "exit code",
@@ -576,6 +577,10 @@ def worker_key(load: dict, impl: dict, root: Path, **process) -> str:
     for path in files:
         digest.update(path.read_bytes() if path.is_file() else b"-")
     return digest.hexdigest()[:24]
+
+
+def _dies_with_parent() -> None:
+    namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def code_reads(root: Path, impl: dict, cwd: Path) -> list[str]:

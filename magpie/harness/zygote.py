@@ -396,8 +396,9 @@ def serve(socket_path: str, owner_pid: int, idle_s: float = 0.0) -> None:
                 conn, _ = listener.accept()
                 if not _answer(conn, listener, state):
                     conn.close()
-            elif item in owner:
-                return  # parked children read end-of-file on their command pipes and end
+            elif item in owner:  # the build ended, killed perhaps: so does all it started here
+                state.end_all()
+                return
             else:
                 state.reap(item)
 
@@ -414,6 +415,15 @@ class Children:
     def descriptors(self) -> list[int]:
         """Everything a newly forked child must close: it may talk to no other child."""
         return [*self.running, *(fd for _, fds, _ in self.parked.values() for fd in fds)]
+
+    def end_all(self) -> None:
+        """Every child's process group killed (what a job was running when its build was killed
+        would run on to its own timeout), their folders removed."""
+        for pid, _, scratch in self.running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def reap(self, pidfd: int) -> None:
         pid, conn, scratch = self.running.pop(pidfd)
