@@ -192,7 +192,10 @@ def test_a_prestarted_zygote_is_the_one_later_launches_use(tmp_path, probe_env):
             time.sleep(0.05)
         assert list(folder.glob("*.sock")), "no zygote started before any launch"
         started = [p.read_text() for p in folder.glob("*.pid")]
-        proc = zygote.launch("zygote_probe", ["exit", "0"], cwd=str(tmp_path), env=probe_env,
+        # the environment of now (pytest's variables change between a fixture and the test), where
+        # the probe module is found: magpie's processes never look in their working folder
+        env = {**subprocess_env(), "PYTHONPATH": probe_env["PYTHONPATH"]}
+        proc = zygote.launch("zygote_probe", ["exit", "0"], cwd=str(tmp_path), env=env,
                              log_path=tmp_path / "p.log")
         assert isinstance(proc, zygote.ForkedProcess) and proc.wait(timeout=60) == 0
         assert [p.read_text() for p in folder.glob("*.pid")] == started
