@@ -45,6 +45,13 @@ def _sandboxed(job, work: Path, profiler: list[str]) -> list[str]:
     return sandbox.command([*profiler, sys.executable, "-m", "magpie.harness.profile", str(request)], policy)
 
 
+def _private_caches(work: Path) -> dict[str, str]:
+    """The profiled process's temporary folder and compiler caches, in its own folder (the only
+    place it may write): it compiles what it runs once more, outside the measured range."""
+    return {"TMPDIR": str(work), "TRITON_HOME": str(work), "TRITON_CACHE_DIR": str(work / "triton"),
+            "CUDA_CACHE_PATH": str(work / "cuda"), "TORCH_EXTENSIONS_DIR": str(work / "torch_extensions")}
+
+
 def profile(job, out_dir: Path) -> dict:
     spec = job.spec
     correct = job.dep_results.get(f"correctness:{spec.kernel}/{spec.impl}", {})
@@ -71,7 +78,7 @@ def _ncu(job, out_dir: Path) -> dict:
                 "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metric_set)])
             try:
                 proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S,
-                                      env=subprocess_env({**os.environ, "TMPDIR": str(work)}))
+                                      env=subprocess_env({**os.environ, **_private_caches(work)}))
             except subprocess.TimeoutExpired:
                 return {"state": "FAILED", "kernels": [], "errors": [f"ncu timeout after {NCU_TIMEOUT_S} s"]}
             if '"ID"' in proc.stdout:
@@ -102,7 +109,8 @@ def _rocprof(job, out_dir: Path) -> dict:
         command = _sandboxed(job, Path(tmp), ["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE",
                                               "--output-format", "csv", "-d", str(outdir), "--"])
         try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=subprocess_env())
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S,
+                                  env=subprocess_env({**os.environ, **_private_caches(Path(tmp))}))
         except subprocess.TimeoutExpired:
             return {"state": "FAILED", "kernels": [], "errors": [f"rocprofv3 timeout after {NCU_TIMEOUT_S} s"]}
         traces = {p.name: p.read_text() for p in outdir.rglob("*.csv")}
