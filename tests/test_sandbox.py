@@ -5,8 +5,10 @@ must fail, the wrong candidate must be judged wrong, and nothing of it may survi
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -327,6 +329,7 @@ def test_a_host_without_a_sandbox_is_refused_unless_the_code_is_trusted(command_
 
 SNOOP = '''
 import os
+import shutil
 
 import torch
 
@@ -358,3 +361,29 @@ def test_inputs_come_from_a_secret_that_code_under_test_cannot_read(tmp_path):
         subprocess.run([sys.executable, "-m", "magpie", "clean", "--all"], cwd=tmp_path, check=True,
                        capture_output=True)
     assert seeds[0] != seeds[1]
+
+
+def _world_readable(path) -> bool:
+    from pathlib import Path
+
+    return all(p.stat().st_mode & 0o005 == 0o005 for p in [Path(path), *Path(path).parents])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become another user")
+def test_the_sandbox_works_for_an_unprivileged_user():
+    """As nobody (no capability, no mapping but its own): the same namespaces and rules."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))
+    # the sandbox needs only the standard library: the system's interpreter will do
+    python = next((p for p in ("/usr/bin/python3", sys.executable) if os.path.exists(p) and _world_readable(p)), None)
+    if not _world_readable(repo) or python is None:
+        pytest.skip("magpie or an interpreter is not readable by another user here")
+    scratch = tempfile.mkdtemp()  # pytest's own folders are root's alone
+    os.chown(scratch, 65534, 65534)
+    policy = sandbox.Policy(write=[str(scratch)])
+    script = f"id -u; echo $$; touch {scratch}/ok && echo wrote; touch /tmp/unprivileged-$$ || echo denied"
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-m",
+                           "magpie.sandbox", json.dumps(policy.to_json()), "--", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": repo})
+    shutil.rmtree(scratch)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["65534", "2", "wrote", "denied"], proc.stdout
