@@ -30,8 +30,8 @@ class Project:
                       workspace: str | Path | None = None) -> "Project":
         _check_trace_folders(manifest, root, manifest_path)
         rules = resolve_rules(manifest.rule, manifest_path)
-        tasks = expand(manifest, root, rules)
         store = Store(Path(workspace) if workspace else root / manifest.project.workspace)
+        tasks = expand(manifest, root, rules, snapshots=store.snapshots)
         return cls(manifest, root, manifest_path, tasks, store)
 
     def select(self, names: list[str]) -> list[str]:

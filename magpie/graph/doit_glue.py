@@ -15,7 +15,7 @@ from doit.doit_cmd import DoitMain
 from doit.task import Task
 
 from magpie.execution.job import Job
-from magpie.graph.expand import explain
+from magpie.graph.expand import changed_inputs, explain
 
 
 class MemoryDB:
@@ -180,6 +180,9 @@ def run_task(project, executor, name: str) -> bool:
               dep_results={d: read_dependency(project, executor, d) for d in spec.deps},
               dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
     output = executor.submit(job).result()
+    changed = changed_inputs(project.root, spec.parts)
+    if changed:  # what ran may not be what the key says: an edit during the build is never stored under it
+        raise InputsChanged(f"{', '.join(changed)} changed while {name} ran; not stored: run magpie build again")
     with _STORING:
         if _STOPPING.is_set():
             raise Stopped(f"{name}: not stored, the build is being stopped")
@@ -192,6 +195,10 @@ def run_task(project, executor, name: str) -> bool:
     if _AFTER_STORING and _AFTER_STORING[0][0] == threading.get_ident():  # asked for while this thread stored
         stop_storing(_AFTER_STORING.pop()[1])
     return True
+
+
+class InputsChanged(RuntimeError):
+    """A task's input files changed while it ran."""
 
 
 class Stopped(RuntimeError):

@@ -44,21 +44,59 @@ class TaskSpec:
 
 
 class FileHasher:
-    """sha256 of file contents, computed once per file per process."""
+    """sha256 of file contents, computed once per file per process. With a snapshot folder,
+    the bytes hashed are kept there under their digest: a job reads the code it was keyed by
+    from there, not from a file that may have been edited since (`snapshot_path`)."""
 
-    def __init__(self):
+    def __init__(self, snapshots: Path | None = None):
         self._cache: dict[str, str] = {}
+        self.snapshots = snapshots
 
     def __call__(self, path: Path) -> str:
         spath = str(path)
         digest = self._cache.get(spath)
         if digest is None:
             try:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                data = path.read_bytes()
             except FileNotFoundError:
                 digest = "missing"
+            else:
+                digest = hashlib.sha256(data).hexdigest()
+                if self.snapshots is not None:
+                    _keep(snapshot_path(self.snapshots, digest), data)
             self._cache[spath] = digest
         return digest
+
+
+def snapshot_path(snapshots: Path, digest: str) -> Path:
+    return Path(snapshots) / digest[:2] / digest
+
+
+def _keep(path: Path, data: bytes) -> None:
+    if not path.exists():
+        from magpie.store import atomic_write
+
+        atomic_write(path, data)
+
+
+def input_path(root: Path, name: str) -> Path:
+    """Where a task's input of this name lives now."""
+    if name.startswith("magpie-templates/"):
+        return templates_dir() / name.split("/", 1)[1]
+    return Path(root) / name
+
+
+def changed_inputs(root: Path, parts: dict) -> list[str]:
+    """The inputs whose bytes are no longer those the task's key was computed from."""
+    changed = []
+    for name, digest in parts.get("inputs", {}).items():
+        try:
+            now = hashlib.sha256(input_path(root, name).read_bytes()).hexdigest()
+        except FileNotFoundError:
+            now = "missing"
+        if now != digest:
+            changed.append(name)
+    return changed
 
 
 def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) -> dict:
@@ -148,9 +186,7 @@ class Expander:
         return files
 
     def _input_path(self, name: str) -> Path:
-        if name.startswith("magpie-templates/"):
-            return templates_dir() / name.split("/", 1)[1]
-        return self.root / name
+        return input_path(self.root, name)
 
     # -- expansion --------------------------------------------------------------------------
     def expand(self) -> dict[str, TaskSpec]:
@@ -217,6 +253,7 @@ class Expander:
                 "baseline": _impl_params(kernel, kernel.baseline) if kernel else None,
                 "settings": settings,
                 "project": self.manifest.project.name,
+                "snapshots": str(self.hash_file.snapshots) if self.hash_file.snapshots else None,
             },
         )
 
@@ -286,8 +323,8 @@ class Expander:
         return spec.key
 
 
-def expand(manifest: Manifest, root: Path, rules: list[Rule]) -> dict[str, TaskSpec]:
-    return Expander(manifest, Path(root), rules).expand()
+def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | None = None) -> dict[str, TaskSpec]:
+    return Expander(manifest, Path(root), rules, FileHasher(snapshots)).expand()
 
 
 def explain(parts: dict, recorded: dict | None) -> str:

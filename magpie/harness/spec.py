@@ -41,25 +41,26 @@ def derive_seed(*parts) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")
 
 
-def load_module(path: Path, name: str):
-    """A module run from its source file, never from a cached .pyc (whose stamp, the source's
-    mtime and size, anyone who can write the folder can match)."""
+def load_module(path: Path, name: str, code: bytes | None = None):
+    """A module run from its source, never from a cached .pyc (whose stamp, the source's mtime
+    and size, anyone who can write the folder can match): `code`, the bytes its task was keyed
+    by, where given, else the file's. Its folder goes on the module path for what it imports."""
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    exec(compile(path.read_bytes(), str(path), "exec", dont_inherit=True), module.__dict__)
+    exec(compile(path.read_bytes() if code is None else code, str(path), "exec", dont_inherit=True), module.__dict__)
     return module
 
 
 class ReferenceSpec:
-    def __init__(self, path: Path, testcase: dict, device: str):
+    def __init__(self, path: Path, testcase: dict, device: str, code: bytes | None = None):
         import torch
 
         self.torch = torch
         self.path = path
         self.device = device
         try:
-            self.module = load_module(path, f"magpie_spec_{path.stem}")
+            self.module = load_module(path, f"magpie_spec_{path.stem}", code)
         except Exception as err:
             raise SpecError(f"{path.name}: importing failed: {type(err).__name__}: {err}") from None
         self.kernelbench = hasattr(self.module, "Model") and hasattr(self.module, "get_inputs")

@@ -8,6 +8,7 @@ filled with NaN (or the dtype's max) so an output element the kernel never wrote
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import traceback
@@ -32,7 +33,8 @@ class Implementation:
         source = request["source"]
         module = None
         if not request.get("library"):
-            module = load_module(Path(source), f"magpie_impl_{request['id']}")
+            code = base64.b64decode(request["code"]) if request.get("code") else None
+            module = load_module(Path(source), f"magpie_impl_{request['id']}", code)
         self.module = module
         self._input_cache: dict[str, list] = {}
         self._timer = None

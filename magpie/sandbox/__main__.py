@@ -3,8 +3,8 @@
     python -m magpie.sandbox POLICY_JSON -- PROGRAM ARGS...
     python -m magpie.sandbox POLICY_JSON --module MODULE ARGS...
 
-Used where no zygote forks the process: compile commands, command testcases, and workers
-started fresh."""
+Used for commands (compile rules, command testcases, profilers) and for workers started
+without a zygote; the zygote runs its main() for command testcases."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from magpie.sandbox import Policy, enter_or_exit
 
 
 def main(argv: list[str]) -> int:
-    policy = Policy.from_json(json.loads(argv[0]))
-    enter_or_exit(policy)
+    policy = json.loads(argv[0])  # null: trusted code, run as it is
+    enter_or_exit(Policy.from_json(policy) if policy is not None else None)
     if argv[1] == "--module":
         sys.path.insert(0, os.getcwd())  # as `python -m` would have it for the code it runs
         sys.argv = argv[2:]

@@ -65,6 +65,7 @@ class Store:
     def __init__(self, workspace: Path):
         self.workspace = Path(workspace)
         self.objects = self.workspace / "store"
+        self.snapshots = self.workspace / "snapshots"  # input files' bytes by digest, as their tasks were keyed
         self.index = self.workspace / "index"
         # key -> [[file, inode, size, mtime_ns, ctime_ns], ...] of its files (.digest.json aside)
         # when their digests were last found right: a stat that still matches needs no hashing
