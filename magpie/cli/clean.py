@@ -11,7 +11,7 @@ def add_parser(sub) -> None:
                                    "depends on them); with no kernel, of the whole project; --all empties the store.")
     p.add_argument("kernels", nargs="*", help="kernel ids or task names")
     p.add_argument("-m", "--manifest", default="magpie.toml", help="project manifest (default: %(default)s)")
-    p.add_argument("--all", action="store_true", help="remove the whole store, index and published reports")
+    p.add_argument("--all", action="store_true", help="remove the whole store, index, kept inputs and published reports")
     p.set_defaults(run=run)
 
 
@@ -21,7 +21,7 @@ def run(args) -> int:
     project = Project.load(args.manifest)
     store = project.store
     if args.all:
-        for folder in (store.objects, store.index, store.workspace / "reports"):
+        for folder in (store.objects, store.index, store.snapshots, store.workspace / "reports"):
             shutil.rmtree(folder, ignore_errors=True)
         print(f"magpie: removed the store under {store.workspace}")
         return 0
