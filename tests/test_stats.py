@@ -1,10 +1,11 @@
 import math
 import random
-from types import SimpleNamespace
+
+import pytest
 
 from magpie.compare.stats import bootstrap_speedup, quantile, summarize_ns, t_quantile, thin, thin_rounds
-from magpie.execution import actions
 from magpie.execution.actions import rank
+from magpie.harness.evaluate import paired_speedup
 
 
 def test_summary_of_known_samples():
@@ -134,22 +135,19 @@ def test_round_sizes_that_do_not_fit_the_samples_fall_back_to_samples():
     assert result["rounds"] == 1 and result["resampling"] == "samples (no rounds)"
 
 
-def test_the_timing_action_hands_the_rounds_to_the_bootstrap(monkeypatch, tmp_path):
+def test_the_timing_job_hands_the_rounds_to_the_bootstrap():
     rng = random.Random(6)
     base, base_sizes = _rounds(rng, 100.0, 0.02, 0.005)
     cand, cand_sizes = _rounds(rng, 80.0, 0.02, 0.005)
-    measured = {"performance_state": "SUCCESS", "samples_us": cand, "round_sizes": cand_sizes,
-                "baseline_samples_us": base, "baseline_round_sizes": base_sizes,
-                "baseline_result": {"median_us": 100.0}, "warnings": []}
-    monkeypatch.setattr(actions, "_evaluate", lambda *args, **kwargs: dict(measured))
-    params = {"baseline": {"id": "base"}, "impl": {"id": "fast", "is_baseline": False}}
-    job = SimpleNamespace(spec=SimpleNamespace(kernel="k", impl="fast", params=params),
-                          dep_results={"correctness:k/fast": {"correctness_state": "SUCCESS"},
-                                       "correctness:k/base": {"correctness_state": "SUCCESS"}})
-    speedup = actions.timing(job, tmp_path)["speedup"]
+    # the evaluator's kept samples are in ns
+    kept = {"baseline": ([round(s * 1000) for s in base], base_sizes),
+            "candidate": ([round(s * 1000) for s in cand], cand_sizes)}
+    speedup = paired_speedup(kept, 100.0)
     assert speedup["rounds"] == 5 and speedup["resampling"] == "5 rounds, paired"
+    assert speedup["baseline_median_us"] == 100.0 and "block bootstrap" in speedup["method"]
     expected = bootstrap_speedup(base, cand, baseline_rounds=base_sizes, candidate_rounds=cand_sizes)
-    assert (speedup["ci_low"], speedup["ci_high"]) == (expected["ci_low"], expected["ci_high"])
+    assert speedup["ci_low"] == pytest.approx(expected["ci_low"], rel=1e-4)
+    assert speedup["ci_high"] == pytest.approx(expected["ci_high"], rel=1e-4)
 
 
 def test_false_alarms_stay_near_the_nominal_rate():

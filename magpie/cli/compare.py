@@ -40,6 +40,8 @@ def table(report: dict) -> str:
         s = row.get("speedup")
         speed = "baseline" if row.get("is_baseline") else (
             f"{s['value']:.2f}x [{s['ci_low']:.2f},{s['ci_high']:.2f}] {s['verdict']}" if s else "-")
+        if s and s.get("implausible"):
+            speed += f" (implausible: re-timed {s['implausible']['retimed']:.2f}x)"
         median = f"{perf['median_us']:.2f}" if perf else "-"
         lines.append(f"{row['implementation']:24} {row['correctness_state']:12} {median:>12} {speed:>28}")
     for item in report["excluded"]:

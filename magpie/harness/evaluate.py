@@ -23,10 +23,11 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from statistics import median
 
 from magpie import sandbox
 from magpie.sandbox import namespaces
-from magpie.compare.stats import summarize_ns, thin_rounds
+from magpie.compare.stats import bootstrap_speedup, summarize_ns, thin_rounds
 from magpie.harness import device_lock
 from magpie.harness import scratch as scratch_folders
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
@@ -289,18 +290,20 @@ class Evaluator:
         The baseline is timed beside every candidate, and those measurements take turns on
         the device: one baseline worker serves them all. A job takes it where it is parked;
         if it is not (another job has it), the job asks again once it holds the device, when
-        the last measurement has parked it, and gives it back before letting the device go."""
+        the last measurement has parked it, and gives it back before letting the device go.
+        A speedup above `implausible_speedup` is measured a second time, with the device still
+        held: warm-up and interleaved rounds again, on input sets of new seeds."""
         phases = Laps()
         spec = self._spec(spec_index, testcase)
         cases = spec.cases(self.seed, self.kernel_id, spec_index, 1, salt="timing")
         case = max(cases, key=lambda c: math.prod(c.shape or [0]))
         pair = self.baseline is not None and not self.impl.get("is_baseline")
+        threshold = t.get("implausible_speedup")
         workers: dict[str, Worker] = {}
-        infos: dict[str, list] = {}  # the timer's info of each round, per role
-        methods: dict[str, str] = {}
         first_steps: dict[str, dict] = {}
         kernels = {}
         adopted: dict[str, bool] = {}
+        retimed: Rounds | None = None
         try:
             with device_lock.shared(self.device):
                 phases.mark("wait_shared")
@@ -310,9 +313,7 @@ class Evaluator:
                 if baseline is not None:
                     workers["baseline"] = baseline
                 phases.mark("start")
-                rotation = [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, "set", k))
-                            for k in range(int(t["input_sets"]))]
-                inputs = [spec.make_inputs(c) for c in rotation]
+                inputs = [spec.make_inputs(c) for c in _rotation(case, "set", int(t["input_sets"]))]
                 expected = spec.reference(inputs[0], self.init_seed)
                 out_specs = [output_specs(expected)]
                 phases.mark("inputs")
@@ -337,10 +338,6 @@ class Evaluator:
                     offers["baseline"] = self.exchange.offer_inputs("timing", inputs,
                                                                     workers["baseline"].scratch or self.work)
                     phases.mark("start_baseline")
-                samples = {role: [] for role in workers}
-                round_sizes = {role: [] for role in workers}  # samples per round: the bootstrap's blocks
-                wall = {role: 0.0 for role in workers}
-                early: dict[str, list[float]] = {role: [] for role in workers}
                 with Turns(workers) as turns:
                     warmed = {role: self._time_request(turns.give(role), offers[role], out_specs,
                                                        first_call=late and role == "baseline",
@@ -351,23 +348,11 @@ class Evaluator:
                         self.exchange.release()
                     phases.mark("warmup_probe")
                     mode = self._mode(min(answer.get("probe_us", 0.0) for answer in warmed.values()))
-                    rounds = int(t["rounds"])
-                    budget_ms, max_reps = t["budget_ms"] / rounds, max(1, int(t["max_reps"]) // rounds)
-                    for r in range(rounds):
-                        order = list(workers) if r % 2 == 0 else list(reversed(workers))
-                        for role in order:
-                            answer = self._time_request(turns.give(role), offers[role], out_specs,
-                                                        budget_ms=budget_ms, max_reps=max_reps, offset=r, mode=mode,
-                                                        settings=t)
-                            samples[role].extend(answer["samples_ns"])
-                            round_sizes[role].append(len(answer["samples_ns"]))
-                            wall[role] += answer["wall_s"]
-                            if (len(answer["samples_ns"]) < sample_cap(mode, max_reps)
-                                    and answer["wall_s"] * 1000 < EARLY_FRACTION * budget_ms):
-                                early[role].append(round(answer["wall_s"] * 1000, 3))
-                            infos.setdefault(role, []).append(answer["info"])
-                            methods[role] = answer["method"]
+                    measured = self._rounds(turns, offers, out_specs, mode, t)
                     phases.mark("timed")
+                    if pair and threshold and measured.speedup() > threshold:
+                        retimed = self._retime(turns, spec, case, out_specs, mode, t)
+                        phases.mark("retimed")
                     if self.device != "cpu":
                         for role in workers:
                             reply = turns.give(role).request({"op": "kernels", "inputs": offers[role],
@@ -391,8 +376,7 @@ class Evaluator:
                 worker.release()
             self.exchange.release()
         floor = spec.min_bytes(inputs[0], expected)
-        # Thinned in time order: the kept samples of a round stay together, counted per round.
-        kept = {role: thin_rounds(samples[role], round_sizes[role], KEPT_SAMPLES) for role in samples}
+        kept = measured.kept()
         result = {
             "performance_state": "SUCCESS",
             "errors": [],
@@ -409,42 +393,136 @@ class Evaluator:
             "first_call_steps_s": first_steps,
             "workers_adopted": {**adopted, **{role: worker.adopted for role, worker in workers.items()}},
         }
-        for role in samples:  # the baseline's worker is parked by now, its samples kept
-            impl = self.impl if role == "candidate" else self.baseline
-            method = self._method(impl, methods[role])
-            summary = self._summary(samples[role], wall[role], len(infos[role]), method, case.label)
-            summary["timer_info"] = infos[role][-1]
-            summary["early_rounds_ms"] = early[role]
-            summary["rounds_info"] = [{k: v for k, v in info.items() if k in ("mode", "host_wall_median_us")}
-                                      for info in infos[role]]
-            if role in kernels:
-                summary["kernel_us"] = kernels[role].get("kernel_us")
-                summary["kernels"] = kernels[role].get("kernels")
-                if summary["kernel_us"]:
-                    summary["dispatch_overhead_us"] = summary["median_us"] - summary["kernel_us"]
+        summaries = self._summaries(measured, case, kernels)
+        for role, summary in summaries.items():  # the baseline's worker is parked by now, its samples kept
             result["performance_result" if role == "candidate" else "baseline_result"] = summary
             problem = timer_inconsistency(summary, self.device)
             if problem:
-                result["performance_state"] = "FAILED"
-                result["errors"].append(f"{role}: {problem}")
-                _record(result, "failures", "timer_integrity", f"{role}: {problem}", case, spec_index)
+                _fail(result, "timer_integrity", f"{role}: {problem}", case, spec_index)
             flag = host_wall_gap(summary)
             if flag:
                 summary.setdefault("flags", []).append(flag)
                 result["warnings"].append(f"{role}: {flag}")
                 _record(result, "flags", "untimed_work", f"{role}: {flag}", case, spec_index)
-        floor_flag = roofline_floor_flag(result["performance_result"], floor, self.device)
-        if floor_flag:
-            result["performance_result"].setdefault("flags", []).append(floor_flag)
-            result["warnings"].append(f"candidate: {floor_flag}")
-            _record(result, "flags", "impossible_time", f"candidate: {floor_flag}", case, spec_index)
+        for role, summary in summaries.items():
+            verdict = self._roofline(summary, floor, expected)
+            if verdict is None:
+                continue
+            kind, line = verdict
+            if kind == "impossible":
+                consequence = "impossible, not ranked" if role == "candidate" else \
+                    "impossible: a comparison with it cannot be trusted"
+                _fail(result, "impossible_time", f"{role}: {line}: {consequence}", case, spec_index)
+            else:
+                summary.setdefault("flags", []).append(line)
+                result["warnings"].append(f"{role}: {line}")
+                _record(result, "flags", "impossible_time", f"{role}: {line}", case, spec_index)
         if not recheck["passed"]:
             result["performance_state"] = "FAILED"
             result["errors"].append(f"incorrect after timing: {recheck['check']}: {recheck['detail']}")
             detail = f"after timing: {recheck['detail']}"
             result.setdefault("failures", []).append(failure(recheck["kind"], "timing", detail,
                                                              {**recheck, "testcase": spec_index}))
+        if pair and result["performance_state"] == "SUCCESS":
+            # Here, in the timing job, not in the comparison: the timing jobs finish one by one
+            # while others measure, the comparison waits for the last of them.
+            result["speedup"] = paired_speedup(kept, result["baseline_result"]["median_us"])
+            if retimed is not None:
+                self._judge_retiming(result, retimed, float(threshold), case, spec_index)
         return result
+
+    def _rounds(self, turns: Turns, offers: dict, out_specs: list, mode: str | None, t: dict) -> Rounds:
+        """One measurement: the workers take turns for `rounds` rounds (order flipped every
+        round), each round a share of the budget and of the sample cap."""
+        roles = list(turns.workers)
+        measured = Rounds(roles)
+        rounds = int(t["rounds"])
+        budget_ms, max_reps = t["budget_ms"] / rounds, max(1, int(t["max_reps"]) // rounds)
+        for r in range(rounds):
+            for role in roles if r % 2 == 0 else reversed(roles):
+                answer = self._time_request(turns.give(role), offers[role], out_specs,
+                                            budget_ms=budget_ms, max_reps=max_reps, offset=r, mode=mode, settings=t)
+                measured.samples[role].extend(answer["samples_ns"])
+                measured.sizes[role].append(len(answer["samples_ns"]))
+                measured.wall[role] += answer["wall_s"]
+                if (len(answer["samples_ns"]) < sample_cap(mode, max_reps)
+                        and answer["wall_s"] * 1000 < EARLY_FRACTION * budget_ms):
+                    measured.early[role].append(round(answer["wall_s"] * 1000, 3))
+                measured.infos[role].append(answer["info"])
+                measured.methods[role] = answer["method"]
+        return measured
+
+    def _retime(self, turns: Turns, spec: ReferenceSpec, case, out_specs: list, mode: str | None,
+                t: dict) -> Rounds:
+        """The same measurement again (warm-up, then the rounds, in the mode the probe chose) on
+        input sets of new seeds: what an implementation learnt from the first sets, or from
+        counting its calls, does not carry over."""
+        inputs = [spec.make_inputs(c) for c in _rotation(case, "retime", int(t["input_sets"]))]
+        offers = {role: self.exchange.offer_inputs("retiming", inputs, worker.scratch or self.work)
+                  for role, worker in turns.workers.items()}
+        for role in turns.workers:  # each takes the new sets, then warms up on them
+            self._time_request(turns.give(role), offers[role], out_specs, warmup_ms=t["warmup_ms"])
+        self.exchange.release()
+        return self._rounds(turns, offers, out_specs, mode, t)
+
+    def _summaries(self, measured: Rounds, case, kernels: dict) -> dict[str, dict]:
+        summaries = {}
+        for role in measured.samples:
+            impl = self.impl if role == "candidate" else self.baseline
+            method = self._method(impl, measured.methods[role])
+            infos = measured.infos[role]
+            summary = self._summary(measured.samples[role], measured.wall[role], len(infos), method, case.label)
+            summary["timer_info"] = infos[-1]
+            summary["early_rounds_ms"] = measured.early[role]
+            summary["rounds_info"] = [{k: v for k, v in info.items() if k in ("mode", "host_wall_median_us")}
+                                      for info in infos]
+            if role in kernels:
+                summary["kernel_us"] = kernels[role].get("kernel_us")
+                summary["kernels"] = kernels[role].get("kernels")
+                if summary["kernel_us"]:
+                    summary["dispatch_overhead_us"] = summary["median_us"] - summary["kernel_us"]
+            summaries[role] = summary
+        return summaries
+
+    def _judge_retiming(self, result: dict, retimed: Rounds, threshold: float, case, spec_index: int) -> None:
+        """The second measurement of an implausible speedup: checked like the first, then
+        either a label on the first (`speedup["implausible"]`, a flag) or the timing's failure."""
+        again = self._summaries(retimed, case, {})
+        result["retiming"] = {"performance_result": again["candidate"], "baseline_result": again["baseline"]}
+        for role, summary in again.items():
+            problem = timer_inconsistency(summary, self.device)
+            if problem:
+                _fail(result, "timer_integrity", f"{role}, re-timed: {problem}", case, spec_index)
+        if result["performance_state"] != "SUCCESS":
+            return
+        second = paired_speedup(retimed.kept(), again["baseline"]["median_us"])
+        label, line = implausible_speedup(result["speedup"], second, threshold)
+        result["speedup"]["implausible"] = label
+        if label["confirmed"]:
+            result["warnings"].append(f"candidate: {line}")
+            _record(result, "flags", "implausible_speedup", f"candidate: {line}", case, spec_index)
+        else:
+            _fail(result, "timer_integrity", f"candidate: {line}", case, spec_index)
+
+    def _roofline(self, summary: dict, min_bytes: int, expected) -> tuple[str, str] | None:
+        """`roofline_floor` for one role's median, on this GPU (nothing on the CPU or an unknown
+        device). What the L2 may hold is allowed for: in graph mode (warm L2, calls back to
+        back) up to its size of inputs and outputs; with events (the L2 flushed with clean
+        lines before each call) the outputs, which a call may leave in the L2 unwritten."""
+        if self.device == "cpu" or not min_bytes:
+            return None
+        from magpie.harness.checks import as_tuple
+        from magpie.roofline.specs import detect_current
+
+        arch = detect_current()
+        if arch is None:
+            return None
+        torch = self.torch
+        l2 = int(getattr(torch.cuda.get_device_properties(torch.device(self.device)), "L2_cache_size", 0) or 0)
+        warm = any(info.get("mode") != "events" for info in summary.get("rounds_info") or [])
+        outputs = sum(x.numel() * x.element_size() for x in as_tuple(expected) if torch.is_tensor(x))
+        return roofline_floor(summary["median_us"], min_bytes, arch.memory_tbps, arch.name,
+                              cached_bytes=l2 if warm else min(outputs, l2), measured=bool(arch.measured))
 
     def _mode(self, probe_us: float) -> str | None:
         if self.device == "cpu":
@@ -523,20 +601,104 @@ def host_wall_gap(summary: dict) -> str | None:
     return None
 
 
-def roofline_floor_flag(summary: dict, min_bytes: int, device: str) -> str | None:
-    """A time under what moving the inputs and outputs once at peak bandwidth takes is not a win."""
-    if device == "cpu" or not min_bytes:
-        return None
-    from magpie.roofline.specs import detect_current
+# The roofline floor's tolerance. The floor is the time moving the bytes once at peak
+# bandwidth takes: the datasheet's peak, which kernels reach 85-93% of, so an honest time lies
+# well above that floor; or the peak `magpie calibrate` measured (roofline/specs.py puts it in
+# the datasheet's place), what one copy kernel reached, which another access pattern may beat
+# by a few percent. 10% under either, and a CUDA event's resolution (about 0.5 µs) under that,
+# is no honest measurement.
+FLOOR_TOLERANCE = 0.9
+EVENT_RESOLUTION_US = 0.5
 
-    arch = detect_current()
-    if arch is None:
+
+def roofline_floor(median_us: float, min_bytes: int, peak_tbps: float, device_name: str, *,
+                   cached_bytes: int = 0, measured: bool = False) -> tuple[str, str] | None:
+    """A median under the time moving `min_bytes` once at `peak_tbps` takes: ("impossible",
+    line) where it is under that floor less what the L2 may have held (`cached_bytes`) and
+    the tolerance above; ("flag", line) where only those allowances explain it; else None."""
+    if not min_bytes or peak_tbps <= 0:
         return None
-    floor_us = min_bytes / (arch.memory_tbps * 1e12) * 1e6
-    if summary["median_us"] < floor_us:
-        return (f"faster than the memory roofline floor: {summary['median_us']:.2f} µs < {floor_us:.2f} µs to move "
-                f"{min_bytes / 1e6:.1f} MB at {arch.memory_tbps} TB/s ({arch.name}); check the measurement")
-    return None
+    floor_us = min_bytes / (peak_tbps * 1e12) * 1e6
+    if median_us >= floor_us:
+        return None
+    must_move = max(0, min_bytes - cached_bytes)
+    hbm_us = must_move / (peak_tbps * 1e12) * 1e6
+    peak = f"{peak_tbps:g} TB/s ({device_name}{', measured by magpie calibrate' if measured else ''})"
+    if median_us < FLOOR_TOLERANCE * hbm_us - EVENT_RESOLUTION_US:
+        moved = f"its {min_bytes / 1e6:.1f} MB of inputs and outputs"
+        if must_move < min_bytes:
+            moved = f"{must_move / 1e6:.1f} MB of {moved} (the L2 may hold the rest)"
+        return "impossible", f"{median_us:.2f} µs is below the {hbm_us:.2f} µs it takes to move {moved} once at {peak}"
+    return "flag", (f"faster than the memory roofline floor: {median_us:.2f} µs < {floor_us:.2f} µs to move "
+                    f"{min_bytes / 1e6:.1f} MB at {peak}; the L2 may hold up to {cached_bytes / 1e6:.1f} MB of it, "
+                    "check the measurement")
+
+
+def implausible_speedup(first: dict, second: dict, threshold: float) -> tuple[dict, str]:
+    """A speedup above `threshold` (`first`) and its re-timing on fresh inputs (`second`):
+    the label for `speedup["implausible"]` and the line that says it. Confirmed when the
+    second is above the threshold too, or its interval meets the first's (the same speedup
+    within the noise of the two); otherwise not reproducible. Meeting intervals, not the first
+    estimate inside the second's interval: two honest measurements' estimates each fall
+    outside the other's 95% interval about one time in six, their intervals miss each other
+    about one time in 180."""
+    meet = second["ci_low"] <= first["ci_high"] and first["ci_low"] <= second["ci_high"]
+    confirmed = second["value"] > threshold or meet
+    label = {"threshold": threshold, "retimed": second["value"], "retimed_ci_low": second["ci_low"],
+             "retimed_ci_high": second["ci_high"], "confirmed": confirmed}
+    if confirmed:
+        line = (f"speedup {_times(first['value'])} is above the implausible_speedup threshold of {threshold:g}x; "
+                f"re-timed on fresh inputs: {_times(second['value'])} "
+                f"[{second['ci_low']:.3g}, {second['ci_high']:.3g}], confirmed: check the baseline")
+    else:
+        line = (f"speedup not reproducible: {_times(first['value'])} then {_times(second['value'])} "
+                f"(re-timed on fresh inputs, being above the implausible_speedup threshold of {threshold:g}x; "
+                f"intervals [{first['ci_low']:.3g}, {first['ci_high']:.3g}] and "
+                f"[{second['ci_low']:.3g}, {second['ci_high']:.3g}] do not meet)")
+    return label, line
+
+
+def _times(value: float) -> str:
+    return f"{value:.3g}x"
+
+
+SPEEDUP_METHOD = ("median(baseline)/median(candidate) over all samples, timed in interleaved rounds; "
+                  "block bootstrap over the rounds (paired), few-rounds t correction, centred on the estimate")
+
+
+def paired_speedup(kept: dict, baseline_median_us: float) -> dict:
+    """The speedup of one measurement, from its kept samples (ns) and their rounds."""
+    (base, base_rounds), (cand, cand_rounds) = kept["baseline"], kept["candidate"]
+    return {**bootstrap_speedup([s / 1000 for s in base], [s / 1000 for s in cand],
+                                baseline_rounds=base_rounds, candidate_rounds=cand_rounds),
+            "baseline_median_us": baseline_median_us, "method": SPEEDUP_METHOD}
+
+
+class Rounds:
+    """One interleaved measurement, per role: its samples in time order (ns), how many each
+    round took (the bootstrap's blocks), the wall time the evaluator measured around its
+    requests, the rounds that came back early, the timer's info per round and its method."""
+
+    def __init__(self, roles: list[str]):
+        self.samples: dict[str, list[int]] = {role: [] for role in roles}
+        self.sizes: dict[str, list[int]] = {role: [] for role in roles}
+        self.wall: dict[str, float] = {role: 0.0 for role in roles}
+        self.early: dict[str, list[float]] = {role: [] for role in roles}
+        self.infos: dict[str, list[dict]] = {role: [] for role in roles}
+        self.methods: dict[str, str] = {}
+
+    def speedup(self) -> float:
+        """The point estimate, median(baseline) / median(candidate)."""
+        return median(self.samples["baseline"]) / max(median(self.samples["candidate"]), 1)
+
+    def kept(self) -> dict[str, tuple[list[int], list[int]]]:
+        """Thinned in time order: the kept samples of a round stay together, counted per round."""
+        return {role: thin_rounds(self.samples[role], self.sizes[role], KEPT_SAMPLES) for role in self.samples}
+
+
+def _rotation(case, salt: str, count: int) -> list:
+    """The input sets a measurement rotates through, of seeds derived from the case's and `salt`."""
+    return [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, salt, k)) for k in range(count)]
 
 
 class Turns:
@@ -615,6 +777,13 @@ def _record(result: dict, key: str, kind: str, detail: str, case, testcase: int)
     """A timing failure ("failures") or flag ("flags") on the timed case, beside its line in errors or warnings."""
     where = {"testcase": testcase, "case": case.label, "shape": case.shape, "dtype": case.dtype}
     result.setdefault(key, []).append(failure(kind, "timing", detail, where))
+
+
+def _fail(result: dict, kind: str, detail: str, case, testcase: int) -> None:
+    """The timing fails: its line in errors, its record in failures."""
+    result["performance_state"] = "FAILED"
+    result["errors"].append(detail)
+    _record(result, "failures", kind, detail, case, testcase)
 
 
 def _not_timed(state: str, kind: str, error: str, testcase: int | None = None) -> dict:

@@ -20,8 +20,10 @@ KINDS = (
     "crash", "timeout", "out_of_memory", "error", "load_error", "sandbox", "sandbox_violation",
     # measurement, build steps, and what was not run because of an earlier failure
     "timer_integrity", "compile", "testcase_command", "spec", "evaluator", "skipped", "not_compiled", "not_correct",
+    # a time under the roofline floor: a failure; where the L2 may explain it, a flag
+    "impossible_time",
     # flags: a timing that stands but needs a look
-    "impossible_time", "untimed_work",
+    "untimed_work", "implausible_speedup",
 )
 STAGES = ("compile", "correctness", "timing")
 

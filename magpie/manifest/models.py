@@ -26,6 +26,8 @@ class TimingSettings(Strict):
     max_reps: int = Field(100_000, ge=1)
     input_sets: int = Field(4, ge=1, description="fresh input sets rotated between calls")
     threads: int = Field(1, ge=1, description="torch intra-op threads on the CPU")
+    implausible_speedup: float = Field(10.0, gt=1, description="a speedup above this is timed again on fresh "
+                                       "inputs: labelled if it holds, the timing failed if it does not")
 
 
 class Defaults(Strict):

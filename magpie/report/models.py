@@ -93,7 +93,8 @@ class ResultRow(Open):
     errors: list[str]
     warnings: list[str]
     failures: list[Failure] = []
-    flags: list[Failure] = []  # a timing that stands but needs a look (impossible_time, untimed_work)
+    flags: list[Failure] = []  # a timing that stands but needs a look (impossible_time, untimed_work,
+    # implausible_speedup)
     numerics_margin: Optional[NumericsMargin] = None
 
 

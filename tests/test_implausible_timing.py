@@ -1,0 +1,235 @@
+"""Timing the candidate can't fake: a time under the device's roofline floor is impossible, and a
+speedup above `implausible_speedup` is timed again on fresh inputs: labelled where it holds,
+the timing failed where it does not."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import FIXTURES, build_json
+from magpie.harness.evaluate import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
+
+# The baseline does its work after sleeping 2 ms a call: an honest candidate is 20x+ faster.
+SLOW_BASELINE = """
+import time
+
+import torch
+
+
+def kernel(x):
+    time.sleep(0.002)
+    return torch.relu(x) * 2.0
+"""
+HONEST = """
+import torch
+
+
+def kernel(x):
+    return torch.relu(x) * 2.0
+"""
+# Fast for its first 70 calls, as slow as the baseline after: the checks (one trial), the first
+# call and the first measurement's 60 samples fit in them, the re-timing does not.
+COUNTS_CALLS = """
+import time
+
+import torch
+
+_calls = [0]
+
+
+def kernel(x):
+    _calls[0] += 1
+    if _calls[0] > 70:
+        time.sleep(0.002)
+    return torch.relu(x) * 2.0
+"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("implausible")
+    shutil.copy(FIXTURES / "adversarial" / "spec.py", root / "spec.py")
+    for name, text in {"slow": SLOW_BASELINE, "honest": HONEST, "counts_calls": COUNTS_CALLS}.items():
+        (root / f"{name}.py").write_text(text)
+    # 3 rounds of at most 20 samples each (max_reps), no warm-up: a call count fixed in advance
+    (root / "magpie.toml").write_text("""[project]
+name = "implausible"
+
+[defaults]
+trials = 1
+
+[defaults.timing]
+warmup_ms = 0
+budget_ms = 90
+rounds = 3
+max_reps = 60
+
+[[kernel]]
+id = "relu2"
+type = "pytorch"
+entry = "kernel"
+
+[kernel.baseline]
+id = "slow"
+source = "slow.py"
+
+[[kernel.candidates]]
+id = "honest"
+source = "honest.py"
+
+[[kernel.candidates]]
+id = "counts_calls"
+source = "counts_calls.py"
+
+[[kernel.testcases]]
+spec = "spec.py"
+shapes = [[8, 128]]
+""")
+    assert build_json(root, "-j", "2")["failed"] == []
+    report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+    return {row["implementation"]: row for row in report["results"]}, report
+
+
+def test_an_honest_implausible_speedup_is_retimed_confirmed_labelled_and_ranked(report):
+    rows, whole = report
+    row = rows["honest"]
+    assert row["performance_state"] == "SUCCESS", row["errors"]
+    speedup = row["speedup"]
+    assert speedup["value"] > 10
+    label = speedup["implausible"]
+    assert label["threshold"] == 10 and label["confirmed"] is True and label["retimed"] > 10
+    assert [f["kind"] for f in row["flags"]] == ["implausible_speedup"]
+    assert any("re-timed on fresh inputs" in w and "confirmed" in w for w in row["warnings"])
+    assert whole["ranking"][0] == "honest" and whole["best"] == "honest"
+
+
+def test_a_speedup_that_the_retiming_does_not_reproduce_fails_the_timing(report):
+    rows, whole = report
+    row = rows["counts_calls"]
+    assert row["performance_state"] == "FAILED"
+    assert row["failures"][0]["kind"] == "timer_integrity" and row["failures"][0]["stage"] == "timing"
+    assert any("speedup not reproducible" in e and " then " in e for e in row["errors"]), row["errors"]
+    assert "counts_calls" not in whole["ranking"]
+    assert any(e["implementation"] == "counts_calls" for e in whole["excluded"])
+
+
+H200 = 4.8  # TB/s
+
+
+def test_a_time_under_the_roofline_floor_is_impossible():
+    # 12 MB at 4.8 TB/s: 2.5 µs
+    kind, line = roofline_floor(1.2, 12_000_000, H200, "H200")
+    assert kind == "impossible"
+    assert line == ("1.20 µs is below the 2.50 µs it takes to move its 12.0 MB of inputs and outputs once at "
+                    "4.8 TB/s (H200)")
+
+
+def test_the_floor_keeps_a_tolerance_and_says_a_measured_peak():
+    floor_us = 12_600_000 / (H200 * 1e12) * 1e6
+    assert roofline_floor(floor_us * 1.01, 12_600_000, H200, "H200") is None
+    # just under the floor, inside the tolerance: a flag, not a failure
+    assert roofline_floor(floor_us * 0.95, 12_600_000, H200, "H200")[0] == "flag"
+    limit = FLOOR_TOLERANCE * floor_us - 0.5
+    assert roofline_floor(limit * 1.01, 12_600_000, H200, "H200")[0] == "flag"
+    kind, line = roofline_floor(limit * 0.99, 12_600_000, 4.1, "H200", measured=True)
+    assert kind == "impossible" and "4.1 TB/s (H200, measured by magpie calibrate)" in line
+    assert roofline_floor(0.1, 0, H200, "H200") is None
+
+
+def test_what_the_l2_may_hold_is_not_counted_in_the_floor():
+    # 80 MB, of which 40 MB of outputs a flushed L2 of 50 MB may keep unwritten: 40 MB must move
+    assert roofline_floor(10.0, 80_000_000, H200, "H200", cached_bytes=40_000_000)[0] == "flag"
+    kind, line = roofline_floor(5.0, 80_000_000, H200, "H200", cached_bytes=40_000_000)
+    assert kind == "impossible" and "40.0 MB of its 80.0 MB" in line and "8.33 µs" in line
+    # all of it may sit in a warm L2: never impossible
+    assert roofline_floor(0.01, 30_000_000, H200, "H200", cached_bytes=50_000_000)[0] == "flag"
+
+
+def _speedup(value, low, high):
+    return {"value": value, "ci_low": low, "ci_high": high}
+
+
+@pytest.mark.parametrize("second, confirmed", [
+    (_speedup(50.0, 45.0, 56.0), True),    # the same
+    (_speedup(12.0, 11.0, 13.0), True),    # disagrees, but still above the threshold
+    (_speedup(9.5, 8.0, 11.0), True),      # under the threshold, its interval meets the first's
+    (_speedup(1.1, 1.0, 1.2), False),      # not reproducible
+])
+def test_implausible_speedup_decision(second, confirmed):
+    first = _speedup(54.0, 48.0, 60.0) if second["value"] != 9.5 else _speedup(10.5, 10.1, 10.9)
+    label, line = implausible_speedup(first, second, 10.0)
+    assert label["confirmed"] is confirmed and label["threshold"] == 10.0 and label["retimed"] == second["value"]
+    if not confirmed:
+        assert line.startswith("speedup not reproducible: 54x then 1.1x")
+
+
+COPY_SPEC = """
+import torch
+
+
+def make_inputs(shape, dtype, generator):
+    return (torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype),)
+
+
+def reference(x):
+    return x.clone()
+"""
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_an_output_that_aliases_its_input_is_an_impossible_time(tmp_path):
+    (tmp_path / "spec.py").write_text(COPY_SPEC)
+    files = {
+        "clones": "def kernel(x):\n    return x.clone()\n",
+        "copies": "import torch\n\ndef kernel(x):\n    return torch.empty_like(x).copy_(x)\n",
+        # correct, and moves nothing: under the time 64 MB in and 64 MB out take, whatever the L2 holds
+        "aliases": "def kernel(x):\n    return x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    (tmp_path / "magpie.toml").write_text("""[project]
+name = "copy"
+device = "cuda"
+
+[defaults]
+trials = 1
+
+[defaults.timing]
+warmup_ms = 10
+budget_ms = 60
+rounds = 3
+
+[[kernel]]
+id = "copy"
+type = "pytorch"
+entry = "kernel"
+
+[kernel.baseline]
+id = "clones"
+source = "clones.py"
+
+[[kernel.candidates]]
+id = "copies"
+source = "copies.py"
+
+[[kernel.candidates]]
+id = "aliases"
+source = "aliases.py"
+
+[[kernel.testcases]]
+spec = "spec.py"
+shapes = [[4096, 4096]]
+""")
+    assert build_json(tmp_path, "-j", "1")["failed"] == []
+    report = json.loads((tmp_path / "workspaces/reports/copy/compare_report.json").read_text())
+    rows = {row["implementation"]: row for row in report["results"]}
+    aliases = rows["aliases"]
+    assert aliases["performance_state"] == "FAILED"
+    assert "impossible_time" in [f["kind"] for f in aliases["failures"]]
+    assert any(e.startswith("candidate: ") and e.endswith("(H200): impossible, not ranked")
+               for e in aliases["errors"]), aliases["errors"]
+    copies = rows["copies"]
+    assert copies["performance_state"] == "SUCCESS", copies["errors"]
+    assert "impossible_time" not in [f["kind"] for f in copies["flags"]]
+    assert "aliases" not in report["ranking"] and "copies" in report["ranking"]
