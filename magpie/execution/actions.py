@@ -18,6 +18,7 @@ from magpie.harness import scratch as scratch_folders
 from magpie.harness.evaluate import code_reads, evaluator_key
 from magpie.harness.kinds import command_kind
 from magpie.harness.kinds import failure as failed
+from magpie.graph.expand import snapshot_path
 from magpie.harness.spec import SECRET_VARIABLE
 from magpie.harness.session import Worker, WorkerFailure, signal_verdict
 from magpie.paths import subprocess_env
@@ -116,6 +117,15 @@ def with_library(job, impl: dict | None) -> dict | None:
     return {**impl, "library": str(library)} if library and library.is_file() else impl
 
 
+def snapshots_of(job) -> dict[str, str]:
+    """Each input of the job's task -> the file holding the bytes its key was computed from."""
+    folder = job.spec.params.get("snapshots")
+    if not folder:
+        return {}
+    return {name: str(snapshot_path(Path(folder), digest))
+            for name, digest in (job.spec.parts or {}).get("inputs", {}).items() if digest != "missing"}
+
+
 def workspace_of(job) -> list[str]:
     """The artifact store's workspace (where the job's dependencies were stored), for the
     sandbox to hide: it holds this build's verdicts and its input secret."""
@@ -129,7 +139,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
     request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
                "impl": with_library(job, spec.params["impl"]), "baseline": with_library(job, baseline),
                "settings": settings, "input_secret": os.environ.get(SECRET_VARIABLE, ""),
-               "hide": workspace_of(job)}
+               "hide": workspace_of(job), "snapshots": snapshots_of(job)}
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))
     # warm-up and budget for the candidate and the baseline, twice where an implausible speedup is re-timed

@@ -9,6 +9,7 @@ Usage (started by an action, through session.Worker): python -m magpie.harness.e
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import hashlib
@@ -17,7 +18,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +30,7 @@ from magpie.sandbox import namespaces
 from magpie.compare.stats import bootstrap_speedup, summarize_ns, thin_rounds
 from magpie.harness import device_lock
 from magpie.harness import scratch as scratch_folders
+from magpie.harness import zygote
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
 from magpie.harness.kinds import command_kind, failure, failure_kind
@@ -66,6 +67,7 @@ class Evaluator:
         self.seed = derive_seed(int(self.correctness_settings["seed"]), self.input_secret) if self.input_secret \
             else int(self.correctness_settings["seed"])
         self.hide = list(request.get("hide") or [])
+        self.snapshots: dict[str, str] = request.get("snapshots") or {}
         self.init_seed = derive_seed(self.seed, self.kernel_id, "init")
         self._torch = None
         self._exchange = None
@@ -113,6 +115,9 @@ class Evaluator:
             "init_inputs_file": init_file, "init_from_module": init_from_module,
             "threads": self.settings.get("timing", {}).get("threads", 1),
         }
+        code = None if impl.get("library") else self.code(impl["source"])
+        if code is not None:  # what the task was keyed by, not the file as it may be now
+            load["code"] = base64.b64encode(code).decode()
         log_path = self.work / f"worker-{impl['id']}.log"
         key = worker_key(load, impl, self.root, cwd=str(cwd), env=env, memory_mb=memory_mb)
         caches = compiler_caches(key)
@@ -162,8 +167,14 @@ class Evaluator:
         parked worker serves the next job only if its model was built from the same)."""
         return self._save("init-inputs.pt", [spec.init_inputs()]) if spec.kernelbench else None
 
+    def code(self, name: str) -> bytes | None:
+        """The bytes of a task input (a spec, a source) as its key was computed from them, or None
+        where none were kept (read the file)."""
+        kept = self.snapshots.get(name)
+        return Path(kept).read_bytes() if kept else None
+
     def _spec(self, index: int, testcase: dict) -> ReferenceSpec:
-        return ReferenceSpec(self.root / testcase["spec"], testcase, self.device)
+        return ReferenceSpec(self.root / testcase["spec"], testcase, self.device, self.code(testcase["spec"]))
 
     def _run_cases(self, worker: Worker, spec: ReferenceSpec, cases: list, tag: str, rtol, atol) -> list[dict]:
         inputs = [spec.make_inputs(c) for c in cases]
@@ -248,20 +259,24 @@ class Evaluator:
             write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self.hide, gpu=self.device != "cpu")
         self.isolation = sandbox.describe(policy)
         started = time.monotonic()
-        output = scratch / "output.log"
+        output = scratch / "output.log"  # read back by its end only: a command may print gigabytes
+        # Forked from the zygote, which enters the sandbox and then executes the command: no
+        # interpreter to start per command.
+        argv = ["/bin/sh", "-c", testcase["command"]]
+        proc = zygote.launch("magpie.sandbox.__main__", [json.dumps(policy.to_json() if policy else None), "--", *argv],
+                             cwd=str(cwd), env=env, log_path=output)
         try:
-            with open(output, "wb") as log:  # read back by its end only: a command may print gigabytes
-                proc = subprocess.run(sandbox.command(["/bin/sh", "-c", testcase["command"]], policy), cwd=cwd,
-                                      env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                      timeout=self.timeout, start_new_session=True, preexec_fn=_dies_with_parent)
+            returncode = proc.wait(timeout=self.timeout)
             tail = scratch_folders.tail(output, 16 << 10)[0].decode(errors="replace").strip().splitlines()[-3:]
         except subprocess.TimeoutExpired:
             return {"testcase": index, "case": "command", "trial": 0, "passed": False, "check": "exit code",
                     "kind": "timeout", "detail": f"timeout after {self.timeout:g} s"}
         finally:
+            proc.kill()  # its process group, whatever the command left
+            proc.wait()
             shutil.rmtree(scratch, ignore_errors=True)
-        passed = proc.returncode == 0
-        detail = "" if passed else f"{signal_verdict(proc.returncode)}: {' | '.join(tail)[:400]}"
+        passed = returncode == 0
+        detail = "" if passed else f"{signal_verdict(returncode)}: {' | '.join(tail)[:400]}"
         return {"testcase": index, "case": "command", "trial": 0, "passed": passed, "check": "exit code",
                 "kind": None if passed else command_kind(detail, "testcase_command"), "detail": detail,
                 "wall_s": time.monotonic() - started}
@@ -739,10 +754,6 @@ def worker_key(load: dict, impl: dict, root: Path, **process) -> str:
     for path in files:
         digest.update(path.read_bytes() if path.is_file() else b"-")
     return digest.hexdigest()[:24]
-
-
-def _dies_with_parent() -> None:
-    namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def code_reads(root: Path, impl: dict, cwd: Path) -> list[str]:
