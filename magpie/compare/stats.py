@@ -97,13 +97,23 @@ def t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+# What a speedup may be the ratio of: "median" (the default, robust to the tails of honest
+# timings) or "mean" (where per-call times are uneven: see evaluate.UNEVEN_CALLS_FACTOR).
+STATISTICS = ("median", "mean")
+
+
 def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
                       baseline_rounds: list[int] | None = None, candidate_rounds: list[int] | None = None,
                       resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
-                      max_samples: int = 1000) -> dict:
+                      max_samples: int = 1000, statistic: str = "median") -> dict:
     """Speedup = median(baseline) / median(candidate) over all samples, with a confidence
     interval from a block bootstrap over the interleaved rounds. An interval that contains
     1.0 means the difference is within the noise of these measurements ("within noise").
+    With `statistic="mean"`, mean(baseline) / mean(candidate) instead, with the same
+    bootstrap (the evaluator's choice where an implementation's per-call times are uneven:
+    the sum of the samples, hence their mean, is what its wall clock vouches for; a median
+    can be collapsed by doing all the work in one call of every few). The result says which
+    (`statistic`).
 
     `baseline_rounds` and `candidate_rounds` are how many of the (time-ordered) samples
     each round holds; round r of the baseline and round r of the candidate were timed one
@@ -111,7 +121,11 @@ def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
 
     - Statistic: the ratio of the medians of all samples, the medians the reports show;
       pooling keeps every sample's weight (the median of five round medians would throw
-      most of them away) and the resampling below carries the rounds' structure.
+      most of them away) and the resampling below carries the rounds' structure. For the
+      mean, the ratio of the means of all samples given, not thinned: a mean needs only
+      each round's sum and count, so a resample of rounds is exact and cheap, and no
+      every-k-th thinning can fall in step with a candidate's pattern of slow calls (one in
+      four, say) and leave them all out.
     - Resampling: rounds, with replacement, the same round indices for both roles: a
       round's pair shares the device's state then (clocks, temperature, neighbours), and
       what drifts from round to round, not sample to sample, is what the old i.i.d.
@@ -139,32 +153,52 @@ def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
       nothing then shows variation between rounds, and no interval shows variation between
       runs (another process, another day): repeat the run for that.
     """
-    point = median(baseline_us) / median(candidate_us)
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
+    by_mean = statistic == "mean"
+    centre_of = fmean if by_mean else median
+    point = centre_of(baseline_us) / centre_of(candidate_us)
     paired = (baseline_rounds is not None and candidate_rounds is not None
               and len(baseline_rounds) == len(candidate_rounds)
               and sum(baseline_rounds) == len(baseline_us) and sum(candidate_rounds) == len(candidate_us))
     if not paired:
         baseline_rounds, candidate_rounds = [len(baseline_us)], [len(candidate_us)]
-    base, base_sizes = thin_rounds(baseline_us, baseline_rounds, max_samples)
-    cand, cand_sizes = thin_rounds(candidate_us, candidate_rounds, max_samples)
-    pairs = [(b, c) for b, c in zip(_split(base, base_sizes), _split(cand, cand_sizes)) if b and c]
     rng = random.Random(seed)
+    if by_mean:  # every sample: a round's sum and count are all a resample of rounds needs
+        base, base_sizes, cand, cand_sizes = list(baseline_us), list(baseline_rounds), list(candidate_us), \
+            list(candidate_rounds)
+    else:
+        base, base_sizes = thin_rounds(baseline_us, baseline_rounds, max_samples)
+        cand, cand_sizes = thin_rounds(candidate_us, candidate_rounds, max_samples)
+    pairs = [(b, c) for b, c in zip(_split(base, base_sizes), _split(cand, cand_sizes)) if b and c]
     alpha = (1 - confidence) / 2
     stats = []
     if len(pairs) > 1:
         blocks = len(pairs)
-        for _ in range(resamples):
-            b, c = [], []
-            for r in rng.choices(range(blocks), k=blocks):
-                b.extend(pairs[r][0])
-                c.extend(pairs[r][1])
-            stats.append(math.log(median(b) / median(c)))
+        if by_mean:
+            sums = [(sum(b), len(b), sum(c), len(c)) for b, c in pairs]
+            for _ in range(resamples):
+                chosen = [sums[r] for r in rng.choices(range(blocks), k=blocks)]
+                b_mean = sum(x[0] for x in chosen) / sum(x[1] for x in chosen)
+                c_mean = sum(x[2] for x in chosen) / sum(x[3] for x in chosen)
+                stats.append(math.log(b_mean / c_mean))
+        else:
+            for _ in range(resamples):
+                b, c = [], []
+                for r in rng.choices(range(blocks), k=blocks):
+                    b.extend(pairs[r][0])
+                    c.extend(pairs[r][1])
+                stats.append(math.log(median(b) / median(c)))
         scale = math.sqrt(blocks / (blocks - 1)) * t_quantile(1 - alpha, blocks - 1) / NormalDist().inv_cdf(1 - alpha)
         resampling = f"{blocks} rounds, paired"
     else:
         blocks, scale, resampling = 1, 1.0, "samples (no rounds)"
+        if by_mean:  # a random subset, not every k-th sample: it cannot fall in step with a pattern
+            base = base if len(base) <= max_samples else rng.sample(base, max_samples)
+            cand = cand if len(cand) <= max_samples else rng.sample(cand, max_samples)
         for _ in range(resamples):
-            stats.append(math.log(median(rng.choices(base, k=len(base))) / median(rng.choices(cand, k=len(cand)))))
+            stats.append(math.log(centre_of(rng.choices(base, k=len(base)))
+                                  / centre_of(rng.choices(cand, k=len(cand)))))
     stats.sort()
     centre = quantile(stats, 0.5)
     low = point * math.exp(scale * (quantile(stats, alpha) - centre))
@@ -175,4 +209,4 @@ def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
         verdict = "faster" if low > 1.0 else "slower"
     return {"value": point, "ci_low": low, "ci_high": high, "confidence": confidence,
             "resamples": resamples, "verdict": verdict, "rounds": blocks, "resampling": resampling,
-            "few_rounds_factor": scale, "bootstrap_median": math.exp(centre)}
+            "few_rounds_factor": scale, "bootstrap_median": math.exp(centre), "statistic": statistic}

@@ -22,8 +22,9 @@ KINDS = (
     "timer_integrity", "compile", "testcase_command", "spec", "evaluator", "skipped", "not_compiled", "not_correct",
     # a time under the roofline floor: a failure; where the L2 may explain it, a flag
     "impossible_time",
-    # flags: a timing that stands but needs a look
-    "untimed_work", "implausible_speedup",
+    # flags: a timing that stands but needs a look (uneven_calls: mean over twice the median,
+    # compared by means)
+    "untimed_work", "implausible_speedup", "uneven_calls",
 )
 STAGES = ("compile", "correctness", "timing")
 

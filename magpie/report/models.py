@@ -94,7 +94,7 @@ class ResultRow(Open):
     warnings: list[str]
     failures: list[Failure] = []
     flags: list[Failure] = []  # a timing that stands but needs a look (impossible_time, untimed_work,
-    # implausible_speedup)
+    # implausible_speedup, uneven_calls)
     numerics_margin: Optional[NumericsMargin] = None
 
 
