@@ -140,8 +140,11 @@ def read_trees(policy: Policy) -> list[str]:
     temporary folder (where other jobs' scratch, magpie's locks and sockets live)."""
     excluded = {"dev", "tmp", "lost+found", _top(tempfile.gettempdir())}
     paths = sysconfig.get_paths()
+    # magpie's package and the folder it is found in (a source checkout's, which the import
+    # system lists to find it)
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     interpreter = [sys.prefix, sys.base_prefix, sys.exec_prefix, paths["stdlib"], paths["platstdlib"],
-                   paths["purelib"], paths["platlib"], os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+                   paths["purelib"], paths["platlib"], package_parent]
     import site
 
     interpreter += [*site.getsitepackages(), site.getusersitepackages()]
