@@ -35,14 +35,22 @@ def _sandboxed(job, work: Path, profiler: list[str]) -> list[str]:
     no longer enter namespaces. They get a private /tmp (profilers keep their locks there)
     and network sockets (their injected library talks to them over local ones); the report's
     isolation says so."""
-    spec = job.spec
     request = _request(job, work)
+    return sandbox.command([*profiler, sys.executable, "-m", "magpie.harness.profile", str(request)],
+                           _policy(job, work))
+
+
+def _policy(job, work: Path) -> sandbox.Policy | None:
+    spec = job.spec
     root = Path(spec.params["root"])
     impl = with_library(job, spec.params["impl"])
     read = code_reads(root, impl, root / (impl.get("working_dir") or "."))
-    policy = None if sandbox.trusted() else sandbox.Policy(
+    return None if sandbox.trusted() else sandbox.Policy(
         write=[str(work), "/tmp"], read=read, hide=[*workspace_of(job), "/tmp"], gpu=True, network=True)
-    return sandbox.command([*profiler, sys.executable, "-m", "magpie.harness.profile", str(request)], policy)
+
+
+def _isolation(job) -> str:
+    return sandbox.describe(_policy(job, Path("/tmp")))
 
 
 def _private_caches(work: Path) -> dict[str, str]:
@@ -95,7 +103,7 @@ def _ncu(job, out_dir: Path) -> dict:
     gpu = gpu_description()
     arch = lookup(gpu[0]) if gpu else None
     rows = [kernel_roofline(k, arch) for k in kernels]
-    return {"state": "SUCCESS", "tool": "ncu", "arch": arch.name if arch else None,
+    return {"state": "SUCCESS", "tool": "ncu", "isolation": _isolation(job), "arch": arch.name if arch else None,
             "peaks_source": (arch.source if arch and not arch.measured else "magpie calibrate") if arch else None,
             "kernels": rows, "total_duration_us": sum(r["duration_us"] for r in rows), "errors": []}
 
@@ -121,5 +129,5 @@ def _rocprof(job, out_dir: Path) -> dict:
         return {"state": "FAILED", "kernels": [],
                 "errors": [f"rocprofv3 wrote no CSV (exit {proc.returncode}): {tail}"]}
     rows = parse_rocprof(traces)
-    return {"state": "SUCCESS", "tool": "rocprofv3", "kernels": rows,
+    return {"state": "SUCCESS", "tool": "rocprofv3", "isolation": _isolation(job), "kernels": rows,
             "total_duration_us": sum(r["duration_us"] for r in rows), "errors": []}

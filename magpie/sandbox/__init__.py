@@ -71,6 +71,8 @@ def describe(policy: Policy | None) -> str:
     if seccomp.supported():
         layers.append("seccomp")
     layers.append("no_new_privs, no capabilities")
+    if policy.network:
+        layers.append("network sockets allowed")
     limits = [f"files {policy.file_mb} MiB", f"{policy.processes} processes"]
     if policy.memory_mb:
         limits.insert(0, f"memory {policy.memory_mb} MiB")
@@ -91,11 +93,12 @@ def unavailable_reason() -> str | None:
         return "the kernel has no Landlock (Linux 5.13+ with landlock in the enabled LSMs)"
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:
+    if pid == 0:  # the whole set-up, the init's /proc included; what fails says so on the pipe
         os.close(read)
+        os.dup2(write, 2)
         code = 0
         try:
-            contain(Policy(write=[tempfile.gettempdir()]), fork=False)
+            contain(Policy(write=[tempfile.gettempdir()]))
         except BaseException as err:  # noqa: BLE001 - told to the parent, which decides
             os.write(write, str(err).encode()[:500])
             code = 1
