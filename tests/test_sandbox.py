@@ -308,9 +308,8 @@ def test_a_host_without_a_sandbox_is_refused_unless_the_code_is_trusted(command_
     """Inside magpie's own sandbox no namespace can be made (seccomp): the build there is a host
     that allows no sandbox. It refuses in one line, and runs with --trust-code."""
     temporary = tmp_path_factory.mktemp("tmp")
-    from magpie.harness import scratch
-
-    policy = sandbox.Policy(write=[str(command_project), str(temporary), str(scratch.root())], network=True)
+    # a /dev/shm of its own: the build inside keeps its scratch there, out of other builds' way
+    policy = sandbox.Policy(write=[str(command_project), str(temporary), "/dev/shm"], hide=["/dev/shm"], network=True)
     outer = [sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
              sys.executable, "-m", "magpie", "build", "--json"]
     env = {**os.environ, "TMPDIR": str(temporary)}
@@ -387,3 +386,20 @@ def test_the_sandbox_works_for_an_unprivileged_user():
     shutil.rmtree(scratch)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["65534", "2", "wrote", "denied"], proc.stdout
+
+
+def test_a_build_in_another_pid_namespace_leaves_this_ones_scratch_alone():
+    """A folder's owner is a pid of the namespace that made it: a sweep in another namespace
+    (a build inside a sandbox or a container sharing /dev/shm) cannot see it and keeps away."""
+    from magpie.harness import scratch
+
+    folder = scratch.make("owned-")
+    try:
+        policy = sandbox.Policy(write=[str(scratch.root())])
+        code = "import magpie.harness.scratch as s; print(s.sweep())"
+        proc = subprocess.run(sandbox.command([sys.executable, "-c", code], policy), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert folder.is_dir()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

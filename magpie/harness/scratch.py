@@ -39,7 +39,16 @@ def make(prefix: str, owner: int | None = None) -> Path:
 
 
 def own(folder: Path, pid: int) -> None:
-    (folder / OWNER).write_text(str(pid))
+    """The owner is a pid of this PID namespace: a build in another (a sandbox's, a
+    container's) cannot tell whether it lives, and leaves the folder alone."""
+    (folder / OWNER).write_text(f"{pid} {_pid_namespace()}")
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def sweep() -> int:
@@ -49,10 +58,11 @@ def sweep() -> int:
         entries = list(root().iterdir())
     except OSError:
         return 0
+    here = _pid_namespace()
     for folder in entries:
         try:
-            pid = int((folder / OWNER).read_text())
-            alive = _alive(pid)
+            pid, namespace = (int(field) for field in (folder / OWNER).read_text().split())
+            alive = namespace != here or _alive(pid)
         except FileNotFoundError:
             alive = time.time() - folder.stat().st_mtime < UNOWNED_GRACE_S
         except (OSError, ValueError):
