@@ -138,10 +138,10 @@ class Worker:
         if found is not None:
             self.proc, (self._command_write, self._answer_read), scratch = found
             self.scratch = Path(scratch) if scratch else None
-            self.live_log.write_bytes(b"")
         else:
             self.scratch = scratch_folders.make("w-") if self.sandboxed else None
-            self.live_log.write_bytes(b"")
+        self.live_log.write_bytes(b"")
+        if found is None:
             if self.sandboxed:
                 env = {**env, "TMPDIR": str(self.scratch)}
                 sandbox = {**sandbox, "write": [*sandbox["write"], str(self.scratch)]}
@@ -259,7 +259,6 @@ class Worker:
         Only a zygote's child that failed nothing, owes no answer and runs no thread besides
         its main one is parked: the next job must find the protocol where a fresh process
         would have it, and nothing of it may run while other jobs measure."""
-        self.keep_log()
         if (self.key and isinstance(self.proc, zygote.ForkedProcess) and not self.failed and not self._pending
                 and not self._buffer and self.proc.poll() is None):
             try:
@@ -267,10 +266,12 @@ class Worker:
                 reset = answer["ok"] and answer.get("threads", 1) == 1
             except WorkerFailure:
                 reset = False
-            if reset and self.proc.park(self.key, [self._command_write, self._answer_read]):
-                for fd in (self._command_write, self._answer_read):
-                    os.close(fd)
-                return
+            if reset:
+                self.keep_log()  # before another job may adopt it and start its log anew
+                if self.proc.park(self.key, [self._command_write, self._answer_read]):
+                    for fd in (self._command_write, self._answer_read):
+                        os.close(fd)
+                    return
         self.close()
 
     def close(self) -> None:
