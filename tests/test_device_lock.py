@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import COMMAND_PROJECT, write
 
-from magpie.harness import device_lock
+from magpie.supervision import device_lock
 
 
 def _hold(device: str, kind: str, seconds: float, log, ready) -> None:
@@ -65,7 +65,7 @@ def test_a_waiting_measurement_goes_before_sharers_that_arrive_after_it():
 # -- no endless wait, and a private folder -------------------------------------------------
 HOLD = """
 import sys, time
-from magpie.harness import device_lock
+from magpie.supervision import device_lock
 with getattr(device_lock, sys.argv[1])(sys.argv[2]):
     print("held", flush=True)
     time.sleep(60)

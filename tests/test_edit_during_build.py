@@ -11,7 +11,7 @@ import time
 from conftest import relu2_project
 
 from magpie.graph.expand import changed_inputs, snapshot_path
-from magpie.harness import scratch
+from magpie.supervision import scratch
 from magpie.harness.spec import load_module
 
 SLOW = '''

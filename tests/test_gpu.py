@@ -57,7 +57,7 @@ def test_gpu_info_sees_the_h200():
 
 
 def test_nvml_tells_the_zygote_the_device_memory():
-    from magpie.harness import zygote
+    from magpie.supervision import zygote
 
     sizes = zygote.nvidia_device_bytes()
     assert sizes and all(size > 100 << 30 for size in sizes)  # an H200 has 141 GB

@@ -124,9 +124,9 @@ def test_sigterm_stops_every_process_and_names_the_tasks_it_stopped(tmp_path, jo
 def test_sigkill_leaves_no_pool_forkserver_resource_tracker_or_zygote(tmp_path):
     proc, tree = _start_hanging_build(tmp_path, 2)
     own = {p: c for p, c in tree.items()
-           if "multiprocessing" in c or ("magpie.harness.zygote" in c and _processes().get(p[0], (0,))[0] == proc.pid)}
+           if "multiprocessing" in c or ("magpie.supervision.zygote" in c and _processes().get(p[0], (0,))[0] == proc.pid)}
     kinds = {kind: [p for p, c in own.items() if kind in c]
-             for kind in ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "magpie.harness.zygote")}
+             for kind in ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "magpie.supervision.zygote")}
     assert all(kinds.values()), own  # there were all of them to end
     assert len(kinds["multiprocessing.forkserver"]) >= 3  # the server and the pool's two processes
     jobs = {p: c for p, c in tree.items() if p not in own}

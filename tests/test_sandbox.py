@@ -391,12 +391,12 @@ def test_the_sandbox_works_for_an_unprivileged_user():
 def test_a_build_in_another_pid_namespace_leaves_this_ones_scratch_alone():
     """A folder's owner is a pid of the namespace that made it: a sweep in another namespace
     (a build inside a sandbox or a container sharing /dev/shm) cannot see it and keeps away."""
-    from magpie.harness import scratch
+    from magpie.supervision import scratch
 
     folder = scratch.make("owned-")
     try:
         policy = sandbox.Policy(write=[str(scratch.root())])
-        code = "import magpie.harness.scratch as s; print(s.sweep())"
+        code = "import magpie.supervision.scratch as s; print(s.sweep())"
         proc = subprocess.run(sandbox.command([sys.executable, "-c", code], policy), capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import FIXTURES, build_json, magpie, relu2_project
 from magpie.harness.kinds import command_kind, failure_kind
-from magpie.harness.session import signal_verdict
+from magpie.supervision.session import signal_verdict
 from magpie.sandbox import SANDBOX_FAILED
 
 FIRST = "[33, 65] float32"

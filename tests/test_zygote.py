@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from magpie.harness import zygote
-from magpie.harness.session import Worker, all_stopped
+from magpie.supervision import zygote
+from magpie.supervision.session import Worker, all_stopped
 from magpie.paths import subprocess_env
 
 PROBE = textwrap.dedent("""

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from magpie.harness import zygote  # not at import: every verb's module loads for --help
+    from magpie.supervision import zygote  # not at import: every verb's module loads for --help
 
     # The zygote imports torch while the project is set up: these verbs always evaluate.
     with zygote.session(prestart=True):

@@ -91,7 +91,7 @@ def _stopped(project, signum: int, running: list[str]) -> None:
     import multiprocessing.resource_tracker as resource_tracker
 
     from magpie.execution.executors import stop_descendants
-    from magpie.harness import scratch, zygote
+    from magpie.supervision import scratch, zygote
 
     # The resource tracker is left to end by itself, after this process: it removes what
     # the process pool registered (its semaphores) and ends when no process holds its pipe.
@@ -142,7 +142,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
           verify: bool = False) -> int:
     from magpie.execution.executors import make_executor
     from magpie.graph.doit_glue import _closure, run_doit
-    from magpie.harness import zygote
+    from magpie.supervision import zygote
 
     project.store.sweep_temporaries()
     # what this build reads or publishes, checked first: a modified artifact is rebuilt

@@ -14,13 +14,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from magpie import sandbox
-from magpie.harness import scratch as scratch_folders
+from magpie.supervision import scratch as scratch_folders
 from magpie.harness.evaluate import code_reads, evaluator_key
 from magpie.harness.kinds import command_kind
 from magpie.harness.kinds import failure as failed
 from magpie.graph.expand import snapshot_path
 from magpie.harness.spec import SECRET_VARIABLE
-from magpie.harness.session import Worker, WorkerFailure, signal_verdict
+from magpie.supervision.session import Worker, WorkerFailure, signal_verdict
 from magpie.paths import subprocess_env
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from magpie import sandbox
 from magpie.execution.actions import workspace_of, with_library
-from magpie.harness import device_lock
-from magpie.harness import scratch as scratch_folders
+from magpie.supervision import device_lock
+from magpie.supervision import scratch as scratch_folders
 from magpie.harness.evaluate import code_reads
 from magpie.paths import subprocess_env
 

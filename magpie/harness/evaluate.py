@@ -26,27 +26,19 @@ from pathlib import Path
 from statistics import fmean, median
 
 from magpie import sandbox
-from magpie.sandbox import namespaces
 from magpie.compare.stats import bootstrap_speedup, summarize_ns, thin_rounds
-from magpie.harness import device_lock
-from magpie.harness import scratch as scratch_folders
-from magpie.harness import zygote
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
-from magpie.harness.session import (
-    NothingParked,
-    Worker,
-    WorkerFailure,
-    log_to,
-    release_memory,
-    serve_pipes,
-    signal_verdict,
-)
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.timing import GRAPH_THRESHOLD_US, sample_cap
 from magpie.paths import subprocess_env
+from magpie.sandbox import namespaces
+from magpie.supervision import device_lock, zygote
+from magpie.supervision import scratch as scratch_folders
+from magpie.supervision.process import log_to, release_memory, serve_pipes
+from magpie.supervision.session import NothingParked, Worker, WorkerFailure, signal_verdict
 
 KEPT_SAMPLES = 2000
 

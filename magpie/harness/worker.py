@@ -16,7 +16,7 @@ from pathlib import Path
 
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
-from magpie.harness.session import log_to, release_memory, serve_pipes
+from magpie.supervision.process import log_to, release_memory, serve_pipes
 from magpie.harness.spec import load_module, to_cpu, to_device
 from magpie.harness.timing import timer_for
 

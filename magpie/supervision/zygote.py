@@ -11,7 +11,7 @@ zygote reports its exit status to the requester over the connection it asked on.
 Children whose environments differ in anything imports read come from different zygotes.
 Without a zygote folder (outside a build), or where a zygote cannot start, `launch` starts a
 fresh process instead.
-Usage (started by `launch`): python -m magpie.harness.zygote SOCKET OWNER_PID IDLE_S
+Usage (started by `launch`): python -m magpie.supervision.zygote SOCKET OWNER_PID IDLE_S
 (OWNER_PID 0: no owner; it ends once idle IDLE_S seconds)
 """
 
@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from magpie.sandbox import namespaces
+from magpie.supervision.process import limits, log_to
 
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 OWNER_VARIABLE = "MAGPIE_ZYGOTE_OWNER"
@@ -96,7 +97,7 @@ def session(prestart: bool = False):
     if os.environ.get(FOLDER_VARIABLE):
         yield
         return
-    from magpie.harness import scratch
+    from magpie.supervision import scratch
 
     scratch.sweep()  # what builds killed before they could clean up left
     folder = _warm_folder() if keep_warm_s() else None
@@ -172,7 +173,6 @@ def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
                                  cwd_on_path=cwd_on_path)
         except OSError:
             pass  # the zygote went away: a fresh process does the same work
-    from magpie.harness.session import limits
     from magpie.paths import python_module_command
 
     command = python_module_command(module) + list(args)
@@ -218,7 +218,7 @@ def _ensure(folder: Path, env: dict) -> Path | None:
             with open(folder / f"{key}.log", "ab") as log:
                 from magpie.paths import python_module_command
 
-                proc = subprocess.Popen(python_module_command("magpie.harness.zygote") + [str(socket_path), owner,
+                proc = subprocess.Popen(python_module_command("magpie.supervision.zygote") + [str(socket_path), owner,
                                                                                            idle_s],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                         start_new_session=True)
@@ -537,7 +537,6 @@ def _become_child(request: dict, args: list[str], sockets: list, descriptors: li
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         from magpie import sandbox
-        from magpie.harness.session import limits, log_to
 
         sandboxed = request.get("sandbox")
         limits(0 if sandboxed else int(request["memory_mb"]))()

@@ -1,14 +1,12 @@
 """Parent side of a served process (a worker, or an evaluator): start or adopt it, send
 commands with deadlines, turn a crash, a hang or an exhausted memory limit into a verdict
-instead of an exception, and park it for the next job. Also the served side's shared pieces
-(its main loop's pipes, its log, its clean-up between jobs)."""
+instead of an exception, and park it for the next job."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import resource
 import select
 import shutil
 import signal
@@ -17,38 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from magpie.harness import scratch as scratch_folders
-from magpie.harness import zygote
-
-
-def log_to(path: str) -> None:
-    """Point this process's stdout and stderr at a new log (a parked process adopted by a job)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-
-
-def serve_pipes(argv: list[str], serve) -> int:
-    """The served side's main: commands on the first descriptor, answers on the second; its
-    own stdout goes to stderr, so nothing printed mixes with the protocol."""
-    command_fd, answer_fd = int(argv[0]), int(argv[1])
-    os.dup2(2, 1)
-    with os.fdopen(command_fd, "r") as commands, os.fdopen(answer_fd, "w") as answers:
-        serve(commands, answers)
-    return 0
-
-
-def release_memory() -> None:
-    """Between jobs: what the last one left goes, on the device too."""
-    import gc
-
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+from magpie.supervision import scratch as scratch_folders
+from magpie.supervision import zygote
 
 
 class WorkerFailure(Exception):
@@ -69,15 +37,6 @@ def signal_verdict(returncode: int) -> str:
             return "crashed (SIGKILL: killed, often out of memory)"
         return f"crashed ({name})"
     return f"exited with code {returncode}"
-
-
-def limits(memory_mb: int):
-    def apply():
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if memory_mb:
-            limit = memory_mb * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    return apply
 
 
 # How long stop() waits for a process group to stop; a thread in uninterruptible sleep (disk
