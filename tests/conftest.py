@@ -83,10 +83,11 @@ COMMAND_PROJECT = {
 }
 
 
-def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str = "", device: str = "cpu") -> None:
-    """A `relu2` kernel judged by the adversarial fixtures' spec, baseline `good`; each
-    candidate is a fixture file of that name (or one already written into root)."""
-    for name in ("good", "spec", *candidates):
+def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str = "", device: str = "cpu",
+                  baseline: str = "good", timing: str = "warmup_ms = 5\nbudget_ms = 60\nrounds = 3") -> None:
+    """A `relu2` kernel judged by the adversarial fixtures' spec; the baseline and each
+    candidate are fixture files of their names (or ones already written into root)."""
+    for name in (baseline, "spec", *candidates):
         if not (root / f"{name}.py").exists():
             shutil.copy(FIXTURES / "adversarial" / f"{name}.py", root / f"{name}.py")
     tables = "".join(f'[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n\n' for n in candidates)
@@ -98,9 +99,7 @@ device = "{device}"
 {defaults}
 
 [defaults.timing]
-warmup_ms = 5
-budget_ms = 60
-rounds = 3
+{timing}
 
 [[kernel]]
 id = "relu2"
@@ -108,8 +107,8 @@ type = "pytorch"
 entry = "kernel"
 
 [kernel.baseline]
-id = "good"
-source = "good.py"
+id = "{baseline}"
+source = "{baseline}.py"
 
 {tables}[[kernel.testcases]]
 spec = "spec.py"

@@ -3,11 +3,10 @@ speedup above `implausible_speedup` is timed again on fresh inputs: labelled whe
 the timing failed where it does not."""
 
 import json
-import shutil
 
 import pytest
 
-from conftest import FIXTURES, build_json
+from conftest import build_json, relu2_project
 from magpie.harness.evaluate import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
 
 # The baseline does its work after sleeping 2 ms a call: an honest candidate is 20x+ faster.
@@ -49,43 +48,11 @@ def kernel(x):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("implausible")
-    shutil.copy(FIXTURES / "adversarial" / "spec.py", root / "spec.py")
     for name, text in {"slow": SLOW_BASELINE, "honest": HONEST, "counts_calls": COUNTS_CALLS}.items():
         (root / f"{name}.py").write_text(text)
     # 3 rounds of at most 20 samples each (max_reps), no warm-up: a call count fixed in advance
-    (root / "magpie.toml").write_text("""[project]
-name = "implausible"
-
-[defaults]
-trials = 1
-
-[defaults.timing]
-warmup_ms = 0
-budget_ms = 90
-rounds = 3
-max_reps = 60
-
-[[kernel]]
-id = "relu2"
-type = "pytorch"
-entry = "kernel"
-
-[kernel.baseline]
-id = "slow"
-source = "slow.py"
-
-[[kernel.candidates]]
-id = "honest"
-source = "honest.py"
-
-[[kernel.candidates]]
-id = "counts_calls"
-source = "counts_calls.py"
-
-[[kernel.testcases]]
-spec = "spec.py"
-shapes = [[8, 128]]
-""")
+    relu2_project(root, ["honest", "counts_calls"], shapes="[[8, 128]]", defaults="trials = 1", baseline="slow",
+                  timing="warmup_ms = 0\nbudget_ms = 90\nrounds = 3\nmax_reps = 60")
     assert build_json(root, "-j", "2")["failed"] == []
     report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
     return {row["implementation"]: row for row in report["results"]}, report

@@ -5,13 +5,12 @@ for, and the row is flagged `uneven_calls`."""
 
 import json
 import random
-import shutil
 from pathlib import Path
 from statistics import fmean, median
 
 import pytest
 
-from conftest import FIXTURES, build_json
+from conftest import build_json, relu2_project
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness.evaluate import (
     SPEEDUP_METHOD_MEAN,
@@ -63,41 +62,10 @@ def kernel(x):
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     root = tmp_path_factory.mktemp("uneven")
-    shutil.copy(FIXTURES / "adversarial" / "spec.py", root / "spec.py")
     for name, text in {"steady": STEADY, "bursty": BURSTY, "honest": HONEST}.items():
         (root / f"{name}.py").write_text(text)
-    (root / "magpie.toml").write_text("""[project]
-name = "uneven"
-
-[defaults]
-trials = 1
-
-[defaults.timing]
-warmup_ms = 5
-budget_ms = 90
-rounds = 3
-
-[[kernel]]
-id = "relu2"
-type = "pytorch"
-entry = "kernel"
-
-[kernel.baseline]
-id = "steady"
-source = "steady.py"
-
-[[kernel.candidates]]
-id = "bursty"
-source = "bursty.py"
-
-[[kernel.candidates]]
-id = "honest"
-source = "honest.py"
-
-[[kernel.testcases]]
-spec = "spec.py"
-shapes = [[8, 128]]
-""")
+    relu2_project(root, ["bursty", "honest"], shapes="[[8, 128]]", defaults="trials = 1", baseline="steady",
+                  timing="warmup_ms = 5\nbudget_ms = 90\nrounds = 3")
     assert build_json(root, "-j", "2")["failed"] == []
     report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
     return {row["implementation"]: row for row in report["results"]}
