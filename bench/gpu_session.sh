@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device call: environment facts, GPU tests, the GPU example, calibration, fidelity
 # benchmark. Everything lands in $OUT/gpu_session.tar.gz plus a short log.
+# The GPU machine lacks magpie's pure-Python dependencies and has no package index: fetch them
+# as wheels into .whl/ first (pydantic, pydantic-core, annotated-types, typing-inspection, doit,
+# msgspec; cp312 manylinux x86_64) and carry .whl with the call.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
