@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -403,3 +404,39 @@ def test_a_build_in_another_pid_namespace_leaves_this_ones_scratch_alone():
         assert folder.is_dir()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+PING = '''
+import json, os, socket, sys
+path = sys.argv[1]
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+    conn.settimeout(10)
+    conn.connect(path)
+    conn.sendall(json.dumps({"op": "ping"}).encode() + b"\\n")
+    try:
+        print("answer", conn.recv(64))
+    except ConnectionResetError:
+        print("answer b''")
+'''
+
+
+def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path):
+    """Landlock does not guard connecting to a Unix socket by its path; a fork asked of the
+    zygote would run outside the sandbox. The zygote answers only its own PID namespace."""
+    from magpie.supervision import zygote
+
+    with zygote.session(prestart=True):
+        folder = Path(os.environ[zygote.FOLDER_VARIABLE])
+        deadline = time.monotonic() + 120
+        while not list(folder.glob("*.sock")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sock = str(next(folder.glob("*.sock")))
+        (tmp_path / "ping.py").write_text(PING)
+        outside = subprocess.run([sys.executable, str(tmp_path / "ping.py"), sock], capture_output=True, text=True,
+                                 timeout=60)
+        # the temporary folder left visible (sandboxes hide it too): the zygote's own check is tested
+        policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path), str(folder)], hide=[])
+        inside = subprocess.run(sandbox.command([sys.executable, str(tmp_path / "ping.py"), sock], policy),
+                                capture_output=True, text=True, timeout=60)
+    assert "pong" in outside.stdout, outside.stderr  # the test reaches the zygote as magpie does
+    assert "pong" not in inside.stdout and "answer b''" in inside.stdout, (inside.stdout, inside.stderr)

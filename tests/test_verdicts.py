@@ -155,7 +155,10 @@ def printed(log, word: str) -> list[float]:
 
 def test_one_baseline_process_is_timed_beside_every_candidate(tmp_path):
     """Measurements take turns on the device, so the baseline worker one parked is the next
-    one's: at most a second process starts, when a job took it before its turn came."""
+    one's: a process starts only when every one started is held by a job (the baseline's own
+    timing job, or one that took it while waiting for the device), so at most one per job
+    running at once (-j 4), and fewer than the six timing jobs. Two is typical, three seen
+    on this 2-core machine about one build in four."""
     (tmp_path / "good.py").write_text(
         "import uuid\nimport torch\n\nprint('process', uuid.uuid4(), flush=True)\n\n"
         "def kernel(x):\n    return torch.relu(x) * 2.0\n")
@@ -170,7 +173,7 @@ def test_one_baseline_process_is_timed_beside_every_candidate(tmp_path):
     assert all(r["baseline_result"]["n"] > 10 for r in timings)
     logs = list((tmp_path / "workspaces/store").glob("*/*/worker-good.log"))  # each process says it started once
     started = {line for log in logs for line in log.read_text().splitlines() if line.startswith("process ")}
-    assert 1 <= len(started) <= 2
+    assert 1 <= len(started) <= 4
 
 
 def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_both(tmp_path):

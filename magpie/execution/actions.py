@@ -78,7 +78,7 @@ def command(job, out_dir: Path) -> dict:
     impl = spec.params.get("impl")
     read = code_reads(Path(spec.params["root"]), impl, cwd) if impl else [spec.params["root"], str(cwd)]
     policy = None if sandbox.trusted() else sandbox.Policy(write=[str(out_dir), str(scratch)], read=read,
-                                                           hide=workspace_of(job))
+                                                           hide=[*workspace_of(job), *sandbox.temporary_folders()])
     env = subprocess_env({**os.environ, **(settings.get("env") or {}), "TMPDIR": str(scratch)})
     started = time.monotonic()
     try:

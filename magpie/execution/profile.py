@@ -46,7 +46,8 @@ def _policy(job, work: Path) -> sandbox.Policy | None:
     impl = with_library(job, spec.params["impl"])
     read = code_reads(root, impl, root / (impl.get("working_dir") or "."))
     return None if sandbox.trusted() else sandbox.Policy(
-        write=[str(work), "/tmp"], read=read, hide=[*workspace_of(job), "/tmp"], gpu=True, network=True)
+        write=[str(work), "/tmp"], read=read, hide=[*workspace_of(job), *sandbox.temporary_folders()], gpu=True,
+        network=True)
 
 
 def _isolation(job) -> str:

@@ -137,7 +137,8 @@ class Evaluator:
         library; it writes only its scratch folder (added by the Worker) and its compiler cache."""
         read = code_reads(self.root, impl, cwd)
         hide = [*self.hide, *([str(scratch_folders.root())] if self.device != "cpu" else [])]
-        return sandbox.Policy(write=[], read=read, hide=hide, gpu=self.device != "cpu", memory_mb=memory_mb)
+        return sandbox.Policy(write=[], read=read, hide=[*hide, *sandbox.temporary_folders()], gpu=self.device != "cpu",
+                              memory_mb=memory_mb)
 
     def loaded(self, worker: Worker) -> Worker:
         if worker in self._loading:
@@ -248,7 +249,8 @@ class Evaluator:
                "MAGPIE_IMPL_ID": self.impl["id"], "MAGPIE_IMPL_SOURCE": str(self.root / self.impl["source"])}
         # The command runs the implementation: it reads the project, writes only its TMPDIR.
         policy = None if sandbox.trusted() else sandbox.Policy(
-            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self.hide, gpu=self.device != "cpu")
+            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=[*self.hide, *sandbox.temporary_folders()],
+            gpu=self.device != "cpu")
         self.isolation = sandbox.describe(policy)
         started = time.monotonic()
         output = scratch / "output.log"  # read back by its end only: a command may print gigabytes

@@ -47,7 +47,8 @@ class SandboxError(RuntimeError):
 class Policy:
     write: list[str]  # trees it may change: its scratch folder, its compiler caches
     read: list[str] = dataclasses.field(default_factory=list)  # trees to read besides the system's
-    hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (read/write trees beneath kept)
+    # covered by an empty tmpfs (read/write trees beneath kept): by default the temporary folders
+    hide: list[str] = dataclasses.field(default_factory=lambda: temporary_folders())
     gpu: bool = False  # GPU devices usable; /dev/shm writable (CUDA IPC reference counts live there)
     network: bool = False
     memory_mb: int = 0  # address space; 0: no limit (CUDA reserves far more than it uses)
@@ -60,6 +61,14 @@ class Policy:
     @classmethod
     def from_json(cls, data: dict) -> Policy:
         return cls(**data)
+
+
+def temporary_folders() -> list[str]:
+    """Where magpie's processes keep their sockets (the zygote's, the job pool's) and locks:
+    hidden from code under test, which Landlock alone would let connect to a socket whose path
+    it learnt (/proc/net/unix lists them). Taken where a policy is made, not in the sandbox
+    (whose TMPDIR is its own folder)."""
+    return sorted({"/tmp", os.path.realpath(tempfile.gettempdir())})
 
 
 def describe(policy: Policy | None) -> str:
@@ -190,8 +199,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
                            | (namespaces.CLONE_NEWNET if isolate_network else 0))
         namespaces.map_own_ids(uid, gid)
         namespaces.make_private()
-        for folder in policy.hide:
-            beneath = os.path.realpath(folder) + os.sep
+        for folder in dict.fromkeys(os.path.realpath(f) for f in policy.hide):
+            beneath = folder + os.sep
             namespaces.cover(folder, [p for p in [*policy.write, *policy.read] if os.path.realpath(p).startswith(beneath)])
     except OSError as err:
         raise SandboxError(f"namespaces: {err}") from None

@@ -28,6 +28,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -482,6 +483,8 @@ class Children:
 def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bool:
     """One request on a new connection: a ping, a fork, a park or an adopt. True when the
     connection stays open to carry a child's exit status."""
+    if not _same_pid_namespace(conn):
+        return False  # code under test (in a sandbox's PID namespace) that found the socket
     conn.settimeout(30)
     try:
         data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
@@ -527,6 +530,22 @@ def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bo
     return True
 
 
+def _same_pid_namespace(conn: socket.socket) -> bool:
+    """Whether the peer is a process of this PID namespace: magpie's own processes are, code
+    under test is not. Landlock does not guard connecting to a socket by its path, and a
+    request here would fork a process outside the sandbox."""
+    pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    # NSpid lists the process's pid in this namespace and in each one below it: one pid, ours.
+    # (Its /proc/PID/ns link would need ptrace rights over it, which the evaluator, not
+    # dumpable, does not give an unprivileged zygote.)
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            nspid = next((line.split()[1:] for line in status if line.startswith("NSpid:")), None)
+    except OSError:
+        return False
+    return nspid is None or len(nspid) == 1  # no NSpid (Linux before 4.1): no sandbox there either
+
+
 def _become_child(request: dict, args: list[str], sockets: list, descriptors: list[int]) -> None:
     code = 1
     try:
@@ -554,6 +573,8 @@ def _become_child(request: dict, args: list[str], sockets: list, descriptors: li
         sys.path[:0] = [request["cwd"], *extra] if request.get("cwd_on_path") else extra
         sys.argv = [request["module"], *args]
         if sandboxed:
+            for name in (FOLDER_VARIABLE, OWNER_VARIABLE):  # where the zygote listens: none of its business
+                os.environ.pop(name, None)
             # the zygote is not dumpable (its memory is nobody's to read); the child may map its ids
             namespaces.prctl(namespaces.PR_SET_DUMPABLE, 1)
             sandbox.enter_or_exit(sandbox.Policy.from_json(sandboxed))
