@@ -199,9 +199,12 @@ def contain(policy: Policy, fork: bool = True) -> None:
                            | (namespaces.CLONE_NEWNET if isolate_network else 0))
         namespaces.map_own_ids(uid, gid)
         namespaces.make_private()
+        # what the sandbox may use stays where it is, hidden folders around it or not (a source
+        # checkout of magpie, or a project, under /tmp)
+        usable = [*policy.write, *read_trees(policy)]
         for folder in dict.fromkeys(os.path.realpath(f) for f in policy.hide):
             beneath = folder + os.sep
-            namespaces.cover(folder, [p for p in [*policy.write, *policy.read] if os.path.realpath(p).startswith(beneath)])
+            namespaces.cover(folder, [p for p in usable if os.path.realpath(p).startswith(beneath)])
     except OSError as err:
         raise SandboxError(f"namespaces: {err}") from None
     if fork:
