@@ -28,6 +28,8 @@ import functools
 import os
 import resource
 import signal
+import site
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -138,8 +140,11 @@ def admit(trust: bool) -> None:
 
 
 def _top_level_reads(excluded: set[str]) -> list[str]:
-    return [os.path.join("/", name) for name in sorted(os.listdir("/"))
-            if name not in excluded and os.path.isdir(os.path.join("/", name))]
+    try:
+        names = sorted(os.listdir("/"))
+    except OSError:  # already in a sandbox that may not list it: nothing more to allow
+        return []
+    return [os.path.join("/", name) for name in names if name not in excluded and os.path.isdir(os.path.join("/", name))]
 
 
 def _top(path: str) -> str:
@@ -156,10 +161,8 @@ def read_trees(policy: Policy) -> list[str]:
     # system lists to find it)
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     interpreter = [sys.prefix, sys.base_prefix, sys.exec_prefix, paths["stdlib"], paths["platstdlib"],
-                   paths["purelib"], paths["platlib"], package_parent]
-    import site
-
-    interpreter += [*site.getsitepackages(), site.getusersitepackages()]
+                   paths["purelib"], paths["platlib"], package_parent, *site.getsitepackages(),
+                   site.getusersitepackages()]
     return [*_top_level_reads(excluded), *interpreter, *policy.read]
 
 
@@ -183,16 +186,15 @@ def _is_device(path: str) -> bool:
         mode = os.lstat(path).st_mode
     except OSError:
         return False
-    import stat
-
     return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode)
 
 
 def contain(policy: Policy, fork: bool = True) -> None:
     """Put this process in the sandbox. With fork, the process becomes a waiter and the
-    sandboxed code continues in its child, the first process of the new PID namespace; the
-    waiter ends as the child does (with its exit status or signal). Raises SandboxError."""
+    sandboxed code continues in a process of the new PID namespace (its init's child); the
+    waiter ends as that process does (with its exit status or signal). Raises SandboxError."""
     uid, gid = os.getuid(), os.getgid()
+    reads = read_trees(policy)
     isolate_network = not (policy.network or policy.gpu)
     try:
         namespaces.unshare(namespaces.CLONE_NEWUSER | namespaces.CLONE_NEWNS | namespaces.CLONE_NEWPID
@@ -201,7 +203,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         namespaces.make_private()
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
         # checkout of magpie, or a project, under /tmp)
-        usable = [*policy.write, *read_trees(policy)]
+        usable = [*policy.write, *reads]
         for folder in dict.fromkeys(os.path.realpath(f) for f in policy.hide):
             beneath = folder + os.sep
             namespaces.cover(folder, [p for p in usable if os.path.realpath(p).startswith(beneath)])
@@ -215,7 +217,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # The CUDA driver names its threads (it writes /proc/PID/task/*/comm, of whichever process
         # starts it: a profiler's child too); what the host's root may write there stays read-only.
         proc = ["/proc"] if policy.gpu else []
-        landlock.restrict(read=read_trees(policy), write=[*policy.write, *proc], devices=device_files(policy),
+        landlock.restrict(read=reads, write=[*policy.write, *proc], devices=device_files(policy),
                           network=policy.network)
         if seccomp.supported():
             seccomp.install(policy.network)
