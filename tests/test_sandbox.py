@@ -435,7 +435,7 @@ def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path)
         outside = subprocess.run([sys.executable, str(tmp_path / "ping.py"), sock], capture_output=True, text=True,
                                  timeout=60)
         # the temporary folder left visible (sandboxes hide it too): the zygote's own check is tested
-        policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path), str(folder)], hide=[])
+        policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path), str(folder)], temporary=[])
         inside = subprocess.run(sandbox.command([sys.executable, str(tmp_path / "ping.py"), sock], policy),
                                 capture_output=True, text=True, timeout=60)
     assert "pong" in outside.stdout, outside.stderr  # the test reaches the zygote as magpie does

@@ -14,14 +14,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from magpie import sandbox
-from magpie.supervision import scratch as scratch_folders
+from magpie.graph.expand import snapshot_path
 from magpie.harness.evaluate import code_reads, evaluator_key
 from magpie.harness.kinds import command_kind
 from magpie.harness.kinds import failure as failed
-from magpie.graph.expand import snapshot_path
 from magpie.harness.spec import SECRET_VARIABLE
-from magpie.supervision.session import Worker, WorkerFailure, signal_verdict
 from magpie.paths import subprocess_env
+from magpie.supervision import scratch as scratch_folders
+from magpie.supervision.session import Worker, WorkerFailure, signal_verdict
 
 
 def compile_python(job, out_dir: Path) -> dict:
@@ -78,7 +78,7 @@ def command(job, out_dir: Path) -> dict:
     impl = spec.params.get("impl")
     read = code_reads(Path(spec.params["root"]), impl, cwd) if impl else [spec.params["root"], str(cwd)]
     policy = None if sandbox.trusted() else sandbox.Policy(write=[str(out_dir), str(scratch)], read=read,
-                                                           hide=[*workspace_of(job), *sandbox.temporary_folders()])
+                                                           hide=workspace_of(job))
     env = subprocess_env({**os.environ, **(settings.get("env") or {}), "TMPDIR": str(scratch)})
     started = time.monotonic()
     try:

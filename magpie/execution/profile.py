@@ -11,11 +11,11 @@ import tempfile
 from pathlib import Path
 
 from magpie import sandbox
-from magpie.execution.actions import workspace_of, with_library
+from magpie.execution.actions import with_library, workspace_of
+from magpie.harness.evaluate import code_reads, compiler_caches
+from magpie.paths import subprocess_env
 from magpie.supervision import device_lock
 from magpie.supervision import scratch as scratch_folders
-from magpie.harness.evaluate import code_reads
-from magpie.paths import subprocess_env
 
 NCU_TIMEOUT_S = 900
 
@@ -29,15 +29,14 @@ def _request(job, work: Path) -> Path:
     return path
 
 
-def _sandboxed(job, work: Path, profiler: list[str]) -> list[str]:
+def _sandboxed(job, work: Path, profiler: list[str], policy: sandbox.Policy | None) -> list[str]:
     """The profiler and the process it starts (the implementation's code) run in the sandbox
     together: a profiler injects threads into what it starts, and a process with threads can
     no longer enter namespaces. They get a private /tmp (profilers keep their locks there)
     and network sockets (their injected library talks to them over local ones); the report's
     isolation says so."""
     request = _request(job, work)
-    return sandbox.command([*profiler, sys.executable, "-m", "magpie.harness.profile", str(request)],
-                           _policy(job, work))
+    return sandbox.command([*profiler, sys.executable, "-m", "magpie.harness.profile", str(request)], policy)
 
 
 def _policy(job, work: Path) -> sandbox.Policy | None:
@@ -46,19 +45,13 @@ def _policy(job, work: Path) -> sandbox.Policy | None:
     impl = with_library(job, spec.params["impl"])
     read = code_reads(root, impl, root / (impl.get("working_dir") or "."))
     return None if sandbox.trusted() else sandbox.Policy(
-        write=[str(work), "/tmp"], read=read, hide=[*workspace_of(job), *sandbox.temporary_folders()], gpu=True,
-        network=True)
-
-
-def _isolation(job) -> str:
-    return sandbox.describe(_policy(job, Path("/tmp")))
+        write=[str(work), "/tmp"], read=read, hide=workspace_of(job), gpu=True, network=True)
 
 
 def _private_caches(work: Path) -> dict[str, str]:
     """The profiled process's temporary folder and compiler caches, in its own folder (the only
     place it may write): it compiles what it runs once more, outside the measured range."""
-    return {"TMPDIR": str(work), "TRITON_HOME": str(work), "TRITON_CACHE_DIR": str(work / "triton"),
-            "CUDA_CACHE_PATH": str(work / "cuda"), "TORCH_EXTENSIONS_DIR": str(work / "torch_extensions")}
+    return {"TMPDIR": str(work), "TRITON_HOME": str(work), **compiler_caches(work)}
 
 
 def profile(job, out_dir: Path) -> dict:
@@ -80,11 +73,12 @@ def _ncu(job, out_dir: Path) -> dict:
     from magpie.roofline.specs import lookup
 
     work = scratch_folders.make("ncu-")
+    policy = _policy(job, work)
     try:
         for metric_set in (metrics(), list(BASIC)):  # a chip without some counters still gets the basics
             command = _sandboxed(job, work, [
                 "ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", "all", "--nvtx",
-                "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metric_set)])
+                "--nvtx-include", "magpie_profile/", "--metrics", ",".join(metric_set)], policy)
             try:
                 proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S,
                                       env=subprocess_env({**os.environ, **_private_caches(work)}))
@@ -104,7 +98,7 @@ def _ncu(job, out_dir: Path) -> dict:
     gpu = gpu_description()
     arch = lookup(gpu[0]) if gpu else None
     rows = [kernel_roofline(k, arch) for k in kernels]
-    return {"state": "SUCCESS", "tool": "ncu", "isolation": _isolation(job), "arch": arch.name if arch else None,
+    return {"state": "SUCCESS", "tool": "ncu", "isolation": sandbox.describe(policy), "arch": arch.name if arch else None,
             "peaks_source": (arch.source if arch and not arch.measured else "magpie calibrate") if arch else None,
             "kernels": rows, "total_duration_us": sum(r["duration_us"] for r in rows), "errors": []}
 
@@ -115,8 +109,9 @@ def _rocprof(job, out_dir: Path) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="magpie-rocprof-") as tmp:
         outdir = Path(tmp) / "out"
+        policy = _policy(job, Path(tmp))
         command = _sandboxed(job, Path(tmp), ["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE",
-                                              "--output-format", "csv", "-d", str(outdir), "--"])
+                                              "--output-format", "csv", "-d", str(outdir), "--"], policy)
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S,
                                   env=subprocess_env({**os.environ, **_private_caches(Path(tmp))}))
@@ -130,5 +125,5 @@ def _rocprof(job, out_dir: Path) -> dict:
         return {"state": "FAILED", "kernels": [],
                 "errors": [f"rocprofv3 wrote no CSV (exit {proc.returncode}): {tail}"]}
     rows = parse_rocprof(traces)
-    return {"state": "SUCCESS", "tool": "rocprofv3", "isolation": _isolation(job), "kernels": rows,
+    return {"state": "SUCCESS", "tool": "rocprofv3", "isolation": sandbox.describe(policy), "kernels": rows,
             "total_duration_us": sum(r["duration_us"] for r in rows), "errors": []}

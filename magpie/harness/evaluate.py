@@ -112,7 +112,7 @@ class Evaluator:
             load["code"] = base64.b64encode(code).decode()
         log_path = self.work / f"worker-{impl['id']}.log"
         key = worker_key(load, impl, self.root, cwd=str(cwd), env=env, memory_mb=memory_mb)
-        caches = compiler_caches(key)
+        caches = compiler_caches(implementation_caches(key))
         env = {**env, **caches}
         policy = None if sandbox.trusted() else self._policy(impl, cwd, memory_mb)
         self.isolation = sandbox.describe(policy)
@@ -137,8 +137,7 @@ class Evaluator:
         library; it writes only its scratch folder (added by the Worker) and its compiler cache."""
         read = code_reads(self.root, impl, cwd)
         hide = [*self.hide, *([str(scratch_folders.root())] if self.device != "cpu" else [])]
-        return sandbox.Policy(write=[], read=read, hide=[*hide, *sandbox.temporary_folders()], gpu=self.device != "cpu",
-                              memory_mb=memory_mb)
+        return sandbox.Policy(write=[], read=read, hide=hide, gpu=self.device != "cpu", memory_mb=memory_mb)
 
     def loaded(self, worker: Worker) -> Worker:
         if worker in self._loading:
@@ -249,8 +248,7 @@ class Evaluator:
                "MAGPIE_IMPL_ID": self.impl["id"], "MAGPIE_IMPL_SOURCE": str(self.root / self.impl["source"])}
         # The command runs the implementation: it reads the project, writes only its TMPDIR.
         policy = None if sandbox.trusted() else sandbox.Policy(
-            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=[*self.hide, *sandbox.temporary_folders()],
-            gpu=self.device != "cpu")
+            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self.hide, gpu=self.device != "cpu")
         self.isolation = sandbox.describe(policy)
         started = time.monotonic()
         output = scratch / "output.log"  # read back by its end only: a command may print gigabytes
@@ -261,7 +259,7 @@ class Evaluator:
                              cwd=str(cwd), env=env, log_path=output)
         try:
             returncode = proc.wait(timeout=self.timeout)
-            tail = scratch_folders.tail(output, 16 << 10)[0].decode(errors="replace").strip().splitlines()[-3:]
+            tail = scratch_folders.last_lines(output)
         except subprocess.TimeoutExpired:
             return {"testcase": index, "case": "command", "trial": 0, "passed": False, "check": "exit code",
                     "kind": "timeout", "detail": f"timeout after {self.timeout:g} s"}
@@ -270,7 +268,7 @@ class Evaluator:
             proc.wait()
             shutil.rmtree(scratch, ignore_errors=True)
         passed = returncode == 0
-        detail = "" if passed else f"{signal_verdict(returncode)}: {' | '.join(tail)[:400]}"
+        detail = "" if passed else f"{signal_verdict(returncode)}: {tail}"
         return {"testcase": index, "case": "command", "trial": 0, "passed": passed, "check": "exit code",
                 "kind": None if passed else command_kind(detail, "testcase_command"), "detail": detail,
                 "wall_s": time.monotonic() - started}
@@ -822,11 +820,16 @@ def code_reads(root: Path, impl: dict, cwd: Path) -> list[str]:
     return read
 
 
-def compiler_caches(key: str) -> dict[str, str]:
-    """Compiler caches of one implementation's workers, keyed by what they load: code under
-    test writes into its own, never into one another implementation reads (a shared Triton
-    cache let one candidate replace another's compiled kernels)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "magpie" / "compiled" / key
+def implementation_caches(key: str) -> Path:
+    """Where the compiler caches of one implementation's workers live, keyed by what they load:
+    code under test writes into its own, never into one another implementation reads (a shared
+    Triton cache let one candidate replace another's compiled kernels)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "magpie" / "compiled" / key
+
+
+def compiler_caches(base: Path) -> dict[str, str]:
+    """The variables that put Triton's, CUDA's and torch extensions' caches under `base`, the
+    folders made."""
     folders = {"TRITON_CACHE_DIR": base / "triton", "CUDA_CACHE_PATH": base / "cuda",
                "TORCH_EXTENSIONS_DIR": base / "torch_extensions"}
     for folder in folders.values():

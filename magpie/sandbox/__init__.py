@@ -49,8 +49,9 @@ class SandboxError(RuntimeError):
 class Policy:
     write: list[str]  # trees it may change: its scratch folder, its compiler caches
     read: list[str] = dataclasses.field(default_factory=list)  # trees to read besides the system's
-    # covered by an empty tmpfs (read/write trees beneath kept): by default the temporary folders
-    hide: list[str] = dataclasses.field(default_factory=lambda: temporary_folders())
+    hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (usable trees beneath kept)
+    # hidden the same way: where magpie's sockets and locks are, as seen where the policy is made
+    temporary: list[str] = dataclasses.field(default_factory=lambda: temporary_folders())
     gpu: bool = False  # GPU devices usable; /dev/shm writable (CUDA IPC reference counts live there)
     network: bool = False
     memory_mb: int = 0  # address space; 0: no limit (CUDA reserves far more than it uses)
@@ -204,7 +205,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
         # checkout of magpie, or a project, under /tmp)
         usable = [*policy.write, *reads]
-        for folder in dict.fromkeys(os.path.realpath(f) for f in policy.hide):
+        for folder in dict.fromkeys(os.path.realpath(f) for f in [*policy.hide, *policy.temporary]):
             beneath = folder + os.sep
             namespaces.cover(folder, [p for p in usable if os.path.realpath(p).startswith(beneath)])
     except OSError as err:
