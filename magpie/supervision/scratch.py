@@ -83,6 +83,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def last_lines(path: Path, lines: int = 3) -> str:
+    """The last lines of a file on one line (at most 400 characters), read from its end only."""
+    data, _ = tail(path, 16 << 10)
+    return " | ".join(data.decode(errors="replace").strip().splitlines()[-lines:])[:400]
+
+
 def tail(path: Path, limit: int) -> tuple[bytes, int]:
     """The last `limit` bytes of a file and its whole size, without reading the rest."""
     try:

@@ -173,9 +173,7 @@ class Worker:
         return f"{verdict}: {tail}" if tail and code >= 0 else verdict
 
     def log_tail(self, lines: int = 3) -> str:
-        data, _ = scratch_folders.tail(self.live_log, 16 << 10)
-        text = data.decode(errors="replace").strip().splitlines()
-        return " | ".join(text[-lines:])[:400]
+        return scratch_folders.last_lines(self.live_log, lines)
 
     def keep_log(self) -> None:
         """The job's log gets the end of what the process wrote (the size of what was left out
