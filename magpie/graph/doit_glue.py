@@ -136,12 +136,13 @@ class BuildReporter:
 
 
 class StoreTaskLoader(TaskLoader2):
-    def __init__(self, project, executor, jobs: int, reporter: BuildReporter):
+    def __init__(self, project, executor, jobs: int, reporter: BuildReporter, within: set[str] | None = None):
         super().__init__()
         self.project = project
         self.executor = executor
         self.jobs = jobs
         self.reporter = reporter
+        self.within = within
 
     def load_doit_config(self):
         return {
@@ -155,16 +156,22 @@ class StoreTaskLoader(TaskLoader2):
         }
 
     def load_tasks(self, cmd, pos_args):
-        return [Task(**fields) for fields in doit_fields(self.project, self.executor)]
+        return [Task(**fields) for fields in doit_fields(self.project, self.executor, self.within)]
 
 
-def doit_fields(project, executor) -> list[dict]:
-    """The project's tasks as doit task fields; staleness is a store lookup by key."""
+def doit_fields(project, executor, within: set[str] | None = None) -> list[dict]:
+    """The project's tasks as doit task fields; staleness is a store lookup by key. A task's
+    order-only `after` tasks are waited for where the build runs them anyway (those in `within`,
+    the selection's closure; all of them without one): doit runs every task_dep it is given."""
     store = project.store
+
+    def waited(spec) -> list[str]:
+        return [d for d in spec.after if d in project.tasks and (within is None or d in within)]
+
     return [{
         "name": name,
         "actions": [(run_task, [project, executor, name])],
-        "task_dep": list(spec.deps),
+        "task_dep": list(spec.deps) + waited(spec),
         "uptodate": [(store.has, [spec.key])],
         "doc": f"{spec.rule}: {spec.params['description']}".rstrip(": "),
         "io": {"capture": False},  # doit's capture swaps sys.stdout, which races across threads
@@ -274,7 +281,7 @@ def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
     _REPORTER[:] = [reporter]
     _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
     _AFTER_STORING.clear()
-    loader = StoreTaskLoader(project, executor, jobs, reporter)
+    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(_closure(project, selected)))
     main = DoitMain(loader, config_filenames=(),
                     extra_config={"BACKEND": {"magpie-memory": "magpie.graph.doit_glue:MemoryDB"}})
     code = main.run(["run", *selected])

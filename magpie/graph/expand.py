@@ -37,6 +37,7 @@ class TaskSpec:
     params: dict
     key: str = ""
     parts: dict = field(default_factory=dict)
+    after: list[str] = field(default_factory=list)  # order only: not in the key, results not read
 
     @property
     def is_builtin(self) -> bool:
@@ -210,6 +211,7 @@ class Expander:
                 self._add(rule, None, None)
         for spec in self.tasks.values():
             spec.deps = [d for d in spec.deps if d in self.tasks]
+            spec.after = [d for d in spec.after if d in self.tasks and d not in spec.deps]
         for name in self.tasks:
             self._key(name, set())
         return self.tasks
@@ -245,6 +247,7 @@ class Expander:
             config=config,
             fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
             deps=self._deps(rule, kernel, impl),
+            after=self._deps(rule, kernel, impl, rule.after),
             params={
                 "root": str(self.root),
                 "rule_identity": rule.identity(),
@@ -265,19 +268,19 @@ class Expander:
             inputs=self._inputs(rule, None, None, trace),
             config={section: settings[section] for section in rule.config if section in settings},
             fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
-            deps=self._deps(rule, None, None),
+            deps=self._deps(rule, None, None), after=self._deps(rule, None, None, rule.after),
             params={"root": str(self.root), "rule_identity": rule.identity(), "description": rule.description,
                     "impl": None, "baseline": None, "settings": settings, "project": self.manifest.project.name},
         )
 
-    def _deps(self, rule: Rule, kernel, impl) -> list[str]:
+    def _deps(self, rule: Rule, kernel, impl, deps: list[str] | None = None) -> list[str]:
         out: list[str] = []
 
         def add(name):
             if name not in out:
                 out.append(name)
 
-        for dep in rule.deps:
+        for dep in rule.deps if deps is None else deps:
             if dep.startswith("baseline."):
                 if kernel is not None and kernel.baseline is not None:
                     add(f"{dep[9:]}:{kernel.id}/{kernel.baseline.id}")
@@ -286,6 +289,10 @@ class Expander:
                 for k in kernels:
                     for i in k.implementations():
                         add(f"{dep[6:]}:{k.id}/{i.id}")
+            elif dep.startswith("all."):  # every implementation of every kernel, whatever the scope
+                for k in self.manifest.kernel:
+                    for i in k.implementations():
+                        add(f"{dep[4:]}:{k.id}/{i.id}")
             elif dep.startswith("kernels."):
                 for k in self.manifest.kernel:
                     add(f"{dep[8:]}:{k.id}")

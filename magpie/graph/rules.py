@@ -16,7 +16,10 @@ from magpie.manifest.load import describe_validation_error, parse_toml
 from magpie.paths import rules_dir
 
 Scope = Literal["implementation", "kernel", "trace", "project"]
-DEP_PREFIXES = ("baseline.", "impls.", "kernels.", "traces.")
+# baseline.R: the kernel's baseline's R; impls.R: R of every implementation of the task's kernel
+# (of every kernel for a project-scope rule); all.R: R of every implementation of every kernel,
+# whatever the rule's scope; kernels.R, traces.R: R of every kernel, every trace set.
+DEP_PREFIXES = ("baseline.", "impls.", "all.", "kernels.", "traces.")
 
 
 class Rule(BaseModel):
@@ -27,8 +30,12 @@ class Rule(BaseModel):
     types: list[str] = ["pytorch", "triton", "cuda", "hip"]
     inputs: list[str] = []
     deps: list[str] = []
+    # Order only: tasks that must be done before this one starts, whose results it does not read
+    # and whose keys are not part of its own (editing one of them does not make this task stale);
+    # only those the build runs anyway are waited for.
+    after: list[str] = []
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
-    config: list[Literal["compile", "correctness", "timing", "project", "trace"]] = []
+    config: list[Literal["compile", "correctness", "timing", "profile", "project", "trace"]] = []
     fingerprint: list[Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu",
                               "rocprofv3"]] = []
     action: str
@@ -42,7 +49,7 @@ class Rule(BaseModel):
 
     def identity(self) -> dict:
         """What of the rule keys its artifacts."""
-        return self.model_dump(exclude={"description", "source"})
+        return self.model_dump(exclude={"description", "source", "after"})
 
 
 def _parse_rules(path: Path, tables: list, field: str) -> list[Rule]:
@@ -89,8 +96,9 @@ def resolve_rules(project_rules: list[dict], manifest_path) -> list[Rule]:
 def _check_deps(rules: list[Rule], manifest_path) -> None:
     names = {rule.name for rule in rules}
     for rule in rules:
-        for dep in rule.deps:
-            bare = dep.split(".", 1)[1] if dep.startswith(DEP_PREFIXES) else dep
-            if bare not in names:
-                raise located(rule.source or manifest_path, f"rule {rule.name!r}.deps",
-                              f"no rule named {bare!r} (known: {', '.join(sorted(names))})")
+        for field in ("deps", "after"):
+            for dep in getattr(rule, field):
+                bare = dep.split(".", 1)[1] if dep.startswith(DEP_PREFIXES) else dep
+                if bare not in names:
+                    raise located(rule.source or manifest_path, f"rule {rule.name!r}.{field}",
+                                  f"no rule named {bare!r} (known: {', '.join(sorted(names))})")
