@@ -119,6 +119,7 @@ def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) 
                     **({"arch": cuda_arch(manifest)} if kernel.impl_type(impl) == "cuda" else {})},
         "correctness": {"testcases": testcases, "seed": d.seed, "entry": impl.entry or kernel.entry, **limits},
         "timing": {**timing, **limits},
+        "profile": d.profile.model_dump(),
         "project": {"device": manifest.project.device},
     }
 

@@ -1,5 +1,8 @@
-"""The process Nsight Compute profiles: one implementation called on spec inputs inside an
-NVTX range named `magpie_profile`, so that ncu counts its kernels and not the reference's.
+"""The process Nsight Compute profiles: one implementation called once on spec inputs inside an
+NVTX range named `magpie_profile`, so that ncu counts its kernels and not the reference's, nor
+those of the warm-up call before it. With `profiler_start` in the request the range also lies
+between cudaProfilerStart and cudaProfilerStop (ncu runs with --profile-from-start off): ncu
+sees no launch before it, so its per-kernel invocation count starts at the range.
 Usage: python -m magpie.harness.profile REQUEST.json
 """
 
@@ -10,14 +13,14 @@ import math
 import sys
 from pathlib import Path
 
-from magpie.harness.spec import ReferenceSpec, derive_seed, output_specs
-from magpie.harness.worker import Implementation
-
 RANGE = "magpie_profile"
 
 
 def main(argv: list[str]) -> int:
     import torch
+
+    from magpie.harness.spec import ReferenceSpec, derive_seed, output_specs
+    from magpie.harness.worker import Implementation
 
     request = json.loads(Path(argv[0]).read_text())
     root, impl, settings = Path(request["root"]), request["impl"], request["settings"]
@@ -37,11 +40,16 @@ def main(argv: list[str]) -> int:
     on_device = tuple(a.to(device) if torch.is_tensor(a) else a for a in args)
     runner.fn(*on_device)  # compile / autotune outside the profiled range
     torch.cuda.synchronize()
+    started = bool(request.get("profiler_start"))
+    if started:
+        torch.cuda.profiler.start()
     torch.cuda.nvtx.range_push(RANGE)
     for _ in range(int(request.get("reps", 1))):
         runner.fn(*on_device)
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
+    if started:
+        torch.cuda.profiler.stop()
     print(json.dumps({"case": case.label}), file=sys.stderr)
     return 0
 

@@ -30,6 +30,17 @@ class TimingSettings(Strict):
                                        "inputs: labelled if it holds, the timing failed if it does not")
 
 
+class ProfileSettings(Strict):
+    """Bounds of a hardware-counter profile (Nsight Compute): how much of an implementation it
+    replays, and for how long at most."""
+
+    launches_per_kernel: int = Field(3, ge=1, description="profile the first N launches of each distinct kernel "
+                                     "(a kernel name with one grid, block and shared-memory size)")
+    max_launches: int = Field(48, ge=1, description="profile at most this many launches in all")
+    max_timeout_s: float = Field(600.0, gt=0, description="ceiling of the timeout derived from the "
+                                 "implementation's measured time")
+
+
 class Defaults(Strict):
     trials: int = Field(3, ge=1)
     seed: int = 0
@@ -38,6 +49,7 @@ class Defaults(Strict):
     timeout_s: float = Field(120.0, gt=0, description="per evaluation subprocess")
     memory_mb: int = Field(8192, ge=256, description="address-space limit of a candidate process")
     timing: TimingSettings = TimingSettings()
+    profile: ProfileSettings = ProfileSettings()
 
 
 class ProjectSettings(Strict):

@@ -1,7 +1,8 @@
-"""Nsight Compute counters: the metrics we ask for and a parser for `--csv --page raw`.
+"""Nsight Compute counters: the metrics we ask for, the launch cap, and a parser for `--csv --page raw`.
 
 The raw page is one header row of metric names, one row of units (its ID cell empty),
 then a row per profiled kernel. Numbers may carry thousands separators; 'n/a' is missing.
+A run that profiled nothing prints no such rows, only `No kernels were profiled.`
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import io
 from magpie.roofline.model import roofline
 from magpie.roofline.specs import Arch
 
+# What the report uses, and only that: a kernel's duration, the DRAM bytes it moved and the
+# FLOPs it executed per precision (its place on the roofline). The speed-of-light throughputs
+# asked for before were shown nowhere and cost replay passes of their own.
 DURATION = "gpu__time_duration.sum"
 DRAM_READ = "dram__bytes_read.sum"
 DRAM_WRITE = "dram__bytes_write.sum"
-SPEED_OF_LIGHT = {
-    "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "memory_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-}
 # FLOPs per precision from executed thread instructions: an FMA counts two operations.
 NON_TENSOR = {
     "fp64": ("dadd", "dmul", "dfma"),
@@ -45,9 +44,56 @@ def _inst(op: str) -> str:
 
 
 def metrics(available: set[str] | None = None) -> list[str]:
-    names = [*BASIC, *SPEED_OF_LIGHT.values(),
-             *(_inst(op) for ops in NON_TENSOR.values() for op in ops), *(n for ns in TENSOR.values() for n in ns)]
+    names = [*BASIC, *(_inst(op) for ops in NON_TENSOR.values() for op in ops),
+             *(n for ns in TENSOR.values() for n in ns)]
     return [n for n in names if available is None or n in available]
+
+
+# How ncu caps what it profiles. Nsight Compute's `--kernel-id` counts invocations per kernel
+# name, grid, block and shared-memory size (context and stream left out when not given), and its
+# invocation field takes a regular expression matched against the whole number: `:::^(1|2|3)$`
+# profiles the first three launches of each distinct kernel, and `--launch-count` then caps the
+# profiled launches in all. Versions whose `--kernel-id` takes no regex, or a run in which that
+# filter profiled nothing although the implementation's timing saw kernels (its launches before
+# the profiled range counted too), fall back to `--filter-mode per-launch-config --launch-count N`:
+# the first N launches of each launch configuration, which counts only launches it profiled,
+# but with no cap in all (launch-count is per configuration in that mode).
+KERNEL_ID = "kernel-id"
+PER_LAUNCH_CONFIG = "per-launch-config"
+
+
+def invocations(n: int) -> str:
+    """A regular expression for invocation numbers 1 to n, whole."""
+    return "^(" + "|".join(str(i) for i in range(1, n + 1)) + ")$"
+
+
+def cap_options(per_kernel: int, total: int, mode: str = KERNEL_ID) -> list[str]:
+    if mode == KERNEL_ID:
+        return ["--kernel-id", f":::{invocations(per_kernel)}", "--launch-count", str(total)]
+    if mode == PER_LAUNCH_CONFIG:
+        return ["--filter-mode", PER_LAUNCH_CONFIG, "--launch-count", str(per_kernel)]
+    raise ValueError(f"unknown launch cap mode {mode!r}")
+
+
+def ncu_command(metric_set: list[str], per_kernel: int, total: int, mode: str = KERNEL_ID,
+                nvtx_range: str | None = None) -> list[str]:
+    """ncu's arguments before the profiled command. With an NVTX range, only kernels inside it
+    (and after cudaProfilerStart, which the profiled process calls at the range): the warm-up
+    call before it, and its launches, are not profiled."""
+    argv = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", "all",
+            *cap_options(per_kernel, total, mode), "--metrics", ",".join(metric_set)]
+    if nvtx_range:
+        argv += ["--profile-from-start", "off", "--nvtx", "--nvtx-include", f"{nvtx_range}/"]
+    return argv
+
+
+NOTHING_PROFILED = "no kernels were profiled"
+
+
+def profiled_nothing(stdout: str, stderr: str) -> bool:
+    """ncu ran and profiled no kernel (`==PROF== No kernels were profiled.` or its warning
+    form): the range launched none, e.g. x.clone(), a memory copy. Not a parse failure."""
+    return NOTHING_PROFILED in (stdout + "\n" + stderr).lower() and '"ID"' not in stdout
 
 
 class NcuParseError(ValueError):
@@ -91,7 +137,8 @@ def parse_raw_csv(text: str) -> list[dict]:
                 number = _number(cell)
                 if number is not None:
                     values[column] = number * _SCALE.get(unit.strip().lower(), 1)
-        kernels.append({"id": record.get("ID"), "name": record.get("Kernel Name", ""), "metrics": values})
+        kernels.append({"id": record.get("ID"), "name": record.get("Kernel Name", ""),
+                        "grid": record.get("Grid Size"), "block": record.get("Block Size"), "metrics": values})
     return kernels
 
 
@@ -106,7 +153,7 @@ def kernel_roofline(kernel: dict, arch: Arch | None) -> dict:
     seconds = m.get(DURATION, 0.0) / 1e9
     precision = max(flops, key=flops.get) if total_flops else "fp32"
     out = {"name": kernel["name"], "duration_us": seconds * 1e6, "dram_bytes": bytes_moved, "flops": flops,
-           **{k: m.get(v) for k, v in SPEED_OF_LIGHT.items()}}
+           **{k: kernel[k] for k in ("grid", "block") if kernel.get(k)}}
     if arch is not None and seconds:
         out["roofline"] = roofline(total_flops, bytes_moved, seconds, arch, precision)
     return out
