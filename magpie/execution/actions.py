@@ -218,6 +218,7 @@ def comparison(job, out_dir: Path) -> dict:
         comp = job.dep_results.get(f"compile:{kernel}/{impl_id}", {})
         corr = job.dep_results.get(f"correctness:{kernel}/{impl_id}", {})
         tim = job.dep_results.get(f"timing:{kernel}/{impl_id}", {})
+        prof = job.dep_results.get(f"profile:{kernel}/{impl_id}")
         rows.append({
             "implementation": impl_id,
             "compiling_state": comp.get("compiling_state", "SKIPPED"),
@@ -229,12 +230,14 @@ def comparison(job, out_dir: Path) -> dict:
             "baseline_result": tim.get("baseline_result"),
             "samples_us": tim.get("samples_us"),
             "speedup": None,
-            "profile": job.dep_results.get(f"profile:{kernel}/{impl_id}"),
+            "profile": prof,
+            # a command-only kernel's kernels as ncu measured them: labelled profiler time, never ranked
+            "profiler_time": (prof or {}).get("profiler_time"),
             "errors": [*comp.get("errors", []), *corr.get("errors", []), *tim.get("errors", [])],
             # the same, machine-readable (kind, stage, case): the cause first, then what it kept from running
             "failures": [*comp.get("failures", []), *corr.get("failures", []), *tim.get("failures", [])],
             "numerics_margin": corr.get("numerics_margin"),
-            "warnings": tim.get("warnings", []),
+            "warnings": [*tim.get("warnings", []), *profile_warnings(prof)],
             "flags": tim.get("flags", []),
             "_paired_speedup": tim.get("speedup"),
             "time_s": time_spent(comp, corr, tim),
@@ -244,6 +247,14 @@ def comparison(job, out_dir: Path) -> dict:
     report = rank(kernel, rows, job.spec.params.get("baseline"))
     report["time_s"] = {key: round(sum(row["time_s"][key] or 0.0 for row in rows), 3) for key in TIME_KEYS}
     return checked(CompareReport, report)
+
+
+def profile_warnings(profile: dict | None) -> list[str]:
+    """A profile that failed or timed out is a warning on its row: the row keeps its verdict,
+    timing and place in the ranking, without counters or a roofline."""
+    if not profile or profile.get("state") != "FAILED":
+        return []
+    return [f"profile failed, no counters or roofline: {'; '.join(profile.get('errors') or ['no reason given'])}"]
 
 
 TIME_KEYS = ("compile", "first_calls", "correctness", "timing", "device_held")

@@ -39,6 +39,16 @@ class PerformanceResult(Open):
     flags: list[str] = []
 
 
+class ProfilerTime(Open):
+    """A command-only kernel's kernels as the profiler measured them (ncu gpu__time_duration),
+    labelled by `method`: not a timed measurement, never ranked."""
+
+    method: str
+    kernel_us: float
+    launches: int
+    kernels: list[str]
+
+
 class Failure(Open):
     """One failure, where it was detected: `kind` is one of harness/kinds.py's KINDS, `detail`
     the line a person reads; the case where it is known (a worker that died took its whole
@@ -90,6 +100,7 @@ class ResultRow(Open):
     samples_us: Optional[list[float]]
     speedup: Optional[Speedup]
     profile: Optional[dict]
+    profiler_time: Optional[ProfilerTime] = None
     errors: list[str]
     warnings: list[str]
     failures: list[Failure] = []

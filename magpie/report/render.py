@@ -28,6 +28,28 @@ def spread_text(perf: dict) -> str:
     return f"±{rel:.1%}"
 
 
+def profile_notes(rows: list[dict]) -> list[dict]:
+    """What a kernel's profiles add to its table, a line each: a failed profile (a warning; the
+    row's timing and ranking stand), a command-only kernel's profiler time (labelled so), or
+    the profile's notes (no kernel ran in the profiled range)."""
+    notes = []
+    for row in rows:
+        profile = row.get("profile") or {}
+        if profile.get("state") == "FAILED":
+            text = (f"profile failed, no counters or roofline ({'; '.join(profile.get('errors') or [])}); "
+                    f"its timing and ranking stand")
+            notes.append({"implementation": row["implementation"], "warning": True, "text": text})
+        elif row.get("profiler_time"):
+            spent = row["profiler_time"]
+            notes.append({"implementation": row["implementation"], "warning": False,
+                          "text": f"{spent['kernel_us']:,.2f} µs of kernel time over {spent['launches']} profiled "
+                                  f"launch(es): {spent['method']}"})
+        elif profile.get("notes"):
+            notes.append({"implementation": row["implementation"], "warning": False,
+                          "text": "profile: " + "; ".join(profile["notes"])})
+    return notes
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(templates_dir())),
                       autoescape=select_autoescape(["html", "j2"], default_for_string=False),
@@ -46,7 +68,7 @@ def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None 
     kernels = []
     for comp in comparisons:
         methods = sorted({r["performance_result"]["method"] for r in comp["results"] if r.get("performance_result")})
-        kernels.append({**comp, "methods": methods,
+        kernels.append({**comp, "methods": methods, "profile_notes": profile_notes(comp["results"]),
                         "timing_svg": Markup(timing_boxes(comp["results"])),
                         "speedup_svg": Markup(speedup_bars(comp["results"])),
                         "roofline_svg": Markup(roofline_plot(comp["results"]))})
