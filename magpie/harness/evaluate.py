@@ -869,9 +869,11 @@ def _not_timed(state: str, kind: str, error: str, testcase: int | None = None) -
 
 
 def _verdict(checks: list[dict], numerics: str) -> dict:
+    if numerics == "verified" and checks and all(c.get("case") == "command" for c in checks):
+        numerics = "checked by the testcase command"  # no Python reference: exit codes judged the outputs
     failed = next((c for c in checks if not c["passed"]), None)
     if failed is None:
-        verdict = "correct" if numerics == "verified" else "runs, output finite (numerics unverified)"
+        verdict = "runs, output finite (numerics unverified)" if numerics == "unverified" else "correct"
         return {"correctness_state": "SUCCESS", "numerics": numerics, "verdict": verdict,
                 "checks": checks, "errors": [], "failures": [], "numerics_margin": numerics_margin(checks)}
     where = f" on {failed['case']} trial {failed['trial']}" if failed.get("case") != "command" else ""

@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from magpie.harness.kinds import KINDS, STAGES
 
 State = Literal["SUCCESS", "FAILED", "SKIPPED"]
+# verified: compared with a Python reference; checked by the testcase command: only commands judged
+# it (their exit codes); unverified: it ran on its own inputs, only finiteness checked
+Numerics = Literal["verified", "checked by the testcase command", "unverified"]
 
 
 class Open(BaseModel):
@@ -92,7 +95,7 @@ class ResultRow(Open):
     is_baseline: bool
     compiling_state: State
     correctness_state: State
-    numerics: Literal["verified", "unverified"]
+    numerics: Numerics
     verdict: str
     performance_state: State
     performance_result: Optional[PerformanceResult]
@@ -136,7 +139,7 @@ class AnalyzeReport(Open):
     correctness_state: State
     performance_state: State
     performance_result: Optional[PerformanceResult]
-    numerics: Literal["verified", "unverified"]
+    numerics: Numerics
     verdict: str
     errors: list[str]
     warnings: Optional[list[str]]
