@@ -146,9 +146,10 @@ def roofline_chart(points: list[tuple[str, dict]]) -> str:
                f'{" measured" if roof.get("peaks_measured") else " datasheet"}</text>')
     for i, (name, r) in enumerate(points):
         x, y = px(r["arithmetic_intensity"]), py(r["achieved_tflops"])
+        pct = "" if r.get("pct_of_roofline") is None else f'{r["pct_of_roofline"]:.0f}%'  # no peak for its precision
         out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#c60"/>'
                    f'<text x="{x + 6:.1f}" y="{y + 4 + 11 * (i % 2):.1f}" font-size="11">{escape(name)} '
-                   f'{r["pct_of_roofline"]:.0f}%</text>')
+                   f'{pct}</text>')
     out.append(f'<text x="{left}" y="{height - 2}" font-size="10">FLOP/byte (log) · TFLOP/s (log)</text></svg>')
     return "".join(out)
 
