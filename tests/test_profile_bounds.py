@@ -235,53 +235,13 @@ def test_a_command_only_kernel_profiles_its_command_as_profiler_time(tmp_path, f
 
 # -- the graph: profiles after every timing, keyed only by their own -----------------------
 
-GRAPH = {
-    "magpie.toml": """
-        [project]
-        name = "g"
-        device = "cuda"
-
-        [defaults.profile]
-        launches_per_kernel = 2
-
-        [[kernel]]
-        id = "k1"
-        type = "pytorch"
-        entry = "kernel"
-        [kernel.baseline]
-        id = "base"
-        source = "base.py"
-        [[kernel.candidates]]
-        id = "a"
-        source = "a.py"
-        [[kernel.testcases]]
-        spec = "spec.py"
-        shapes = [[4, 4]]
-
-        [[kernel]]
-        id = "k2"
-        type = "pytorch"
-        entry = "kernel"
-        [kernel.baseline]
-        id = "base"
-        source = "base.py"
-        [[kernel.candidates]]
-        id = "b"
-        source = "b.py"
-        [[kernel.testcases]]
-        command = "true"
-        """,
-    "base.py": "def kernel(x):\n    return x\n",
-    "a.py": "def kernel(x):\n    return x + 0\n",
-    "b.py": "def kernel(x):\n    return x * 1\n",
-    "spec.py": "def make_inputs(shape, dtype, generator):\n    return ()\n\n\ndef reference(x):\n    return x\n",
-}
-
-
 @pytest.fixture
-def gpu_graph(tmp_path) -> Path:
-    write(tmp_path, GRAPH)
-    return tmp_path
+def gpu_graph(command_project) -> Path:
+    """The command project on a GPU device (its graph only: nothing is built)."""
+    manifest = command_project / "magpie.toml"
+    manifest.write_text(manifest.read_text().replace(
+        'name = "cmd"\n', 'name = "cmd"\ndevice = "cuda"\n\n[defaults.profile]\nlaunches_per_kernel = 2\n', 1))
+    return command_project
 
 
 def test_profiles_run_after_every_timing_and_no_timing_waits_on_a_profile(gpu_graph):
@@ -289,7 +249,7 @@ def test_profiles_run_after_every_timing_and_no_timing_waits_on_a_profile(gpu_gr
     tasks = project.tasks
     timings = {n for n in tasks if n.startswith("timing:")}
     profiles = {n for n in tasks if n.startswith("profile:")}
-    assert len(timings) == len(profiles) == 4
+    assert len(timings) == len(profiles) == 5
     fields = {f["name"]: f for f in doit_fields(project, None)}
     for name in profiles:
         assert set(fields[name]["task_dep"]) >= timings  # waits for every timing of the project
@@ -309,11 +269,11 @@ def test_another_implementations_timing_is_order_only(gpu_graph):
     """A profile's key holds its own timing's, not the others': editing one candidate does not
     re-profile the rest of the project, and building one kernel does not time the others."""
     before = Project.load(gpu_graph / "magpie.toml").tasks
-    (gpu_graph / "b.py").write_text("def kernel(x):\n    return x * 1.0\n")
+    (gpu_graph / "k2/c.py").write_text("def kernel(x):\n    return x - 0.0\n")
     after = Project.load(gpu_graph / "magpie.toml").tasks
-    assert before["timing:k2/b"].key != after["timing:k2/b"].key
-    assert before["profile:k2/b"].key != after["profile:k2/b"].key
-    for name in ("profile:k1/base", "profile:k1/a", "profile:k2/base"):
+    assert before["timing:k2/c"].key != after["timing:k2/c"].key
+    assert before["profile:k2/c"].key != after["profile:k2/c"].key
+    for name in ("profile:k1/base", "profile:k1/a", "profile:k1/b", "profile:k2/base"):
         assert before[name].key == after[name].key, name
     project = Project.load(gpu_graph / "magpie.toml")
     selected = project.select(["k1"])
