@@ -66,7 +66,8 @@ def test_an_honest_implausible_speedup_is_retimed_confirmed_labelled_and_ranked(
     assert speedup["value"] > 10
     label = speedup["implausible"]
     assert label["threshold"] == 10 and label["confirmed"] is True and label["retimed"] > 10
-    assert [f["kind"] for f in row["flags"]] == ["implausible_speedup"]
+    # labelled (an honest 5 µs kernel's 60 samples may also be flagged uneven by one preemption)
+    assert "implausible_speedup" in [f["kind"] for f in row["flags"]]
     assert any("re-timed on fresh inputs" in w and "confirmed" in w for w in row["warnings"])
     assert whole["ranking"][0] == "honest" and whole["best"] == "honest"
 

@@ -133,13 +133,13 @@ def workspace_of(job) -> list[str]:
     return [str(Path(folder).parents[2])] if folder else []
 
 
-def _evaluate(mode: str, job, out_dir: Path, baseline) -> dict:
+def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | None = None) -> dict:
     spec = job.spec
     settings = spec.params["settings"]
     request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
                "impl": with_library(job, spec.params["impl"]), "baseline": with_library(job, baseline),
                "settings": settings, "input_secret": os.environ.get(SECRET_VARIABLE, ""),
-               "hide": workspace_of(job), "snapshots": snapshots_of(job)}
+               "hide": workspace_of(job), "snapshots": snapshots_of(job), "timing_method": timing_method}
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))
     # warm-up and budget for the candidate and the baseline, twice where an implausible speedup is re-timed
@@ -203,7 +203,10 @@ def timing(job, out_dir: Path) -> dict:
         if base_ok.get("correctness_state") != "SUCCESS":
             warnings.append(f"baseline {baseline['id']} is not correct ({base_ok.get('verdict')}): timed alone")
             baseline = None
-    result = _evaluate("timing", job, out_dir, baseline=baseline)
+    set_method = None
+    if baseline is not None:  # the baseline's timing chose the method for its kernel's set
+        set_method = job.dep_results.get(f"timing:{spec.kernel}/{baseline['id']}", {}).get("timing_method")
+    result = _evaluate("timing", job, out_dir, baseline=baseline, timing_method=set_method)
     result.setdefault("warnings", []).extend(warnings)
     return result
 
@@ -239,6 +242,7 @@ def comparison(job, out_dir: Path) -> dict:
             "numerics_margin": corr.get("numerics_margin"),
             "warnings": [*tim.get("warnings", []), *profile_warnings(prof)],
             "flags": tim.get("flags", []),
+            "timing_method": tim.get("timing_method"),
             "_paired_speedup": tim.get("speedup"),
             "time_s": time_spent(comp, corr, tim),
         })
@@ -293,9 +297,14 @@ def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:
         ranked.append(row)
     ranked.sort(key=lambda r: (-(r["speedup"] or {}).get("value", 0.0), r["performance_result"]["median_us"]))
     best = next((r["implementation"] for r in ranked if (r["speedup"] or {}).get("verdict") == "faster"), None)
+    methods = {r["implementation"]: (r.get("timing_method") or {}).get("mode") for r in rows if r.get("timing_method")}
     return {
         "kernel": kernel,
         "baseline": baseline_id,
+        # one method for the whole set (the baseline's timing chose it); where rows differ (a
+        # candidate timed while its baseline was not), each row says its own
+        "timing_method": next((r["timing_method"] for r in rows if r["is_baseline"] and r.get("timing_method")),
+                              None) if len(set(methods.values())) <= 1 else {"mixed": methods},
         "ranking": [r["implementation"] for r in ranked],
         "best": best,
         "excluded": excluded,

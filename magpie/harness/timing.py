@@ -8,6 +8,8 @@ travels with how it was taken.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from abc import ABC, abstractmethod
 from statistics import median
@@ -21,6 +23,7 @@ GRAPH_THRESHOLD_US = 10.0
 
 class Timer(ABC):
     name: str
+    modes: tuple = (None,)
 
     def __init__(self):
         self.info: dict = {}
@@ -50,8 +53,24 @@ class Timer(ABC):
                 mode: str | None = None) -> list[int]:
         """Per-call durations in nanoseconds, rotating through input_sets from offset."""
 
+    def host_check(self, fn, input_sets: list, offset: int, calls: int) -> float | None:
+        """Host wall time of `calls` calls each synchronised before and after, median in µs;
+        None where the clock around a call already is host time."""
+        return None
+
     def describe(self, settings: dict, mode: str | None = None) -> str:
         return self.name
+
+    def prepare(self, fn, input_sets: list, mode: str | None):
+        """Whatever a mode sets up before its first timed call (nothing here)."""
+        return None
+
+    def forget(self) -> None:
+        """Drop what `prepare` kept (between jobs: it holds the job's inputs)."""
+
+    def trivial_call(self) -> tuple:
+        """A call that does next to nothing, and its input sets: what calibration times."""
+        return (lambda: None), [()]
 
 
 class CpuWallTimer(Timer):
@@ -62,16 +81,19 @@ class CpuWallTimer(Timer):
     def measure(self, fn, input_sets, budget_ms, max_reps, offset, mode=None):
         samples = []
         clock = _clock_ns
-        deadline = clock() + int(budget_ms * 1e6)
         count = len(input_sets)
         i = offset
-        while len(samples) < max_reps and (not samples or clock() < deadline):
-            args = input_sets[i % count]
-            start = clock()
-            fn(*args)
-            samples.append(clock() - start)
-            i += 1
-        self.info = {"mode": "host-clock"}
+        with collector_paused():
+            began = clock()
+            deadline = began + int(budget_ms * 1e6)
+            while len(samples) < max_reps and (not samples or clock() < deadline):
+                args = input_sets[i % count]
+                start = clock()
+                fn(*args)
+                samples.append(clock() - start)
+                i += 1
+            loop_ns = clock() - began
+        self.info = {"mode": "host-clock", "calls_per_sample": 1, "loop_wall_ms": loop_ns / 1e6}
         return samples
 
     def describe(self, settings, mode=None):
@@ -95,6 +117,7 @@ class CudaTimer(Timer):
     """
 
     name = "cuda"
+    modes = ("events", "graph")
     GRAPH_CALLS = 20
     BATCH_US = 5000.0  # device time queued between synchronisations in events mode
     MAX_BATCH = 50
@@ -110,17 +133,22 @@ class CudaTimer(Timer):
         self._flush_words = torch.ones(self.l2_bytes, dtype=torch.int32, device=self.device)  # 4x L2 in bytes
         self._flush_sink = torch.empty((), dtype=torch.int32, device=self.device)
         self.persisting_l2_reset = _reset_persisting_l2()
+        self._graphs: dict = {}
 
     def _sync(self):
         self.torch.cuda.synchronize(self.device)
 
     _settle = _sync
 
+    def trivial_call(self):
+        one = self.torch.zeros(1, device=self.device)
+        return one.add_, [(1,)]
+
     def probe(self, fn, input_sets: list, budget_ms: float = 20.0) -> float:
         """Device time per call from a short graph replay, free of launch overhead; where the call
         cannot be captured, the events median."""
         try:
-            samples = self._graph(fn, input_sets, budget_ms, 50 * self.GRAPH_CALLS, 0)
+            samples = self._replays(self.prepare(fn, input_sets, "graph"), budget_ms, 50 * self.GRAPH_CALLS)
         except Exception:  # host syncs inside fn make it uncapturable
             samples = self._events(fn, input_sets, budget_ms, 1000, 0)
         return median(samples) / 1000 if samples else 0.0
@@ -131,26 +159,26 @@ class CudaTimer(Timer):
         self._flush_sink.copy_(self._flush_words.amax())
 
     def measure(self, fn, input_sets, budget_ms, max_reps, offset, mode=None):
-        before = nvml_snapshot(self.device.index or 0)
         mode = mode or "events"
         fallback = None
+        began = _clock_ns()
         if mode == "graph":
             try:
-                samples = self._graph(fn, input_sets, budget_ms, max_reps, offset)
+                graph = self.prepare(fn, input_sets, mode)
+                began = _clock_ns()
+                samples = self._replays(graph, budget_ms, max_reps)
             except Exception as err:  # host syncs inside fn make it uncapturable
                 fallback = f"graph capture failed ({type(err).__name__}); timed with events"
                 mode = "events"
         if mode == "events":
             samples = self._events(fn, input_sets, budget_ms, max_reps, offset)
-        wall = self._host_wall(fn, input_sets, offset)
         self.info = {
             "mode": mode,
+            "calls_per_sample": self.GRAPH_CALLS if mode == "graph" else 1,
             "fallback": fallback,
-            "host_wall_median_us": wall,
             "l2_flush_bytes_read": 4 * self.l2_bytes if mode == "events" else 0,
             "persisting_l2_reset": self.persisting_l2_reset,
-            "nvml_before": before,
-            "nvml_after": nvml_snapshot(self.device.index or 0),
+            "loop_wall_ms": (_clock_ns() - began) / 1e6,
         }
         return samples
 
@@ -164,23 +192,39 @@ class CudaTimer(Timer):
         count = len(input_sets)
         i = offset
         batch = 1  # until the first sample says how long a call takes
-        while len(samples) < max_reps and (not samples or _clock_ns() < deadline):
-            pending = []
-            for _ in range(min(batch, max_reps - len(samples))):
-                args = input_sets[i % count]
-                self._flush_l2()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(*args)
-                end.record()
-                pending.append((start, end))
-                i += 1
-            self._sync()
-            samples.extend(int(start.elapsed_time(end) * 1e6) for start, end in pending)
-            batch = max(1, min(self.MAX_BATCH, int(self.BATCH_US * 1000 / max(samples[0], 1))))
+        with collector_paused():
+            while len(samples) < max_reps and (not samples or _clock_ns() < deadline):
+                pending = []
+                for _ in range(min(batch, max_reps - len(samples))):
+                    args = input_sets[i % count]
+                    self._flush_l2()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fn(*args)
+                    end.record()
+                    pending.append((start, end))
+                    i += 1
+                self._sync()
+                samples.extend(int(start.elapsed_time(end) * 1e6) for start, end in pending)
+                batch = max(1, min(self.MAX_BATCH, int(self.BATCH_US * 1000 / max(samples[0], 1))))
         return samples
 
-    def _graph(self, fn, input_sets, budget_ms, max_reps, offset):
+    def prepare(self, fn, input_sets, mode: str | None):
+        """What a mode needs before its first timed call: for graph mode, the graph of
+        GRAPH_CALLS calls over the input sets, captured once per function and input sets and
+        replayed by every later measurement (a capture costs the calls' host time and one
+        replay: far more than a measurement's budget for a slow kernel). None for events."""
+        if mode != "graph":
+            return None
+        key = (id(fn), id(input_sets))
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(fn, input_sets)
+        return self._graphs[key]
+
+    def forget(self):
+        self._graphs.clear()
+
+    def _capture(self, fn, input_sets):
         torch = self.torch
         count = len(input_sets)
         side = torch.cuda.Stream(self.device)
@@ -193,21 +237,27 @@ class CudaTimer(Timer):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for k in range(self.GRAPH_CALLS):
-                fn(*input_sets[(offset + k) % count])
+                fn(*input_sets[k % count])
         graph.replay()
         self._sync()
+        return graph, fn, input_sets  # the function and inputs stay alive while their graph may be replayed
+
+    def _replays(self, captured, budget_ms, max_reps):
+        torch = self.torch
+        graph = captured[0]
         samples = []
         deadline = _clock_ns() + int(budget_ms * 1e6)
-        while len(samples) < sample_cap("graph", max_reps) and (not samples or _clock_ns() < deadline):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            self._sync()
-            samples.append(int(start.elapsed_time(end) * 1e6 / self.GRAPH_CALLS))
+        with collector_paused():
+            while len(samples) < sample_cap("graph", max_reps) and (not samples or _clock_ns() < deadline):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                self._sync()
+                samples.append(int(start.elapsed_time(end) * 1e6 / self.GRAPH_CALLS))
         return samples
 
-    def _host_wall(self, fn, input_sets, offset, calls: int = 5) -> float:
+    def host_check(self, fn, input_sets, offset, calls):
         walls = []
         for k in range(calls):
             self._sync()
@@ -215,6 +265,7 @@ class CudaTimer(Timer):
             fn(*input_sets[(offset + k) % len(input_sets)])
             self._sync()
             walls.append((_clock_ns() - start) / 1000)
+        self.info.update(host_wall_median_us=median(walls), host_check_calls=calls)
         return median(walls)
 
     def describe(self, settings, mode=None):
@@ -227,6 +278,51 @@ class CudaTimer(Timer):
                    "device time")
         return (f"{how}; warm-up {settings['warmup_ms']:g} ms, {settings['input_sets']} fresh input sets rotated, "
                 f"{settings['rounds']} rounds interleaved with the baseline; host-synchronised wall time cross-checked")
+
+
+def calibrate(timer: Timer, short_ms: float = 5.0, long_ms: float = 25.0, repeats: int = 3,
+              host_checks: int = 10) -> dict:
+    """What the timer costs beside the time its samples report, measured by running it on a
+    call that does next to nothing: per sample (in events mode the L2 flush, events, batched
+    synchronisations and the loop; in graph mode a replay's launch, events and
+    synchronisation), per request (set-up, NVML snapshots) and per host-synchronised check
+    call. Two budgets separate the per-sample from the per-request cost (a line through the
+    two points); each is the median of `repeats` such pairs. Run in the evaluator, which runs
+    no code under test: these figures are the integrity check's allowances."""
+    fn, input_sets = timer.trivial_call()
+    timer.warmup(fn, input_sets, 5.0)
+    costs: dict = {}
+    for mode in timer.modes:
+        per_sample, per_request = [], []
+        for _ in range(repeats):
+            points = []
+            for budget_ms in (short_ms, long_ms):
+                start = _clock_ns()
+                samples = timer.measure(fn, input_sets, budget_ms, 10**7, 0, mode=mode)
+                wall = _clock_ns() - start
+                points.append((len(samples), wall - sum(samples) * timer.info.get("calls_per_sample", 1)))
+            (n_short, rest_short), (n_long, rest_long) = points
+            slope = (rest_long - rest_short) / (n_long - n_short) if n_long > n_short else rest_long / max(n_long, 1)
+            per_sample.append(max(0.0, slope))
+            per_request.append(max(0.0, rest_short - n_short * per_sample[-1]))
+        costs[mode or timer.name] = {"per_sample_ns": median(per_sample), "per_request_ns": median(per_request)}
+    start = _clock_ns()
+    checked = timer.host_check(fn, input_sets, 0, host_checks)
+    costs["host_check_ns"] = (_clock_ns() - start) / host_checks if checked is not None else 0.0
+    return costs
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """The garbage collector off while calls are timed, as timeit does: a collection's pause
+    would land in a sample or between samples, where the wall-clock check sees it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def sample_cap(mode: str | None, max_reps: int) -> int:

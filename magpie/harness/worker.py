@@ -106,6 +106,8 @@ class Implementation:
         import threading
 
         self._input_cache.clear()
+        if self._timer is not None:
+            self._timer.forget()
         if self._build is not None:
             self.fn = None  # freed before the next job's model, the one a fresh process would build, is made
         release_memory()
@@ -163,12 +165,17 @@ class Implementation:
         if request.get("warmup_ms"):
             timer.warmup(self.fn, input_sets, request["warmup_ms"])
             steps.mark("warmup")
+            if request.get("mode"):  # a graph captured here, not in the first timed request
+                timer.prepare(self.fn, input_sets, request["mode"])
+                steps.mark("prepare")
         if request.get("probe"):
             reply["probe_us"] = timer.probe(self.fn, input_sets)
             steps.mark("probe")
         if request.get("budget_ms"):
             reply["samples_ns"] = timer.measure(self.fn, input_sets, request["budget_ms"], request["max_reps"],
                                                 request.get("offset", 0), mode=request.get("mode"))
+            if request.get("host_checks"):
+                timer.host_check(self.fn, input_sets, request.get("offset", 0), request["host_checks"])
             reply["info"] = timer.info
             reply["method"] = timer.describe(request["settings"], timer.info.get("mode"))
         return reply

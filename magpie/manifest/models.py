@@ -26,6 +26,12 @@ class TimingSettings(Strict):
     max_reps: int = Field(100_000, ge=1)
     input_sets: int = Field(4, ge=1, description="fresh input sets rotated between calls")
     threads: int = Field(1, ge=1, description="torch intra-op threads on the CPU")
+    mode: Literal["auto", "events", "graph"] = Field(
+        "auto", description="how a GPU kernel is timed, for the baseline and every candidate alike: auto chooses "
+        "from the baseline's probe (CUDA-graph replays under 10 µs per call, else events around each call)")
+    between_runs: float = Field(0.01, ge=0, description="how much a speedup varies between runs of the same "
+                                "comparison (relative standard deviation), added to each interval: 0.9% measured on "
+                                "an H200 by bench/interval_coverage.py; measure yours with it")
     implausible_speedup: float = Field(10.0, gt=1, description="a speedup above this is timed again on fresh "
                                        "inputs: labelled if it holds, the timing failed if it does not")
 

@@ -110,6 +110,7 @@ class ResultRow(Open):
     flags: list[Failure] = []  # a timing that stands but needs a look (impossible_time, untimed_work,
     # implausible_speedup, uneven_calls)
     numerics_margin: Optional[NumericsMargin] = None
+    timing_method: Optional[dict] = None  # mode (events, graph; none on the CPU) and why
 
 
 class Excluded(Open):
@@ -127,6 +128,7 @@ class CompareReport(Open):
     excluded: list[Excluded]
     results: list[ResultRow]
     errors: list[str]
+    timing_method: Optional[dict] = None
 
 
 class AnalyzeReport(Open):
