@@ -95,11 +95,11 @@ def ncu_median_us(name: str, out: Path) -> tuple[float | None, float | None]:
     return (statistics.median(durations) if durations else None), (statistics.median(tensor_ops) if rows else None)
 
 
-def throughput(out: Path, device: str = "cuda") -> dict:
-    """On the CPU (a smoke test of this script: Triton interpreted) the vectors are small."""
-    root = out / "compare8"
+def write_compare8(root: Path) -> list[str]:
+    """The 8-candidate project: x * 2 + y in PyTorch (the baseline) and as Triton kernels of 8
+    block sizes; returns the candidates' file names."""
     shutil.rmtree(root, ignore_errors=True)  # a machine kept warm between calls keeps /tmp: no stale store or cache
-    root.mkdir()
+    root.mkdir(parents=True)
     (root / "spec.py").write_text(textwrap.dedent("""
         import torch
         def make_inputs(shape, dtype, generator):
@@ -124,6 +124,13 @@ def throughput(out: Path, device: str = "cuda") -> dict:
                 return o
         """))
         files.append(path.name)
+    return files
+
+
+def throughput(out: Path, device: str = "cuda") -> dict:
+    """On the CPU (a smoke test of this script: Triton interpreted) the vectors are small."""
+    root = out / "compare8"
+    files = write_compare8(root)
     budget_ms = 300
     # First with an empty Triton cache (every kernel compiled), then again into a fresh
     # artifact store with that cache warm: the difference is compile and JIT time.
@@ -133,7 +140,7 @@ def throughput(out: Path, device: str = "cuda") -> dict:
     kept = {**env, "MAGPIE_KEEP_WARM_S": "60"}
     plan = {"cold": env, "warm": env, "kept_first": kept, "kept_again": kept}
     shape = "16777216" if device.startswith("cuda") else "4096"
-    runs = {name: _compare_run(root, files, budget_ms, f"out_{name}", run_env, device, shape)
+    runs = {name: compare_run(root, files, budget_ms, f"out_{name}", run_env, device, shape)
             for name, run_env in plan.items()}
     if any("error" in run for run in runs.values()):
         return runs
@@ -145,8 +152,8 @@ def throughput(out: Path, device: str = "cuda") -> dict:
             "ratio_kept_again": runs["kept_again"]["wall_s"] / budgets_s, "runs": runs}
 
 
-def _compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env: dict, device: str,
-                 shape: str) -> dict:
+def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env: dict, device: str,
+                shape: str) -> dict:
     start_unix = time.time()
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "magpie", "compare", "torch_ref.py", *files, "--type", "triton",
@@ -187,7 +194,12 @@ def _compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, en
     return {"wall_s": wall, "timeline_s": timeline, "timing_tasks_s": seconds["timing"],
             "correctness_tasks_s": seconds["correctness"],
             "timing_phases_s": phases, "timing_budgets_s": budgets_s, "device_held_alone_s": held,
-            "timed": timed, "ranking": report["ranking"][:3], "tasks": tasks}
+            "timed": timed, "ranking": report["ranking"][:3], "tasks": tasks,
+            "rows": {r["implementation"]: {"speedup": r.get("speedup"), "performance_state": r["performance_state"],
+                                           "median_us": (r.get("performance_result") or {}).get("median_us"),
+                                           "baseline_median_us": (r.get("baseline_result") or {}).get("median_us"),
+                                           "errors": r["errors"], "warnings": r["warnings"]}
+                     for r in report["results"]}}
 
 
 def main() -> int:
@@ -216,7 +228,7 @@ def main() -> int:
         rounds = []
         for _ in range(ROUNDS):
             medians = [magpie_median_us(timer, fn, mode)[0] for _ in range(3)]
-            magpie_nvml = timer.info.get("nvml_after")
+            magpie_nvml = nvml_snapshot(0)
             do_bench_us = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") * 1000
             rounds.append({"magpie_medians_us": medians, "magpie_nvml": magpie_nvml, "do_bench_us": do_bench_us,
                            "do_bench_nvml": nvml_snapshot(0)})

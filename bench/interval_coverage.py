@@ -1,0 +1,101 @@
+"""Do magpie's speedup intervals hold across runs? And how long from an edit to a verdict?
+(run on a GPU)
+
+The 8-candidate Triton compare of bench/gpu_fidelity.py, repeated N times with the zygote
+kept warm, each run into a fresh artifact store (every candidate timed again). For each run
+and candidate: does the run's 95% interval contain the median of the other runs' point
+estimates? Honest intervals do so in about 90% or more of the cases. The same runs show
+whether a kept-warm repeat inflates any candidate's median (its medians across runs).
+
+Then, with the zygote still warm, one candidate's source is edited (a comment: its kernel,
+and Triton's cache of it, stay the same) and the last run's project built again: the wall
+time from the edit to the new verdict, against that candidate's timing budget (the
+candidate and its baseline, each budget_ms).
+Usage: python bench/interval_coverage.py OUT.json [--runs 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_fidelity import compare_run, write_compare8  # noqa: E402
+
+BUDGET_MS = 300
+SHAPE = "16777216"
+
+
+def coverage(runs: list[dict]) -> dict:
+    """Per candidate, how many runs' intervals contain the median of the other runs' estimates."""
+    names = sorted({name for run in runs for name, row in run["rows"].items()
+                    if (row["speedup"] or {}).get("verdict") not in (None, "baseline")})
+    checks, held, misses = 0, 0, []
+    for name in names:
+        values = [(i, run["rows"][name]["speedup"]) for i, run in enumerate(runs)
+                  if (run["rows"].get(name) or {}).get("speedup")]
+        for i, speedup in values:
+            others = statistics.median(s["value"] for j, s in values if j != i)
+            checks += 1
+            if speedup["ci_low"] <= others <= speedup["ci_high"]:
+                held += 1
+            else:
+                misses.append({"candidate": name, "run": i, "interval": [speedup["ci_low"], speedup["ci_high"]],
+                               "others_median": others})
+    return {"checks": checks, "held": held, "coverage": held / checks if checks else None, "misses": misses}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="magpie-coverage-"))
+    files = write_compare8(root)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(root / "triton_cache"), "MAGPIE_KEEP_WARM_S": "120"}
+    shape = SHAPE if args.device.startswith("cuda") else "4096"
+    warm_up = compare_run(root, files, BUDGET_MS, "out_start", env, args.device, shape)  # zygote, JIT caches
+    runs = []
+    for i in range(args.runs):
+        run = compare_run(root, files, BUDGET_MS, f"out_{i}", env, args.device, shape)
+        if "error" in run:
+            print(run["error"])
+            return 1
+        runs.append({k: run[k] for k in ("wall_s", "rows", "timeline_s", "timing_phases_s", "device_held_alone_s",
+                                         "tasks")})
+        print(f"run {i}: {run['wall_s']:.1f} s", flush=True)
+    edited = root / files[3]
+    started = time.monotonic()
+    edited.write_text(edited.read_text() + "# edited: the kernel is the same\n")
+    again = compare_run(root, files, BUDGET_MS, f"out_{args.runs - 1}", env, args.device, shape)
+    edit_to_verdict = time.monotonic() - started
+    budget_s = 2 * BUDGET_MS / 1000
+    medians = {name: [run["rows"][name]["median_us"] for run in runs] for name in runs[0]["rows"]}
+    result = {
+        "budget_ms": BUDGET_MS, "shape": shape, "runs": runs, "start_run_wall_s": warm_up.get("wall_s"),
+        "coverage": coverage(runs),
+        "medians_us": medians,
+        "median_spread": {name: (max(v) - min(v)) / statistics.median(v) for name, v in medians.items() if all(v)},
+        "edit_to_verdict": {"candidate": files[3], "wall_s": edit_to_verdict, "timing_budget_s": budget_s,
+                            "ratio": edit_to_verdict / budget_s, "target_s": 1.5 * budget_s + 1,
+                            "tasks_run": sorted(again.get("tasks", {})), "error": again.get("error")},
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    cov = result["coverage"]
+    print(f"coverage {cov['held']}/{cov['checks']} = {cov['coverage']:.2f}")
+    for name, values in medians.items():
+        print(f"{name:>18} medians {' '.join(f'{v:.1f}' for v in values)}")
+    e = result["edit_to_verdict"]
+    print(f"edit to verdict {e['wall_s']:.2f} s (budget {budget_s:.1f} s, target {e['target_s']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

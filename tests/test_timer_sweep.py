@@ -1,0 +1,82 @@
+"""The H200 measurements the timing rules are judged by, replayed on the CPU with today's code:
+no honest kernel of the sweep fails the wall-clock check, and speedup intervals hold across
+runs. Fixtures: bench/timer_sweep.py and bench/interval_coverage.py on the H200."""
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from magpie.compare.stats import widen_for_runs
+from magpie.harness.evaluate import timer_inconsistency, wall_check
+from magpie.manifest.models import TimingSettings
+
+FIXTURES = Path(__file__).parent / "fixtures" / "h200"
+
+
+def roles(name: str) -> list[tuple[str, dict]]:
+    rows = json.loads((FIXTURES / name).read_text())["rows"]
+    return [(f"{r['kernel']}/{r['implementation']}/{role}", r[role]) for r in rows for role in ("candidate", "baseline")
+            if r[role] and r[role].get("wall_account")]
+
+
+# the sweep twice (the second in a busier build: up to 11% of a slow kernel's median went
+# unexplained there), and once with each kernel in the mode its probe would not choose
+SWEEPS = [*roles("timer_sweep.json"), *roles("timer_sweep_repeat.json"), *roles("timer_sweep_swap.json")]
+
+
+def test_the_sweep_spans_1_us_to_100_ms_in_both_modes():
+    medians = [role["median_us"] for _, role in SWEEPS]
+    assert min(medians) < 1.5 and max(medians) > 50_000
+    by_mode = {mode: [r["median_us"] for _, r in SWEEPS if r["mode"] == mode] for mode in ("events", "graph")}
+    assert min(by_mode["graph"]) < 2 and max(by_mode["graph"]) > 1000  # graph replays of 1 µs to 1.6 ms
+    assert min(by_mode["events"]) < 5 and max(by_mode["events"]) > 50_000
+
+
+@pytest.mark.parametrize("name,role", SWEEPS, ids=[name for name, _ in SWEEPS])
+def test_no_honest_kernel_of_the_sweep_fails_the_wall_clock_check(name, role):
+    account = role["wall_account"]
+    summary = {"median_us": role["median_us"], "early_rounds_ms": [],
+               **wall_check(account["wall_s"], account, role["median_us"])}
+    assert timer_inconsistency(summary) is None
+
+
+def coverage(part: dict, widen: float | None) -> float:
+    """Share of (run, candidate) whose interval holds the median of the other runs' estimates;
+    widen: recompute the interval from the run's own (bootstrap) one with this between-runs spread."""
+    runs = part["runs"]
+    names = [n for n, row in runs[0]["rows"].items() if row["speedup"]["verdict"] != "baseline"]
+    held = checks = 0
+    for name in names:
+        speedups = [run["rows"][name]["speedup"] for run in runs]
+        for i, s in enumerate(speedups):
+            others = statistics.median(x["value"] for j, x in enumerate(speedups) if j != i)
+            low, high = s["ci_low"], s["ci_high"]
+            if widen is not None:
+                low, high = widen_for_runs(s["value"], *s["ci_within_run"], widen)
+            checks += 1
+            held += low <= others <= high
+    return held / checks
+
+
+def test_speedup_intervals_hold_the_other_runs_median_in_at_least_90_percent_of_cases():
+    part = json.loads((FIXTURES / "interval_coverage.json").read_text())["workers_per_build"]
+    assert coverage(part, None) >= 0.9  # as measured, with the default between-runs spread
+    assert coverage(part, TimingSettings().between_runs) >= 0.9  # recomputed with today's default
+    assert coverage(part, 0.0) < 0.5  # a run's own bootstrap alone: far too narrow
+
+
+def test_workers_carried_across_builds_inflated_memory_bound_candidates():
+    """Why no worker outlives its build: carried across builds, the same candidates read up to
+    1.5x slower in some runs; kept per build, every candidate's medians stay within 3%."""
+    fixture = json.loads((FIXTURES / "interval_coverage.json").read_text())
+
+    def worst(part):
+        return max(max(v) / min(v) for v in part["medians_us"].values())
+
+    assert worst(fixture["workers_per_build"]) < 1.03
+    assert worst(fixture["workers_carried_across_builds"]) > 1.3
+    assert math.isclose(fixture["workers_per_build"]["coverage"]["coverage"], coverage(
+        fixture["workers_per_build"], None))
