@@ -91,6 +91,7 @@ def test_gpu_recheck_and_clock_cross_check_catch_cheats(gpu_adversarial):
     rows = {r["implementation"]: r for r in gpu_adversarial["results"]}
     assert any("incorrect after timing" in e for e in rows["degrades"]["errors"])
     assert any("timer returned after" in e for e in rows["returns_early"]["errors"])
+    assert any("the last timed call" in e for e in rows["lazy_when_timed"]["errors"])
     assert gpu_adversarial["ranking"] == ["good"]
 
 

@@ -25,6 +25,7 @@ EXPECTED = {
     "fakes_clock": ("SUCCESS", "SUCCESS", "correct"),
     "returns_early": ("SUCCESS", "SUCCESS", "correct"),
     "degrades": ("SUCCESS", "SUCCESS", "correct"),
+    "lazy_when_timed": ("SUCCESS", "SUCCESS", "correct"),
 }
 
 
@@ -74,6 +75,18 @@ def test_a_candidate_that_goes_wrong_during_timing_is_caught_by_the_recheck(adve
     row = next(r for r in report["results"] if r["implementation"] == "degrades")
     assert row["performance_state"] == "FAILED"
     assert any("incorrect after timing" in e for e in row["errors"])
+
+
+def test_a_candidate_wrong_only_while_timed_is_caught_by_the_check_of_a_timed_calls_output(adversarial_report):
+    """Right in every check and in the re-check after timing, wrong while a timer's loop calls
+    it: the output of the last timed call is checked too."""
+    report, _ = adversarial_report
+    row = next(r for r in report["results"] if r["implementation"] == "lazy_when_timed")
+    assert row["performance_state"] == "FAILED"
+    assert any("the last timed call: allclose" in e for e in row["errors"]), row["errors"]
+    assert not any("incorrect after timing" in e for e in row["errors"])
+    honest = next(r for r in report["results"] if r["implementation"] == "good")
+    assert honest["performance_state"] == "SUCCESS"
 
 
 def test_only_correct_and_timed_candidates_are_ranked(adversarial_report):

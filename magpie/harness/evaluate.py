@@ -363,6 +363,10 @@ class Evaluator:
                     measured = self._rounds(turns, offers, out_specs, mode, t)
                     clocks["after"] = nvml_snapshot(self._device_index())
                     phases.mark("timed")
+                    timed_outputs = {role: self._timed_output(turns.give(role), spec, inputs, expected, offers[role],
+                                                              testcase)
+                                     for role in workers}
+                    phases.mark("timed_outputs")
                     if pair and threshold and measured.speedup(measured.statistic()) > threshold:
                         retimed = self._retime(turns, spec, case, out_specs, mode, t)
                         phases.mark("retimed")
@@ -409,6 +413,12 @@ class Evaluator:
             "timer_costs": self.timer_costs(),
             "nvml": clocks if self.device != "cpu" else None,
         }
+        result["timed_output_check"] = {role: {k: record.get(k) for k in ("passed", "check", "index")}
+                                        for role, record in timed_outputs.items()}
+        for role, record in timed_outputs.items():
+            if not record["passed"]:
+                _fail(result, record["kind"], f"{role}: the last timed call: {record['check']}: {record['detail']}",
+                      case, spec_index)
         summaries = self._summaries(measured, case, kernels)
         for role, summary in summaries.items():  # the baseline's worker is parked by now, its samples kept
             result["performance_result" if role == "candidate" else "baseline_result"] = summary
@@ -484,6 +494,31 @@ class Evaluator:
         if self.device not in TIMER_COSTS:
             TIMER_COSTS[self.device] = calibrate(timer_for(self.device))
         return TIMER_COSTS[self.device]
+
+    def _timed_output(self, worker: Worker, spec: ReferenceSpec, inputs: list, expected, offer: dict,
+                      testcase: dict) -> dict:
+        """The output of the last call the worker's timer made, checked against the reference
+        for the input set it was given, and that input set checked for changes: a candidate
+        right when checked and wrong (or lazy) while timed fails here, not only after timing."""
+        outputs = self.exchange.offer_outputs("timed", [expected], [inputs[0]], worker.scratch or self.work)
+        answer = worker.request({"op": "timed_output", "inputs": offer, "outputs": outputs}, self.timeout)
+        if not answer["ok"]:
+            raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
+        index = answer.get("index")
+        if index is None:
+            self.exchange.release()
+            return {"passed": False, "kind": "timer_integrity", "check": "kept output", "index": None,
+                    "detail": "the timer kept no output of a timed call: the timer in the implementation's "
+                              "process was replaced"}
+        produced = self.exchange.collect(outputs, answer)
+        self.exchange.release()
+        if not 0 <= int(index) < len(inputs):
+            return {"passed": False, "kind": "timer_integrity", "check": "kept output", "index": index,
+                    "detail": f"the timer named input set {index} of {len(inputs)}"}
+        reference = expected if index == 0 else spec.reference(inputs[index], self.init_seed)
+        record = compare_inputs(inputs[index], produced["inputs_after"][0]) or \
+            compare_outputs(produced["outputs"][0], reference, testcase["rtol"], testcase["atol"])
+        return {**record, "index": index}
 
     def _retime(self, turns: Turns, spec: ReferenceSpec, case, out_specs: list, mode: str | None,
                 t: dict) -> Rounds:

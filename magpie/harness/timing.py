@@ -27,6 +27,11 @@ class Timer(ABC):
 
     def __init__(self):
         self.info: dict = {}
+        # (input set index, output) of the last timed call: the evaluator checks it against the
+        # reference, so a call that was timed was also right. Calls made after it (host checks)
+        # leave it as it is: an implementation that returned one buffer for every call would
+        # have failed the correctness checks already, whose calls' outputs are all compared.
+        self.last_call: tuple[int, object] | None = None
 
     def warmup(self, fn, input_sets: list, warmup_ms: float) -> int:
         """Call until warmup_ms has passed (at least once); return the number of calls."""
@@ -66,7 +71,8 @@ class Timer(ABC):
         return None
 
     def forget(self) -> None:
-        """Drop what `prepare` kept (between jobs: it holds the job's inputs)."""
+        """Drop what `prepare` and the last call kept (between jobs: they hold the job's data)."""
+        self.last_call = None
 
     def trivial_call(self) -> tuple:
         """A call that does next to nothing, and its input sets: what calibration times."""
@@ -86,13 +92,15 @@ class CpuWallTimer(Timer):
         with collector_paused():
             began = clock()
             deadline = began + int(budget_ms * 1e6)
+            out = None
             while len(samples) < max_reps and (not samples or clock() < deadline):
                 args = input_sets[i % count]
                 start = clock()
-                fn(*args)
+                out = fn(*args)
                 samples.append(clock() - start)
                 i += 1
             loop_ns = clock() - began
+        self.last_call = ((i - 1) % count, out)
         self.info = {"mode": "host-clock", "calls_per_sample": 1, "loop_wall_ms": loop_ns / 1e6}
         return samples
 
@@ -192,6 +200,7 @@ class CudaTimer(Timer):
         count = len(input_sets)
         i = offset
         batch = 1  # until the first sample says how long a call takes
+        out = None
         with collector_paused():
             while len(samples) < max_reps and (not samples or _clock_ns() < deadline):
                 pending = []
@@ -200,13 +209,14 @@ class CudaTimer(Timer):
                     self._flush_l2()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    fn(*args)
+                    out = fn(*args)
                     end.record()
                     pending.append((start, end))
                     i += 1
                 self._sync()
                 samples.extend(int(start.elapsed_time(end) * 1e6) for start, end in pending)
                 batch = max(1, min(self.MAX_BATCH, int(self.BATCH_US * 1000 / max(samples[0], 1))))
+        self.last_call = ((i - 1) % count, out)
         return samples
 
     def prepare(self, fn, input_sets, mode: str | None):
@@ -222,6 +232,7 @@ class CudaTimer(Timer):
         return self._graphs[key]
 
     def forget(self):
+        super().forget()
         self._graphs.clear()
 
     def _capture(self, fn, input_sets):
@@ -237,10 +248,12 @@ class CudaTimer(Timer):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for k in range(self.GRAPH_CALLS):
-                fn(*input_sets[k % count])
+                out = fn(*input_sets[k % count])
         graph.replay()
         self._sync()
-        return graph, fn, input_sets  # the function and inputs stay alive while their graph may be replayed
+        # the function and inputs stay alive while their graph may be replayed; the last
+        # captured call's output holds, after each replay, what that call computed
+        return graph, fn, input_sets, ((self.GRAPH_CALLS - 1) % count, out)
 
     def _replays(self, captured, budget_ms, max_reps):
         torch = self.torch
@@ -255,6 +268,7 @@ class CudaTimer(Timer):
                 end.record()
                 self._sync()
                 samples.append(int(start.elapsed_time(end) * 1e6 / self.GRAPH_CALLS))
+        self.last_call = captured[3]
         return samples
 
     def host_check(self, fn, input_sets, offset, calls):

@@ -136,6 +136,18 @@ class Implementation:
         steps.mark("deliver")
         return {**reply, "steps_s": steps.seconds}
 
+    def timed_output(self, request: dict) -> dict:
+        """The output of the last timed call, with the input set it was given as it is now: the
+        evaluator checks both."""
+        last = self.timer().last_call
+        if last is None:
+            return {"index": None}
+        index, output = last
+        input_sets = self._load(request["inputs"])
+        if self.device.startswith("cuda"):
+            self.torch.cuda.synchronize()
+        return {**deliver(self.torch, request["outputs"], [output], [input_sets[index]]), "index": index}
+
     def run_own_inputs(self, request: dict) -> dict:
         """For a kernel with no testcase: call it on its own get_inputs(), for a finite-only check."""
         self.torch.manual_seed(int(request["seed"]))
