@@ -1,0 +1,130 @@
+"""Request functions per OpenAI endpoint: the body each sends and how each reads a stream chunk.
+
+`completions` (`/v1/completions`: a choice's `text`) and `chat` (`/v1/chat/completions`: a choice's
+`delta.content`, or its reasoning text). Both stream with `stream_options.include_usage` so the
+final usage chunk gives `completion_tokens`. Chunks are decoded with typed msgspec structs:
+unknown fields are skipped without building Python objects for them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Usage(msgspec.Struct):
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class _ChatChoice(msgspec.Struct):
+    delta: _Delta | None = None
+
+
+class _ChatChunk(msgspec.Struct):
+    choices: list[_ChatChoice] | None = None
+    usage: Usage | None = None
+    error: Any = None
+
+
+class _CompletionChoice(msgspec.Struct):
+    text: str | None = None
+
+
+class _CompletionChunk(msgspec.Struct):
+    choices: list[_CompletionChoice] | None = None
+    usage: Usage | None = None
+    error: Any = None
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)
+
+
+class Endpoint:
+    """What differs between endpoints; `parse_chunk` returns (output text or "", usage or None, error or "")."""
+
+    name = ""
+    path = ""
+
+    def body(self, *, model: str, prompt: str, output_len: int, ignore_eos: bool,
+             extra_body: dict | None) -> dict:
+        raise NotImplementedError
+
+    def parse_chunk(self, payload: bytes) -> tuple[str, Usage | None, str]:
+        raise NotImplementedError
+
+
+class Completions(Endpoint):
+    name = "openai"
+    path = "/v1/completions"
+    _decoder = msgspec.json.Decoder(_CompletionChunk)
+
+    def body(self, *, model, prompt, output_len, ignore_eos, extra_body):
+        body = {"model": model, "prompt": prompt, "max_tokens": output_len, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if ignore_eos:
+            body["ignore_eos"] = True
+        if extra_body:
+            body.update(extra_body)
+        return body
+
+    def parse_chunk(self, payload):
+        try:
+            chunk = self._decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            return "", None, f"undecodable stream chunk: {exc}: {payload[:200]!r}"
+        if chunk.error is not None:
+            return "", None, _error_text(chunk.error)
+        text = ""
+        if chunk.choices:
+            text = chunk.choices[0].text or ""
+        return text, chunk.usage, ""
+
+
+class ChatCompletions(Endpoint):
+    name = "openai-chat"
+    path = "/v1/chat/completions"
+    _decoder = msgspec.json.Decoder(_ChatChunk)
+
+    def body(self, *, model, prompt, output_len, ignore_eos, extra_body):
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                "max_completion_tokens": output_len, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if ignore_eos:
+            body["ignore_eos"] = True
+        if extra_body:
+            body.update(extra_body)
+        return body
+
+    def parse_chunk(self, payload):
+        try:
+            chunk = self._decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            return "", None, f"undecodable stream chunk: {exc}: {payload[:200]!r}"
+        if chunk.error is not None:
+            return "", None, _error_text(chunk.error)
+        text = ""
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            if delta is not None:
+                text = delta.content or delta.reasoning_content or delta.reasoning or ""
+        return text, chunk.usage, ""
+
+
+ENDPOINTS: dict[str, type[Endpoint]] = {"completions": Completions, "chat": ChatCompletions}
+
+
+def endpoint(name: str) -> Endpoint:
+    try:
+        return ENDPOINTS[name]()
+    except KeyError:
+        raise ValueError(f"unknown endpoint {name!r}; known: {', '.join(ENDPOINTS)}") from None
