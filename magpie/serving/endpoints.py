@@ -50,17 +50,37 @@ def _error_text(error: Any) -> str:
 
 
 class Endpoint:
-    """What differs between endpoints; `parse_chunk` returns (output text or "", usage or None, error or "")."""
+    """What differs between endpoints: the body's prompt and length fields, the chunk type and where its text is."""
 
     name = ""
     path = ""
+    _decoder: msgspec.json.Decoder
+
+    def _prompt_fields(self, prompt: str, output_len: int) -> dict:
+        raise NotImplementedError
+
+    def _text(self, choice) -> str:
+        raise NotImplementedError
 
     def body(self, *, model: str, prompt: str, output_len: int, ignore_eos: bool,
              extra_body: dict | None) -> dict:
-        raise NotImplementedError
+        body = {"model": model, **self._prompt_fields(prompt, output_len), "stream": True,
+                "stream_options": {"include_usage": True}}
+        if ignore_eos:
+            body["ignore_eos"] = True
+        if extra_body:
+            body.update(extra_body)
+        return body
 
     def parse_chunk(self, payload: bytes) -> tuple[str, Usage | None, str]:
-        raise NotImplementedError
+        """(output text or "", usage or None, error or "") of one `data:` payload."""
+        try:
+            chunk = self._decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            return "", None, f"undecodable stream chunk: {exc}: {payload[:200]!r}"
+        if chunk.error is not None:
+            return "", None, _error_text(chunk.error)
+        return (self._text(chunk.choices[0]) if chunk.choices else ""), chunk.usage, ""
 
 
 class Completions(Endpoint):
@@ -68,26 +88,11 @@ class Completions(Endpoint):
     path = "/v1/completions"
     _decoder = msgspec.json.Decoder(_CompletionChunk)
 
-    def body(self, *, model, prompt, output_len, ignore_eos, extra_body):
-        body = {"model": model, "prompt": prompt, "max_tokens": output_len, "stream": True,
-                "stream_options": {"include_usage": True}}
-        if ignore_eos:
-            body["ignore_eos"] = True
-        if extra_body:
-            body.update(extra_body)
-        return body
+    def _prompt_fields(self, prompt, output_len):
+        return {"prompt": prompt, "max_tokens": output_len}
 
-    def parse_chunk(self, payload):
-        try:
-            chunk = self._decoder.decode(payload)
-        except msgspec.DecodeError as exc:
-            return "", None, f"undecodable stream chunk: {exc}: {payload[:200]!r}"
-        if chunk.error is not None:
-            return "", None, _error_text(chunk.error)
-        text = ""
-        if chunk.choices:
-            text = chunk.choices[0].text or ""
-        return text, chunk.usage, ""
+    def _text(self, choice):
+        return choice.text or ""
 
 
 class ChatCompletions(Endpoint):
@@ -95,29 +100,14 @@ class ChatCompletions(Endpoint):
     path = "/v1/chat/completions"
     _decoder = msgspec.json.Decoder(_ChatChunk)
 
-    def body(self, *, model, prompt, output_len, ignore_eos, extra_body):
-        body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-                "max_completion_tokens": output_len, "stream": True,
-                "stream_options": {"include_usage": True}}
-        if ignore_eos:
-            body["ignore_eos"] = True
-        if extra_body:
-            body.update(extra_body)
-        return body
+    def _prompt_fields(self, prompt, output_len):
+        return {"messages": [{"role": "user", "content": prompt}], "max_completion_tokens": output_len}
 
-    def parse_chunk(self, payload):
-        try:
-            chunk = self._decoder.decode(payload)
-        except msgspec.DecodeError as exc:
-            return "", None, f"undecodable stream chunk: {exc}: {payload[:200]!r}"
-        if chunk.error is not None:
-            return "", None, _error_text(chunk.error)
-        text = ""
-        if chunk.choices:
-            delta = chunk.choices[0].delta
-            if delta is not None:
-                text = delta.content or delta.reasoning_content or delta.reasoning or ""
-        return text, chunk.usage, ""
+    def _text(self, choice):
+        delta = choice.delta
+        if delta is None:
+            return ""
+        return delta.content or delta.reasoning_content or delta.reasoning or ""
 
 
 ENDPOINTS: dict[str, type[Endpoint]] = {"completions": Completions, "chat": ChatCompletions}
