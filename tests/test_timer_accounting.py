@@ -16,24 +16,22 @@ COSTS = {"events": {"per_sample_ns": 60_000.0, "per_request_ns": 400_000.0},
          "graph": {"per_sample_ns": 15_000.0, "per_request_ns": 400_000.0}, "host_check_ns": 30_000.0}
 
 
-def judged(requests: list[tuple[list[int], float, int]], mode: str, calls_per_sample: int = 1) -> dict:
-    """The summary figures for requests of (samples_ns, wall_s, host_checks)."""
+def judged(requests: list[tuple[list[int], float]], mode: str, calls_per_sample: int = 1) -> dict:
+    """The summary figures for requests of (samples_ns, wall_s)."""
     rounds = Rounds(["candidate"])
-    for samples, wall_s, checks in requests:
+    for samples, wall_s in requests:
         info = {"mode": mode, "calls_per_sample": calls_per_sample}
-        rounds.add("candidate", {"samples_ns": samples, "wall_s": wall_s, "info": info, "method": mode}, mode,
-                   checks, COSTS)
+        rounds.add("candidate", {"samples_ns": samples, "wall_s": wall_s, "info": info, "method": mode}, mode, COSTS)
     samples = rounds.samples["candidate"]
     summary = {"median_us": median(samples) / 1000, "early_rounds_ms": []}
     summary.update(wall_check(rounds.wall["candidate"], rounds.account["candidate"], summary["median_us"]))
     return summary
 
 
-def honest_wall(samples: list[int], mode: str, checks: int, calls_per_sample: int = 1) -> float:
-    """What an honest request costs: its calls, the timer's own costs, the host checks."""
+def honest_wall(samples: list[int], mode: str, calls_per_sample: int = 1) -> float:
+    """What an honest request costs: its calls and the timer's own costs."""
     cost = COSTS[mode]
-    ns = (sum(samples) * calls_per_sample + len(samples) * cost["per_sample_ns"] + cost["per_request_ns"]
-          + checks * (median(samples) + COSTS["host_check_ns"]))
+    ns = sum(samples) * calls_per_sample + len(samples) * cost["per_sample_ns"] + cost["per_request_ns"]
     return ns / 1e9
 
 
@@ -42,20 +40,20 @@ def test_a_graph_sample_stands_for_every_call_of_its_replay():
     time holds 20 times what the samples add up to (read as one call each, ~95% of it was
     'unexplained' and honest 7-9 µs kernels failed)."""
     samples = [8_000] * 400
-    wall = honest_wall(samples, "graph", 0, calls_per_sample=20)
-    assert timer_inconsistency(judged([(samples, wall, 0)], "graph", 20)) is None
+    wall = honest_wall(samples, "graph", calls_per_sample=20)
+    assert timer_inconsistency(judged([(samples, wall)], "graph", 20)) is None
     cheat = [4_000] * 400  # the same work reported as half the time
-    assert "timer inconsistent" in timer_inconsistency(judged([(cheat, wall, 0)], "graph", 20))
+    assert "timer inconsistent" in timer_inconsistency(judged([(cheat, wall)], "graph", 20))
 
 
-def test_a_slow_kernel_with_its_host_checks_is_not_a_false_failure():
-    """A 1.58 ms GEMM: ~37 samples a round, five host-checked calls in the last round (8 ms of
-    wall time) used to count as unexplained against a fixed 150 µs per call."""
+def test_a_slow_kernel_is_not_a_false_failure():
+    """A 1.58 ms GEMM, ~37 samples a round, 1% jitter: five host-checked calls in its rounds (8
+    ms of wall time) used to count as unexplained against a fixed 150 µs per call; they are a
+    request of their own now."""
     rounds = []
-    for r in range(5):
+    for _ in range(5):
         samples = [1_580_000 + 1_000 * (i % 7) for i in range(37)]
-        checks = 5 if r == 4 else 0
-        rounds.append((samples, honest_wall(samples, "events", checks) * 1.01, checks))  # 1% jitter
+        rounds.append((samples, honest_wall(samples, "events") * 1.01))
     summary = judged(rounds, "events")
     assert timer_inconsistency(summary) is None
     assert summary["unexplained_us_per_call"] < summary["unexplained_limit_us"]
@@ -66,16 +64,16 @@ def test_a_timer_that_under_reports_an_events_kernel_is_caught():
     a quarter of what it reports: the bound of a check whose timer runs in the candidate's
     process (docs/security.md)."""
     samples = [100_000] * 500
-    wall = honest_wall(samples, "events", 0)
-    assert timer_inconsistency(judged([(samples, wall, 0)], "events")) is None
+    wall = honest_wall(samples, "events")
+    assert timer_inconsistency(judged([(samples, wall)], "events")) is None
     cheat = [int(s * 0.2) for s in samples]  # 80 µs of each call hidden: more than 60 µs + 25% of 20 µs
-    assert "timer inconsistent" in timer_inconsistency(judged([(cheat, wall, 0)], "events"))
+    assert "timer inconsistent" in timer_inconsistency(judged([(cheat, wall)], "events"))
 
 
 def test_the_limit_is_the_timers_own_measured_cost_not_a_constant():
     cheap = {**COSTS, "events": {"per_sample_ns": 20_000.0, "per_request_ns": 0.0}}
-    account = request_account([100_000] * 10, 1, 0, cheap, "events")
-    dear = request_account([100_000] * 10, 1, 0, COSTS, "events")
+    account = request_account([100_000] * 10, 1, cheap, "events")
+    dear = request_account([100_000] * 10, 1, COSTS, "events")
     share = UNEXPLAINED_FRACTION * 100.0  # of a 100 µs median: the device idling while the host is held up
     assert wall_check(1.0, account, 100.0)["unexplained_limit_us"] == pytest.approx(20.0 * UNEXPLAINED_ALLOWANCE + share)
     assert wall_check(1.0, dear, 100.0)["unexplained_limit_us"] == pytest.approx(60.0 * UNEXPLAINED_ALLOWANCE + share)
@@ -143,3 +141,20 @@ def test_host_wall_warnings_are_for_untimed_device_work_not_launch_cost():
     assert host_wall_gap(summary("events", 47.0, 82.0), host_check_us=35.0) is None
     # events: device work the events did not see (a side stream) is
     assert "work outside the timed stream" in host_wall_gap(summary("events", 47.0, 300.0), host_check_us=35.0)
+
+
+def test_a_launch_bound_implementation_timed_as_graph_replays_passes():
+    """Measured on the H200: 1,800 small launches a call, timed as 20-call graph replays (the
+    baseline chose graph), one 45.6 ms replay a round. Its host-synchronised calls take 21 ms
+    each (the launches), which inside the last round made 105 ms no sample explained; they are
+    a request of their own now, and the rounds' requests explain their wall time (the third
+    round's wall without them is not on record: 46.9 ms, between the other two's)."""
+    costs = {"events": {"per_request_ns": 60_408.0, "per_sample_ns": 74_184.8},
+             "graph": {"per_request_ns": 48_034.1, "per_sample_ns": 26_403.2}, "host_check_ns": 50_774.7}
+    rounds = Rounds(["candidate"])
+    for sample_ns, wall_ms in ((2_277_331, 47.232), (2_280_191, 46.602), (2_287_795, 46.9)):
+        rounds.add("candidate", {"samples_ns": [sample_ns], "wall_s": wall_ms / 1000,
+                                 "info": {"mode": "graph"}, "method": "graph"}, "graph", costs)
+    summary = {"median_us": 2280.191, "early_rounds_ms": [],
+               **wall_check(rounds.wall["candidate"], rounds.account["candidate"], 2280.191)}
+    assert timer_inconsistency(summary) is None

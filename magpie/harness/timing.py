@@ -279,7 +279,6 @@ class CudaTimer(Timer):
             fn(*input_sets[(offset + k) % len(input_sets)])
             self._sync()
             walls.append((_clock_ns() - start) / 1000)
-        self.info.update(host_wall_median_us=median(walls), host_check_calls=calls)
         return median(walls)
 
     def describe(self, settings, mode=None):
