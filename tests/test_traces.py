@@ -156,7 +156,9 @@ def test_timeline_adds_up(name):
     (rows,) = gpu_timeline(trace).values()
     t = {r["type"]: r["time ms"] for r in rows}
     assert t["busy_time"] + t["idle_time"] == pytest.approx(t["total_time"])
-    assert t["computation_time"] <= sum(k.dur for k in trace.kernels) / 1000 * (1 + 1e-6)
+    computing = [a for a in trace.gpu if a.kind != "memcpy"]  # memsets count as computation, as in TraceLens
+    # intervals from the recorded timestamps (2**-10 µs resolution near 5e12 µs, as TraceLens reads them)
+    assert t["computation_time"] <= sum(a.dur for a in computing) / 1000 * (1 + 1e-4)
     assert t["busy_time"] >= t["computation_time"]
     assert {r["type"] for r in rows} >= {"computation_time", "exposed_comm_time", "exposed_memcpy_time",
                                           "busy_time", "idle_time", "total_time"}
@@ -244,8 +246,8 @@ def test_kernel_roofline_simple_csv_has_tracelens_columns(tmp_path):
         "kernel_time_ms_sum", "time_pct", "kernel_time_us_mean", "gflops", "data_moved_mb",
         "arithmetic_intensity_flops_per_byte", "achieved_tflops_mean", "achieved_tbps_mean", "compute_spec",
         "roofline_bound", "pct_roofline_mean", "roofline_time_us", "has_perf_model", "input_dims", "input_type"]
-    expected_ms = sum(e["dur"] for e in raw_events("llama_decode_bf16.json.gz")
-                      if e.get("cat") == "kernel" and e.get("ph") == "X") / 1000
+    expected_ms = sum(e["dur"] for e in raw_events("llama_decode_bf16.json.gz")  # memcpy and memset count too
+                      if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X") / 1000
     assert sum(float(r["kernel_time_ms_sum"]) for r in rows) == pytest.approx(expected_ms, rel=1e-4)
     mm = next(r for r in rows if r["op_name"] == "aten::mm" and json.loads(r["input_dims"]) == [[4, 512], [512, 512]])
     assert float(mm["gflops"]) == pytest.approx(2 * 4 * 512 * 512 / 1e9, rel=1e-3)
@@ -308,16 +310,26 @@ def test_ops_tables_add_up_to_the_trace(name):
 
     trace = load_trace(TRACES / name)
     tables = ops_tables(signature_groups(trace))
-    total_ms = sum(k.dur for k in trace.kernels) / 1000
+    # every GPU activity an op launched (kernels, memcpy, memset); a graph launch's kernels
+    # overlap (programmatic dependent launch), and each launch counts the union of its kernels
+    total_us = sum(a.dur for a in trace.gpu)
+    replays: dict = {}
+    for a in trace.gpu:
+        if a.op is None and trace.launches[a.launch].name == "cudaGraphLaunch":
+            replays.setdefault(a.launch, []).append((a.ts, a.ts + a.dur))
+    for spans in replays.values():
+        spans.sort()
+        total_us -= sum(max(0.0, min(spans[i][1], spans[i + 1][1]) - spans[i + 1][0]) for i in range(len(spans) - 1))
     for table, key in (("ops_summary", "total_direct_kernel_time_ms"),
                        ("ops_summary_by_category", "total_direct_kernel_time_ms")):
         rows = tables[table]
-        assert sum(r[key] for r in rows) == pytest.approx(total_ms, rel=1e-5)
+        # each call's time comes from its timestamps (2**-10 µs resolution near 5e12 µs), as in TraceLens
+        assert sum(r[key] for r in rows) == pytest.approx(total_us / 1000, rel=1e-4)
         assert rows[-1]["Cumulative Percentage (%)"] == pytest.approx(100, abs=0.01)
         assert [r[key] for r in rows] == sorted((r[key] for r in rows), reverse=True)
-    unified = tables["unified_perf_summary"]
-    assert sum(r["Kernel Time (µs)_sum"] for r in unified) == pytest.approx(total_ms * 1000, rel=1e-5)
-    assert sum(r["Count"] for r in tables["ops_summary"]) == sum(r["Count"] for r in unified)
+    unified = tables["unified_perf_summary"]  # one row per replayed kernel: their own durations
+    assert sum(r["Kernel Time (µs)_sum"] for r in unified) == pytest.approx(sum(a.dur for a in trace.gpu), rel=1e-4)
+    assert sum(r["Count"] for r in tables["ops_summary"]) == sum(r["operation_count"] for r in tables["ops_unique_args"])
 
 
 def test_ops_categories_on_real_traces():
@@ -326,10 +338,12 @@ def test_ops_categories_on_real_traces():
     def by_category(name):
         return ops_tables(signature_groups(load_trace(TRACES / name)))["ops_summary_by_category"]
 
+    # TraceLens's categories: the attention kernels' op (_cudnn_attention_forward) is "other" (it
+    # models the SDPA entry point above it), and so are kernels launched outside any op
     llama = {r["op category"] for r in by_category("llama_decode_bf16.json.gz")}
-    assert {"GEMM", "elementwise", "reduce", "SDPA_fwd"} <= llama
+    assert llama == {"GEMM", "elementwise", "reduce", "other"}
     triton = {r["op category"]: r["Count"] for r in by_category("triton_rmsnorm_matmul.json.gz")}
-    assert triton["triton"] == 5 and triton["GEMM"] == 5
+    assert triton["other"] == 5 and triton["GEMM"] == 5
     train = {r["op category"] for r in by_category("train_step_mlp.json.gz")}
     assert "multi_tensor_apply" in train
 
@@ -509,13 +523,15 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     trace = load_trace(TRACES / "conv_bf16.json.gz")
     tables = ops_tables(signature_groups(trace))
     unique = tables["ops_unique_args"]
-    assert sum(r["total_direct_kernel_time_sum"] for r in unique) == pytest.approx(sum(k.dur for k in trace.kernels))
-    assert sum(sum(d["count"] for d in json.loads(r["kernel_details_summary"])) for r in unique) == len(trace.kernels)
+    assert sum(r["total_direct_kernel_time_sum"] for r in unique) == pytest.approx(sum(a.dur for a in trace.gpu),
+                                                                                    rel=1e-4)
+    assert sum(sum(d["count"] for d in json.loads(r["kernel_details_summary"])) for r in unique) == len(trace.gpu)
     for row in tables["unified_perf_summary"]:
         assert row["Kernel Time (µs)_min"] <= row["Kernel Time (µs)_median"] <= row["Kernel Time (µs)_max"]
         assert row["Kernel Time (µs)_mean"] * row["Count"] == pytest.approx(row["Kernel Time (µs)_sum"], rel=1e-3)
     conv = tables["CONV_fwd"]
-    assert {r["name"] for r in conv} == {"aten::cudnn_convolution", "aten::cudnn_convolution_transpose"}
+    # the transposed convolution is "other", as TraceLens files it (it models aten::convolution above it)
+    assert {r["name"] for r in conv} == {"aten::cudnn_convolution"}
     assert table_columns("CONV_fwd", conv)[:len(UNIFIED)] == UNIFIED
     assert {"param: stride", "param: groups", "param: transposed"} <= set(table_columns("CONV_fwd", conv))
     assert {r["name"] for r in tables["UnaryElementwise"]} == {"aten::clamp_min"}  # relu's kernel
@@ -591,8 +607,7 @@ def test_graph_replays_link_to_their_graph_launch_and_are_grouped_by_kernel_kind
     assert len(replayed) == 24 and all(k.op is None for k in replayed)  # 6 replays of a 4-kernel graph
     assert trace.unlinked["kernels_without_launch"] == 0 and trace.unlinked["kernels_without_cpu_op"] == 24
     ops = {r["name"]: r for r in ops_tables(signature_groups(trace))["ops_summary"]}
-    assert ops["(graph replay: gemm)"]["op category"] == "GEMM"
-    assert ops["(graph replay: elementwise)"]["Count"] == 6
+    assert ops["cudaGraphLaunch"]["Categories"] == "['other']" and ops["cudaGraphLaunch"]["Count"] == 6
     steps, _ = split_steps(trace)
     decode = stage_traces(trace, steps)["decode"][0]
     assert len(decode.kernels) == 16  # 4 of the 6 replayed steps kept, 4 kernels each

@@ -1,24 +1,25 @@
 """TraceLens-style operation tables from one parsed trace: `ops_summary.csv` (per op name),
 `ops_summary_by_category.csv` (per category) and `unified_perf_summary.csv` (per op name and
-argument signature, with the perf models' metrics), all from `signature_groups`. Kernel time
-is the time of the kernels each CPU op launched directly (its innermost-op kernels)."""
+argument signature, with the perf models' metrics), `ops_unique_args.csv` and the per-family
+sheets, all from `signature_groups`, with TraceLens's column names, categories and units (MiB).
+An op's time is the GPU time of what it launched directly (kernels, memcpy, memset: its
+innermost-op activities); values are written unrounded."""
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import dataclass, field
 
 import msgspec
 
 from magpie.traces.ingest import CpuOp, Trace
-from magpie.traces.kernels import category as kernel_category
 from magpie.traces.perf_models import Estimate, estimate
 
 STATS = ("mean", "median", "std", "min", "max")
-OPS_SUMMARY = ["name", "op category", "total_direct_kernel_time_sum", "Count", "total_direct_kernel_time_ms",
-               "Percentage (%)", "Cumulative Percentage (%)"]
+MIB = 2 ** 20  # TraceLens's "MB" columns are MiB
+OPS_SUMMARY = ["name", "total_direct_kernel_time_sum", "total_subtree_kernel_time_sum", "total_direct_kernel_time_ms",
+               "total_subtree_kernel_time_ms", "Count", "Categories", "Percentage (%)", "Cumulative Percentage (%)"]
 BY_CATEGORY = ["op category", "Count", "total_direct_kernel_time_ms", "Percentage (%)", "Cumulative Percentage (%)"]
 UNIQUE_ARGS = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "operation_count",
                "total_direct_kernel_time_sum", *(f"total_direct_kernel_time_{s}" for s in STATS),
@@ -29,82 +30,167 @@ UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs",
            "perf_params", "kernel_details_summary", "Percentage (%)", "Cumulative Percentage (%)"]
 # TraceLens's performance-metric sheets, one CSV each: the unified rows of one op family
 # with a "param: <name>" column per perf-model parameter. Input strides are not ingested.
-PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise")
+PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise",
+                 "Reduce_fwd", "Normalization")
+# Which modelled elementwise ops go on which sheet, as TraceLens files them (by name, not by how many
+# tensors a call passed: `add(x, 1.0)` is binary). Elementwise ops on neither sheet keep their model
+# in unified_perf_summary.
+BINARY_SHEET = {f"aten::{n}" for n in ("add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_")}
+UNARY_SHEET = {f"aten::{n}" for n in ("copy_", "neg", "rsqrt", "sqrt", "pow", "exp", "log", "abs", "reciprocal",
+                                      "silu", "silu_", "relu", "relu_", "sigmoid", "tanh", "clamp", "clamp_min",
+                                      "clamp_max")}
 
-_FAMILY_CATEGORY = {"GEMM": "GEMM", "elementwise": "elementwise", "reduction": "reduce", "copy": "elementwise",
-                    "indexing": "other", "normalization": "other", "softmax": "other"}
+_FAMILY_CATEGORY = {"GEMM": "GEMM", "elementwise": "elementwise", "reduction": "reduce", "copy": "other",
+                    "indexing": "other", "softmax": "other"}
+# Ops modelled here whose parent op TraceLens models instead (the attention entry point, the
+# convolution): it files their kernels under "other", and so do these tables.
+_PARENT_MODELLED = {"aten::_cudnn_attention_forward", "aten::cudnn_convolution_transpose",
+                    "aten::miopen_convolution_transpose"}
 _OUTSIDE = "(launched outside any CPU op)"
-_GRAPH = "(graph replay: {})"
-GRAPH_LAUNCHES = ("cudaGraphLaunch", "hipGraphLaunch")
-# Kernels replayed from a CUDA/HIP graph have no op around them: one pseudo-op per kind of
-# kernel (by name), so each lands in its own category.
-_KERNEL_CATEGORY = {"gemm": "GEMM", "elementwise": "elementwise", "copy": "elementwise", "reduction": "reduce"}
+SYNTHETIC = "{}->{} (Synthetic Op)"
 
 
 def op_category(name: str, family: str | None, kernel_names: list[str]) -> str:
-    if name.startswith("(graph replay: "):
-        return _KERNEL_CATEGORY.get(kernel_category(kernel_names[0]), "other") if kernel_names else "other"
-    if name == _OUTSIDE:
-        return "triton" if kernel_names and all(not k.startswith(("void ", "at::")) for k in kernel_names) else "other"
+    """TraceLens's op category: from the op's model family, else from its kernels' names."""
     backward = "backward" in name
+    if name in _PARENT_MODELLED:
+        return "other"
     if family == "SDPA":
         return "SDPA_bwd" if backward else "SDPA_fwd"
     if family == "CONV" or ("convolution" in name):
         return "CONV_bwd" if backward else "CONV_fwd"
+    if family == "normalization":
+        return "NORM_bwd" if backward else "NORM_fwd"
     if "batch_norm" in name:
         return "BN_bwd" if backward else "BN_fwd"
     if name.startswith("aten::_foreach_"):
         return "multi_tensor_apply"
-    return _FAMILY_CATEGORY.get(family or "", "other")
+    if family is None:
+        return _kernel_fallback(kernel_names)
+    return _FAMILY_CATEGORY.get(family, "other")
+
+
+def _kernel_fallback(kernel_names: list[str]) -> str:
+    """An op with no model is elementwise when every kernel it launched is one of ATen's
+    elementwise kernels (mse_loss, random_, bitwise_not), otherwise other."""
+    if kernel_names and all(k.removeprefix("void ").startswith("at::native::") and "elementwise" in k
+                            for k in kernel_names):
+        return "elementwise"
+    return "other"
 
 
 @dataclass
 class SignatureGroup:
-    """Every call of one op with one argument signature (or, outside any op, one kernel)."""
+    """Every call of one op with one argument signature (or, outside any op, one kernel of one
+    kind of launch: TraceLens's '<launch>-><kernel> (Synthetic Op)')."""
 
     name: str
     op: CpuOp | None
     est: Estimate | None
     category: str
-    times: list[float] = field(default_factory=list)  # direct kernel time of each call, µs
+    op_name: str = ""  # the ops_summary row it adds to: the op, or the runtime call that launched it
+    times: list[float] = field(default_factory=list)  # direct GPU time of each call (kernels, memcpy, memset), µs
+    subtree: list[float] = field(default_factory=list)  # the same with every child op's, µs
     kernels: dict[str, list[float]] = field(default_factory=dict)  # kernel name -> its durations, µs
+    launches: dict = field(default_factory=dict)  # outside any op: launch -> its whole GPU time (one call of op_name)
 
     @property
     def total(self) -> float:
         return sum(self.times)
 
 
+def subtree_times(trace: Trace) -> dict[int, float]:
+    """GPU time of each CPU op and every op nested in it on its thread, µs."""
+    parent: dict[int, int] = {}
+    threads: dict[tuple, list[int]] = {}
+    for i, op in enumerate(trace.cpu_ops):
+        threads.setdefault((op.pid, op.tid), []).append(i)
+    ops = trace.cpu_ops
+    for indices in threads.values():
+        indices.sort(key=lambda i: (ops[i].ts, -ops[i].dur))
+        stack: list[int] = []
+        for i in indices:
+            while stack and ops[stack[-1]].ts + ops[stack[-1]].dur < ops[i].ts:
+                stack.pop()
+            if stack:
+                parent[i] = stack[-1]
+            stack.append(i)
+    totals: dict[int, float] = {}
+    for activity in trace.gpu:
+        index = activity.op
+        dur = (activity.ts + activity.dur) - activity.ts  # as _busy reads it
+        while index is not None:
+            totals[index] = totals.get(index, 0.0) + dur
+            index = parent.get(index)
+    return totals
+
+
+def _busy(activities: list) -> float:
+    """GPU time of one call: the length of the union of its activities' [ts, ts + dur] (kernels
+    of one graph launch overlap under programmatic dependent launch), from the timestamps as
+    TraceLens reads them, so that even the rounding agrees (µs timestamps near 5e12 keep 2**-10 µs)."""
+    if len(activities) == 1:
+        a = activities[0]
+        return (a.ts + a.dur) - a.ts
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted((a.ts, a.ts + a.dur) for a in activities):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
 def signature_groups(trace: Trace) -> list[SignatureGroup]:
-    """Calls grouped by op and argument signature, longest total kernel time first; the perf
-    model is evaluated once per group. Both the op tables and the roofline rows read these."""
+    """Calls grouped by op and argument signature, longest total GPU time first; the perf model
+    is evaluated once per group. Both the op tables and the roofline rows read these. An op's
+    time is what it launched directly: kernels, and the memcpy and memset it issued."""
     launches: dict = {}
-    for kernel in trace.kernels:
-        # a kernel launched outside any op is its own launcher (Triton's launcher calls the driver directly)
-        launcher = kernel.op if kernel.op is not None else ("launch", kernel.launch, kernel.ts)
+    for activity in trace.gpu:
+        # outside any op, each kernel is its own call (Triton's launcher calls the driver
+        # directly; a graph launch replays several kernels)
+        launcher = activity.op if activity.op is not None else ("launch", activity.launch, activity.ts)
         launched = launches.get(launcher)
         if launched is None:
-            launches[launcher] = [kernel]
+            launches[launcher] = [activity]
         else:
-            launched.append(kernel)
+            launched.append(activity)
+    subtree = subtree_times(trace) if any(isinstance(key, int) for key in launches) else {}
+    # a launch outside any op is one call of its runtime function however many kernels it replays
+    by_launch: dict = {}
+    for key, launched in launches.items():
+        if not isinstance(key, int) and key[1] is not None:
+            by_launch.setdefault(key[1], []).extend(launched)
+    whole = {launch: _busy(activities) for launch, activities in by_launch.items()}
     groups: dict[tuple, SignatureGroup] = {}
     encode = msgspec.json.encode  # a signature key several times faster than repr() of the argument lists
     for launcher, launched in launches.items():
-        op = trace.cpu_ops[launcher] if isinstance(launcher, int) else None
-        time = sum(k.dur for k in launched)
-        names = [k.name for k in launched]
-        if op is None:
-            launch = trace.launches[launched[0].launch] if launched[0].launch is not None else None
-            graph = launch is not None and launch.name.startswith(GRAPH_LAUNCHES)
-            outside = _GRAPH.format(kernel_category(names[0])) if graph else _OUTSIDE
-        key = (op.name, encode((op.input_dims, op.input_types, op.concrete))) if op else (outside, names[0])
-        group = groups.get(key)
-        if group is None:
-            est = estimate(op) if op else None
-            name = op.name if op else outside
-            group = groups[key] = SignatureGroup(name, op, est, op_category(name, est.family if est else None, names))
+        time = _busy(launched)
+        if isinstance(launcher, int):
+            op = trace.cpu_ops[launcher]
+            key = (op.name, encode((op.input_dims, op.input_types, op.concrete)))
+            group = groups.get(key)
+            if group is None:
+                est = estimate(op)
+                kernel_names = [a.name for a in launched if a.kind == "kernel"]
+                group = groups[key] = SignatureGroup(op.name, op, est,
+                                                     op_category(op.name, est.family if est else None, kernel_names),
+                                                     op.name)
+            group.subtree.append(subtree.get(launcher, time))
+        else:
+            first = launched[0]
+            launch = trace.launches[first.launch] if first.launch is not None else None
+            launch_name = launch.name if launch is not None else _OUTSIDE
+            key = (launch_name, first.name)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = SignatureGroup(SYNTHETIC.format(launch_name, first.name), None, None, "other",
+                                                     launch_name)
+            group.subtree.append(time)
+            launch_key = first.launch if first.launch is not None else launcher
+            group.launches[launch_key] = whole.get(launch_key, time)
         group.times.append(time)
-        for kernel in launched:
-            group.kernels.setdefault(kernel.name, []).append(kernel.dur)
+        for activity in launched:
+            group.kernels.setdefault(activity.name, []).append(activity.dur)
     return sorted(groups.values(), key=lambda g: -g.total)
 
 
@@ -112,22 +198,37 @@ def _percentages(rows: list[dict], key: str) -> None:
     total = sum(r[key] for r in rows) or 1.0
     running = 0.0
     for row in rows:
-        row["Percentage (%)"] = round(100 * row[key] / total, 4)
+        row["Percentage (%)"] = 100 * row[key] / total
         running += 100 * row[key] / total
-        row["Cumulative Percentage (%)"] = round(running, 4)
+        row["Cumulative Percentage (%)"] = running
 
 
 def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
     by_name: dict[str, dict] = {}
     for group in groups:
-        named = by_name.setdefault(group.name, {"name": group.name, "op category": group.category,
-                                                "total_direct_kernel_time_sum": 0.0, "Count": 0})
-        named["total_direct_kernel_time_sum"] += group.total
-        named["Count"] += len(group.times)
+        named = by_name.get(group.op_name)
+        if named is None:
+            named = by_name[group.op_name] = {"name": group.op_name, "op category": group.category,
+                                              "total_direct_kernel_time_sum": 0.0,
+                                              "total_subtree_kernel_time_sum": 0.0, "Count": 0, "categories": {},
+                                              "launches": {}}
+        named["categories"][group.category] = True
+        if group.op is None:
+            named["launches"].update(group.launches)
+        else:
+            named["total_direct_kernel_time_sum"] += group.total
+            named["total_subtree_kernel_time_sum"] += sum(group.subtree)
+            named["Count"] += len(group.times)
+    for row in by_name.values():
+        launches = row.pop("launches")
+        row["Count"] += len(launches)
+        row["total_direct_kernel_time_sum"] += sum(launches.values())
+        row["total_subtree_kernel_time_sum"] += sum(launches.values())
     ops = sorted(by_name.values(), key=lambda r: -r["total_direct_kernel_time_sum"])
     for row in ops:
-        row["total_direct_kernel_time_sum"] = round(row["total_direct_kernel_time_sum"], 3)
-        row["total_direct_kernel_time_ms"] = round(row["total_direct_kernel_time_sum"] / 1000, 6)
+        row["Categories"] = repr(list(row.pop("categories")))
+        row["total_direct_kernel_time_ms"] = row["total_direct_kernel_time_sum"] / 1000
+        row["total_subtree_kernel_time_ms"] = row["total_subtree_kernel_time_sum"] / 1000
     _percentages(ops, "total_direct_kernel_time_sum")
     categories: dict[str, dict] = {}
     for row in ops:
@@ -135,11 +236,9 @@ def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
                                                          "total_direct_kernel_time_ms": 0.0})
         cat["Count"] += row["Count"]
         cat["total_direct_kernel_time_ms"] += row["total_direct_kernel_time_ms"]
-    for cat in categories.values():
-        cat["total_direct_kernel_time_ms"] = round(cat["total_direct_kernel_time_ms"], 6)
     by_category = sorted(categories.values(), key=lambda r: -r["total_direct_kernel_time_ms"])
     _percentages(by_category, "total_direct_kernel_time_ms")
-    unique = [_unique_args_row(g) for g in groups]
+    unique = [_unique_args_row(g) for g in _by_launch(groups)]
     _percentages(unique, "total_direct_kernel_time_sum")
     unified = [_unified_row(g) for g in groups]
     _percentages(unified, "Kernel Time (µs)_sum")
@@ -149,6 +248,27 @@ def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
         tables[family] = [{**row, **{f"param: {k}": v for k, v in g.est.params.items()}}
                           for g, row in zip(groups, unified) if g.est is not None and perf_family(g) == family]
     return tables
+
+
+def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
+    """ops_unique_args's groups: outside any op, one per runtime function (cudaGraphLaunch,
+    cuLaunchKernelEx), each launch one call, rather than one per kernel."""
+    merged: dict[str, SignatureGroup] = {}
+    out = []
+    for group in groups:
+        if group.op is not None:
+            out.append(group)
+            continue
+        into = merged.get(group.op_name)
+        if into is None:
+            into = merged[group.op_name] = SignatureGroup(group.op_name, None, None, group.category, group.op_name)
+            out.append(into)
+        into.launches.update(group.launches)
+        for name, durations in group.kernels.items():
+            into.kernels.setdefault(name, []).extend(durations)
+    for into in merged.values():
+        into.times = list(into.launches.values())
+    return sorted(out, key=lambda g: -g.total)
 
 
 def table_columns(name: str, rows: list[dict]) -> list[str]:
@@ -163,29 +283,34 @@ def table_columns(name: str, rows: list[dict]) -> list[str]:
 
 def perf_family(group: SignatureGroup) -> str | None:
     """The TraceLens performance sheet a modelled op belongs on, if any."""
-    if group.category in PERF_FAMILIES:
+    if group.category in ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd"):
         return group.category
-    if group.est is not None and group.est.family == "elementwise":
-        return "UnaryElementwise" if group.est.params.get("tensor_inputs", 1) <= 1 else "BinaryElementwise"
+    if group.category in ("NORM_fwd", "NORM_bwd"):
+        return "Normalization"
+    family = group.est.family if group.est is not None else None
+    if family == "reduction" and group.name not in ("aten::argmax", "aten::argmin"):
+        return "Reduce_fwd"
+    if family == "elementwise":
+        return "BinaryElementwise" if group.name in BINARY_SHEET else \
+            "UnaryElementwise" if group.name in UNARY_SHEET else None
     return None
 
 
-def _stats(values: list[float], prefix: str, digits: int = 4) -> dict:
+def _stats(values: list[float], prefix: str) -> dict:
+    """Mean, median, sample standard deviation (none for one value), min and max, unrounded."""
     if not values:
         return {}
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-    return {f"{prefix}_mean": round(mean, digits), f"{prefix}_median": round(statistics.median(values), digits),
-            f"{prefix}_std": round(std, digits), f"{prefix}_min": round(min(values), digits),
-            f"{prefix}_max": round(max(values), digits)}
+    return {f"{prefix}_mean": statistics.fmean(values), f"{prefix}_median": statistics.median(values),
+            f"{prefix}_std": statistics.stdev(values) if len(values) > 1 else None,
+            f"{prefix}_min": min(values), f"{prefix}_max": max(values)}
 
 
 def _kernel_details(group: SignatureGroup) -> str:
     details = []
     for name, durations in group.kernels.items():
-        stats = _stats(durations, "d")
-        details.append({"kernel_name": name, "count": len(durations), "mean_duration_us": stats["d_mean"],
-                        "std_dev_duration_us": stats["d_std"]})
+        mean = statistics.fmean(durations)
+        details.append({"kernel_name": name, "count": len(durations), "mean_duration_us": mean,
+                        "std_dev_duration_us": statistics.pstdev(durations, mean)})
     return json.dumps(details)
 
 
@@ -198,20 +323,19 @@ def _signature(group: SignatureGroup) -> dict:
 
 
 def _unique_args_row(group: SignatureGroup) -> dict:
-    return {**_signature(group), "operation_count": len(group.times),
-            "total_direct_kernel_time_sum": round(group.total, 3),
+    return {**_signature(group), "operation_count": len(group.times), "total_direct_kernel_time_sum": group.total,
             **_stats(group.times, "total_direct_kernel_time"), "kernel_details_summary": _kernel_details(group)}
 
 
 def _unified_row(group: SignatureGroup) -> dict:
     times, est = group.times, group.est
-    out = {**_signature(group), "Count": len(times), "Kernel Time (µs)_sum": round(group.total, 3),
+    out = {**_signature(group), "Count": len(times), "Kernel Time (µs)_sum": group.total,
            **_stats(times, "Kernel Time (µs)"), "has_perf_model": est is not None,
            "kernel_details_summary": _kernel_details(group)}
     if est is not None:
         seconds = [t / 1e6 for t in times if t > 0]
-        out.update({"GFLOPS": round(est.flops / 1e9, 6), "Data Moved (MB)": round(est.bytes / 1e6, 6),
-                    "FLOPS/Byte": round(est.flops / est.bytes, 4) if est.bytes else None,
+        out.update({"GFLOPS": est.flops / 1e9, "Data Moved (MB)": est.bytes / MIB,
+                    "FLOPS/Byte": est.flops / est.bytes if est.bytes else None,
                     **_stats([est.flops / s / 1e12 for s in seconds], "TFLOPS/s"),
                     **_stats([est.bytes / s / 1e12 for s in seconds], "TB/s"),
                     "perf_params": json.dumps(est.params), "compute_spec": est.precision})

@@ -254,7 +254,13 @@ def elementwise(op):
     present = [t for t in tensors(op) if t]
     if not present:
         return None
-    if op.name.endswith("_") or op.name in ("aten::copy_",):
+    if op.name == "aten::copy_":
+        # copy_(dst, src): the source read, the destination written over (never read), one
+        # conversion per element, as TraceLens counts it
+        out = present[0]
+        numel = out.numel
+        moved = out.nbytes + (present[1].nbytes if len(present) > 1 else out.nbytes)
+    elif op.name.endswith("_"):
         out = present[0]  # in place: the first operand is read and written
         moved = sum(t.nbytes for t in present) + out.nbytes
         numel = out.numel
@@ -262,7 +268,7 @@ def elementwise(op):
         shape = _broadcast([t.shape for t in present])
         numel = math.prod(shape)
         moved = sum(t.nbytes for t in present) + numel * DTYPE_BYTES.get(present[0].dtype, 4)
-    flops = 0.0 if op.name in ("aten::copy_", "aten::fill_", "aten::_to_copy", "aten::clone") else float(numel)
+    flops = 0.0 if op.name in ("aten::fill_", "aten::_to_copy", "aten::clone") else float(numel)
     return Estimate("elementwise", flops, moved, _vector_precision(present[0].dtype),
                     {"numel": numel, "tensor_inputs": len(present)})
 

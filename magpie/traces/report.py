@@ -16,7 +16,7 @@ from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
-from magpie.traces.ops_tables import PERF_FAMILIES, ops_tables, signature_groups, table_columns
+from magpie.traces.ops_tables import MIB, PERF_FAMILIES, ops_tables, signature_groups, table_columns
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
@@ -211,7 +211,7 @@ def _roofline_points(unified: list[dict], arch, limit: int = 12) -> list[tuple[s
     points = []
     for row in unified:
         if row.get("GFLOPS") and row.get("Data Moved (MB)") and row["Kernel Time (µs)_mean"] > 0:
-            r = roofline(row["GFLOPS"] * 1e9, row["Data Moved (MB)"] * 1e6, row["Kernel Time (µs)_mean"] / 1e6,
+            r = roofline(row["GFLOPS"] * 1e9, row["Data Moved (MB)"] * MIB, row["Kernel Time (µs)_mean"] / 1e6,
                          arch, row["compute_spec"])
             points.append((row["name"].removeprefix("aten::"), r))
         if len(points) == limit:

@@ -1,5 +1,5 @@
-"""GPU time per device split into computation, exposed communication, exposed memcpy, busy
-and idle, with TraceLens's row names and columns (type, time ms, percent)."""
+"""GPU time per device split into computation (kernels and memsets), exposed communication,
+exposed memcpy, busy and idle, with TraceLens's row names and columns (type, time ms, percent)."""
 
 from __future__ import annotations
 
@@ -52,10 +52,13 @@ def gpu_timeline(trace: Trace, spans: list[tuple[float, float]] | None = None) -
     """Rows per device: type, time ms, percent (of the device's total span, or of the given
     spans, e.g. the steps of one stage, whose gaps are then neither busy nor idle)."""
     devices: dict[int, dict[str, list]] = {}
-    base = min((a.ts for a in trace.gpu), default=0.0)  # small numbers keep microsecond precision
+    # intervals from the timestamps as recorded (2**-10 µs resolution near 5e12 µs): the rounding TraceLens's
+    # figures carry, so that both agree to the last digit
+    base = 0.0
     for a in trace.gpu:
         kind = category(a.name, a.kind)
-        group = "comm" if kind == "communication" else "memcpy" if kind in ("memcpy", "memset") else "compute"
+        # a memset writes device memory with the device's own engines: computation, as TraceLens counts it
+        group = "comm" if kind == "communication" else "memcpy" if kind == "memcpy" else "compute"
         start = a.ts - base
         devices.setdefault(a.device, {"compute": [], "comm": [], "memcpy": []})[group].append((start, start + a.dur))
     tables = {}
