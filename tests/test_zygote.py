@@ -273,6 +273,18 @@ def test_when_too_many_are_parked_a_second_copy_goes_before_a_unique_one():
 
 
 
+def test_a_builds_parking_ends_the_parked_workers_of_earlier_builds_not_the_evaluators():
+    """Workers are keyed by their build (its seeds): none of an earlier build's can be adopted
+    again, and left parked they pushed the evaluators (duplicate keys, evicted first) out."""
+    children = zygote.Children()
+    children.parked = {10: ("build-aaa/candidate", [], 1.0), 11: ("evaluator-1", [], 2.0),
+                       12: ("evaluator-1", [], 3.0), 13: ("build-aaa/baseline", [], 4.0),
+                       14: ("build-bbb/candidate", [], 5.0)}
+    assert sorted(children.stale("build-bbb/candidate")) == [10, 13]
+    assert children.stale("evaluator-1") == []  # an evaluator's parking ends nothing
+    assert zygote.build_tag("build-bbb/x") == "build-bbb" and zygote.build_tag("evaluator-1") is None
+
+
 def test_the_parked_cap_fits_the_device_memory():
     assert zygote.parked_cap([]) == zygote.MAX_PARKED  # no GPU
     assert zygote.parked_cap([141 << 30]) == zygote.MAX_PARKED  # an H200's eighth holds more

@@ -61,6 +61,9 @@ class Evaluator:
         self.hide = list(request.get("hide") or [])
         self.snapshots: dict[str, str] = request.get("snapshots") or {}
         self.set_method: dict | None = request.get("timing_method")  # chosen by the baseline's timing
+        # what this build's parked workers are keyed under (a one-way tag of its secret)
+        self.build_tag = zygote.BUILD_PREFIX + hashlib.sha256(self.input_secret.encode()).hexdigest()[:12] \
+            if self.input_secret else None
         self.init_seed = derive_seed(self.seed, self.kernel_id, "init")
         self._torch = None
         self._exchange = None
@@ -115,6 +118,8 @@ class Evaluator:
         key = worker_key(load, impl, self.root, cwd=str(cwd), env=env, memory_mb=memory_mb)
         caches = compiler_caches(implementation_caches(key))
         env = {**env, **caches}
+        if self.build_tag:  # its seeds are this build's: only this build may adopt it
+            key = f"{self.build_tag}/{key}"
         policy = None if sandbox.trusted() else self._policy(impl, cwd, memory_mb)
         self.isolation = sandbox.describe(policy)
         if policy is not None:
