@@ -47,6 +47,7 @@ _FAMILY_CATEGORY = {"GEMM": "GEMM", "elementwise": "elementwise", "reduction": "
 _PARENT_MODELLED = {"aten::_cudnn_attention_forward", "aten::cudnn_convolution_transpose",
                     "aten::miopen_convolution_transpose"}
 _OUTSIDE = "(launched outside any CPU op)"
+_DRIVER_LAUNCHES = ("cuLaunchKernel", "hipModuleLaunchKernel")
 SYNTHETIC = "{}->{} (Synthetic Op)"
 
 
@@ -203,12 +204,20 @@ def _percentages(rows: list[dict], key: str) -> None:
         row["Cumulative Percentage (%)"] = running
 
 
+def categories_of(text: str) -> list[str]:
+    """The categories of an ops_summary row's `Categories` cell (a Python list of strings)."""
+    return [part.strip(" '") for part in text.strip("[]").split(",")]
+
+
 def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
     by_name: dict[str, dict] = {}
     for group in groups:
         named = by_name.get(group.op_name)
         if named is None:
-            named = by_name[group.op_name] = {"name": group.op_name, "op category": group.category,
+            # "op category" is what magpie's pages show (Triton's launcher calls the driver directly:
+            # "triton"); the CSVs carry TraceLens's categories
+            shown = "triton" if group.op is None and group.op_name.startswith(_DRIVER_LAUNCHES) else group.category
+            named = by_name[group.op_name] = {"name": group.op_name, "op category": shown,
                                               "total_direct_kernel_time_sum": 0.0,
                                               "total_subtree_kernel_time_sum": 0.0, "Count": 0, "categories": {},
                                               "launches": {}}
@@ -232,7 +241,8 @@ def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
     _percentages(ops, "total_direct_kernel_time_sum")
     categories: dict[str, dict] = {}
     for row in ops:
-        cat = categories.setdefault(row["op category"], {"op category": row["op category"], "Count": 0,
+        first = next(iter(categories_of(row["Categories"])))
+        cat = categories.setdefault(first, {"op category": first, "Count": 0,
                                                          "total_direct_kernel_time_ms": 0.0})
         cat["Count"] += row["Count"]
         cat["total_direct_kernel_time_ms"] += row["total_direct_kernel_time_ms"]
