@@ -1,21 +1,53 @@
-"""magpie benchmark: serving benchmarks (a later issue) and, now, gap analysis of existing traces."""
+"""magpie benchmark: a serving engine under load (`magpie benchmark ENGINE -m MODEL ...`), or the gap
+analysis of existing traces (`--trace-dir`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 
 from magpie.errors import UserError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("benchmark", help="analyze PyTorch profiler traces (--trace-dir): where GPU time goes",
-                       description="Gap analysis of existing PyTorch profiler traces (Chrome JSON, .json or "
-                                   ".json.gz, one file per rank): the kernels that take the GPU time in a window, "
-                                   "by total contribution, with the CPU op and input shapes that launched them, and "
-                                   "a GPU timeline per device. Writes gap_analysis/gap_analysis.csv (+ per rank), "
-                                   "gap_analysis/gap_analysis.json and gpu_timeline.csv.")
+    p = sub.add_parser("benchmark", help="benchmark a serving engine (ENGINE -m MODEL), or analyze PyTorch "
+                                         "profiler traces (--trace-dir): where GPU time goes",
+                       description="With ENGINE and -m MODEL: start the engine's server (or reach --base-url), "
+                                   "send it vLLM bench-serve load and write benchmark_report.json, "
+                                   "bench_serve_result.json, server.log and benchmark_config.json to -o DIR. "
+                                   "With --trace-dir: gap analysis of existing PyTorch profiler traces (Chrome JSON, "
+                                   ".json or .json.gz, one file per rank): the kernels that take the GPU time in a "
+                                   "window, by total contribution, with the CPU op and input shapes that launched "
+                                   "them, and a GPU timeline per device. Writes gap_analysis/gap_analysis.csv (+ per "
+                                   "rank), gap_analysis/gap_analysis.json and gpu_timeline.csv.")
+    p.add_argument("framework", nargs="?", choices=("transformers", "vllm", "sglang", "atom", "external"),
+                   metavar="ENGINE", help="transformers, vllm, sglang, atom, or external (with --base-url)")
+    s = p.add_argument_group("serving benchmark")
+    s.add_argument("-m", "--model", help="model folder or hub id the engine serves (and the requests name)")
+    s.add_argument("-p", "--precision", default="auto", help="auto, bf16, fp16, fp32, fp8, ... (default: auto)")
+    s.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default: 1)")
+    s.add_argument("--max-model-len", type=int, help="the server's maximum sequence length")
+    s.add_argument("--extra-server-args", default="", metavar="ARGS", help="appended to the server's command line")
+    s.add_argument("--host", default="127.0.0.1", help="where the local server listens (default: %(default)s)")
+    s.add_argument("--port", type=int, help="the local server's port (default: the engine's: 8000, sglang 30000)")
+    s.add_argument("--base-url", help="a running server to benchmark: nothing is started")
+    s.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    s.add_argument("--concurrency", type=int, help="requests in flight at most (default: no limit)")
+    s.add_argument("--input-len", type=int, default=1024, help="random prompts' length (default: %(default)s)")
+    s.add_argument("--output-len", type=int, default=128, help="tokens asked of each request (default: %(default)s)")
+    s.add_argument("--random-range-ratio", type=float, default=0.0, help="lengths uniform over len*(1±ratio)")
+    s.add_argument("--num-prompts", type=int, default=100, help="requests in the run (default: %(default)s)")
+    s.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default: all at once)")
+    s.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrivals (1: Poisson)")
+    s.add_argument("--num-warmups", type=int, default=0, help="requests before the measured run")
+    s.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--timeout", type=float, default=3600.0, metavar="S",
+                   help="the whole benchmark, server start included (default: %(default)s)")
+    s.add_argument("--ready-timeout", type=float, metavar="S", help="the server's start alone (default: --timeout)")
     p.add_argument("--trace-dir", required=False, metavar="DIR", help="folder of trace files")
     p.add_argument("--top-k", type=int, default=20, help="kernels to report (default: %(default)s)")
     p.add_argument("--start-pct", type=float, default=0.0, help="window start, percent of the GPU span")
@@ -48,12 +80,66 @@ def _categories(text: str) -> set[str] | None:
 
 
 def run(args) -> int:
+    if args.framework or args.model:
+        if args.trace_dir:
+            raise UserError("give either ENGINE -m MODEL (a serving benchmark) or --trace-dir (trace analysis)")
+        return run_serving(args)
+    return run_traces(args)
+
+
+def run_serving(args) -> int:
+    from pydantic import ValidationError
+
+    from magpie.serving.models import parse_goodput
+    from magpie.serving.report import BenchmarkConfig
+    from magpie.serving.runner import REPORT, run_benchmark
+
+    if not args.framework:
+        raise UserError("benchmark -m MODEL: name the engine first: transformers, vllm, sglang, atom or external")
+    if not args.model:
+        raise UserError(f"benchmark {args.framework}: give the model with -m MODEL")
+    try:
+        config = BenchmarkConfig(
+            framework=args.framework, model=args.model, precision=args.precision, tp=args.tp,
+            max_model_len=args.max_model_len, extra_server_args=shlex.split(args.extra_server_args),
+            host=args.host, port=args.port, base_url=args.base_url, endpoint=args.endpoint,
+            concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
+            range_ratio=args.random_range_ratio, num_prompts=args.num_prompts, request_rate=args.request_rate,
+            burstiness=args.burstiness, num_warmups=args.num_warmups, seed=args.seed,
+            goodput=parse_goodput(args.goodput), timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
+            output_dir=args.output_dir)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "config"
+        raise UserError(f"benchmark: {where}: {first['msg']}") from None
+    except ValueError as err:
+        raise UserError(f"benchmark: {err}") from None
+    report = run_benchmark(config)
+    where = Path(report.workspace_dir) / REPORT
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=1))
+    if not report.success:
+        first = report.errors[0] if report.errors else "no request completed"
+        print(f"magpie: benchmark failed: {first}; report: {where}", file=sys.stderr)
+        return 1
+    if not args.json:
+        lat, thr, counts = report.latency, report.throughput, report.run
+        print(f"{report.framework} {report.model}: {counts.completed} requests in {counts.duration_s:.2f} s, "
+              f"{thr.request_throughput:.2f} req/s, {thr.output_throughput:.1f} output tok/s")
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            st = getattr(lat, name)
+            print(f"  {name:5} mean {st.mean:9.2f} ms  median {st.median:9.2f}  p99 {st.p99:9.2f}")
+        print(f"written: {where}")
+    return 0
+
+
+def run_traces(args) -> int:
     from magpie.traces.gap import Window
     from magpie.traces.ingest import TraceError
     from magpie.traces.report import analyze_traces
 
     if not args.trace_dir:
-        raise UserError("benchmarking a serving engine is not built yet; analyze existing traces with --trace-dir DIR")
+        raise UserError("benchmark: give ENGINE -m MODEL (a serving benchmark) or --trace-dir DIR (trace analysis)")
     if not 0 <= args.start_pct < args.end_pct <= 100:
         raise UserError("--start-pct/--end-pct: need 0 <= start < end <= 100")
     if args.top_k < 1:

@@ -7,5 +7,10 @@ chunks of each OpenAI endpoint), `stream` (an SSE stream turned into per-request
 `models` (pydantic config and result). `stub_server` is an OpenAI-compatible SSE server with
 scripted delays, the peer the tests and `bench/serving_client.py` talk to.
 
+Around the client: `engines` (one module per serving engine: its command line, health route,
+port, and how it is asked for a fixed output length), `local` (the server as its own process
+group: readiness, logs, shutdown), `runner` (one benchmark, start to `benchmark_report.json`),
+`report` (its pydantic config and report), `tiny_model` (a random model built offline for tests).
+
 Nothing here is imported by `import magpie`; numpy is imported only where numbers are computed.
 """

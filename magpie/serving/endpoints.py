@@ -2,14 +2,21 @@
 
 `completions` (`/v1/completions`: a choice's `text`) and `chat` (`/v1/chat/completions`: a choice's
 `delta.content`, or its reasoning text). Both stream with `stream_options.include_usage` so the
-final usage chunk gives `completion_tokens`. Chunks are decoded with typed msgspec structs:
+final usage chunk gives `completion_tokens`. A fixed output length is asked for in one of the
+`FORCE_LEN` ways: vLLM's and SGLang's `ignore_eos: true`, or, for servers that refuse fields
+outside OpenAI's schema (`transformers serve`), a `generation_config` JSON string with
+`min_new_tokens` = `max_new_tokens` = the length, which keeps the end-of-sequence token from
+being chosen before it. Chunks are decoded with typed msgspec structs:
 unknown fields are skipped without building Python objects for them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+FORCE_LEN = ("ignore_eos", "generation_config")
+ForceLen = Literal["ignore_eos", "generation_config"]
 
 
 class Usage(msgspec.Struct):
@@ -63,11 +70,15 @@ class Endpoint:
         raise NotImplementedError
 
     def body(self, *, model: str, prompt: str, output_len: int, ignore_eos: bool,
-             extra_body: dict | None) -> dict:
+             extra_body: dict | None, force_len: ForceLen = "ignore_eos") -> dict:
         body = {"model": model, **self._prompt_fields(prompt, output_len), "stream": True,
                 "stream_options": {"include_usage": True}}
         if ignore_eos:
-            body["ignore_eos"] = True
+            if force_len == "generation_config":
+                body["generation_config"] = msgspec.json.encode(
+                    {"min_new_tokens": output_len, "max_new_tokens": output_len}).decode()
+            else:
+                body["ignore_eos"] = True
         if extra_body:
             body.update(extra_body)
         return body

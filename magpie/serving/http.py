@@ -172,7 +172,8 @@ class Client:
 
     def __init__(self, base_url: str, endpoint, *, model: str, headers: dict[str, str] | None = None,
                  timeout_s: float | None = None, clock: Clock = time.perf_counter,
-                 ignore_eos: bool = False, extra_body: dict | None = None) -> None:
+                 ignore_eos: bool = False, extra_body: dict | None = None,
+                 force_len: str = "ignore_eos") -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base URL must be http://HOST[:PORT] or https://..., got {base_url!r}")
@@ -186,6 +187,7 @@ class Client:
         self.timeout_s = timeout_s
         self.ignore_eos = ignore_eos
         self.extra_body = extra_body
+        self.force_len = force_len
         all_headers = {"Host": f"{self.host}:{self.port}", "Content-Type": "application/json",
                        "Accept": "text/event-stream", "User-Agent": "magpie-serving"}
         key = os.environ.get("OPENAI_API_KEY")
@@ -200,7 +202,8 @@ class Client:
     def encode(self, prompt: str, output_len: int) -> bytes:
         """The whole request's bytes, built before the send time is taken."""
         body = _encode(self.endpoint.body(model=self.model, prompt=prompt, output_len=output_len,
-                                          ignore_eos=self.ignore_eos, extra_body=self.extra_body))
+                                          ignore_eos=self.ignore_eos, extra_body=self.extra_body,
+                                          force_len=self.force_len))
         return self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
     async def _connect(self) -> _Connection:

@@ -77,7 +77,7 @@ async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Cl
     if own:
         client = Client(config.base_url, _endpoint(config.endpoint), model=config.model, headers=config.headers,
                         timeout_s=config.timeout_s, clock=clock, ignore_eos=ignore_eos,
-                        extra_body=config.extra_body or None)
+                        extra_body=config.extra_body or None, force_len=config.force_len)
     limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else nullcontext()
     first = samples[0]
     try:

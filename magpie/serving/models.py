@@ -51,6 +51,8 @@ class LoadConfig(_Strict):
     seed: int = 0
     goodput: dict[Literal["ttft", "tpot", "e2el"], float] = Field({}, description="SLOs in ms")
     ignore_eos: Optional[bool] = Field(None, description="None: on for the random dataset, as vLLM does")
+    force_len: Literal["ignore_eos", "generation_config"] = Field(
+        "ignore_eos", description="how a fixed output length is asked for (endpoints.FORCE_LEN)")
     extra_body: dict = {}
     headers: dict[str, str] = {}
     timeout_s: Optional[float] = Field(6 * 3600, gt=0, description="per request")

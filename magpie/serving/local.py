@@ -1,0 +1,199 @@
+"""Local run mode: an engine's server as a child process group of ours, and its end.
+
+`LocalServer` starts the command in a new session (its own process group, so workers it forks
+are reached too), with stdout and stderr appended to a log file in the workspace. Before the
+start it checks that nothing listens on the port; `wait_ready` polls the engine's health route
+until it answers 200, the process exits (the log's tail is the reason) or the timeout passes.
+`stop` sends SIGTERM to the whole group, waits, then SIGKILLs what is left; it is idempotent
+and runs from `__exit__`, so success, failure, timeout and Ctrl-C (KeyboardInterrupt) all end
+the group. `install_sigterm` turns a SIGTERM of ours into KeyboardInterrupt for the same path.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or stopped running; `log_tail` holds the end of its log."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server already listens on host:port (a bind with SO_REUSEADDR fails, or a connect succeeds)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    target = "127.0.0.1" if host in ("0.0.0.0", "localhost") else ("::1" if host == "::" else host)
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((target, port)) == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, lines: int = 20, max_bytes: int = 16384) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def health_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class LocalServer:
+    """A server command run as its own process group, logged to `log_path`."""
+
+    def __init__(self, command: list[str], *, env: dict[str, str] | None = None, log_path: str | Path,
+                 host: str, port: int, health_url: str, cwd: str | Path | None = None) -> None:
+        self.command, self.extra_env = list(command), dict(env or {})
+        self.log_path = Path(log_path)
+        self.host, self.port, self.health_url = host, port, health_url
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.ready_after: float | None = None
+
+    # -- life
+    def start(self) -> "LocalServer":
+        if port_in_use(self.host, self.port):
+            raise ServerError(f"port {self.port} on {self.host} is already taken (another server?); "
+                              f"stop it or choose another port")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.extra_env}
+        with open(self.log_path, "ab") as log:
+            log.write(("$ " + " ".join(self.command) + "\n").encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env, cwd=self.cwd,
+                                             start_new_session=True)
+            except OSError as exc:
+                raise ServerError(f"cannot run {self.command[0]}: {exc.strerror or exc}") from None
+        self.started_at = time.monotonic()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def wait_ready(self, timeout_s: float, interval_s: float = 0.25) -> float:
+        """Seconds until the health route answered 200; raises ServerError on exit or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                code = self.exit_code()
+                raise ServerError(f"the server exited with code {code} before it was ready; log: {self.log_path}",
+                                  tail(self.log_path))
+            if health_ok(self.health_url, timeout=min(2.0, max(0.1, deadline - time.monotonic()))):
+                self.ready_after = time.monotonic() - self.started_at
+                return self.ready_after
+            if time.monotonic() >= deadline:
+                raise ServerError(f"the server was not ready within {timeout_s:g} s ({self.health_url} did not "
+                                  f"answer 200); log: {self.log_path}", tail(self.log_path))
+            time.sleep(interval_s)
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM to the group, SIGKILL after `grace_s`; the exit code (negative: the signal)."""
+        if self.proc is None:
+            return None
+        pgid = self.proc.pid               # the session leader's pid is its group's id
+        if self.proc.poll() is None:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # the leader may be gone while children it forked are not: the whole group gets SIGKILL
+        _signal_group(pgid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        return self.proc.returncode
+
+    def __enter__(self) -> "LocalServer":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group `pgid` remains (zombies aside)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+class install_sigterm:
+    """While active, SIGTERM raises KeyboardInterrupt in the main thread (the Ctrl-C path stops the server)."""
+
+    def __enter__(self):
+        self._old = None
+        try:
+            self._old = signal.signal(signal.SIGTERM, self._raise)
+        except ValueError:             # not the main thread
+            pass
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)

@@ -1,0 +1,142 @@
+"""The one-shot benchmark's configuration and its report, as pydantic v2 models.
+
+`BenchmarkConfig` is what `magpie benchmark ENGINE -m MODEL ...` takes. `BenchmarkReport` is
+`benchmark_report.json` with Magpie's keys: `success, framework, model, throughput{...},
+latency{ttft,tpot,itl,e2el}` (mean/median/std/p50/p90/p95/p99 in ms), `kernel_summary`,
+`top_bottlenecks`, `tracelens_analysis`, `gap_analysis`, `gpu_monitor` (null or empty until
+profiled runs and the GPU monitor exist), `workspace_dir`, `execution_time`,
+`profiling_enabled`, `run_kind`, `reward_eligible`, `errors`; plus the run's counts, the
+server's life and the provenance (engine version, model path and content hash, command line,
+environment that matters, magpie's version).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from magpie.serving.models import Latency, Throughput
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BenchmarkConfig(_Strict):
+    framework: Literal["transformers", "vllm", "sglang", "atom", "external"]
+    model: str
+    precision: str = "auto"
+    tp: int = Field(1, ge=1)
+    max_model_len: Optional[int] = Field(None, ge=1)
+    extra_server_args: list[str] = []
+    env: dict[str, str] = {}
+    run_mode: Literal["local"] = "local"
+    host: str = "127.0.0.1"
+    port: Optional[int] = Field(None, ge=1, le=65535)
+    base_url: Optional[str] = Field(None, description="a running server: nothing is started")
+    endpoint: Literal["completions", "chat"] = "completions"
+    concurrency: Optional[int] = Field(None, ge=1)
+    input_len: int = Field(1024, ge=1)
+    output_len: int = Field(128, ge=1)
+    range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    num_prompts: int = Field(100, ge=1)
+    request_rate: float = Field(math.inf, gt=0)
+    burstiness: float = Field(1.0, gt=0)
+    num_warmups: int = Field(0, ge=0)
+    seed: int = 0
+    goodput: dict[Literal["ttft", "tpot", "e2el"], float] = {}
+    timeout_s: float = Field(3600.0, gt=0, description="the whole benchmark: server start and the load")
+    ready_timeout_s: Optional[float] = Field(None, gt=0, description="server start; None: the whole timeout")
+    output_dir: str = "magpie_results"
+
+
+class ServerInfo(_Strict):
+    mode: Literal["local", "external"]
+    base_url: str
+    command: Optional[list[str]] = None
+    pid: Optional[int] = Field(None, description="the server's process, leader of its own process group")
+    log: Optional[str] = None
+    ready_after_s: Optional[float] = None
+    exit_code: Optional[int] = Field(None, description="how the server ended: negative is the signal that ended it")
+    died_during_run: bool = False
+
+
+class Provenance(_Strict):
+    magpie_version: str
+    engine: str
+    engine_version: Optional[str]
+    model: str
+    model_path: Optional[str] = Field(None, description="the local folder or file served")
+    model_hash: Optional[str] = Field(None, description="sha256 over the model folder's files (names and contents)")
+    model_revision: Optional[str] = None
+    environment: dict[str, str] = {}
+    python: str
+    started_at: str
+
+
+class RunCounts(_Strict):
+    duration_s: float
+    completed: int
+    failed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    max_concurrent_requests: int
+
+
+class BenchmarkReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    success: bool
+    framework: str
+    model: str
+    throughput: Optional[Throughput] = None
+    latency: Optional[Latency] = None
+    kernel_summary: Optional[dict[str, Any]] = None
+    top_bottlenecks: list[dict[str, Any]] = []
+    tracelens_analysis: Optional[dict[str, Any]] = None
+    gap_analysis: Optional[dict[str, Any]] = None
+    gpu_monitor: Optional[dict[str, Any]] = None
+    workspace_dir: str
+    execution_time: float
+    profiling_enabled: bool = False
+    run_kind: Literal["measurement", "diagnostic"] = "measurement"
+    reward_eligible: bool = False
+    errors: list[str] = []
+    run: Optional[RunCounts] = None
+    server: Optional[ServerInfo] = None
+    provenance: Optional[Provenance] = None
+    config: BenchmarkConfig
+    outputs: dict[str, str] = {}
+
+
+# Environment variables that change what a server does, recorded when set.
+ENV_THAT_MATTERS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HF_HUB_OFFLINE",
+                    "TRANSFORMERS_OFFLINE", "HF_HOME", "OMP_NUM_THREADS", "VLLM_USE_V1", "VLLM_ATTENTION_BACKEND",
+                    "VLLM_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR", "PYTORCH_CUDA_ALLOC_CONF",
+                    "NCCL_P2P_DISABLE", "TORCH_COMPILE_DISABLE")
+
+
+def model_hash(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 over a model folder: each file's relative path and content, in name order (a file: its content)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        rel = f.name if f == path else f.relative_to(path).as_posix()
+        h.update(rel.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
+        with open(f, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def local_model_path(model: str) -> Path | None:
+    """The model as a local path where it names one (exists, or is written as a path), else None (a hub id)."""
+    expanded = os.path.expanduser(model)
+    if os.path.exists(expanded) or model.startswith(("/", "./", "../", "~")) or model.count("/") > 1:
+        return Path(expanded).resolve()
+    return None

@@ -1,0 +1,203 @@
+"""One benchmark run, start to report: server up (local) or reached (external), load, metrics, files.
+
+`run_benchmark(config)` always writes a workspace, even when it fails: `benchmark_config.json`
+(the config, first), `server.log` (local mode), `bench_serve_result.json` (vLLM's `--save-result`
+keys, when the load ran) and `benchmark_report.json` (`report.BenchmarkReport`). Failures become
+`success: false` with one line per error in `errors` (the first is the one the CLI prints) and,
+where the server's log says why, its tail: a model path that does not exist, an option the
+engine has no flag for, a taken port, a server that exits or stays unready before the timeout,
+a failed ready check, a server that dies during the run (its requests fail; the run ends), the
+benchmark's timeout, Ctrl-C or SIGTERM (the report is written, then KeyboardInterrupt goes on).
+The server's process group is stopped on every one of these paths.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from magpie.serving import engines as _engines
+from magpie.serving.report import (ENV_THAT_MATTERS, BenchmarkConfig, BenchmarkReport, Provenance, RunCounts,
+                                   ServerInfo, local_model_path, model_hash)
+
+REPORT = "benchmark_report.json"
+CONFIG = "benchmark_config.json"
+RESULT = "bench_serve_result.json"
+SERVER_LOG = "server.log"
+
+
+class _Failed(Exception):
+    """A failure already put into words; `detail` lines follow the message in `errors`."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str]) -> Provenance:
+    import os
+
+    from magpie import __version__
+
+    path = local_model_path(config.model)
+    env = {k: v for k, v in {**os.environ, **spec_env}.items() if k in ENV_THAT_MATTERS}
+    return Provenance(magpie_version=__version__, engine=engine.name, engine_version=engine.version(),
+                      model=config.model, model_path=str(path) if path and path.exists() else None,
+                      model_hash=model_hash(path) if path and path.exists() else None,
+                      environment=env, python=platform.python_version(),
+                      started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
+    """Runs the benchmark `config` describes; the report is also written to the workspace."""
+    from magpie.serving.local import LocalServer, ServerError, install_sigterm, tail
+
+    t0 = time.monotonic()
+    work = Path(config.output_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    _write_json(work / CONFIG, config.model_dump(mode="json"))
+    engine_name = config.framework
+    engine = _engines.get(engine_name)
+    external = config.base_url is not None or not engine.launches
+    errors: list[str] = []
+    outputs = {"config": str(work / CONFIG)}
+    report_kw: dict = {}
+    server: LocalServer | None = None
+    server_info: ServerInfo | None = None
+    interrupted = False
+    provenance = None
+
+    def remaining() -> float:
+        return config.timeout_s - (time.monotonic() - t0)
+
+    try:
+        with install_sigterm():
+            try:
+                spec = _engines.ServerSpec(model=config.model, host=config.host, port=config.port, tp=config.tp,
+                                           precision=config.precision, max_model_len=config.max_model_len,
+                                           extra_args=config.extra_server_args, env=config.env)
+                env = engine.environment(spec) if not external else {}
+                provenance = _provenance(config, engine, env)
+                if external:
+                    if config.base_url is None:
+                        raise _Failed(f"the {engine.name} engine starts no server: give --base-url URL")
+                    base_url = config.base_url.rstrip("/")
+                    server_info = ServerInfo(mode="external", base_url=base_url)
+                else:
+                    path = local_model_path(config.model)
+                    if path is not None and not path.exists():
+                        raise _Failed(f"model path not found: {config.model}")
+                    try:
+                        command = engine.command(spec)
+                    except _engines.UnsupportedOption as exc:
+                        raise _Failed(str(exc)) from None
+                    base_url = engine.base_url(spec)
+                    log = work / SERVER_LOG
+                    outputs["server_log"] = str(log)
+                    server = LocalServer(command, env=env, log_path=log, host=config.host, port=engine.port(spec),
+                                         health_url=base_url + engine.health_path, cwd=work)
+                    server_info = ServerInfo(mode="local", base_url=base_url, command=command, log=str(log))
+                    try:
+                        server.start()
+                        server_info.pid = server.proc.pid
+                        ready_budget = min(config.ready_timeout_s or config.timeout_s, remaining())
+                        server_info.ready_after_s = server.wait_ready(ready_budget)
+                    except ServerError as exc:
+                        raise _Failed(str(exc), exc.log_tail) from None
+                _load(config, engine, base_url, server, remaining, work, report_kw, outputs)
+            except _Failed as exc:
+                errors.append(str(exc))
+                if exc.detail:
+                    errors.append("server log tail:\n" + exc.detail)
+            except KeyboardInterrupt:
+                interrupted = True
+                errors.append("interrupted (Ctrl-C or SIGTERM); the server was stopped")
+            finally:
+                if server is not None:
+                    died = server.exit_code() is not None and server.ready_after is not None
+                    code = server.stop()
+                    if server_info is not None:
+                        server_info.exit_code = code
+                        server_info.died_during_run = died
+                    if died:
+                        errors.insert(0, f"the server exited with code {code} during the run; log: {server.log_path}")
+                        errors.append("server log tail:\n" + tail(server.log_path))
+    except KeyboardInterrupt:        # a second Ctrl-C while stopping: the report is still written
+        interrupted = True
+        if server is not None:
+            server.stop(grace_s=0)
+    run = report_kw.get("run")
+    if run is not None and run.failed:
+        errors.append(f"{run.failed} of {run.failed + run.completed} requests failed; first: "
+                      f"{report_kw.pop('first_error', '')}")
+    report_kw.pop("first_error", None)
+    success = not errors and run is not None and run.completed > 0
+    report = BenchmarkReport(success=success, framework=engine_name, model=config.model, workspace_dir=str(work),
+                             execution_time=time.monotonic() - t0, run_kind="measurement",
+                             reward_eligible=success, errors=errors, server=server_info, provenance=provenance,
+                             config=config, outputs={**outputs, "report": str(work / REPORT)}, **report_kw)
+    _write_json(work / REPORT, report.model_dump(mode="json"))
+    if interrupted:
+        raise KeyboardInterrupt
+    return report
+
+
+def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, work: Path, report_kw: dict,
+          outputs: dict) -> None:
+    from magpie.serving import load as _load_mod
+    from magpie.serving import metrics as _metrics
+    from magpie.serving.models import DatasetConfig, LoadConfig
+
+    if remaining() <= 0:
+        raise _Failed(f"the benchmark's timeout of {config.timeout_s:g} s passed before the load started")
+    load_config = LoadConfig(
+        base_url=base_url, model=config.model, endpoint=config.endpoint, num_prompts=config.num_prompts,
+        dataset=DatasetConfig(input_len=config.input_len, output_len=config.output_len,
+                              range_ratio=config.range_ratio),
+        request_rate=config.request_rate, burstiness=config.burstiness, max_concurrency=config.concurrency,
+        num_warmups=config.num_warmups, seed=config.seed, goodput=config.goodput, force_len=engine.force_len,
+        timeout_s=max(remaining(), 1.0) + 5.0, label=engine.name)   # the watcher's deadline comes first
+    samples = _load_mod.load_samples(load_config)
+
+    async def watched():
+        task = asyncio.ensure_future(_load_mod.run(load_config, samples))
+        deadline = time.monotonic() + remaining()
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.2)
+            if task.done():
+                break
+            if time.monotonic() >= deadline:
+                task.cancel()
+                raise _Failed(f"the benchmark's timeout of {config.timeout_s:g} s passed during the load")
+            if server is not None and not server.alive():
+                # the server is gone: what is in flight fails as its connections close; give it a moment
+                done, _ = await asyncio.wait({task}, timeout=5.0)
+                if not done:
+                    task.cancel()
+                    raise _Failed("requests still in flight 5 s after the server exited were abandoned")
+        return task.result()
+
+    try:
+        record = asyncio.run(watched())
+    except RuntimeError as exc:          # the ready check's request failed
+        raise _Failed(str(exc)) from None
+    metrics, flat = _metrics.compute(record.outputs, record.duration, goodput=config.goodput or None)
+    result = _load_mod.vllm_result(load_config, record, metrics, flat)
+    _write_json(work / RESULT, result)
+    outputs["bench_serve_result"] = str(work / RESULT)
+    report_kw["throughput"] = metrics.throughput
+    report_kw["latency"] = metrics.latency
+    report_kw["run"] = RunCounts(duration_s=metrics.duration, completed=metrics.completed, failed=metrics.failed,
+                                 total_input_tokens=metrics.total_input_tokens,
+                                 total_output_tokens=metrics.total_output_tokens,
+                                 max_concurrent_requests=metrics.max_concurrent_requests)
+    report_kw["first_error"] = next((o.error for o in record.outputs if not o.success), "")
