@@ -30,8 +30,10 @@ def test_timings_bracket_the_scripted_delays(ep):
     assert m.completed == 12 and m.failed == 0 and len(rec.warmups) == 2 and all(w.success for w in rec.warmups)
     for out in rec.outputs:
         assert out.output_tokens == 6 and len(out.itl) == 5 and out.generated_text == "tok " * 6
-        assert first <= out.ttft < first + 0.05
-        assert all(gap * 0.9 <= g < gap + 0.05 for g in out.itl)
+        assert first <= out.ttft < first + 0.25
+        # a gap can read shorter than scripted when a late message and the next one arrive in
+        # one read (a loaded machine); their sum cannot
+        assert sum(out.itl) >= 5 * gap * 0.9 and all(0 <= g < gap + 0.25 for g in out.itl)
         assert out.latency - out.ttft == pytest.approx(sum(out.itl), abs=1e-9)
         assert out.prompt_len == 8                   # from the server's usage
     assert m.latency.tpot.median >= gap * 1000 * 0.9 and m.max_concurrent_requests == 4
