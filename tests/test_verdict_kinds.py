@@ -33,7 +33,8 @@ EXPECTED = {
     "syntax_error": ("compile", "compile", None, None),
     "fakes_clock": ("timer_integrity", "timing", TIMED, None),
     "returns_early": ("timer_integrity", "timing", TIMED, None),
-    "degrades": ("allclose", "timing", TIMED, 0),
+    # wrong from its 21st call: first caught on the last timed call's output, then by the re-check
+    "degrades": ("allclose", "timing", TIMED, None),
 }
 
 
