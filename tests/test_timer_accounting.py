@@ -158,3 +158,15 @@ def test_a_launch_bound_implementation_timed_as_graph_replays_passes():
     summary = {"median_us": 2280.191, "early_rounds_ms": [],
                **wall_check(rounds.wall["candidate"], rounds.account["candidate"], 2280.191)}
     assert timer_inconsistency(summary) is None
+
+
+def test_a_launch_bound_baseline_is_timed_as_graph_replays(tmp_path):
+    """A 17.5 µs kernel whose host takes 45 µs to launch a call: per-call events would time the
+    launch path (66-178 µs across one build's jobs on the H200); graph replays time the device."""
+    baseline = evaluator(tmp_path, {"id": "base", "is_baseline": True})
+    launch_bound = baseline._probed_method({"candidate": 17.5}, {"candidate": 45.0})
+    assert launch_bound["mode"] == "graph" and "launch-bound" in launch_bound["why"]
+    assert launch_bound["launch_us"] == 45.0
+    device_bound = baseline._probed_method({"candidate": 180.0}, {"candidate": 12.0})
+    assert device_bound["mode"] == "events" and "launched in 12 µs" in device_bound["why"]
+    assert baseline._probed_method({"candidate": 180.0}, {"candidate": None})["mode"] == "events"

@@ -362,7 +362,8 @@ class Evaluator:
                         first_steps["baseline"] = warmed["baseline"].get("steps_s")
                         self.exchange.release()
                     phases.mark("warmup_probe")
-                    method = chosen or self._probed_method({role: a["probe_us"] for role, a in warmed.items()})
+                    method = chosen or self._probed_method({role: a["probe_us"] for role, a in warmed.items()},
+                                                           {role: a.get("launch_us") for role, a in warmed.items()})
                     mode = method["mode"]
                     clocks = {"before": nvml_snapshot(self._device_index())}
                     measured = self._rounds(turns, offers, out_specs, mode, t)
@@ -622,18 +623,29 @@ class Evaluator:
             return {**self.set_method, "why": f"{self.set_method['why']}; chosen by the baseline's timing"}
         return None
 
-    def _probed_method(self, probes: dict[str, float]) -> dict:
-        """From device time per call (a short graph replay, free of launch overhead): graph mode
-        under GRAPH_THRESHOLD_US, where per-call events would time the launch path. The
+    def _probed_method(self, probes: dict[str, float], launches: dict[str, float | None] | None = None) -> dict:
+        """From device time per call (a short graph replay, free of launch overhead) and the
+        host's time to queue a call (`launch_probe`): graph mode under GRAPH_THRESHOLD_US, or
+        where the host takes longer to queue a call than the device to run it (launch-bound:
+        per-call events would time the host's launch path, which varies with the host's load:
+        a 17.5 µs-kernel baseline read 66-178 µs across one build's jobs on the H200). The
         baseline's own timing decides for its kernel's set; a candidate whose baseline was not
         timed decides from the faster of its pair."""
         fastest = min(probes, key=probes.get)
         probe_us = probes[fastest]
-        mode = "graph" if probe_us < GRAPH_THRESHOLD_US else "events"
+        launch_us = (launches or {}).get(fastest)
         who = "the baseline" if self.impl.get("is_baseline") else f"the {fastest} (no timed baseline to follow)"
-        relation = "under" if mode == "graph" else "at or over"
-        return {"mode": mode, "probe_us": round(probe_us, 3),
-                "why": f"{who} probed {probe_us:.3g} µs per call, {relation} {GRAPH_THRESHOLD_US:g} µs"}
+        method = {"mode": "events", "probe_us": round(probe_us, 3),
+                  "launch_us": round(launch_us, 3) if launch_us is not None else None}
+        if probe_us < GRAPH_THRESHOLD_US:
+            why = f"{who} probed {probe_us:.3g} µs per call, under {GRAPH_THRESHOLD_US:g} µs"
+        elif launch_us is not None and launch_us > probe_us:
+            why = (f"{who} takes {launch_us:.3g} µs to launch a call that runs {probe_us:.3g} µs on the device: "
+                   "launch-bound")
+        else:
+            return {**method, "why": f"{who} probed {probe_us:.3g} µs per call, at or over {GRAPH_THRESHOLD_US:g} µs"
+                                     + (f", launched in {launch_us:.3g} µs" if launch_us is not None else "")}
+        return {**method, "mode": "graph", "why": why}
 
     def _method(self, impl: dict, method: str) -> str:
         if impl["type"] == "triton" and self.device == "cpu":

@@ -63,6 +63,10 @@ class Timer(ABC):
         None where the clock around a call already is host time."""
         return None
 
+    def launch_probe(self, fn, input_sets: list) -> float | None:
+        """Host time per call to queue the calls' work, in µs; None where calls are synchronous."""
+        return None
+
     def describe(self, settings: dict, mode: str | None = None) -> str:
         return self.name
 
@@ -160,6 +164,25 @@ class CudaTimer(Timer):
         except Exception:  # host syncs inside fn make it uncapturable
             samples = self._events(fn, input_sets, budget_ms, 1000, 0)
         return median(samples) / 1000 if samples else 0.0
+
+    LAUNCH_PROBE_CALLS = 20  # few enough that the device's launch queue never fills and holds the host up
+
+    def launch_probe(self, fn, input_sets, repeats: int = 3):
+        """Host time per call to queue LAUNCH_PROBE_CALLS calls back to back, no synchronisation
+        between them (the least of `repeats` batches: an interrupt only ever adds). Where it
+        exceeds the device time per call, the device waits on the host: per-call events would
+        time the host's launch path, at whatever speed the host has that moment."""
+        count = len(input_sets)
+        best = None
+        for _ in range(repeats):
+            self._sync()
+            start = _clock_ns()
+            for k in range(self.LAUNCH_PROBE_CALLS):
+                fn(*input_sets[k % count])
+            elapsed = (_clock_ns() - start) / 1000 / self.LAUNCH_PROBE_CALLS
+            self._sync()
+            best = elapsed if best is None else min(best, elapsed)
+        return best
 
     def _flush_l2(self):
         # Reading (not writing) 4x the L2 leaves it full of clean lines: a written buffer would

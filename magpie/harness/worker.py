@@ -182,6 +182,7 @@ class Implementation:
                 steps.mark("prepare")
         if request.get("probe"):
             reply["probe_us"] = timer.probe(self.fn, input_sets)
+            reply["launch_us"] = timer.launch_probe(self.fn, input_sets)
             steps.mark("probe")
         if request.get("budget_ms"):
             reply["samples_ns"] = timer.measure(self.fn, input_sets, request["budget_ms"], request["max_reps"],
