@@ -460,6 +460,7 @@ class Evaluator:
             detail = f"after timing: {recheck['detail']}"
             result.setdefault("failures", []).append(failure(recheck["kind"], "timing", detail,
                                                              {**recheck, "testcase": spec_index}))
+        between_runs = float(t.get("between_runs", 0.0))
         if pair and result["performance_state"] == "SUCCESS":
             # Here, in the timing job, not in the comparison: the timing jobs finish one by one
             # while others measure, the comparison waits for the last of them. Means where a
@@ -467,11 +468,9 @@ class Evaluator:
             uneven = measured.uneven() or (retimed.uneven() if retimed is not None else {})
             statistic = "mean" if uneven else "median"
             result["speedup"] = paired_speedup(measured.for_speedup(statistic),
-                                               result["baseline_result"]["median_us"], statistic,
-                                               float(t.get("between_runs", 0.0)))
+                                               result["baseline_result"]["median_us"], statistic, between_runs)
             if retimed is not None:
-                self._judge_retiming(result, retimed, float(threshold), case, spec_index, statistic,
-                                     float(t.get("between_runs", 0.0)))
+                self._judge_retiming(result, retimed, float(threshold), case, spec_index, statistic, between_runs)
         return result
 
     def _rounds(self, turns: Turns, offers: dict, out_specs: list, mode: str | None, t: dict) -> Rounds:
@@ -508,8 +507,8 @@ class Evaluator:
 
     def _timed_output(self, worker: Worker, spec: ReferenceSpec, inputs: list, expected, offer: dict,
                       testcase: dict) -> dict:
-        """The output of the last call the worker's timer made, checked against the reference
-        for the input set it was given, and that input set checked for changes: a candidate
+        """The output of the worker's last timed call, checked against the reference for the
+        input set it was given, and that input set checked for changes: a candidate
         right when checked and wrong (or lazy) while timed fails here, not only after timing."""
         outputs = self.exchange.offer_outputs("timed", [expected], [inputs[0]], worker.scratch or self.work)
         answer = worker.request({"op": "timed_output", "inputs": offer, "outputs": outputs}, self.timeout)
@@ -635,17 +634,16 @@ class Evaluator:
         probe_us = probes[fastest]
         launch_us = (launches or {}).get(fastest)
         who = "the baseline" if self.impl.get("is_baseline") else f"the {fastest} (no timed baseline to follow)"
-        method = {"mode": "events", "probe_us": round(probe_us, 3),
-                  "launch_us": round(launch_us, 3) if launch_us is not None else None}
+        launched = f", launched in {launch_us:.3g} µs" if launch_us is not None else ""
         if probe_us < GRAPH_THRESHOLD_US:
-            why = f"{who} probed {probe_us:.3g} µs per call, under {GRAPH_THRESHOLD_US:g} µs"
+            mode, why = "graph", f"{who} probed {probe_us:.3g} µs per call, under {GRAPH_THRESHOLD_US:g} µs"
         elif launch_us is not None and launch_us > probe_us:
-            why = (f"{who} takes {launch_us:.3g} µs to launch a call that runs {probe_us:.3g} µs on the device: "
-                   "launch-bound")
+            mode, why = "graph", (f"{who} takes {launch_us:.3g} µs to launch a call that runs {probe_us:.3g} µs on "
+                                  "the device: launch-bound")
         else:
-            return {**method, "why": f"{who} probed {probe_us:.3g} µs per call, at or over {GRAPH_THRESHOLD_US:g} µs"
-                                     + (f", launched in {launch_us:.3g} µs" if launch_us is not None else "")}
-        return {**method, "mode": "graph", "why": why}
+            mode, why = "events", f"{who} probed {probe_us:.3g} µs per call, at or over {GRAPH_THRESHOLD_US:g} µs{launched}"
+        return {"mode": mode, "probe_us": round(probe_us, 3),
+                "launch_us": round(launch_us, 3) if launch_us is not None else None, "why": why}
 
     def _method(self, impl: dict, method: str) -> str:
         if impl["type"] == "triton" and self.device == "cpu":
@@ -678,8 +676,8 @@ class Evaluator:
 
 
 # What the summary keeps of each round: the mode, the timer's own clock around its loop and the
-# evaluator's around the request, the host-synchronised wall time of the last round's checks.
-ROUND_INFO = ("mode", "loop_wall_ms", "request_wall_ms", "host_wall_median_us")
+# evaluator's around the request.
+ROUND_INFO = ("mode", "loop_wall_ms", "request_wall_ms")
 # An honest timer stops at its sample cap or once its budget has passed, never well before.
 EARLY_FRACTION = 0.9
 # What one timing request costs outside the timer: the pipe round trip, reading the input file

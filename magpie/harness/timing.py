@@ -122,10 +122,10 @@ class CudaTimer(Timer):
     events: CUDA events around each call, the L2 flushed before it by reading a buffer of
     four times the L2 size, calls queued back to back and synchronised device-wide in batches
     (work a call leaves on a side stream without joining it shows in the host-synchronised
-    cross-check below, not in its events). graph: for kernels under
-    GRAPH_THRESHOLD_US, a CUDA graph of GRAPH_CALLS calls is replayed and each replay's
-    event time divided by the calls it holds (warm L2: such kernels live in cache anyway).
-    After measuring, a few host-synchronised wall-clock calls cross-check the event time.
+    cross-check, `host_check`, not in its events). graph: for kernels under
+    GRAPH_THRESHOLD_US or launch-bound ones, a CUDA graph of GRAPH_CALLS calls, captured once
+    (`prepare`), is replayed and each replay's event time divided by the calls it holds (warm
+    L2: such kernels live in cache anyway).
     """
 
     name = "cuda"
@@ -321,7 +321,7 @@ def calibrate(timer: Timer, short_ms: float = 5.0, long_ms: float = 25.0, repeat
     """What the timer costs beside the time its samples report, measured by running it on a
     call that does next to nothing: per sample (in events mode the L2 flush, events, batched
     synchronisations and the loop; in graph mode a replay's launch, events and
-    synchronisation), per request (set-up, NVML snapshots) and per host-synchronised check
+    synchronisation), per request (set-up, the loop's first turn) and per host-synchronised check
     call. Two budgets separate the per-sample from the per-request cost (a line through the
     two points); each is the median of `repeats` such pairs. Run in the evaluator, which runs
     no code under test: these figures are the integrity check's allowances."""
