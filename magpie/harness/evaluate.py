@@ -641,7 +641,8 @@ class Evaluator:
             mode, why = "graph", (f"{who} takes {launch_us:.3g} µs to launch a call that runs {probe_us:.3g} µs on "
                                   "the device: launch-bound")
         else:
-            mode, why = "events", f"{who} probed {probe_us:.3g} µs per call, at or over {GRAPH_THRESHOLD_US:g} µs{launched}"
+            mode, why = "events", (f"{who} probed {probe_us:.3g} µs per call, at or over "
+                                   f"{GRAPH_THRESHOLD_US:g} µs{launched}")
         return {"mode": mode, "probe_us": round(probe_us, 3),
                 "launch_us": round(launch_us, 3) if launch_us is not None else None, "why": why}
 
