@@ -27,6 +27,8 @@ def add_parser(sub) -> None:
                    metavar="ENGINE", help="transformers, vllm, sglang, atom, or external (with --base-url)")
     s = p.add_argument_group("serving benchmark")
     s.add_argument("-m", "--model", help="model folder or hub id the engine serves (and the requests name)")
+    s.add_argument("--benchmark-config", metavar="YAML", help="Magpie's benchmark: YAML (framework, model, precision, "
+                   "envs TP/CONC/ISL/OSL/..., run_kind, gpu_selection, timeout_seconds) instead of ENGINE -m MODEL")
     s.add_argument("-p", "--precision", default="auto", help="auto, bf16, fp16, fp32, fp8, ... (default: auto)")
     s.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default: 1)")
     s.add_argument("--max-model-len", type=int, help="the server's maximum sequence length")
@@ -80,7 +82,7 @@ def _categories(text: str) -> set[str] | None:
 
 
 def run(args) -> int:
-    if args.framework or args.model:
+    if args.framework or args.model or args.benchmark_config:
         if args.trace_dir:
             raise UserError("give either ENGINE -m MODEL (a serving benchmark) or --trace-dir (trace analysis)")
         return run_serving(args)
@@ -92,8 +94,15 @@ def run_serving(args) -> int:
 
     from magpie.serving.models import parse_goodput
     from magpie.serving.report import BenchmarkConfig
-    from magpie.serving.runner import REPORT, run_benchmark
 
+    if args.benchmark_config:
+        from magpie.serving.bench_config import load_benchmark_config
+
+        if args.framework or args.model:
+            raise UserError("benchmark: give either --benchmark-config YAML or ENGINE -m MODEL, not both")
+        config = load_benchmark_config(args.benchmark_config, output_dir=args.output_dir, host=args.host,
+                                       port=args.port, base_url=args.base_url, endpoint=args.endpoint)
+        return _serve_and_print(config, args)
     if not args.framework:
         raise UserError("benchmark -m MODEL: name the engine first: transformers, vllm, sglang, atom or external")
     if not args.model:
@@ -114,6 +123,12 @@ def run_serving(args) -> int:
         raise UserError(f"benchmark: {where}: {first['msg']}") from None
     except ValueError as err:
         raise UserError(f"benchmark: {err}") from None
+    return _serve_and_print(config, args)
+
+
+def _serve_and_print(config, args) -> int:
+    from magpie.serving.runner import REPORT, run_benchmark
+
     report = run_benchmark(config)
     where = Path(report.workspace_dir) / REPORT
     if args.json:

@@ -35,6 +35,8 @@ class BenchmarkConfig(_Strict):
     extra_server_args: list[str] = []
     env: dict[str, str] = {}
     run_mode: Literal["local"] = "local"
+    run_kind: Literal["measurement", "diagnostic"] = Field(
+        "measurement", description="diagnostic runs (profiled, or so declared) are never reward-eligible")
     host: str = "127.0.0.1"
     port: Optional[int] = Field(None, ge=1, le=65535)
     base_url: Optional[str] = Field(None, description="a running server: nothing is started")

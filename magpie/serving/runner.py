@@ -142,8 +142,9 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
     report_kw.pop("first_error", None)
     success = not errors and run is not None and run.completed > 0
     report = BenchmarkReport(success=success, framework=engine_name, model=config.model, workspace_dir=str(work),
-                             execution_time=time.monotonic() - t0, run_kind="measurement",
-                             reward_eligible=success, errors=errors, server=server_info, provenance=provenance,
+                             execution_time=time.monotonic() - t0, run_kind=config.run_kind,
+                             reward_eligible=success and config.run_kind == "measurement", errors=errors,
+                             server=server_info, provenance=provenance,
                              config=config, outputs={**outputs, "report": str(work / REPORT)}, **report_kw)
     _write_json(work / REPORT, report.model_dump(mode="json"))
     if interrupted:
