@@ -625,3 +625,101 @@ def test_traces_with_one_file_name_in_two_folders_keep_their_own_outputs(tmp_pat
     for label in ("rank0_trace", "rank1_trace"):
         assert (tmp_path / "o" / "tracelens" / f"{label}_kernel_roofline_simple.csv").is_file()
         assert (tmp_path / "o" / "tracelens" / label / "ops_summary.csv").is_file()
+
+
+def _gpu_free_copy(source: Path, target: Path) -> Path:
+    """A CPU-only profile of the same run: the trace without its GPU side (no kernels, memcpy,
+    memset, runtime calls or device properties), as ProfilerActivity.CPU alone records it."""
+    doc = json.load(gzip.open(source))
+    gpu_side = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "ac2g", "gpu_user_annotation"}
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in gpu_side]
+    doc.pop("deviceProperties", None)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(doc))
+    return target
+
+
+def test_a_cpu_only_trace_warns_in_one_line_and_explains_in_the_summary(tmp_path):
+    _gpu_free_copy(TRACES / "train_step_mlp.json.gz", tmp_path / "cpu" / "cpu_only.json")
+    proc = magpie("benchmark", "--trace-dir", tmp_path / "cpu", "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "cpu_only.json" in warnings[0] and "no GPU activity" in warnings[0]
+    summary = json.loads((tmp_path / "out/gap_analysis/gap_analysis.json").read_text())
+    assert summary["total_kernel_time_us"] == 0 and summary["top"] == []
+    assert "no GPU kernels in any trace" in summary["explanation"] and "CPU-only" in summary["explanation"]
+
+
+def test_a_trace_with_kernels_has_no_explanation_and_memcpy_alone_is_named(tmp_path):
+    from magpie.traces.report import analyze_traces
+
+    summary = analyze_traces(_one(tmp_path, "graph_replay"),
+                             tmp_path / "out")
+    assert summary["explanation"] == "" and summary["bad_traces"] == []
+    doc = json.load(gzip.open(TRACES / "train_step_mlp.json.gz"))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kernel"]
+    (tmp_path / "memset").mkdir()
+    (tmp_path / "memset" / "t.json").write_text(json.dumps(doc))
+    summary = analyze_traces(tmp_path / "memset", tmp_path / "out2")
+    assert "only 1 memcpy/memset" in summary["explanation"]
+
+
+def _one(tmp_path, name):
+    import shutil
+
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(TRACES / f"{name}.json.gz", folder)
+    return folder
+
+
+def test_a_bad_rank_among_several_is_reported_and_skipped(tmp_path):
+    folder = first_three(tmp_path)
+    data = (TRACES / "train_step_mlp.json.gz").read_bytes()
+    (folder / "rank3.json.gz").write_bytes(data[: len(data) // 2])  # truncated
+    (folder / "rank4.json").write_text('{"traceEvents": [{"ph": "X"')  # corrupt
+    proc = magpie("benchmark", "--trace-dir", folder, "--top-k", "60", "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning: skipped a bad trace")]
+    assert len(warnings) == 2
+    assert any("rank3.json.gz" in w and "cannot decompress" in w for w in warnings)
+    assert any("rank4.json" in w and "not valid JSON" in w for w in warnings)
+    summary = json.loads((tmp_path / "out/gap_analysis/gap_analysis.json").read_text())
+    assert len(summary["traces"]) == 3
+    assert [Path(b["path"]).name for b in summary["bad_traces"]] == ["rank3.json.gz", "rank4.json"]
+    # the console table of several ranks says whose each row is
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "% Total" in line)
+    assert lines[header].split()[0] == "rank"
+    top = summary["top"]
+    assert len(top) == 60
+    for line, row in zip(lines[header + 1: header + 1 + len(top)], top, strict=True):
+        assert line.split()[0] == row["Rank"]
+    assert len({row["Rank"] for row in top}) > 1
+
+
+def test_one_trace_prints_no_rank_column_and_all_bad_is_still_an_error(tmp_path):
+    proc = magpie("benchmark", "--trace-dir", _one(tmp_path, "conv_bf16"), "-o", tmp_path / "out", cwd=tmp_path,
+                  check=0)
+    assert "rank" not in next(line for line in proc.stdout.splitlines() if "% Total" in line)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.json").write_text("{")
+    (bad / "b.json").write_text('{"traceEvents": [')
+    proc = magpie("benchmark", "--trace-dir", bad, cwd=tmp_path)
+    assert proc.returncode == 2 and "a.json" in proc.stderr and "1 more bad" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_kernels_launched_outside_any_op_show_their_kernel_name(tmp_path):
+    from magpie.traces.report import analyze_traces
+
+    summary = analyze_traces(_one(tmp_path, "triton_rmsnorm_matmul"), tmp_path / "out")
+    rms = next(r for r in summary["top"] if r["Name"] == "_rms_kernel")
+    assert rms["CPU Op"] == "cuLaunchKernelEx->_rms_kernel"
+    names = [row["name"] for page in summary["pages"] for row in page["ops"]]
+    assert "cuLaunchKernelEx: _rms_kernel" in names
+    with open(tmp_path / "out/tracelens/triton_rmsnorm_matmul/ops_summary.csv") as handle:
+        assert "cuLaunchKernelEx" in {row["name"] for row in csv.DictReader(handle)}  # TraceLens's name kept
+    summary = analyze_traces(_one(tmp_path, "graph_replay"), tmp_path / "out2")
+    replayed = [r for r in summary["top"] if r["CPU Op"].startswith("cudaGraphLaunch->")]
+    assert replayed and all(r["CPU Op"] == f"cudaGraphLaunch->{r['Normalized Name']}" for r in replayed)
+    assert any(row["name"].startswith("cudaGraphLaunch: ") for page in summary["pages"] for row in page["ops"])

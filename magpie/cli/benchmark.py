@@ -51,6 +51,13 @@ def add_parser(sub) -> None:
                    help="the whole benchmark, server start included (default: %(default)s)")
     s.add_argument("--ready-timeout", type=float, metavar="S", help="the server's start alone (default: --timeout)")
     p.add_argument("--trace-dir", required=False, metavar="DIR", help="folder of trace files")
+    p.add_argument("--compare-traces", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="compare two sets of traces per op signature and per kernel: time before and after, "
+                        "difference, ratio, new and vanished; each side is a trace file, a folder of traces or "
+                        "several of either joined by commas (A1.json.gz,A2.json.gz), and several traces on a side "
+                        "are repeats of one run: each row then says whether its change is beyond the spread "
+                        "between repeats. Writes trace_compare.csv and trace_compare.json to -o DIR; --top-k rows "
+                        "per table are printed")
     p.add_argument("--top-k", type=int, default=20, help="kernels to report (default: %(default)s)")
     p.add_argument("--start-pct", type=float, default=0.0, help="window start, percent of the GPU span")
     p.add_argument("--end-pct", type=float, default=100.0, help="window end, percent of the GPU span")
@@ -82,6 +89,10 @@ def _categories(text: str) -> set[str] | None:
 
 
 def run(args) -> int:
+    if args.compare_traces:
+        if args.framework or args.model or args.trace_dir:
+            raise UserError("--compare-traces BEFORE AFTER: give it alone (no ENGINE, -m or --trace-dir)")
+        return run_compare(args)
     if args.framework or args.model or args.benchmark_config:
         if args.trace_dir:
             raise UserError("give either ENGINE -m MODEL (a serving benchmark) or --trace-dir (trace analysis)")
@@ -148,6 +159,20 @@ def _serve_and_print(config, args) -> int:
     return 0
 
 
+def run_compare(args) -> int:
+    from magpie.traces.compare import compare_traces, format_table
+    from magpie.traces.ingest import TraceError
+
+    if args.top_k < 1:
+        raise UserError("--top-k: must be at least 1")
+    try:
+        summary = compare_traces(*args.compare_traces, args.output_dir)
+    except TraceError as err:
+        raise UserError(f"--compare-traces: {err}") from None
+    print(json.dumps(summary, indent=1) if args.json else format_table(summary, args.top_k))
+    return 0
+
+
 def run_traces(args) -> int:
     from magpie.traces.gap import Window
     from magpie.traces.ingest import TraceError
@@ -187,10 +212,13 @@ def run_traces(args) -> int:
     for pick in summary["window_picks"]:
         if pick["picked"]:
             print(f"steady state of {pick['trace']}: {pick['reason']}")
-    print(f"{'% Total':>8} {'total us':>10} {'calls':>6} {'category':12} name")
+    ranks = len(summary["traces"]) > 1  # several ranks ranked together: say whose each row is
+    if summary["top"]:
+        print(f"{'rank ' if ranks else ''}{'% Total':>8} {'total us':>10} {'calls':>6} {'category':12} name")
     for row in summary["top"]:
         source = f"  [{row['Source State']}: {row['Source']}]" if "Source State" in row else ""
-        print(f"{row['% Total']:8.2f} {row['Self CUDA total (us)']:10.1f} {row['Calls']:6d} {row['Category']:12} "
+        rank = f"{row['Rank']:>4} " if ranks else ""
+        print(f"{rank}{row['% Total']:8.2f} {row['Self CUDA total (us)']:10.1f} {row['Calls']:6d} {row['Category']:12} "
               f"{row['Normalized Name'][:80]}{source}")
     for label, stages in summary["tracelens_analysis"]["per_stage"].items():
         for stage, info in stages.items():

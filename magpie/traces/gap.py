@@ -57,6 +57,8 @@ def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include:
                 group["shapes"][str(op.input_dims)] += 1
         elif kernel.python is not None:
             group["ops"][f"python: {trace.python_calls[kernel.python].name}"] += 1
+        elif kernel.launch is not None:  # outside any op and any Python function: the launch and the kernel
+            group["ops"][f"{trace.launches[kernel.launch].name}->{normalize(kernel.name)}"] += 1
     rows = []
     for name, g in groups.items():
         avg = g["total"] / g["calls"]

@@ -15,6 +15,7 @@ from magpie.roofline.model import roofline
 from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
+from magpie.traces.kernels import normalize
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
 from magpie.traces.ops_tables import MIB, PERF_FAMILIES, ops_tables, signature_groups, table_columns
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
@@ -45,7 +46,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
                    analysis_mode: str = "pytorch") -> dict:
     window = window or Window()
     out = Path(out_dir)
-    traces, skipped = _load_all(trace_dir)
+    traces, skipped, bad = _load_all(trace_dir)
     windows, picks = [window] * len(traces), []
     if steady_state:
         for i, trace in enumerate(traces):
@@ -72,7 +73,10 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     pages = [_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[_rank_label(t, i)])
              for i, t in enumerate(traces)]
     tracelens = _tracelens_analysis(traces, labels, out, analysis_mode, arch_name, top_k, pages)
+    without_kernels = [t for t in traces if not t.kernels]
     summary = {
+        "explanation": _explanation(traces, without_kernels),
+        "bad_traces": bad,
         "traces": [{"path": t.path, "rank": _rank_label(t, i), "device": t.device_name(), "kernels": len(t.kernels),
                     "unlinked": t.unlinked, "skipped_events": t.skipped} for i, t in enumerate(traces)],
         "window": {"start_pct": window.start_pct, "end_pct": window.end_pct, "steady_state": steady_state},
@@ -86,6 +90,8 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
         "warnings": [f"{t.path}: {n} kernels could not be linked to a launch"
                      for t in traces if (n := t.unlinked.get("kernels_without_launch"))]
         + [f"skipped {message}" for message in skipped]
+        + [f"skipped a bad trace, the other {len(traces)} analysed: {b['error']}" for b in bad]
+        + [f"{t.path}: {_no_kernels(t)}" for t in without_kernels]
         + [f"{p['trace']}: no steady state picked ({p['reason']}); the whole window is used"
            for p in picks if not p["picked"]],
         "errors": [],
@@ -100,19 +106,42 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     return summary
 
 
-def _load_all(trace_dir) -> tuple[list[Trace], list[str]]:
-    traces, skipped = [], []
+def _no_kernels(trace: Trace) -> str:
+    """Why a trace gives no kernel rows, in one line."""
+    if not trace.gpu:
+        return ("no GPU activity recorded (a CPU-only profile? record with ProfilerActivity.CUDA); "
+                "its GPU outputs are empty")
+    return f"no GPU kernels, only {len(trace.gpu)} memcpy/memset; its kernel tables are empty"
+
+
+def _explanation(traces: list[Trace], without_kernels: list[Trace]) -> str:
+    """Non-empty where the outputs are empty for a reason the reader should hear: no trace has kernels."""
+    if traces and len(without_kernels) == len(traces):
+        return ("no GPU kernels in any trace, so every kernel table is empty: "
+                + "; ".join(f"{Path(t.path).name}: {_no_kernels(t)}" for t in traces))
+    return ""
+
+
+def _load_all(trace_dir) -> tuple[list[Trace], list[str], list[dict]]:
+    """The traces under trace_dir; JSON that is no trace is skipped (its message kept), and so is
+    a truncated or corrupt trace while another one loads (one bad rank does not stop the others:
+    {"path", "error"} each); with none loaded, the first bad trace's error."""
+    traces, skipped, bad = [], [], []
     for path in trace_files(trace_dir):
         try:
             traces.append(load_trace(path))
         except NotATrace as err:
             skipped.append(str(err))
+        except TraceError as err:
+            bad.append({"path": str(path), "error": str(err)})
     if not traces:
+        if bad:
+            raise TraceError(bad[0]["error"] + (f" (and {len(bad) - 1} more bad traces)" if len(bad) > 1 else ""))
         raise TraceError(f"{trace_dir}: no PyTorch profiler traces among its JSON files ({skipped[0]})")
     # The parsed traces live until the end and hold no cycles: out of the collector's sight, they
     # no longer make each full collection walk millions of objects (0.17 s each for 100k events).
     gc.freeze()
-    return traces, skipped
+    return traces, skipped, bad
 
 
 def _combined_top(per_rank: dict[str, list[dict]], top_k: int) -> list[dict]:
@@ -199,10 +228,28 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
             atomic_write(Path(table_files[-1]), _csv(rows, table_columns(name, rows)))
     peaks = ("measured (magpie calibrate)" if arch.measured else arch.source) if arch else "none: pass --arch"
     return {"label": label, "device": trace.device_name(), "kernels": len(trace.kernels), "unlinked": trace.unlinked,
-            "peaks": peaks, "timelines": timelines, "ops": tables["ops_summary"][:15],
+            "peaks": peaks, "timelines": timelines, "ops": _named_launches(tables["ops_summary"][:15], groups),
             "roofline_points": _roofline_points(tables["unified_perf_summary"], arch),
             "roofline_file": {"path": str(target), "arch": arch.name if arch else None, "peaks": peaks},
             "table_files": table_files}
+
+
+def _named_launches(ops: list[dict], groups) -> list[dict]:
+    """The page's op rows, where a row is a runtime call outside any op (cudaGraphLaunch,
+    cuLaunchKernelEx) named with the kernels it launched: the call's name alone says nothing."""
+    kernels: dict[str, dict] = {}
+    for group in groups:
+        if group.op is None:
+            for name in group.kernels:
+                kernels.setdefault(group.op_name, {})[normalize(name)] = True
+    shown = []
+    for row in ops:
+        names = list(kernels.get(row["name"], ()))
+        if names:
+            more = f", +{len(names) - 3} more" if len(names) > 3 else ""
+            row = {**row, "name": f"{row['name']}: {', '.join(names[:3])}{more}"}
+        shown.append(row)
+    return shown
 
 
 def _roofline_points(unified: list[dict], arch, limit: int = 12) -> list[tuple[str, dict]]:

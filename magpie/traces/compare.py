@@ -1,0 +1,214 @@
+"""Trace-to-trace comparison (`magpie benchmark --compare-traces BEFORE AFTER`): how an
+optimization shows at the trace level.
+
+Each side is one or more traces of one configuration (repeats of one run). Per op signature
+(op name and its input dims, types and concrete inputs, as the op tables group calls; outside any
+op, TraceLens's `<launch>-><kernel> (Synthetic Op)`) and per kernel (its full name; memcpy and
+memset by theirs), the GPU time of each trace is summed; a side's time is the mean over its
+repeats. Rows give time before and after, difference and ratio, whether the row is new or
+vanished, and a verdict on whether the change is beyond the run-to-run noise (`verdict`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+
+from magpie.store import atomic_write
+from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
+from magpie.traces.kernels import normalize
+from magpie.traces.ops_tables import signature_groups
+
+COLUMNS = ["level", "name", "input_dims", "input_types", "concrete_inputs", "status", "verdict",
+           "before_us", "after_us", "diff_us", "ratio", "calls_before", "calls_after",
+           "before_min_us", "before_max_us", "after_min_us", "after_max_us", "noise_us"]
+WITHIN, SLOWER, FASTER, NEW, VANISHED, NO_REPEATS = ("within noise", "slower", "faster", "new", "vanished",
+                                                     "no repeats")
+VERDICTS = (SLOWER, FASTER, NEW, VANISHED, WITHIN, NO_REPEATS)
+RULE = ("beyond noise when the two sides' per-trace times do not overlap (every trace of one side above every "
+        "trace of the other) and the difference of the means exceeds the larger spread (max - min) seen between "
+        "one side's repeats; with one trace per side only an exact tie is 'within noise', anything else "
+        "'no repeats'")
+
+
+def side_paths(spec: str | Path) -> list[Path]:
+    """The traces of one side: a trace file, a folder of traces (all of them repeats of one
+    configuration), or several of either separated by commas."""
+    paths: list[Path] = []
+    for part in str(spec).split(","):
+        if not part.strip():
+            continue
+        path = Path(part.strip())
+        if path.is_dir():
+            paths += trace_files(path)
+        elif path.is_file():
+            paths.append(path)
+        else:
+            raise TraceError(f"{path}: no such trace file or folder")
+    if not paths:
+        raise TraceError(f"{spec!r}: names no trace")
+    return paths
+
+
+def load_side(spec: str | Path, label: str, warnings: list[str]) -> list[Trace]:
+    """One side's traces; JSON that is no trace and truncated traces are skipped with a warning
+    while another trace of the side loads."""
+    traces, bad = [], []
+    for path in side_paths(spec):
+        try:
+            traces.append(load_trace(path))
+        except NotATrace as err:
+            warnings.append(f"{label}: skipped {err}")
+        except TraceError as err:
+            bad.append(str(err))
+    if not traces:
+        raise TraceError(f"{label}: no trace could be read" + (f" ({bad[0]})" if bad else ""))
+    warnings += [f"{label}: skipped a bad trace: {message}" for message in bad]
+    warnings += [f"{label}: {t.path}: no GPU kernels (a CPU-only profile?)" for t in traces if not t.kernels]
+    return traces
+
+
+def measure(trace: Trace) -> dict[str, dict[str, dict]]:
+    """Per level ("op", "kernel"): key -> {"name", signature fields, "calls", "us"} for one trace."""
+    ops: dict[str, dict] = {}
+    for group in signature_groups(trace):
+        op = group.op
+        fields = {"name": group.name,
+                  "input_dims": json.dumps(op.input_dims) if op is not None and op.input_dims is not None else "",
+                  "input_types": json.dumps(op.input_types) if op is not None and op.input_types is not None else "",
+                  "concrete_inputs": json.dumps(op.concrete) if op is not None and op.concrete is not None else ""}
+        key = "\x1f".join(fields.values())
+        row = ops.setdefault(key, {**fields, "calls": 0, "us": 0.0})
+        row["calls"] += len(group.times)
+        row["us"] += group.total
+    kernels: dict[str, dict] = {}
+    for activity in trace.gpu:
+        row = kernels.setdefault(activity.name, {"name": activity.name, "input_dims": "", "input_types": "",
+                                                 "concrete_inputs": "", "calls": 0, "us": 0.0})
+        row["calls"] += 1
+        row["us"] += activity.dur
+    return {"op": ops, "kernel": kernels}
+
+
+def verdict(before: list[float], after: list[float]) -> tuple[str, float | None]:
+    """Whether the change between two sides' per-trace times is beyond run-to-run noise, and the
+    noise used (µs; None without repeats).
+
+    The repeats of one side differ only by run-to-run noise, so the spread (max - min) between
+    them is the size of change that re-running alone produced; the larger spread of the two sides
+    is taken. A change counts only when both hold:
+    - the sides do not overlap: every trace after is slower (or faster) than every trace before.
+      Were both sides drawn from one distribution, that order happens by chance with probability
+      2 / C(n_before + n_after, n_before): 1/3 for 2+2 repeats, 1/10 for 3+3, 1/35 for 4+4, so
+      more repeats make the verdict stronger;
+    - the difference of the means exceeds that spread, so that a gap smaller than the noise
+      already seen (two tight but slightly shifted clusters) is not called a change.
+    With a single trace on each side there is no noise to measure: only an exact tie (a trace
+    against itself) is within noise, anything else is "no repeats".
+    """
+    diff = statistics.fmean(after) - statistics.fmean(before)
+    spreads = [max(side) - min(side) for side in (before, after) if len(side) > 1]
+    if not spreads:
+        return (WITHIN if diff == 0 else NO_REPEATS), None
+    noise = max(spreads)
+    apart = min(after) > max(before) or max(after) < min(before)
+    if apart and abs(diff) > noise:
+        return (SLOWER if diff > 0 else FASTER), noise
+    return WITHIN, noise
+
+
+def compare_rows(before: list[dict], after: list[dict], level: str) -> list[dict]:
+    """The rows of one level from each side's per-trace measures, largest absolute difference first."""
+    keys = dict.fromkeys(k for side in (before, after) for m in side for k in m[level])
+    rows = []
+    for key in keys:
+        seen_before = [m[level][key] for m in before if key in m[level]]
+        seen_after = [m[level][key] for m in after if key in m[level]]
+        times_before = [m[level][key]["us"] if key in m[level] else 0.0 for m in before]
+        times_after = [m[level][key]["us"] if key in m[level] else 0.0 for m in after]
+        first = (seen_before or seen_after)[0]
+        mean_before, mean_after = statistics.fmean(times_before), statistics.fmean(times_after)
+        status = NEW if not seen_before else VANISHED if not seen_after else "common"
+        judged, noise = verdict(times_before, times_after)
+        rows.append({
+            "level": level, "name": first["name"], "input_dims": first["input_dims"],
+            "input_types": first["input_types"], "concrete_inputs": first["concrete_inputs"], "status": status,
+            "verdict": status if status != "common" else judged,
+            "before_us": mean_before, "after_us": mean_after, "diff_us": mean_after - mean_before,
+            "ratio": mean_after / mean_before if mean_before > 0 else None,
+            "calls_before": statistics.fmean([m[level][key]["calls"] if key in m[level] else 0 for m in before]),
+            "calls_after": statistics.fmean([m[level][key]["calls"] if key in m[level] else 0 for m in after]),
+            "before_min_us": min(times_before), "before_max_us": max(times_before),
+            "after_min_us": min(times_after), "after_max_us": max(times_after), "noise_us": noise,
+        })
+    rows.sort(key=lambda r: (-abs(r["diff_us"]), r["name"], r["input_dims"]))
+    return rows
+
+
+def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
+    """Compare two sides (see `side_paths`), write `trace_compare.csv` (both levels, a `level`
+    column) and `trace_compare.json` into out_dir; returns the JSON's content."""
+    warnings: list[str] = []
+    before = load_side(before_spec, "before", warnings)
+    after = load_side(after_spec, "after", warnings)
+    measured_before, measured_after = [measure(t) for t in before], [measure(t) for t in after]
+    ops = compare_rows(measured_before, measured_after, "op")
+    kernels = compare_rows(measured_before, measured_after, "kernel")
+    totals_before = [sum(k.dur for k in t.kernels) for t in before]
+    totals_after = [sum(k.dur for k in t.kernels) for t in after]
+    total_verdict, total_noise = verdict(totals_before, totals_after)
+    mean_before, mean_after = statistics.fmean(totals_before), statistics.fmean(totals_after)
+    out = Path(out_dir)
+    summary = {
+        "before": [t.path for t in before],
+        "after": [t.path for t in after],
+        "repeats": {"before": len(before), "after": len(after)},
+        "rule": RULE,
+        "total_kernel_time_us": {"before": mean_before, "after": mean_after, "diff": mean_after - mean_before,
+                                 "ratio": mean_after / mean_before if mean_before > 0 else None,
+                                 "verdict": total_verdict, "noise_us": total_noise},
+        "counts": {level: {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+                   for level, rows in (("op", ops), ("kernel", kernels))},
+        "ops": ops,
+        "kernels": kernels,
+        "warnings": warnings,
+        "outputs": {"csv": str(out / "trace_compare.csv"), "json": str(out / "trace_compare.json")},
+    }
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(ops + kernels)
+    atomic_write(out / "trace_compare.csv", text.getvalue())
+    atomic_write(out / "trace_compare.json", json.dumps(summary, indent=1))
+    return summary
+
+
+def format_table(summary: dict, limit: int = 20) -> str:
+    """The console view: totals, then the largest changes of each level."""
+    total = summary["total_kernel_time_us"]
+    ratio = f"{total['ratio']:.3f}x" if total["ratio"] is not None else "-"
+    lines = [f"before: {summary['repeats']['before']} trace(s), after: {summary['repeats']['after']} trace(s); "
+             f"kernel time {total['before'] / 1000:.3f} ms -> {total['after'] / 1000:.3f} ms ({ratio}, "
+             f"{total['verdict']})"]
+    short = [normalize(r["name"]) for r in summary["kernels"]]
+    for level, rows in (("op", summary["ops"]), ("kernel", summary["kernels"])):
+        counts = summary["counts"][level]
+        lines.append(f"\nper {level} ({len(rows)}: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ")")
+        lines.append(f"{'before us':>11} {'after us':>11} {'diff us':>10} {'ratio':>7}  {'verdict':12} name")
+        for row in rows[:limit]:
+            name = row["name"]
+            if level == "kernel" and short.count(normalize(name)) == 1:  # the full name where two share one
+                name = normalize(name)
+            if row["input_dims"]:
+                name += f" {row['input_dims']}"
+            ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
+            lines.append(f"{row['before_us']:11.1f} {row['after_us']:11.1f} {row['diff_us']:+10.1f} {ratio:>7}  "
+                         f"{row['verdict']:12} {name[:90]}")
+        if len(rows) > limit:
+            lines.append(f"... {len(rows) - limit} more in {summary['outputs']['csv']}")
+    lines += [f"warning: {w}" for w in summary["warnings"]]
+    lines.append(f"written: {summary['outputs']['csv']}, {summary['outputs']['json']}")
+    return "\n".join(lines)
