@@ -24,6 +24,7 @@ ACTIONS = {
     "profile": "magpie.execution.profile:profile",
     "report": "magpie.report.render:report",
     "trace_analysis": "magpie.traces.report:trace_analysis_rule",
+    "serving_benchmark": "magpie.serving.build_rule:benchmark_rule",
 }
 COMMAND_ACTION = "magpie.execution.actions:command"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from magpie.errors import UserError
 from magpie.graph.fingerprint import fingerprint, gpu_description
 from magpie.graph.rules import Rule
-from magpie.manifest.models import Implementation, Kernel, Manifest, TraceSet
+from magpie.manifest.models import BenchmarkSpec, Implementation, Kernel, Manifest, TraceSet
 from magpie.paths import templates_dir
 
 
@@ -157,10 +157,11 @@ class Expander:
 
     # -- inputs -----------------------------------------------------------------------------
     def _placeholder_files(self, name: str, kernel: Kernel | None, impl: Implementation | None,
-                           trace: TraceSet | None = None) -> list[str]:
+                           trace: TraceSet | None = None, bench: BenchmarkSpec | None = None) -> list[str]:
         baseline = kernel.baseline if kernel else None
         table = {
             "trace.files": lambda: self._trace_files(trace) if trace else [],
+            "benchmark.model_files": lambda: self._model_files(bench) if bench else [],
             "impl.source": lambda: [impl.source] if impl else [],
             "impl.source_files": lambda: list(impl.source_files) if impl else [],
             "baseline.source": lambda: [baseline.source] if baseline else [],
@@ -177,11 +178,26 @@ class Expander:
         found = [p for p in folder.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))]
         return sorted(p.relative_to(self.root).as_posix() for p in found)
 
-    def _inputs(self, rule: Rule, kernel, impl, trace: TraceSet | None = None) -> list[str]:
+    def _model_files(self, bench: BenchmarkSpec) -> list[str]:
+        """A local model folder's files (project-relative where inside the project), so the benchmark's
+        key holds the model's content; nothing for a hub id or a model that is not here."""
+        from magpie.serving.report import local_model_path
+
+        path = local_model_path(str(self.root / bench.model)) if not Path(bench.model).is_absolute() else None
+        if path is None or not path.exists():
+            path = local_model_path(bench.model)
+        if path is None or not path.exists():
+            return []
+        found = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        root = self.root.resolve()
+        return sorted(p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p) for p in found)
+
+    def _inputs(self, rule: Rule, kernel, impl, trace: TraceSet | None = None,
+                bench: BenchmarkSpec | None = None) -> list[str]:
         files: list[str] = []
         for pattern in rule.inputs:
             if pattern.startswith("{") and pattern.endswith("}") and pattern.count("{") == 1:
-                names = self._placeholder_files(pattern[1:-1], kernel, impl, trace)
+                names = self._placeholder_files(pattern[1:-1], kernel, impl, trace, bench)
             else:
                 names = [pattern]
             files.extend(n for n in names if n not in files)
@@ -192,7 +208,7 @@ class Expander:
 
     # -- expansion --------------------------------------------------------------------------
     def expand(self) -> dict[str, TaskSpec]:
-        order = {"implementation": 0, "kernel": 1, "trace": 1, "project": 2}
+        order = {"implementation": 0, "kernel": 1, "trace": 1, "benchmark": 1, "project": 2}
         device_kind = self.device.split(":", 1)[0]
         for rule in sorted(self.rules, key=lambda r: order[r.scope]):
             if device_kind not in rule.devices:
@@ -208,6 +224,9 @@ class Expander:
             elif rule.scope == "trace":
                 for trace in self.manifest.traces:
                     self._add_trace(rule, trace)
+            elif rule.scope == "benchmark":
+                for bench in self.manifest.benchmark:
+                    self._add_benchmark(rule, bench)
             else:
                 self._add(rule, None, None)
         for spec in self.tasks.values():
@@ -262,16 +281,31 @@ class Expander:
         )
 
     def _add_trace(self, rule: Rule, trace: TraceSet) -> None:
-        name = f"{rule.name}:{trace.id}"
         settings = {"trace": trace.model_dump(), "project": {"device": self.device}}
+        self._add_unit(rule, f"{rule.name}:{trace.id}", settings, self._inputs(rule, None, None, trace))
+
+    def _add_benchmark(self, rule: Rule, bench: BenchmarkSpec) -> None:
+        from magpie.serving import engines
+
+        # Keyed by what the run measures: the config (not where the server listens), the engine's version
+        # (installed package metadata) and, through the inputs, the model folder's content.
+        keyed = bench.model_dump(mode="json", exclude={"id", "host", "port"})
+        keyed["engine_version"] = engines.get(bench.engine).version()
+        settings = {"benchmark": keyed, "project": {"device": self.device}}
+        self._add_unit(rule, f"{rule.name}:{bench.id}", settings, self._inputs(rule, None, None, bench=bench),
+                       benchmark=bench.model_dump(mode="json"))
+
+    def _add_unit(self, rule: Rule, name: str, settings: dict, inputs: list[str], **params) -> None:
+        """A task of a rule whose scope is one declared unit (a trace set, a benchmark)."""
         self.tasks[name] = TaskSpec(
             name=name, rule=rule.name, scope=rule.scope, action=rule.action, kernel=None, impl=None,
-            inputs=self._inputs(rule, None, None, trace),
+            inputs=inputs,
             config={section: settings[section] for section in rule.config if section in settings},
             fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
             deps=self._deps(rule, None, None), after=self._deps(rule, None, None, rule.after),
             params={"root": str(self.root), "rule_identity": rule.identity(), "description": rule.description,
-                    "impl": None, "baseline": None, "settings": settings, "project": self.manifest.project.name},
+                    "impl": None, "baseline": None, "settings": settings, "project": self.manifest.project.name,
+                    **params},
         )
 
     def _deps(self, rule: Rule, kernel, impl, deps: list[str] | None = None) -> list[str]:
@@ -300,6 +334,9 @@ class Expander:
             elif dep.startswith("traces."):
                 for t in self.manifest.traces:
                     add(f"{dep[7:]}:{t.id}")
+            elif dep.startswith("benchmarks."):
+                for b in self.manifest.benchmark:
+                    add(f"{dep[11:]}:{b.id}")
             elif impl is not None:
                 add(f"{dep}:{kernel.id}/{impl.id}")
             elif kernel is not None:

@@ -15,11 +15,12 @@ from magpie.errors import UserError, located
 from magpie.manifest.load import describe_validation_error, parse_toml
 from magpie.paths import rules_dir
 
-Scope = Literal["implementation", "kernel", "trace", "project"]
+Scope = Literal["implementation", "kernel", "trace", "benchmark", "project"]
 # baseline.R: the kernel's baseline's R; impls.R: R of every implementation of the task's kernel
 # (of every kernel for a project-scope rule); all.R: R of every implementation of every kernel,
-# whatever the rule's scope; kernels.R, traces.R: R of every kernel, every trace set.
-DEP_PREFIXES = ("baseline.", "impls.", "all.", "kernels.", "traces.")
+# whatever the rule's scope; kernels.R, traces.R, benchmarks.R: R of every kernel, every trace set,
+# every declared benchmark.
+DEP_PREFIXES = ("baseline.", "impls.", "all.", "kernels.", "traces.", "benchmarks.")
 
 
 class Rule(BaseModel):
@@ -35,7 +36,8 @@ class Rule(BaseModel):
     # only those the build runs anyway are waited for.
     after: list[str] = []
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
-    config: list[Literal["compile", "correctness", "timing", "profile", "project", "trace"]] = []
+    config: list[Literal["compile", "correctness", "timing", "profile", "project", "trace",
+                        "benchmark"]] = []
     fingerprint: list[Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu",
                               "rocprofv3"]] = []
     action: str

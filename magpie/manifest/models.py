@@ -169,13 +169,54 @@ class TraceSet(Strict):
     kernel_source_repos: list[str] = Field([], description="repositories to map top kernels to source")
 
 
+class BenchmarkLoad(Strict):
+    """The load of a declared benchmark (vLLM `bench serve`'s meaning of each)."""
+
+    concurrency: Optional[int] = Field(None, ge=1, description="requests in flight at most; none: no limit")
+    input_len: int = Field(1024, ge=1)
+    output_len: int = Field(128, ge=1)
+    range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="lengths uniform over len*(1±ratio)")
+    num_prompts: int = Field(100, ge=1)
+    request_rate: float = Field(float("inf"), gt=0, description="requests/s; inf: all at once")
+    burstiness: float = Field(1.0, gt=0)
+    num_warmups: int = Field(0, ge=0)
+    seed: int = 0
+    endpoint: Literal["completions", "chat"] = "completions"
+
+
+class BenchmarkSLO(Strict):
+    """Service-level objectives: the run's goodput counts the requests that meet all of them."""
+
+    ttft_ms: Optional[float] = Field(None, gt=0)
+    tpot_ms: Optional[float] = Field(None, gt=0)
+    e2el_ms: Optional[float] = Field(None, gt=0)
+
+
 class BenchmarkSpec(Strict):
-    """Reserved for the serving-benchmark issue; validated so typos surface early."""
+    """A serving benchmark built by the `benchmark` rule (rules/serving.toml) into benchmark_report.json."""
 
     id: str = Field(pattern=IDENT)
-    engine: Literal["vllm", "sglang", "atom", "transformers"]
-    model: str
-    mode: Literal["local", "docker", "ray"] = "local"
+    engine: Literal["transformers", "vllm", "sglang", "atom", "external"]
+    model: str = Field(min_length=1, description="model folder (relative to magpie.toml) or hub id")
+    precision: str = "auto"
+    tp: int = Field(1, ge=1)
+    max_model_len: Optional[int] = Field(None, ge=1)
+    extra_server_args: list[str] = []
+    env: dict[str, str] = {}
+    base_url: Optional[str] = Field(None, description="a running server (engine external): nothing is started")
+    host: str = "127.0.0.1"
+    port: Optional[int] = Field(None, ge=1, le=65535, description="default: the engine's")
+    run_mode: Literal["local"] = "local"
+    run_kind: Literal["measurement", "diagnostic"] = "measurement"
+    load: BenchmarkLoad = BenchmarkLoad()
+    slo: BenchmarkSLO = BenchmarkSLO()
+    timeout_s: float = Field(3600.0, gt=0, description="the whole run, server start included")
+
+    @model_validator(mode="after")
+    def _external_has_url(self):
+        if self.engine == "external" and not self.base_url:
+            raise ValueError("engine 'external' benchmarks a running server: give its base_url")
+        return self
 
 
 class Manifest(Strict):
@@ -188,7 +229,7 @@ class Manifest(Strict):
 
     @model_validator(mode="after")
     def _unique_ids(self):
-        for kind, items in (("kernel", self.kernel), ("traces", self.traces)):
+        for kind, items in (("kernel", self.kernel), ("traces", self.traces), ("benchmark", self.benchmark)):
             seen = set()
             for item in items:
                 if item.id in seen:

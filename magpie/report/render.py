@@ -63,7 +63,8 @@ def _environment() -> Environment:
     return env
 
 
-def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None = None) -> dict[str, str]:
+def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None = None,
+           benchmarks: list[dict] | None = None) -> dict[str, str]:
     env = _environment()
     kernels = []
     for comp in comparisons:
@@ -74,7 +75,7 @@ def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None 
                         "roofline_svg": Markup(roofline_plot(comp["results"]))})
     traces = [{**t, "pages": _trace_pages(t["summary"]), "per_stage": t["summary"]["tracelens_analysis"]["per_stage"]}
               if t.get("summary") else t for t in trace_sets or []]
-    context = {"project": project, "kernels": kernels, "trace_sets": traces,
+    context = {"project": project, "kernels": kernels, "trace_sets": traces, "benchmarks": benchmarks or [],
                "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     html = env.get_template("report.html.j2").render(**context)
     md_env = _environment()
@@ -86,7 +87,8 @@ def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None 
 def report(job, out_dir: Path) -> dict:
     comparisons = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("comparison:")]
     trace_sets = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("trace_analysis:")]
-    for name, text in render(comparisons, job.spec.params["project"], trace_sets).items():
+    benchmarks = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("benchmark:")]
+    for name, text in render(comparisons, job.spec.params["project"], trace_sets, benchmarks).items():
         (out_dir / name).write_text(text)
     return {"state": "SUCCESS", "kernels": [c["kernel"] for c in comparisons],
             "trace_sets": [t["trace_set"] for t in trace_sets], "files": ["report.html", "summary.md"], "errors": []}
