@@ -41,6 +41,8 @@ def test_a_trace_against_itself_is_unchanged_everywhere(tmp_path):
     with open(tmp_path / "out/trace_compare.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == COLUMNS and len(rows) == len(summary["ops"]) + len(summary["kernels"])
+    page = (tmp_path / "out/trace_compare.html").read_text()
+    assert "Per op signature" in page and "Per kernel" in page and "within noise" in page
 
 
 def test_two_different_traces_show_new_and_vanished_ops(tmp_path):
@@ -81,6 +83,7 @@ def test_a_scaled_kernel_is_found_with_its_ratio_and_judged_against_the_repeats(
         assert row["noise_us"] > 0
     assert {r["verdict"] for r in summary["ops"] if r["name"] == "aten::mm"} == {SLOWER}
     assert summary["total_kernel_time_us"]["verdict"] == SLOWER
+    assert '<td class="slower">slower</td>' in (tmp_path / "out/trace_compare.html").read_text()
     # and the other way round it is faster
     back = compare_traces(f"{tmp_path / 'b' / 'r1.json'},{scaled}", tmp_path / "a", tmp_path / "back")
     assert {r["verdict"] for r in back["kernels"] if gemm(r["name"])} == {FASTER}

@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
                         "difference, ratio, new and vanished; each side is a trace file, a folder of traces or "
                         "several of either joined by commas (A1.json.gz,A2.json.gz), and several traces on a side "
                         "are repeats of one run: each row then says whether its change is beyond the spread "
-                        "between repeats. Writes trace_compare.csv and trace_compare.json to -o DIR; --top-k rows "
+                        "between repeats. Writes trace_compare.csv, .json and .html to -o DIR; --top-k rows "
                         "per table are printed")
     p.add_argument("--top-k", type=int, default=20, help="kernels to report (default: %(default)s)")
     p.add_argument("--start-pct", type=float, default=0.0, help="window start, percent of the GPU span")

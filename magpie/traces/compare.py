@@ -150,7 +150,8 @@ def compare_rows(before: list[dict], after: list[dict], level: str) -> list[dict
 
 def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
     """Compare two sides (see `side_paths`), write `trace_compare.csv` (both levels, a `level`
-    column) and `trace_compare.json` into out_dir; returns the JSON's content."""
+    column), `trace_compare.json` and the page `trace_compare.html` into out_dir; returns the
+    JSON's content."""
     warnings: list[str] = []
     before = load_side(before_spec, "before", warnings)
     after = load_side(after_spec, "after", warnings)
@@ -182,8 +183,17 @@ def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
     writer.writeheader()
     writer.writerows(ops + kernels)
     atomic_write(out / "trace_compare.csv", text.getvalue())
+    summary["outputs"]["report"] = str(out / "trace_compare.html")
     atomic_write(out / "trace_compare.json", json.dumps(summary, indent=1))
+    atomic_write(out / "trace_compare.html", render_page(summary))
     return summary
+
+
+def render_page(summary: dict, limit: int = 50) -> str:
+    """trace_compare.html: the totals and the largest changes of each level, verdicts coloured."""
+    from magpie.report.render import _environment
+
+    return _environment().get_template("trace_compare.html.j2").render(s=summary, limit=limit)
 
 
 def format_table(summary: dict, limit: int = 20) -> str:
@@ -210,5 +220,5 @@ def format_table(summary: dict, limit: int = 20) -> str:
         if len(rows) > limit:
             lines.append(f"... {len(rows) - limit} more in {summary['outputs']['csv']}")
     lines += [f"warning: {w}" for w in summary["warnings"]]
-    lines.append(f"written: {summary['outputs']['csv']}, {summary['outputs']['json']}")
+    lines.append(f"written: {summary['outputs']['csv']}, {summary['outputs']['json']}, {summary['outputs']['report']}")
     return "\n".join(lines)
