@@ -50,7 +50,7 @@ def profile_notes(rows: list[dict]) -> list[dict]:
     return notes
 
 
-def _environment() -> Environment:
+def template_environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(templates_dir())),
                       autoescape=select_autoescape(["html", "j2"], default_for_string=False),
                       trim_blocks=True, lstrip_blocks=True)
@@ -65,7 +65,7 @@ def _environment() -> Environment:
 
 def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None = None,
            benchmarks: list[dict] | None = None) -> dict[str, str]:
-    env = _environment()
+    env = template_environment()
     kernels = []
     for comp in comparisons:
         methods = sorted({r["performance_result"]["method"] for r in comp["results"] if r.get("performance_result")})
@@ -78,7 +78,7 @@ def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None 
     context = {"project": project, "kernels": kernels, "trace_sets": traces, "benchmarks": benchmarks or [],
                "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     html = env.get_template("report.html.j2").render(**context)
-    md_env = _environment()
+    md_env = template_environment()
     md_env.autoescape = False
     markdown = md_env.get_template("summary.md.j2").render(**context)
     return {"report.html": html, "summary.md": markdown}
@@ -107,7 +107,7 @@ def _trace_pages(summary: dict) -> list[dict]:
 def render_trace_report(summary: dict) -> str:
     """The trace analysis as a page: per trace, the GPU timeline, the stages (inference mode),
     the top ops and the ops on the roofline; then the top kernels across traces."""
-    env = _environment()
+    env = template_environment()
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return env.get_template("trace_report.html.j2").render(
         pages=_trace_pages(summary), per_stage=summary["tracelens_analysis"]["per_stage"], top=summary["top"],

@@ -191,9 +191,9 @@ def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
 
 def render_page(summary: dict, limit: int = 50) -> str:
     """trace_compare.html: the totals and the largest changes of each level, verdicts coloured."""
-    from magpie.report.render import _environment
+    from magpie.report.render import template_environment
 
-    return _environment().get_template("trace_compare.html.j2").render(s=summary, limit=limit)
+    return template_environment().get_template("trace_compare.html.j2").render(s=summary, limit=limit)
 
 
 def format_table(summary: dict, limit: int = 20) -> str:
