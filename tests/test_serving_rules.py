@@ -147,3 +147,11 @@ num_prompts = 3
     plan = json.loads(magpie("build", "--dry-run", "--json", cwd=project, check=0).stdout)
     why = {item["task"]: item["why"] for item in plan["would_run"]}
     assert set(why) == {"benchmark:tiny", "report"} and "models/tiny/generation_config.json changed" in why["benchmark:tiny"]
+
+
+def test_a_project_of_benchmarks_alone_builds(tmp_path):
+    """A manifest that declares only [[benchmark]] tables is something to build, not 'nothing'."""
+    with ThreadedStubServer() as srv:
+        (tmp_path / "magpie.toml").write_text('[project]\nname = "serving-only"\n' + _bench(srv.base_url))
+        result = build_json(tmp_path)
+    assert "benchmark:stub" in result["executed"] and result["failed"] == []

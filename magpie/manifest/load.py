@@ -90,10 +90,10 @@ def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
         manifest = Manifest.model_validate(data)
     except ValidationError as err:
         raise describe_validation_error(path, err, data) from None
-    if not manifest.kernel and not manifest.traces:
+    if not manifest.kernel and not manifest.traces and not manifest.benchmark:
         # Otherwise the build "succeeds" with an empty report, which reads as all is well.
         raise UserError(f"{path}: declares nothing to build: add a [[kernel]] with a baseline or candidates, "
-                        f"or a [[traces]] folder (see the manifest in README.md)")
+                        f"a [[traces]] folder or a [[benchmark]] (see the manifest in README.md)")
     root = path.resolve().parent
     check_files(manifest, root, path)
     return manifest, root
