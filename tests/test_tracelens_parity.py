@@ -151,10 +151,6 @@ GAPS = [
               "than magpie's one norm model (8 per element, every operand read once, the output written)",
               _columns(("unified_perf_summary", "Normalization"), FLOP_COLUMNS + BYTE_COLUMNS,
                        rows=_named(*NORM_OPS))),
-    Explained("kernel-details-format",
-              "(6) kernel_details_summary: TraceLens writes a Python repr with stream, total, median, min, max per "
-              "kernel; magpie JSON with count, mean and std",
-              _columns(PERF_TABLES, ("kernel_details_summary",))),
     Explained("perf-params-format",
               "(6) perf_params: TraceLens writes its model's parameters as a Python dict (its names: M, N, K, "
               "bias, stride_A, dtype_A_B...); magpie JSON of its own",
@@ -231,7 +227,19 @@ def same_value(ours: str, theirs: str) -> bool:
             return math.isnan(a) and math.isnan(b)
         return abs(a - b) <= ATOL + RTOL * max(abs(a), abs(b))
     la, lb = _literal(ours), _literal(theirs)
-    return la is not None and la == lb
+    return la is not None and lb is not None and _close(la, lb)
+
+
+def _close(a, b) -> bool:
+    """Nested tuples equal, their numbers within the same tolerance as a cell's."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+                and not isinstance(b, bool):
+            return abs(a - b) <= ATOL + RTOL * max(abs(a), abs(b))
+        return False
+    return a == b
 
 
 # -- the diff --------------------------------------------------------------------------------

@@ -94,6 +94,8 @@ class SignatureGroup:
     subtree: list[float] = field(default_factory=list)  # the same with every child op's, µs
     kernels: dict[str, list[float]] = field(default_factory=dict)  # kernel name -> its durations, µs
     launches: dict = field(default_factory=dict)  # outside any op: launch -> its whole GPU time (one call of op_name)
+    calls: list = field(default_factory=list)  # what each call launched, in launch order (GpuActivity lists)
+    call_launches: list = field(default_factory=list)  # outside any op: the launch each call belongs to
 
     @property
     def total(self) -> float:
@@ -189,7 +191,9 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
             group.subtree.append(time)
             launch_key = first.launch if first.launch is not None else launcher
             group.launches[launch_key] = whole.get(launch_key, time)
+            group.call_launches.append(launch_key)
         group.times.append(time)
+        group.calls.append(launched)
         for activity in launched:
             group.kernels.setdefault(activity.name, []).append(activity.dur)
     return sorted(groups.values(), key=lambda g: -g.total)
@@ -276,8 +280,15 @@ def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
         into.launches.update(group.launches)
         for name, durations in group.kernels.items():
             into.kernels.setdefault(name, []).extend(durations)
+        for launch, launched in zip(group.call_launches, group.calls):
+            into.call_launches.append(launch)
+            into.calls.append(launched)
     for into in merged.values():
         into.times = list(into.launches.values())
+        by_launch: dict = {}
+        for launch, launched in zip(into.call_launches, into.calls):
+            by_launch.setdefault(launch, []).extend(launched)
+        into.calls = [sorted(launched, key=lambda a: a.ts) for launched in by_launch.values()]
     return sorted(out, key=lambda g: -g.total)
 
 
@@ -316,12 +327,23 @@ def _stats(values: list[float], prefix: str) -> dict:
 
 
 def _kernel_details(group: SignatureGroup) -> str:
+    """TraceLens's kernel_details_summary: one entry per place in a call's launches (the k-th thing
+    each call launched), with its stream and the statistics of its durations over the calls
+    (population standard deviation), smallest total first, written as a Python list of dicts."""
+    places: dict[tuple, list[float]] = {}
+    for launched in group.calls:
+        for position, activity in enumerate(sorted(launched, key=lambda a: a.ts)):
+            places.setdefault((position, activity.name, activity.stream), []).append(activity.dur)
     details = []
-    for name, durations in group.kernels.items():
-        mean = statistics.fmean(durations)
-        details.append({"kernel_name": name, "count": len(durations), "mean_duration_us": mean,
-                        "std_dev_duration_us": statistics.pstdev(durations, mean)})
-    return json.dumps(details)
+    for (_, name, stream), durations in places.items():
+        total = sum(durations)
+        mean = total / len(durations)
+        details.append({"name": name, "stream": stream, "count": len(durations), "total_duration_us": total,
+                        "mean_duration_us": mean, "median_duration_us": statistics.median(durations),
+                        "std_dev_duration_us": statistics.pstdev(durations, mean),
+                        "min_duration_us": min(durations), "max_duration_us": max(durations)})
+    details.sort(key=lambda d: d["total_duration_us"])
+    return repr(details)
 
 
 def _signature(group: SignatureGroup) -> dict:
