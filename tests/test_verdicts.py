@@ -26,6 +26,7 @@ EXPECTED = {
     "returns_early": ("SUCCESS", "SUCCESS", "correct"),
     "degrades": ("SUCCESS", "SUCCESS", "correct"),
     "lazy_when_timed": ("SUCCESS", "SUCCESS", "correct"),
+    "memoizes": ("SUCCESS", "SUCCESS", "correct"),
 }
 
 
@@ -85,6 +86,17 @@ def test_a_candidate_wrong_only_while_timed_is_caught_by_the_check_of_a_timed_ca
     assert row["performance_state"] == "FAILED"
     assert any("the last timed call: allclose" in e for e in row["errors"]), row["errors"]
     assert not any("incorrect after timing" in e for e in row["errors"])
+    honest = next(r for r in report["results"] if r["implementation"] == "good")
+    assert honest["performance_state"] == "SUCCESS"
+
+
+def test_a_candidate_that_keeps_results_per_input_is_caught_on_inputs_it_has_not_seen(adversarial_report):
+    """Right every time, but computing only the first time it sees an input tensor: the
+    measurement's rotated input sets are lookups for it; calls on sets it has not seen are not."""
+    report, _ = adversarial_report
+    row = next(r for r in report["results"] if r["implementation"] == "memoizes")
+    assert row["performance_state"] == "FAILED"
+    assert any("input sets it had not seen" in e for e in row["errors"]), row["errors"]
     honest = next(r for r in report["results"] if r["implementation"] == "good")
     assert honest["performance_state"] == "SUCCESS"
 

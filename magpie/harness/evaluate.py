@@ -373,6 +373,10 @@ class Evaluator:
                                                               testcase)
                                      for role in workers}
                     phases.mark("timed_outputs")
+                    first_use = None
+                    if pair and mode != "graph":  # a replayed graph runs no Python: nothing to look up
+                        first_use = self._first_use(turns.give("candidate"), spec, case, inputs, out_specs, mode, t)
+                        phases.mark("first_use")
                     if pair and threshold and measured.speedup(measured.statistic()) > threshold:
                         retimed = self._retime(turns, spec, case, out_specs, mode, t)
                         phases.mark("retimed")
@@ -421,6 +425,10 @@ class Evaluator:
         }
         result["timed_output_check"] = {role: {k: record.get(k) for k in ("passed", "check", "index")}
                                         for role, record in timed_outputs.items()}
+        if first_use is not None:
+            result["first_use"] = first_use_verdict(first_use, median(measured.samples["candidate"]) / 1000)
+            if result["first_use"]["line"]:
+                _fail(result, "timer_integrity", f"candidate: {result['first_use']['line']}", case, spec_index)
         for role, record in timed_outputs.items():
             if not record["passed"]:
                 _fail(result, record["kind"], f"{role}: the last timed call: {record['check']}: {record['detail']}",
@@ -529,6 +537,26 @@ class Evaluator:
         record = compare_inputs(inputs[index], produced["inputs_after"][0]) or \
             compare_outputs(produced["outputs"][0], reference, testcase["rtol"], testcase["atol"])
         return {**record, "index": index}
+
+    def _first_use(self, worker: Worker, spec: ReferenceSpec, case, inputs: list, out_specs: list,
+                   mode: str | None, t: dict) -> list[int] | None:
+        """The candidate timed once on each of a few input sets it has never seen (no warm-up
+        on them): per-call times, or None where such sets would not fit FIRST_USE_BYTES. The
+        measurement rotates through a handful of sets, so an implementation that keeps each
+        set's result and hands it back when the same tensors come again (correct outputs,
+        every check passed) is timed at a lookup; here it must compute."""
+        set_bytes = sum(x.numel() * x.element_size() for x in inputs[0] if self.torch.is_tensor(x))
+        count = min(FIRST_USE_SETS, int(FIRST_USE_BYTES // max(set_bytes, 1)))
+        if count < 2:
+            return None
+        sets = [spec.make_inputs(c) for c in _rotation(case, "first use", count)]
+        offer = self.exchange.offer_inputs("first_use", sets, worker.scratch or self.work)
+        try:
+            answer = self._time_request(worker, offer, out_specs, budget_ms=FIRST_USE_BUDGET_MS, max_reps=count,
+                                        offset=0, mode=mode, settings=t)
+        finally:
+            self.exchange.release()
+        return answer["samples_ns"]
 
     def _retime(self, turns: Turns, spec: ReferenceSpec, case, out_specs: list, mode: str | None,
                 t: dict) -> Rounds:
@@ -684,6 +712,16 @@ EARLY_FRACTION = 0.9
 # What one timing request costs outside the timer: the pipe round trip, reading the input file
 # on first use, encoding the samples.
 REQUEST_OVERHEAD_MS = 5.0
+# The first-use check (`_first_use`): this many input sets never seen before, at most this many
+# bytes of them, one timed call each within this budget; a median over FIRST_USE_FACTOR times the
+# measured one and FIRST_USE_MARGIN_US more fails the timing. Honest calls on new tensors cost
+# what calls on rotated ones do (the L2 is flushed before both in events mode); a lookup of
+# kept results does not.
+FIRST_USE_SETS = 8
+FIRST_USE_BYTES = 1 << 30
+FIRST_USE_BUDGET_MS = 10_000.0
+FIRST_USE_FACTOR = 2.0
+FIRST_USE_MARGIN_US = 10.0
 # Fewer samples than this in a round: the kernel is slow for its budget (a note, not a failure).
 FEW_SAMPLES_PER_ROUND = 5
 # Host-synchronised calls that cross-check the event time, after the rounds.
@@ -724,6 +762,18 @@ def wall_check(wall_s: float, account: dict, median_us: float) -> dict:
     return {"wall_coverage": account["timed_ns"] / 1e9 / wall_s if wall_s > 0 else 0.0,
             "unexplained_us_per_call": unexplained_us,
             "unexplained_limit_us": account["allowance_ns"] / calls / 1000 + UNEXPLAINED_FRACTION * median_us}
+
+
+def first_use_verdict(samples_ns: list[int], measured_median_us: float) -> dict:
+    """The first-use record: its median against the measurement's, and the failing line where
+    calls on unseen inputs were far slower than the measured ones."""
+    first_us = median(samples_ns) / 1000
+    ratio = first_us / measured_median_us if measured_median_us > 0 else float("inf")
+    line = None
+    if first_us > FIRST_USE_FACTOR * measured_median_us + FIRST_USE_MARGIN_US:
+        line = (f"calls on {len(samples_ns)} input sets it had not seen took {first_us:.3g} µs (median), {ratio:.2g}x "
+                f"its measured median of {measured_median_us:.3g} µs: results kept from earlier calls?")
+    return {"sets": len(samples_ns), "median_us": first_us, "ratio": ratio, "line": line}
 
 
 def few_samples(summary: dict, round_sizes: list[int], budget_ms: float) -> str | None:
