@@ -50,6 +50,11 @@ def add_parser(sub) -> None:
     s.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                    help="the whole benchmark, server start included (default: %(default)s)")
     s.add_argument("--ready-timeout", type=float, metavar="S", help="the server's start alone (default: --timeout)")
+    s.add_argument("--gpus", metavar="IDS", help="pin the server's GPUs, e.g. 0,1 (default: idle GPUs are picked, "
+                   "as many as --tp)")
+    s.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                   help="compare two serving runs (benchmark_report.json files or run folders; several joined by "
+                        "commas are repeats): refused unless their workloads are equivalent")
     p.add_argument("--trace-dir", required=False, metavar="DIR", help="folder of trace files")
     p.add_argument("--compare-traces", nargs=2, metavar=("BEFORE", "AFTER"),
                    help="compare two sets of traces per op signature and per kernel: time before and after, "
@@ -89,6 +94,12 @@ def _categories(text: str) -> set[str] | None:
 
 
 def run(args) -> int:
+    if args.compare:
+        from magpie.serving.compare import main as compare_main
+
+        if args.framework or args.model or args.trace_dir or args.compare_traces or args.benchmark_config:
+            raise UserError("--compare A B: give it alone (no ENGINE, -m, --trace-dir or --compare-traces)")
+        return compare_main(args.compare, as_json=args.json)
     if args.compare_traces:
         if args.framework or args.model or args.trace_dir:
             raise UserError("--compare-traces BEFORE AFTER: give it alone (no ENGINE, -m or --trace-dir)")
@@ -140,6 +151,10 @@ def run_serving(args) -> int:
 def _serve_and_print(config, args) -> int:
     from magpie.serving.runner import REPORT, run_benchmark
 
+    if args.gpus:
+        from magpie.serving.gpus import pin_env
+
+        config = config.model_copy(update={"env": {**config.env, **pin_env(args.gpus)}})
     report = run_benchmark(config)
     where = Path(report.workspace_dir) / REPORT
     if args.json:

@@ -3,11 +3,12 @@
 `BenchmarkConfig` is what `magpie benchmark ENGINE -m MODEL ...` takes. `BenchmarkReport` is
 `benchmark_report.json` with Magpie's keys: `success, framework, model, throughput{...},
 latency{ttft,tpot,itl,e2el}` (mean/median/std/p50/p90/p95/p99 in ms), `kernel_summary`,
-`top_bottlenecks`, `tracelens_analysis`, `gap_analysis`, `gpu_monitor` (null or empty until
-profiled runs and the GPU monitor exist), `workspace_dir`, `execution_time`,
-`profiling_enabled`, `run_kind`, `reward_eligible`, `errors`; plus the run's counts, the
-server's life and the provenance (engine version, model path and content hash, command line,
-environment that matters, magpie's version).
+`top_bottlenecks`, `tracelens_analysis`, `gap_analysis` (null or empty until profiled runs exist),
+`gpu_monitor` (`gpus.GpuMonitor.summary()`, null with `gpu_monitor_reason` without a GPU),
+`workspace_dir`, `execution_time`, `profiling_enabled`, `run_kind`, `reward_eligible`, `errors`; plus
+the run's counts, the server's life and the provenance (engine version, model path and content hash
+or hub revision, the server's command line, environment that matters, GPU allocation, magpie's
+version and command line, platform, host).
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ class BenchmarkConfig(_Strict):
     timeout_s: float = Field(3600.0, gt=0, description="the whole benchmark: server start and the load")
     ready_timeout_s: Optional[float] = Field(None, gt=0, description="server start; None: the whole timeout")
     output_dir: str = "magpie_results"
+    gpu_min_free_fraction: float = Field(0.9, ge=0.0, le=1.0, description="an idle GPU has this much memory free")
+    gpu_monitor_interval_s: float = Field(1.0, gt=0, description="the GPU monitor's sampling interval")
 
 
 class ServerInfo(_Strict):
@@ -76,7 +79,12 @@ class Provenance(_Strict):
     model_hash: Optional[str] = Field(None, description="sha256 over the model folder's files (names and contents)")
     model_revision: Optional[str] = None
     environment: dict[str, str] = {}
+    gpu_allocation: Optional[dict[str, Any]] = Field(
+        None, description="mode auto (picked idle), pinned (a *_VISIBLE_DEVICES variable), none (no GPU), external")
     python: str
+    platform: Optional[str] = None
+    hostname: Optional[str] = None
+    command_line: Optional[list[str]] = Field(None, description="magpie's own command line")
     started_at: str
 
 
@@ -102,6 +110,7 @@ class BenchmarkReport(BaseModel):
     tracelens_analysis: Optional[dict[str, Any]] = None
     gap_analysis: Optional[dict[str, Any]] = None
     gpu_monitor: Optional[dict[str, Any]] = None
+    gpu_monitor_reason: Optional[str] = Field(None, description="why gpu_monitor is null")
     workspace_dir: str
     execution_time: float
     profiling_enabled: bool = False
@@ -116,10 +125,10 @@ class BenchmarkReport(BaseModel):
 
 
 # Environment variables that change what a server does, recorded when set.
-ENV_THAT_MATTERS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HF_HUB_OFFLINE",
-                    "TRANSFORMERS_OFFLINE", "HF_HOME", "OMP_NUM_THREADS", "VLLM_USE_V1", "VLLM_ATTENTION_BACKEND",
-                    "VLLM_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR", "PYTORCH_CUDA_ALLOC_CONF",
-                    "NCCL_P2P_DISABLE", "TORCH_COMPILE_DISABLE")
+ENV_THAT_MATTERS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "OMP_NUM_THREADS",
+                    "VLLM_USE_V1", "VLLM_ATTENTION_BACKEND", "VLLM_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR",
+                    "PYTORCH_CUDA_ALLOC_CONF", "NCCL_P2P_DISABLE", "TORCH_COMPILE_DISABLE", "CUDA_LAUNCH_BLOCKING")
 
 
 def model_hash(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -142,3 +151,16 @@ def local_model_path(model: str) -> Path | None:
     if os.path.exists(expanded) or model.startswith(("/", "./", "../", "~")) or model.count("/") > 1:
         return Path(expanded).resolve()
     return None
+
+
+def hub_revision(model: str, environ=os.environ) -> str | None:
+    """The commit a hub id resolves to in the local Hugging Face cache (`refs/main`), None when not cached."""
+    if local_model_path(model) is not None or "/" not in model:
+        return None
+    cache = environ.get("HF_HUB_CACHE") or os.path.join(
+        environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+    ref = Path(cache) / ("models--" + model.replace("/", "--")) / "refs" / "main"
+    try:
+        return ref.read_text().strip() or None
+    except OSError:
+        return None

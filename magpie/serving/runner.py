@@ -20,8 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from magpie.serving import engines as _engines
+from magpie.serving import gpus as _gpus
 from magpie.serving.report import (ENV_THAT_MATTERS, BenchmarkConfig, BenchmarkReport, Provenance, RunCounts,
-                                   ServerInfo, local_model_path, model_hash)
+                                   ServerInfo, hub_revision, local_model_path, model_hash)
 
 REPORT = "benchmark_report.json"
 CONFIG = "benchmark_config.json"
@@ -43,8 +44,10 @@ def _write_json(path: Path, data) -> None:
     tmp.replace(path)
 
 
-def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str]) -> Provenance:
+def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str], allocation: dict) -> Provenance:
     import os
+    import socket
+    import sys
 
     from magpie import __version__
 
@@ -53,7 +56,9 @@ def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str]) -> Pr
     return Provenance(magpie_version=__version__, engine=engine.name, engine_version=engine.version(),
                       model=config.model, model_path=str(path) if path and path.exists() else None,
                       model_hash=model_hash(path) if path and path.exists() else None,
-                      environment=env, python=platform.python_version(),
+                      model_revision=hub_revision(config.model), environment=env, gpu_allocation=allocation,
+                      python=platform.python_version(), platform=platform.platform(), hostname=socket.gethostname(),
+                      command_line=list(sys.argv),
                       started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -86,7 +91,17 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
                                            precision=config.precision, max_model_len=config.max_model_len,
                                            extra_args=config.extra_server_args, env=config.env)
                 env = engine.environment(spec) if not external else {}
-                provenance = _provenance(config, engine, env)
+                if external:
+                    allocation = {"mode": "external", "devices": []}
+                else:
+                    try:
+                        updates, allocation = _gpus.allocate(env, config.tp,
+                                                             min_free_fraction=config.gpu_min_free_fraction)
+                    except _gpus.GpuError as exc:
+                        provenance = _provenance(config, engine, env, {"mode": "auto", "error": str(exc)})
+                        raise _Failed(str(exc)) from None
+                    env.update(updates)
+                provenance = _provenance(config, engine, env, allocation)
                 if external:
                     if config.base_url is None:
                         raise _Failed(f"the {engine.name} engine starts no server: give --base-url URL")
@@ -113,7 +128,8 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
                         server_info.ready_after_s = server.wait_ready(ready_budget)
                     except ServerError as exc:
                         raise _Failed(str(exc), exc.log_tail) from None
-                _load(config, engine, base_url, server, remaining, work, report_kw, outputs)
+                _load(config, engine, base_url, server, remaining, work, report_kw, outputs,
+                      _monitored(allocation))
             except _Failed as exc:
                 errors.append(str(exc))
                 if exc.detail:
@@ -152,8 +168,14 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
     return report
 
 
+def _monitored(allocation: dict) -> list[int] | None:
+    """The NVML indices to monitor: the allocation's where they are indices, else every device."""
+    devices = allocation.get("devices") or []
+    return devices if devices and all(isinstance(d, int) for d in devices) else None
+
+
 def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, work: Path, report_kw: dict,
-          outputs: dict) -> None:
+          outputs: dict, monitor_devices: list[int] | None = None) -> None:
     from magpie.serving import load as _load_mod
     from magpie.serving import metrics as _metrics
     from magpie.serving.models import DatasetConfig, LoadConfig
@@ -187,10 +209,17 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
                     raise _Failed("requests still in flight 5 s after the server exited were abandoned")
         return task.result()
 
+    sampler, why = _gpus.open_sampler(monitor_devices)
+    monitor = _gpus.GpuMonitor(sampler, config.gpu_monitor_interval_s).start() if sampler is not None else None
     try:
         record = asyncio.run(watched())
     except RuntimeError as exc:          # the ready check's request failed
         raise _Failed(str(exc)) from None
+    finally:
+        if monitor is not None:
+            report_kw["gpu_monitor"] = monitor.stop()
+        else:
+            report_kw["gpu_monitor_reason"] = why
     metrics, flat = _metrics.compute(record.outputs, record.duration, goodput=config.goodput or None)
     result = _load_mod.vllm_result(load_config, record, metrics, flat)
     _write_json(work / RESULT, result)
