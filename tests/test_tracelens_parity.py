@@ -103,7 +103,6 @@ def _named(*names):
 
 
 OPERAND_OPS = ("aten::_scaled_mm", "aten::convolution", "aten::cudnn_convolution")
-NORM_OPS = ("aten::layer_norm", "aten::native_layer_norm", "aten::native_layer_norm_backward")
 PERF_TABLES = ("unified_perf_summary", "ops_unique_args", *FAMILY_SHEETS)
 PERF_COLUMNS = {*FLOP_COLUMNS, *BYTE_COLUMNS, "has_perf_model", "compute_spec", "perf_params"}
 
@@ -146,11 +145,6 @@ GAPS = [
               "(6) TraceLens's family sheets group calls by the model's parameters (the param: columns, strides "
               "included), not by the whole argument signature; magpie's sheets are unified rows",
               lambda d: d.file in FAMILY_SHEETS and d.aspect == "value"),
-    Explained("norm-model",
-              "(4) layer norm: TraceLens's model counts other FLOPs (5 per element forward, 9 backward) and bytes "
-              "than magpie's one norm model (8 per element, every operand read once, the output written)",
-              _columns(("unified_perf_summary", "Normalization"), FLOP_COLUMNS + BYTE_COLUMNS,
-                       rows=_named(*NORM_OPS))),
     Explained("perf-params-format",
               "(6) perf_params: TraceLens writes its model's parameters as a Python dict (its names: M, N, K, "
               "bias, stride_A, dtype_A_B...); magpie JSON of its own",
@@ -386,12 +380,9 @@ def _model_rows():
 
 def test_perf_models_agree_with_tracelens_on_the_same_arguments():
     """FLOPs (decimal G) and bytes (MiB) of every op on TraceLens's family sheets, the documented
-    exceptions apart (causal attention and reductions' output, below; scales and bias) and layer
-    norm (gap `norm-model`)."""
+    exceptions apart (causal attention and reductions' output, below; scales and bias)."""
     checked, wrong = 0, []
     for trace, sheet, row, est in _model_rows():
-        if row["name"] in NORM_OPS:
-            continue
         assert est is not None, f"{trace}/{sheet}: no magpie model for {row['name']}"
         name, causal = row["name"], est.params.get("causal")
         pairs = [("GFLOPS_first", est.flops / 1e9), ("Data Moved (MB)_first", est.bytes / 2 ** 20)]

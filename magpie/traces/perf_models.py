@@ -308,6 +308,41 @@ def norm(op):
     return Estimate("normalization", 8.0 * x.numel, moved, _vector_precision(x.dtype), {"numel": x.numel})
 
 
+LAYER_NORMS = {"aten::layer_norm", "aten::native_layer_norm", "aten::native_layer_norm_backward"}
+
+
+def layer_norm(op):
+    """Layer norm counted as TraceLens counts it, for parity: with N the input's elements and C the
+    normalized shape's (the channels each row is normalized over), forward 5·N + 6·C FLOPs and
+    (2·N + 6·C) values moved (the input read and the output written, and six per-channel vectors:
+    scale, shift and the statistics, as for a batch norm), backward 9·N FLOPs and (3·N + 4·C) values
+    (input and output gradient read, input gradient written); a value is the input's dtype size."""
+    backward = op.name.endswith("_backward")
+    args = tensors(op)
+    x = args[1] if backward else args[0]
+    if x is None:
+        return None
+    shape = _literal_ints(concrete(op, 2 if backward else 1))
+    weight = args[5 if backward else 2] if len(args) > (5 if backward else 2) else None
+    channels = math.prod(shape) if shape else weight.numel if weight else x.shape[-1]
+    size = DTYPE_BYTES.get(x.dtype, 4)
+    if backward:
+        flops, values = 9 * x.numel, 3 * x.numel + 4 * channels
+    else:
+        flops, values = 5 * x.numel + 6 * channels, 2 * x.numel + 6 * channels
+    return Estimate("normalization", float(flops), values * size, _vector_precision(x.dtype),
+                    {"numel": x.numel, "num_channels": channels})
+
+
+def _literal_ints(text: str) -> list[int] | None:
+    """A concrete input such as '[4096]' as a list of ints (None if it is not one)."""
+    parts = text.strip().strip("[]()").split(",")
+    try:
+        return [int(p) for p in parts if p.strip()] or None
+    except ValueError:
+        return None
+
+
 def softmax(op):
     x = tensors(op)[0] if tensors(op) else None
     if x is None:
@@ -376,6 +411,7 @@ REGISTRY = {
     **{name: elementwise for name in ELEMENTWISE},
     **{name: reduction for name in REDUCTIONS},
     **{name: norm for name in NORMS},
+    **{name: layer_norm for name in LAYER_NORMS},
     **{name: softmax for name in SOFTMAX},
 }
 
