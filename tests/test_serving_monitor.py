@@ -43,6 +43,8 @@ class FakeNvml:
         return len(self.devices)
 
     def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= i < len(self.devices):
+            raise RuntimeError("NVML_ERROR_INVALID_ARGUMENT")
         return i
 
     def nvmlDeviceGetUUID(self, h):
@@ -307,3 +309,32 @@ def test_hub_revision_from_the_local_cache(tmp_path):
     assert hub_revision("org/name", environ={"HF_HUB_CACHE": str(tmp_path / "hub")}) == "0123abcd"
     assert hub_revision("org/other", environ={"HF_HUB_CACHE": str(tmp_path / "hub")}) is None
     assert hub_revision(str(tmp_path), environ={}) is None
+
+
+def test_gpu_states_falls_back_from_nvml_to_nvidia_smi_then_none(monkeypatch):
+    broken = FakeNvml([])
+    broken.nvmlDeviceGetCount = lambda: (_ for _ in ()).throw(RuntimeError("NVML_ERROR_UNINITIALIZED"))
+    monkeypatch.setattr(gpus, "load_nvml", lambda: (broken, ""))
+    monkeypatch.setattr(gpus, "smi_states", lambda: parse_smi(SMI_GPUS, SMI_APPS))
+    found, source, _ = gpus.gpu_states()
+    assert source == "nvidia-smi" and len(found) == 4 and broken.shutdowns == 1
+    monkeypatch.setattr(gpus, "load_nvml", lambda: (two_gpus(), ""))
+    assert gpus.gpu_states()[1] == "nvml"
+    monkeypatch.setattr(gpus, "load_nvml", lambda: (broken, ""))
+    monkeypatch.setattr(gpus, "smi_states", lambda: None)
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gpus, "load_amdsmi", lambda: (None, "amdsmi is not installed"))
+    found, source, reason = gpus.gpu_states()
+    assert found == [] and source == "" and reason == (
+        "no GPU found (NVML: NVML_ERROR_UNINITIALIZED; no nvidia-smi; amdsmi is not installed)")
+
+
+def test_open_sampler_uses_nvml_and_says_why_it_cannot(monkeypatch):
+    monkeypatch.setattr(gpus, "load_nvml", lambda: (two_gpus(), ""))
+    sampler, why = gpus.open_sampler([1])
+    assert isinstance(sampler, NvmlSampler) and sampler.indices == [1] and why == ""
+    nvml = two_gpus()
+    monkeypatch.setattr(gpus, "load_nvml", lambda: (nvml, ""))
+    monkeypatch.setattr(gpus, "load_amdsmi", lambda: (None, "amdsmi is not installed"))
+    sampler, why = gpus.open_sampler([5])              # no such device
+    assert sampler is None and why.startswith("no GPU to monitor (NVML: ") and nvml.shutdowns == 1

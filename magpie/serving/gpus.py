@@ -135,33 +135,34 @@ def smi_states(run=subprocess.run) -> list[GpuState] | None:
     return parse_smi(gpus.stdout, apps.stdout)
 
 
+def _ask(load, read, shutdown: str, label: str, reasons: list[str]):
+    """`read(module)` of the module `load()` initialises, shut down after; None (the reason kept) on failure."""
+    module, why = load()
+    if module is None:
+        reasons.append(why)
+        return None
+    try:
+        return read(module)
+    except Exception as exc:
+        reasons.append(f"{label}: {exc}")
+        return None
+    finally:
+        getattr(module, shutdown)()
+
+
 def gpu_states() -> tuple[list[GpuState], str, str]:
     """(states, source, reason): NVML, else nvidia-smi, else amdsmi; ([], "", why) without a GPU."""
-    reasons = []
-    nvml, why = load_nvml()
-    if nvml is not None:
-        try:
-            return nvml_states(nvml), "nvml", ""
-        except Exception as exc:
-            reasons.append(f"NVML: {exc}")
-        finally:
-            nvml.nvmlShutdown()
-    else:
-        reasons.append(why)
+    reasons: list[str] = []
+    states = _ask(load_nvml, nvml_states, "nvmlShutdown", "NVML", reasons)
+    if states:
+        return states, "nvml", ""
     states = smi_states()
     if states:
         return states, "nvidia-smi", ""
     reasons.append("no nvidia-smi" if not shutil.which("nvidia-smi") else "nvidia-smi lists no GPU")
-    amd, why = load_amdsmi()
-    if amd is not None:
-        try:
-            return amdsmi_states(amd), "amdsmi", ""
-        except Exception as exc:
-            reasons.append(f"amdsmi: {exc}")
-        finally:
-            amd.amdsmi_shut_down()
-    else:
-        reasons.append(why)
+    states = _ask(load_amdsmi, amdsmi_states, "amdsmi_shut_down", "amdsmi", reasons)
+    if states:
+        return states, "amdsmi", ""
     return [], "", "no GPU found (" + "; ".join(reasons) + ")"
 
 
@@ -269,22 +270,21 @@ class AmdSmiSampler:
 
 
 def open_sampler(indices: list[int] | None = None):
-    """(sampler, "") for the devices `indices` (None: all), or (None, why there is none)."""
-    nvml, why_nvml = load_nvml()
-    if nvml is not None:
+    """(sampler, "") for the devices `indices` (None: all), or (None, why there is none). The sampler keeps
+    its module initialised until `close()`."""
+    reasons = []
+    for load, sampler, shutdown, label in ((load_nvml, NvmlSampler, "nvmlShutdown", "NVML"),
+                                           (load_amdsmi, AmdSmiSampler, "amdsmi_shut_down", "amdsmi")):
+        module, why = load()
+        if module is None:
+            reasons.append(why)
+            continue
         try:
-            return NvmlSampler(nvml, indices), ""
+            return sampler(module, indices), ""
         except Exception as exc:
-            nvml.nvmlShutdown()
-            why_nvml = f"NVML: {exc}"
-    amd, why_amd = load_amdsmi()
-    if amd is not None:
-        try:
-            return AmdSmiSampler(amd, indices), ""
-        except Exception as exc:
-            amd.amdsmi_shut_down()
-            why_amd = f"amdsmi: {exc}"
-    return None, f"no GPU to monitor ({why_nvml}; {why_amd})"
+            getattr(module, shutdown)()
+            reasons.append(f"{label}: {exc}")
+    return None, f"no GPU to monitor ({'; '.join(reasons)})"
 
 
 def _stats(values: list[float]) -> dict[str, float]:
