@@ -724,3 +724,34 @@ def test_kernels_launched_outside_any_op_show_their_kernel_name(tmp_path):
     replayed = [r for r in summary["top"] if r["CPU Op"].startswith("cudaGraphLaunch->")]
     assert replayed and all(r["CPU Op"] == f"cudaGraphLaunch->{r['Normalized Name']}" for r in replayed)
     assert any(row["name"].startswith("cudaGraphLaunch: ") for page in summary["pages"] for row in page["ops"])
+
+
+def test_streamed_decode_in_small_batches_matches_the_whole_document(tmp_path, monkeypatch):
+    """Events read a few bytes at a time, cut between events only: a name holding '}, {' and
+    nested args do not split an event, and keys after traceEvents (deviceProperties) are read."""
+    import gzip as gz
+    import json as js
+
+    from magpie.traces import ingest
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": "op}, {x", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
+               "args": {"Input Dims": [[2, 3], []], "Input type": ["float", ""], "nested": [{"a": 1}, {"b": 2}]}}
+              for i in range(40)]
+    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10.0 * i + 1,
+                "dur": 1.0, "args": {"correlation": i}} for i in range(40)]
+    events += [{"ph": "X", "cat": "kernel", "name": "k]}, {", "pid": 0, "tid": 7, "ts": 10.0 * i + 2, "dur": 3.0,
+                "args": {"correlation": i, "device": 0, "stream": 7}} for i in range(40)]
+    text = js.dumps({"traceEvents": events, "deviceProperties": [{"name": "NVIDIA H200"}, {"name": "x"}],
+                     "distributedInfo": {"rank": 3}}, indent=1)
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gz.compress(text.encode()))
+    monkeypatch.setattr(ingest, "_CHUNK", 97)
+    streamed_documents, stream = [], ingest._stream
+    monkeypatch.setattr(ingest, "_stream", lambda *a: streamed_documents.append(stream(*a)) or streamed_documents[-1])
+    streamed = load_trace(path)
+    assert streamed_documents[0] is not None  # read in batches, not whole
+    monkeypatch.setattr(ingest, "_stream", lambda *_: None)  # the whole-document path
+    whole = load_trace(path)
+    assert (streamed.rank, streamed.device_name(), len(streamed.cpu_ops), len(streamed.gpu)) == (3, "NVIDIA H200", 40, 40)
+    assert streamed == whole
+    assert streamed.gpu[5].op == 5 and streamed.cpu_ops[5].input_dims == [[2, 3], []]

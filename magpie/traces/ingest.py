@@ -13,23 +13,29 @@ import gzip
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from typing import Any, Optional, Union
+import re
+from typing import Callable, Optional, Union
 
 import msgspec
 
 
-# Typed decoding reads only the fields the analysis uses, straight into small structs:
-# several times faster than decoding to dicts, and a fraction of the memory.
-class _Args(msgspec.Struct):
+# Typed decoding reads only the fields the analysis uses, straight into small structs kept out
+# of the cyclic collector (gc=False: they hold no cycles): several times faster than decoding to
+# dicts, and a fraction of the memory. An op's inputs stay raw JSON at first: they repeat from
+# call to call, so each distinct one is decoded once and shared by every op that has it.
+_NULL = msgspec.Raw(b"null")
+
+
+class _Args(msgspec.Struct, gc=False):
     correlation: Optional[int] = None
     device: Optional[int] = None
     stream: Optional[int] = None
-    input_dims: Optional[Any] = msgspec.field(default=None, name="Input Dims")
-    input_type: Optional[Any] = msgspec.field(default=None, name="Input type")
-    concrete: Optional[Any] = msgspec.field(default=None, name="Concrete Inputs")
+    input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=_NULL, name="Concrete Inputs")
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: Optional[str] = None
     name: str = ""
@@ -47,6 +53,8 @@ class _Document(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Document)
+_EVENTS = msgspec.json.Decoder(list[_Event])
+_VALUE = msgspec.json.Decoder()
 
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
@@ -60,8 +68,9 @@ class NotATrace(TraceError):
     """Valid JSON that is not a profiler trace (a config beside the traces, say)."""
 
 
-@dataclass(slots=True)
-class GpuActivity:
+# One record per event the analysis keeps, untracked by the cyclic collector like the decoded
+# events (none of them holds a cycle): a million of them no longer make each collection walk them.
+class GpuActivity(msgspec.Struct, gc=False):
     name: str
     kind: str  # kernel | memcpy | memset
     ts: float  # microseconds
@@ -74,8 +83,7 @@ class GpuActivity:
     python: int | None = None  # index into Trace.python_calls, where no op is around the launch
 
 
-@dataclass(slots=True)
-class Launch:
+class Launch(msgspec.Struct, gc=False):
     name: str
     ts: float
     dur: float
@@ -86,8 +94,7 @@ class Launch:
     python: int | None = None
 
 
-@dataclass(slots=True)
-class PythonCall:
+class PythonCall(msgspec.Struct, gc=False):
     """A python_function span (traces recorded with with_stack=True)."""
 
     name: str
@@ -97,8 +104,7 @@ class PythonCall:
     tid: int
 
 
-@dataclass(slots=True)
-class CpuOp:
+class CpuOp(msgspec.Struct, gc=False):
     name: str
     ts: float
     dur: float
@@ -132,6 +138,10 @@ class Trace:
         return props.get("name")
 
 
+def _unreadable(path: Path, err: BaseException) -> TraceError:
+    return TraceError(f"{path}: cannot decompress ({err}); is the .gz file truncated?")
+
+
 def _read(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
@@ -139,7 +149,7 @@ def _read(path: Path) -> bytes:
     except FileNotFoundError:
         raise TraceError(f"{path}: file not found") from None
     except (OSError, EOFError) as err:
-        raise TraceError(f"{path}: cannot decompress ({err}); is the .gz file truncated?") from None
+        raise _unreadable(path, err) from None
 
 
 def decode(path: str | Path) -> _Document:
@@ -151,6 +161,106 @@ def decode(path: str | Path) -> _Document:
         raise NotATrace(f"{path}: not a PyTorch profiler (Chrome) trace ({err})") from None
     except msgspec.DecodeError as err:
         raise TraceError(f"{path}: not valid JSON ({str(err).splitlines()[0]}); truncated or not a trace?") from None
+
+
+_CHUNK = 16 << 20  # decompressed bytes read at a time
+_HEAD_LIMIT = 64 << 20  # no "traceEvents" key in this much: not a trace laid out as profilers write them
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_AFTER_EVENT = re.compile(rb"\s*([,\]])")
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+
+
+def _chunks(path: Path):
+    try:
+        with path.open("rb") as probe:
+            zipped = probe.read(2) == b"\x1f\x8b"
+        stream = gzip.open(path, "rb") if zipped else path.open("rb")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: file not found") from None
+    except OSError as err:
+        raise _unreadable(path, err) from None
+    with stream:
+        while True:
+            try:
+                chunk = stream.read(_CHUNK)
+            except (OSError, EOFError) as err:
+                raise _unreadable(path, err) from None
+            if not chunk:
+                return
+            yield chunk
+
+
+def _stream(path: Path, take: Callable[[list[_Event]], None]) -> _Document | None:
+    """Decompress and decode the trace a few MB at a time, handing each batch of events to take
+    and returning the rest of the document (its traceEvents empty): the whole text and the whole
+    list of events never sit in memory at once. A batch ends after an event followed by ',' or
+    ']', and is decoded as '[' + batch + ']': a cut inside a string or a nested object cannot
+    decode, so a batch that does is exactly those events. None where the text is not laid out
+    as a trace (no traceEvents array near the top) or does not decode: then decode() reads it
+    whole and says what is wrong."""
+    chunks = _chunks(path)
+    head = b""
+    for chunk in chunks:
+        head += chunk
+        found = _EVENTS_KEY.search(head)
+        if found:
+            break
+        if len(head) > _HEAD_LIMIT:
+            return None
+    else:
+        return None
+    prefix, pending = head[:found.start()], head[found.end():]
+    del head
+    tail = None
+    more = True
+    while tail is None:
+        close = pending.rfind(b"}")
+        after = _AFTER_EVENT.match(pending, close + 1) if close >= 0 else None
+        while close >= 0 and after is None:
+            close = pending.rfind(b"}", 0, close)
+            after = _AFTER_EVENT.match(pending, close + 1) if close >= 0 else None
+        if after is not None:
+            piece = b"[" + pending[:close + 1] + b"]"
+            try:
+                events = _EVENTS.decode(piece)
+            except msgspec.DecodeError as err:
+                # the array ended inside the batch, the rest of the document behind it
+                ended = _TRAILING.search(str(err))
+                events = None
+                if ended:
+                    end = piece.rindex(b"]", 0, int(ended.group(1))) + 1  # msgspec counts past the character
+                    try:
+                        events = _EVENTS.decode(piece[:end])
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        return None
+                    take(events)
+                    tail = pending[end - 1:]
+                    break
+            except msgspec.ValidationError:
+                return None
+            del piece
+            if events is not None:
+                take(events)
+                del events
+                if after.group(1) == b"]":
+                    tail = pending[after.end():]
+                    break
+                pending = pending[after.end():]
+                continue
+        elif pending.lstrip()[:1] == b"]":
+            tail = pending.lstrip()[1:]
+            break
+        if not more:
+            return None
+        chunk = next(chunks, b"")
+        more = bool(chunk)
+        pending += chunk
+    rest = b"".join([tail, *chunks])
+    try:
+        document = _DECODER.decode(prefix + b'"traceEvents": []' + rest)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return document if not document.traceEvents else None
 
 
 _EMPTY_ARGS = _Args()
@@ -168,39 +278,75 @@ def load_trace(path: str | Path) -> Trace:
             gc.enable()
 
 
+class _Decoded(dict):
+    """Raw JSON text -> its value, decoded the first time it is asked for."""
+
+    def __missing__(self, text: bytes):
+        value = self[text] = _VALUE.decode(text)
+        return value
+
+
+class _Builder:
+    """The trace's tables, filled one batch of decoded events at a time. Names, thread ids and
+    op inputs repeat across millions of events: each distinct one is kept once."""
+
+    def __init__(self) -> None:
+        self.gpu: list[GpuActivity] = []
+        self.launches: list[Launch] = []
+        self.cpu_ops: list[CpuOp] = []
+        self.python_calls: list[PythonCall] = []
+        self.annotations: list[tuple[str, float, float]] = []
+        self.gpu_annotations: list[tuple[str, float, float]] = []
+        self.by_correlation: dict[int, int] = {}
+        self.skipped: dict[str, int] = {}
+        self.names: dict = {}
+        self.inputs = _Decoded()
+
+    def take(self, events: list[_Event]) -> None:
+        gpu, launches, cpu_ops, by_correlation = self.gpu, self.launches, self.cpu_ops, self.by_correlation
+        skipped, same, inputs = self.skipped, self.names.setdefault, self.inputs
+        for event in events:
+            if event.ph != "X":
+                continue
+            cat = event.cat
+            args = event.args or _EMPTY_ARGS
+            try:
+                ts, dur = float(event.ts), float(event.dur or 0.0)
+                if cat in GPU_CATEGORIES:
+                    gpu.append(GpuActivity(same(event.name, event.name), GPU_CATEGORIES[cat], ts, dur,
+                                           args.device or 0, args.stream or 0, args.correlation))
+                elif cat in RUNTIME_CATEGORIES:
+                    if args.correlation is not None:
+                        by_correlation[args.correlation] = len(launches)
+                    launches.append(Launch(same(event.name, event.name), ts, dur, same(event.pid, event.pid),
+                                           same(event.tid, event.tid), args.correlation))
+                elif cat == "cpu_op":
+                    cpu_ops.append(CpuOp(same(event.name, event.name), ts, dur, same(event.pid, event.pid),
+                                         same(event.tid, event.tid), inputs[bytes(args.input_dims)],
+                                         inputs[bytes(args.input_type)], inputs[bytes(args.concrete)]))
+                elif cat == "python_function":
+                    self.python_calls.append(PythonCall(same(event.name, event.name), ts, dur,
+                                                        same(event.pid, event.pid), same(event.tid, event.tid)))
+                elif cat == "user_annotation":
+                    self.annotations.append((event.name, ts, dur))
+                elif cat == "gpu_user_annotation":
+                    self.gpu_annotations.append((event.name, ts, dur))
+            except (TypeError, ValueError):
+                skipped[cat or "?"] = skipped.get(cat or "?", 0) + 1
+
+
 def _load(path: str | Path) -> Trace:
-    data = decode(path)
-    trace = Trace(str(path), (data.distributedInfo or {}).get("rank"), data.deviceProperties or [])
-    by_correlation: dict[int, int] = {}
-    skipped: dict[str, int] = {}
-    gpu, launches, cpu_ops = trace.gpu, trace.launches, trace.cpu_ops
-    for event in data.traceEvents:
-        if event.ph != "X":
-            continue
-        cat = event.cat
-        args = event.args or _EMPTY_ARGS
-        try:
-            ts, dur = float(event.ts), float(event.dur or 0.0)
-            if cat in GPU_CATEGORIES:
-                gpu.append(GpuActivity(event.name, GPU_CATEGORIES[cat], ts, dur, args.device or 0, args.stream or 0,
-                                       args.correlation))
-            elif cat in RUNTIME_CATEGORIES:
-                if args.correlation is not None:
-                    by_correlation[args.correlation] = len(launches)
-                launches.append(Launch(event.name, ts, dur, event.pid, event.tid, args.correlation))
-            elif cat == "cpu_op":
-                cpu_ops.append(CpuOp(event.name, ts, dur, event.pid, event.tid, args.input_dims, args.input_type,
-                                     args.concrete))
-            elif cat == "python_function":
-                trace.python_calls.append(PythonCall(event.name, ts, dur, event.pid, event.tid))
-            elif cat == "user_annotation":
-                trace.annotations.append((event.name, ts, dur))
-            elif cat == "gpu_user_annotation":
-                trace.gpu_annotations.append((event.name, ts, dur))
-        except (TypeError, ValueError):
-            skipped[cat or "?"] = skipped.get(cat or "?", 0) + 1
-    trace.skipped = skipped
-    _link(trace, by_correlation)
+    built = _Builder()
+    data = _stream(Path(path), built.take)
+    if data is None:  # not laid out as profilers write traces: read whole (and told what is wrong)
+        built = _Builder()
+        data = decode(path)
+        built.take(data.traceEvents)
+        data.traceEvents = []
+    trace = Trace(str(path), (data.distributedInfo or {}).get("rank"), data.deviceProperties or [], built.gpu,
+                  built.launches, built.cpu_ops, built.python_calls, built.annotations, built.gpu_annotations,
+                  skipped=built.skipped)
+    _link(trace, built.by_correlation)
     return trace
 
 
@@ -239,11 +385,14 @@ def _innermost(spans: list, points: list):
     for items in streams.values():
         items.sort()
         open_spans: list[int] = []
-        for ts, kind, _, index in items:
-            while open_spans and spans[open_spans[-1]].ts + spans[open_spans[-1]].dur < ts:
+        ends: list[float] = []  # where each open span ends (ts - -dur is ts + dur, to the last bit)
+        for ts, kind, negative_dur, index in items:
+            while ends and ends[-1] < ts:
+                ends.pop()
                 open_spans.pop()
             if kind == 0:
                 open_spans.append(index)
+                ends.append(ts - negative_dur)
             elif open_spans:
                 yield index, open_spans[-1]
 
