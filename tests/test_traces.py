@@ -529,7 +529,8 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     assert sum(sum(d["count"] for d in ast.literal_eval(r["kernel_details_summary"])) for r in unique) == len(trace.gpu)
     for row in tables["unified_perf_summary"]:
         assert row["Kernel Time (µs)_min"] <= row["Kernel Time (µs)_median"] <= row["Kernel Time (µs)_max"]
-        assert row["Kernel Time (µs)_mean"] * row["Count"] == pytest.approx(row["Kernel Time (µs)_sum"], rel=1e-3)
+        assert row["Kernel Time (µs)_mean"] * row["operation_count"] == \
+            pytest.approx(row["Kernel Time (µs)_sum"], rel=1e-3)
     conv = tables["CONV_fwd"]
     # the transposed convolution is "other", as TraceLens files it (it models aten::convolution above it)
     assert {r["name"] for r in conv} == {"aten::cudnn_convolution"}

@@ -22,12 +22,25 @@ OPS_SUMMARY = ["name", "total_direct_kernel_time_sum", "total_subtree_kernel_tim
                "total_subtree_kernel_time_ms", "Count", "Categories", "Percentage (%)", "Cumulative Percentage (%)"]
 BY_CATEGORY = ["op category", "Count", "total_direct_kernel_time_ms", "Percentage (%)", "Cumulative Percentage (%)"]
 UNIQUE_ARGS = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "operation_count",
-               "total_direct_kernel_time_sum", *(f"total_direct_kernel_time_{s}" for s in STATS),
-               "kernel_details_summary", "Percentage (%)", "Cumulative Percentage (%)"]
-UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "Count", "Kernel Time (µs)_sum",
-           *(f"Kernel Time (µs)_{s}" for s in STATS), "GFLOPS", "Data Moved (MB)", "FLOPS/Byte",
-           *(f"TFLOPS/s_{s}" for s in STATS), *(f"TB/s_{s}" for s in STATS), "compute_spec", "has_perf_model",
-           "perf_params", "kernel_details_summary", "Percentage (%)", "Cumulative Percentage (%)"]
+               *(f"total_{kind}_kernel_time_{s}" for s in STATS for kind in ("direct", "subtree")),
+               "total_direct_kernel_time_sum", "total_subtree_kernel_time_sum", "kernel_details_summary",
+               "Percentage (%)", "Cumulative Percentage (%)"]
+# TraceLens's order; "duration_us" is the op's CPU duration, "Roofline Time" the time at the roof
+# (the larger of FLOPs at the compute peak and bytes at the memory bandwidth)
+UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "operation_count",
+           "total_duration_us", "mean_duration_us", "std_duration_us", "GFLOPS", "Data Moved (MB)", "FLOPS/Byte",
+           "Compute Spec", "Roofline Bound", "TB/s_mean", "TB/s_std", "TFLOPS/s_mean", "TFLOPS/s_std",
+           "Kernel Time (µs)_mean", "Kernel Time (µs)_std", "Kernel Time (µs)_sum", "duration_us_median",
+           "duration_us_min", "duration_us_max", "TB/s_median", "TB/s_min", "TB/s_max", "TFLOPS/s_median",
+           "TFLOPS/s_min", "TFLOPS/s_max", "Roofline Time (µs)_first",
+           *(f"Pct Roofline_{s}" for s in STATS), "Kernel Time (µs)_median", "Kernel Time (µs)_min",
+           "Kernel Time (µs)_max", "kernel_details_summary", "perf_params", "has_perf_model", "Percentage (%)",
+           "Cumulative Percentage (%)"]
+# TraceLens's names of the peaks: matrix (tensor-core) specs by magpie's precision; vector ops by dtype
+COMPUTE_SPEC = {"bf16_tensor": "matrix_bf16", "fp16_tensor": "matrix_fp16", "tf32_tensor": "matrix_fp32",
+                "fp8_tensor": "matrix_fp8", "fp64_tensor": "matrix_fp64", "int8_tensor": "matrix_int8"}
+VECTOR_SPEC = {"c10::BFloat16": "vector_bf16", "c10::Half": "vector_fp16", "float": "vector_fp32",
+               "double": "vector_fp64"}
 # TraceLens's performance-metric sheets, one CSV each: the unified rows of one op family
 # with a "param: <name>" column per perf-model parameter. Input strides are not ingested.
 PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise",
@@ -94,6 +107,7 @@ class SignatureGroup:
     subtree: list[float] = field(default_factory=list)  # the same with every child op's, µs
     kernels: dict[str, list[float]] = field(default_factory=dict)  # kernel name -> its durations, µs
     launches: dict = field(default_factory=dict)  # outside any op: launch -> its whole GPU time (one call of op_name)
+    cpu: list[float] = field(default_factory=list)  # each call's CPU duration, µs
     calls: list = field(default_factory=list)  # what each call launched, in launch order (GpuActivity lists)
     call_launches: list = field(default_factory=list)  # outside any op: the launch each call belongs to
 
@@ -179,6 +193,7 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
                                                      op_category(op.name, est.family if est else None, kernel_names),
                                                      op.name)
             group.subtree.append(subtree.get(launcher, time))
+            group.cpu.append(op.dur)
         else:
             first = launched[0]
             launch = trace.launches[first.launch] if first.launch is not None else None
@@ -192,6 +207,8 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
             launch_key = first.launch if first.launch is not None else launcher
             group.launches[launch_key] = whole.get(launch_key, time)
             group.call_launches.append(launch_key)
+            if launch is not None:
+                group.cpu.append(launch.dur)  # the runtime call's duration, as TraceLens's synthetic op has it
         group.times.append(time)
         group.calls.append(launched)
         for activity in launched:
@@ -213,7 +230,8 @@ def categories_of(text: str) -> list[str]:
     return [part.strip(" '") for part in text.strip("[]").split(",")]
 
 
-def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
+def ops_tables(groups: list[SignatureGroup], arch=None) -> dict[str, list[dict]]:
+    """The op tables; with the device's peaks (`arch`) the unified rows get their roofline."""
     by_name: dict[str, dict] = {}
     for group in groups:
         named = by_name.get(group.op_name)
@@ -254,7 +272,7 @@ def ops_tables(groups: list[SignatureGroup]) -> dict[str, list[dict]]:
     _percentages(by_category, "total_direct_kernel_time_ms")
     unique = [_unique_args_row(g) for g in _by_launch(groups)]
     _percentages(unique, "total_direct_kernel_time_sum")
-    unified = [_unified_row(g) for g in groups]
+    unified = [_unified_row(g, arch) for g in groups]
     _percentages(unified, "Kernel Time (µs)_sum")
     tables = {"ops_summary": ops, "ops_summary_by_category": by_category, "ops_unique_args": unique,
               "unified_perf_summary": unified}
@@ -355,20 +373,52 @@ def _signature(group: SignatureGroup) -> dict:
 
 
 def _unique_args_row(group: SignatureGroup) -> dict:
+    subtree = group.subtree if group.op is not None else group.times
     return {**_signature(group), "operation_count": len(group.times), "total_direct_kernel_time_sum": group.total,
-            **_stats(group.times, "total_direct_kernel_time"), "kernel_details_summary": _kernel_details(group)}
+            "total_subtree_kernel_time_sum": sum(subtree), **_stats(group.times, "total_direct_kernel_time"),
+            **_stats(subtree, "total_subtree_kernel_time"), "kernel_details_summary": _kernel_details(group)}
 
 
-def _unified_row(group: SignatureGroup) -> dict:
+def _unified_row(group: SignatureGroup, arch=None) -> dict:
     times, est = group.times, group.est
-    out = {**_signature(group), "Count": len(times), "Kernel Time (µs)_sum": group.total,
+    out = {**_signature(group), "operation_count": len(times), "Kernel Time (µs)_sum": group.total,
            **_stats(times, "Kernel Time (µs)"), "has_perf_model": est is not None,
            "kernel_details_summary": _kernel_details(group)}
+    if group.cpu:
+        cpu = _stats(group.cpu, "duration_us")
+        out.update({"total_duration_us": sum(group.cpu), "mean_duration_us": cpu.pop("duration_us_mean"),
+                    "std_duration_us": cpu.pop("duration_us_std"), **cpu})
     if est is not None:
         seconds = [t / 1e6 for t in times if t > 0]
         out.update({"GFLOPS": est.flops / 1e9, "Data Moved (MB)": est.bytes / MIB,
                     "FLOPS/Byte": est.flops / est.bytes if est.bytes else None,
                     **_stats([est.flops / s / 1e12 for s in seconds], "TFLOPS/s"),
                     **_stats([est.bytes / s / 1e12 for s in seconds], "TB/s"),
-                    "perf_params": json.dumps(est.params), "compute_spec": est.precision})
+                    "perf_params": json.dumps(est.params), "compute_spec": est.precision,
+                    "Compute Spec": _compute_spec(group)})
+        roof = _roofline_time(est, arch)
+        if roof is not None:
+            out.update({"Roofline Time (µs)_first": roof[0], "Roofline Bound": roof[1],
+                        **_stats([100 * roof[0] / t for t in times if t > 0], "Pct Roofline")})
     return out
+
+
+def _compute_spec(group: SignatureGroup) -> str | None:
+    """TraceLens's name of the peak an op is held against: matrix_<dtype> for tensor-core work,
+    vector_<dtype of the first tensor> otherwise."""
+    est = group.est
+    if est.precision in COMPUTE_SPEC:
+        return COMPUTE_SPEC[est.precision]
+    dtypes = [t for t in (group.op.input_types or []) if t in VECTOR_SPEC] if group.op else []
+    return VECTOR_SPEC.get(dtypes[0]) if dtypes else None
+
+
+def _roofline_time(est: Estimate, arch) -> tuple[float, str] | None:
+    """The time at the roof, µs, and what bounds it: the larger of the FLOPs at the compute peak
+    and the bytes at the memory bandwidth."""
+    if arch is None or not arch.memory_tbps:
+        return None
+    memory = est.bytes / (arch.memory_tbps * 1e12)
+    peak = arch.peak(est.precision)
+    compute = est.flops / (peak * 1e12) if peak else 0.0
+    return max(memory, compute) * 1e6, "COMPUTE_BOUND" if compute > memory else "MEMORY_BOUND"

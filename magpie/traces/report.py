@@ -220,7 +220,7 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
     target = folder / f"{label}_kernel_roofline_simple.csv"
     groups = signature_groups(trace)
     atomic_write(target, _csv(roofline_rows(groups, arch), ROOFLINE_COLUMNS))
-    tables = ops_tables(groups)
+    tables = ops_tables(groups, arch)
     table_files = []
     for name, rows in tables.items():
         if rows or name not in PERF_FAMILIES:  # a family sheet only where the trace has such ops, as TraceLens does
