@@ -136,12 +136,16 @@ class LocalServer:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 pass
-        # the leader may be gone while children it forked are not: the whole group gets SIGKILL
+        # the leader may be gone while children it forked are not: the whole group gets SIGKILL,
+        # and the stop returns once none of it runs (a killed process dies when next scheduled)
         _signal_group(pgid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + 5
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return self.proc.returncode
 
     def __enter__(self) -> "LocalServer":
