@@ -38,23 +38,31 @@ def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include:
              exclude: set[str] | None = None, min_duration_us: float = 0.0, rank_label: str = "") -> list[dict]:
     lo, hi = window.bounds(trace)
     groups: dict[str, dict] = {}
+    shape_texts: dict[int, str] = {}  # str() of each op's input dims, once per distinct list (ops share them)
     total = 0.0
+    cpu_ops = trace.cpu_ops
     for kernel in trace.kernels:
         if not (lo <= kernel.ts <= hi):
             continue
         total += kernel.dur
-        op = trace.cpu_ops[kernel.op] if kernel.op is not None else None
+        op = cpu_ops[kernel.op] if kernel.op is not None else None
         label = category(kernel.name, kernel.kind, op.name if op else None)
         if (include and label not in include) or (exclude and label in exclude):
             continue
-        group = groups.setdefault(kernel.name, {"calls": 0, "total": 0.0, "shapes": Counter(), "ops": Counter(),
-                                                "category": label})
+        group = groups.get(kernel.name)
+        if group is None:
+            group = groups[kernel.name] = {"calls": 0, "total": 0.0, "shapes": Counter(), "ops": Counter(),
+                                           "category": label}
         group["calls"] += 1
         group["total"] += kernel.dur
         if op is not None:
             group["ops"][op.name] += 1
-            if op.input_dims is not None:
-                group["shapes"][str(op.input_dims)] += 1
+            dims = op.input_dims
+            if dims is not None:
+                text = shape_texts.get(id(dims))
+                if text is None:
+                    text = shape_texts[id(dims)] = str(dims)
+                group["shapes"][text] += 1
         elif kernel.python is not None:
             group["ops"][f"python: {trace.python_calls[kernel.python].name}"] += 1
         elif kernel.launch is not None:  # outside any op and any Python function: the launch and the kernel

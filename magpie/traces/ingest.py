@@ -312,25 +312,26 @@ class _Builder:
             args = event.args or _EMPTY_ARGS
             try:
                 ts, dur = float(event.ts), float(event.dur or 0.0)
-                if cat in GPU_CATEGORIES:
-                    gpu.append(GpuActivity(same(event.name, event.name), GPU_CATEGORIES[cat], ts, dur,
-                                           args.device or 0, args.stream or 0, args.correlation))
+                name = same(event.name, event.name)
+                if cat == "cpu_op":  # the most frequent first; the categories exclude each other
+                    pid, tid = event.pid, event.tid
+                    cpu_ops.append(CpuOp(name, ts, dur, same(pid, pid), same(tid, tid), inputs[bytes(args.input_dims)],
+                                         inputs[bytes(args.input_type)], inputs[bytes(args.concrete)]))
+                elif cat in GPU_CATEGORIES:
+                    gpu.append(GpuActivity(name, GPU_CATEGORIES[cat], ts, dur, args.device or 0, args.stream or 0,
+                                           args.correlation))
                 elif cat in RUNTIME_CATEGORIES:
+                    pid, tid = event.pid, event.tid
                     if args.correlation is not None:
                         by_correlation[args.correlation] = len(launches)
-                    launches.append(Launch(same(event.name, event.name), ts, dur, same(event.pid, event.pid),
-                                           same(event.tid, event.tid), args.correlation))
-                elif cat == "cpu_op":
-                    cpu_ops.append(CpuOp(same(event.name, event.name), ts, dur, same(event.pid, event.pid),
-                                         same(event.tid, event.tid), inputs[bytes(args.input_dims)],
-                                         inputs[bytes(args.input_type)], inputs[bytes(args.concrete)]))
+                    launches.append(Launch(name, ts, dur, same(pid, pid), same(tid, tid), args.correlation))
                 elif cat == "python_function":
-                    self.python_calls.append(PythonCall(same(event.name, event.name), ts, dur,
-                                                        same(event.pid, event.pid), same(event.tid, event.tid)))
+                    pid, tid = event.pid, event.tid
+                    self.python_calls.append(PythonCall(name, ts, dur, same(pid, pid), same(tid, tid)))
                 elif cat == "user_annotation":
-                    self.annotations.append((event.name, ts, dur))
+                    self.annotations.append((name, ts, dur))
                 elif cat == "gpu_user_annotation":
-                    self.gpu_annotations.append((event.name, ts, dur))
+                    self.gpu_annotations.append((name, ts, dur))
             except (TypeError, ValueError):
                 skipped[cat or "?"] = skipped.get(cat or "?", 0) + 1
 
