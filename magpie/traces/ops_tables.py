@@ -24,7 +24,7 @@ BY_CATEGORY = ["op category", "Count", "total_direct_kernel_time_ms", "Percentag
 UNIQUE_ARGS = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "operation_count",
                *(f"total_{kind}_kernel_time_{s}" for s in STATS for kind in ("direct", "subtree")),
                "total_direct_kernel_time_sum", "total_subtree_kernel_time_sum", "kernel_details_summary",
-               "Percentage (%)", "Cumulative Percentage (%)"]
+               "trunc_kernel_details", "Percentage (%)", "Cumulative Percentage (%)"]
 # TraceLens's order; "duration_us" is the op's CPU duration, "Roofline Time" the time at the roof
 # (the larger of FLOPs at the compute peak and bytes at the memory bandwidth)
 UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "operation_count",
@@ -34,7 +34,7 @@ UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs",
            "duration_us_min", "duration_us_max", "TB/s_median", "TB/s_min", "TB/s_max", "TFLOPS/s_median",
            "TFLOPS/s_min", "TFLOPS/s_max", "Roofline Time (µs)_first",
            *(f"Pct Roofline_{s}" for s in STATS), "Kernel Time (µs)_median", "Kernel Time (µs)_min",
-           "Kernel Time (µs)_max", "kernel_details_summary", "perf_params", "has_perf_model", "Percentage (%)",
+           "Kernel Time (µs)_max", "kernel_details_summary", "trunc_kernel_details", "perf_params", "has_perf_model", "Percentage (%)",
            "Cumulative Percentage (%)"]
 # TraceLens's names of the peaks: matrix (tensor-core) specs by magpie's precision; vector ops by dtype
 COMPUTE_SPEC = {"bf16_tensor": "matrix_bf16", "fp16_tensor": "matrix_fp16", "tf32_tensor": "matrix_fp32",
@@ -344,10 +344,10 @@ def _stats(values: list[float], prefix: str) -> dict:
             f"{prefix}_min": min(values), f"{prefix}_max": max(values)}
 
 
-def _kernel_details(group: SignatureGroup) -> str:
+def _kernel_details(group: SignatureGroup) -> list[dict]:
     """TraceLens's kernel_details_summary: one entry per place in a call's launches (the k-th thing
     each call launched), with its stream and the statistics of its durations over the calls
-    (population standard deviation), smallest total first, written as a Python list of dicts."""
+    (population standard deviation), smallest total first."""
     places: dict[tuple, list[float]] = {}
     for launched in group.calls:
         for position, activity in enumerate(sorted(launched, key=lambda a: a.ts)):
@@ -361,7 +361,17 @@ def _kernel_details(group: SignatureGroup) -> str:
                         "std_dev_duration_us": statistics.pstdev(durations, mean),
                         "min_duration_us": min(durations), "max_duration_us": max(durations)})
     details.sort(key=lambda d: d["total_duration_us"])
-    return repr(details)
+    return details
+
+
+def _kernel_columns(group: SignatureGroup) -> dict:
+    """kernel_details_summary and its short form, trunc_kernel_details: each entry's name cut to
+    64 characters (then '...'), its stream and mean duration to 0.01 µs (hundredths rounded half
+    to even in binary, as TraceLens's are: 1.185 -> 1.18)."""
+    details = _kernel_details(group)
+    short = [{"name": d["name"] if len(d["name"]) <= 64 else d["name"][:64] + "...", "stream": d["stream"],
+              "mean_duration_us": round(d["mean_duration_us"] * 100) / 100} for d in details]
+    return {"kernel_details_summary": repr(details), "trunc_kernel_details": repr(short)}
 
 
 def _signature(group: SignatureGroup) -> dict:
@@ -376,14 +386,14 @@ def _unique_args_row(group: SignatureGroup) -> dict:
     subtree = group.subtree if group.op is not None else group.times
     return {**_signature(group), "operation_count": len(group.times), "total_direct_kernel_time_sum": group.total,
             "total_subtree_kernel_time_sum": sum(subtree), **_stats(group.times, "total_direct_kernel_time"),
-            **_stats(subtree, "total_subtree_kernel_time"), "kernel_details_summary": _kernel_details(group)}
+            **_stats(subtree, "total_subtree_kernel_time"), **_kernel_columns(group)}
 
 
 def _unified_row(group: SignatureGroup, arch=None) -> dict:
     times, est = group.times, group.est
     out = {**_signature(group), "operation_count": len(times), "Kernel Time (µs)_sum": group.total,
            **_stats(times, "Kernel Time (µs)"), "has_perf_model": est is not None,
-           "kernel_details_summary": _kernel_details(group)}
+           **_kernel_columns(group)}
     if group.cpu:
         cpu = _stats(group.cpu, "duration_us")
         out.update({"total_duration_us": sum(group.cpu), "mean_duration_us": cpu.pop("duration_us_mean"),
