@@ -36,13 +36,25 @@ UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs",
            *(f"Pct Roofline_{s}" for s in STATS), "Kernel Time (µs)_median", "Kernel Time (µs)_min",
            "Kernel Time (µs)_max", "kernel_details_summary", "trunc_kernel_details", "perf_params", "has_perf_model", "Percentage (%)",
            "Cumulative Percentage (%)"]
+# A family sheet's columns after its name and its model's parameters: the unified row's values, in
+# TraceLens's names (a "_first" value is the first call's, the same for every call of a signature)
+FAMILY_SHEET = ["GFLOPS_first", "Data Moved (MB)_first", "FLOPS/Byte_first", *(f"TB/s_{s}" for s in STATS),
+                *(f"TFLOPS/s_{s}" for s in STATS), "Compute Spec", "Roofline Time (µs)_first", "Roofline Bound_first",
+                *(f"Pct Roofline_{s}" for s in STATS), "kernel_details__summarize_kernel_stats",
+                "trunc_kernel_details", "Input Dims_first", "Input type_first", "Concrete Inputs_first",
+                *(f"Kernel Time (µs)_{s}" for s in STATS), "Kernel Time (µs)_sum", "name_count"]
+_FAMILY_NAMES = {"GFLOPS_first": "GFLOPS", "Data Moved (MB)_first": "Data Moved (MB)",
+                 "FLOPS/Byte_first": "FLOPS/Byte", "Roofline Bound_first": "Roofline Bound",
+                 "kernel_details__summarize_kernel_stats": "kernel_details_summary", "Input Dims_first": "Input Dims",
+                 "Input type_first": "Input type", "Concrete Inputs_first": "Concrete Inputs",
+                 "name_count": "operation_count"}
 # TraceLens's names of the peaks: matrix (tensor-core) specs by magpie's precision; vector ops by dtype
 COMPUTE_SPEC = {"bf16_tensor": "matrix_bf16", "fp16_tensor": "matrix_fp16", "tf32_tensor": "matrix_fp32",
                 "fp8_tensor": "matrix_fp8", "fp64_tensor": "matrix_fp64", "int8_tensor": "matrix_int8"}
 VECTOR_SPEC = {"c10::BFloat16": "vector_bf16", "c10::Half": "vector_fp16", "float": "vector_fp32",
                "double": "vector_fp64"}
-# TraceLens's performance-metric sheets, one CSV each: the unified rows of one op family
-# with a "param: <name>" column per perf-model parameter. Input strides are not ingested.
+# TraceLens's performance-metric sheets, one CSV each: the unified rows of one op family, a
+# "param: <name>" column per perf-model parameter and then FAMILY_SHEET. Input strides are not ingested.
 PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise",
                  "Reduce_fwd", "Normalization")
 # Which modelled elementwise ops go on which sheet, as TraceLens files them (by name, not by how many
@@ -277,7 +289,8 @@ def ops_tables(groups: list[SignatureGroup], arch=None) -> dict[str, list[dict]]
     tables = {"ops_summary": ops, "ops_summary_by_category": by_category, "ops_unique_args": unique,
               "unified_perf_summary": unified}
     for family in PERF_FAMILIES:
-        tables[family] = [{**row, **{f"param: {k}": v for k, v in g.est.params.items()}}
+        tables[family] = [{**row, **{ours: row.get(theirs) for ours, theirs in _FAMILY_NAMES.items()},
+                           **{f"param: {k}": v for k, v in g.est.params.items()}}
                           for g, row in zip(groups, unified) if g.est is not None and perf_family(g) == family]
     return tables
 
@@ -317,7 +330,7 @@ def table_columns(name: str, rows: list[dict]) -> list[str]:
     if fixed is not None:
         return fixed
     params = dict.fromkeys(k for row in rows for k in row if k.startswith("param: "))
-    return [*UNIFIED, *params]
+    return ["name", *params, *FAMILY_SHEET]
 
 
 def perf_family(group: SignatureGroup) -> str | None:
