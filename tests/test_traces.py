@@ -757,3 +757,24 @@ def test_streamed_decode_in_small_batches_matches_the_whole_document(tmp_path, m
     assert (streamed.rank, streamed.device_name(), len(streamed.cpu_ops), len(streamed.gpu)) == (3, "NVIDIA H200", 40, 40)
     assert streamed == whole
     assert streamed.gpu[5].op == 5 and streamed.cpu_ops[5].input_dims == [[2, 3], []]
+
+
+def test_streamed_decode_of_a_broken_trace_says_what_the_whole_document_decode_says(tmp_path, monkeypatch):
+    """Broken in the middle or cut short, read in small batches: the same error as reading it whole."""
+    import json as js
+
+    from magpie.traces import ingest
+
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": float(i), "dur": 1.0, "pid": 0, "tid": 7,
+               "args": {"correlation": i}} for i in range(200)]
+    text = js.dumps({"traceEvents": events}).encode()
+    middle = len(text) // 2
+    monkeypatch.setattr(ingest, "_CHUNK", 64)
+    for name, broken in (("middle.json", text[:middle] + b"}}}" + text[middle + 3:]), ("short.json", text[:middle])):
+        path = tmp_path / name
+        path.write_bytes(broken)
+        with pytest.raises(TraceError) as streamed:
+            load_trace(path)
+        with pytest.raises(TraceError) as whole:
+            ingest.decode(path)
+        assert str(streamed.value) == str(whole.value)

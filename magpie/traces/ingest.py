@@ -163,11 +163,12 @@ def decode(path: str | Path) -> _Document:
         raise TraceError(f"{path}: not valid JSON ({str(err).splitlines()[0]}); truncated or not a trace?") from None
 
 
-_CHUNK = 16 << 20  # decompressed bytes read at a time
+_CHUNK = 1 << 20  # decompressed bytes read (and events decoded) at a time
 _HEAD_LIMIT = 64 << 20  # no "traceEvents" key in this much: not a trace laid out as profilers write them
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _AFTER_EVENT = re.compile(rb"\s*([,\]])")
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+_AT_BYTE = re.compile(r"\(byte (\d+)\)")
 
 
 def _chunks(path: Path):
@@ -199,17 +200,17 @@ def _stream(path: Path, take: Callable[[list[_Event]], None]) -> _Document | Non
     as a trace (no traceEvents array near the top) or does not decode: then decode() reads it
     whole and says what is wrong."""
     chunks = _chunks(path)
-    head = b""
+    head = bytearray()
     for chunk in chunks:
         head += chunk
-        found = _EVENTS_KEY.search(head)
+        found = _EVENTS_KEY.search(head, max(0, len(head) - len(chunk) - 64))
         if found:
             break
         if len(head) > _HEAD_LIMIT:
             return None
     else:
         return None
-    prefix, pending = head[:found.start()], head[found.end():]
+    prefix, pending = bytes(head[:found.start()]), bytes(head[found.end():])
     del head
     tail = None
     more = True
@@ -220,13 +221,16 @@ def _stream(path: Path, take: Callable[[list[_Event]], None]) -> _Document | Non
             close = pending.rfind(b"}", 0, close)
             after = _AFTER_EVENT.match(pending, close + 1) if close >= 0 else None
         if after is not None:
-            piece = b"[" + pending[:close + 1] + b"]"
+            piece = b"".join((b"[", memoryview(pending)[:close + 1], b"]"))  # one copy, not two
             try:
                 events = _EVENTS.decode(piece)
             except msgspec.DecodeError as err:
                 # the array ended inside the batch, the rest of the document behind it
                 ended = _TRAILING.search(str(err))
                 events = None
+                wrong = _AT_BYTE.search(str(err))
+                if not ended and wrong and int(wrong.group(1)) < len(piece) - 2:
+                    return None  # wrong before the cut, not at it: decode() reads it whole and says where
                 if ended:
                     end = piece.rindex(b"]", 0, int(ended.group(1))) + 1  # msgspec counts past the character
                     try:
