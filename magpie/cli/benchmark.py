@@ -50,6 +50,10 @@ def add_parser(sub) -> None:
     s.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                    help="the whole benchmark, server start included (default: %(default)s)")
     s.add_argument("--ready-timeout", type=float, metavar="S", help="the server's start alone (default: --timeout)")
+    s.add_argument("--torch-profiler", action="store_true",
+                   help="record a torch profiler window over the load into -o DIR/torch_trace/ (vllm, sglang: their "
+                        "/start_profile and /stop_profile; transformers: magpie's launcher) and analyse it into "
+                        "tracelens/ and gap_analysis/; the run is diagnostic, never reward-eligible")
     s.add_argument("--gpus", metavar="IDS", help="pin the server's GPUs, e.g. 0,1 (default: idle GPUs are picked, "
                    "as many as --tp)")
     s.add_argument("--compare", nargs=2, metavar=("A", "B"),
@@ -123,7 +127,8 @@ def run_serving(args) -> int:
         if args.framework or args.model:
             raise UserError("benchmark: give either --benchmark-config YAML or ENGINE -m MODEL, not both")
         config = load_benchmark_config(args.benchmark_config, output_dir=args.output_dir, host=args.host,
-                                       port=args.port, base_url=args.base_url, endpoint=args.endpoint)
+                                       port=args.port, base_url=args.base_url, endpoint=args.endpoint,
+                                       profiler=args.torch_profiler or None)
         return _serve_and_print(config, args)
     if not args.framework:
         raise UserError("benchmark -m MODEL: name the engine first: transformers, vllm, sglang, atom or external")
@@ -138,7 +143,7 @@ def run_serving(args) -> int:
             range_ratio=args.random_range_ratio, num_prompts=args.num_prompts, request_rate=args.request_rate,
             burstiness=args.burstiness, num_warmups=args.num_warmups, seed=args.seed,
             goodput=parse_goodput(args.goodput), timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
-            output_dir=args.output_dir)
+            output_dir=args.output_dir, profiler=args.torch_profiler)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "config"
@@ -170,6 +175,12 @@ def _serve_and_print(config, args) -> int:
         for name in ("ttft", "tpot", "itl", "e2el"):
             st = getattr(lat, name)
             print(f"  {name:5} mean {st.mean:9.2f} ms  median {st.median:9.2f}  p99 {st.p99:9.2f}")
+        if report.profiling_enabled:
+            ks = report.kernel_summary or {}
+            print(f"profiled (diagnostic, not reward-eligible): {ks.get('traces', 0)} trace(s), "
+                  f"{ks.get('kernels', 0)} GPU kernels -> {Path(report.workspace_dir) / 'torch_trace'}")
+            if ks.get("explanation"):
+                print(f"  {ks['explanation']}")
         print(f"written: {where}")
     return 0
 

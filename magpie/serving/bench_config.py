@@ -14,7 +14,7 @@
         MAX_MODEL_LEN: 4096
         EXTRA_VLLM_ARGS: "--enforce-eager"   # EXTRA_<FRAMEWORK>_ARGS or EXTRA_SERVER_ARGS: the server's
       env: {OMP_NUM_THREADS: "8"}            # the server's environment
-      profiler: false            # profiled runs are not built yet: true is refused
+      profiler: false            # true: a torch profiler window, traces analysed; the run is diagnostic
       run_mode: local            # docker is not built yet: refused
       run_kind: measurement      # or diagnostic (never reward-eligible)
       gpu_selection: auto        # or a list of device indices: CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES
@@ -138,9 +138,6 @@ def load_benchmark_config(path: str | Path, **overrides):
     except ValidationError as err:
         raise describe_validation_error(path, err) from None
     profiler = section.profiler if isinstance(section.profiler, bool) else section.profiler.enabled
-    if profiler:
-        raise located(path, "benchmark.profiler", "profiled runs are not supported yet: set it to false "
-                      "(or leave it out) for a measurement run")
     if section.run_mode != "local":
         raise located(path, "benchmark.run_mode", "docker mode is not supported yet: use local")
     env = dict(section.env)
@@ -158,6 +155,7 @@ def load_benchmark_config(path: str | Path, **overrides):
                   max_model_len=e.MAX_MODEL_LEN, extra_server_args=_server_args(path, section), env=env,
                   concurrency=e.CONC, input_len=e.ISL, output_len=e.OSL, range_ratio=e.RANDOM_RANGE_RATIO,
                   num_prompts=e.NUM_PROMPTS or (10 * e.CONC if e.CONC else 100), run_kind=section.run_kind,
+                  profiler=profiler,
                   timeout_s=section.timeout_seconds, base_url=section.base_url)
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:

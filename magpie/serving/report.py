@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from magpie.serving.models import Latency, Throughput
 
@@ -38,6 +38,8 @@ class BenchmarkConfig(_Strict):
     run_mode: Literal["local"] = "local"
     run_kind: Literal["measurement", "diagnostic"] = Field(
         "measurement", description="diagnostic runs (profiled, or so declared) are never reward-eligible")
+    profiler: bool = Field(False, description="a torch profiler window over the load into torch_trace/, then "
+                                              "the trace analysis; makes the run diagnostic (serving.profiling)")
     host: str = "127.0.0.1"
     port: Optional[int] = Field(None, ge=1, le=65535)
     base_url: Optional[str] = Field(None, description="a running server: nothing is started")
@@ -57,6 +59,12 @@ class BenchmarkConfig(_Strict):
     output_dir: str = "magpie_results"
     gpu_min_free_fraction: float = Field(0.9, ge=0.0, le=1.0, description="an idle GPU has this much memory free")
     gpu_monitor_interval_s: float = Field(1.0, gt=0, description="the GPU monitor's sampling interval")
+
+    @model_validator(mode="after")
+    def _profiled_is_diagnostic(self):
+        if self.profiler:            # profiling perturbs latency: such a run is never a measurement
+            self.run_kind = "diagnostic"
+        return self
 
 
 class ServerInfo(_Strict):

@@ -9,6 +9,10 @@ engine has no flag for, a taken port, a server that exits or stays unready befor
 a failed ready check, a server that dies during the run (its requests fail; the run ends), the
 benchmark's timeout, Ctrl-C or SIGTERM (the report is written, then KeyboardInterrupt goes on).
 The server's process group is stopped on every one of these paths.
+
+With `config.profiler` the run is diagnostic: the engine's profiler (`profiling`) records a window
+over the load into `torch_trace/`, and after the server's stop the trace analysis fills the
+report's `tracelens_analysis`, `gap_analysis`, `kernel_summary` and `top_bottlenecks`.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from magpie.serving import engines as _engines
 from magpie.serving import gpus as _gpus
+from magpie.serving import profiling as _profiling
 from magpie.serving.report import (ENV_THAT_MATTERS, BenchmarkConfig, BenchmarkReport, Provenance, RunCounts,
                                    ServerInfo, hub_revision, local_model_path, model_hash)
 
@@ -91,6 +96,14 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
                                            precision=config.precision, max_model_len=config.max_model_len,
                                            extra_args=config.extra_server_args, env=config.env)
                 env = engine.environment(spec) if not external else {}
+                trace_dir = work / _profiling.TRACE_DIR
+                if config.profiler:
+                    if external or not _profiling.supported(engine_name):
+                        raise _Failed(f"--torch-profiler: no profiler mechanism for {engine_name}"
+                                      f"{' with --base-url' if external else ''}: it needs a server of ours "
+                                      f"(vllm, sglang or transformers)")
+                    env.update(_profiling.environment(engine_name, trace_dir))
+                    outputs["torch_trace"] = str(trace_dir)
                 if external:
                     allocation = {"mode": "external", "devices": []}
                 else:
@@ -113,6 +126,8 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
                         raise _Failed(f"model path not found: {config.model}")
                     try:
                         command = engine.command(spec)
+                        if config.profiler:
+                            command = _profiling.command(engine_name, command)
                     except _engines.UnsupportedOption as exc:
                         raise _Failed(str(exc)) from None
                     base_url = engine.base_url(spec)
@@ -128,8 +143,14 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
                         server_info.ready_after_s = server.wait_ready(ready_budget)
                     except ServerError as exc:
                         raise _Failed(str(exc), exc.log_tail) from None
+                profile = None
+                if config.profiler:
+                    pid = server.proc.pid if server is not None else None
+                    profile = (lambda: _profiling.start(engine_name, base_url, pid),
+                               lambda: _profiling.stop(engine_name, base_url, pid, trace_dir,
+                                                       wait_s=max(min(remaining(), 300.0), 10.0)))
                 _load(config, engine, base_url, server, remaining, work, report_kw, outputs,
-                      _monitored(allocation))
+                      _monitored(allocation), profile)
             except _Failed as exc:
                 errors.append(str(exc))
                 if exc.detail:
@@ -156,9 +177,13 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
         errors.append(f"{run.failed} of {run.failed + run.completed} requests failed; first: "
                       f"{report_kw.pop('first_error', '')}")
     report_kw.pop("first_error", None)
+    if config.profiler and report_kw.get("traces"):
+        _analyse(report_kw, work, outputs, errors)
+    report_kw.pop("traces", None)
     success = not errors and run is not None and run.completed > 0
     report = BenchmarkReport(success=success, framework=engine_name, model=config.model, workspace_dir=str(work),
                              execution_time=time.monotonic() - t0, run_kind=config.run_kind,
+                             profiling_enabled=config.profiler,
                              reward_eligible=success and config.run_kind == "measurement", errors=errors,
                              server=server_info, provenance=provenance,
                              config=config, outputs={**outputs, "report": str(work / REPORT)}, **report_kw)
@@ -168,6 +193,20 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
     return report
 
 
+def _analyse(report_kw: dict, work: Path, outputs: dict, errors: list[str]) -> None:
+    """The trace analysis of the run's torch_trace/ into the workspace and the report's fields."""
+    from magpie.traces.ingest import TraceError
+
+    try:
+        report_kw.update(_profiling.analyse(work / _profiling.TRACE_DIR, work))
+    except TraceError as exc:
+        report_kw["tracelens_analysis"] = {"outputs": [], "errors": [str(exc)]}
+        errors.append(f"trace analysis: {exc}")
+        return
+    outputs["tracelens"] = str(work / "tracelens")
+    outputs["gap_analysis"] = report_kw["gap_analysis"]["outputs"]["gap_analysis"]
+
+
 def _monitored(allocation: dict) -> list[int] | None:
     """The NVML indices to monitor: the allocation's where they are indices, else every device."""
     devices = allocation.get("devices") or []
@@ -175,7 +214,7 @@ def _monitored(allocation: dict) -> list[int] | None:
 
 
 def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, work: Path, report_kw: dict,
-          outputs: dict, monitor_devices: list[int] | None = None) -> None:
+          outputs: dict, monitor_devices: list[int] | None = None, profile=None) -> None:
     from magpie.serving import load as _load_mod
     from magpie.serving import metrics as _metrics
     from magpie.serving.models import DatasetConfig, LoadConfig
@@ -212,7 +251,17 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
     sampler, why = _gpus.open_sampler(monitor_devices)
     monitor = _gpus.GpuMonitor(sampler, config.gpu_monitor_interval_s).start() if sampler is not None else None
     try:
+        if profile is not None:
+            try:
+                profile[0]()
+            except _profiling.ProfilerError as exc:
+                raise _Failed(f"the profiler did not start: {exc}") from None
         record = asyncio.run(watched())
+        if profile is not None:
+            try:
+                report_kw["traces"] = profile[1]()
+            except _profiling.ProfilerError as exc:
+                raise _Failed(f"the profiler did not stop cleanly: {exc}") from None
     except RuntimeError as exc:          # the ready check's request failed
         raise _Failed(str(exc)) from None
     finally:

@@ -1,0 +1,120 @@
+"""Profiled (diagnostic) runs: a torch profiler window over the served requests, traces into `torch_trace/`.
+
+A run with `profiler` on is `run_kind: diagnostic` and never `reward_eligible` (the profiler perturbs
+latency); a clean `measurement` run is a separate run. How each engine is profiled:
+
+- vllm: `VLLM_TORCH_PROFILER_DIR=<workspace>/torch_trace` in the server's environment, then
+  `POST /start_profile` before the load and `POST /stop_profile` after it (vLLM's documented profiler
+  routes). sglang: the same with `SGLANG_TORCH_PROFILER_DIR`. Both unverified here (neither engine is
+  installed on our machines): the environment and the requests are unit-tested, not the engines.
+- transformers (`transformers serve` has no profiler route): the server is started through
+  `python -m magpie.serving.torch_launcher -- <its command>`, which runs the same CLI in its own
+  process with a `torch.profiler.profile` (CPU, and CUDA where available) that SIGUSR1 starts and
+  SIGUSR2 stops; on the stop it writes a Chrome trace to `$MAGPIE_TORCH_TRACE_DIR` (the workspace's
+  `torch_trace/`) under a temporary name, then renames it, so a finished file is a whole trace.
+- atom, external: no profiler mechanism; a profiled run is refused before anything starts.
+
+After the load the traces are analysed by `magpie.traces.report.analyze_traces` in inference mode
+into the workspace (`tracelens/`, `gap_analysis/`, `gpu_timeline.csv`, `trace_report.html`), and
+the report's `tracelens_analysis`, `gap_analysis`, `kernel_summary` and `top_bottlenecks` are filled.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+TRACE_DIR = "torch_trace"
+TRACE_DIR_ENV = "MAGPIE_TORCH_TRACE_DIR"
+ENDPOINT_ENGINES = {"vllm": "VLLM_TORCH_PROFILER_DIR", "sglang": "SGLANG_TORCH_PROFILER_DIR"}
+LAUNCHER_ENGINES = ("transformers",)
+START_SIGNAL, STOP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
+
+
+class ProfilerError(RuntimeError):
+    """The profiler could not be started or stopped, or wrote no trace."""
+
+
+def supported(engine_name: str) -> bool:
+    return engine_name in ENDPOINT_ENGINES or engine_name in LAUNCHER_ENGINES
+
+
+def environment(engine_name: str, trace_dir: Path) -> dict[str, str]:
+    """Variables that point the engine's profiler at `trace_dir`."""
+    if engine_name in ENDPOINT_ENGINES:
+        return {ENDPOINT_ENGINES[engine_name]: str(trace_dir)}
+    if engine_name in LAUNCHER_ENGINES:
+        return {TRACE_DIR_ENV: str(trace_dir)}
+    raise ProfilerError(f"the {engine_name} engine has no profiler mechanism here (vllm, sglang, transformers)")
+
+
+def command(engine_name: str, command: list[str]) -> list[str]:
+    """The server's command line, wrapped in the launcher where the engine has no profiler route."""
+    if engine_name in LAUNCHER_ENGINES:
+        return [sys.executable, "-m", "magpie.serving.torch_launcher", "--", *command]
+    return list(command)
+
+
+def post(base_url: str, route: str, timeout: float = 60.0) -> int:
+    """POST to `route`; its HTTP status (raises ProfilerError when the server cannot be reached)."""
+    req = urllib.request.Request(base_url.rstrip("/") + route, data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        raise ProfilerError(f"{route} answered {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ProfilerError(f"{route}: {exc}") from None
+
+
+def traces(trace_dir: Path) -> list[Path]:
+    return sorted(p for p in trace_dir.rglob("*") if p.name.endswith((".json", ".json.gz"))) \
+        if trace_dir.is_dir() else []
+
+
+def start(engine_name: str, base_url: str, pid: int | None) -> None:
+    if engine_name in ENDPOINT_ENGINES:
+        post(base_url, "/start_profile")
+    elif pid is not None:
+        os.kill(pid, START_SIGNAL)
+        time.sleep(0.5)              # the handler runs at the server's next bytecode; give it a moment
+
+
+def stop(engine_name: str, base_url: str, pid: int | None, trace_dir: Path, wait_s: float = 120.0) -> list[Path]:
+    """Stops the window and waits until a trace file is there and no longer grows; the traces."""
+    if engine_name in ENDPOINT_ENGINES:
+        post(base_url, "/stop_profile", timeout=max(wait_s, 1.0))
+    elif pid is not None:
+        os.kill(pid, STOP_SIGNAL)
+    deadline = time.monotonic() + wait_s
+    last = None
+    while time.monotonic() < deadline:
+        found = traces(trace_dir)
+        sizes = [(p, p.stat().st_size) for p in found if p.exists()]
+        if sizes and sizes == last:
+            return found
+        last = sizes
+        time.sleep(0.5)
+    raise ProfilerError(f"no finished trace in {trace_dir} within {wait_s:g} s of the profiler's stop")
+
+
+def analyse(trace_dir: Path, work: Path) -> dict:
+    """The trace analysis (inference mode) into `work`; the report's profiling fields."""
+    from magpie.traces.report import analyze_traces
+
+    summary = analyze_traces(trace_dir, work, analysis_mode="inference")
+    return {
+        "tracelens_analysis": summary["tracelens_analysis"],
+        "gap_analysis": {"top": summary["top"], "total_kernel_time_us": summary["total_kernel_time_us"],
+                         "explanation": summary["explanation"], "warnings": summary["warnings"],
+                         "errors": summary["errors"], "traces": summary["traces"], "outputs": summary["outputs"]},
+        "kernel_summary": {"total_kernel_time_us": summary["total_kernel_time_us"],
+                           "kernels": sum(t["kernels"] for t in summary["traces"]),
+                           "traces": len(summary["traces"]), "explanation": summary["explanation"]},
+        "top_bottlenecks": summary["top"][:10],
+    }
