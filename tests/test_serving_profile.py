@@ -1,0 +1,142 @@
+"""Profiled serving runs (requirement 4): `--torch-profiler` / `profiler: true` make a run diagnostic (never
+reward-eligible); vllm and sglang are profiled through their documented routes and environment (unverified: the
+requests and variables are tested against a recording server here, not the engines); `transformers serve` through
+magpie's torch launcher, end to end on the CPU with the tiny offline model: the trace lands in torch_trace/, the
+trace analysis reads it in inference mode and says that a CPU trace has no GPU kernels."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from magpie.cli import main
+from magpie.serving import profiling
+from magpie.serving.bench_config import load_benchmark_config
+from magpie.serving.engines import ServerSpec, get
+from magpie.serving.local import free_port, group_alive
+from magpie.serving.report import BenchmarkConfig
+from magpie.serving.runner import REPORT, run_benchmark
+
+
+def test_a_profiled_config_is_diagnostic():
+    assert BenchmarkConfig(framework="vllm", model="m", profiler=True).run_kind == "diagnostic"
+    assert BenchmarkConfig(framework="vllm", model="m", profiler=True, run_kind="measurement").run_kind == \
+        "diagnostic"
+    assert BenchmarkConfig(framework="vllm", model="m").run_kind == "measurement"
+
+
+@pytest.mark.parametrize("value", ["true", "{enabled: true}"])
+def test_yaml_profiler_true_is_accepted_and_diagnostic(tmp_path, value):
+    path = tmp_path / "bench.yaml"
+    path.write_text(f"benchmark: {{framework: vllm, model: m, profiler: {value}}}\n")
+    config = load_benchmark_config(path)
+    assert config.profiler and config.run_kind == "diagnostic"
+
+
+@pytest.mark.parametrize("engine, variable", [("vllm", "VLLM_TORCH_PROFILER_DIR"),
+                                              ("sglang", "SGLANG_TORCH_PROFILER_DIR")])
+def test_endpoint_engines_get_their_profiler_dir_and_unchanged_command(tmp_path, engine, variable):
+    assert profiling.environment(engine, tmp_path / "torch_trace") == {variable: str(tmp_path / "torch_trace")}
+    command = get(engine).command(ServerSpec(model="m"))
+    assert profiling.command(engine, command) == command
+
+
+def test_transformers_runs_under_the_launcher(tmp_path):
+    command = get("transformers").command(ServerSpec(model="m"))
+    wrapped = profiling.command("transformers", command)
+    assert wrapped[1:4] == ["-m", "magpie.serving.torch_launcher", "--"] and wrapped[4:] == command
+    assert profiling.environment("transformers", tmp_path) == {profiling.TRACE_DIR_ENV: str(tmp_path)}
+    with pytest.raises(profiling.ProfilerError, match="no profiler mechanism"):
+        profiling.environment("atom", tmp_path)
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """vLLM's profiler routes as documented: POST /start_profile, POST /stop_profile (the trace is then written)."""
+    paths: list = []
+    trace_dir: Path = Path(".")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).paths.append(self.path)
+        if self.path == "/stop_profile":
+            self.trace_dir.mkdir(parents=True, exist_ok=True)
+            (self.trace_dir / "rank0.pt.trace.json").write_text('{"traceEvents": []}')
+        self.send_response(200 if self.path in ("/start_profile", "/stop_profile") else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_endpoint_engines_start_and_stop_through_their_routes(tmp_path):
+    _Recorder.paths, _Recorder.trace_dir = [], tmp_path / "torch_trace"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        profiling.start("vllm", url, pid=None)
+        found = profiling.stop("vllm", url, None, tmp_path / "torch_trace", wait_s=10)
+        assert _Recorder.paths == ["/start_profile", "/stop_profile"]
+        assert [p.name for p in found] == ["rank0.pt.trace.json"]
+        with pytest.raises(profiling.ProfilerError, match="404"):
+            profiling.post(url, "/nothing")
+    finally:
+        server.shutdown()
+
+
+def test_stop_without_a_trace_is_a_profiler_error(tmp_path):
+    with pytest.raises(profiling.ProfilerError, match="no finished trace"):
+        profiling.stop("transformers", "http://unused", None, tmp_path / "torch_trace", wait_s=0.6)
+
+
+@pytest.mark.parametrize("framework, extra", [("atom", {}), ("vllm", {"base_url": "http://127.0.0.1:9"})])
+def test_engines_without_a_mechanism_are_refused_before_anything_starts(tmp_path, framework, extra):
+    report = run_benchmark(BenchmarkConfig(framework=framework, model="m", profiler=True,
+                                           output_dir=str(tmp_path / "ws"), **extra))
+    assert not report.success and not report.reward_eligible and report.run_kind == "diagnostic"
+    assert report.errors[0].startswith(f"--torch-profiler: no profiler mechanism for {framework}")
+    assert report.server is None or report.server.pid is None
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from magpie.serving.tiny_model import build
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+        return build(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
+    out = tmp_path / "ws"
+    rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--port", str(free_port()), "--num-prompts", "4",
+               "--concurrency", "2", "--input-len", "16", "--output-len", "8", "--timeout", "240",
+               "--torch-profiler", "-o", str(out)])
+    report = json.loads((out / REPORT).read_text())
+    assert rc == 0, report["errors"]
+    assert report["success"] and report["errors"] == []
+    assert report["profiling_enabled"] and report["run_kind"] == "diagnostic" and not report["reward_eligible"]
+    assert report["run"]["completed"] == 4 and not group_alive(report["server"]["pid"])
+    assert report["server"]["command"][1:3] == ["-m", "magpie.serving.torch_launcher"]
+    traces = sorted((out / "torch_trace").glob("*.pt.trace.json"))
+    assert len(traces) == 1 and not list((out / "torch_trace").glob("*.tmp"))
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    # the model's ops run on the server's inference thread, not the one the signal lands on: all threads recorded
+    assert any(e["name"] == "aten::mm" or e["name"] == "aten::addmm" or e["name"] == "aten::linear" for e in ops)
+    assert len({e["tid"] for e in ops}) >= 2
+    # the honest outcome on the CPU: the analysis reads the trace, says it has no GPU kernels, fails nothing
+    tl = report["tracelens_analysis"]
+    assert tl["analysis_mode"] == "inference" and tl["errors"] == [] and tl["outputs"]
+    assert all(Path(p).is_file() for p in tl["outputs"])
+    assert all(str(out / "tracelens") in p for p in tl["outputs"])
+    ks = report["kernel_summary"]
+    assert ks["traces"] == 1 and ks["kernels"] == 0 and ks["total_kernel_time_us"] == 0
+    assert "no GPU kernels in any trace" in ks["explanation"] and "CPU-only profile" in ks["explanation"]
+    assert report["top_bottlenecks"] == [] and report["gap_analysis"]["errors"] == []
+    assert Path(report["gap_analysis"]["outputs"]["gap_analysis"]).is_file()
+    assert (out / "gap_analysis" / "gap_analysis.json").is_file()
+    assert "no GPU kernels" in capsys.readouterr().out
