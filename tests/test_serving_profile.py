@@ -91,6 +91,18 @@ def test_stop_without_a_trace_is_a_profiler_error(tmp_path):
         profiling.stop("transformers", "http://unused", None, tmp_path / "torch_trace", wait_s=0.6)
 
 
+def test_signalling_a_server_that_is_gone_is_a_profiler_error(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    for call in (lambda: profiling.start("transformers", "http://unused", proc.pid),
+                 lambda: profiling.stop("transformers", "http://unused", proc.pid, tmp_path, wait_s=0.6)):
+        with pytest.raises(profiling.ProfilerError, match=f"cannot signal the server \\(pid {proc.pid}\\)"):
+            call()
+
+
 @pytest.mark.parametrize("framework, extra", [("atom", {}), ("vllm", {"base_url": "http://127.0.0.1:9"})])
 def test_engines_without_a_mechanism_are_refused_before_anything_starts(tmp_path, framework, extra):
     report = run_benchmark(BenchmarkConfig(framework=framework, model="m", profiler=True,

@@ -77,11 +77,18 @@ def traces(trace_dir: Path) -> list[Path]:
         if trace_dir.is_dir() else []
 
 
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError as exc:           # the server is gone (or not ours)
+        raise ProfilerError(f"cannot signal the server (pid {pid}): {exc.strerror or exc}") from None
+
+
 def start(engine_name: str, base_url: str, pid: int | None) -> None:
     if engine_name in ENDPOINT_ENGINES:
         post(base_url, "/start_profile")
     elif pid is not None:
-        os.kill(pid, START_SIGNAL)
+        _signal(pid, START_SIGNAL)
         time.sleep(0.5)              # the handler runs at the server's next bytecode; give it a moment
 
 
@@ -90,7 +97,7 @@ def stop(engine_name: str, base_url: str, pid: int | None, trace_dir: Path, wait
     if engine_name in ENDPOINT_ENGINES:
         post(base_url, "/stop_profile", timeout=max(wait_s, 1.0))
     elif pid is not None:
-        os.kill(pid, STOP_SIGNAL)
+        _signal(pid, STOP_SIGNAL)
     deadline = time.monotonic() + wait_s
     last = None
     while time.monotonic() < deadline:
