@@ -112,6 +112,23 @@ def test_engines_without_a_mechanism_are_refused_before_anything_starts(tmp_path
     assert report.server is None or report.server.pid is None
 
 
+def test_the_window_opens_after_the_warm_ups_and_before_the_measured_requests():
+    import asyncio
+
+    from magpie.serving import load
+    from magpie.serving.models import DatasetConfig, LoadConfig
+    from magpie.serving.stub_server import Reply, ThreadedStubServer
+
+    with ThreadedStubServer(script=lambda p, b: Reply(tokens=3), record=True) as srv:
+        seen = []
+        cfg = LoadConfig(base_url=srv.base_url, model="m", num_prompts=3, num_warmups=2,
+                         dataset=DatasetConfig(input_len=4, output_len=3))
+        record = asyncio.run(load.run(cfg, load.load_samples(cfg), before_measured=lambda: seen.append(
+            len(srv.requests))))
+        assert seen == [3]                      # the ready check and two warm-ups were sent before it
+        assert len(srv.requests) == 6 and len(record.outputs) == 3 and len(record.warmups) == 2
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     from magpie.serving.tiny_model import build
@@ -125,7 +142,7 @@ def tiny_model(tmp_path_factory):
 def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
     out = tmp_path / "ws"
     rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--port", str(free_port()), "--num-prompts", "4",
-               "--concurrency", "2", "--input-len", "16", "--output-len", "8", "--timeout", "240",
+               "--concurrency", "2", "--input-len", "16", "--output-len", "8", "--num-warmups", "1", "--timeout", "240",
                "--torch-profiler", "-o", str(out)])
     report = json.loads((out / REPORT).read_text())
     assert rc == 0, report["errors"]

@@ -68,8 +68,11 @@ class RunRecord:
 
 
 async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Clock = time.perf_counter,
-              sleep: Callable[[float], Any] = asyncio.sleep, client: Client | None = None) -> RunRecord:
-    """Sends `samples` as `config` says and returns their records; raises if the ready check fails."""
+              sleep: Callable[[float], Any] = asyncio.sleep, client: Client | None = None,
+              before_measured: Callable[[], Any] | None = None) -> RunRecord:
+    """Sends `samples` as `config` says and returns their records; raises if the ready check fails.
+    `before_measured` (blocking; run in a thread) is called after the warm-ups, before the measured
+    requests: a profiler window then holds those alone, as vLLM's bench serve starts its profiler."""
     if not samples:
         raise ValueError("no requests to send")
     ignore_eos = config.ignore_eos if config.ignore_eos is not None else config.dataset.name == "random"
@@ -92,6 +95,8 @@ async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Cl
                 return await client.send(first.prompt, first.prompt_len, first.expected_output_len, data=warm_data)
 
         warmups = list(await asyncio.gather(*(warm() for _ in range(config.num_warmups))))
+        if before_measured is not None:
+            await asyncio.to_thread(before_measured)
         offsets = arrival_offsets(len(samples), config.request_rate, config.burstiness, config.seed)
         bodies = [client.encode(s.prompt, s.expected_output_len) for s in samples]
 

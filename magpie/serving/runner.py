@@ -11,7 +11,7 @@ benchmark's timeout, Ctrl-C or SIGTERM (the report is written, then KeyboardInte
 The server's process group is stopped on every one of these paths.
 
 With `config.profiler` the run is diagnostic: the engine's profiler (`profiling`) records a window
-over the load into `torch_trace/`, and after the server's stop the trace analysis fills the
+over the measured requests (opened after the warm-ups) into `torch_trace/`, and after the server's stop the trace analysis fills the
 report's `tracelens_analysis`, `gap_analysis`, `kernel_summary` and `top_bottlenecks`.
 """
 from __future__ import annotations
@@ -231,7 +231,8 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
     samples = _load_mod.load_samples(load_config)
 
     async def watched():
-        task = asyncio.ensure_future(_load_mod.run(load_config, samples))
+        task = asyncio.ensure_future(_load_mod.run(load_config, samples,
+                                                   before_measured=profile[0] if profile is not None else None))
         deadline = time.monotonic() + remaining()
         while not task.done():
             await asyncio.wait({task}, timeout=0.2)
@@ -251,12 +252,10 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
     sampler, why = _gpus.open_sampler(monitor_devices)
     monitor = _gpus.GpuMonitor(sampler, config.gpu_monitor_interval_s).start() if sampler is not None else None
     try:
-        if profile is not None:
-            try:
-                profile[0]()
-            except _profiling.ProfilerError as exc:
-                raise _Failed(f"the profiler did not start: {exc}") from None
-        record = asyncio.run(watched())
+        try:
+            record = asyncio.run(watched())
+        except _profiling.ProfilerError as exc:      # from the start, after the warm-ups
+            raise _Failed(f"the profiler did not start: {exc}") from None
         if profile is not None:
             try:
                 report_kw["traces"] = profile[1]()
