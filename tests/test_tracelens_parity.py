@@ -131,13 +131,11 @@ MAGPIE_IS_RIGHT = [
 
 GAPS = [
     Explained("perf-table-columns",
-              "(6) unified_perf_summary and ops_unique_args lack TraceLens's process/thread, Input Strides, ex_UID "
-              "and trunc_kernel_details columns; the family sheets are unified rows with magpie's param: columns, "
-              "not TraceLens's *_first, name_count, UID_first and model parameters",
+              "(6) the family sheets carry magpie's model parameters as param: columns (numel, kept, "
+              "tensor_inputs...), not TraceLens's (M, N, K, bias, stride_A, dtype_A_B, op_shape, stride_input...)",
               lambda d: d.file in PERF_TABLES and d.aspect.startswith("column-")),
     Explained("perf-table-rows",
-              "(6) TraceLens's signatures include Input Strides (not ingested: its tables split a signature magpie "
-              "keeps whole, and so order and accumulate differently), and its perf rows are the outermost op a "
+              "(6) TraceLens's perf rows are the outermost op a "
               "model covers (aten::convolution, _scaled_dot_product_cudnn_attention, layer_norm) with its "
               "subtree's kernels, plus a '<op>-><kernel> (Synthetic Op)' row per kernel an op launches beside its "
               "children; its family sheets group calls by the model's parameters (the param: columns, strides "

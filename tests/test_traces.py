@@ -544,6 +544,26 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     assert set(tables) >= set(PERF_FAMILIES)
 
 
+def test_signatures_split_by_strides_and_carry_process_thread_and_first_uid():
+    """TraceLens's signature includes Input Strides and the process and thread: two calls alike
+    but for their strides are two rows; ex_UID is the first call's index in traceEvents."""
+    from magpie.traces.ops_tables import ops_tables, signature_groups
+
+    trace = load_trace(TRACES / "serving_steps_vllm_format.json.gz")
+    groups = signature_groups(trace)
+    muls = [g for g in groups if g.name == "aten::mul" and g.op.input_dims[:2] == [[2, 8, 1, 64], [1, 1, 1, 64]]]
+    assert len(muls) == 2 and muls[0].op.strides != muls[1].op.strides
+    for group in groups:
+        if group.op is not None:
+            first = min(i for i, op in enumerate(trace.cpu_ops) if op.name == group.name and op.strides ==
+                        group.op.strides and op.input_dims == group.op.input_dims and op.concrete == group.op.concrete
+                        and op.input_types == group.op.input_types and (op.pid, op.tid) == (group.op.pid, group.op.tid))
+            assert group.uid == trace.op_uids[first]
+    row = ops_tables(groups)["unified_perf_summary"][0]
+    assert row["process_label"] == "CPU" and row["thread_name"].startswith("thread ")
+    assert json.loads(row["Input Strides"]) == groups[0].op.strides
+
+
 def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
     """[[traces]] in magpie.toml: analysed by the trace_analysis rule, shown in the build's report,
     rebuilt only when a trace changes; a missing folder is one line naming the field."""
@@ -737,8 +757,12 @@ def test_streamed_decode_in_small_batches_matches_the_whole_document(tmp_path, m
     from magpie.traces import ingest
 
     events = [{"ph": "X", "cat": "cpu_op", "name": "op}, {x", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
-               "args": {"Input Dims": [[2, 3], []], "Input type": ["float", ""], "nested": [{"a": 1}, {"b": 2}]}}
+               "args": {"Input Dims": [[2, 3], []], "Input type": ["float", ""], "Input Strides": [[3, 1], []],
+                        "nested": [{"a": 1}, {"b": 2}]}}
               for i in range(40)]
+    events += [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python3"}},
+               {"ph": "M", "name": "process_labels", "pid": 1, "tid": 0, "args": {"labels": "CPU"}},
+               {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "thread 1 (python3)"}}]
     events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10.0 * i + 1,
                 "dur": 1.0, "args": {"correlation": i}} for i in range(40)]
     events += [{"ph": "X", "cat": "kernel", "name": "k]}, {", "pid": 0, "tid": 7, "ts": 10.0 * i + 2, "dur": 3.0,
@@ -757,6 +781,11 @@ def test_streamed_decode_in_small_batches_matches_the_whole_document(tmp_path, m
     assert (streamed.rank, streamed.device_name(), len(streamed.cpu_ops), len(streamed.gpu)) == (3, "NVIDIA H200", 40, 40)
     assert streamed == whole
     assert streamed.gpu[5].op == 5 and streamed.cpu_ops[5].input_dims == [[2, 3], []]
+    # strides shared like the other inputs; the event's index in traceEvents; the metadata events
+    assert streamed.cpu_ops[5].strides == [[3, 1], []] and streamed.cpu_ops[5].strides is streamed.cpu_ops[6].strides
+    assert streamed.op_uids[5] == 5 and streamed.launch_uids[2] == 45 and streamed.events == len(events)
+    assert (streamed.process_names, streamed.process_labels, streamed.thread_names) == \
+        ({1: "python3"}, {1: "CPU"}, {(1, 1): "thread 1 (python3)"})
 
 
 def test_streamed_decode_of_a_broken_trace_says_what_the_whole_document_decode_says(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ the innermost CPU op around it on its thread. What cannot be linked is counted, 
 from __future__ import annotations
 
 import gc
+from array import array
 import gzip
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,11 @@ class _Args(msgspec.Struct, gc=False):
     input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
     concrete: msgspec.Raw = msgspec.field(default=_NULL, name="Concrete Inputs")
+    strides: msgspec.Raw = msgspec.field(default=_NULL, name="Input Strides")
+    # a metadata event's value (process_name, thread_name: "name"; process_labels: "labels"), raw:
+    # decoded only for those events, so no other event's args can fail the batch
+    name: msgspec.Raw = _NULL
+    labels: msgspec.Raw = _NULL
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -113,6 +119,7 @@ class CpuOp(msgspec.Struct, gc=False):
     input_dims: list | None
     input_types: list | None
     concrete: list | None = None
+    strides: list | None = None  # "Input Strides", shared like the other inputs
 
 
 @dataclass
@@ -128,6 +135,15 @@ class Trace:
     gpu_annotations: list[tuple[str, float, float]] = field(default_factory=list)
     unlinked: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
+    # the metadata events: pid -> process_name / process_labels, (pid, tid) -> thread_name
+    process_names: dict = field(default_factory=dict)
+    process_labels: dict = field(default_factory=dict)
+    thread_names: dict = field(default_factory=dict)
+    events: int = 0  # how many events traceEvents held
+    # each CPU op's and each launch's index in traceEvents (TraceLens's UID), beside the tables:
+    # machine integers, not an int object per event
+    op_uids: array = field(default_factory=lambda: array("q"))
+    launch_uids: array = field(default_factory=lambda: array("q"))
 
     @property
     def kernels(self) -> list[GpuActivity]:
@@ -305,12 +321,37 @@ class _Builder:
         self.skipped: dict[str, int] = {}
         self.names: dict = {}
         self.inputs = _Decoded()
+        self.seen = 0  # events taken so far: the next one's index in traceEvents
+        self.op_uids = array("q")
+        self.launch_uids = array("q")
+        self.process_names: dict = {}
+        self.process_labels: dict = {}
+        self.thread_names: dict = {}
+
+    def _metadata(self, event: _Event) -> None:
+        args = event.args or _EMPTY_ARGS
+        kind = event.name
+        try:
+            if kind == "process_name":
+                self.process_names[event.pid] = _VALUE.decode(args.name)
+            elif kind == "process_labels":
+                self.process_labels[event.pid] = _VALUE.decode(args.labels)
+            elif kind == "thread_name":
+                self.thread_names[(event.pid, event.tid)] = _VALUE.decode(args.name)
+        except msgspec.DecodeError:
+            self.skipped["metadata"] = self.skipped.get("metadata", 0) + 1
 
     def take(self, events: list[_Event]) -> None:
         gpu, launches, cpu_ops, by_correlation = self.gpu, self.launches, self.cpu_ops, self.by_correlation
         skipped, same, inputs = self.skipped, self.names.setdefault, self.inputs
+        op_uids, launch_uids = self.op_uids, self.launch_uids
+        uid = self.seen - 1
+        self.seen += len(events)
         for event in events:
+            uid += 1
             if event.ph != "X":
+                if event.ph == "M":
+                    self._metadata(event)
                 continue
             cat = event.cat
             args = event.args or _EMPTY_ARGS
@@ -320,7 +361,9 @@ class _Builder:
                 if cat == "cpu_op":  # the most frequent first; the categories exclude each other
                     pid, tid = event.pid, event.tid
                     cpu_ops.append(CpuOp(name, ts, dur, same(pid, pid), same(tid, tid), inputs[bytes(args.input_dims)],
-                                         inputs[bytes(args.input_type)], inputs[bytes(args.concrete)]))
+                                         inputs[bytes(args.input_type)], inputs[bytes(args.concrete)],
+                                         inputs[bytes(args.strides)]))
+                    op_uids.append(uid)
                 elif cat in GPU_CATEGORIES:
                     gpu.append(GpuActivity(name, GPU_CATEGORIES[cat], ts, dur, args.device or 0, args.stream or 0,
                                            args.correlation))
@@ -329,6 +372,7 @@ class _Builder:
                     if args.correlation is not None:
                         by_correlation[args.correlation] = len(launches)
                     launches.append(Launch(name, ts, dur, same(pid, pid), same(tid, tid), args.correlation))
+                    launch_uids.append(uid)
                 elif cat == "python_function":
                     pid, tid = event.pid, event.tid
                     self.python_calls.append(PythonCall(name, ts, dur, same(pid, pid), same(tid, tid)))
@@ -350,7 +394,8 @@ def _load(path: str | Path) -> Trace:
         data.traceEvents = []
     trace = Trace(str(path), (data.distributedInfo or {}).get("rank"), data.deviceProperties or [], built.gpu,
                   built.launches, built.cpu_ops, built.python_calls, built.annotations, built.gpu_annotations,
-                  skipped=built.skipped)
+                  skipped=built.skipped, process_names=built.process_names,
+                  process_labels=built.process_labels, thread_names=built.thread_names, events=built.seen, op_uids=built.op_uids, launch_uids=built.launch_uids)
     _link(trace, built.by_correlation)
     return trace
 

@@ -21,13 +21,15 @@ MIB = 2 ** 20  # TraceLens's "MB" columns are MiB
 OPS_SUMMARY = ["name", "total_direct_kernel_time_sum", "total_subtree_kernel_time_sum", "total_direct_kernel_time_ms",
                "total_subtree_kernel_time_ms", "Count", "Categories", "Percentage (%)", "Cumulative Percentage (%)"]
 BY_CATEGORY = ["op category", "Count", "total_direct_kernel_time_ms", "Percentage (%)", "Cumulative Percentage (%)"]
-UNIQUE_ARGS = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "operation_count",
-               *(f"total_{kind}_kernel_time_{s}" for s in STATS for kind in ("direct", "subtree")),
-               "total_direct_kernel_time_sum", "total_subtree_kernel_time_sum", "kernel_details_summary",
+WHERE = ["process_name", "process_label", "thread_name"]
+UNIQUE_ARGS = ["name", "op category", *WHERE, "Input Dims", "Input type", "Input Strides", "Concrete Inputs",
+               "operation_count", *(f"total_{kind}_kernel_time_{s}" for s in STATS for kind in ("direct", "subtree")),
+               "total_direct_kernel_time_sum", "total_subtree_kernel_time_sum", "ex_UID", "kernel_details_summary",
                "trunc_kernel_details", "Percentage (%)", "Cumulative Percentage (%)"]
 # TraceLens's order; "duration_us" is the op's CPU duration, "Roofline Time" the time at the roof
 # (the larger of FLOPs at the compute peak and bytes at the memory bandwidth)
-UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs", "operation_count",
+UNIFIED = ["name", "op category", *WHERE, "Input Dims", "Input type", "Input Strides", "Concrete Inputs", "ex_UID",
+           "operation_count",
            "total_duration_us", "mean_duration_us", "std_duration_us", "GFLOPS", "Data Moved (MB)", "FLOPS/Byte",
            "Compute Spec", "Roofline Bound", "TB/s_mean", "TB/s_std", "TFLOPS/s_mean", "TFLOPS/s_std",
            "Kernel Time (µs)_mean", "Kernel Time (µs)_std", "Kernel Time (µs)_sum", "duration_us_median",
@@ -39,22 +41,24 @@ UNIFIED = ["name", "op category", "Input Dims", "Input type", "Concrete Inputs",
 # A family sheet's columns after its name and its model's parameters: the unified row's values, in
 # TraceLens's names (a "_first" value is the first call's, the same for every call of a signature)
 FAMILY_SHEET = ["GFLOPS_first", "Data Moved (MB)_first", "FLOPS/Byte_first", *(f"TB/s_{s}" for s in STATS),
-                *(f"TFLOPS/s_{s}" for s in STATS), "Compute Spec", "Roofline Time (µs)_first", "Roofline Bound_first",
+                *(f"TFLOPS/s_{s}" for s in STATS), *(f"{w}_first" for w in WHERE), "Compute Spec", "Roofline Time (µs)_first", "Roofline Bound_first",
                 *(f"Pct Roofline_{s}" for s in STATS), "kernel_details__summarize_kernel_stats",
-                "trunc_kernel_details", "Input Dims_first", "Input type_first", "Concrete Inputs_first",
-                *(f"Kernel Time (µs)_{s}" for s in STATS), "Kernel Time (µs)_sum", "name_count"]
+                "trunc_kernel_details", "Input Dims_first", "Input type_first", "Input Strides_first",
+                "Concrete Inputs_first", *(f"Kernel Time (µs)_{s}" for s in STATS), "Kernel Time (µs)_sum", "name_count",
+                "UID_first"]
 _FAMILY_NAMES = {"GFLOPS_first": "GFLOPS", "Data Moved (MB)_first": "Data Moved (MB)",
                  "FLOPS/Byte_first": "FLOPS/Byte", "Roofline Bound_first": "Roofline Bound",
                  "kernel_details__summarize_kernel_stats": "kernel_details_summary", "Input Dims_first": "Input Dims",
                  "Input type_first": "Input type", "Concrete Inputs_first": "Concrete Inputs",
-                 "name_count": "operation_count"}
+                 "Input Strides_first": "Input Strides", "name_count": "operation_count", "UID_first": "ex_UID",
+                 **{f"{w}_first": w for w in WHERE}}
 # TraceLens's names of the peaks: matrix (tensor-core) specs by magpie's precision; vector ops by dtype
 COMPUTE_SPEC = {"bf16_tensor": "matrix_bf16", "fp16_tensor": "matrix_fp16", "tf32_tensor": "matrix_fp32",
                 "fp8_tensor": "matrix_fp8", "fp64_tensor": "matrix_fp64", "int8_tensor": "matrix_int8"}
 VECTOR_SPEC = {"c10::BFloat16": "vector_bf16", "c10::Half": "vector_fp16", "float": "vector_fp32",
                "double": "vector_fp64"}
 # TraceLens's performance-metric sheets, one CSV each: the unified rows of one op family, a
-# "param: <name>" column per perf-model parameter and then FAMILY_SHEET. Input strides are not ingested.
+# "param: <name>" column per perf-model parameter and then FAMILY_SHEET.
 PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise",
                  "Reduce_fwd", "Normalization")
 # Which modelled elementwise ops go on which sheet, as TraceLens files them (by name, not by how many
@@ -122,6 +126,9 @@ class SignatureGroup:
     cpu: list[float] = field(default_factory=list)  # each call's CPU duration, µs
     calls: list = field(default_factory=list)  # what each call launched, in launch order (GpuActivity lists)
     call_launches: list = field(default_factory=list)  # outside any op: the launch each call belongs to
+    where: tuple = ("", "", "")  # the process's name and label and the thread's name of its calls
+    uid: int | None = None  # TraceLens's UID of its first call (ex_UID)
+    launch_uid: int | None = None  # outside any op: the UID of the first runtime call it came from
 
     @property
     def total(self) -> float:
@@ -192,40 +199,55 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
     whole = {launch: _busy(activities) for launch, activities in by_launch.items()}
     groups: dict[tuple, SignatureGroup] = {}
     encode = msgspec.json.encode  # a signature key several times faster than repr() of the argument lists
+    places: dict[tuple, tuple] = {}
+    # TraceLens numbers the synthetic op of each kernel outside any op after the trace's events
+    synthetic = trace.events
     for launcher, launched in launches.items():
         time = _busy(launched)
         if isinstance(launcher, int):
             op = trace.cpu_ops[launcher]
-            key = (op.name, encode((op.input_dims, op.input_types, op.concrete)))
+            where = places.get((op.pid, op.tid)) or places.setdefault((op.pid, op.tid), _where(trace, op))
+            key = (op.name, encode((op.input_dims, op.input_types, op.strides, op.concrete)), where)
             group = groups.get(key)
             if group is None:
                 est = estimate(op)
                 kernel_names = [a.name for a in launched if a.kind == "kernel"]
                 group = groups[key] = SignatureGroup(op.name, op, est,
                                                      op_category(op.name, est.family if est else None, kernel_names),
-                                                     op.name)
+                                                     op.name, where=where, uid=trace.op_uids[launcher])
             group.subtree.append(subtree.get(launcher, time))
             group.cpu.append(op.dur)
         else:
             first = launched[0]
             launch = trace.launches[first.launch] if first.launch is not None else None
             launch_name = launch.name if launch is not None else _OUTSIDE
-            key = (launch_name, first.name)
+            where = _where(trace, launch) if launch is not None else ("", "", "")
+            key = (launch_name, first.name, where)
             group = groups.get(key)
             if group is None:
                 group = groups[key] = SignatureGroup(SYNTHETIC.format(launch_name, first.name), None, None, "other",
-                                                     launch_name)
+                                                     launch_name, where=where, uid=synthetic)
+            synthetic += 1
             group.subtree.append(time)
             launch_key = first.launch if first.launch is not None else launcher
             group.launches[launch_key] = whole.get(launch_key, time)
             group.call_launches.append(launch_key)
             if launch is not None:
+                uid = trace.launch_uids[first.launch]
+                group.launch_uid = uid if group.launch_uid is None else min(group.launch_uid, uid)
                 group.cpu.append(launch.dur)  # the runtime call's duration, as TraceLens's synthetic op has it
         group.times.append(time)
         group.calls.append(launched)
         for activity in launched:
             group.kernels.setdefault(activity.name, []).append(activity.dur)
     return sorted(groups.values(), key=lambda g: -g.total)
+
+
+def _where(trace: Trace, call) -> tuple[str, str, str]:
+    """The process's name and label and the thread's name of a call (a CPU op or a launch), from
+    the trace's metadata events ("" where it has none)."""
+    return (trace.process_names.get(call.pid, ""), trace.process_labels.get(call.pid, ""),
+            trace.thread_names.get((call.pid, call.tid), ""))
 
 
 def _percentages(rows: list[dict], key: str) -> None:
@@ -306,9 +328,12 @@ def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
             continue
         into = merged.get(group.op_name)
         if into is None:
-            into = merged[group.op_name] = SignatureGroup(group.op_name, None, None, group.category, group.op_name)
+            into = merged[group.op_name] = SignatureGroup(group.op_name, None, None, group.category, group.op_name,
+                                                          where=group.where)
             out.append(into)
         into.launches.update(group.launches)
+        if group.launch_uid is not None:
+            into.uid = group.launch_uid if into.uid is None else min(into.uid, group.launch_uid)
         for name, durations in group.kernels.items():
             into.kernels.setdefault(name, []).extend(durations)
         for launch, launched in zip(group.call_launches, group.calls):
@@ -320,7 +345,8 @@ def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
         for launch, launched in zip(into.call_launches, into.calls):
             by_launch.setdefault(launch, []).extend(launched)
         into.calls = [sorted(launched, key=lambda a: a.ts) for launched in by_launch.values()]
-    return sorted(out, key=lambda g: -g.total)
+    # a tie goes to the signature called first, as TraceLens's are
+    return sorted(out, key=lambda g: (-g.total, g.uid if g.uid is not None else -1))
 
 
 def table_columns(name: str, rows: list[dict]) -> list[str]:
@@ -368,7 +394,7 @@ def _kernel_details(group: SignatureGroup) -> list[dict]:
     details = []
     for (_, name, stream), durations in places.items():
         total = sum(durations)
-        mean = total / len(durations)
+        mean = statistics.fmean(durations)  # correctly rounded, as pandas's compensated mean: 1.775, not 1.7749...
         details.append({"name": name, "stream": stream, "count": len(durations), "total_duration_us": total,
                         "mean_duration_us": mean, "median_duration_us": statistics.median(durations),
                         "std_dev_duration_us": statistics.pstdev(durations, mean),
@@ -389,10 +415,12 @@ def _kernel_columns(group: SignatureGroup) -> dict:
 
 def _signature(group: SignatureGroup) -> dict:
     op = group.op
-    return {"name": group.name, "op category": group.category,
+    return {"name": group.name, "op category": group.category, **dict(zip(WHERE, group.where)),
             "Input Dims": json.dumps(op.input_dims) if op else "",
             "Input type": json.dumps(op.input_types) if op else "",
-            "Concrete Inputs": json.dumps(op.concrete) if op and op.concrete is not None else ""}
+            "Input Strides": json.dumps(op.strides) if op and op.strides is not None else "",
+            "Concrete Inputs": json.dumps(op.concrete) if op and op.concrete is not None else "",
+            "ex_UID": group.uid}
 
 
 def _unique_args_row(group: SignatureGroup) -> dict:
