@@ -70,7 +70,6 @@ def test_defaults_num_prompts_from_concurrency(tmp_path):
     ("benchmark: {framework: vllm, model: m, envs: {EXTRA_SGLANG_ARGS: x}}",
      "benchmark.envs.EXTRA_SGLANG_ARGS: arguments for sglang, but the framework is vllm"),
     ("benchmark: {framework: vllm, model: m, run_mode: docker}", "benchmark.run_mode: docker mode is not supported"),
-    ("benchmark: {framework: vllm, model: m, profiler: true}", "benchmark.profiler: profiled runs are not supported"),
     ("benchmark: {framework: vllm, model: m, run_kind: clean}", "benchmark.run_kind: Input should be"),
     ("benchmark: {framework: vllm, model: m, timeout_seconds: 0}", "benchmark.timeout_seconds: Input should be greater"),
     ("benchmark: {framework: vllm, model: m, modle: x}", "benchmark.modle: unknown field"),
