@@ -541,6 +541,14 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     assert {r["name"] for r in tables["BinaryElementwise"]} == {"aten::add_"}  # the bias
     gemm = ops_tables(signature_groups(load_trace(TRACES / "llama_decode_bf16.json.gz")))["GEMM"]
     assert gemm and all({"param: M", "param: N", "param: K"} <= set(r) for r in gemm)
+    # the operands' strides, in TraceLens's names, from the first call's Input Strides
+    for r in gemm:
+        strides = json.loads(r["Input Strides_first"])[1:] if r["name"] == "aten::addmm" else \
+            json.loads(r["Input Strides_first"])
+        assert (r["param: stride_A"], r["param: stride_B"]) == tuple(strides[:2])
+    assert any(r["name"] == "aten::mm" and r["param: stride_A"] == [512, 1] for r in gemm)
+    assert conv[0]["param: input_stride"] == json.loads(conv[0]["Input Strides_first"])[0]
+    assert tables["UnaryElementwise"][0]["param: stride_output"] is None  # clamp_min's output is no input
     assert set(tables) >= set(PERF_FAMILIES)
 
 

@@ -243,6 +243,28 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
     return sorted(groups.values(), key=lambda g: -g.total)
 
 
+# The operands whose strides a family sheet shows, by TraceLens's parameter names: (name, input
+# position); None is a column TraceLens leaves blank (an out-of-place op's output is no input).
+_STRIDES = {"GEMM": (("stride_A", 0), ("stride_B", 1)), "CONV_fwd": (("input_stride", 0), ("weight_stride", 1)),
+            "UnaryElementwise": (("stride_input", 0), ("stride_output", None)),
+            "BinaryElementwise": (("stride_input1", 0), ("stride_input2", 1), ("stride_output", None)),
+            "Normalization": (("stride_input", 0), ("stride_output", None))}
+_BIAS_FIRST = {"aten::addmm", "aten::baddbmm"}  # (bias, A, B)
+
+
+def _stride_params(family: str, group: SignatureGroup) -> dict:
+    """The stride parameters of a family sheet's row, from the first call's Input Strides."""
+    strides = group.op.strides if group.op is not None else None
+    if family not in _STRIDES or strides is None:
+        return {}
+    positions = dict(_STRIDES[family])
+    if family == "GEMM" and group.name in _BIAS_FIRST:
+        positions = {"stride_A": 1, "stride_B": 2}
+    elif group.name == "aten::copy_":  # copy_(self, src): src is read, self written
+        positions = {"stride_input": 1, "stride_output": 0}
+    return {name: strides[at] if at is not None and at < len(strides) else None for name, at in positions.items()}
+
+
 def _where(trace: Trace, call) -> tuple[str, str, str]:
     """The process's name and label and the thread's name of a call (a CPU op or a launch), from
     the trace's metadata events ("" where it has none)."""
@@ -312,7 +334,8 @@ def ops_tables(groups: list[SignatureGroup], arch=None) -> dict[str, list[dict]]
               "unified_perf_summary": unified}
     for family in PERF_FAMILIES:
         tables[family] = [{**row, **{ours: row.get(theirs) for ours, theirs in _FAMILY_NAMES.items()},
-                           **{f"param: {k}": v for k, v in g.est.params.items()}}
+                           **{f"param: {k}": v for k, v in g.est.params.items()},
+                           **{f"param: {k}": v for k, v in _stride_params(family, g).items()}}
                           for g, row in zip(groups, unified) if g.est is not None and perf_family(g) == family]
     return tables
 
