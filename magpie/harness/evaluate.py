@@ -426,7 +426,7 @@ class Evaluator:
         result["timed_output_check"] = {role: {k: record.get(k) for k in ("passed", "check", "index")}
                                         for role, record in timed_outputs.items()}
         if first_use is not None:
-            result["first_use"] = first_use_verdict(first_use, median(measured.samples["candidate"]) / 1000)
+            result["first_use"] = first_use_verdict(first_use, fmean(measured.samples["candidate"]) / 1000)
             if result["first_use"]["line"]:
                 _fail(result, "timer_integrity", f"candidate: {result['first_use']['line']}", case, spec_index)
         for role, record in timed_outputs.items():
@@ -714,14 +714,15 @@ EARLY_FRACTION = 0.9
 REQUEST_OVERHEAD_MS = 5.0
 # The first-use check (`_first_use`): this many input sets never seen before, at most this many
 # bytes of them, one timed call each within this budget; a median over FIRST_USE_FACTOR times the
-# measured one and FIRST_USE_MARGIN_US more fails the timing. Honest calls on new tensors cost
-# what calls on rotated ones do (the L2 is flushed before both in events mode); a lookup of
-# kept results does not.
+# measured mean (what a call costs on average, uneven work included) and FIRST_USE_MARGIN_US more
+# fails the timing. Honest calls on new tensors cost about what calls on rotated ones do, but
+# for the first touch of each new tensor: up to ~40 µs more on the CPU for a 6 µs kernel; a
+# lookup of kept results saves the whole computation.
 FIRST_USE_SETS = 8
 FIRST_USE_BYTES = 1 << 30
 FIRST_USE_BUDGET_MS = 10_000.0
 FIRST_USE_FACTOR = 2.0
-FIRST_USE_MARGIN_US = 10.0
+FIRST_USE_MARGIN_US = 100.0
 # Fewer samples than this in a round: the kernel is slow for its budget (a note, not a failure).
 FEW_SAMPLES_PER_ROUND = 5
 # Host-synchronised calls that cross-check the event time, after the rounds.
@@ -764,15 +765,15 @@ def wall_check(wall_s: float, account: dict, median_us: float) -> dict:
             "unexplained_limit_us": account["allowance_ns"] / calls / 1000 + UNEXPLAINED_FRACTION * median_us}
 
 
-def first_use_verdict(samples_ns: list[int], measured_median_us: float) -> dict:
-    """The first-use record: its median against the measurement's, and the failing line where
-    calls on unseen inputs were far slower than the measured ones."""
+def first_use_verdict(samples_ns: list[int], measured_mean_us: float) -> dict:
+    """The first-use record: its median against the measurement's mean, and the failing line
+    where calls on unseen inputs were far slower than the measured ones."""
     first_us = median(samples_ns) / 1000
-    ratio = first_us / measured_median_us if measured_median_us > 0 else float("inf")
+    ratio = first_us / measured_mean_us if measured_mean_us > 0 else float("inf")
     line = None
-    if first_us > FIRST_USE_FACTOR * measured_median_us + FIRST_USE_MARGIN_US:
+    if first_us > FIRST_USE_FACTOR * measured_mean_us + FIRST_USE_MARGIN_US:
         line = (f"calls on {len(samples_ns)} input sets it had not seen took {first_us:.3g} µs (median), {ratio:.2g}x "
-                f"its measured median of {measured_median_us:.3g} µs: results kept from earlier calls?")
+                f"its measured mean of {measured_mean_us:.3g} µs: results kept from earlier calls?")
     return {"sets": len(samples_ns), "median_us": first_us, "ratio": ratio, "line": line}
 
 

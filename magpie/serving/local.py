@@ -109,6 +109,15 @@ class LocalServer:
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """Its exit code once it has exited, waiting up to `timeout_s`; None if it still runs."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def wait_ready(self, timeout_s: float, interval_s: float = 0.25) -> float:
         """Seconds until the health route answered 200; raises ServerError on exit or timeout."""
         deadline = time.monotonic() + timeout_s

@@ -160,6 +160,10 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
                 errors.append("interrupted (Ctrl-C or SIGTERM); the server was stopped")
             finally:
                 if server is not None:
+                    run = report_kw.get("run")
+                    if (run is not None and run.failed) or errors:
+                        # requests failed: a server on its way out closes its sockets before it exits
+                        server.wait_exit(timeout_s=2.0)
                     died = server.exit_code() is not None and server.ready_after is not None
                     code = server.stop()
                     if server_info is not None:
