@@ -83,6 +83,17 @@ COMMAND_PROJECT = {
 }
 
 
+def relu2_report(root: Path, candidates: list[str], shapes: str, jobs: int = 2, sources: dict | None = None,
+                 **project) -> dict:
+    """`relu2_project` (after writing `sources`, name -> code, into root) built with `-j jobs`
+    without a failed task: its compare_report.json."""
+    for name, text in (sources or {}).items():
+        (root / f"{name}.py").write_text(text)
+    relu2_project(root, candidates, shapes, **project)
+    assert build_json(root, "-j", str(jobs))["failed"] == []
+    return json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+
+
 def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str = "", device: str = "cpu",
                   baseline: str = "good", timing: str = "warmup_ms = 5\nbudget_ms = 60\nrounds = 3") -> None:
     """A `relu2` kernel judged by the adversarial fixtures' spec; the baseline and each

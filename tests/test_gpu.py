@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, build_json, magpie, relu2_project
+from conftest import REPO, build_json, magpie, relu2_report
 from test_verdicts import EXPECTED, check_candidate_thread_is_stopped
 
 pytestmark = pytest.mark.gpu
@@ -72,11 +72,8 @@ GPU_VERDICTS = {name: want for name, want in EXPECTED.items() if name not in ("h
 @pytest.fixture(scope="module")
 def gpu_adversarial(tmp_path_factory):
     root = tmp_path_factory.mktemp("adversarial_gpu")
-    relu2_project(root, [n for n in GPU_VERDICTS if n != "good"], shapes="[[33, 65], [8, 128]]",
-                  defaults="timeout_s = 8", device="cuda")
-    result = build_json(root, "-j", "4")
-    assert result["failed"] == []
-    return json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+    return relu2_report(root, [n for n in GPU_VERDICTS if n != "good"], shapes="[[33, 65], [8, 128]]", jobs=4,
+                        defaults="timeout_s = 8", device="cuda")
 
 
 @pytest.mark.parametrize("impl", list(GPU_VERDICTS))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import build_json, relu2_project
+from conftest import build_json, relu2_report
 from magpie.harness.evaluate import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
 
 # The baseline does its work after sleeping 2 ms a call: an honest candidate is 20x+ faster.
@@ -48,13 +48,10 @@ def kernel(x):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("implausible")
-    for name, text in {"slow": SLOW_BASELINE, "honest": HONEST, "counts_calls": COUNTS_CALLS}.items():
-        (root / f"{name}.py").write_text(text)
     # 3 rounds of at most 20 samples each (max_reps), no warm-up: a call count fixed in advance
-    relu2_project(root, ["honest", "counts_calls"], shapes="[[8, 128]]", defaults="trials = 1", baseline="slow",
-                  timing="warmup_ms = 0\nbudget_ms = 90\nrounds = 3\nmax_reps = 60")
-    assert build_json(root, "-j", "2")["failed"] == []
-    report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+    report = relu2_report(root, ["honest", "counts_calls"], shapes="[[8, 128]]", defaults="trials = 1", baseline="slow",
+                          timing="warmup_ms = 0\nbudget_ms = 90\nrounds = 3\nmax_reps = 60",
+                          sources={"slow": SLOW_BASELINE, "honest": HONEST, "counts_calls": COUNTS_CALLS})
     return {row["implementation"]: row for row in report["results"]}, report
 
 

@@ -10,7 +10,7 @@ from statistics import fmean, median
 
 import pytest
 
-from conftest import build_json, relu2_project
+from conftest import relu2_report
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness.evaluate import (
     SPEEDUP_METHOD_MEAN,
@@ -62,12 +62,9 @@ def kernel(x):
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     root = tmp_path_factory.mktemp("uneven")
-    for name, text in {"steady": STEADY, "bursty": BURSTY, "honest": HONEST}.items():
-        (root / f"{name}.py").write_text(text)
-    relu2_project(root, ["bursty", "honest"], shapes="[[8, 128]]", defaults="trials = 1", baseline="steady",
-                  timing="warmup_ms = 5\nbudget_ms = 90\nrounds = 3")
-    assert build_json(root, "-j", "2")["failed"] == []
-    report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+    report = relu2_report(root, ["bursty", "honest"], shapes="[[8, 128]]", defaults="trials = 1", baseline="steady",
+                          timing="warmup_ms = 5\nbudget_ms = 90\nrounds = 3",
+                          sources={"steady": STEADY, "bursty": BURSTY, "honest": HONEST})
     return {row["implementation"]: row for row in report["results"]}
 
 

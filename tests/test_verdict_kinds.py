@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from conftest import FIXTURES, build_json, magpie, relu2_project
+from conftest import FIXTURES, magpie, relu2_report
 from magpie.harness.kinds import command_kind, failure_kind
 from magpie.supervision.session import signal_verdict
 from magpie.sandbox import SANDBOX_FAILED
@@ -41,10 +41,7 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     root = tmp_path_factory.mktemp("kinds")
-    relu2_project(root, list(EXPECTED), shapes="[[33, 65], [8, 128]]", defaults="timeout_s = 8\nmemory_mb = 4096")
-    result = build_json(root, "-j", "2")
-    assert result["failed"] == []
-    report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
+    report = relu2_report(root, list(EXPECTED), shapes="[[33, 65], [8, 128]]", defaults="timeout_s = 8\nmemory_mb = 4096")
     return {row["implementation"]: row for row in report["results"]}
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import build_json, relu2_project
+from conftest import build_json, relu2_project, relu2_report
 
 EXPECTED = {
     # implementation: (compiling_state, correctness_state, substring of the verdict)
@@ -33,11 +33,8 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def adversarial_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("adversarial")
-    relu2_project(root, [n for n in EXPECTED if n != "good"], shapes="[[33, 65], [8, 128]]",
-                  defaults="timeout_s = 8\nmemory_mb = 4096")
-    result = build_json(root, "-j", "2")
-    assert result["failed"] == []
-    return json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text()), root
+    return relu2_report(root, [n for n in EXPECTED if n != "good"], shapes="[[33, 65], [8, 128]]",
+                        defaults="timeout_s = 8\nmemory_mb = 4096"), root
 
 
 @pytest.mark.parametrize("impl", list(EXPECTED))
