@@ -221,3 +221,16 @@ def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_bot
     for name in ("double", "triple"):
         report = json.loads((tmp_path / f"workspaces/reports/{name}/compare_report.json").read_text())
         assert [r["correctness_state"] for r in report["results"]] == ["SUCCESS"], name
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 12, docs/security.md 'samples the candidate cannot rewrite'): "
+                   "the count of timed calls is the worker's word; a timer that claims calls it never made, "
+                   "and spins to fill the wall time its claims cover, passes the wall-clock check")
+def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(tmp_path):
+    """A 200 µs candidate whose replaced timer claims its whole sample cap at 1 µs a call after
+    one real call: measured on the CPU machine it was ranked first, 15x over the baseline, and
+    the re-timing 'confirmed' it. Closing this needs the evaluator's own clock over calls whose
+    work it can verify (docs/security.md); this test then passes and its mark goes."""
+    report = relu2_report(tmp_path, ["claims_calls_not_made"], shapes="[[33, 65]]")
+    row = next(r for r in report["results"] if r["implementation"] == "claims_calls_not_made")
+    assert row["performance_state"] == "FAILED" or (row.get("speedup") or {}).get("value", 0) < 1
