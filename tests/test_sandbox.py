@@ -412,10 +412,10 @@ path = sys.argv[1]
 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
     conn.settimeout(10)
     conn.connect(path)
-    conn.sendall(json.dumps({"op": "ping"}).encode() + b"\\n")
-    try:
+    try:  # the zygote may close the connection before the request is even sent
+        conn.sendall(json.dumps({"op": "ping"}).encode() + b"\\n")
         print("answer", conn.recv(64))
-    except ConnectionResetError:
+    except (BrokenPipeError, ConnectionResetError):
         print("answer b''")
 '''
 
