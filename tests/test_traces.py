@@ -552,6 +552,27 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     assert set(tables) >= set(PERF_FAMILIES)
 
 
+def test_standard_deviations_are_the_statistics_modules_to_the_last_bit():
+    """The op tables' std columns come from integer sums over the distinct values, not from
+    statistics.stdev and pstdev; their bits must be the same: durations in 2**-10 µs steps, rates
+    derived from them, few distinct values, a constant sample, magnitudes far apart, signs mixed."""
+    import random
+    import statistics
+
+    from magpie.traces.stats import population_std, sample_std
+
+    rng = random.Random(11)
+    kinds = [lambda: rng.randint(1, 200_000) / 1024, lambda: 3.1e9 / rng.uniform(0.5, 5e4),
+             lambda: rng.choice([1.5, 2.25, 7.0]), lambda: rng.lognormvariate(0, 12), lambda: rng.uniform(-1, 1)]
+    for _ in range(3000):
+        kind = rng.choice(kinds)
+        values = [kind() for _ in range(rng.choice([2, 3, 7, 50, 400]))]
+        mean = statistics.fmean(values)
+        assert sample_std(values) == statistics.stdev(values)
+        assert population_std(values, mean) == statistics.pstdev(values, mean)
+    assert sample_std([2.5] * 4) == 0.0 == population_std([2.5] * 4, 2.5)
+
+
 def test_signatures_split_by_strides_and_carry_process_thread_and_first_uid():
     """TraceLens's signature includes Input Strides and the process and thread: two calls alike
     but for their strides are two rows; ex_UID is the first call's index in traceEvents."""

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import msgspec
 
 from magpie.traces.ingest import CpuOp, Trace
 from magpie.traces.perf_models import Estimate, estimate
+from magpie.traces.stats import population_std, sample_std
 
 STATS = ("mean", "median", "std", "min", "max")
 MIB = 2 ** 20  # TraceLens's "MB" columns are MiB
@@ -133,6 +135,18 @@ class SignatureGroup:
     @property
     def total(self) -> float:
         return sum(self.times)
+
+    @cached_property
+    def time_stats(self) -> dict:
+        """The statistics of `times`, which ops_unique_args and unified_perf_summary both show;
+        read once the group is complete."""
+        return _stats(self.times, "")
+
+    @cached_property
+    def kernel_columns(self) -> dict:
+        """kernel_details_summary and trunc_kernel_details, which both tables show; read once
+        the group is complete."""
+        return _kernel_columns(self)
 
 
 def op_parents(trace: Trace) -> dict[int, int]:
@@ -412,8 +426,13 @@ def _stats(values: list[float], prefix: str) -> dict:
     if not values:
         return {}
     return {f"{prefix}_mean": statistics.fmean(values), f"{prefix}_median": statistics.median(values),
-            f"{prefix}_std": statistics.stdev(values) if len(values) > 1 else None,
+            f"{prefix}_std": sample_std(values) if len(values) > 1 else None,
             f"{prefix}_min": min(values), f"{prefix}_max": max(values)}
+
+
+def _prefixed(stats: dict, prefix: str) -> dict:
+    """_stats(values, "") under another prefix."""
+    return {prefix + key: value for key, value in stats.items()}
 
 
 def _kernel_details(group: SignatureGroup) -> list[dict]:
@@ -430,7 +449,7 @@ def _kernel_details(group: SignatureGroup) -> list[dict]:
         mean = statistics.fmean(durations)  # correctly rounded, as pandas's compensated mean: 1.775, not 1.7749...
         details.append({"name": name, "stream": stream, "count": len(durations), "total_duration_us": total,
                         "mean_duration_us": mean, "median_duration_us": statistics.median(durations),
-                        "std_dev_duration_us": statistics.pstdev(durations, mean),
+                        "std_dev_duration_us": population_std(durations, mean),
                         "min_duration_us": min(durations), "max_duration_us": max(durations)})
     details.sort(key=lambda d: d["total_duration_us"])
     return details
@@ -459,15 +478,16 @@ def _signature(group: SignatureGroup) -> dict:
 def _unique_args_row(group: SignatureGroup) -> dict:
     subtree = group.subtree if group.op is not None else group.times
     return {**_signature(group), "operation_count": len(group.times), "total_direct_kernel_time_sum": group.total,
-            "total_subtree_kernel_time_sum": sum(subtree), **_stats(group.times, "total_direct_kernel_time"),
-            **_stats(subtree, "total_subtree_kernel_time"), **_kernel_columns(group)}
+            "total_subtree_kernel_time_sum": sum(subtree),
+            **_prefixed(group.time_stats, "total_direct_kernel_time"),
+            **_stats(subtree, "total_subtree_kernel_time"), **group.kernel_columns}
 
 
 def _unified_row(group: SignatureGroup, arch=None) -> dict:
     times, est = group.times, group.est
     out = {**_signature(group), "operation_count": len(times), "Kernel Time (µs)_sum": group.total,
-           **_stats(times, "Kernel Time (µs)"), "has_perf_model": est is not None,
-           **_kernel_columns(group)}
+           **_prefixed(group.time_stats, "Kernel Time (µs)"), "has_perf_model": est is not None,
+           **group.kernel_columns}
     if group.cpu:
         cpu = _stats(group.cpu, "duration_us")
         out.update({"total_duration_us": sum(group.cpu), "mean_duration_us": cpu.pop("duration_us_mean"),
