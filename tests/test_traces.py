@@ -817,6 +817,20 @@ def test_streamed_decode_in_small_batches_matches_the_whole_document(tmp_path, m
         ({1: "python3"}, {1: "CPU"}, {(1, 1): "thread 1 (python3)"})
 
 
+def test_op_inputs_are_looked_up_together_and_each_distinct_text_decoded_once(tmp_path):
+    """An op's four inputs are found by their joined texts: ops alike but for one input keep their
+    own, and every op with the same text of an input shares its one decoded value."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
+               "args": {"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"],
+                        "Input Strides": [[3, 1], [4, 1] if i % 2 else [1, 3]]}} for i in range(4)]
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    ops = load_trace(path).cpu_ops
+    assert [op.strides[1] for op in ops] == [[1, 3], [4, 1], [1, 3], [4, 1]]
+    assert ops[0].input_dims is ops[1].input_dims and ops[0].strides is ops[2].strides
+    assert (ops[0].input_types, ops[0].concrete) == (["float", "float"], None)
+
+
 def test_streamed_decode_of_a_broken_trace_says_what_the_whole_document_decode_says(tmp_path, monkeypatch):
     """Broken in the middle or cut short, read in small batches: the same error as reading it whole."""
     import json as js

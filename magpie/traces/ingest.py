@@ -306,6 +306,20 @@ class _Decoded(dict):
         return value
 
 
+class _OpInputs(dict):
+    """An op's four raw inputs (Input Dims, Input type, Concrete Inputs, Input Strides) joined by
+    NUL, which no JSON text holds -> their values, each distinct text decoded once: one lookup
+    per op, not one per input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoded = _Decoded()
+
+    def __missing__(self, text: bytes):
+        value = self[text] = tuple(self.decoded[part] for part in text.split(b"\0"))
+        return value
+
+
 class _Builder:
     """The trace's tables, filled one batch of decoded events at a time. Names, thread ids and
     op inputs repeat across millions of events: each distinct one is kept once."""
@@ -320,7 +334,7 @@ class _Builder:
         self.by_correlation: dict[int, int] = {}
         self.skipped: dict[str, int] = {}
         self.names: dict = {}
-        self.inputs = _Decoded()
+        self.inputs = _OpInputs()
         self.seen = 0  # events taken so far: the next one's index in traceEvents
         self.op_uids = array("q")
         self.launch_uids = array("q")
@@ -343,7 +357,7 @@ class _Builder:
 
     def take(self, events: list[_Event]) -> None:
         gpu, launches, cpu_ops, by_correlation = self.gpu, self.launches, self.cpu_ops, self.by_correlation
-        skipped, same, inputs = self.skipped, self.names.setdefault, self.inputs
+        skipped, same, inputs, join = self.skipped, self.names.setdefault, self.inputs, b"\0".join
         op_uids, launch_uids = self.op_uids, self.launch_uids
         uid = self.seen - 1
         self.seen += len(events)
@@ -360,9 +374,8 @@ class _Builder:
                 name = same(event.name, event.name)
                 if cat == "cpu_op":  # the most frequent first; the categories exclude each other
                     pid, tid = event.pid, event.tid
-                    cpu_ops.append(CpuOp(name, ts, dur, same(pid, pid), same(tid, tid), inputs[bytes(args.input_dims)],
-                                         inputs[bytes(args.input_type)], inputs[bytes(args.concrete)],
-                                         inputs[bytes(args.strides)]))
+                    raw_inputs = join((args.input_dims, args.input_type, args.concrete, args.strides))
+                    cpu_ops.append(CpuOp(name, ts, dur, same(pid, pid), same(tid, tid), *inputs[raw_inputs]))
                     op_uids.append(uid)
                 elif cat in GPU_CATEGORIES:
                     gpu.append(GpuActivity(name, GPU_CATEGORIES[cat], ts, dur, args.device or 0, args.stream or 0,
