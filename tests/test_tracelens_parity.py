@@ -109,6 +109,11 @@ OPERAND_OPS = ("aten::_scaled_mm", "aten::convolution", "aten::cudnn_convolution
 PERF_TABLES = ("unified_perf_summary", "ops_unique_args", *FAMILY_SHEETS)
 PERF_COLUMNS = {*FLOP_COLUMNS, *BYTE_COLUMNS, "has_perf_model", "compute_spec", "Compute Spec", "perf_params"}
 
+# a model parameter magpie counts right, in both places TraceLens writes its parameters
+def _parameter(name: str) -> tuple:
+    return f"param: {name}", "perf_params"
+
+
 MAGPIE_IS_RIGHT = [
     Explained("causal-sdpa-flops",
               "causal attention does N(N+1)/2 query/key pairs (bottom-right aligned for decode); TraceLens counts "
@@ -116,12 +121,30 @@ MAGPIE_IS_RIGHT = [
               _columns(("unified_perf_summary", "SDPA_fwd"), FLOP_COLUMNS, rows=_causal_sdpa)),
     Explained("reduce-output-bytes",
               "a reduction (aten::sum, aten::mean) writes one value per kept element; TraceLens counts one value "
-              "in all",
-              _columns(("unified_perf_summary", "Reduce_fwd"), BYTE_COLUMNS, rows=_named("aten::mean", "aten::sum"))),
+              "in all (its num_output_elems is 1: it never reads the reduced dims from the trace)",
+              _columns(("unified_perf_summary", "Reduce_fwd"), (*BYTE_COLUMNS, *_parameter("num_output_elems")),
+                       rows=_named("aten::mean", "aten::sum"))),
     Explained("operand-bytes",
               "aten::_scaled_mm reads its scales (vectors when row- or column-wise) and a convolution its bias; "
-              "TraceLens leaves them out of the bytes",
-              _columns(("unified_perf_summary", "GEMM", "CONV_fwd"), BYTE_COLUMNS, rows=_named(*OPERAND_OPS))),
+              "TraceLens leaves them out of the bytes (and its bias parameter says False for a convolution that "
+              "has one)",
+              _columns(("unified_perf_summary", "GEMM", "CONV_fwd"), (*BYTE_COLUMNS, *_parameter("bias")),
+                       rows=_named(*OPERAND_OPS))),
+    Explained("copy-direction",
+              "copy_(self, src) reads src and writes self; TraceLens's unary model takes the first input for the "
+              "input and the second for the output, so its dtype_in_out and strides name them the other way round "
+              "(the bytes are the same)",
+              _columns(("unified_perf_summary", "UnaryElementwise"),
+                       (*_parameter("dtype_in_out"), *_parameter("stride_input"), *_parameter("stride_output")),
+                       rows=_named("aten::copy_"))),
+    Explained("kernel-places",
+              "a family sheet groups calls by model parameters, and such calls can launch different kernels "
+              "(_scaled_mm with tensor-wise and row-wise scales); magpie lists each kernel at its place in the "
+              "launches, TraceLens names each place after the first call's kernel and pools the others' durations "
+              "under it",
+              lambda d: d.aspect == "value" and d.file in FAMILY_SHEETS
+              and d.column in ("kernel_details__summarize_kernel_stats", "trunc_kernel_details")
+              and len(_literal(d.ours) or ()) > len(_literal(d.theirs) or ())),
     Explained("models-more-ops",
               "magpie models ops TraceLens has none for (cat, index_select, sin, cos, gelu, fill_, _foreach_*): "
               "their perf cells are filled where TraceLens leaves them blank",
@@ -129,25 +152,7 @@ MAGPIE_IS_RIGHT = [
               and d.theirs in ("", "False")),
 ]
 
-GAPS = [
-    Explained("perf-table-columns",
-              "(6) the family sheets carry magpie's model parameters as param: columns (numel, kept, "
-              "tensor_inputs...), not TraceLens's (M, N, K, bias, stride_A, dtype_A_B, op_shape, stride_input...)",
-              lambda d: d.file in PERF_TABLES and d.aspect.startswith("column-")),
-    Explained("perf-table-rows",
-              "(6) TraceLens's perf rows are the outermost op a "
-              "model covers (aten::convolution, _scaled_dot_product_cudnn_attention, layer_norm) with its "
-              "subtree's kernels, plus a '<op>-><kernel> (Synthetic Op)' row per kernel an op launches beside its "
-              "children; its family sheets group calls by the model's parameters (the param: columns, strides "
-              "included), not by the whole argument signature",
-              lambda d: d.file in PERF_TABLES and (
-                  d.aspect in ("row-missing", "row-extra", "row-split", "file-missing", "file-extra")
-                  or d.column == "Cumulative Percentage (%)")),
-    Explained("perf-params-format",
-              "(6) perf_params: TraceLens writes its model's parameters as a Python dict (its names: M, N, K, "
-              "bias, stride_A, dtype_A_B...); magpie JSON of its own",
-              _columns(PERF_TABLES, ("perf_params",))),
-]
+GAPS: list[Explained] = []
 
 EXPLAINED = MAGPIE_IS_RIGHT + GAPS
 
@@ -413,10 +418,10 @@ def test_causal_attention_flops_differ_only_by_the_causal_count():
 def test_reduction_output_bytes_differ_only_by_the_kept_values():
     """`reduce-output-bytes`: TraceLens counts one output value whatever the reduction keeps."""
     means = [(row, est) for _, sheet, row, est in _model_rows() if row["name"] in ("aten::mean", "aten::sum")]
-    assert any(est.params["kept"] > 1 for _, est in means)
+    assert any(est.params["num_output_elems"] > 1 for _, est in means)
     for row, est in means:
-        out_dtype_bytes = (est.bytes - float(row["Data Moved (MB)_first"]) * 2 ** 20) / (est.params["kept"] - 1) \
-            if est.params["kept"] > 1 else None
+        kept = est.params["num_output_elems"]
+        out_dtype_bytes = (est.bytes - float(row["Data Moved (MB)_first"]) * 2 ** 20) / (kept - 1) if kept > 1 else None
         if out_dtype_bytes is not None:
             assert out_dtype_bytes in (2.0, 4.0, 8.0)
         else:

@@ -218,7 +218,10 @@ def test_perf_models_match_hand_counts():
     bf16 = "c10::BFloat16"
     mm = estimate(_op("aten::mm", [[4, 512], [512, 8192]], [bf16, bf16]))
     assert mm.flops == 2 * 4 * 512 * 8192 and mm.bytes == (4 * 512 + 512 * 8192 + 4 * 8192) * 2
-    assert mm.precision == "bf16_tensor" and mm.params == {"M": 4, "N": 8192, "K": 512, "B": 1}
+    assert mm.precision == "bf16_tensor"
+    # TraceLens's parameters, in its names and order
+    assert mm.params == {"M": 4, "N": 8192, "K": 512, "bias": False, "stride_A": None, "stride_B": None,
+                         "dtype_A_B": (bf16, bf16), "B": 1}
     addmm = estimate(_op("aten::addmm", [[1024], [512, 4096], [4096, 1024], [], []],
                          [bf16, bf16, bf16, "Scalar", "Scalar"]))
     assert addmm.flops == 2 * 512 * 1024 * 4096 + 512 * 1024
@@ -229,7 +232,7 @@ def test_perf_models_match_hand_counts():
     assert causal_pairs(1, 112) == 112 and causal_pairs(4, 10) == 4 * 6 + 10  # decode sees every key so far
     mean = estimate(_op("aten::mean", [[4, 96, 512], [], [], []], ["float", "ScalarList", "Scalar", ""],
                         ["", "[-1]", "True", ""]))
-    assert mean.params["kept"] == 4 * 96 and mean.bytes == 4 * 96 * 512 * 4 + 4 * 96 * 4
+    assert mean.params["num_output_elems"] == 4 * 96 and mean.bytes == 4 * 96 * 512 * 4 + 4 * 96 * 4
     cat = estimate(_op("aten::cat", [[[1, 96, 32], [1, 96, 32]], []], ["TensorList", "Scalar"], ["", "-1"]))
     assert cat.bytes == 2 * 2 * 96 * 32 * 4
     assert estimate(_op("aten::mse_loss", [[4, 4], [4, 4]], ["float", "float"])) is None  # no model: said, not guessed
@@ -307,10 +310,10 @@ def test_trace_kernels_mapped_to_this_repository(tmp_path):
 
 @pytest.mark.parametrize("name", ALL)
 def test_ops_tables_add_up_to_the_trace(name):
-    from magpie.traces.ops_tables import ops_tables, signature_groups
+    from magpie.traces.perf_rows import trace_tables
 
     trace = load_trace(TRACES / name)
-    tables = ops_tables(signature_groups(trace))
+    _, tables = trace_tables(trace)
     # every GPU activity an op launched (kernels, memcpy, memset); a graph launch's kernels
     # overlap (programmatic dependent launch), and each launch counts the union of its kernels
     total_us = sum(a.dur for a in trace.gpu)
@@ -328,16 +331,17 @@ def test_ops_tables_add_up_to_the_trace(name):
         assert sum(r[key] for r in rows) == pytest.approx(total_us / 1000, rel=1e-4)
         assert rows[-1]["Cumulative Percentage (%)"] == pytest.approx(100, abs=0.01)
         assert [r[key] for r in rows] == sorted((r[key] for r in rows), reverse=True)
-    unified = tables["unified_perf_summary"]  # one row per replayed kernel: their own durations
+    # every activity in one perf row; one row per replayed kernel: their own durations
+    unified = tables["unified_perf_summary"]
     assert sum(r["Kernel Time (µs)_sum"] for r in unified) == pytest.approx(sum(a.dur for a in trace.gpu), rel=1e-4)
     assert sum(r["Count"] for r in tables["ops_summary"]) == sum(r["operation_count"] for r in tables["ops_unique_args"])
 
 
 def test_ops_categories_on_real_traces():
-    from magpie.traces.ops_tables import ops_tables, signature_groups
+    from magpie.traces.perf_rows import trace_tables
 
     def by_category(name):
-        return ops_tables(signature_groups(load_trace(TRACES / name)))["ops_summary_by_category"]
+        return trace_tables(load_trace(TRACES / name))[1]["ops_summary_by_category"]
 
     # TraceLens's categories: the attention kernels' op (_cudnn_attention_forward) is "other" (it
     # models the SDPA entry point above it), and so are kernels launched outside any op
@@ -357,13 +361,13 @@ def test_convolution_model_by_hand():
     conv = estimate(_op("aten::convolution", [[8, 64, 56, 56], [128, 64, 3, 3], [128], [], [], [], [], [], []],
                         [bf16, bf16, bf16] + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"],
                         ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]))
-    assert conv.params["output"] == [56, 56]
-    assert conv.flops == 2 * 8 * 128 * 56 * 56 * 64 * 3 * 3
+    assert conv.params["convNd"] == "conv2d" and conv.params["bias"] and conv.params["padding"] == (1, 1)
+    assert conv.flops == 2 * 8 * 128 * 56 * 56 * 64 * 3 * 3  # a 56x56 output
     assert conv.bytes == (8 * 64 * 56 * 56 + 128 * 64 * 9 + 8 * 128 * 56 * 56 + 128) * 2
     strided = estimate(_op("aten::cudnn_convolution", [[1, 32, 32, 32], [32, 1, 3, 3]], ["float", "float"],
                            ["", "", "[0, 0]", "[2, 2]", "[1, 1]", "32", "False", "False", "True"]))
-    assert strided.params["output"] == [15, 15] and strided.params["groups"] == 32
-    assert strided.flops == 2 * 1 * 32 * 15 * 15 * 1 * 9  # depthwise: one input channel per output channel
+    assert strided.params["stride"] == (2, 2) and strided.params["groups"] == 32
+    assert strided.flops == 2 * 1 * 32 * 15 * 15 * 1 * 9  # a 15x15 output; depthwise: one input channel each
 
 
 def test_steady_state_window_from_step_annotations(tmp_path):
@@ -403,21 +407,21 @@ def test_convolution_models_on_a_real_trace():
     as 2-d by cuDNN) against a hand count; argument positions as the trace records them."""
     found = _modelled("conv_bf16.json.gz")
     convs = {dims: e for (name, dims), e in found.items() if "convolution" in name and name.startswith("aten::cudnn")}
-    expected = {  # input dims -> (FLOPs, output spatial)
-        (8, 32, 56, 56): (2 * 8 * 64 * 56 * 56 * 32 * 9, [56, 56]),
-        (8, 64, 56, 56, "g8"): (2 * 8 * 64 * 56 * 56 * 8 * 9, [56, 56]),
-        (8, 64, 56, 56, "1x1"): (2 * 8 * 128 * 28 * 28 * 64, [28, 28]),
-        (8, 128, 28, 28): (2 * 8 * 128 * 28 * 28 * 32 * 16, [56, 56]),  # transposed: per input pixel
-        (8, 64, 1, 1024): (2 * 8 * 64 * 1024 * 64 * 5, [1, 1024]),
+    expected = {  # input dims -> FLOPs (the output's pixels times the work of each)
+        (8, 32, 56, 56): 2 * 8 * 64 * 56 * 56 * 32 * 9,
+        (8, 64, 56, 56, "g8"): 2 * 8 * 64 * 56 * 56 * 8 * 9,
+        (8, 64, 56, 56, "1x1"): 2 * 8 * 128 * 28 * 28 * 64,
+        (8, 128, 28, 28): 2 * 8 * 128 * 28 * 28 * 32 * 16,  # transposed: per input pixel
+        (8, 64, 1, 1024): 2 * 8 * 64 * 1024 * 64 * 5,
     }
     got = {}
     for dims, estimate in convs.items():
         x, w = json.loads(dims)[:2]
         key = tuple(x) + (("g8",) if w[1] == 8 else ("1x1",) if w[2:] == [1, 1] else ())
-        got[key] = (estimate.flops, estimate.params["output"])
+        got[key] = estimate.flops
     assert got == expected
     transposed = next(e for (name, _), e in found.items() if name == "aten::cudnn_convolution_transpose")
-    assert transposed.params["transposed"] and transposed.precision == "bf16_tensor"
+    assert transposed.params["transposed_conv"] and transposed.precision == "bf16_tensor"
 
 
 def test_scaled_mm_model_on_a_real_fp8_trace():
@@ -519,10 +523,11 @@ def test_inference_mode_writes_per_stage_outputs_and_the_tracelens_block(tmp_pat
 
 
 def test_unique_args_and_family_sheets_with_tracelens_columns():
-    from magpie.traces.ops_tables import FAMILY_SHEET, PERF_FAMILIES, ops_tables, signature_groups, table_columns
+    from magpie.traces.ops_tables import FAMILY_SHEET, PERF_FAMILIES, table_columns
+    from magpie.traces.perf_rows import trace_tables
 
     trace = load_trace(TRACES / "conv_bf16.json.gz")
-    tables = ops_tables(signature_groups(trace))
+    _, tables = trace_tables(trace)
     unique = tables["ops_unique_args"]
     assert sum(r["total_direct_kernel_time_sum"] for r in unique) == pytest.approx(sum(a.dur for a in trace.gpu),
                                                                                     rel=1e-4)
@@ -532,22 +537,24 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
         assert row["Kernel Time (µs)_mean"] * row["operation_count"] == \
             pytest.approx(row["Kernel Time (µs)_sum"], rel=1e-3)
     conv = tables["CONV_fwd"]
-    # the transposed convolution is "other", as TraceLens files it (it models aten::convolution above it)
-    assert {r["name"] for r in conv} == {"aten::cudnn_convolution"}
+    # the op TraceLens models, with the cudnn_convolution (plain or transposed) inside it
+    assert {r["name"] for r in conv} == {"aten::convolution"} and sum(r["name_count"] for r in conv) == 15
     columns = table_columns("CONV_fwd", conv)
     assert columns[0] == "name" and columns[-len(FAMILY_SHEET):] == FAMILY_SHEET
-    assert {"param: stride", "param: groups", "param: transposed"} <= set(table_columns("CONV_fwd", conv))
+    assert {"param: stride", "param: groups", "param: transposed_conv"} <= set(table_columns("CONV_fwd", conv))
     assert {r["name"] for r in tables["UnaryElementwise"]} == {"aten::clamp_min"}  # relu's kernel
-    assert {r["name"] for r in tables["BinaryElementwise"]} == {"aten::add_"}  # the bias
-    gemm = ops_tables(signature_groups(load_trace(TRACES / "llama_decode_bf16.json.gz")))["GEMM"]
+    assert {r["name"] for r in tables["BinaryElementwise"]} == {"aten::add_"}  # the bias, inside the convolution
+    gemm = trace_tables(load_trace(TRACES / "llama_decode_bf16.json.gz"))[1]["GEMM"]
     assert gemm and all({"param: M", "param: N", "param: K"} <= set(r) for r in gemm)
     # the operands' strides, in TraceLens's names, from the first call's Input Strides
     for r in gemm:
         strides = json.loads(r["Input Strides_first"])[1:] if r["name"] == "aten::addmm" else \
             json.loads(r["Input Strides_first"])
-        assert (r["param: stride_A"], r["param: stride_B"]) == tuple(strides[:2])
-    assert any(r["name"] == "aten::mm" and r["param: stride_A"] == [512, 1] for r in gemm)
-    assert conv[0]["param: input_stride"] == json.loads(conv[0]["Input Strides_first"])[0]
+        assert (r["param: stride_A"], r["param: stride_B"]) == tuple(map(tuple, strides[:2]))
+    assert any(r["name"] == "aten::mm" and r["param: stride_A"] == (512, 1) for r in gemm)
+    # cuBLAS's nvjet kernels name the transposes (TN: A transposed, B not)
+    assert {r["param: transpose"] for r in gemm if r["name"] == "aten::mm"} == {(True, False)}
+    assert conv[0]["param: input_stride"] == tuple(json.loads(conv[0]["Input Strides_first"])[0])
     assert tables["UnaryElementwise"][0]["param: stride_output"] is None  # clamp_min's output is no input
     assert set(tables) >= set(PERF_FAMILIES)
 
@@ -573,13 +580,39 @@ def test_standard_deviations_are_the_statistics_modules_to_the_last_bit():
     assert sample_std([2.5] * 4) == 0.0 == population_std([2.5] * 4, 2.5)
 
 
+def test_perf_rows_are_the_outermost_modelled_op_with_synthetic_ops_beside():
+    """unified_perf_summary's rows are TraceLens's: the outermost op it models, with everything
+    launched inside it; an op's own kernels beside children that are rows are
+    '<op>-><kernel> (Synthetic Op)' calls; every activity is in one row. The family sheets list
+    every call of their ops, nested ones and ones that launched nothing (not in a stage's view)."""
+    from magpie.traces.ops_tables import op_parents
+    from magpie.traces.perf_rows import trace_tables
+
+    trace = load_trace(TRACES / "conv_bf16.json.gz")
+    unified = trace_tables(trace)[1]["unified_perf_summary"]
+    assert {r["name"] for r in unified} == {"aten::convolution", "aten::clamp_min"}  # bias adds inside
+    trace = load_trace(TRACES / "train_step_mlp.json.gz")
+    tables = trace_tables(trace)[1]
+    names = {r["name"]: r for r in tables["unified_perf_summary"]}
+    synthetic = [n for n in names if n.startswith("aten::mse_loss->") and n.endswith(" (Synthetic Op)")]
+    assert len(synthetic) == 1 and "aten::mse_loss" not in names  # its mean is a row of its own
+    assert json.loads(names[synthetic[0]]["Input Dims"]) == [[512, 1024], [512, 1024], []]
+    assert names[synthetic[0]]["op category"] == "elementwise" and not names[synthetic[0]]["has_perf_model"]
+    assert "aten::layer_norm" in names and "aten::native_layer_norm" not in names
+    assert {r["name"] for r in tables["Normalization"]} >= {"aten::layer_norm", "aten::native_layer_norm"}
+    idle = [r for r in tables["BinaryElementwise"] if r["Kernel Time (µs)_sum"] == 0]
+    assert idle and idle[0]["name_count"] == 6 and idle[0].get("TB/s_mean") is None  # a CPU scalar's add_
+    stage_view = trace_tables(trace, parents=op_parents(trace), idle_calls=False)[1]
+    assert not [r for r in stage_view["BinaryElementwise"] if r["Kernel Time (µs)_sum"] == 0]
+
+
 def test_signatures_split_by_strides_and_carry_process_thread_and_first_uid():
     """TraceLens's signature includes Input Strides and the process and thread: two calls alike
     but for their strides are two rows; ex_UID is the first call's index in traceEvents."""
-    from magpie.traces.ops_tables import ops_tables, signature_groups
+    from magpie.traces.perf_rows import trace_tables
 
     trace = load_trace(TRACES / "serving_steps_vllm_format.json.gz")
-    groups = signature_groups(trace)
+    groups, tables = trace_tables(trace)
     muls = [g for g in groups if g.name == "aten::mul" and g.op.input_dims[:2] == [[2, 8, 1, 64], [1, 1, 1, 64]]]
     assert len(muls) == 2 and muls[0].op.strides != muls[1].op.strides
     for group in groups:
@@ -588,7 +621,7 @@ def test_signatures_split_by_strides_and_carry_process_thread_and_first_uid():
                         group.op.strides and op.input_dims == group.op.input_dims and op.concrete == group.op.concrete
                         and op.input_types == group.op.input_types and (op.pid, op.tid) == (group.op.pid, group.op.tid))
             assert group.uid == trace.op_uids[first]
-    row = ops_tables(groups)["unified_perf_summary"][0]
+    row = tables["ops_unique_args"][0]
     assert row["process_label"] == "CPU" and row["thread_name"].startswith("thread ")
     assert json.loads(row["Input Strides"]) == groups[0].op.strides
 
@@ -650,7 +683,7 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
 
 
 def test_graph_replays_link_to_their_graph_launch_and_are_grouped_by_kernel_kind():
-    from magpie.traces.ops_tables import ops_tables, signature_groups
+    from magpie.traces.perf_rows import trace_tables
     from magpie.traces.stages import split_steps, stage_traces
 
     trace = load_trace(TRACES / "graph_replay.json.gz")
@@ -658,7 +691,7 @@ def test_graph_replays_link_to_their_graph_launch_and_are_grouped_by_kernel_kind
                 and trace.launches[k.launch].name == "cudaGraphLaunch"]
     assert len(replayed) == 24 and all(k.op is None for k in replayed)  # 6 replays of a 4-kernel graph
     assert trace.unlinked["kernels_without_launch"] == 0 and trace.unlinked["kernels_without_cpu_op"] == 24
-    ops = {r["name"]: r for r in ops_tables(signature_groups(trace))["ops_summary"]}
+    ops = {r["name"]: r for r in trace_tables(trace)[1]["ops_summary"]}
     assert ops["cudaGraphLaunch"]["Categories"] == "['other']" and ops["cudaGraphLaunch"]["Count"] == 6
     steps, _ = split_steps(trace)
     decode = stage_traces(trace, steps)["decode"][0]

@@ -51,3 +51,22 @@ def category(name: str, kind: str = "kernel", op_name: str | None = None) -> str
         if pattern.search(name) or (op_name and label in ("gemm", "attention") and pattern.search(op_name)):
             return label
     return "other"
+
+
+_TENSILE = re.compile(r"C[a-z]{3}_A([a-z]{3})_B([a-z]{3})")
+
+
+@lru_cache(maxsize=4096)
+def gemm_transposes(name: str) -> tuple | None:
+    """Whether a GEMM kernel reads A and B transposed, where its name says so (TraceLens's
+    `transpose` parameter): cuBLAS's nvjet kernels end in a letter each for A and B (T or N);
+    Tensile's (ROCm) name each operand's index order (Alik: A transposed, Bjlk: B transposed;
+    None where neither order is named). None for any other kernel."""
+    if name.startswith("nvjet"):
+        letters = name.rsplit("_", 1)[-1]
+        return letters[0] == "T", letters[1:2] == "T"
+    found = _TENSILE.search(name)
+    if found is None:
+        return None
+    a, b = found.groups()
+    return {"lik": True, "ilk": False}.get(a), {"jlk": True, "ljk": False}.get(b)

@@ -1,9 +1,9 @@
 """TraceLens-style operation tables from one parsed trace: `ops_summary.csv` (per op name),
-`ops_summary_by_category.csv` (per category) and `unified_perf_summary.csv` (per op name and
-argument signature, with the perf models' metrics), `ops_unique_args.csv` and the per-family
-sheets, all from `signature_groups`, with TraceLens's column names, categories and units (MiB).
-An op's time is the GPU time of what it launched directly (kernels, memcpy, memset: its
-innermost-op activities); values are written unrounded."""
+`ops_summary_by_category.csv` (per category) and `ops_unique_args.csv` from `signature_groups`
+(an op's time is the GPU time of what it launched directly: kernels, memcpy, memset, its
+innermost-op activities), and `unified_perf_summary.csv` and the per-family sheets (with the
+perf models' metrics) from the perf rows of `perf_rows.py`; TraceLens's column names,
+categories and units (MiB); values are written unrounded."""
 
 from __future__ import annotations
 
@@ -59,17 +59,11 @@ COMPUTE_SPEC = {"bf16_tensor": "matrix_bf16", "fp16_tensor": "matrix_fp16", "tf3
                 "fp8_tensor": "matrix_fp8", "fp64_tensor": "matrix_fp64", "int8_tensor": "matrix_int8"}
 VECTOR_SPEC = {"c10::BFloat16": "vector_bf16", "c10::Half": "vector_fp16", "float": "vector_fp32",
                "double": "vector_fp64"}
-# TraceLens's performance-metric sheets, one CSV each: the unified rows of one op family, a
-# "param: <name>" column per perf-model parameter and then FAMILY_SHEET.
+# TraceLens's performance-metric sheets, one CSV each: the calls of the ops it files there
+# (perf_models.TRACELENS_MODELS) grouped by model parameters, a "param: <name>" column per
+# parameter and then FAMILY_SHEET.
 PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise",
                  "Reduce_fwd", "Normalization")
-# Which modelled elementwise ops go on which sheet, as TraceLens files them (by name, not by how many
-# tensors a call passed: `add(x, 1.0)` is binary). Elementwise ops on neither sheet keep their model
-# in unified_perf_summary.
-BINARY_SHEET = {f"aten::{n}" for n in ("add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_")}
-UNARY_SHEET = {f"aten::{n}" for n in ("copy_", "neg", "rsqrt", "sqrt", "pow", "exp", "log", "abs", "reciprocal",
-                                      "silu", "silu_", "relu", "relu_", "sigmoid", "tanh", "clamp", "clamp_min",
-                                      "clamp_max")}
 
 _FAMILY_CATEGORY = {"GEMM": "GEMM", "elementwise": "elementwise", "reduction": "reduce", "copy": "other",
                     "indexing": "other", "softmax": "other"}
@@ -114,7 +108,8 @@ def _kernel_fallback(kernel_names: list[str]) -> str:
 @dataclass
 class SignatureGroup:
     """Every call of one op with one argument signature (or, outside any op, one kernel of one
-    kind of launch: TraceLens's '<launch>-><kernel> (Synthetic Op)')."""
+    kind of launch: TraceLens's '<launch>-><kernel> (Synthetic Op)'); perf_rows groups its perf
+    rows' calls and the family sheets' in these too."""
 
     name: str
     op: CpuOp | None
@@ -130,6 +125,7 @@ class SignatureGroup:
     call_launches: list = field(default_factory=list)  # outside any op: the launch each call belongs to
     where: tuple = ("", "", "")  # the process's name and label and the thread's name of its calls
     uid: int | None = None  # TraceLens's UID of its first call (ex_UID)
+    params: dict = field(default_factory=dict)  # its model's parameters (perf rows: est.params, a GEMM's transposes)
     launch_uid: int | None = None  # outside any op: the UID of the first runtime call it came from
 
     @property
@@ -177,14 +173,14 @@ def subtree_times(trace: Trace, parent: dict[int, int] | None = None) -> dict[in
     totals: dict[int, float] = {}
     for activity in trace.gpu:
         index = activity.op
-        dur = (activity.ts + activity.dur) - activity.ts  # as _busy reads it
+        dur = (activity.ts + activity.dur) - activity.ts  # as busy_time reads it
         while index is not None:
             totals[index] = totals.get(index, 0.0) + dur
             index = parent.get(index)
     return totals
 
 
-def _busy(activities: list) -> float:
+def busy_time(activities: list) -> float:
     """GPU time of one call: the length of the union of its activities' [ts, ts + dur] (kernels
     of one graph launch overlap under programmatic dependent launch), from the timestamps as
     TraceLens reads them, so that even the rounding agrees (µs timestamps near 5e12 keep 2**-10 µs)."""
@@ -220,17 +216,17 @@ def signature_groups(trace: Trace, parents: dict[int, int] | None = None) -> lis
     for key, launched in launches.items():
         if not isinstance(key, int) and key[1] is not None:
             by_launch.setdefault(key[1], []).extend(launched)
-    whole = {launch: _busy(activities) for launch, activities in by_launch.items()}
+    whole = {launch: busy_time(activities) for launch, activities in by_launch.items()}
     groups: dict[tuple, SignatureGroup] = {}
     encode = msgspec.json.encode  # a signature key several times faster than repr() of the argument lists
     places: dict[tuple, tuple] = {}
     # TraceLens numbers the synthetic op of each kernel outside any op after the trace's events
     synthetic = trace.events
     for launcher, launched in launches.items():
-        time = _busy(launched)
+        time = busy_time(launched)
         if isinstance(launcher, int):
             op = trace.cpu_ops[launcher]
-            where = places.get((op.pid, op.tid)) or places.setdefault((op.pid, op.tid), _where(trace, op))
+            where = places.get((op.pid, op.tid)) or places.setdefault((op.pid, op.tid), where_of(trace, op))
             key = (op.name, encode((op.input_dims, op.input_types, op.strides, op.concrete)), where)
             group = groups.get(key)
             if group is None:
@@ -245,7 +241,7 @@ def signature_groups(trace: Trace, parents: dict[int, int] | None = None) -> lis
             first = launched[0]
             launch = trace.launches[first.launch] if first.launch is not None else None
             launch_name = launch.name if launch is not None else _OUTSIDE
-            where = _where(trace, launch) if launch is not None else ("", "", "")
+            where = where_of(trace, launch) if launch is not None else ("", "", "")
             key = (launch_name, first.name, where)
             group = groups.get(key)
             if group is None:
@@ -267,29 +263,7 @@ def signature_groups(trace: Trace, parents: dict[int, int] | None = None) -> lis
     return sorted(groups.values(), key=lambda g: -g.total)
 
 
-# The operands whose strides a family sheet shows, by TraceLens's parameter names: (name, input
-# position); None is a column TraceLens leaves blank (an out-of-place op's output is no input).
-_STRIDES = {"GEMM": (("stride_A", 0), ("stride_B", 1)), "CONV_fwd": (("input_stride", 0), ("weight_stride", 1)),
-            "UnaryElementwise": (("stride_input", 0), ("stride_output", None)),
-            "BinaryElementwise": (("stride_input1", 0), ("stride_input2", 1), ("stride_output", None)),
-            "Normalization": (("stride_input", 0), ("stride_output", None))}
-_BIAS_FIRST = {"aten::addmm", "aten::baddbmm"}  # (bias, A, B)
-
-
-def _stride_params(family: str, group: SignatureGroup) -> dict:
-    """The stride parameters of a family sheet's row, from the first call's Input Strides."""
-    strides = group.op.strides if group.op is not None else None
-    if family not in _STRIDES or strides is None:
-        return {}
-    positions = dict(_STRIDES[family])
-    if family == "GEMM" and group.name in _BIAS_FIRST:
-        positions = {"stride_A": 1, "stride_B": 2}
-    elif group.name == "aten::copy_":  # copy_(self, src): src is read, self written
-        positions = {"stride_input": 1, "stride_output": 0}
-    return {name: strides[at] if at is not None and at < len(strides) else None for name, at in positions.items()}
-
-
-def _where(trace: Trace, call) -> tuple[str, str, str]:
+def where_of(trace: Trace, call) -> tuple[str, str, str]:
     """The process's name and label and the thread's name of a call (a CPU op or a launch), from
     the trace's metadata events ("" where it has none)."""
     return (trace.process_names.get(call.pid, ""), trace.process_labels.get(call.pid, ""),
@@ -310,8 +284,11 @@ def categories_of(text: str) -> list[str]:
     return [part.strip(" '") for part in text.strip("[]").split(",")]
 
 
-def ops_tables(groups: list[SignatureGroup], arch=None) -> dict[str, list[dict]]:
-    """The op tables; with the device's peaks (`arch`) the unified rows get their roofline."""
+def ops_tables(groups: list[SignatureGroup], perf: list[SignatureGroup], sheets: dict[str, list[SignatureGroup]],
+               arch=None) -> dict[str, list[dict]]:
+    """The op tables: ops_summary, by category and unique args from the signature groups, the
+    unified table from the perf rows (`perf`) and each family sheet from its groups (`sheets`);
+    with the device's peaks (`arch`) the perf rows get their roofline."""
     by_name: dict[str, dict] = {}
     for group in groups:
         named = by_name.get(group.op_name)
@@ -352,15 +329,16 @@ def ops_tables(groups: list[SignatureGroup], arch=None) -> dict[str, list[dict]]
     _percentages(by_category, "total_direct_kernel_time_ms")
     unique = [_unique_args_row(g) for g in _by_launch(groups)]
     _percentages(unique, "total_direct_kernel_time_sum")
-    unified = [_unified_row(g, arch) for g in groups]
+    unified = [_unified_row(g, arch) for g in perf]
     _percentages(unified, "Kernel Time (µs)_sum")
     tables = {"ops_summary": ops, "ops_summary_by_category": by_category, "ops_unique_args": unique,
               "unified_perf_summary": unified}
     for family in PERF_FAMILIES:
-        tables[family] = [{**row, **{ours: row.get(theirs) for ours, theirs in _FAMILY_NAMES.items()},
-                           **{f"param: {k}": v for k, v in g.est.params.items()},
-                           **{f"param: {k}": v for k, v in _stride_params(family, g).items()}}
-                          for g, row in zip(groups, unified) if g.est is not None and perf_family(g) == family]
+        tables[family] = []
+        for group in sheets.get(family, []):
+            row = _unified_row(group, arch)
+            tables[family].append({**row, **{ours: row.get(theirs) for ours, theirs in _FAMILY_NAMES.items()},
+                                   **{f"param: {k}": v for k, v in group.params.items()}})
     return tables
 
 
@@ -397,28 +375,15 @@ def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
 
 
 def table_columns(name: str, rows: list[dict]) -> list[str]:
-    """The CSV columns of a table: fixed ones, and for a family sheet its parameters too."""
+    """The CSV columns of a table: fixed ones, and for a family sheet its parameters too, in the
+    order the trace's calls first name them (as TraceLens's columns come)."""
     fixed = {"ops_summary": OPS_SUMMARY, "ops_summary_by_category": BY_CATEGORY, "ops_unique_args": UNIQUE_ARGS,
              "unified_perf_summary": UNIFIED}.get(name)
     if fixed is not None:
         return fixed
-    params = dict.fromkeys(k for row in rows for k in row if k.startswith("param: "))
+    in_trace_order = sorted(rows, key=lambda row: row["UID_first"])
+    params = dict.fromkeys(k for row in in_trace_order for k in row if k.startswith("param: "))
     return ["name", *params, *FAMILY_SHEET]
-
-
-def perf_family(group: SignatureGroup) -> str | None:
-    """The TraceLens performance sheet a modelled op belongs on, if any."""
-    if group.category in ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd"):
-        return group.category
-    if group.category in ("NORM_fwd", "NORM_bwd"):
-        return "Normalization"
-    family = group.est.family if group.est is not None else None
-    if family == "reduction" and group.name not in ("aten::argmax", "aten::argmin"):
-        return "Reduce_fwd"
-    if family == "elementwise":
-        return "BinaryElementwise" if group.name in BINARY_SHEET else \
-            "UnaryElementwise" if group.name in UNARY_SHEET else None
-    return None
 
 
 def _stats(values: list[float], prefix: str) -> dict:
@@ -462,7 +427,7 @@ def _kernel_columns(group: SignatureGroup) -> dict:
     details = _kernel_details(group)
     short = [{"name": d["name"] if len(d["name"]) <= 64 else d["name"][:64] + "...", "stream": d["stream"],
               "mean_duration_us": round(d["mean_duration_us"] * 100) / 100} for d in details]
-    return {"kernel_details_summary": repr(details), "trunc_kernel_details": repr(short)}
+    return {"kernel_details_summary": repr(details), "trunc_kernel_details": repr(short) if short else None}
 
 
 def _signature(group: SignatureGroup) -> dict:
@@ -498,7 +463,7 @@ def _unified_row(group: SignatureGroup, arch=None) -> dict:
                     "FLOPS/Byte": est.flops / est.bytes if est.bytes else None,
                     **_stats([est.flops / s / 1e12 for s in seconds], "TFLOPS/s"),
                     **_stats([est.bytes / s / 1e12 for s in seconds], "TB/s"),
-                    "perf_params": json.dumps(est.params), "compute_spec": est.precision,
+                    "perf_params": repr(group.params), "compute_spec": est.precision,
                     "Compute Spec": _compute_spec(group)})
         roof = _roofline_time(est, arch)
         if roof is not None:
@@ -520,7 +485,7 @@ def _compute_spec(group: SignatureGroup) -> str | None:
 def _roofline_time(est: Estimate, arch) -> tuple[float, str] | None:
     """The time at the roof, µs, and what bounds it: the larger of the FLOPs at the compute peak
     and the bytes at the memory bandwidth."""
-    if arch is None or not arch.memory_tbps:
+    if arch is None or not arch.memory_tbps or not (est.flops or est.bytes):  # nothing to hold against a roof
         return None
     memory = est.bytes / (arch.memory_tbps * 1e12)
     peak = arch.peak(est.precision)

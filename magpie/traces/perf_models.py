@@ -4,7 +4,10 @@ Small families of generic models (a GEMM is 2·M·N·K, an elementwise op moves 
 once, a reduction reads its input and writes what is left after the reduced dims) and one
 registry from aten op names to families (GEMM, attention, convolution, elementwise,
 reduction, normalization, softmax, indexing, copy, foreach). An op with no model returns None and is reported
-as such (`has_perf_model: False`), never guessed.
+as such (`has_perf_model: False`), never guessed. Each estimate's `params` are the model's
+parameters as TraceLens names them (M, N, K, bias, stride_A, dtype_A_B...; op_shape,
+dtype_in_out...), in its order: they are the `param:` columns of the family sheets and the
+unified table's `perf_params`.
 """
 
 from __future__ import annotations
@@ -71,23 +74,50 @@ def concrete(op, index: int, default: str = "") -> str:
     return str(values[index]) if index < len(values) else default
 
 
+def _stride(op, index: int) -> tuple | None:
+    """An input's recorded strides as a tuple (None where the trace has no Input Strides)."""
+    strides = op.strides
+    if strides is None or index >= len(strides) or not isinstance(strides[index], list):
+        return None
+    return tuple(strides[index])
+
+
+def _types(op, start: int, stop: int) -> tuple:
+    return tuple((op.input_types or [])[start:stop])
+
+
+def _recorded(op, index: int) -> bool:
+    """Whether a positional input is a tensor the trace recorded dims for (an absent optional
+    tensor and a scalar record [])."""
+    dims = op.input_dims or []
+    return index < len(dims) and bool(dims[index])
+
+
 def _vector_precision(dtype: str) -> str:
     return VECTOR_PRECISION.get(dtype, "fp32")
 
 
 # -- GEMM ---------------------------------------------------------------------------------
-def _gemm(m: int, n: int, k: int, batch: int, a: Tensor, b: Tensor, out_dtype: str, extra: list[Tensor]) -> Estimate:
+def _gemm(op, m: int, n: int, k: int, batch: int, a: Tensor, b: Tensor, out_dtype: str, extra: list[Tensor],
+          a_index: int = 0) -> Estimate:
+    """A (batched) GEMM whose A and B are inputs a_index and a_index + 1; `extra` are the other
+    operands it reads (bias, scales)."""
     out_bytes = batch * m * n * DTYPE_BYTES.get(out_dtype, 4)
     flops = 2.0 * batch * m * n * k
     moved = a.nbytes + b.nbytes + out_bytes + sum(t.nbytes for t in extra)
-    return Estimate("GEMM", flops, moved, TENSOR_PRECISION.get(a.dtype, "fp32"),
-                    {"M": m, "N": n, "K": k, "B": batch})
+    # TraceLens's names and order: B leads for batched GEMMs and follows dtype_A_B otherwise
+    batched = len(a.shape) == 3 and len(b.shape) == 3
+    shape = {"B": batch, "M": m, "N": n, "K": k} if batched else {"M": m, "N": n, "K": k}
+    params = {**shape, "bias": bool(extra), "stride_A": _stride(op, a_index), "stride_B": _stride(op, a_index + 1),
+              "dtype_A_B": _types(op, a_index, a_index + 2)}
+    params.setdefault("B", batch)
+    return Estimate("GEMM", flops, moved, TENSOR_PRECISION.get(a.dtype, "fp32"), params)
 
 
 def mm(op):
     a, b = tensors(op)[:2]
     if a and b and len(a.shape) == 2 and len(b.shape) == 2:
-        return _gemm(a.shape[0], b.shape[1], a.shape[1], 1, a, b, a.dtype, [])
+        return _gemm(op, a.shape[0], b.shape[1], a.shape[1], 1, a, b, a.dtype, [])
     return None
 
 
@@ -95,7 +125,7 @@ def addmm(op):
     t = tensors(op)
     bias, a, b = (t + [None, None, None])[:3]
     if a and b and len(a.shape) == 2 and len(b.shape) == 2:
-        est = _gemm(a.shape[0], b.shape[1], a.shape[1], 1, a, b, a.dtype, [bias] if bias else [])
+        est = _gemm(op, a.shape[0], b.shape[1], a.shape[1], 1, a, b, a.dtype, [bias] if bias else [], a_index=1)
         est.flops += a.shape[0] * b.shape[1]
         return est
     return None
@@ -104,7 +134,7 @@ def addmm(op):
 def bmm(op):
     a, b = tensors(op)[:2]
     if a and b and len(a.shape) == 3 and len(b.shape) == 3:
-        return _gemm(a.shape[1], b.shape[2], a.shape[2], a.shape[0], a, b, a.dtype, [])
+        return _gemm(op, a.shape[1], b.shape[2], a.shape[2], a.shape[0], a, b, a.dtype, [])
     return None
 
 
@@ -112,7 +142,8 @@ def baddbmm(op):
     t = tensors(op)
     bias, a, b = (t + [None, None, None])[:3]
     if a and b and len(a.shape) == 3 and len(b.shape) == 3:
-        return _gemm(a.shape[1], b.shape[2], a.shape[2], a.shape[0], a, b, a.dtype, [bias] if bias else [])
+        return _gemm(op, a.shape[1], b.shape[2], a.shape[2], a.shape[0], a, b, a.dtype, [bias] if bias else [],
+                     a_index=1)
     return None
 
 
@@ -122,7 +153,7 @@ def linear(op):
     bias = t[2] if len(t) > 2 else None
     if x and w and len(w.shape) == 2:
         m = math.prod(x.shape[:-1])
-        return _gemm(m, w.shape[0], w.shape[1], 1, x, w, x.dtype, [bias] if bias else [])
+        return _gemm(op, m, w.shape[0], w.shape[1], 1, x, w, x.dtype, [bias] if bias else [])
     return None
 
 
@@ -139,8 +170,9 @@ def scaled_mm(op):
     if a and b and len(a.shape) == 2 and len(b.shape) == 2:
         out_dtype = SCALAR_TYPES.get(concrete(op, 6), a.dtype)
         extra = [x for x in t[2:5] if x]
-        est = _gemm(a.shape[0], b.shape[1], a.shape[1], 1, a, b, out_dtype, extra)
+        est = _gemm(op, a.shape[0], b.shape[1], a.shape[1], 1, a, b, out_dtype, extra)
         est.precision = TENSOR_PRECISION.get(a.dtype, "fp8_tensor")
+        est.params["bias"] = _recorded(op, 4)  # the scales are read too, but only input 4 is a bias
         return est
     return None
 
@@ -194,21 +226,23 @@ def convolution(op):
     out_bytes = n * c_out * math.prod(out) * DTYPE_BYTES.get(x.dtype, 4)
     moved = x.nbytes + w.nbytes + out_bytes + (bias.nbytes if bias else 0)
     return Estimate("CONV", flops, moved, TENSOR_PRECISION.get(x.dtype, "fp32"),
-                    {"N": n, "C_in": c_in, "C_out": c_out, "input": spatial, "kernel": kernel, "output": out,
-                     "stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
-                     "transposed": transposed})
+                    {"convNd": f"conv{rank}d", "input_shape": tuple(x.shape), "filter_shape": tuple(w.shape),
+                     "dtype_input_weight": _types(op, 0, 2), "input_stride": _stride(op, 0),
+                     "weight_stride": _stride(op, 1), "bias": bias is not None, "stride": tuple(stride),
+                     "padding": tuple(padding), "dilation": tuple(dilation), "transposed_conv": transposed,
+                     "output_padding": tuple(output_padding), "groups": groups})
 
 
 # -- attention ------------------------------------------------------------------------------
-# Where each attention op records is_causal among its concrete inputs, and its q/k/v layout.
+# Where each attention op records is_causal and dropout_p among its concrete inputs, and its q/k/v layout.
 ATTENTION = {
-    "aten::scaled_dot_product_attention": (5, "BHLD"),
-    "aten::_scaled_dot_product_flash_attention": (4, "BHLD"),
-    "aten::_scaled_dot_product_efficient_attention": (6, "BHLD"),
-    "aten::_scaled_dot_product_cudnn_attention": (6, "BHLD"),
-    "aten::_cudnn_attention_forward": (10, "BHLD"),
-    "aten::_flash_attention_forward": (8, "BLHD"),
-    "aten::_efficient_attention_forward": (9, "BLHD"),
+    "aten::scaled_dot_product_attention": (5, 4, "BHLD"),
+    "aten::_scaled_dot_product_flash_attention": (4, 3, "BHLD"),
+    "aten::_scaled_dot_product_efficient_attention": (6, 5, "BHLD"),
+    "aten::_scaled_dot_product_cudnn_attention": (6, 5, "BHLD"),
+    "aten::_cudnn_attention_forward": (10, 9, "BHLD"),
+    "aten::_flash_attention_forward": (8, 7, "BLHD"),
+    "aten::_efficient_attention_forward": (9, 8, "BLHD"),
 }
 
 
@@ -221,7 +255,7 @@ def causal_pairs(lq: int, lk: int) -> int:
 
 
 def attention(op):
-    causal_index, layout = ATTENTION[op.name]
+    causal_index, dropout_index, layout = ATTENTION[op.name]
     q, k, v = (tensors(op) + [None, None, None])[:3]
     if not (q and k and v and len(q.shape) == 4 and len(k.shape) == 4):
         return None
@@ -236,8 +270,17 @@ def attention(op):
     out_bytes = b * h * lq * dv * DTYPE_BYTES.get(q.dtype, 2)
     moved = q.nbytes + k.nbytes + v.nbytes + out_bytes
     return Estimate("SDPA", flops, moved, TENSOR_PRECISION.get(q.dtype, "fp32"),
-                    {"B": b, "H_Q": h, "H_KV": hk, "N_Q": lq, "N_KV": lk, "d_h_qk": d, "d_h_v": dv,
-                     "causal": is_causal})
+                    {"B": b, "N_Q": lq, "H_Q": h, "N_KV": lk, "H_KV": hk, "d_h_qk": d, "d_h_v": dv,
+                     "dropout": _probability(concrete(op, dropout_index)), "causal": is_causal,
+                     "flash_impl": "flash" in op.name, "dtype_A_B": _types(op, 0, 2)})
+
+
+def _probability(text: str) -> float:
+    """A recorded float argument ('0.', '0.1'); 0.0 where none was recorded."""
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
 
 
 # -- memory-bound families ----------------------------------------------------------------
@@ -250,11 +293,15 @@ def _broadcast(shapes: list[list[int]]) -> list[int]:
     return out
 
 
+COPIES = ("aten::copy", "aten::copy_")
+
+
 def elementwise(op):
     present = [t for t in tensors(op) if t]
     if not present:
         return None
-    if op.name == "aten::copy_":
+    params = _elementwise_params(op)
+    if op.name in COPIES:
         # copy_(dst, src): the source read, the destination written over (never read), one
         # conversion per element, as TraceLens counts it
         out = present[0]
@@ -269,8 +316,26 @@ def elementwise(op):
         numel = math.prod(shape)
         moved = sum(t.nbytes for t in present) + numel * DTYPE_BYTES.get(present[0].dtype, 4)
     flops = 0.0 if op.name in ("aten::fill_", "aten::_to_copy", "aten::clone") else float(numel)
-    return Estimate("elementwise", flops, moved, _vector_precision(present[0].dtype),
-                    {"numel": numel, "tensor_inputs": len(present)})
+    return Estimate("elementwise", flops, moved, _vector_precision(present[0].dtype), params)
+
+
+def _elementwise_params(op) -> dict:
+    """TraceLens's parameters of an elementwise op: a binary op's two operands (shape_in1,
+    shape_in2...), otherwise the operand (op_shape...); an output is a third (second) input
+    where one is recorded, as with out= variants."""
+    dims = op.input_dims or []
+    if op.name in COPIES:  # copy_(self, src): src is read, self written
+        return {"op_shape": tuple(dims[1]), "dtype_in_out": _types(op, 1, 2) + _types(op, 0, 1),
+                "stride_input": _stride(op, 1), "stride_output": _stride(op, 0)}
+    if op.name in BINARY_OPS or (op.name not in UNARY_OPS and sum(bool(d) for d in dims[:3]) >= 2):
+        out = _recorded(op, 2)
+        return {"shape_in1": tuple(dims[0]), "shape_in2": tuple(dims[1]) if len(dims) > 1 else (),
+                "dtype_in1_in2_out": _types(op, 0, 2) + (_types(op, 2, 3) if out else (None,)),
+                "stride_input1": _stride(op, 0), "stride_input2": _stride(op, 1),
+                "stride_output": _stride(op, 2) if out else None}
+    out = _recorded(op, 1)
+    return {"op_shape": tuple(dims[0]), "dtype_in_out": _types(op, 0, 1) + (_types(op, 1, 2) if out else (None,)),
+            "stride_input": _stride(op, 0), "stride_output": _stride(op, 1) if out else None}
 
 
 def _dims(text: str, rank: int) -> list[int] | None:
@@ -293,10 +358,14 @@ def reduction(op):
     if reduced is None:
         return None
     kept = math.prod(d for i, d in enumerate(x.shape) if i not in reduced)
-    out_dtype = "long int" if op.name in ("aten::argmax", "aten::argmin") else x.dtype
+    index_out = op.name in ("aten::argmax", "aten::argmin")
+    out_dtype = "long int" if index_out else x.dtype
     moved = x.nbytes + kept * DTYPE_BYTES.get(out_dtype, 4)
+    kind = next((k for k in ("mean", "max", "min", "norm") if k in op.name), "sum")
+    # TraceLens's parameters: the output dtype None where it is the input's
     return Estimate("reduction", float(x.numel), moved, _vector_precision(x.dtype),
-                    {"numel": x.numel, "reduced_dims": reduced, "kept": kept})
+                    {"num_input_elems": x.numel, "num_output_elems": kept,
+                     "dtype_in_out": (x.dtype, out_dtype if index_out else None), "reduce_type": kind})
 
 
 def norm(op):
@@ -305,7 +374,9 @@ def norm(op):
         return None
     x = present[0]
     moved = sum(t.nbytes for t in present) + x.nbytes  # every operand read, the normalized tensor written
-    return Estimate("normalization", 8.0 * x.numel, moved, _vector_precision(x.dtype), {"numel": x.numel})
+    return Estimate("normalization", 8.0 * x.numel, moved, _vector_precision(x.dtype),
+                    {"op_shape": tuple(x.shape), "dtype_in_out": (x.dtype, None), "stride_input": _stride(op, 0),
+                     "stride_output": None})
 
 
 LAYER_NORMS = {"aten::layer_norm", "aten::native_layer_norm", "aten::native_layer_norm_backward"}
@@ -319,19 +390,29 @@ def layer_norm(op):
     (input and output gradient read, input gradient written); a value is the input's dtype size."""
     backward = op.name.endswith("_backward")
     args = tensors(op)
-    x = args[1] if backward else args[0]
+    at = 1 if backward else 0  # the input (its gradient comes first in the backward)
+    x = args[at]
     if x is None:
         return None
-    shape = _literal_ints(concrete(op, 2 if backward else 1))
-    weight = args[5 if backward else 2] if len(args) > (5 if backward else 2) else None
+    shape = _literal_ints(concrete(op, at + 1))
+    weight_at = 5 if backward else 2
+    weight = args[weight_at] if len(args) > weight_at else None
     channels = math.prod(shape) if shape else weight.numel if weight else x.shape[-1]
     size = DTYPE_BYTES.get(x.dtype, 4)
     if backward:
         flops, values = 9 * x.numel, 3 * x.numel + 4 * channels
+        # which gradients it computes (input, weight, bias): the weight's and bias's say whether they exist
+        mask = [part.strip() == "True" for part in concrete(op, 7).strip("[]").split(",")]
+        affine, bias = (mask + [False, False, False])[1:3]
     else:
         flops, values = 5 * x.numel + 6 * channels, 2 * x.numel + 6 * channels
-    return Estimate("normalization", float(flops), values * size, _vector_precision(x.dtype),
-                    {"numel": x.numel, "num_channels": channels})
+        affine, bias = _recorded(op, 2), _recorded(op, 3)
+    params = {"op_shape": tuple(x.shape), "dtype_in_out": (x.dtype, None), "stride_input": _stride(op, at),
+              "stride_output": None, "num_channels": channels, "has_bias": bias, "is_affine": affine,
+              "is_training": True}
+    if backward:
+        params["output_mask"] = mask
+    return Estimate("normalization", float(flops), values * size, _vector_precision(x.dtype), params)
 
 
 def _literal_ints(text: str) -> list[int] | None:
@@ -389,12 +470,19 @@ def foreach(op):
                     _vector_precision(lists[0][0].dtype), {"tensors": len(lists[0])})
 
 
+# TraceLens's unary and binary elementwise ops (its UnaryElementwise and BinaryElementwise sheets);
+# elementwise ops on neither take the binary parameters where they have two tensor operands
+UNARY_OPS = {f"aten::{n}" for n in ("copy", "copy_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "sigmoid",
+                                    "rsqrt", "silu", "neg", "pow")}
+BINARY_OPS = {f"aten::{n}" for n in ("div", "div_", "mul", "mul_", "add", "add_", "sigmoid_backward",
+                                     "threshold_backward")}
 ELEMENTWISE = {f"aten::{n}" for n in (
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "neg", "rsqrt", "sqrt", "pow", "exp", "log", "sin",
     "cos", "tanh", "sigmoid", "silu", "silu_", "gelu", "relu", "relu_", "clamp", "clamp_min", "clamp_max", "where",
     "copy_", "fill_", "_to_copy", "clone", "abs", "reciprocal", "gelu_backward", "silu_backward",
     "threshold_backward", "sigmoid_backward", "tanh_backward", "addcmul", "addcdiv", "lerp", "masked_fill",
-    "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "bitwise_and", "bitwise_or", "logical_and", "triu", "tril")}
+    "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "bitwise_and", "bitwise_or", "logical_and", "triu", "tril")} \
+    | UNARY_OPS | BINARY_OPS
 REDUCTIONS = {f"aten::{n}" for n in ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod",
                                      "var", "std", "norm", "linalg_vector_norm", "any", "all")}
 NORMS = {f"aten::{n}" for n in ("native_layer_norm", "native_layer_norm_backward", "layer_norm", "rms_norm",
@@ -414,6 +502,37 @@ REGISTRY = {
     **{name: layer_norm for name in LAYER_NORMS},
     **{name: softmax for name in SOFTMAX},
 }
+
+
+# The ops TraceLens models, each with the sheet it files them on. TraceLens models an op whole
+# (everything launched inside it), so a perf row is the outermost of these around a kernel
+# (aten::convolution, not the cudnn_convolution inside it), whether or not magpie models it.
+_NORMS = [f"aten::{impl}{kind}_norm{way}" for impl in ("", "native_", "miopen_", "cudnn_")
+          for kind in ("batch", "layer", "group", "instance") for way in ("", "_backward")]
+_RMS_NORMS = ["aten::_fused_rms_norm", "aten::_fused_rms_norm_backward",
+              *(f"aten::{impl}rms_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_"))]
+TRACELENS_MODELS = {
+    **dict.fromkeys(("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::bmm", "aten::baddbmm"), "GEMM"),
+    "aten::convolution": "CONV_fwd", "aten::convolution_backward": "CONV_bwd",
+    **dict.fromkeys((f"aten::_scaled_dot_product_{impl}_attention" for impl in ("cudnn", "efficient", "flash")),
+                    "SDPA_fwd"),
+    **dict.fromkeys(("flash_attn::_flash_attn_forward", "flash_attn::_flash_attn_varlen_forward", "FlashAttnFunc",
+                     "vllm::unified_attention_with_output"), "SDPA_fwd"),
+    **dict.fromkeys(("flash_attn::_flash_attn_backward", "flash_attn::_flash_attn_varlen_backward"), "SDPA_bwd"),
+    **dict.fromkeys(sorted(UNARY_OPS), "UnaryElementwise"),
+    **dict.fromkeys((f"aten::{kind}{n}d" for kind in ("replication_pad", "upsample_nearest") for n in (1, 2, 3)),
+                    "UnaryElementwise"),
+    **dict.fromkeys(sorted(BINARY_OPS), "BinaryElementwise"),
+    **dict.fromkeys(_NORMS + _RMS_NORMS, "Normalization"),
+    **dict.fromkeys((f"aten::{n}" for n in ("sum", "mean", "max", "min", "norm", "linalg_norm", "std", "var",
+                                            "logsumexp", "cumsum", "cumprod", "amin", "amax")), "Reduce_fwd"),
+}
+_TRACELENS_COMPILED = ("triton_poi_", "triton_red_", "triton_per_")  # Inductor's kernels, modelled by name
+
+
+def models_whole_op(name: str) -> bool:
+    """Whether TraceLens models this op (and so counts it with everything launched inside it)."""
+    return name in TRACELENS_MODELS or name.startswith(_TRACELENS_COMPILED)
 
 
 def estimate(op) -> Estimate | None:

@@ -17,7 +17,8 @@ from magpie.store import atomic_write
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.kernels import normalize
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
-from magpie.traces.ops_tables import MIB, PERF_FAMILIES, op_parents, ops_tables, signature_groups, table_columns
+from magpie.traces.ops_tables import MIB, PERF_FAMILIES, op_parents, table_columns
+from magpie.traces.perf_rows import trace_tables
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
@@ -207,7 +208,7 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
                 timeline_files.append(str(folder / f"gpu_timeline{suffix}.csv"))
                 atomic_write(folder / f"gpu_timeline{suffix}.csv", _csv(rows, TIMELINE_COLUMNS))
             page = _per_trace_outputs(view, folder, f"{label}_{stage}", arch_name, {}, tables_folder=folder,
-                                      parents=nesting)
+                                      parents=nesting, whole_trace=False)
             files = [str(folder / "gap_analysis.csv"), *timeline_files, page["roofline_file"]["path"],
                      *page["table_files"]]
             stages[stage] = {**pick, "files": files}
@@ -217,15 +218,16 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
 
 
 def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | None, timelines: dict,
-                       tables_folder: Path | None = None, parents: dict | None = None) -> dict:
-    """The roofline CSV and op tables of one trace (or one stage of it); returns what its
-    section of the page shows."""
+                       tables_folder: Path | None = None, parents: dict | None = None,
+                       whole_trace: bool = True) -> dict:
+    """The roofline CSV and op tables of one trace (or, not `whole_trace`, one stage of it: the
+    family sheets then leave out the calls that launched nothing); returns what its section of
+    the page shows."""
     arch = (lookup(trace.device_name()) if trace.device_name() else None) or \
         (lookup(arch_name) if arch_name else None)
     target = folder / f"{label}_kernel_roofline_simple.csv"
-    groups = signature_groups(trace, parents)
+    groups, tables = trace_tables(trace, arch, parents, idle_calls=whole_trace)
     atomic_write(target, _csv(roofline_rows(groups, arch), ROOFLINE_COLUMNS))
-    tables = ops_tables(groups, arch)
     table_files = []
     for name, rows in tables.items():
         if rows or name not in PERF_FAMILIES:  # a family sheet only where the trace has such ops, as TraceLens does
