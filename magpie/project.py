@@ -31,7 +31,7 @@ class Project:
         _check_trace_folders(manifest, root, manifest_path)
         rules = resolve_rules(manifest.rule, manifest_path)
         store = Store(Path(workspace) if workspace else root / manifest.project.workspace)
-        tasks = expand(manifest, root, rules, snapshots=store.snapshots)
+        tasks = expand(manifest, root, rules, snapshots=store.snapshots, digests=store.file_digests)
         return cls(manifest, root, manifest_path, tasks, store)
 
     def select(self, names: list[str]) -> list[str]:
@@ -39,19 +39,20 @@ class Project:
         if not names:
             return list(self.tasks)
         kernel_ids = {k.id for k in self.manifest.kernel}
-        trace_ids = {t.id for t in self.manifest.traces}
+        units = {"trace": {t.id for t in self.manifest.traces}, "benchmark": {b.id for b in self.manifest.benchmark}}
         selected = []
         for name in names:
             if name in self.tasks:
                 selected.append(name)
             elif name in kernel_ids:
                 selected.extend(t for t, spec in self.tasks.items() if spec.kernel == name)
-            elif name in trace_ids:
-                selected.extend(t for t, spec in self.tasks.items() if spec.scope == "trace" and t.endswith(f":{name}"))
+            elif any(name in ids for ids in units.values()):   # a trace set's or benchmark's tasks
+                selected.extend(t for t, spec in self.tasks.items()
+                                if name in units.get(spec.scope, ()) and t.endswith(f":{name}"))
             else:
                 from magpie.errors import UserError
 
-                raise UserError(f"{self.manifest_path}: no kernel, trace set or task named {name!r} "
+                raise UserError(f"{self.manifest_path}: no kernel, trace set, benchmark or task named {name!r} "
                                 f"(kernels: {', '.join(sorted(kernel_ids)) or 'none'}; see magpie build --dry-run)")
         return selected
 

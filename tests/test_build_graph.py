@@ -70,7 +70,7 @@ def test_clean_one_kernel_and_all(command_project):
 
 def test_unknown_target_is_one_line(command_project):
     proc = magpie("build", "nope", cwd=command_project)
-    assert proc.returncode == 2 and "no kernel, trace set or task named 'nope'" in proc.stderr
+    assert proc.returncode == 2 and "no kernel, trace set, benchmark or task named 'nope'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

@@ -54,6 +54,11 @@ def add_parser(sub) -> None:
                    help="record a torch profiler window over the load into -o DIR/torch_trace/ (vllm, sglang: their "
                         "/start_profile and /stop_profile; transformers: magpie's launcher) and analyse it into "
                         "tracelens/ and gap_analysis/; the run is diagnostic, never reward-eligible")
+    s.add_argument("--keep-server", action="store_true",
+                   help="leave the local server running after a clean run and reuse a kept one whose recorded config "
+                        "(engine and version, model content, command line, environment, port) matches; otherwise "
+                        "the stale one is stopped and a fresh one started (Magpie's server_lifecycle: reuse)")
+    s.add_argument("--stop-servers", action="store_true", help="stop every server kept by --keep-server, and exit")
     s.add_argument("--gpus", metavar="IDS", help="pin the server's GPUs, e.g. 0,1 (default: idle GPUs are picked, "
                    "as many as --tp)")
     s.add_argument("--compare", nargs=2, metavar=("A", "B"),
@@ -98,6 +103,12 @@ def _categories(text: str) -> set[str] | None:
 
 
 def run(args) -> int:
+    if args.stop_servers:
+        from magpie.serving.lifecycle import stop_all
+
+        for line in stop_all() or ["no kept servers"]:
+            print(line)
+        return 0
     if args.compare:
         from magpie.serving.compare import main as compare_main
 
@@ -128,7 +139,8 @@ def run_serving(args) -> int:
             raise UserError("benchmark: give either --benchmark-config YAML or ENGINE -m MODEL, not both")
         config = load_benchmark_config(args.benchmark_config, output_dir=args.output_dir, host=args.host,
                                        port=args.port, base_url=args.base_url, endpoint=args.endpoint,
-                                       profiler=args.torch_profiler or None)
+                                       profiler=args.torch_profiler or None,
+                                       server_lifecycle="reuse" if args.keep_server else None)
         return _serve_and_print(config, args)
     if not args.framework:
         raise UserError("benchmark -m MODEL: name the engine first: transformers, vllm, sglang, atom or external")
@@ -143,7 +155,8 @@ def run_serving(args) -> int:
             range_ratio=args.random_range_ratio, num_prompts=args.num_prompts, request_rate=args.request_rate,
             burstiness=args.burstiness, num_warmups=args.num_warmups, seed=args.seed,
             goodput=parse_goodput(args.goodput), timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
-            output_dir=args.output_dir, profiler=args.torch_profiler)
+            output_dir=args.output_dir, profiler=args.torch_profiler,
+            server_lifecycle="reuse" if args.keep_server else "fresh")
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "config"

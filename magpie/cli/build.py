@@ -241,16 +241,19 @@ def publish_project(project) -> list[str]:
     return publish(project.store, [(name, spec.rule, spec.kernel, spec.key) for name, spec in project.tasks.items()])
 
 
-PUBLISHED = ("comparison", "report", "trace_analysis")
+PUBLISHED = ("comparison", "report", "trace_analysis", "benchmark_trace_analysis")
+# Analyses published whole, each to a folder of its own under reports/: rule -> folder
+PUBLISHED_FOLDERS = {"trace_analysis": "traces", "benchmark_trace_analysis": "benchmarks"}
 LEDGER = ".published.json"  # under reports/: task -> {"key": artifact key, "files": {published file: stat}}
 
 
 def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[str]:
-    """Copy the current comparison, trace analysis and report artifacts to stable paths under
-    reports/. What is there already from the same artifact, untouched since, is left alone
-    (a no-op build reads no artifact); what is copied is checked against the artifact's
-    digests first, and the bytes checked are the bytes written. Returns the tasks whose
-    artifacts were found modified: announced, removed, and left for a build to rebuild."""
+    """Copy the current comparison, trace analysis (of declared trace sets and of profiled
+    benchmarks) and report artifacts to stable paths under reports/. What is there already
+    from the same artifact, untouched since, is left alone (a no-op build reads no
+    artifact); what is copied is checked against the artifact's digests first, and the
+    bytes checked are the bytes written. Returns the tasks whose artifacts were found
+    modified: announced, removed, and left for a build to rebuild."""
     from magpie.store import Modified, atomic_write
 
     out = store.workspace / "reports"
@@ -263,8 +266,8 @@ def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[st
     for name, rule, kernel, key in artifacts:
         if rule not in PUBLISHED or not store.has(key):
             continue
-        if rule == "trace_analysis":
-            target = out / "traces" / name.split(":", 1)[1]
+        if rule in PUBLISHED_FOLDERS:
+            target = out / PUBLISHED_FOLDERS[rule] / name.split(":", 1)[1]
             stamp = target / ".artifact"
             if stamp.is_file() and stamp.read_text() == key:
                 continue  # published already: keeps the no-op build a stat per artifact
@@ -277,7 +280,7 @@ def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[st
             store.remove(key)
             bad.append(name)
             continue
-        if rule == "trace_analysis":
+        if rule in PUBLISHED_FOLDERS:
             staging = target.parent / f".{target.name}.publishing"
             shutil.rmtree(staging, ignore_errors=True)
             for rel, data in contents.items():

@@ -23,6 +23,7 @@ def run(args) -> int:
     if args.all:
         for folder in (store.objects, store.index, store.snapshots, store.workspace / "reports"):
             shutil.rmtree(folder, ignore_errors=True)
+        store.file_digests_path.unlink(missing_ok=True)
         print(f"magpie: removed the store under {store.workspace}")
         return 0
     names = project.select(args.kernels)

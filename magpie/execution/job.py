@@ -25,6 +25,8 @@ ACTIONS = {
     "report": "magpie.report.render:report",
     "trace_analysis": "magpie.traces.report:trace_analysis_rule",
     "serving_benchmark": "magpie.serving.build_rule:benchmark_rule",
+    "serving_profile": "magpie.serving.build_rule:profile_rule",
+    "serving_trace_analysis": "magpie.serving.build_rule:trace_analysis_rule",
 }
 COMMAND_ACTION = "magpie.execution.actions:command"
 

@@ -187,7 +187,7 @@ def run_task(project, executor, name: str) -> bool:
               dep_results={d: read_dependency(project, executor, d) for d in spec.deps},
               dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
     output = executor.submit(job).result()
-    changed = changed_inputs(project.root, spec.parts)
+    changed = changed_inputs(project.root, spec.parts, store.file_digests)
     if changed:  # what ran may not be what the key says: an edit during the build is never stored under it
         raise InputsChanged(f"{', '.join(changed)} changed while {name} ran; not stored: run magpie build again")
     with _STORING:

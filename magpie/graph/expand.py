@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from magpie.graph.fingerprint import fingerprint, gpu_description
 from magpie.graph.rules import Rule
 from magpie.manifest.models import BenchmarkSpec, Implementation, Kernel, Manifest, TraceSet
 from magpie.paths import templates_dir
+from magpie.store.digests import FileDigests
 
 
 @dataclass
@@ -47,26 +49,39 @@ class TaskSpec:
 class FileHasher:
     """sha256 of file contents, computed once per file per process. With a snapshot folder,
     the bytes hashed are kept there under their digest: a job reads the code it was keyed by
-    from there, not from a file that may have been edited since (`snapshot_path`)."""
+    from there, not from a file that may have been edited since (`snapshot_path`). Files over
+    `LARGE_FILE_BYTES` (a model's weights) are neither kept nor read whole: their digests are
+    streamed and remembered by stat in `digests` (`magpie.store.digests`)."""
 
-    def __init__(self, snapshots: Path | None = None):
+    def __init__(self, snapshots: Path | None = None, digests: FileDigests | None = None):
         self._cache: dict[str, str] = {}
         self.snapshots = snapshots
+        self.digests = digests if digests is not None else FileDigests(None)
 
     def __call__(self, path: Path) -> str:
         spath = str(path)
         digest = self._cache.get(spath)
         if digest is None:
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                digest = "missing"
-            else:
-                digest = hashlib.sha256(data).hexdigest()
-                if self.snapshots is not None:
-                    _keep(snapshot_path(self.snapshots, digest), data)
+            digest = file_digest(path, self.digests, self.snapshots)
             self._cache[spath] = digest
         return digest
+
+
+LARGE_FILE_BYTES = 16 << 20
+
+
+def file_digest(path: Path, digests: FileDigests, snapshots: Path | None = None) -> str:
+    """A task input's digest ("missing" when there is no such file); small files' bytes kept in `snapshots`."""
+    try:
+        if os.stat(path).st_size > LARGE_FILE_BYTES:
+            return digests.digest(path)
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return "missing"
+    digest = hashlib.sha256(data).hexdigest()
+    if snapshots is not None:
+        _keep(snapshot_path(snapshots, digest), data)
+    return digest
 
 
 def snapshot_path(snapshots: Path, digest: str) -> Path:
@@ -87,17 +102,11 @@ def input_path(root: Path, name: str) -> Path:
     return Path(root) / name
 
 
-def changed_inputs(root: Path, parts: dict) -> list[str]:
+def changed_inputs(root: Path, parts: dict, digests: FileDigests | None = None) -> list[str]:
     """The inputs whose bytes are no longer those the task's key was computed from."""
-    changed = []
-    for name, digest in parts.get("inputs", {}).items():
-        try:
-            now = hashlib.sha256(input_path(root, name).read_bytes()).hexdigest()
-        except FileNotFoundError:
-            now = "missing"
-        if now != digest:
-            changed.append(name)
-    return changed
+    digests = digests if digests is not None else FileDigests(None)
+    return [name for name, digest in parts.get("inputs", {}).items()
+            if file_digest(input_path(root, name), digests) != digest]
 
 
 def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) -> dict:
@@ -282,33 +291,36 @@ class Expander:
 
     def _add_trace(self, rule: Rule, trace: TraceSet) -> None:
         settings = {"trace": trace.model_dump(), "project": {"device": self.device}}
-        self._add_unit(rule, f"{rule.name}:{trace.id}", settings, self._inputs(rule, None, None, trace))
+        self._add_unit(rule, f"{rule.name}:{trace.id}", settings, self._inputs(rule, None, None, trace), trace.id)
 
     def _add_benchmark(self, rule: Rule, bench: BenchmarkSpec) -> None:
         from magpie.serving import engines
 
-        # Keyed by what the run measures: the config (not where the server listens), the engine's version
-        # (installed package metadata) and, through the inputs, the model folder's content.
-        keyed = bench.model_dump(mode="json", exclude={"id", "host", "port"})
+        if rule.when is not None and not getattr(bench, rule.when.split(".", 1)[1]):
+            return
+        # Keyed by what the run measures: the config (not where the server listens, nor whether a profiled
+        # run is declared beside it: that one is a task of its own), the engine's version (installed package
+        # metadata) and, through the inputs, the model folder's content.
+        keyed = bench.model_dump(mode="json", exclude={"id", "host", "port", "profiler"})
         keyed["engine_version"] = engines.get(bench.engine).version()
         settings = {"benchmark": keyed, "project": {"device": self.device}}
         self._add_unit(rule, f"{rule.name}:{bench.id}", settings, self._inputs(rule, None, None, bench=bench),
-                       benchmark=bench.model_dump(mode="json"))
+                       bench.id, benchmark=bench.model_dump(mode="json"))
 
-    def _add_unit(self, rule: Rule, name: str, settings: dict, inputs: list[str], **params) -> None:
-        """A task of a rule whose scope is one declared unit (a trace set, a benchmark)."""
+    def _add_unit(self, rule: Rule, name: str, settings: dict, inputs: list[str], unit: str, **params) -> None:
+        """A task of a rule whose scope is one declared unit (a trace set, a benchmark) of id `unit`."""
         self.tasks[name] = TaskSpec(
             name=name, rule=rule.name, scope=rule.scope, action=rule.action, kernel=None, impl=None,
             inputs=inputs,
             config={section: settings[section] for section in rule.config if section in settings},
             fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
-            deps=self._deps(rule, None, None), after=self._deps(rule, None, None, rule.after),
+            deps=self._deps(rule, None, None, unit=unit), after=self._deps(rule, None, None, rule.after, unit),
             params={"root": str(self.root), "rule_identity": rule.identity(), "description": rule.description,
                     "impl": None, "baseline": None, "settings": settings, "project": self.manifest.project.name,
                     **params},
         )
 
-    def _deps(self, rule: Rule, kernel, impl, deps: list[str] | None = None) -> list[str]:
+    def _deps(self, rule: Rule, kernel, impl, deps: list[str] | None = None, unit: str | None = None) -> list[str]:
         out: list[str] = []
 
         def add(name):
@@ -341,6 +353,8 @@ class Expander:
                 add(f"{dep}:{kernel.id}/{impl.id}")
             elif kernel is not None:
                 add(f"{dep}:{kernel.id}")
+            elif unit is not None:
+                add(f"{dep}:{unit}")
             else:
                 add(dep)
         self_name = f"{rule.name}:{kernel.id}/{impl.id}" if impl is not None else None
@@ -368,8 +382,12 @@ class Expander:
         return spec.key
 
 
-def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | None = None) -> dict[str, TaskSpec]:
-    return Expander(manifest, Path(root), rules, FileHasher(snapshots)).expand()
+def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | None = None,
+           digests: FileDigests | None = None) -> dict[str, TaskSpec]:
+    tasks = Expander(manifest, Path(root), rules, FileHasher(snapshots, digests)).expand()
+    if digests is not None:
+        digests.save()
+    return tasks
 
 
 def explain(parts: dict, recorded: dict | None) -> str:

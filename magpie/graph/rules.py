@@ -19,7 +19,8 @@ Scope = Literal["implementation", "kernel", "trace", "benchmark", "project"]
 # baseline.R: the kernel's baseline's R; impls.R: R of every implementation of the task's kernel
 # (of every kernel for a project-scope rule); all.R: R of every implementation of every kernel,
 # whatever the rule's scope; kernels.R, traces.R, benchmarks.R: R of every kernel, every trace set,
-# every declared benchmark.
+# every declared benchmark. A bare R: the same implementation's, kernel's, trace set's or benchmark's R,
+# else the project's R.
 DEP_PREFIXES = ("baseline.", "impls.", "all.", "kernels.", "traces.", "benchmarks.")
 
 
@@ -36,6 +37,9 @@ class Rule(BaseModel):
     # only those the build runs anyway are waited for.
     after: list[str] = []
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
+    # Only for the declared units whose flag this names is set (a profiled benchmark's extra nodes); not in
+    # the key: it decides whether a task exists, not what it computes.
+    when: Optional[Literal["benchmark.profiler"]] = None
     config: list[Literal["compile", "correctness", "timing", "profile", "project", "trace",
                         "benchmark"]] = []
     fingerprint: list[Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu",
@@ -51,7 +55,7 @@ class Rule(BaseModel):
 
     def identity(self) -> dict:
         """What of the rule keys its artifacts."""
-        return self.model_dump(exclude={"description", "source", "after"})
+        return self.model_dump(exclude={"description", "source", "after", "when"})
 
 
 def _parse_rules(path: Path, tables: list, field: str) -> list[Rule]:

@@ -208,6 +208,8 @@ class BenchmarkSpec(Strict):
     port: Optional[int] = Field(None, ge=1, le=65535, description="default: the engine's")
     run_mode: Literal["local"] = "local"
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
+    profiler: bool = Field(False, description="also a separate profiled (diagnostic) run and the trace analysis "
+                                              "of its traces, each a node of its own; the measurement stays clean")
     load: BenchmarkLoad = BenchmarkLoad()
     slo: BenchmarkSLO = BenchmarkSLO()
     timeout_s: float = Field(3600.0, gt=0, description="the whole run, server start included")

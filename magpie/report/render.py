@@ -87,7 +87,11 @@ def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None 
 def report(job, out_dir: Path) -> dict:
     comparisons = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("comparison:")]
     trace_sets = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("trace_analysis:")]
-    benchmarks = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("benchmark:")]
+    # a profiled benchmark's trace analysis is shown with its measurement (the row it belongs to)
+    analyses = {result["benchmark"]: result for name, result in job.dep_results.items()
+                if name.startswith("benchmark_trace_analysis:")}
+    benchmarks = [{**job.dep_results[name], "analysis": analyses.get(job.dep_results[name]["benchmark"])}
+                  for name in sorted(job.dep_results) if name.startswith("benchmark:")]
     for name, text in render(comparisons, job.spec.params["project"], trace_sets, benchmarks).items():
         (out_dir / name).write_text(text)
     return {"state": "SUCCESS", "kernels": [c["kernel"] for c in comparisons],

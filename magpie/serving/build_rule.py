@@ -5,9 +5,17 @@ The run's workspace is the artifact's folder: `benchmark_report.json`, `bench_se
 (throughput, TTFT/TPOT/ITL/E2EL medians and p99, counts, errors). A run that fails raises, so
 nothing is stored and the next build runs it again (a server that did not start is not a
 result worth keeping); its one-line reason is the task's error.
+
+A benchmark declared with `profiler = true` has two more nodes: `benchmark_profile` (`profile_rule`: the same
+run, diagnostic, under the engine's torch profiler, its traces in the artifact's `torch_trace/`, left
+unanalysed) and `benchmark_trace_analysis` (`trace_analysis_rule`: those traces in inference mode into
+`tracelens/`, `gap_analysis/`, `trace_report.html`, and the profiled run's `benchmark_report.json` with its
+`tracelens_analysis`, `gap_analysis`, `kernel_summary` and `top_bottlenecks` filled). The measurement run never
+runs under a profiler.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -16,8 +24,9 @@ class BenchmarkFailed(RuntimeError):
     """A declared benchmark did not succeed; the message is its first error."""
 
 
-def config_of(bench: dict, root: Path, out_dir: Path):
-    """The run config of a `[[benchmark]]` table (as the manifest model dumps it)."""
+def config_of(bench: dict, root: Path, out_dir: Path, profiler: bool = False):
+    """The run config of a `[[benchmark]]` table (as the manifest model dumps it); with `profiler`, of its
+    profiled (diagnostic) run."""
     from magpie.serving.report import BenchmarkConfig
 
     model = bench["model"]
@@ -35,7 +44,7 @@ def config_of(bench: dict, root: Path, out_dir: Path):
         request_rate=math.inf if rate in (None, "inf", "Infinity") else float(rate), burstiness=load["burstiness"],
         num_warmups=load["num_warmups"], seed=load["seed"], timeout_s=bench["timeout_s"],
         goodput={name[:-3]: value for name, value in slo.items() if value is not None},
-        output_dir=str(out_dir))
+        output_dir=str(out_dir), profiler=profiler)
 
 
 def summary(report) -> dict:
@@ -55,13 +64,63 @@ def summary(report) -> dict:
     return out
 
 
-def benchmark_rule(job, out_dir: Path) -> dict:
+def _run(job, out_dir: Path, profiler: bool):
     from magpie.serving.runner import run_benchmark
 
     bench = job.spec.params["benchmark"]
-    report = run_benchmark(config_of(bench, Path(job.spec.params["root"]), out_dir))
+    report = run_benchmark(config_of(bench, Path(job.spec.params["root"]), out_dir, profiler), analyse=False)
     if not report.success:
         first = report.errors[0] if report.errors else "no request completed"
-        raise BenchmarkFailed(f"benchmark {bench['id']!r} ({bench['engine']} {bench['model']}) failed: {first}")
-    return {"state": "SUCCESS", "benchmark": bench["id"], "engine": bench["engine"], "model": bench["model"],
-            "run_kind": report.run_kind, "summary": summary(report), "files": sorted(report.outputs), "errors": []}
+        raise BenchmarkFailed(f"benchmark {bench['id']!r} ({bench['engine']} {bench['model']}) "
+                              f"{'profiled run ' if profiler else ''}failed: {first}")
+    return bench, {"state": "SUCCESS", "benchmark": bench["id"], "engine": bench["engine"], "model": bench["model"],
+                   "run_kind": report.run_kind, "summary": summary(report), "files": sorted(report.outputs),
+                   "errors": []}
+
+
+def benchmark_rule(job, out_dir: Path) -> dict:
+    return _run(job, out_dir, profiler=False)[1]
+
+
+def profile_rule(job, out_dir: Path) -> dict:
+    """The `benchmark_profile` rule: the declared benchmark's profiled run, its traces in torch_trace/."""
+    from magpie.serving.profiling import TRACE_DIR, traces
+
+    bench, result = _run(job, out_dir, profiler=True)
+    found = traces(out_dir / TRACE_DIR)
+    if not found:
+        raise BenchmarkFailed(f"benchmark {bench['id']!r}: the profiled run wrote no trace into {TRACE_DIR}/")
+    return {**result, "traces": [p.relative_to(out_dir).as_posix() for p in found]}
+
+
+def trace_analysis_rule(job, out_dir: Path) -> dict:
+    """The `benchmark_trace_analysis` rule: the profiled run's traces analysed (inference mode) into the artifact,
+    with that run's report completed by the analysis. Paths of this artifact's files are relative to it; those of
+    the profiled run's name its artifact in the store."""
+    from magpie.serving.profiling import TRACE_DIR, analyse
+    from magpie.serving.report import BenchmarkReport
+    from magpie.serving.runner import REPORT
+    from magpie.traces.ingest import TraceError
+
+    bench = job.spec.params["benchmark"]
+    profiled = f"benchmark_profile:{bench['id']}"
+    run_dir = Path(job.dep_dirs[profiled])
+    base = {"benchmark": bench["id"], "profiled_run": job.dep_results[profiled]["summary"]}
+    try:
+        fields = analyse(run_dir / TRACE_DIR, out_dir)
+    except TraceError as err:
+        return {"state": "FAILED", **base, "errors": [str(err)]}
+    recorded = json.loads((run_dir / REPORT).read_text())
+    text = json.dumps(recorded).replace(json.dumps(recorded["workspace_dir"])[1:-1], json.dumps(str(run_dir))[1:-1])
+    report = {**json.loads(text), **fields}
+    report["outputs"] = {**report["outputs"], "tracelens": str(out_dir / "tracelens"),
+                         "gap_analysis": fields["gap_analysis"]["outputs"]["gap_analysis"],
+                         "trace_report": str(out_dir / "trace_report.html")}
+    BenchmarkReport.model_validate(report)
+    text = json.dumps(report, indent=1).replace(json.dumps(str(out_dir) + "/")[1:-1], "")
+    (out_dir / REPORT).write_text(text + "\n")
+    analysed = json.loads(text)
+    kernels = analysed["kernel_summary"]
+    return {"state": "SUCCESS", **base, "tracelens_analysis": analysed["tracelens_analysis"],
+            "kernel_summary": kernels, "top_bottlenecks": analysed["top_bottlenecks"][:5],
+            "warnings": analysed["gap_analysis"]["warnings"], "errors": []}

@@ -103,6 +103,11 @@ class LocalServer:
         self.started_at = time.monotonic()
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process, leader of its own process group."""
+        return self.proc.pid if self.proc is not None else None
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 

@@ -59,11 +59,21 @@ class BenchmarkConfig(_Strict):
     output_dir: str = "magpie_results"
     gpu_min_free_fraction: float = Field(0.9, ge=0.0, le=1.0, description="an idle GPU has this much memory free")
     gpu_monitor_interval_s: float = Field(1.0, gt=0, description="the GPU monitor's sampling interval")
+    server_lifecycle: Literal["fresh", "reuse"] = Field(
+        "fresh", description="reuse: keep the local server after the run and reuse a kept one whose recorded config "
+                             "matches (serving.lifecycle); fresh: start and stop a server of the run's own")
 
     @model_validator(mode="after")
     def _profiled_is_diagnostic(self):
         if self.profiler:            # profiling perturbs latency: such a run is never a measurement
             self.run_kind = "diagnostic"
+        return self
+
+    @model_validator(mode="after")
+    def _reuse_is_unprofiled(self):
+        if self.profiler and self.server_lifecycle == "reuse":
+            raise ValueError("server_lifecycle reuse: a profiled run starts a server of its own (its profiler "
+                             "writes into the run's workspace); drop --keep-server or --torch-profiler")
         return self
 
 
@@ -76,6 +86,8 @@ class ServerInfo(_Strict):
     ready_after_s: Optional[float] = None
     exit_code: Optional[int] = Field(None, description="how the server ended: negative is the signal that ended it")
     died_during_run: bool = False
+    reused: bool = Field(False, description="a server kept by an earlier run (server_lifecycle reuse) served this one")
+    kept: bool = Field(False, description="left running after the run for a later one (server_lifecycle reuse)")
 
 
 class Provenance(_Strict):
@@ -139,17 +151,20 @@ ENV_THAT_MATTERS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE
                     "PYTORCH_CUDA_ALLOC_CONF", "NCCL_P2P_DISABLE", "TORCH_COMPILE_DISABLE", "CUDA_LAUNCH_BLOCKING")
 
 
-def model_hash(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 over a model folder: each file's relative path and content, in name order (a file: its content)."""
+def model_hash(path: str | Path, digests=None) -> str:
+    """sha256 over a model folder: each file's relative path, size and content sha256, in name order (a file:
+    its own). Each file's digest is remembered by stat (`magpie.store.digests`; by default in the user's
+    cache), so multi-GB weights are read again only when they change."""
+    from magpie.store.digests import FileDigests, user_digests_path
+
     path = Path(path)
+    digests = digests if digests is not None else FileDigests(user_digests_path())
     h = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for f in files:
         rel = f.name if f == path else f.relative_to(path).as_posix()
-        h.update(rel.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
-        with open(f, "rb") as fh:
-            while block := fh.read(chunk):
-                h.update(block)
+        h.update(f"{rel}\0{f.stat().st_size}\0{digests.digest(f)}\n".encode())
+    digests.save()
     return h.hexdigest()
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from magpie.serving import engines as _engines
 from magpie.serving import gpus as _gpus
+from magpie.serving import lifecycle as _lifecycle
 from magpie.serving import profiling as _profiling
 from magpie.serving.report import (ENV_THAT_MATTERS, BenchmarkConfig, BenchmarkReport, Provenance, RunCounts,
                                    ServerInfo, hub_revision, local_model_path, model_hash)
@@ -67,8 +68,9 @@ def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str], alloc
                       started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
-    """Runs the benchmark `config` describes; the report is also written to the workspace."""
+def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkReport:
+    """Runs the benchmark `config` describes; the report is also written to the workspace. With `analyse`
+    false a profiled run leaves its traces unanalysed (the build analyses them in a node of their own)."""
     from magpie.serving.local import LocalServer, ServerError, install_sigterm, tail
 
     t0 = time.monotonic()
@@ -133,12 +135,18 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
                     base_url = engine.base_url(spec)
                     log = work / SERVER_LOG
                     outputs["server_log"] = str(log)
-                    server = LocalServer(command, env=env, log_path=log, host=config.host, port=engine.port(spec),
-                                         health_url=base_url + engine.health_path, cwd=work)
+                    health_url = base_url + engine.health_path
+                    if config.server_lifecycle == "reuse":
+                        wanted = _lifecycle.record_for(provenance, command, env, config.host, engine.port(spec))
+                        server = _lifecycle.KeptServer(wanted, env=env, health_url=health_url, run_log=log)
+                    else:
+                        server = LocalServer(command, env=env, log_path=log, host=config.host,
+                                             port=engine.port(spec), health_url=health_url, cwd=work)
                     server_info = ServerInfo(mode="local", base_url=base_url, command=command, log=str(log))
                     try:
                         server.start()
-                        server_info.pid = server.proc.pid
+                        server_info.pid = server.pid
+                        server_info.reused = isinstance(server, _lifecycle.KeptServer) and server.reused
                         ready_budget = min(config.ready_timeout_s or config.timeout_s, remaining())
                         server_info.ready_after_s = server.wait_ready(ready_budget)
                     except ServerError as exc:
@@ -165,10 +173,14 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
                         # requests failed: a server on its way out closes its sockets before it exits
                         server.wait_exit(timeout_s=2.0)
                     died = server.exit_code() is not None and server.ready_after is not None
-                    code = server.stop()
+                    # a kept server serves later runs only after a clean one; any failure stops it for good
+                    kept = isinstance(server, _lifecycle.KeptServer) and not died and not errors and \
+                        run is not None and not run.failed
+                    code = server.keep() if kept else server.stop()
                     if server_info is not None:
                         server_info.exit_code = code
                         server_info.died_during_run = died
+                        server_info.kept = kept
                     if died:
                         errors.insert(0, f"the server exited with code {code} during the run; log: {server.log_path}")
                         errors.append("server log tail:\n" + tail(server.log_path))
@@ -181,7 +193,7 @@ def run_benchmark(config: BenchmarkConfig) -> BenchmarkReport:
         errors.append(f"{run.failed} of {run.failed + run.completed} requests failed; first: "
                       f"{report_kw.pop('first_error', '')}")
     report_kw.pop("first_error", None)
-    if config.profiler and report_kw.get("traces"):
+    if analyse and config.profiler and report_kw.get("traces"):
         _analyse(report_kw, work, outputs, errors)
     report_kw.pop("traces", None)
     success = not errors and run is not None and run.completed > 0

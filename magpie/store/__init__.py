@@ -71,6 +71,17 @@ class Store:
         # when their digests were last found right: a stat that still matches needs no hashing
         self.stamps: dict[str, list] = {}
         self.digests: dict[str, dict] = {}  # key -> {file: [size, sha256]} of what this process committed
+        self.file_digests_path = self.workspace / "file-digests.json"
+        self._file_digests = None
+
+    @property
+    def file_digests(self):
+        """Large input files' digests remembered by stat (`digests.py`), read when first needed."""
+        if self._file_digests is None:
+            from magpie.store.digests import FileDigests
+
+            self._file_digests = FileDigests(self.file_digests_path)
+        return self._file_digests
 
     def path(self, key: str) -> Path:
         return self.objects / key[:2] / key

@@ -1,0 +1,123 @@
+"""A declared benchmark with `profiler = true` builds three nodes: the clean measurement run (measurement,
+reward-eligible, no profiler), a separate profiled run (diagnostic, traces in its torch_trace/) that starts only
+after the measurement, and the trace analysis of those traces, each cached and rebuilt only when its inputs
+change; the build report shows the measurement and summarises and links the analysis. End to end with the real
+`transformers serve` on the CPU serving the tiny offline model."""
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import COMMAND_PROJECT, build_json, magpie, write
+from magpie.serving.local import free_port
+
+NODES = ("benchmark:tiny", "benchmark_profile:tiny", "benchmark_trace_analysis:tiny")
+
+
+def _declare(root: Path, num_prompts: int, port: int, profiler: str = "true") -> None:
+    base = (root / "magpie.toml").read_text().split("\n[[benchmark]]")[0]
+    (root / "magpie.toml").write_text(base + f"""
+[[benchmark]]
+id = "tiny"
+engine = "transformers"
+model = "models/tiny"
+port = {port}
+profiler = {profiler}
+timeout_s = 300
+
+[benchmark.load]
+concurrency = 2
+input_len = 8
+output_len = 4
+num_prompts = {num_prompts}
+""")
+
+
+def _artifact(root: Path, task: str) -> Path:
+    from magpie.project import Project
+
+    project = Project.load(root / "magpie.toml")
+    return project.store.path(project.tasks[task].key)
+
+
+def _plan(root: Path) -> dict[str, str]:
+    plan = json.loads(magpie("build", "--dry-run", "--json", cwd=root, check=0).stdout)
+    return {item["task"]: item["why"] for item in plan["would_run"]}
+
+
+def test_profiled_nodes_exist_only_when_declared_and_the_measurement_key_ignores_the_flag(tmp_path):
+    from magpie.graph.expand import expand
+    from magpie.graph.rules import builtin_rules
+    from magpie.manifest.models import Manifest
+
+    def tasks(profiler: bool):
+        manifest = Manifest.model_validate({"benchmark": [
+            {"id": "tiny", "engine": "transformers", "model": "m", "profiler": profiler},
+            {"id": "plain", "engine": "vllm", "model": "org/m"}]})
+        return expand(manifest, tmp_path, builtin_rules())
+
+    profiled, plain = tasks(True), tasks(False)
+    assert set(NODES) <= set(profiled) and not any(name.endswith(":plain") and name != "benchmark:plain"
+                                                   for name in profiled)
+    assert profiled["benchmark_trace_analysis:tiny"].deps == ["benchmark_profile:tiny"]
+    assert profiled["benchmark_profile:tiny"].after == ["benchmark:tiny", "benchmark:plain"]   # order only
+    assert {"benchmark:tiny", "benchmark:plain", "benchmark_trace_analysis:tiny"} <= set(profiled["report"].deps)
+    assert "benchmark_profile:tiny" not in plain
+    assert profiled["benchmark:tiny"].key == plain["benchmark:tiny"].key     # declaring a profile re-runs nothing
+
+
+@pytest.fixture
+def project(tmp_path, tmp_path_factory, monkeypatch):
+    from magpie.serving.tiny_model import build
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+    write(tmp_path, COMMAND_PROJECT)
+    build(tmp_path / "models" / "tiny")
+    return tmp_path
+
+
+def test_profiled_benchmark_builds_measurement_profile_and_analysis_cached_and_rebuilt(project):
+    port = free_port()
+    _declare(project, num_prompts=3, port=port)
+    first = build_json(project)
+    assert set(NODES) | {"report"} <= set(first["executed"]) and first["failed"] == []
+
+    measured = _artifact(project, "benchmark:tiny")
+    report = json.loads((measured / "benchmark_report.json").read_text())
+    assert report["success"] and report["run_kind"] == "measurement" and report["reward_eligible"]
+    assert not report["profiling_enabled"] and not (measured / "torch_trace").exists()
+    assert report["server"]["command"][1:3] != ["-m", "magpie.serving.torch_launcher"]    # no profiler in it
+
+    profiled = _artifact(project, "benchmark_profile:tiny")
+    run = json.loads((profiled / "benchmark_report.json").read_text())
+    assert run["success"] and run["run_kind"] == "diagnostic" and not run["reward_eligible"]
+    assert list((profiled / "torch_trace").glob("*.json")) and run["tracelens_analysis"] is None
+    started = {name: json.loads((_artifact(project, name) / "result.json").read_text()) for name in NODES[:2]}
+    measurement = started["benchmark:tiny"]
+    assert started["benchmark_profile:tiny"]["task_started_unix"] >= \
+        measurement["task_started_unix"] + measurement["task_seconds"] - 0.01              # never side by side
+
+    published = project / "workspaces" / "reports" / "benchmarks" / "tiny"
+    analysed = json.loads((published / "benchmark_report.json").read_text())
+    tracelens = analysed["tracelens_analysis"]
+    assert tracelens["outputs"] and tracelens["errors"] == [] and analysed["run_kind"] == "diagnostic"
+    assert all((published / path).is_file() for path in tracelens["outputs"])
+    assert (published / "trace_report.html").is_file() and (published / "gap_analysis" / "gap_analysis.csv").is_file()
+    assert analysed["kernel_summary"]["kernels"] == 0 and "no GPU kernels" in analysed["kernel_summary"]["explanation"]
+    md = (project / "workspaces" / "reports" / "summary.md").read_text()
+    assert "### tiny: profiled run and its trace analysis" in md and "benchmarks/tiny/trace_report.html" in md
+    html = (project / "workspaces" / "reports" / "report.html").read_text()
+    assert 'href="benchmarks/tiny/trace_report.html"' in html
+
+    assert build_json(project)["executed"] == []                                   # cached: nothing re-runs
+
+    _declare(project, num_prompts=4, port=port)                                     # the load changed
+    why = _plan(project)
+    assert set(why) == set(NODES) | {"report"}
+    assert why["benchmark:tiny"] == why["benchmark_profile:tiny"] == "benchmark settings changed"
+    assert why["benchmark_trace_analysis:tiny"] == "benchmark_profile:tiny rebuilt"
+    again = build_json(project)
+    assert set(again["executed"]) == set(NODES) | {"report"} and again["failed"] == []
+    analysed = json.loads((published / "benchmark_report.json").read_text())
+    assert analysed["run"]["completed"] == 4 and analysed["tracelens_analysis"]["errors"] == []

@@ -1,0 +1,96 @@
+"""Server reuse (magpie/serving/lifecycle.py, Magpie's server_lifecycle) with the stand-in engine
+(tests/fixtures/serving/fake_engine.py): a kept server is reused when the recorded config matches and it answers
+/health, a mismatching one is stopped and a fresh one started, a recorded server that died is replaced, a failed run
+stops its server for good, `--stop-servers` ends them all, and nothing is left running after each test."""
+import json
+import os
+import signal
+
+import pytest
+
+from magpie.cli import main
+from magpie.serving import engines, lifecycle
+from magpie.serving.local import free_port, group_alive
+from magpie.serving.report import BenchmarkConfig
+from magpie.serving.runner import run_benchmark
+from test_serving_local import Fake
+
+
+@pytest.fixture
+def kept(monkeypatch, tmp_path):
+    """Records in a folder of the test's own; every server a test kept is stopped, and checked gone, after it."""
+    monkeypatch.setattr(engines, "get", lambda name: Fake())
+    monkeypatch.setenv(lifecycle.FOLDER_ENV, str(tmp_path / "servers"))
+    started: list[int] = []
+    yield started
+    lifecycle.stop_all()
+    assert not [pid for pid in started if group_alive(pid)]
+    assert not list((tmp_path / "servers").glob("*.json"))
+
+
+def _run(tmp_path, name, port, *args, **kw):
+    config = BenchmarkConfig(framework="vllm", model="fake-model", port=port, input_len=8, output_len=4,
+                             num_prompts=4, concurrency=2, output_dir=str(tmp_path / name), timeout_s=60,
+                             extra_server_args=list(args), server_lifecycle="reuse", **kw)
+    return run_benchmark(config)
+
+
+def _record(tmp_path, port):
+    return json.loads((tmp_path / "servers" / f"127.0.0.1_{port}.json").read_text())
+
+
+def test_a_matching_server_is_reused_and_a_different_one_replaces_it(kept, tmp_path):
+    port = free_port()
+    first = _run(tmp_path, "a", port, "--child")
+    kept.append(first.server.pid)
+    assert first.success and first.server.kept and not first.server.reused and group_alive(first.server.pid)
+    record = _record(tmp_path, port)
+    assert record["pid"] == first.server.pid and record["engine"] == "vllm" and record["port"] == port
+    assert record["command"] == first.server.command and record["process_start"] > 0
+    assert "fake engine: listening" in (tmp_path / "a" / "server.log").read_text()
+
+    second = _run(tmp_path, "b", port, "--child")
+    assert second.success and second.server.reused and second.server.pid == first.server.pid
+    assert second.server.ready_after_s == 0.0 and second.run.completed == 4
+    assert "fake engine: listening" not in (tmp_path / "b" / "server.log").read_text()   # only its own part
+
+    other = _run(tmp_path, "c", port, "--child", "--delay", "0.001")           # another command line
+    kept.append(other.server.pid)
+    assert other.success and not other.server.reused and other.server.pid != first.server.pid
+    assert not group_alive(first.server.pid)                                    # the stale one was stopped
+    assert _record(tmp_path, port)["pid"] == other.server.pid
+
+
+def test_a_recorded_server_that_died_is_replaced(kept, tmp_path):
+    port = free_port()
+    first = _run(tmp_path, "a", port)
+    kept.append(first.server.pid)
+    os.killpg(first.server.pid, signal.SIGKILL)
+    os.waitpid(first.server.pid, 0)                                             # our child: reaped, gone
+    again = _run(tmp_path, "b", port)
+    kept.append(again.server.pid)
+    assert again.success and not again.server.reused and again.server.pid != first.server.pid
+
+
+def test_a_failed_run_stops_its_server_for_good(kept, tmp_path):
+    port = free_port()
+    dying = _run(tmp_path, "a", port, "--mode", "die-after", "--n", "2")
+    kept.append(dying.server.pid)
+    assert not dying.success and not dying.server.kept and not group_alive(dying.server.pid)
+    assert not (tmp_path / "servers" / f"127.0.0.1_{port}.json").exists()
+
+
+def test_a_profiled_run_is_never_kept():
+    with pytest.raises(ValueError, match="a profiled run starts a server of its own"):
+        BenchmarkConfig(framework="transformers", model="m", profiler=True, server_lifecycle="reuse")
+
+
+def test_stop_servers_ends_every_kept_server(kept, tmp_path, capsys):
+    servers = [_run(tmp_path, f"r{i}", free_port()) for i in range(2)]
+    kept.extend(s.server.pid for s in servers)
+    assert all(group_alive(s.server.pid) for s in servers)
+    assert main(["benchmark", "--stop-servers"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("stopped vllm fake-model on 127.0.0.1:") for line in lines)
+    assert not any(group_alive(s.server.pid) for s in servers)
+    assert main(["benchmark", "--stop-servers"]) == 0 and capsys.readouterr().out.strip() == "no kept servers"
