@@ -39,6 +39,14 @@ def test_a_remembered_digest_is_not_read_again_and_a_changed_file_is(tmp_path, m
     replacement.write_bytes(b"c" * 4096)
     os.replace(replacement, weights)                                                   # another inode
     assert FileDigests(store).digest(weights) == hashlib.sha256(b"c" * 4096).hexdigest()
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"d")
+    _aged(other)
+    learning = FileDigests(store)
+    learning.digest(other)
+    weights.unlink()
+    learning.save()                                                                    # a gone file's entry goes
+    assert list(json.loads(store.read_text())) == [str(other)]
 
 
 def test_a_file_written_just_now_is_hashed_again_next_time(tmp_path):

@@ -94,3 +94,31 @@ def test_stop_servers_ends_every_kept_server(kept, tmp_path, capsys):
     assert len(lines) == 2 and all(line.startswith("stopped vllm fake-model on 127.0.0.1:") for line in lines)
     assert not any(group_alive(s.server.pid) for s in servers)
     assert main(["benchmark", "--stop-servers"]) == 0 and capsys.readouterr().out.strip() == "no kept servers"
+
+
+def test_transformers_serve_is_kept_and_reused(tmp_path, tmp_path_factory, monkeypatch, capsys):
+    """The real engine on the tiny offline model: a second --keep-server run with the same command reuses the kept
+    `transformers serve` (same process, no start-up), a run with a different dtype replaces it."""
+    from magpie.serving.tiny_model import build
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+    monkeypatch.setenv(lifecycle.FOLDER_ENV, str(tmp_path / "servers"))
+    model, port = build(tmp_path / "tiny"), free_port()
+    reports = []
+    try:
+        for name, precision in (("a", "auto"), ("b", "auto"), ("c", "fp32")):
+            rc = main(["benchmark", "transformers", "-m", str(model), "--port", str(port), "--keep-server",
+                       "-p", precision, "--num-prompts", "2", "--concurrency", "2", "--input-len", "8",
+                       "--output-len", "4", "--timeout", "240", "-o", str(tmp_path / name), "--json"])
+            capsys.readouterr()
+            reports.append(json.loads((tmp_path / name / "benchmark_report.json").read_text()))
+            assert rc == 0, reports[-1]["errors"]
+    finally:
+        lifecycle.stop_all()
+    first, second, third = (r["server"] for r in reports)
+    assert first["kept"] and not first["reused"] and first["ready_after_s"] > 0
+    assert second["reused"] and second["pid"] == first["pid"] and second["ready_after_s"] == 0.0
+    assert not third["reused"] and third["pid"] != first["pid"]
+    assert reports[1]["run"]["total_output_tokens"] == 2 * 4
+    assert not any(group_alive(s["pid"]) for s in (first, third))

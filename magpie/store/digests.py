@@ -79,11 +79,12 @@ class FileDigests:
         return value
 
     def save(self) -> None:
-        """Writes what was learnt, merged over what another process may have written since."""
+        """Writes what was learnt, merged over what another process may have written since; entries of files
+        that are gone are dropped (a stat each), so the file holds no more than the files it describes."""
         if self.path is None or not self._dirty:
             return
         from magpie.store import atomic_write
 
-        merged = {**self._read(), **self._entries}
+        merged = {name: entry for name, entry in {**self._read(), **self._entries}.items() if os.path.exists(name)}
         atomic_write(self.path, json.dumps(merged, separators=(",", ":")))
         self._entries, self._dirty = merged, False
