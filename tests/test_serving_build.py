@@ -121,3 +121,32 @@ def test_profiled_benchmark_builds_measurement_profile_and_analysis_cached_and_r
     assert set(again["executed"]) == set(NODES) | {"report"} and again["failed"] == []
     analysed = json.loads((published / "benchmark_report.json").read_text())
     assert analysed["run"]["completed"] == 4 and analysed["tracelens_analysis"]["errors"] == []
+
+
+def test_a_benchmark_id_selects_its_tasks(tmp_path):
+    write(tmp_path, COMMAND_PROJECT)
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    _declare(tmp_path, num_prompts=2, port=free_port())
+    plan = json.loads(magpie("build", "--dry-run", "--json", "tiny", cwd=tmp_path, check=0).stdout)
+    assert {item["task"] for item in plan["would_run"]} == set(NODES)
+
+
+def test_traces_the_analysis_cannot_read_are_a_failed_analysis_in_the_report(tmp_path):
+    from types import SimpleNamespace
+
+    from magpie.report.render import render
+    from magpie.serving.build_rule import trace_analysis_rule
+
+    run_dir = tmp_path / "profiled"
+    (run_dir / "torch_trace").mkdir(parents=True)
+    (run_dir / "torch_trace" / "host_1.pt.trace.json").write_text('{"traceEvents": [')
+    job = SimpleNamespace(spec=SimpleNamespace(params={"benchmark": {"id": "tiny"}}),
+                          dep_dirs={"benchmark_profile:tiny": str(run_dir)},
+                          dep_results={"benchmark_profile:tiny": {"summary": {"completed": 3}}})
+    (tmp_path / "out").mkdir()
+    result = trace_analysis_rule(job, tmp_path / "out")
+    assert result["state"] == "FAILED" and result["errors"] and result["profiled_run"] == {"completed": 3}
+    bench = {"benchmark": "tiny", "engine": "transformers", "model": "m", "run_kind": "measurement",
+             "summary": {"completed": 3, "failed": 0, "errors": []}, "analysis": result}
+    md = render([], "p", [], [bench])["summary.md"]
+    assert "### tiny: profiled run and its trace analysis" in md and "Trace analysis failed: " in md
