@@ -151,6 +151,21 @@ def test_interval_arithmetic_by_hand():
     assert subtract(comm, compute) == [(15, 20), (40, 45)]
 
 
+def test_timeline_by_hand_with_communication_and_memcpy():
+    """Exposed communication is what computation leaves uncovered, exposed memcpy what both leave;
+    busy is the union of all three."""
+    from magpie.traces.ingest import GpuActivity, Trace
+
+    gpu = [GpuActivity("gemm", "kernel", 0.0, 10.0, 0, 7, None),
+           GpuActivity("ncclKernel_AllReduce", "kernel", 8.0, 6.0, 0, 8, None),
+           GpuActivity("Memcpy DtoH", "memcpy", 12.0, 6.0, 0, 9, None),
+           GpuActivity("gemm", "kernel", 30.0, 5.0, 0, 7, None)]
+    t = {r["type"]: r["time ms"] * 1000 for r in gpu_timeline(Trace("t", None, [], gpu))[0]}
+    assert t["computation_time"] == pytest.approx(15) and t["exposed_comm_time"] == pytest.approx(4)  # 10-14
+    assert t["exposed_memcpy_time"] == pytest.approx(4)  # 14-18
+    assert (t["busy_time"], t["idle_time"], t["total_time"]) == pytest.approx((23, 12, 35))
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_timeline_adds_up(name):
     trace = load_trace(TRACES / name)

@@ -60,11 +60,17 @@ def gpu_timeline(trace: Trace, spans: list[tuple[float, float]] | None = None) -
         # a memset writes device memory with the device's own engines: computation, as TraceLens counts it
         group = "comm" if kind == "communication" else "memcpy" if kind == "memcpy" else "compute"
         start = a.ts - base
-        devices.setdefault(a.device, {"compute": [], "comm": [], "memcpy": []})[group].append((start, start + a.dur))
+        groups = devices.get(a.device)
+        if groups is None:
+            groups = devices[a.device] = {"compute": [], "comm": [], "memcpy": []}
+        groups[group].append((start, start + a.dur))
     tables = {}
     for device, groups in sorted(devices.items()):
         compute, comm, memcpy = (union(groups[g]) for g in ("compute", "comm", "memcpy"))
-        busy = union(compute + comm + memcpy)
+        # a merged list is its own union: no second pass over every kernel where there is
+        # nothing to add (most traces have no communication, many no memcpy)
+        computing = union(compute + comm) if comm else compute
+        busy = union(computing + memcpy) if memcpy else computing
         if spans is not None:
             total = length(union([(s - base, e - base) for s, e in spans]))
         else:
@@ -72,7 +78,7 @@ def gpu_timeline(trace: Trace, spans: list[tuple[float, float]] | None = None) -
         times = {
             "computation_time": length(compute),
             "exposed_comm_time": length(subtract(comm, compute)),
-            "exposed_memcpy_time": length(subtract(memcpy, union(compute + comm))),
+            "exposed_memcpy_time": length(subtract(memcpy, computing)),
             "busy_time": length(busy),
             "idle_time": total - length(busy),
             "total_time": total,
