@@ -30,32 +30,41 @@ from magpie.traces.perf_models import TRACELENS_MODELS, Estimate, estimate, mode
 class _Tree:
     """The trace's op nesting with the GPU work under each op, built once for both kinds of rows."""
 
-    def __init__(self, trace: Trace, parents: dict[int, int]):
+    def __init__(self, trace: Trace, parents: dict[int, int], groups: list[SignatureGroup]):
         self.trace, self.parents = trace, parents
-        self.direct: dict[int, list] = {}  # op -> the activities it launched itself
-        for activity in trace.gpu:
-            if activity.op is not None:
-                self.direct.setdefault(activity.op, []).append(activity)
+        # each op that launched work itself: what it launched, and its signature's group (a call of
+        # a signature group is one op's launches)
+        self.direct: dict[int, list] = {}
+        self.launcher_groups: dict[int, SignatureGroup] = {}
+        for group in groups:
+            if group.op is not None:
+                for launched in group.calls:
+                    self.direct[launched[0].op] = launched
+                    self.launcher_groups[launched[0].op] = group
         self.busy: set[int] = set()  # ops with GPU work at or under them
         self.children: dict[int, list[int]] = {}  # of the busy ops: the busy ones, in time order
+        self.roots: list[int] = []  # the busy ops no op encloses, in time order
         for op in self.direct:
             while op is not None and op not in self.busy:
                 self.busy.add(op)
                 parent = parents.get(op)
-                if parent is not None:
+                if parent is None:
+                    self.roots.append(op)
+                else:
                     self.children.setdefault(parent, []).append(op)
                 op = parent
         ops = trace.cpu_ops
-        for siblings in self.children.values():
+        for siblings in (*self.children.values(), self.roots):
             if len(siblings) > 1:
                 siblings.sort(key=lambda op: ops[op].ts)
-        self.modelled_below: set[int] = set()  # ops with a modelled op under them that has GPU work
-        for op in self.busy:
-            if models_whole_op(ops[op].name):
-                above = parents.get(op)
-                while above is not None and above not in self.modelled_below:
-                    self.modelled_below.add(above)
-                    above = parents.get(above)
+        modelled_names = {name: models_whole_op(name) for name in {ops[op].name for op in self.busy}}
+        self.modelled = {op for op in self.busy if modelled_names[ops[op].name]}  # TraceLens models them whole
+        self.modelled_below: set[int] = set()  # ops with a modelled op under them
+        for op in self.modelled:
+            above = parents.get(op)
+            while above is not None and above not in self.modelled_below:
+                self.modelled_below.add(above)
+                above = parents.get(above)
         # both kinds of rows ask for the same ops: each answer is kept
         self.subtrees: dict[int, list] = {}
         self.signatures: dict[int, tuple[bytes, Estimate | None]] = {}
@@ -93,15 +102,19 @@ class _Tree:
             found = self.places[place] = where_of(self.trace, call)
         return found
 
+    def transposes(self, op: int, est: Estimate) -> tuple | None:
+        """A GEMM call's transposes, from its first GEMM kernel's name (TraceLens reads them there)."""
+        if est.family != "GEMM":
+            return None
+        return next((t for t in map(gemm_transposes, (a.name for a in self.subtree(op))) if t is not None), None)
+
     def walk(self) -> tuple[list[int], set[int]]:
         """The ops that are unified rows, in the order TraceLens's walk meets them, and the ops
         it went through into their children (what those launched themselves is in no row)."""
-        ops = self.trace.cpu_ops
-        roots = sorted((op for op in self.busy if op not in self.parents), key=lambda op: (ops[op].ts, -ops[op].dur))
-        rows, through, pending = [], set(), roots[::-1]
+        rows, through, pending = [], set(), self.roots[::-1]
         while pending:
             op = pending.pop()
-            if models_whole_op(ops[op].name) or (op in self.direct and op not in self.modelled_below):
+            if op in self.modelled or (op in self.direct and op not in self.modelled_below):
                 rows.append(op)
             else:
                 through.add(op)
@@ -110,13 +123,6 @@ class _Tree:
 
 
 _START = attrgetter("ts")
-
-
-def _transposes(est: Estimate, launched: list) -> tuple | None:
-    """A GEMM call's transposes, from its first GEMM kernel's name (TraceLens reads them there)."""
-    if est.family != "GEMM":
-        return None
-    return next((t for t in map(gemm_transposes, (a.name for a in launched)) if t is not None), None)
 
 
 def _params(est: Estimate, transposes: tuple | None) -> dict:
@@ -138,48 +144,55 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
     TraceLens's synthetic ops as they stand, and where every call of a signature is a row that
     launched its work itself, the signature's group is the row's (its statistics worked out once)."""
     ops, uids = trace.cpu_ops, trace.op_uids
-    outside = [g for g in groups if g.op is None]
-    launchers = {(msgspec.json.encode((g.name, g.op.input_dims, g.op.input_types, g.op.strides, g.op.concrete)),
-                  g.where): g for g in groups if g.op is not None}
     row_ops, through = tree.walk()
-    signatures: dict[tuple, list[int]] = {}
+    leaf_rows: dict[int, list[int]] = {}  # signature group -> its calls that are rows launching their work
     for op in row_ops:
-        signatures.setdefault((tree.signature(op)[0], tree.where(ops[op])), []).append(op)
-    rows: dict[tuple, SignatureGroup] = {}
+        group = tree.launcher_groups.get(op)
+        if group is not None and op not in tree.children:
+            leaf_rows.setdefault(id(group), []).append(op)
+    rows: list[SignatureGroup] = [g for g in groups if g.op is None]
     by_calls: dict[tuple, SignatureGroup] = {}
-    for (key, where), members in signatures.items():
-        group = launchers.get((key, where))
-        est = tree.signature(members[0])[1]
-        if group is not None and len(group.times) == len(members) and not any(op in tree.children for op in members):
-            group.params = _params(est, _transposes(est, tree.subtree(members[0]))) if est else {}
-        else:
-            first = ops[members[0]]
-            own = [a.name for a in tree.direct.get(members[0], ()) if a.kind == "kernel"]
-            group = SignatureGroup(first.name, first, est, op_category(first.name, est.family if est else None, own),
-                                   first.name, where=where, uid=uids[members[0]],
-                                   params=_params(est, _transposes(est, tree.subtree(members[0]))) if est else {})
-            for op in members:
-                _add_call(group, tree.subtree(op), ops[op].dur)
-        rows[(key, where)] = group
+    reused: set[int] = set()
+    for members in leaf_rows.values():
+        group = tree.launcher_groups[members[0]]
+        if len(members) == len(group.times):
+            group.params = _params(group.est, tree.transposes(members[0], group.est)) if group.est else {}
+            rows.append(group)
+            by_calls[tuple(sorted(members))] = group
+            reused.add(id(group))
+    built: dict[tuple, list[int]] = {}  # the other rows by signature, in the walk's order
+    for op in row_ops:
+        group = tree.launcher_groups.get(op)
+        if group is None or id(group) not in reused or op in tree.children:
+            built.setdefault((tree.signature(op)[0], tree.where(ops[op])), []).append(op)
+    for (_, where), members in built.items():
+        first, est = ops[members[0]], tree.signature(members[0])[1]
+        own = [a.name for a in tree.direct.get(members[0], ()) if a.kind == "kernel"]
+        group = SignatureGroup(first.name, first, est, op_category(first.name, est.family if est else None, own),
+                               first.name, where=where, uid=uids[members[0]],
+                               params=_params(est, tree.transposes(members[0], est)) if est else {})
+        for op in members:
+            _add_call(group, tree.subtree(op), ops[op].dur)
+        rows.append(group)
         by_calls[tuple(sorted(members))] = group
     # TraceLens numbers these after the trace's events and the synthetic ops outside any op
-    synthetic_uid = trace.events + sum(len(g.times) for g in outside)
+    synthetic_uid = trace.events + sum(len(g.times) for g in groups if g.op is None)
+    synthetic: dict[tuple, SignatureGroup] = {}
     for activity in trace.gpu:
         if activity.op not in through:
             continue
         call = ops[activity.op]
         key, est = tree.signature(activity.op)
-        where = tree.where(call)
-        name = SYNTHETIC.format(call.name, activity.name)
-        group = rows.get((name, key, where))
+        name, where = SYNTHETIC.format(call.name, activity.name), tree.where(call)
+        group = synthetic.get((name, key, where))
         if group is None:
             own = [a.name for a in tree.direct[activity.op] if a.kind == "kernel"]
-            group = rows[(name, key, where)] = SignatureGroup(
-                name, call, None, op_category(call.name, est.family if est else None, own), call.name, where=where,
-                uid=synthetic_uid)
+            group = synthetic[(name, key, where)] = SignatureGroup(
+                name, call, None, op_category(call.name, est.family if est else None, own), call.name,
+                where=where, uid=synthetic_uid)
         synthetic_uid += 1
         _add_call(group, [activity], call.dur)
-    return sorted([*rows.values(), *outside], key=lambda g: (-g.total, g.uid)), by_calls
+    return sorted([*rows, *synthetic.values()], key=lambda g: (-g.total, g.uid)), by_calls
 
 
 def sheet_groups(trace: Trace, tree: _Tree, rows_by_calls: dict[tuple, SignatureGroup],
@@ -197,17 +210,20 @@ def sheet_groups(trace: Trace, tree: _Tree, rows_by_calls: dict[tuple, Signature
         sheet = TRACELENS_MODELS.get(call.name)
         if sheet is None:
             continue
-        launched = tree.subtree(op)
-        if not launched and not idle_calls:
+        launcher = tree.launcher_groups.get(op)
+        if launcher is not None and op not in tree.children:
+            signature, est = id(launcher), launcher.est  # its calls are alike: the group stands for their signature
+        elif op in tree.busy or idle_calls:
+            signature, est = tree.signature(op)
+        else:
             continue
-        key, est = tree.signature(op)
         if est is None:
             continue
-        transposes = _transposes(est, launched)
-        slot = slots.get((key, transposes))
+        transposes = tree.transposes(op, est)
+        slot = slots.get((signature, transposes))
         if slot is None:
             params = _params(est, transposes)
-            slot = slots[(key, transposes)] = (sheet, call.name, repr(params))
+            slot = slots[(signature, transposes)] = (sheet, call.name, repr(params))
             params_of.setdefault(slot, params)
         members.setdefault(slot, []).append(op)
     sheets: dict[str, list[SignatureGroup]] = {}
@@ -230,6 +246,6 @@ def trace_tables(trace: Trace, arch=None, parents: dict[int, int] | None = None,
     if parents is None:
         parents = op_parents(trace)
     groups = signature_groups(trace, parents)
-    tree = _Tree(trace, parents)
+    tree = _Tree(trace, parents, groups)
     perf, rows_by_calls = perf_groups(trace, groups, tree)
     return groups, ops_tables(groups, perf, sheet_groups(trace, tree, rows_by_calls, idle_calls), arch)
