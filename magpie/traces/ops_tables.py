@@ -11,6 +11,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 
 import msgspec
 
@@ -329,17 +330,19 @@ def ops_tables(groups: list[SignatureGroup], perf: list[SignatureGroup], sheets:
     _percentages(by_category, "total_direct_kernel_time_ms")
     unique = [_unique_args_row(g) for g in _by_launch(groups)]
     _percentages(unique, "total_direct_kernel_time_sum")
-    unified = [_unified_row(g, arch) for g in perf]
-    _percentages(unified, "Kernel Time (µs)_sum")
-    tables = {"ops_summary": ops, "ops_summary_by_category": by_category, "ops_unique_args": unique,
-              "unified_perf_summary": unified}
+    # a sheet's group is often a unified row's very group (the same calls): its row is made once
+    unified_rows = {id(g): _unified_row(g, arch) for g in perf}
+    family_sheets: dict[str, list[dict]] = {}
     for family in PERF_FAMILIES:
-        tables[family] = []
+        family_sheets[family] = []
         for group in sheets.get(family, []):
-            row = _unified_row(group, arch)
-            tables[family].append({**row, **{ours: row.get(theirs) for ours, theirs in _FAMILY_NAMES.items()},
-                                   **{f"param: {k}": v for k, v in group.params.items()}})
-    return tables
+            row = unified_rows.get(id(group)) or _unified_row(group, arch)
+            family_sheets[family].append({**row, **{ours: row.get(theirs) for ours, theirs in _FAMILY_NAMES.items()},
+                                          **{f"param: {k}": v for k, v in group.params.items()}})
+    unified = list(unified_rows.values())
+    _percentages(unified, "Kernel Time (µs)_sum")
+    return {"ops_summary": ops, "ops_summary_by_category": by_category, "ops_unique_args": unique,
+            "unified_perf_summary": unified, **family_sheets}
 
 
 def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
@@ -400,14 +403,23 @@ def _prefixed(stats: dict, prefix: str) -> dict:
     return {prefix + key: value for key, value in stats.items()}
 
 
+_START = attrgetter("ts")
+
+
 def _kernel_details(group: SignatureGroup) -> list[dict]:
     """TraceLens's kernel_details_summary: one entry per place in a call's launches (the k-th thing
     each call launched), with its stream and the statistics of its durations over the calls
     (population standard deviation), smallest total first."""
     places: dict[tuple, list[float]] = {}
     for launched in group.calls:
-        for position, activity in enumerate(sorted(launched, key=lambda a: a.ts)):
-            places.setdefault((position, activity.name, activity.stream), []).append(activity.dur)
+        # most calls launch one thing: nothing to order
+        for position, activity in enumerate(launched if len(launched) == 1 else sorted(launched, key=_START)):
+            place = (position, activity.name, activity.stream)
+            durations = places.get(place)
+            if durations is None:
+                places[place] = [activity.dur]
+            else:
+                durations.append(activity.dur)
     details = []
     for (_, name, stream), durations in places.items():
         total = sum(durations)
