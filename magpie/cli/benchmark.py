@@ -59,6 +59,11 @@ def add_parser(sub) -> None:
                         "(engine and version, model content, command line, environment, port) matches; otherwise "
                         "the stale one is stopped and a fresh one started (Magpie's server_lifecycle: reuse)")
     s.add_argument("--stop-servers", action="store_true", help="stop every server kept by --keep-server, and exit")
+    s.add_argument("--run-mode", choices=("local", "docker"),
+                   help="local: the server as our own process group (default); docker: in a container of the "
+                        "engine's image (magpie/serving/images.yaml, per engine and GPU kind), --network host")
+    s.add_argument("--docker-image", metavar="IMG", help="docker mode's image instead of images.yaml's (it must be "
+                   "on this machine: nothing is pulled)")
     s.add_argument("--gpus", metavar="IDS", help="pin the server's GPUs, e.g. 0,1 (default: idle GPUs are picked, "
                    "as many as --tp)")
     s.add_argument("--compare", nargs=2, metavar=("A", "B"),
@@ -139,7 +144,8 @@ def run_serving(args) -> int:
             raise UserError("benchmark: give either --benchmark-config YAML or ENGINE -m MODEL, not both")
         config = load_benchmark_config(args.benchmark_config, output_dir=args.output_dir, host=args.host,
                                        port=args.port, base_url=args.base_url, endpoint=args.endpoint,
-                                       profiler=args.torch_profiler or None,
+                                       profiler=args.torch_profiler or None, run_mode=args.run_mode,
+                                       docker_image=args.docker_image,
                                        server_lifecycle="reuse" if args.keep_server else None)
         return _serve_and_print(config, args)
     if not args.framework:
@@ -155,7 +161,8 @@ def run_serving(args) -> int:
             range_ratio=args.random_range_ratio, num_prompts=args.num_prompts, request_rate=args.request_rate,
             burstiness=args.burstiness, num_warmups=args.num_warmups, seed=args.seed,
             goodput=parse_goodput(args.goodput), timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
-            output_dir=args.output_dir, profiler=args.torch_profiler,
+            output_dir=args.output_dir, profiler=args.torch_profiler, run_mode=args.run_mode or "local",
+            docker_image=args.docker_image,
             server_lifecycle="reuse" if args.keep_server else "fresh")
     except ValidationError as err:
         first = err.errors()[0]

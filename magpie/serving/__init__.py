@@ -9,8 +9,10 @@ scripted delays, the peer the tests and `bench/serving_client.py` talk to.
 
 Around the client: `engines` (one module per serving engine: its command line, health route,
 port, and how it is asked for a fixed output length), `local` (the server as its own process
-group: readiness, logs, shutdown), `runner` (one benchmark, start to `benchmark_report.json`),
-`report` (its pydantic config and report), `tiny_model` (a random model built offline for tests).
+group: readiness, logs, shutdown), `docker_mode` (the server in a container of the engine's image;
+`images.yaml` names them, `env_image` builds one of this Python environment offline), `runner`
+(one benchmark, start to `benchmark_report.json`), `report` (its pydantic config and report),
+`tiny_model` (a random model built offline for tests).
 
 Nothing here is imported by `import magpie`; numpy is imported only where numbers are computed.
 """

@@ -15,7 +15,8 @@
         EXTRA_VLLM_ARGS: "--enforce-eager"   # EXTRA_<FRAMEWORK>_ARGS or EXTRA_SERVER_ARGS: the server's
       env: {OMP_NUM_THREADS: "8"}            # the server's environment
       profiler: false            # true: a torch profiler window, traces analysed; the run is diagnostic
-      run_mode: local            # docker is not built yet: refused
+      run_mode: local            # or docker: the server in a container (magpie/serving/docker_mode.py)
+      docker_image: vllm/vllm-openai:latest  # docker mode's image; default: magpie/serving/images.yaml's
       run_kind: measurement      # or diagnostic (never reward-eligible)
       gpu_selection: auto        # or a list of device indices: CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES
       timeout_seconds: 3600
@@ -81,6 +82,7 @@ class BenchmarkSection(BaseModel):
     env: dict[str, str] = {}
     profiler: Union[bool, Profiler] = False
     run_mode: Literal["local", "docker"] = "local"
+    docker_image: Optional[str] = None
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
     gpu_selection: Union[Literal["auto"], list[int], GpuSelection] = "auto"
     timeout_seconds: float = Field(3600.0, gt=0)
@@ -138,8 +140,6 @@ def load_benchmark_config(path: str | Path, **overrides):
     except ValidationError as err:
         raise describe_validation_error(path, err) from None
     profiler = section.profiler if isinstance(section.profiler, bool) else section.profiler.enabled
-    if section.run_mode != "local":
-        raise located(path, "benchmark.run_mode", "docker mode is not supported yet: use local")
     env = dict(section.env)
     gpus = _gpus(section)
     if gpus is not None:
@@ -155,7 +155,7 @@ def load_benchmark_config(path: str | Path, **overrides):
                   max_model_len=e.MAX_MODEL_LEN, extra_server_args=_server_args(path, section), env=env,
                   concurrency=e.CONC, input_len=e.ISL, output_len=e.OSL, range_ratio=e.RANDOM_RANGE_RATIO,
                   num_prompts=e.NUM_PROMPTS or (10 * e.CONC if e.CONC else 100), run_kind=section.run_kind,
-                  profiler=profiler,
+                  profiler=profiler, run_mode=section.run_mode, docker_image=section.docker_image,
                   timeout_s=section.timeout_seconds, base_url=section.base_url)
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:

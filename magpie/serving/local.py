@@ -71,6 +71,25 @@ def health_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def wait_healthy(server, timeout_s: float, interval_s: float = 0.25, who: str = "the server", log_tail=None) -> float:
+    """Seconds from `server.started_at` until its `health_url` answered 200, kept as `server.ready_after`;
+    ServerError (with `log_tail()`, by default the log's last lines) once `server.alive()` is false or the
+    timeout has passed. Local and docker servers alike."""
+    log_tail = log_tail or (lambda: tail(server.log_path))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not server.alive():
+            raise ServerError(f"{who} exited with code {server.exit_code()} before it was ready; log: "
+                              f"{server.log_path}", log_tail())
+        if health_ok(server.health_url, timeout=min(2.0, max(0.1, deadline - time.monotonic()))):
+            server.ready_after = time.monotonic() - server.started_at
+            return server.ready_after
+        if time.monotonic() >= deadline:
+            raise ServerError(f"the server was not ready within {timeout_s:g} s ({server.health_url} did not "
+                              f"answer 200); log: {server.log_path}", tail(server.log_path))
+        time.sleep(interval_s)
+
+
 class LocalServer:
     """A server command run as its own process group, logged to `log_path`."""
 
@@ -125,19 +144,7 @@ class LocalServer:
 
     def wait_ready(self, timeout_s: float, interval_s: float = 0.25) -> float:
         """Seconds until the health route answered 200; raises ServerError on exit or timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if not self.alive():
-                code = self.exit_code()
-                raise ServerError(f"the server exited with code {code} before it was ready; log: {self.log_path}",
-                                  tail(self.log_path))
-            if health_ok(self.health_url, timeout=min(2.0, max(0.1, deadline - time.monotonic()))):
-                self.ready_after = time.monotonic() - self.started_at
-                return self.ready_after
-            if time.monotonic() >= deadline:
-                raise ServerError(f"the server was not ready within {timeout_s:g} s ({self.health_url} did not "
-                                  f"answer 200); log: {self.log_path}", tail(self.log_path))
-            time.sleep(interval_s)
+        return wait_healthy(self, timeout_s, interval_s)
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM to the group, SIGKILL after `grace_s`; the exit code (negative: the signal)."""

@@ -35,7 +35,10 @@ class BenchmarkConfig(_Strict):
     max_model_len: Optional[int] = Field(None, ge=1)
     extra_server_args: list[str] = []
     env: dict[str, str] = {}
-    run_mode: Literal["local"] = "local"
+    run_mode: Literal["local", "docker"] = Field(
+        "local", description="local: the server as a process group of ours; docker: in a container of the "
+                             "engine's image (serving.docker_mode)")
+    docker_image: Optional[str] = Field(None, description="docker mode's image; None: images.yaml's for the engine")
     run_kind: Literal["measurement", "diagnostic"] = Field(
         "measurement", description="diagnostic runs (profiled, or so declared) are never reward-eligible")
     profiler: bool = Field(False, description="a torch profiler window over the load into torch_trace/, then "
@@ -64,6 +67,18 @@ class BenchmarkConfig(_Strict):
                              "matches (serving.lifecycle); fresh: start and stop a server of the run's own")
 
     @model_validator(mode="after")
+    def _docker_starts_a_server(self):
+        if self.docker_image and self.run_mode != "docker":
+            raise ValueError("docker_image is docker mode's: add --run-mode docker (run_mode: docker)")
+        if self.run_mode == "docker" and (self.base_url is not None or self.framework == "external"):
+            raise ValueError("run_mode docker starts the engine's server; --base-url (external) reaches a running "
+                             "one: give one of them")
+        if self.run_mode == "docker" and self.server_lifecycle == "reuse":
+            raise ValueError("--keep-server keeps local servers; docker mode starts and removes a container of its "
+                             "own: drop one of them")
+        return self
+
+    @model_validator(mode="after")
     def _profiled_is_diagnostic(self):
         if self.profiler:            # profiling perturbs latency: such a run is never a measurement
             self.run_kind = "diagnostic"
@@ -78,7 +93,7 @@ class BenchmarkConfig(_Strict):
 
 
 class ServerInfo(_Strict):
-    mode: Literal["local", "external"]
+    mode: Literal["local", "docker", "external"]
     base_url: str
     command: Optional[list[str]] = None
     pid: Optional[int] = Field(None, description="the server's process, leader of its own process group")
@@ -86,6 +101,7 @@ class ServerInfo(_Strict):
     ready_after_s: Optional[float] = None
     exit_code: Optional[int] = Field(None, description="how the server ended: negative is the signal that ended it")
     died_during_run: bool = False
+    container: Optional[str] = Field(None, description="docker mode: the container's id (removed after the run)")
     reused: bool = Field(False, description="a server kept by an earlier run (server_lifecycle reuse) served this one")
     kept: bool = Field(False, description="left running after the run for a later one (server_lifecycle reuse)")
 
@@ -98,6 +114,8 @@ class Provenance(_Strict):
     model_path: Optional[str] = Field(None, description="the local folder or file served")
     model_hash: Optional[str] = Field(None, description="sha256 over the model folder's files (names and contents)")
     model_revision: Optional[str] = None
+    image: Optional[str] = Field(None, description="docker mode: the image as named")
+    image_id: Optional[str] = Field(None, description="docker mode: the image's content id (sha256:...)")
     environment: dict[str, str] = {}
     gpu_allocation: Optional[dict[str, Any]] = Field(
         None, description="mode auto (picked idle), pinned (a *_VISIBLE_DEVICES variable), none (no GPU), external")

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import platform
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from magpie.serving import docker_mode as _docker
 from magpie.serving import engines as _engines
 from magpie.serving import gpus as _gpus
 from magpie.serving import lifecycle as _lifecycle
@@ -51,15 +53,16 @@ def _write_json(path: Path, data) -> None:
 
 
 def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str], allocation: dict) -> Provenance:
-    import os
     import socket
     import sys
 
     from magpie import __version__
 
     path = local_model_path(config.model)
-    env = {k: v for k, v in {**os.environ, **spec_env}.items() if k in ENV_THAT_MATTERS}
-    return Provenance(magpie_version=__version__, engine=engine.name, engine_version=engine.version(),
+    in_docker = config.run_mode == "docker"     # the container sees the engine's environment, not ours
+    env = {k: v for k, v in {**({} if in_docker else os.environ), **spec_env}.items() if k in ENV_THAT_MATTERS}
+    return Provenance(magpie_version=__version__, engine=engine.name,
+                      engine_version=None if in_docker else engine.version(),
                       model=config.model, model_path=str(path) if path and path.exists() else None,
                       model_hash=model_hash(path) if path and path.exists() else None,
                       model_revision=hub_revision(config.model), environment=env, gpu_allocation=allocation,
@@ -87,6 +90,7 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
     server_info: ServerInfo | None = None
     interrupted = False
     provenance = None
+    prepared = None
 
     def remaining() -> float:
         return config.timeout_s - (time.monotonic() - t0)
@@ -104,6 +108,9 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
                         raise _Failed(f"--torch-profiler: no profiler mechanism for {engine_name}"
                                       f"{' with --base-url' if external else ''}: it needs a server of ours "
                                       f"(vllm, sglang or transformers)")
+                    if config.run_mode == "docker" and engine_name in _profiling.LAUNCHER_ENGINES:
+                        raise _Failed(f"--torch-profiler: {engine_name} is profiled by magpie's launcher, which "
+                                      f"its docker image does not hold; profile it in local mode")
                     env.update(_profiling.environment(engine_name, trace_dir))
                     outputs["torch_trace"] = str(trace_dir)
                 if external:
@@ -117,6 +124,13 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
                         raise _Failed(str(exc)) from None
                     env.update(updates)
                 provenance = _provenance(config, engine, env, allocation)
+                if config.run_mode == "docker" and not external:
+                    try:
+                        prepared = _docker.prepare(engine_name, config.docker_image, allocation)
+                        provenance.image, provenance.image_id = prepared.image, prepared.image_id
+                        _docker.give_back(work, prepared.owner, prepared)   # under sudo: the container's user writes it
+                    except _docker.DockerError as exc:
+                        raise _Failed(f"docker mode: {exc}") from None
                 if external:
                     if config.base_url is None:
                         raise _Failed(f"the {engine.name} engine starts no server: give --base-url URL")
@@ -127,7 +141,7 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
                     if path is not None and not path.exists():
                         raise _Failed(f"model path not found: {config.model}")
                     try:
-                        command = engine.command(spec)
+                        command = engine.command(spec, in_image=prepared is not None)
                         if config.profiler:
                             command = _profiling.command(engine_name, command)
                     except _engines.UnsupportedOption as exc:
@@ -136,24 +150,31 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
                     log = work / SERVER_LOG
                     outputs["server_log"] = str(log)
                     health_url = base_url + engine.health_path
-                    if config.server_lifecycle == "reuse":
+                    if prepared is not None:
+                        server = _docker.DockerServer(prepared, command, env=env, log_path=log, host=config.host,
+                                                      port=engine.port(spec), health_url=health_url, workspace=work,
+                                                      model_path=path if path is not None and path.exists() else None)
+                    elif config.server_lifecycle == "reuse":
                         wanted = _lifecycle.record_for(provenance, command, env, config.host, engine.port(spec))
                         server = _lifecycle.KeptServer(wanted, env=env, health_url=health_url, run_log=log)
                     else:
                         server = LocalServer(command, env=env, log_path=log, host=config.host,
                                              port=engine.port(spec), health_url=health_url, cwd=work)
-                    server_info = ServerInfo(mode="local", base_url=base_url, command=command, log=str(log))
+                    server_info = ServerInfo(mode=config.run_mode, base_url=base_url, command=command, log=str(log))
                     try:
                         server.start()
                         server_info.pid = server.pid
+                        server_info.container = getattr(server, "container_id", None)
                         server_info.reused = isinstance(server, _lifecycle.KeptServer) and server.reused
                         ready_budget = min(config.ready_timeout_s or config.timeout_s, remaining())
                         server_info.ready_after_s = server.wait_ready(ready_budget)
+                        if prepared is not None:
+                            provenance.engine_version = server.engine_version(engine.package)
                     except ServerError as exc:
                         raise _Failed(str(exc), exc.log_tail) from None
                 profile = None
                 if config.profiler:
-                    pid = server.proc.pid if server is not None else None
+                    pid = server.pid if server is not None else None
                     profile = (lambda: _profiling.start(engine_name, base_url, pid),
                                lambda: _profiling.stop(engine_name, base_url, pid, trace_dir,
                                                        wait_s=max(min(remaining(), 300.0), 10.0)))
@@ -184,6 +205,8 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
                     if died:
                         errors.insert(0, f"the server exited with code {code} during the run; log: {server.log_path}")
                         errors.append("server log tail:\n" + tail(server.log_path))
+                    if prepared is not None:
+                        errors.extend(server.cleanup_errors())
     except KeyboardInterrupt:        # a second Ctrl-C while stopping: the report is still written
         interrupted = True
         if server is not None:
@@ -204,6 +227,8 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
                              server=server_info, provenance=provenance,
                              config=config, outputs={**outputs, "report": str(work / REPORT)}, **report_kw)
     _write_json(work / REPORT, report.model_dump(mode="json"))
+    if prepared is not None and os.geteuid() == 0:
+        _docker.give_back(work, prepared.owner)     # under sudo, magpie's own files are root's until here
     if interrupted:
         raise KeyboardInterrupt
     return report

@@ -13,6 +13,7 @@ class Atom(Engine):
     name = "atom"
     default_port = 8000
     package = "atom"
+    image_program = ("python3", "-m", "atom.entrypoints.openai_server")
 
     def program(self) -> list[str]:
         return [self.python(), "-m", "atom.entrypoints.openai_server"]

@@ -56,6 +56,7 @@ class Engine:
     package: str | None = None          # the distribution whose version is the engine's version
     force_len: Literal["ignore_eos", "generation_config"] = "ignore_eos"
     launches: bool = True               # False: client only (external)
+    image_program: tuple[str, ...] = ()  # the server's program inside the engine's docker image (on its PATH)
 
     def port(self, spec: ServerSpec) -> int:
         return spec.port or self.default_port
@@ -70,11 +71,12 @@ class Engine:
     def _flags(self, spec: ServerSpec) -> list[str]:
         raise NotImplementedError
 
-    def command(self, spec: ServerSpec) -> list[str]:
-        """The server's whole command line."""
+    def command(self, spec: ServerSpec, in_image: bool = False) -> list[str]:
+        """The server's whole command line, here or (`in_image`) inside the engine's docker image."""
         if not self.launches:
             raise UnsupportedOption(f"the {self.name} engine starts no server; give --base-url")
-        return self.program() + self._flags(spec) + list(spec.extra_args)
+        program = list(self.image_program) if in_image else self.program()
+        return program + self._flags(spec) + list(spec.extra_args)
 
     def environment(self, spec: ServerSpec) -> dict[str, str]:
         """Variables set for the server on top of the caller's environment."""

@@ -12,6 +12,7 @@ class SGLang(Engine):
     name = "sglang"
     default_port = 30000
     package = "sglang"
+    image_program = ("python3", "-m", "sglang.launch_server")
 
     def program(self) -> list[str]:
         return [self.python(), "-m", "sglang.launch_server"]

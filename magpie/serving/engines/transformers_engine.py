@@ -21,6 +21,7 @@ class Transformers(Engine):
     default_port = 8000
     package = "transformers"
     force_len = "generation_config"
+    image_program = ("transformers",)
 
     def program(self) -> list[str]:
         exe = shutil.which("transformers", path=os.path.dirname(self.python()) + os.pathsep + os.environ.get("PATH", ""))

@@ -16,6 +16,7 @@ class VLLM(Engine):
     name = "vllm"
     default_port = 8000
     package = "vllm"
+    image_program = ("vllm", "serve")
 
     def program(self) -> list[str]:
         return [shutil.which("vllm", path=os.path.dirname(self.python()) + os.pathsep + os.environ.get("PATH", ""))
