@@ -796,6 +796,28 @@ def test_a_bad_rank_among_several_is_reported_and_skipped(tmp_path):
     assert len({row["Rank"] for row in top}) > 1
 
 
+def test_traces_claiming_one_rank_keep_their_own_rows_csvs_and_timelines(tmp_path):
+    """Two captures of rank 0 and one of rank 1 in one folder: each keeps its rows in the combined
+    table, its per-rank CSV and its timeline (labelled 0_0, 0_1: neither replaces the other), and
+    the repeat is a warning."""
+    from magpie.traces.report import analyze_traces
+
+    data = json.load(gzip.open(TRACES / "train_step_mlp.json.gz"))
+    for folder, rank in (("a", 0), ("b", 0), ("c", 1)):
+        (tmp_path / "traces" / folder).mkdir(parents=True)
+        (tmp_path / "traces" / folder / "trace.json").write_text(
+            json.dumps({**data, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2}}))
+    summary = analyze_traces(tmp_path / "traces", tmp_path / "out", top_k=1000)
+    assert [t["rank"] for t in summary["traces"]] == ["0_0", "0_1", "1"]
+    assert {row["Rank"] for row in summary["top"]} == {"0_0", "0_1", "1"}
+    assert sum(row["% Total"] for row in summary["top"]) == pytest.approx(100, abs=0.1)
+    for rank in ("0_0", "0_1", "1"):
+        assert (tmp_path / f"out/gap_analysis/gap_analysis_rank{rank}.csv").is_file()
+        assert (tmp_path / f"out/gpu_timeline_rank{rank}_dev0.csv").is_file()
+    assert any(w.startswith("rank 0 is claimed by 2 traces") and w.endswith("labelled 0_0, 0_1")
+               for w in summary["warnings"])
+
+
 def test_one_trace_prints_no_rank_column_and_all_bad_is_still_an_error(tmp_path):
     proc = magpie("benchmark", "--trace-dir", _one(tmp_path, "conv_bf16"), "-o", tmp_path / "out", cwd=tmp_path,
                   check=0)

@@ -37,7 +37,29 @@ def _csv(rows: list[dict], columns: list[str]) -> str:
 
 
 def _rank_label(trace: Trace, index: int) -> str:
+    """The rank a trace claims: its distributedInfo's, else its position."""
     return str(trace.rank if trace.rank is not None else index)
+
+
+def _rank_labels(traces: list[Trace]) -> list[str]:
+    """Each trace's rank, with its position added where several traces claim one (repeated
+    captures of rank 0, or a rank beside an unranked trace), so that no rank's rows, per-rank CSV
+    or timeline takes another's place."""
+    return _numbered_where_shared([_rank_label(t, i) for i, t in enumerate(traces)])
+
+
+def _numbered_where_shared(labels: list[str]) -> list[str]:
+    """The labels, each one that several share followed by its position."""
+    return [f"{label}_{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
+
+
+def _shared_ranks(traces: list[Trace], ranks: list[str]) -> list[str]:
+    """A warning per rank that several traces claim, naming them and their labels."""
+    claims: dict[str, list[int]] = {}
+    for i, trace in enumerate(traces):
+        claims.setdefault(_rank_label(trace, i), []).append(i)
+    return [f"rank {rank} is claimed by {len(found)} traces ({', '.join(traces[i].path for i in found)}): "
+            f"labelled {', '.join(ranks[i] for i in found)}" for rank, found in claims.items() if len(found) > 1]
 
 
 def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 20, window: Window | None = None,
@@ -54,10 +76,11 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
             picked, info = steady_state_window(trace)
             picks.append({"trace": trace.path, **info})
             windows[i] = picked or window
-    per_rank = {_rank_label(t, i): gap_rows(t, windows[i], include=include, exclude=exclude,
-                                            min_duration_us=min_duration_us, rank_label=_rank_label(t, i))
+    ranks = _rank_labels(traces)
+    per_rank = {ranks[i]: gap_rows(t, windows[i], include=include, exclude=exclude, min_duration_us=min_duration_us,
+                                   rank_label=ranks[i])
                 for i, t in enumerate(traces)}
-    timelines = {_rank_label(t, i): gpu_timeline(t) for i, t in enumerate(traces)}
+    timelines = {ranks[i]: gpu_timeline(t) for i, t in enumerate(traces)}
     top = _combined_top(per_rank, top_k)
     columns = list(COLUMNS)
     if source_repos:
@@ -73,7 +96,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     labels = _labels(traces)
     # the CPU ops' nesting, built once per trace where its stage views read it too
     parents = [op_parents(t) if analysis_mode == "inference" else None for t in traces]
-    pages = [_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[_rank_label(t, i)],
+    pages = [_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[ranks[i]],
                                 parents=parents[i])
              for i, t in enumerate(traces)]
     tracelens = _tracelens_analysis(traces, labels, out, analysis_mode, arch_name, top_k, pages, parents)
@@ -81,7 +104,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     summary = {
         "explanation": _explanation(traces, without_kernels),
         "bad_traces": bad,
-        "traces": [{"path": t.path, "rank": _rank_label(t, i), "device": t.device_name(), "kernels": len(t.kernels),
+        "traces": [{"path": t.path, "rank": ranks[i], "device": t.device_name(), "kernels": len(t.kernels),
                     "unlinked": t.unlinked, "skipped_events": t.skipped} for i, t in enumerate(traces)],
         "window": {"start_pct": window.start_pct, "end_pct": window.end_pct, "steady_state": steady_state},
         "window_picks": picks,
@@ -95,6 +118,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
                      for t in traces if (n := t.unlinked.get("kernels_without_launch"))]
         + [f"skipped {message}" for message in skipped]
         + [f"skipped a bad trace, the other {len(traces)} analysed: {b['error']}" for b in bad]
+        + _shared_ranks(traces, ranks)
         + [f"{t.path}: {_no_kernels(t)}" for t in without_kernels]
         + [f"{p['trace']}: no steady state picked ({p['reason']}); the whole window is used"
            for p in picks if not p["picked"]],
@@ -178,8 +202,8 @@ def _labels(traces: list[Trace]) -> list[str]:
     """A label per trace for its output files: the file name, with its folder where two traces
     share a name (rank0/trace.json, rank1/trace.json), and its position where that still does."""
     names = [Path(t.path).name.removesuffix(".gz").removesuffix(".json") for t in traces]
-    labels = [f"{Path(t.path).parent.name}_{n}" if names.count(n) > 1 else n for t, n in zip(traces, names)]
-    return [f"{label}_{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
+    return _numbered_where_shared([f"{Path(t.path).parent.name}_{n}" if names.count(n) > 1 else n
+                                   for t, n in zip(traces, names)])
 
 
 def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode: str, arch_name: str | None,
