@@ -12,6 +12,10 @@ of the runtime call that launched it (`signature_groups` makes those).
 
 A family sheet lists every call of the ops TraceLens files on it, wherever they nest (a layer_norm
 and the native_layer_norm inside it are two rows), grouped by the model's parameters.
+
+Most ops that launched work are plain: no op around them launched work itself or is modelled,
+and nothing inside them launched any; each of their calls is then its own row with what it
+launched, which is its signature group's call, so the walk is only needed around the others.
 """
 
 from __future__ import annotations
@@ -27,24 +31,51 @@ from magpie.traces.ops_tables import (SYNTHETIC, SignatureGroup, busy_time, op_c
 from magpie.traces.perf_models import TRACELENS_MODELS, Estimate, estimate, models_whole_op
 
 
-class _Tree:
-    """The trace's op nesting with the GPU work under each op, built once for both kinds of rows."""
+class _Nesting:
+    """The trace's ops as the perf rows need them: each launching op's signature group and
+    launches; which launching ops are not plain (`complex`), and around them (the region) the op
+    tree with the GPU work under each op; the signature groups with such a call (`mixed`)."""
 
     def __init__(self, trace: Trace, parents: dict[int, int], groups: list[SignatureGroup]):
         self.trace, self.parents = trace, parents
-        # each op that launched work itself: what it launched, and its signature's group (a call of
-        # a signature group is one op's launches)
-        self.direct: dict[int, list] = {}
-        self.launcher_groups: dict[int, SignatureGroup] = {}
+        ops = trace.cpu_ops
+        # a call of an op's signature group is one op's launches (a million events hold some 10^5
+        # of them: filled by dict and zip, not one Python step each)
+        self.group_of: dict[int, SignatureGroup] = {}
+        self.launches: dict[int, list] = {}
+        self.ops_of: dict[int, list[int]] = {}  # id(signature group) -> its ops, in call order
         for group in groups:
             if group.op is not None:
-                for launched in group.calls:
-                    self.direct[launched[0].op] = launched
-                    self.launcher_groups[launched[0].op] = group
-        self.busy: set[int] = set()  # ops with GPU work at or under them
-        self.children: dict[int, list[int]] = {}  # of the busy ops: the busy ones, in time order
-        self.roots: list[int] = []  # the busy ops no op encloses, in time order
-        for op in self.direct:
+                members = self.ops_of[id(group)] = [launched[0].op for launched in group.calls]
+                self.group_of.update(dict.fromkeys(members, group))
+                self.launches.update(zip(members, group.calls))
+        clear: dict[int, bool] = {}  # an op around launchers: it and every op around it neither launch nor are modelled
+        enclosing: set[int] = set()  # launchers with launchers inside them
+        self.complex: set[int] = set()  # the launchers that are not plain
+        for op in [op for op in self.launches if op in parents]:  # the others are plain unless enclosing
+            path, above = [], parents.get(op)
+            while above is not None and above not in self.launches and above not in clear:
+                path.append(above)
+                above = parents.get(above)
+            if above is None:
+                status = True
+            elif above in self.launches:
+                enclosing.add(above)  # the nearest one: those further out are the nearest to it
+                status = False
+            else:
+                status = clear[above]
+            for around in reversed(path):
+                status = status and not models_whole_op(ops[around].name)
+                clear[around] = status
+            if not status:
+                self.complex.add(op)
+        self.complex |= enclosing
+        # the signature groups with a call that is not plain (id -> group)
+        self.mixed = {id(self.group_of[op]): self.group_of[op] for op in self.complex}
+        self.busy: set[int] = set()  # the region: the complex launchers and every op around them
+        self.children: dict[int, list[int]] = {}  # of its ops: those in it, in time order
+        self.roots: list[int] = []  # its ops no op encloses, in time order
+        for op in self.complex:
             while op is not None and op not in self.busy:
                 self.busy.add(op)
                 parent = parents.get(op)
@@ -53,32 +84,32 @@ class _Tree:
                 else:
                     self.children.setdefault(parent, []).append(op)
                 op = parent
-        ops = trace.cpu_ops
         for siblings in (*self.children.values(), self.roots):
             if len(siblings) > 1:
                 siblings.sort(key=lambda op: ops[op].ts)
-        modelled_names = {name: models_whole_op(name) for name in {ops[op].name for op in self.busy}}
-        self.modelled = {op for op in self.busy if modelled_names[ops[op].name]}  # TraceLens models them whole
+        self.modelled = {op for op in self.busy if models_whole_op(ops[op].name)}  # TraceLens models them whole
         self.modelled_below: set[int] = set()  # ops with a modelled op under them
         for op in self.modelled:
             above = parents.get(op)
             while above is not None and above not in self.modelled_below:
                 self.modelled_below.add(above)
                 above = parents.get(above)
-        # both kinds of rows ask for the same ops: each answer is kept
+        # the rows and the sheets ask for the same ops: each answer is kept
         self.subtrees: dict[int, list] = {}
         self.signatures: dict[int, tuple[bytes, Estimate | None]] = {}
         self.estimates: dict[bytes, Estimate | None] = {}
         self.places: dict[tuple, tuple] = {}
 
     def subtree(self, op: int) -> list:
-        """The activities an op launched, itself or through the ops inside it, in time order."""
+        """The activities an op launched, itself or through the ops inside it."""
+        if op not in self.busy:  # plain, or launched nothing
+            return self.launches.get(op, [])
         found = self.subtrees.get(op)
         if found is None:
-            found, pending = list(self.direct.get(op, ())), list(self.children.get(op, ()))
+            found, pending = [], [op]
             while pending:
                 at = pending.pop()
-                found += self.direct.get(at, ())
+                found += self.launches.get(at, ())
                 pending += self.children.get(at, ())
             found = self.subtrees[op] = sorted(found, key=_START)
         return found
@@ -106,15 +137,16 @@ class _Tree:
         """A GEMM call's transposes, from its first GEMM kernel's name (TraceLens reads them there)."""
         if est.family != "GEMM":
             return None
-        return next((t for t in map(gemm_transposes, (a.name for a in self.subtree(op))) if t is not None), None)
+        launched = sorted(self.subtree(op), key=_START)
+        return next((t for t in map(gemm_transposes, (a.name for a in launched)) if t is not None), None)
 
     def walk(self) -> tuple[list[int], set[int]]:
-        """The ops that are unified rows, in the order TraceLens's walk meets them, and the ops
-        it went through into their children (what those launched themselves is in no row)."""
+        """The region's ops that are unified rows, in the order TraceLens's walk meets them, and
+        those it went through into their children (what they launched themselves is in no row)."""
         rows, through, pending = [], set(), self.roots[::-1]
         while pending:
             op = pending.pop()
-            if op in self.modelled or (op in self.direct and op not in self.modelled_below):
+            if op in self.modelled or (op in self.launches and op not in self.modelled_below):
                 rows.append(op)
             else:
                 through.add(op)
@@ -137,56 +169,56 @@ def _add_call(group: SignatureGroup, launched: list, cpu_duration: float) -> Non
 
 
 def perf_groups(trace: Trace, groups: list[SignatureGroup],
-                tree: _Tree) -> tuple[list[SignatureGroup], dict[tuple, SignatureGroup]]:
+                nesting: _Nesting) -> tuple[list[SignatureGroup], dict[tuple, SignatureGroup]]:
     """The unified rows' groups (calls of one op and signature, or one synthetic op), most GPU
     time first, ties to the first called, and those of ops by the calls they hold (op indices,
     ascending); `groups` are the trace's signature groups: their launches outside any op are
-    TraceLens's synthetic ops as they stand, and where every call of a signature is a row that
-    launched its work itself, the signature's group is the row's (its statistics worked out once)."""
+    TraceLens's synthetic ops as they stand, and one whose calls are all plain is its row's."""
     ops, uids = trace.cpu_ops, trace.op_uids
-    row_ops, through = tree.walk()
-    leaf_rows: dict[int, list[int]] = {}  # signature group -> its calls that are rows launching their work
-    for op in row_ops:
-        group = tree.launcher_groups.get(op)
-        if group is not None and op not in tree.children:
-            leaf_rows.setdefault(id(group), []).append(op)
+    row_ops, through = nesting.walk()
+    # a mixed group's plain calls are rows of their own signature too
+    others = row_ops + [op for group_id in nesting.mixed for op in nesting.ops_of[group_id]
+                        if op not in nesting.complex]
+    built: dict[tuple, list[int]] = {}
+    for op in sorted(others, key=lambda op: ops[op].ts):
+        built.setdefault((nesting.signature(op)[0], nesting.where(ops[op])), []).append(op)
     rows: list[SignatureGroup] = [g for g in groups if g.op is None]
     by_calls: dict[tuple, SignatureGroup] = {}
-    reused: set[int] = set()
-    for members in leaf_rows.values():
-        group = tree.launcher_groups[members[0]]
-        if len(members) == len(group.times):
-            group.params = _params(group.est, tree.transposes(members[0], group.est)) if group.est else {}
-            rows.append(group)
-            by_calls[tuple(sorted(members))] = group
-            reused.add(id(group))
-    built: dict[tuple, list[int]] = {}  # the other rows by signature, in the walk's order
-    for op in row_ops:
-        group = tree.launcher_groups.get(op)
-        if group is None or id(group) not in reused or op in tree.children:
-            built.setdefault((tree.signature(op)[0], tree.where(ops[op])), []).append(op)
+    for group in groups:
+        if group.op is None or id(group) in nesting.mixed:
+            continue
+        members = nesting.ops_of[id(group)]
+        key = (nesting.signature(members[0])[0], group.where)
+        if key in built:  # an op of this signature is a row elsewhere (in the region): all in one row
+            built[key] += members
+            continue
+        est = group.est
+        group.params = _params(est, nesting.transposes(members[0], est)) if est else {}
+        rows.append(group)
+        by_calls[tuple(sorted(members))] = group
     for (_, where), members in built.items():
-        first, est = ops[members[0]], tree.signature(members[0])[1]
-        own = [a.name for a in tree.direct.get(members[0], ()) if a.kind == "kernel"]
+        members.sort(key=lambda op: ops[op].ts)
+        first, est = ops[members[0]], nesting.signature(members[0])[1]
+        own = [a.name for a in nesting.launches.get(members[0], ()) if a.kind == "kernel"]
         group = SignatureGroup(first.name, first, est, op_category(first.name, est.family if est else None, own),
                                first.name, where=where, uid=uids[members[0]],
-                               params=_params(est, tree.transposes(members[0], est)) if est else {})
+                               params=_params(est, nesting.transposes(members[0], est)) if est else {})
         for op in members:
-            _add_call(group, tree.subtree(op), ops[op].dur)
+            _add_call(group, nesting.subtree(op), ops[op].dur)
         rows.append(group)
         by_calls[tuple(sorted(members))] = group
     # TraceLens numbers these after the trace's events and the synthetic ops outside any op
     synthetic_uid = trace.events + sum(len(g.times) for g in groups if g.op is None)
     synthetic: dict[tuple, SignatureGroup] = {}
-    for activity in trace.gpu:
+    for activity in trace.gpu if through else ():
         if activity.op not in through:
             continue
         call = ops[activity.op]
-        key, est = tree.signature(activity.op)
-        name, where = SYNTHETIC.format(call.name, activity.name), tree.where(call)
+        key, est = nesting.signature(activity.op)
+        name, where = SYNTHETIC.format(call.name, activity.name), nesting.where(call)
         group = synthetic.get((name, key, where))
         if group is None:
-            own = [a.name for a in tree.direct[activity.op] if a.kind == "kernel"]
+            own = [a.name for a in nesting.launches[activity.op] if a.kind == "kernel"]
             group = synthetic[(name, key, where)] = SignatureGroup(
                 name, call, None, op_category(call.name, est.family if est else None, own), call.name,
                 where=where, uid=synthetic_uid)
@@ -195,7 +227,7 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
     return sorted([*rows, *synthetic.values()], key=lambda g: (-g.total, g.uid)), by_calls
 
 
-def sheet_groups(trace: Trace, tree: _Tree, rows_by_calls: dict[tuple, SignatureGroup],
+def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, SignatureGroup],
                  idle_calls: bool = True) -> dict[str, list[SignatureGroup]]:
     """Per family sheet, the calls of its ops grouped by op name and model parameters, most GPU
     time first, ties to the first called. With `idle_calls`, calls that launched nothing are
@@ -206,35 +238,44 @@ def sheet_groups(trace: Trace, tree: _Tree, rows_by_calls: dict[tuple, Signature
     slots: dict[tuple, tuple] = {}  # (signature, transposes) -> (sheet, op name, parameters' repr)
     params_of: dict[tuple, dict] = {}
     members: dict[tuple, list[int]] = {}
-    for op, call in enumerate(ops):
-        sheet = TRACELENS_MODELS.get(call.name)
-        if sheet is None:
-            continue
-        launcher = tree.launcher_groups.get(op)
-        if launcher is not None and op not in tree.children:
-            signature, est = id(launcher), launcher.est  # its calls are alike: the group stands for their signature
-        elif op in tree.busy or idle_calls:
-            signature, est = tree.signature(op)
-        else:
-            continue
-        if est is None:
-            continue
-        transposes = tree.transposes(op, est)
+
+    def slot_of(signature, est: Estimate, op: int) -> tuple:
+        transposes = nesting.transposes(op, est)
         slot = slots.get((signature, transposes))
         if slot is None:
             params = _params(est, transposes)
-            slot = slots[(signature, transposes)] = (sheet, call.name, repr(params))
+            slot = slots[(signature, transposes)] = (TRACELENS_MODELS[ops[op].name], ops[op].name, repr(params))
             params_of.setdefault(slot, params)
-        members.setdefault(slot, []).append(op)
+        return slot
+
+    # a signature group whose calls are all plain stands for their signature: its calls go on
+    # its sheet together (a GEMM's one by one: their kernels name their transposes)
+    placed: set[int] = set()
+    for group_id, calls in nesting.ops_of.items():
+        group = nesting.group_of[calls[0]]
+        if group_id in nesting.mixed or group.name not in TRACELENS_MODELS or group.est is None:
+            continue
+        placed.update(calls)
+        if group.est.family == "GEMM":
+            for op in calls:
+                members.setdefault(slot_of(group_id, group.est, op), []).append(op)
+        else:
+            members.setdefault(slot_of(group_id, group.est, calls[0]), []).extend(calls)
+    candidates = range(len(ops)) if idle_calls else nesting.launches.keys() | nesting.busy
+    for op in [op for op in candidates if ops[op].name in TRACELENS_MODELS and op not in placed]:
+        signature, est = nesting.signature(op)
+        if est is not None:
+            members.setdefault(slot_of(signature, est, op), []).append(op)
     sheets: dict[str, list[SignatureGroup]] = {}
     for slot, calls in members.items():
+        calls.sort()
         group = rows_by_calls.get(tuple(calls))
         if group is None:
             first = ops[calls[0]]
-            group = SignatureGroup(first.name, first, tree.signature(calls[0])[1], "", first.name,
-                                   where=tree.where(first), uid=trace.op_uids[calls[0]], params=params_of[slot])
+            group = SignatureGroup(first.name, first, nesting.signature(calls[0])[1], "", first.name,
+                                   where=nesting.where(first), uid=trace.op_uids[calls[0]], params=params_of[slot])
             for op in calls:
-                _add_call(group, tree.subtree(op), ops[op].dur)
+                _add_call(group, nesting.subtree(op), ops[op].dur)
         sheets.setdefault(slot[0], []).append(group)
     return {sheet: sorted(found, key=lambda g: (-g.total, g.uid)) for sheet, found in sheets.items()}
 
@@ -246,6 +287,6 @@ def trace_tables(trace: Trace, arch=None, parents: dict[int, int] | None = None,
     if parents is None:
         parents = op_parents(trace)
     groups = signature_groups(trace, parents)
-    tree = _Tree(trace, parents, groups)
-    perf, rows_by_calls = perf_groups(trace, groups, tree)
-    return groups, ops_tables(groups, perf, sheet_groups(trace, tree, rows_by_calls, idle_calls), arch)
+    nesting = _Nesting(trace, parents, groups)
+    perf, rows_by_calls = perf_groups(trace, groups, nesting)
+    return groups, ops_tables(groups, perf, sheet_groups(trace, nesting, rows_by_calls, idle_calls), arch)
