@@ -621,6 +621,30 @@ def test_perf_rows_are_the_outermost_modelled_op_with_synthetic_ops_beside():
     assert not [r for r in stage_view["BinaryElementwise"] if r["Kernel Time (µs)_sum"] == 0]
 
 
+def test_perf_rows_leave_out_collective_communication(tmp_path):
+    """As TraceLens's: an op it does not model that launched NCCL kernels is no perf row, nor an
+    NCCL kernel outside any op; the op tables still count their time."""
+    from magpie.traces.perf_rows import trace_tables
+
+    def launch(ts, correlation, kernel):
+        return [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "pid": 1,
+                 "tid": 1, "args": {"correlation": correlation}},
+                {"ph": "X", "cat": "kernel", "name": kernel, "ts": ts + 5, "dur": 4,
+                 "args": {"correlation": correlation}}]
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+              *launch(1, 1, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage)"),
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 20, "dur": 10, "pid": 1, "tid": 1,
+               "args": {"Input Dims": [[4, 8], [8, 16]], "Input type": ["float", "float"]}},
+              *launch(21, 2, "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"),
+              *launch(40, 3, "ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage)")]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    tables = trace_tables(load_trace(path))[1]
+    assert [r["name"] for r in tables["unified_perf_summary"]] == ["aten::mm"]
+    assert {"c10d::allreduce_", "aten::mm"} <= {r["name"] for r in tables["ops_summary"]}
+
+
 def test_signatures_split_by_strides_and_carry_process_thread_and_first_uid():
     """TraceLens's signature includes Input Strides and the process and thread: two calls alike
     but for their strides are two rows; ex_UID is the first call's index in traceEvents."""

@@ -13,6 +13,9 @@ of the runtime call that launched it (`signature_groups` makes those).
 A family sheet lists every call of the ops TraceLens files on it, wherever they nest (a layer_norm
 and the native_layer_norm inside it are two rows), grouped by the model's parameters.
 
+As TraceLens's, the rows leave out collective communication (an op TraceLens does not model
+that launched NCCL/RCCL kernels, and such kernels outside any row): it is no modelled work.
+
 Most ops that launched work are plain: no op around them launched work itself or is modelled,
 and nothing inside them launched any; each of their calls is then its own row with what it
 launched, which is its signature group's call, so the walk is only needed around the others.
@@ -25,7 +28,7 @@ from operator import attrgetter
 import msgspec
 
 from magpie.traces.ingest import Trace
-from magpie.traces.kernels import gemm_transposes
+from magpie.traces.kernels import category, gemm_transposes
 from magpie.traces.ops_tables import (SYNTHETIC, SignatureGroup, busy_time, op_category, op_parents, ops_tables,
                                       signature_groups, where_of)
 from magpie.traces.perf_models import TRACELENS_MODELS, Estimate, estimate, models_whole_op
@@ -162,6 +165,10 @@ def _params(est: Estimate, transposes: tuple | None) -> dict:
     return est.params if transposes is None else {**est.params, "transpose": transposes}
 
 
+def _communicates(launched: list) -> bool:
+    return any(category(a.name, a.kind) == "communication" for a in launched)
+
+
 def _add_call(group: SignatureGroup, launched: list, cpu_duration: float) -> None:
     group.times.append(busy_time(launched) if launched else 0.0)
     group.calls.append(launched)
@@ -181,11 +188,14 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
                         if op not in nesting.complex]
     built: dict[tuple, list[int]] = {}
     for op in sorted(others, key=lambda op: ops[op].ts):
-        built.setdefault((nesting.signature(op)[0], nesting.where(ops[op])), []).append(op)
-    rows: list[SignatureGroup] = [g for g in groups if g.op is None]
+        if op in nesting.modelled or not _communicates(nesting.subtree(op)):
+            built.setdefault((nesting.signature(op)[0], nesting.where(ops[op])), []).append(op)
+    rows: list[SignatureGroup] = [g for g in groups if g.op is None and not _communicates(g.calls[0])]
     by_calls: dict[tuple, SignatureGroup] = {}
     for group in groups:
-        if group.op is None or id(group) in nesting.mixed:
+        # a signature's calls launch alike: its first call says whether it communicates
+        if group.op is None or id(group) in nesting.mixed or (
+                not models_whole_op(group.name) and _communicates(group.calls[0])):
             continue
         members = nesting.ops_of[id(group)]
         key = (nesting.signature(members[0])[0], group.where)
@@ -211,7 +221,7 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
     synthetic_uid = trace.events + sum(len(g.times) for g in groups if g.op is None)
     synthetic: dict[tuple, SignatureGroup] = {}
     for activity in trace.gpu if through else ():
-        if activity.op not in through:
+        if activity.op not in through or _communicates([activity]):
             continue
         call = ops[activity.op]
         key, est = nesting.signature(activity.op)
