@@ -2,9 +2,10 @@
 assembled offline from this Python environment (magpie.serving.env_image; no registry is reached), serving the tiny
 offline model, benchmarked through `magpie benchmark transformers --run-mode docker`. Run as root, the tests play a
 user who ran magpie under sudo (SUDO_UID/SUDO_GID 4321): the container runs as that user and every workspace file
-must end up theirs. Also: each failure path (daemon unreachable, image missing, container exits during start,
-SIGTERM mid-run) is one line and a written report with no container left; root-written outputs given back through a
-root container of the image; the container settings of NVIDIA and AMD GPUs (unverified on a GPU: no GPU here).
+must end up theirs. A `[[benchmark]]` table with `run_mode = "docker"` built, keyed by the image's ID and cached.
+Also: each failure path (daemon unreachable, image missing, container exits during start, SIGTERM mid-run) is one
+line and a written report with no container left; root-written outputs given back through a root container of the
+image; the container settings of NVIDIA and AMD GPUs (unverified on a GPU: no GPU here).
 
 Without a reachable Docker engine the tests that need one fail when CI is set, and are skipped otherwise."""
 import json
@@ -100,6 +101,38 @@ def test_transformers_serve_in_a_container_end_to_end(client, image, tiny_model,
     assert statuses and set(statuses) == {"200"}, statuses
     assert left(client, out) == []
     assert not_theirs(out) == []
+
+
+def test_declared_docker_benchmark_is_built_and_keyed_by_its_image(client, image, tiny_model, tmp_path):
+    from conftest import build_json
+    from magpie.graph.expand import expand
+    from magpie.graph.rules import builtin_rules
+    from magpie.manifest.load import load_manifest
+
+    (tmp_path / "magpie.toml").write_text(f"""[project]
+name = "docker-serving"
+
+[[benchmark]]
+id = "tiny"
+engine = "transformers"
+model = "{tiny_model}"
+run_mode = "docker"
+docker_image = "{image}"
+port = {free_port()}
+timeout_s = 240
+load = {{concurrency = 2, input_len = 8, output_len = 4, num_prompts = 3}}
+""")
+    first = build_json(tmp_path)
+    assert "benchmark:tiny" in first["executed"] and first["failed"] == [], first
+    stored = next((tmp_path / "workspaces" / "store").rglob("benchmark_report.json"))
+    report = json.loads(stored.read_text())
+    assert report["success"] and report["server"]["mode"] == "docker" and report["run"]["total_output_tokens"] == 12
+    manifest, root = load_manifest(tmp_path / "magpie.toml")
+    spec = expand(manifest, root, [r for r in builtin_rules() if r.name == "benchmark"])
+    assert spec["benchmark:tiny"].config["benchmark"]["image_id"] == client.images.get(image).id
+    assert build_json(tmp_path)["executed"] == []
+    labelled = client.containers.list(all=True, filters={"label": docker_mode.LABEL})
+    assert [c for c in labelled if c.labels[docker_mode.LABEL].startswith(str(tmp_path))] == []
 
 
 def test_daemon_unreachable_is_one_line_and_a_report(tmp_path, monkeypatch, capsys):
@@ -229,6 +262,12 @@ def test_image_table_and_config(tmp_path):
 
 
 def test_docker_image_without_docker_mode_is_one_line(capsys):
+    from pydantic import ValidationError
+
+    from magpie.manifest.models import Manifest
+
     assert main(["benchmark", "vllm", "-m", "m", "--docker-image", "x:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "docker_image is docker mode's: add --run-mode docker" in err[0]
+    with pytest.raises(ValidationError, match="docker_image is docker mode's"):
+        Manifest.model_validate({"benchmark": [{"id": "b", "engine": "vllm", "model": "m", "docker_image": "x:1"}]})

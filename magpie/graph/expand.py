@@ -300,9 +300,15 @@ class Expander:
             return
         # Keyed by what the run measures: the config (not where the server listens, nor whether a profiled
         # run is declared beside it: that one is a task of its own), the engine's version (installed package
-        # metadata) and, through the inputs, the model folder's content.
+        # metadata; in docker mode the image's content id instead) and, through the inputs, the model folder's
+        # content.
         keyed = bench.model_dump(mode="json", exclude={"id", "host", "port", "profiler"})
-        keyed["engine_version"] = engines.get(bench.engine).version()
+        if bench.run_mode == "docker":
+            from magpie.serving.docker_mode import image_id
+
+            keyed["image_id"] = image_id(bench.engine, bench.docker_image)
+        else:
+            keyed["engine_version"] = engines.get(bench.engine).version()
         settings = {"benchmark": keyed, "project": {"device": self.device}}
         self._add_unit(rule, f"{rule.name}:{bench.id}", settings, self._inputs(rule, None, None, bench=bench),
                        bench.id, benchmark=bench.model_dump(mode="json"))

@@ -206,7 +206,9 @@ class BenchmarkSpec(Strict):
     base_url: Optional[str] = Field(None, description="a running server (engine external): nothing is started")
     host: str = "127.0.0.1"
     port: Optional[int] = Field(None, ge=1, le=65535, description="default: the engine's")
-    run_mode: Literal["local"] = "local"
+    run_mode: Literal["local", "docker"] = Field(
+        "local", description="docker: the server in a container of docker_image, or of images.yaml's for the engine")
+    docker_image: Optional[str] = Field(None, description="docker mode's image (on this machine: nothing is pulled)")
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
     profiler: bool = Field(False, description="also a separate profiled (diagnostic) run and the trace analysis "
                                               "of its traces, each a node of its own; the measurement stays clean")
@@ -218,6 +220,8 @@ class BenchmarkSpec(Strict):
     def _external_has_url(self):
         if self.engine == "external" and not self.base_url:
             raise ValueError("engine 'external' benchmarks a running server: give its base_url")
+        if self.docker_image and self.run_mode != "docker":
+            raise ValueError("docker_image is docker mode's: add run_mode = \"docker\"")
         return self
 
 

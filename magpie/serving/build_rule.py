@@ -38,7 +38,8 @@ def config_of(bench: dict, root: Path, out_dir: Path, profiler: bool = False):
     return BenchmarkConfig(
         framework=bench["engine"], model=model, precision=bench["precision"], tp=bench["tp"],
         max_model_len=bench["max_model_len"], extra_server_args=bench["extra_server_args"], env=bench["env"],
-        run_kind=bench["run_kind"], host=bench["host"], port=bench["port"], base_url=bench["base_url"],
+        run_kind=bench["run_kind"], run_mode=bench["run_mode"], docker_image=bench["docker_image"],
+        host=bench["host"], port=bench["port"], base_url=bench["base_url"],
         endpoint=load["endpoint"], concurrency=load["concurrency"], input_len=load["input_len"],
         output_len=load["output_len"], range_ratio=load["range_ratio"], num_prompts=load["num_prompts"],
         request_rate=math.inf if rate in (None, "inf", "Infinity") else float(rate), burstiness=load["burstiness"],

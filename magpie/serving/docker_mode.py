@@ -25,7 +25,7 @@ log's tail, or the timeout), `alive`/`exit_code` (from a thread waiting on the c
 no request to the daemon while the load runs), `stop` (`docker stop`: SIGTERM, then SIGKILL after the
 grace; then the container removed), and `give_back` (files in the workspace not owned by the invoking
 user are given to them: `os.lchown` where magpie is root, else `chown -R` in a short container of the
-same image run as root).
+same image run as root). `image_id` is what a declared `[[benchmark]]` in docker mode is keyed by.
 """
 from __future__ import annotations
 
@@ -203,6 +203,14 @@ def prepare(engine: str, override: str | None, allocation: dict) -> Prepared:
     return Prepared(client=client, image=ref, image_id=image.id, kind=kind,
                     run_as=table.get(engine, EngineImages()).run_as, owner=invoking_user(),
                     devices=list(allocation.get("devices") or []))
+
+
+def image_id(engine: str, override: str | None) -> str | None:
+    """The content id of the image docker mode would run `engine` in here; None where there is none to ask."""
+    try:
+        return find_image(connect(), pick_image(engine, accelerator({}), override, image_table())).id
+    except DockerError:
+        return None
 
 
 class DockerServer:
