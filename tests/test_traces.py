@@ -595,12 +595,32 @@ def test_standard_deviations_are_the_statistics_modules_to_the_last_bit():
     assert sample_std([2.5] * 4) == 0.0 == population_std([2.5] * 4, 2.5)
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_op_nesting_found_while_linking_is_the_stack_rule_over_the_ops_alone(name):
+    """trace.op_parents comes from the sweep that links launches to ops; on every thread it must be
+    what a stack over the ops alone gives (by start, a longer op first): each op's innermost
+    enclosing op."""
+    trace = load_trace(TRACES / name)
+    ops, threads, expected = trace.cpu_ops, {}, {}
+    for i, op in enumerate(ops):
+        threads.setdefault((op.pid, op.tid), []).append(i)
+    for indices in threads.values():
+        indices.sort(key=lambda i: (ops[i].ts, -ops[i].dur))
+        stack = []
+        for i in indices:
+            while stack and ops[stack[-1]].ts + ops[stack[-1]].dur < ops[i].ts:
+                stack.pop()
+            if stack:
+                expected[i] = stack[-1]
+            stack.append(i)
+    assert trace.op_parents == expected and (expected or not ops)
+
+
 def test_perf_rows_are_the_outermost_modelled_op_with_synthetic_ops_beside():
     """unified_perf_summary's rows are TraceLens's: the outermost op it models, with everything
     launched inside it; an op's own kernels beside children that are rows are
     '<op>-><kernel> (Synthetic Op)' calls; every activity is in one row. The family sheets list
     every call of their ops, nested ones and ones that launched nothing (not in a stage's view)."""
-    from magpie.traces.ops_tables import op_parents
     from magpie.traces.perf_rows import trace_tables
 
     trace = load_trace(TRACES / "conv_bf16.json.gz")
@@ -617,7 +637,7 @@ def test_perf_rows_are_the_outermost_modelled_op_with_synthetic_ops_beside():
     assert {r["name"] for r in tables["Normalization"]} >= {"aten::layer_norm", "aten::native_layer_norm"}
     idle = [r for r in tables["BinaryElementwise"] if r["Kernel Time (µs)_sum"] == 0]
     assert idle and idle[0]["name_count"] == 6 and idle[0].get("TB/s_mean") is None  # a CPU scalar's add_
-    stage_view = trace_tables(trace, parents=op_parents(trace), idle_calls=False)[1]
+    stage_view = trace_tables(trace, idle_calls=False)[1]
     assert not [r for r in stage_view["BinaryElementwise"] if r["Kernel Time (µs)_sum"] == 0]
 
 

@@ -144,6 +144,9 @@ class Trace:
     # machine integers, not an int object per event
     op_uids: array = field(default_factory=lambda: array("q"))
     launch_uids: array = field(default_factory=lambda: array("q"))
+    # each nested CPU op's enclosing op on its thread (indices into cpu_ops), found in the sweep
+    # that links launches to ops; a stage view keeps the whole trace's
+    op_parents: dict[int, int] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[GpuActivity]:
@@ -420,7 +423,7 @@ def _link(trace: Trace, by_correlation: dict[int, int]) -> None:
         if index is None:
             missing_launch += activity.kind == "kernel"
         activity.launch = index
-    for index, op in _innermost(trace.cpu_ops, trace.launches):
+    for index, op in _innermost(trace.cpu_ops, trace.launches, trace.op_parents):
         trace.launches[index].op = op
     # a launch outside any aten op (a Triton launcher, a graph replay) is attributed to the
     # innermost Python function around it, where the trace recorded them
@@ -437,9 +440,11 @@ def _link(trace: Trace, by_correlation: dict[int, int]) -> None:
     trace.unlinked = {"kernels_without_launch": missing_launch, "kernels_without_cpu_op": without_op}
 
 
-def _innermost(spans: list, points: list):
+def _innermost(spans: list, points: list, nesting: dict[int, int] | None = None):
     """(point index, index of the innermost span around it on its thread) for each point
-    inside one: one sweep per thread over both, sorted by time."""
+    inside one: one sweep per thread over both, sorted by time (a span before a point at the
+    same time, a longer span before a shorter one). With `nesting`, each span nested in another
+    gets its innermost enclosing span there."""
     streams: dict[tuple, list] = {}
     for i, span in enumerate(spans):
         streams.setdefault((span.pid, span.tid), []).append((span.ts, 0, -span.dur, i))
@@ -454,6 +459,8 @@ def _innermost(spans: list, points: list):
                 ends.pop()
                 open_spans.pop()
             if kind == 0:
+                if nesting is not None and open_spans:
+                    nesting[index] = open_spans[-1]
                 open_spans.append(index)
                 ends.append(ts - negative_dur)
             elif open_spans:

@@ -146,31 +146,9 @@ class SignatureGroup:
         return _kernel_columns(self)
 
 
-def op_parents(trace: Trace) -> dict[int, int]:
-    """Each nested CPU op's enclosing op on its thread (indices into trace.cpu_ops). It depends on
-    the CPU ops alone, so one map serves the whole trace and every stage view of it."""
-    parent: dict[int, int] = {}
-    threads: dict[tuple, list[int]] = {}
-    for i, op in enumerate(trace.cpu_ops):
-        threads.setdefault((op.pid, op.tid), []).append(i)
-    ops = trace.cpu_ops
-    for indices in threads.values():
-        indices.sort(key=lambda i: (ops[i].ts, -ops[i].dur))
-        stack: list[int] = []
-        for i in indices:
-            while stack and ops[stack[-1]].ts + ops[stack[-1]].dur < ops[i].ts:
-                stack.pop()
-            if stack:
-                parent[i] = stack[-1]
-            stack.append(i)
-    return parent
-
-
-def subtree_times(trace: Trace, parent: dict[int, int] | None = None) -> dict[int, float]:
-    """GPU time of each CPU op and every op nested in it on its thread, µs; `parent` is
-    op_parents(trace), built here when not given."""
-    if parent is None:
-        parent = op_parents(trace)
+def subtree_times(trace: Trace) -> dict[int, float]:
+    """GPU time of each CPU op and every op nested in it on its thread, µs."""
+    parent = trace.op_parents
     totals: dict[int, float] = {}
     for activity in trace.gpu:
         index = activity.op
@@ -196,11 +174,10 @@ def busy_time(activities: list) -> float:
     return total
 
 
-def signature_groups(trace: Trace, parents: dict[int, int] | None = None) -> list[SignatureGroup]:
+def signature_groups(trace: Trace) -> list[SignatureGroup]:
     """Calls grouped by op and argument signature, longest total GPU time first; the perf model
     is evaluated once per group. Both the op tables and the roofline rows read these. An op's
-    time is what it launched directly: kernels, and the memcpy and memset it issued. `parents`
-    (op_parents of the trace, or of the trace a stage view was cut from) spares rebuilding it."""
+    time is what it launched directly: kernels, and the memcpy and memset it issued."""
     launches: dict = {}
     for activity in trace.gpu:
         # outside any op, each kernel is its own call (Triton's launcher calls the driver
@@ -211,7 +188,7 @@ def signature_groups(trace: Trace, parents: dict[int, int] | None = None) -> lis
             launches[launcher] = [activity]
         else:
             launched.append(activity)
-    subtree = subtree_times(trace, parents) if any(isinstance(key, int) for key in launches) else {}
+    subtree = subtree_times(trace) if any(isinstance(key, int) for key in launches) else {}
     # a launch outside any op is one call of its runtime function however many kernels it replays
     by_launch: dict = {}
     for key, launched in launches.items():

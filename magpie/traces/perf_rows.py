@@ -29,7 +29,7 @@ import msgspec
 
 from magpie.traces.ingest import Trace
 from magpie.traces.kernels import category, gemm_transposes
-from magpie.traces.ops_tables import (SYNTHETIC, SignatureGroup, busy_time, op_category, op_parents, ops_tables,
+from magpie.traces.ops_tables import (SYNTHETIC, SignatureGroup, busy_time, op_category, ops_tables,
                                       signature_groups, where_of)
 from magpie.traces.perf_models import TRACELENS_MODELS, Estimate, estimate, models_whole_op
 
@@ -290,13 +290,10 @@ def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, Sig
     return {sheet: sorted(found, key=lambda g: (-g.total, g.uid)) for sheet, found in sheets.items()}
 
 
-def trace_tables(trace: Trace, arch=None, parents: dict[int, int] | None = None,
+def trace_tables(trace: Trace, arch=None,
                  idle_calls: bool = True) -> tuple[list[SignatureGroup], dict[str, list[dict]]]:
-    """The trace's signature groups and all its op tables; `parents` (op_parents of the trace, or
-    of the trace a stage view was cut from) spares rebuilding the nesting."""
-    if parents is None:
-        parents = op_parents(trace)
-    groups = signature_groups(trace, parents)
-    nesting = _Nesting(trace, parents, groups)
+    """The trace's signature groups and all its op tables."""
+    groups = signature_groups(trace)
+    nesting = _Nesting(trace, trace.op_parents, groups)
     perf, rows_by_calls = perf_groups(trace, groups, nesting)
     return groups, ops_tables(groups, perf, sheet_groups(trace, nesting, rows_by_calls, idle_calls), arch)
