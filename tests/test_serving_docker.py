@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from magpie.cli import main
-from magpie.serving import docker_mode
+from magpie.serving import docker_mode, engines
 from magpie.serving.bench_config import load_benchmark_config
 from magpie.serving.local import free_port
 from magpie.serving.runner import REPORT
@@ -177,6 +178,29 @@ def test_container_that_exits_at_start_leaves_its_log_tail(client, image, tmp_pa
     assert left(client, out) == [] and not_theirs(out) == []
 
 
+def test_ready_timeout_and_taken_port_leave_no_container(client, image, tiny_model, tmp_path):
+    out = tmp_path / "slow"
+    rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--run-mode", "docker", "--docker-image", image,
+               "--port", str(free_port()), "--ready-timeout", "1", "--timeout", "60", "-o", str(out)])
+    report = json.loads((out / REPORT).read_text())
+    assert rc == 1 and "was not ready within 1 s" in report["errors"][0] and left(client, out) == []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        out = tmp_path / "taken"
+        rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--run-mode", "docker", "--docker-image", image,
+                   "--port", str(taken.getsockname()[1]), "--timeout", "60", "-o", str(out)])
+    report = json.loads((out / REPORT).read_text())
+    assert rc == 1 and "is already taken" in report["errors"][0] and report["server"]["container"] is None
+
+
+def test_transformers_profiler_is_refused_in_docker_mode(tmp_path, capsys):
+    rc = main(["benchmark", "transformers", "-m", str(tmp_path), "--run-mode", "docker", "--torch-profiler",
+               "-o", str(tmp_path / "ws")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "profiled by magpie's launcher" in err[0] and "local mode" in err[0]
+
+
 def test_sigterm_mid_run_removes_the_container(client, image, tiny_model, tmp_path):
     out = tmp_path / "ws"
     proc = subprocess.Popen([sys.executable, "-m", "magpie", "benchmark", "transformers", "-m", str(tiny_model),
@@ -236,9 +260,8 @@ def test_gpu_settings_nvidia_and_amd(tmp_path):
         node.touch()
     if os.geteuid() == 0:
         os.chown(dev / "dri" / "renderD128", 0, 44)      # the video group owns render nodes
-    amd = docker_mode.container_settings(image="rocm/vllm:latest", command=command, env={"HIP_VISIBLE_DEVICES": "1"},
-                                         workspace=work, model_path=None, kind="rocm", devices=[1], user=(1000, 1000),
-                                         dev=dev)
+    amd = docker_mode.container_settings(image="rocm/vllm:latest", command=command, env={}, workspace=work,
+                                         model_path=None, kind="rocm", devices=[1], user=(1000, 1000), dev=dev)
     assert amd["devices"] == [f"{dev}/kfd:{dev}/kfd:rwm", f"{dev}/dri:{dev}/dri:rwm"]
     assert set(amd["group_add"]) == {str((dev / "kfd").stat().st_gid), str((dev / "dri" / "renderD128").stat().st_gid)}
     assert amd["security_opt"] == ["seccomp=unconfined"]
@@ -255,6 +278,10 @@ def test_image_table_and_config(tmp_path):
     assert docker_mode.pick_image("vllm", "cpu", "mine:1", table) == "mine:1"
     with pytest.raises(docker_mode.DockerError, match="no atom image for nvidia: give --docker-image"):
         docker_mode.pick_image("atom", "nvidia", None, table)
+    spec = engines.ServerSpec(model="/m")
+    assert engines.get("vllm").command(spec, in_image=True)[:3] == ["vllm", "serve", "/m"]
+    assert engines.get("sglang").command(spec, in_image=True)[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert engines.get("atom").command(spec, in_image=True)[:3] == ["python3", "-m", "atom.entrypoints.openai_server"]
     path = tmp_path / "bench.yaml"
     path.write_text("benchmark: {framework: vllm, model: m, run_mode: docker, docker_image: 'vllm/vllm-openai:v1'}\n")
     config = load_benchmark_config(path)

@@ -13,7 +13,8 @@ container's settings (`container_settings`):
 - NVIDIA: a device request for the allocated GPUs (`--gpus "device=2,3"`), which the container sees as
   0..n-1, so the `CUDA_VISIBLE_DEVICES` chosen for a local server is not passed in; ROCm: `/dev/kfd` and
   `/dev/dri` with the groups that own them (video, render: by number, whatever the image's /etc/group says),
-  `HIP_VISIBLE_DEVICES` kept (every device is visible), seccomp unconfined as ROCm's images ask;
+  `HIP_VISIBLE_DEVICES` set to the allocated devices (every device is visible), seccomp unconfined as ROCm's
+  images ask;
 - `--ipc host` (tensor-parallel workers share memory through it), docker's init as PID 1 (a signal reaches
   the server and its children are reaped), the engine's environment and no other of the host's;
 - the user: the invoking user's uid:gid (`run_as: invoking_user`, with HOME=/tmp) or the image's (root);
@@ -153,6 +154,8 @@ def container_settings(*, image: str, command: list[str], env: dict[str, str], w
         settings["devices"] = [f"{p}:{p}:rwm" for p in nodes]
         settings["group_add"] = _device_groups([nodes[0], *sorted((dev / "dri").glob("*"))])
         settings["security_opt"] = ["seccomp=unconfined"]
+        if devices:                     # pinned in magpie's own environment: the container has its own
+            env.setdefault("HIP_VISIBLE_DEVICES", ",".join(map(str, devices)))
     if user is not None:
         settings["user"] = f"{user[0]}:{user[1]}"
         env.setdefault("HOME", CONTAINER_HOME)     # no passwd entry for it in the image: a HOME it may write
@@ -351,12 +354,6 @@ class DockerServer:
 
     def cleanup_errors(self) -> list[str]:
         return list(self._cleanup_errors)
-
-    def __enter__(self) -> "DockerServer":
-        return self.start() if self.container is None else self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def not_owned(root: Path, owner: tuple[int, int]) -> list[Path]:
