@@ -154,6 +154,9 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
                         server = _docker.DockerServer(prepared, command, env=env, log_path=log, host=config.host,
                                                       port=engine.port(spec), health_url=health_url, workspace=work,
                                                       model_path=path if path is not None and path.exists() else None)
+                        # what the container was given (an NVIDIA GPU allocation is a device request, not a variable)
+                        provenance.environment = {k: v for k, v in server.settings["environment"].items()
+                                                  if k in ENV_THAT_MATTERS}
                     elif config.server_lifecycle == "reuse":
                         wanted = _lifecycle.record_for(provenance, command, env, config.host, engine.port(spec))
                         server = _lifecycle.KeptServer(wanted, env=env, health_url=health_url, run_log=log)
