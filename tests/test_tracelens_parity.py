@@ -101,6 +101,17 @@ def _causal_sdpa(key: tuple) -> bool:
     return "attention" in key[0] and "'True'" in str(key[3:])
 
 
+def _modelled_by_tracelens(trace: str) -> set[str]:
+    """The ops TraceLens models in a trace: those on its family sheets."""
+    if trace not in _MODELLED:
+        _MODELLED[trace] = {row["name"] for path in (REFERENCE / trace).glob("*.csv.gz")
+                            if path.name.removesuffix(".csv.gz") in FAMILY_SHEETS for row in _read_csv(path)[1]}
+    return _MODELLED[trace]
+
+
+_MODELLED: dict[str, set[str]] = {}
+
+
 def _named(*names):
     return lambda key: bool(key) and key[0] in names
 
@@ -149,7 +160,13 @@ MAGPIE_IS_RIGHT = [
               "magpie models ops TraceLens has none for (cat, index_select, sin, cos, gelu, fill_, _foreach_*): "
               "their perf cells are filled where TraceLens leaves them blank",
               lambda d: d.aspect == "value" and d.file in PERF_TABLES and d.column in PERF_COLUMNS
-              and d.theirs in ("", "False")),
+              and d.theirs in ("", "False") and d.key[0] not in _modelled_by_tracelens(d.trace)),
+    Explained("integer-roofline",
+              "TraceLens has no peak for integer dtypes and leaves an integer op's roofline blank; magpie holds "
+              "it against the memory bandwidth (and the fp32 vector peak): an integer elementwise op moves 8 "
+              "bytes or more per operation, memory bound",
+              lambda d: d.aspect == "value" and d.file in PERF_TABLES and d.column in ROOFLINE_COLUMNS
+              and d.theirs == "" and "'long int'" in str(d.key[2])),
 ]
 
 GAPS: list[Explained] = []
