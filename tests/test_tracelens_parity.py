@@ -117,12 +117,24 @@ def _named(*names):
 
 
 OPERAND_OPS = ("aten::_scaled_mm", "aten::convolution", "aten::cudnn_convolution")
+REDUCTIONS = ("aten::mean", "aten::sum")
 PERF_TABLES = ("unified_perf_summary", "ops_unique_args", *FAMILY_SHEETS)
 PERF_COLUMNS = {*FLOP_COLUMNS, *BYTE_COLUMNS, "has_perf_model", "compute_spec", "Compute Spec", "perf_params"}
 
-# a model parameter magpie counts right, in both places TraceLens writes its parameters
-def _parameter(name: str) -> tuple:
-    return f"param: {name}", "perf_params"
+def _parameters(files, names, rows: Callable[[tuple], bool]):
+    """Cells of these model parameters on these rows: their `param:` columns, and perf_params where
+    the two dicts differ in these parameters alone."""
+    files, columns = set(files), {f"param: {name}" for name in names}
+
+    def others(text: str) -> dict:
+        return {k: v for k, v in (_literal(text) or ()) if k not in names}
+
+    return lambda d: d.aspect == "value" and d.file in files and rows(d.key) and (
+        d.column in columns or d.column == "perf_params" and others(d.ours) == others(d.theirs))
+
+
+def _either(*matchers):
+    return lambda d: any(match(d) for match in matchers)
 
 
 MAGPIE_IS_RIGHT = [
@@ -133,21 +145,20 @@ MAGPIE_IS_RIGHT = [
     Explained("reduce-output-bytes",
               "a reduction (aten::sum, aten::mean) writes one value per kept element; TraceLens counts one value "
               "in all (its num_output_elems is 1: it never reads the reduced dims from the trace)",
-              _columns(("unified_perf_summary", "Reduce_fwd"), (*BYTE_COLUMNS, *_parameter("num_output_elems")),
-                       rows=_named("aten::mean", "aten::sum"))),
+              _either(_columns(("unified_perf_summary", "Reduce_fwd"), BYTE_COLUMNS, rows=_named(*REDUCTIONS)),
+                      _parameters(("unified_perf_summary", "Reduce_fwd"), ("num_output_elems",), _named(*REDUCTIONS)))),
     Explained("operand-bytes",
               "aten::_scaled_mm reads its scales (vectors when row- or column-wise) and a convolution its bias; "
               "TraceLens leaves them out of the bytes (and its bias parameter says False for a convolution that "
               "has one)",
-              _columns(("unified_perf_summary", "GEMM", "CONV_fwd"), (*BYTE_COLUMNS, *_parameter("bias")),
-                       rows=_named(*OPERAND_OPS))),
+              _either(_columns(("unified_perf_summary", "GEMM", "CONV_fwd"), BYTE_COLUMNS, rows=_named(*OPERAND_OPS)),
+                      _parameters(("unified_perf_summary", "CONV_fwd"), ("bias",), _named(*OPERAND_OPS)))),
     Explained("copy-direction",
               "copy_(self, src) reads src and writes self; TraceLens's unary model takes the first input for the "
               "input and the second for the output, so its dtype_in_out and strides name them the other way round "
               "(the bytes are the same)",
-              _columns(("unified_perf_summary", "UnaryElementwise"),
-                       (*_parameter("dtype_in_out"), *_parameter("stride_input"), *_parameter("stride_output")),
-                       rows=_named("aten::copy_"))),
+              _parameters(("unified_perf_summary", "UnaryElementwise"),
+                          ("dtype_in_out", "stride_input", "stride_output"), _named("aten::copy_"))),
     Explained("kernel-places",
               "a family sheet groups calls by model parameters, and such calls can launch different kernels "
               "(_scaled_mm with tensor-wise and row-wise scales); magpie lists each kernel at its place in the "
@@ -410,7 +421,7 @@ def test_perf_models_agree_with_tracelens_on_the_same_arguments():
         pairs = [("GFLOPS_first", est.flops / 1e9), ("Data Moved (MB)_first", est.bytes / 2 ** 20)]
         if causal:
             pairs = pairs[1:]
-        if name in ("aten::mean", "aten::sum", *OPERAND_OPS):
+        if name in (*REDUCTIONS, *OPERAND_OPS):
             pairs = pairs[:1]
         for column, ours in pairs:
             checked += 1
@@ -434,7 +445,7 @@ def test_causal_attention_flops_differ_only_by_the_causal_count():
 
 def test_reduction_output_bytes_differ_only_by_the_kept_values():
     """`reduce-output-bytes`: TraceLens counts one output value whatever the reduction keeps."""
-    means = [(row, est) for _, sheet, row, est in _model_rows() if row["name"] in ("aten::mean", "aten::sum")]
+    means = [(row, est) for _, sheet, row, est in _model_rows() if row["name"] in REDUCTIONS]
     assert any(est.params["num_output_elems"] > 1 for _, est in means)
     for row, est in means:
         kept = est.params["num_output_elems"]
