@@ -1,7 +1,8 @@
-"""The statistic that ranks cannot be gamed by uneven per-call work: where an implementation's
-mean per-call time is over UNEVEN_CALLS_FACTOR times its median (all its work in one call of
-every four, say), the pair is compared by means, which the evaluator's wall clock vouches
-for, and the row is flagged `uneven_calls`."""
+"""The statistic that ranks cannot be gamed by uneven per-call work. On the CPU a sample is a
+batch of calls timed by the evaluator, which holds all their work. Where samples are per call
+(the GPU's) and an implementation's mean is over UNEVEN_CALLS_FACTOR times its median (all its
+work in one call of every four, say), the pair is compared by means, which the evaluator's
+wall clock vouches for, and the row is flagged `uneven_calls`."""
 
 import json
 import random
@@ -68,24 +69,16 @@ def rows(tmp_path_factory):
     return {row["implementation"]: row for row in report["results"]}
 
 
-def test_work_done_in_one_call_of_four_is_ranked_by_means_and_flagged(rows):
+def test_work_done_in_one_call_of_four_earns_nothing_on_the_cpu(rows):
+    """On the CPU a sample is a batch's time, which holds every call's work however the calls
+    share it: the pair comes out about even (by the median of per-call times the in-process
+    timer measured, the attack was credited over 10x). The rule for uneven samples, which the
+    GPU's per-call samples need, is tested on synthetic samples below."""
     row = rows["bursty"]
     assert row["performance_state"] == "SUCCESS", row["errors"]
-    perf, base = row["performance_result"], row["baseline_result"]
-    # the attack is real: by medians it would be credited tens of times the baseline's speed
-    assert base["median_us"] / perf["median_us"] > 10
     speedup = row["speedup"]
-    assert speedup["statistic"] == "mean" and speedup["method"] == SPEEDUP_METHOD_MEAN
-    assert speedup["value"] == pytest.approx(base["mean_us"] / perf["mean_us"], rel=1e-9)
-    # the same work per call on average: around 1x, not a win
-    assert 0.5 < speedup["value"] < 2 and 0.33 < speedup["ci_low"] <= speedup["ci_high"] < 3, speedup
-    assert "implausible" not in speedup  # by means it is nowhere near the re-timing threshold
-    flags = [f for f in row["flags"] if f["kind"] == "uneven_calls"]
-    assert len(flags) == 1 and flags[0]["stage"] == "timing"
-    detail = flags[0]["detail"]
-    assert detail.startswith("candidate: per-call times uneven (mean ") and detail.endswith("ranked by means")
-    assert detail in row["warnings"]
-    assert any("per-call times uneven" in line for line in perf["flags"])
+    assert 0.5 < speedup["value"] < 2 and speedup["ci_low"] < 2, speedup
+    assert "implausible" not in speedup
 
 
 def test_an_honest_candidate_is_not_flagged_and_is_ranked_by_medians(rows):

@@ -2,6 +2,7 @@
 
 import bisect
 import json
+import re
 
 import pytest
 
@@ -30,6 +31,10 @@ EXPECTED = {
 }
 
 
+# correct, and cheats whose trick the CPU's vouched timing makes pointless: ranked at their real speed
+TIMED_ON_THE_CPU = ("fakes_clock", "returns_early")
+
+
 @pytest.fixture(scope="module")
 def adversarial_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("adversarial")
@@ -53,19 +58,23 @@ def test_failures_say_where_and_by_how_much(adversarial_report):
     assert "max abs err" in stale["verdict"] and "max rel err" in stale["verdict"]
 
 
-def test_a_faked_clock_is_caught_by_the_wall_clock_cross_check(adversarial_report):
-    report, _ = adversarial_report
-    row = next(r for r in report["results"] if r["implementation"] == "fakes_clock")
-    assert row["performance_state"] == "FAILED"
-    assert any("timer inconsistent" in e for e in row["errors"])
-    assert "fakes_clock" not in report["ranking"]
+def _speedup(report, impl):
+    row = next(r for r in report["results"] if r["implementation"] == impl)
+    assert row["performance_state"] == "SUCCESS", row["errors"]
+    return row["speedup"]["value"]
 
 
-def test_a_timer_replaced_by_one_that_skips_its_budget_is_caught(adversarial_report):
+def test_a_faked_clock_earns_nothing_on_the_cpu_where_the_evaluator_times_the_calls(adversarial_report):
+    """Its replaced in-process timer claims 1 µs a call for a 200 µs kernel; on the CPU that
+    timer is not what ranks: the evaluator's clock over batches is (on the GPU the wall-clock
+    cross-check fails it: tests/test_gpu.py)."""
     report, _ = adversarial_report
-    row = next(r for r in report["results"] if r["implementation"] == "returns_early")
-    assert row["performance_state"] == "FAILED"
-    assert any("timer returned after" in e for e in row["errors"])
+    assert _speedup(report, "fakes_clock") < 0.25
+
+
+def test_a_timer_that_skips_its_budget_earns_nothing_on_the_cpu(adversarial_report):
+    report, _ = adversarial_report
+    assert _speedup(report, "returns_early") < 2  # an honest relu under a lying timer: the baseline's speed
 
 
 def test_a_candidate_that_goes_wrong_during_timing_is_caught_by_the_recheck(adversarial_report):
@@ -75,42 +84,47 @@ def test_a_candidate_that_goes_wrong_during_timing_is_caught_by_the_recheck(adve
     assert any("incorrect after timing" in e for e in row["errors"])
 
 
-def test_a_candidate_wrong_only_while_timed_is_caught_by_the_check_of_a_timed_calls_output(adversarial_report):
-    """Right in every check and in the re-check after timing, wrong while a timer's loop calls
-    it: the output of the last timed call is checked too."""
+def test_a_candidate_wrong_only_while_timed_is_caught_by_the_check_of_its_timed_calls_outputs(adversarial_report):
+    """Right in every check and in the re-check after timing, wrong while the timing loop calls
+    it: on the CPU, outputs of timed calls, picked after each batch, are checked."""
     report, _ = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == "lazy_when_timed")
     assert row["performance_state"] == "FAILED"
-    assert any("the last timed call: allclose" in e for e in row["errors"]), row["errors"]
+    assert any(re.search(r"timed call \d+ of a batch of \d+: allclose", e) for e in row["errors"]), row["errors"]
     assert not any("incorrect after timing" in e for e in row["errors"])
     honest = next(r for r in report["results"] if r["implementation"] == "good")
     assert honest["performance_state"] == "SUCCESS"
 
 
-def test_a_candidate_that_keeps_results_per_input_is_caught_on_inputs_it_has_not_seen(adversarial_report):
-    """Right every time, but computing only the first time it sees an input tensor: the
-    measurement's rotated input sets are lookups for it; calls on sets it has not seen are not."""
+def test_a_candidate_that_keeps_results_per_input_tensor_earns_nothing_where_every_timed_input_is_new(
+        adversarial_report):
+    """Right every time in the checks, computing (1 ms) only the first time it sees an input
+    tensor, keyed by its address and version: every timed call on the CPU gets values it has
+    never seen. Where its key changes with them it computes every time; where it did not, what
+    it kept would be wrong for the new values and a timed call's check would fail it."""
     report, _ = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == "memoizes")
-    assert row["performance_state"] == "FAILED"
-    assert any("input sets it had not seen" in e for e in row["errors"]), row["errors"]
-    honest = next(r for r in report["results"] if r["implementation"] == "good")
-    assert honest["performance_state"] == "SUCCESS"
+    if row["performance_state"] == "FAILED":
+        assert any(re.search(r"timed call \d+ of a batch of \d+: allclose", e) for e in row["errors"]), row["errors"]
+    else:
+        assert row["speedup"]["value"] < 0.25
 
 
 def test_only_correct_and_timed_candidates_are_ranked(adversarial_report):
     report, _ = adversarial_report
     assert report["baseline"] == "good"
-    assert report["ranking"] == ["good"]
+    ranked = set(report["ranking"])
+    assert {"good", *TIMED_ON_THE_CPU} <= ranked <= {"good", "memoizes", *TIMED_ON_THE_CPU}
     excluded = {e["implementation"] for e in report["excluded"]}
-    assert excluded == set(EXPECTED) - {"good"}
+    assert excluded == set(EXPECTED) - ranked
 
 
 def test_baseline_timing_says_how_it_was_taken(adversarial_report):
     report, _ = adversarial_report
     perf = next(r for r in report["results"] if r["implementation"] == "good")["performance_result"]
-    assert perf["n"] > 10 and perf["p20_us"] <= perf["median_us"] <= perf["p80_us"] and perf["min_us"] > 0
-    assert "perf_counter_ns" in perf["method"] and "rotated" in perf["method"]
+    assert perf["n"] >= 6 and perf["p20_us"] <= perf["median_us"] <= perf["p80_us"] and perf["min_us"] > 0
+    assert perf["calls"] > 100 and perf["outputs_checked"] >= perf["calls"] and perf["clock"] == "evaluator"
+    assert "evaluator's clock over batches" in perf["method"] and "new seeds" in perf["method"]
 
 
 CHATTER = '''
@@ -192,7 +206,7 @@ def test_one_baseline_process_is_timed_beside_every_candidate(tmp_path):
     results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
     timings = [r for r in results if r.get("task", "").startswith("timing:") and r["task"] != "timing:relu2/good"]
     assert len(timings) == 5 and all(r["performance_state"] == "SUCCESS" for r in timings)
-    assert all(r["baseline_result"]["n"] > 10 for r in timings)
+    assert all(r["baseline_result"]["calls"] > 100 for r in timings)
     logs = list((tmp_path / "workspaces/store").glob("*/*/worker-good.log"))  # each process says it started once
     started = {line for log in logs for line in log.read_text().splitlines() if line.startswith("process ")}
     assert 1 <= len(started) <= 4
@@ -223,14 +237,10 @@ def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_bot
         assert [r["correctness_state"] for r in report["results"]] == ["SUCCESS"], name
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 12, docs/security.md 'samples the candidate cannot rewrite'): "
-                   "the count of timed calls is the worker's word; a timer that claims calls it never made, "
-                   "and spins to fill the wall time its claims cover, passes the wall-clock check")
 def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(tmp_path):
     """A 200 µs candidate whose replaced timer claims its whole sample cap at 1 µs a call after
-    one real call: measured on the CPU machine it was ranked first, 15x over the baseline, and
-    the re-timing 'confirmed' it. Closing this needs the evaluator's own clock over calls whose
-    work it can verify (docs/security.md); this test then passes and its mark goes."""
+    one real call, spinning until the wall time matches its claims: with the timer in the worker
+    it passed the wall-clock check and was ranked first at 15x. On the CPU the evaluator times
+    batches whose calls it proves by their outputs."""
     report = relu2_report(tmp_path, ["claims_calls_not_made"], shapes="[[33, 65]]")
-    row = next(r for r in report["results"] if r["implementation"] == "claims_calls_not_made")
-    assert row["performance_state"] == "FAILED" or (row.get("speedup") or {}).get("value", 0) < 1
+    assert _speedup(report, "claims_calls_not_made") < 0.25

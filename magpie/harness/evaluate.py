@@ -17,6 +17,7 @@ import importlib.machinery
 import json
 import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,8 @@ from statistics import fmean, median
 
 from magpie import sandbox
 from magpie.compare.stats import bootstrap_speedup, summarize_ns, thin_rounds
-from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
+from magpie.harness import batches
+from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs
 from magpie.harness.exchange import exchange_for
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
@@ -366,19 +368,20 @@ class Evaluator:
                                                            {role: a.get("launch_us") for role, a in warmed.items()})
                     mode = method["mode"]
                     clocks = {"before": nvml_snapshot(self._device_index())}
-                    measured = self._rounds(turns, offers, out_specs, mode, t)
+                    measured = self._measure(turns, spec, case, inputs, expected, offers, out_specs, mode, t, testcase)
                     clocks["after"] = nvml_snapshot(self._device_index())
                     phases.mark("timed")
-                    timed_outputs = {role: self._timed_output(turns.give(role), spec, inputs, expected, offers[role],
-                                                              testcase)
-                                     for role in workers}
+                    # a vouched measurement checked outputs of its calls on inputs each saw once
+                    timed_outputs = {} if measured.vouched else {
+                        role: self._timed_output(turns.give(role), spec, inputs, expected, offers[role], testcase)
+                        for role in workers}
                     phases.mark("timed_outputs")
                     first_use = None
-                    if pair and mode != "graph":  # a replayed graph runs no Python: nothing to look up
+                    if pair and mode != "graph" and not measured.vouched:  # a graph replay runs no Python
                         first_use = self._first_use(turns.give("candidate"), spec, case, inputs, out_specs, mode, t)
                         phases.mark("first_use")
                     if pair and threshold and measured.speedup(measured.statistic()) > threshold:
-                        retimed = self._retime(turns, spec, case, out_specs, mode, t)
+                        retimed = self._retime(turns, spec, case, inputs, expected, out_specs, mode, t, testcase)
                         phases.mark("retimed")
                     if self.device != "cpu":
                         for role in workers:
@@ -420,11 +423,14 @@ class Evaluator:
             "first_call_steps_s": first_steps,
             "workers_adopted": {**adopted, **{role: worker.adopted for role, worker in workers.items()}},
             "timing_method": method,
-            "timer_costs": self.timer_costs(),
+            "timer_costs": None if measured.vouched else self.timer_costs(),
             "nvml": clocks if self.device != "cpu" else None,
         }
         result["timed_output_check"] = {role: {k: record.get(k) for k in ("passed", "check", "index")}
                                         for role, record in timed_outputs.items()}
+        for role, record in measured.failed.items():
+            _fail(result, record["kind"], f"{role}: {record['where']}: {record['check']}: {record['detail']}",
+                  case, spec_index)
         if first_use is not None:
             result["first_use"] = first_use_verdict(first_use, fmean(measured.samples["candidate"]) / 1000)
             if result["first_use"]["line"]:
@@ -436,17 +442,19 @@ class Evaluator:
         summaries = self._summaries(measured, case, kernels)
         for role, summary in summaries.items():  # the baseline's worker is parked by now, its samples kept
             result["performance_result" if role == "candidate" else "baseline_result"] = summary
-            problem = timer_inconsistency(summary, self.device)
+            problem = None if measured.vouched else timer_inconsistency(summary, self.device)
             if problem:
                 _fail(result, "timer_integrity", f"{role}: {problem}", case, spec_index)
-            flag = host_wall_gap(summary, self.timer_costs().get("host_check_ns", 0.0) / 1000)
+            flag = None if measured.vouched else host_wall_gap(summary,
+                                                               self.timer_costs().get("host_check_ns", 0.0) / 1000)
             if flag:
                 summary.setdefault("flags", []).append(flag)
                 result["warnings"].append(f"{role}: {flag}")
                 _record(result, "flags", "untimed_work", f"{role}: {flag}", case, spec_index)
             if uneven_calls(summary["mean_us"], summary["median_us"]):
                 _flag_uneven(result, summary, role, pair, case, spec_index)
-            note = few_samples(summary, measured.sizes[role], t["budget_ms"])
+            note = few_samples(summary, measured.calls[role] if measured.vouched else measured.sizes[role],
+                               t["budget_ms"])
             if note:
                 result["warnings"].append(f"{role}: {note}")
         for role, summary in summaries.items():
@@ -558,11 +566,13 @@ class Evaluator:
             self.exchange.release()
         return answer["samples_ns"]
 
-    def _retime(self, turns: Turns, spec: ReferenceSpec, case, out_specs: list, mode: str | None,
-                t: dict) -> Rounds:
+    def _retime(self, turns: Turns, spec: ReferenceSpec, case, inputs: list, expected, out_specs: list,
+                mode: str | None, t: dict, testcase: dict) -> Rounds:
         """The same measurement again (warm-up, then the rounds, in the mode the probe chose) on
         input sets of new seeds: what an implementation learnt from the first sets, or from
         counting its calls, does not carry over."""
+        if vouched_inputs(self.torch, inputs[0], expected):
+            return self._vouched(turns, spec, case, inputs[0], expected, t, testcase, "retime")
         inputs = [spec.make_inputs(c) for c in _rotation(case, "retime", int(t["input_sets"]))]
         offers = {role: self.exchange.offer_inputs("retiming", inputs, worker.scratch or self.work)
                   for role, worker in turns.workers.items()}
@@ -571,11 +581,149 @@ class Evaluator:
         self.exchange.release()
         return self._rounds(turns, offers, out_specs, mode, t)
 
+    def _measure(self, turns: Turns, spec: ReferenceSpec, case, inputs: list, expected, offers: dict,
+                 out_specs: list, mode: str | None, t: dict, testcase: dict) -> Rounds:
+        """On the CPU, batches the evaluator's clock vouches for (`batches`) wherever the input
+        sets and outputs are plain tensors and values; elsewhere the timer in the worker, checked
+        against the evaluator's wall clock (`_rounds`)."""
+        if self.device == "cpu" and vouched_inputs(self.torch, inputs[0], expected):
+            return self._vouched(turns, spec, case, inputs[0], expected, t, testcase, "timing")
+        return self._rounds(turns, offers, out_specs, mode, t)
+
+    def _vouched(self, turns: Turns, spec: ReferenceSpec, case, example: tuple, expected, t: dict,
+                 testcase: dict, salt: str) -> Rounds:
+        """The rounds as batches (`batches`): both workers are given the same input sets of new
+        seeds per batch, in turn (the order flipped every batch); in a round each runs batches
+        until it has spent its share of the budget or made its share of the sample cap's calls.
+        The batches are sized (`_size_batches`) to last about a quarter of a round (1-20 ms),
+        within the region's memory."""
+        torch = self.torch
+        roles = list(turns.workers)
+        limit = batches.calls_that_fit(example, expected)
+        layout = batches.Layout(example, expected, limit)
+        regions: dict[str, batches.Region] = {}
+        measured = Rounds(roles, vouched=True)
+        try:
+            for role in roles:
+                regions[role] = batches.Region(torch, turns.workers[role].scratch or self.work, layout)
+                answer = turns.give(role).request({"op": "batch_map", "region": regions[role].offer()}, self.timeout)
+                if not answer["ok"]:
+                    raise WorkerFailure(f"error while timing {turns.workers[role].label}: {answer['error']}")
+                # the process that says it runs the calls: a false one makes no batch count less
+                # than its worker's CPU time (`busy_wall_ns`)
+                regions[role].caller = batches.process_named(turns.workers[role].proc.pid, int(answer.get("pid", 0)))
+            measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
+            rounds = int(t["rounds"])
+            round_ns = t["budget_ms"] / rounds * 1e6
+            # each role's batches last about as long as the other's: the request's own round trip,
+            # which stays in, is then the same share of both
+            target_ns = min(BATCH_MAX_MS * 1e6, max(BATCH_MIN_MS * 1e6, round_ns / BATCHES_PER_ROUND))
+            calls, per_call = {}, {}
+            for role in roles:
+                calls[role], per_call[role] = self._size_batches(turns, role, regions[role], spec, case, salt, limit,
+                                                                 target_ns, testcase, measured)
+            per_round = max(1, int(t["max_reps"]) // rounds)
+            for r in range(rounds):
+                spent = dict.fromkeys(roles, 0.0)
+                made = dict.fromkeys(roles, 0)
+                b = 0
+                # each role until it has spent its share of the budget or made its share of the calls
+                while due := {role: min(calls[role], per_round - made[role]) for role in roles
+                              if made[role] == 0 or (spent[role] < round_ns and made[role] < per_round)}:
+                    batch = Batch(self._fresh_sets(spec, case, f"{salt} {r} {b}", max(due.values())), spec,
+                                  self.init_seed)
+                    for role in roles if b % 2 == 0 else reversed(roles):
+                        if role in due:
+                            # 20x what the sizing said a call takes, and the timeout, before it is a hang
+                            spent[role] += self._batch(turns, role, regions[role], batch, due[role], testcase, r,
+                                                       measured, 20 * due[role] * per_call[role] / 1e9)
+                            made[role] += due[role]
+                    b += 1
+        finally:
+            for region in regions.values():
+                region.close()
+        measured.methods = {role: vouched_method(calls[role], target_ns, measured.harness_ns, t) for role in roles}
+        return measured
+
+    def _size_batches(self, turns: Turns, role: str, region: batches.Region, spec: ReferenceSpec, case, salt: str,
+                      limit: int, target_ns: float, testcase: dict, measured: Rounds) -> tuple[int, float]:
+        """Calls per batch for one role, and ns per call: batches (not kept as samples, but
+        checked) grown from 4 calls until one lasts half the target; the first touch of the
+        region and the round trip weigh on the small ones."""
+        calls, allowed_s = min(limit, 4), min(limit, 4) * self.timeout
+        for attempt in range(SIZING_BATCHES):
+            batch = Batch(self._fresh_sets(spec, case, f"{salt} sizing {role} {attempt}", calls), spec, self.init_seed)
+            wall_ns = self._batch(turns, role, region, batch, calls, testcase, None, measured, allowed_s)
+            per_call = wall_ns / calls
+            if wall_ns >= target_ns / 2 or calls == limit:
+                break
+            calls = min(limit, max(2 * calls, int(calls * target_ns / max(wall_ns, 1.0))))
+            allowed_s = 20 * calls * per_call / 1e9
+        return max(1, min(limit, int(target_ns / max(per_call, 1.0)))), per_call
+
+    def _fresh_sets(self, spec: ReferenceSpec, case, salt: str, count: int) -> list:
+        return [spec.make_inputs(c) for c in _rotation(case, salt, count)]
+
+    def _batch(self, turns: Turns, role: str, region: batches.Region, batch: Batch, calls: int, testcase: dict,
+               round_index: int | None, measured: Rounds, allowed_s: float) -> float:
+        """The first `calls` sets of a batch, for one worker: its wall time in ns. The worker is
+        stopped while its input sets are written and again as soon as it answers, before its
+        outputs are read."""
+        worker = turns.workers[role]
+        if not worker.stopped:
+            worker.stop()
+        region.write(batch.sets[:calls])
+        before = batches.TreeTimes(worker.proc.pid, region.caller)
+        turns.give(role)
+        waited = batches.own_wait()
+        worker.send({"op": "batch", "calls": calls})
+        answer = worker.receive(self.timeout + allowed_s)
+        waited = batches.own_wait() - waited
+        worker.stop()
+        if not answer["ok"]:
+            raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
+        wall_ns = batches.busy_wall_ns(answer["wall_s"] * 1e9, before, batches.TreeTimes(worker.proc.pid, region.caller),
+                                       waited)
+        if round_index is not None:
+            measured.add_batch(role, round_index, max(1, round(wall_ns / calls - measured.harness_ns)), calls,
+                               answer["wall_s"])
+        if role not in measured.failed:
+            record = self._check_batch(region, batch, calls, testcase)
+            measured.checked[role] = measured.checked.get(role, 0) + record.pop("checked")
+            if not record["passed"]:
+                measured.failed[role] = record
+        return wall_ns
+
+    def _check_batch(self, region: batches.Region, batch: Batch, calls: int, testcase: dict) -> dict:
+        """Every output slot written, and a few calls, chosen now, right with their inputs unchanged."""
+        region.read(calls)
+        unwritten = region.unwritten(calls)
+        if unwritten is not None:
+            return {"passed": False, "check": "finite", "kind": "finite", "checked": calls,
+                    "where": f"timed call {unwritten + 1} of a batch of {calls}",
+                    "detail": "its output slot still held the NaN it was filled with: the call did not write it"}
+        for call in random.SystemRandom().sample(range(calls), min(calls, batches.CHECKED_PER_BATCH)):
+            record = compare_inputs(batch.sets[call], region.inputs(call)) or compare_outputs(
+                region.outputs(call), batch.reference(call),
+                testcase["rtol"], testcase["atol"])
+            if not record["passed"]:
+                return {**record, "checked": calls, "where": f"timed call {call + 1} of a batch of {calls}"}
+        return {"passed": True, "checked": calls}
+
     def _summaries(self, measured: Rounds, case, kernels: dict) -> dict[str, dict]:
         summaries = {}
         for role in measured.samples:
             impl = self.impl if role == "candidate" else self.baseline
             method = self._method(impl, measured.methods[role])
+            if measured.vouched:
+                calls = sum(measured.calls[role])
+                summaries[role] = {**summarize_ns(measured.samples[role]), "method": method, "shape": case.label,
+                                   "clock": "evaluator", "batches": len(measured.samples[role]), "calls": calls,
+                                   "calls_per_round": measured.calls[role],
+                                   "wall_per_call_us": measured.wall[role] * 1e6 / max(calls, 1),
+                                   "harness_us_per_call": measured.harness_ns / 1000,
+                                   "outputs_checked": measured.checked.get(role, 0)}
+                continue
             infos = measured.infos[role]
             summary = self._summary(measured.samples[role], measured.wall[role], measured.account[role], method,
                                     case.label)
@@ -599,8 +747,11 @@ class Evaluator:
         again = self._summaries(retimed, case, {})
         result["retiming"] = {"performance_result": again["candidate"], "baseline_result": again["baseline"]}
         flagged = {f["detail"].split(":", 1)[0] for f in result.get("flags", []) if f["kind"] == "uneven_calls"}
+        for role, record in retimed.failed.items():
+            _fail(result, record["kind"], f"{role}, re-timed: {record['where']}: {record['check']}: {record['detail']}",
+                  case, spec_index)
         for role, summary in again.items():
-            problem = timer_inconsistency(summary, self.device)
+            problem = None if retimed.vouched else timer_inconsistency(summary, self.device)
             if problem:
                 _fail(result, "timer_integrity", f"{role}, re-timed: {problem}", case, spec_index)
             if role not in flagged and uneven_calls(summary["mean_us"], summary["median_us"]):
@@ -643,7 +794,7 @@ class Evaluator:
         """The timing method where it is settled before any probe: on the CPU, by the manifest,
         or by the baseline's timing for the baseline and every candidate (`timing_method`)."""
         if self.device == "cpu":
-            return {"mode": None, "why": "the host clock around each call (CPU device)"}
+            return {"mode": None, "why": "the evaluator's clock over batches of calls on fresh inputs (CPU device)"}
         if t.get("mode", "auto") != "auto":
             return {"mode": t["mode"], "why": f"timing.mode = \"{t['mode']}\" in the manifest"}
         if self.set_method is not None:
@@ -928,7 +1079,14 @@ class Rounds:
     round took (the bootstrap's blocks), the wall time the evaluator measured around its
     requests, the rounds that came back early, the timer's info per round and its method."""
 
-    def __init__(self, roles: list[str]):
+    def __init__(self, roles: list[str], vouched: bool = False):
+        # vouched: samples are the evaluator's own clock over batches (`Evaluator._vouched`), one
+        # per batch, per call; `calls` per round, outputs `checked`, the first failed check
+        self.vouched = vouched
+        self.calls: dict[str, list[int]] = {role: [] for role in roles}
+        self.checked: dict[str, int] = {}
+        self.failed: dict[str, dict] = {}
+        self.harness_ns = 0.0
         self.samples: dict[str, list[int]] = {role: [] for role in roles}
         self.sizes: dict[str, list[int]] = {role: [] for role in roles}
         self.wall: dict[str, float] = {role: 0.0 for role in roles}
@@ -953,6 +1111,16 @@ class Rounds:
         account = request_account(samples, per_sample, costs, used)
         for key, value in account.items():
             self.account[role][key] += value
+
+    def add_batch(self, role: str, round_index: int, per_call_ns: int, calls: int, wall_s: float) -> None:
+        """One vouched batch: its per-call time is one sample of round `round_index`."""
+        while len(self.sizes[role]) <= round_index:
+            self.sizes[role].append(0)
+            self.calls[role].append(0)
+        self.samples[role].append(per_call_ns)
+        self.sizes[role][round_index] += 1
+        self.calls[role][round_index] += calls
+        self.wall[role] += wall_s
 
     def speedup(self, statistic: str = "median") -> float:
         """The point estimate, median(baseline) / median(candidate), or the means' ratio."""
@@ -985,6 +1153,45 @@ class Rounds:
         return self.kept()
 
 
+# A vouched batch lasts about a round's budget over BATCHES_PER_ROUND, within these bounds.
+BATCHES_PER_ROUND = 4
+BATCH_MIN_MS = 1.0
+BATCH_MAX_MS = 20.0
+SIZING_BATCHES = 6
+
+
+class Batch:
+    """One batch's input sets, and the references of the calls the checks pick."""
+
+    def __init__(self, sets: list, spec: ReferenceSpec, init_seed: int):
+        self.sets = sets
+        self.spec = spec
+        self.init_seed = init_seed
+        self._references: dict[int, object] = {}
+
+    def reference(self, call: int):
+        if call not in self._references:
+            self._references[call] = self.spec.reference(self.sets[call], self.init_seed)
+        return self._references[call]
+
+
+def vouched_method(calls: int, target_ns: float, harness_ns: float, t: dict) -> str:
+    return (f"evaluator's clock over batches of {calls} calls (about {target_ns / 1e6:.2g} ms), each call on an input "
+            f"set of new seeds written while the worker was stopped; every output slot checked for writes and "
+            f"{batches.CHECKED_PER_BATCH} calls a batch, chosen after the answer, against the reference; per call: the "
+            f"batch's wall time less the scheduler's waits, over its calls, less the harness loop's "
+            f"{harness_ns / 1000:.2g} µs; warm-up {t['warmup_ms']:g} ms, torch threads={t['threads']}, "
+            f"{t['rounds']} rounds interleaved with the baseline")
+
+
+def vouched_inputs(torch, args: tuple, expected) -> bool:
+    """Whether a measurement can be a vouched one (`batches`): CPU tensors and plain values in,
+    CPU tensors out."""
+    plain = (int, float, bool, str, type(None))
+    return (all((torch.is_tensor(x) and x.device.type == "cpu") or type(x) in plain for x in args)
+            and all(torch.is_tensor(e) and e.device.type == "cpu" for e in as_tuple(expected)))
+
+
 def _rotation(case, salt: str, count: int) -> list:
     """The input sets a measurement rotates through, of seeds derived from the case's and `salt`."""
     return [type(case)(case.label, case.shape, case.dtype, k, derive_seed(case.seed, salt, k)) for k in range(count)]
@@ -1004,9 +1211,9 @@ class Turns:
             for other, worker in self.workers.items():
                 if other != role and not worker.stopped:
                     worker.stop()
-            if self.workers[role].stopped:
-                self.workers[role].resume()
             self.current = role
+        if self.workers[role].stopped:  # stopped by its turn's batch too (`Evaluator._batch`)
+            self.workers[role].resume()
         return self.workers[role]
 
     def __enter__(self):

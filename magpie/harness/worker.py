@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
 
+from magpie.harness.batches import WorkerViews, run_batch
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
 from magpie.supervision.process import log_to, release_memory, serve_pipes
 from magpie.harness.spec import load_module, to_cpu, to_device
-from magpie.harness.timing import timer_for
+from magpie.harness.timing import collector_paused, timer_for
 
 
 class Implementation:
@@ -37,6 +39,7 @@ class Implementation:
             module = load_module(Path(source), f"magpie_impl_{request['id']}", code)
         self.module = module
         self._input_cache: dict[str, list] = {}
+        self._batch_views: WorkerViews | None = None
         self._timer = None
         self._build = None  # how a KernelBench model was built: a parked worker rebuilds it
         if request.get("library"):
@@ -106,6 +109,7 @@ class Implementation:
         import threading
 
         self._input_cache.clear()
+        self._batch_views = None
         if self._timer is not None:
             self._timer.forget()
         if self._build is not None:
@@ -192,6 +196,21 @@ class Implementation:
         if request.get("host_checks"):  # a request of its own: its wall time is no sample's
             reply["host_wall_median_us"] = timer.host_check(self.fn, input_sets, 0, request["host_checks"])
         return reply
+
+    def batch_map(self, request: dict) -> dict:
+        """Map the region each batch's input sets are written into (harness/batches.py)."""
+        self._batch_views = WorkerViews(self.torch, request["region"])
+        return {"pid": os.getpid()}  # the evaluator reads this process's scheduler statistics
+
+    def batch(self, request: dict) -> dict:
+        """One call on each of the region's first `calls` input sets: the evaluator's clock
+        around this request is the measurement."""
+        views = self._batch_views
+        calls = int(request["calls"])
+        self._poison(False)
+        with collector_paused():
+            run_batch(self.torch, self.fn, views.inputs[:calls], views.outputs[:calls])
+        return {}
 
     def kernels(self, request: dict) -> dict:
         """Device kernels of one call, from the profiler: names and summed device time. The

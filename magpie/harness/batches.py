@@ -1,0 +1,296 @@
+"""Timing the evaluator vouches for (on the CPU): batches of calls on input sets the worker
+has never seen, whose outputs land where the evaluator reads them.
+
+A timer inside the worker's process can be replaced by the code it times, and nothing seen
+from outside bounds how fast the work inside went unless the number of calls is proven too.
+So the number that ranks is the evaluator's own clock over a request, divided by the calls
+it asked for, and the calls are proven by their outputs:
+
+- a `Region`, a file in the worker's scratch folder, holds one batch's input sets and a slot
+  for every call's outputs; the worker maps it once (`WorkerViews`), the evaluator reads and
+  writes it with pread/pwrite only (a worker that shrank the file could make a mapping fault
+  in the judge's process);
+- before each batch, with the worker stopped, the evaluator writes input sets of new seeds
+  (new values on every call: nothing kept from an earlier call helps) and fills the output
+  slots with NaN; the worker calls the implementation once per set, in order, copying each
+  output into its slot (`run_batch`); once it answers it is stopped again before a byte is
+  read: an output computed after the answer is never seen;
+- every output slot must have been written (no NaN left) and a sample of the calls, chosen
+  after the answer, must match the reference, with their input sets unchanged.
+
+Per call: the batch's wall time, less the time the kernel reports that the worker's calling
+thread and the evaluator spent waiting for a CPU (a busy machine's scheduling delays) where
+none of the worker's threads was running (`busy_wall_ns`), over its calls; less what the
+same loop costs the evaluator around a call that does nothing (`harness_ns_per_call`, the copy
+of one output included). The request's round trip (tens of µs) stays in, spread over a batch
+of milliseconds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+
+from magpie.harness.checks import as_tuple
+
+ALIGN = 64
+# A batch's input sets and outputs fit in this; a set larger than it is timed one call a batch.
+REGION_BYTES = 128 << 20
+MAX_CALLS = 1024
+# Output slots checked against the reference per batch, chosen after the worker answered.
+CHECKED_PER_BATCH = 3
+
+
+class BatchOutputError(RuntimeError):
+    """An output of a timed call that is not a tensor of its slot's shape and dtype."""
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+class Layout:
+    """Where each call's input tensors and output slots lie in the region: all input sets first
+    (set j at j * in_stride), then all output slots (call j's at out_base + j * out_stride), so
+    that a batch's inputs and its outputs are two ranges, one write and one read each. Per set,
+    its arguments are ("tensor", offset, shape, dtype) or ("value", v); its outputs (offset,
+    shape, dtype). Every set of a timing job has the same shapes: one layout serves each batch."""
+
+    def __init__(self, example_args: tuple, example_outputs, calls: int):
+        import torch
+
+        self.calls = calls
+        args, offset = [], 0
+        for x in example_args:
+            if torch.is_tensor(x):
+                args.append(["tensor", offset, list(x.shape), str(x.dtype).replace("torch.", "")])
+                offset += _aligned(_nbytes(x))
+            else:
+                args.append(["value", x])
+        self.in_stride = max(offset, ALIGN)
+        outs, offset = [], 0
+        for e in as_tuple(example_outputs):
+            outs.append([offset, list(e.shape), str(e.dtype).replace("torch.", "")])
+            offset += _aligned(_nbytes(e))
+        self.out_stride = max(offset, ALIGN)
+        self.out_base = calls * self.in_stride
+        self.size = self.out_base + calls * self.out_stride
+        self.sets = [[[a[0], a[1] + j * self.in_stride, *a[2:]] if a[0] == "tensor" else a for a in args]
+                     for j in range(calls)]
+        self.outputs = [[[o[0] + self.out_base + j * self.out_stride, *o[1:]] for o in outs] for j in range(calls)]
+
+    def to_json(self) -> dict:
+        return {"sets": self.sets, "outputs": self.outputs, "size": self.size}
+
+
+def calls_that_fit(example_args: tuple, example_outputs, budget: int = REGION_BYTES) -> int:
+    """How many calls' inputs and outputs a region of `budget` bytes holds (at least one)."""
+    per_call = Layout(example_args, example_outputs, 1).size
+    return max(1, min(MAX_CALLS, budget // per_call))
+
+
+def _views(torch, region, offsets: list) -> list:
+    """Tensors over `region` (a flat uint8 tensor) at (offset, shape, dtype) each."""
+    out = []
+    for offset, shape, dtype in offsets:
+        kind = getattr(torch, dtype)
+        count = 1
+        for d in shape:
+            count *= d
+        size = count * torch.empty((), dtype=kind).element_size()
+        out.append(region[offset:offset + size].view(kind).view(shape))
+    return out
+
+
+class Region:
+    """The evaluator's side of one worker's region: a copy of it in the evaluator's memory,
+    written to and read from the file in whole ranges."""
+
+    def __init__(self, torch, folder: Path, layout: Layout):
+        self.torch = torch
+        self.layout = layout
+        self.path = folder / "batch-region"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(self.fd, layout.size)
+        self.caller = 0  # the pid of the worker process that runs the calls, once it is known
+        self.copy = torch.zeros(layout.size, dtype=torch.uint8)
+        self._bytes = memoryview((ctypes.c_char * layout.size).from_address(self.copy.data_ptr())).cast("B")
+        self._inputs = [_views(torch, self.copy, [slot[1:] for slot in args if slot[0] == "tensor"])
+                        for args in layout.sets]
+        self._outputs = [_views(torch, self.copy, outs) for outs in layout.outputs]
+        # what every output slot holds before a batch: NaN in floating slots, to show unwritten ones
+        for outs in self._outputs:
+            for slot in outs:
+                slot.fill_(float("nan") if slot.is_floating_point() else 0)
+        base = layout.out_base
+        self._poison = bytes(self._bytes[base:])
+
+    def offer(self) -> dict:
+        return {"file": str(self.path), **self.layout.to_json()}
+
+    def write(self, input_sets: list) -> None:
+        """This batch's input sets, and the pre-batch fill of their calls' output slots."""
+        layout = self.layout
+        for args, views in zip(input_sets, self._inputs):
+            for x, view in zip((a for a in args if self.torch.is_tensor(a)), views):
+                view.copy_(x)
+        calls = len(input_sets)
+        os.pwrite(self.fd, self._bytes[:calls * layout.in_stride], 0)
+        os.pwrite(self.fd, self._poison[:calls * layout.out_stride], layout.out_base)
+
+    def read(self, calls: int) -> None:
+        """What the worker left in the first `calls` input sets and output slots."""
+        layout = self.layout
+        for start, length in ((0, calls * layout.in_stride), (layout.out_base, calls * layout.out_stride)):
+            got = os.preadv(self.fd, [self._bytes[start:start + length]], start)
+            if got != length:  # the worker shrank the file: what is missing reads as unwritten
+                self._bytes[start + got:start + length] = self._poison[:length - got] if start else \
+                    bytes(length - got)
+
+    def outputs(self, call: int) -> tuple:
+        return tuple(view.clone() for view in self._outputs[call])
+
+    def inputs(self, call: int) -> tuple:
+        tensors = iter(self._inputs[call])
+        return tuple(next(tensors).clone() if slot[0] == "tensor" else slot[1] for slot in self.layout.sets[call])
+
+    def unwritten(self, calls: int) -> int | None:
+        """The first call (of the first `calls`) with a floating output still holding NaN, the
+        value each slot held before the batch; None where every slot was written."""
+        for call in range(calls):
+            for view in self._outputs[call]:
+                if view.is_floating_point() and bool(view.isnan().any()):
+                    return call
+        return None
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)
+
+
+class WorkerViews:
+    """The worker's side: tensors that are views of the region it mapped once."""
+
+    def __init__(self, torch, offer: dict):
+        region = torch.from_file(offer["file"], shared=True, size=int(offer["size"]), dtype=torch.uint8)
+        self.inputs = []
+        for args in offer["sets"]:
+            tensors = iter(_views(torch, region, [slot[1:] for slot in args if slot[0] == "tensor"]))
+            self.inputs.append(tuple(next(tensors) if slot[0] == "tensor" else slot[1] for slot in args))
+        self.outputs = [tuple(_views(torch, region, outs)) for outs in offer["outputs"]]
+
+
+def run_batch(torch, fn, inputs: list, outputs: list) -> None:
+    """One call per input set, in order, each output copied into its slot."""
+    for args, slots in zip(inputs, outputs):
+        produced = fn(*args)
+        produced = produced if isinstance(produced, (tuple, list)) else (produced,)
+        if len(produced) != len(slots):
+            raise BatchOutputError(f"a timed call returned {len(produced)} outputs, expected {len(slots)}")
+        for value, slot in zip(produced, slots):
+            if not isinstance(value, torch.Tensor) or value.shape != slot.shape or value.dtype != slot.dtype:
+                raise BatchOutputError("a timed call returned an output that is not a plain tensor of the "
+                                       "reference's shape and dtype")
+            slot.copy_(value)
+
+
+def harness_ns_per_call(torch, example_args: tuple, example_outputs, calls: int) -> float:
+    """What `run_batch` costs a call beside the call itself, measured here in the evaluator
+    around a call that only hands back outputs of the reference's shapes (so the copy into the
+    slot is in): the least of a few runs, so that what is taken off never exceeds it."""
+    outs = tuple(e.clone() for e in as_tuple(example_outputs))
+    result = outs if isinstance(example_outputs, (tuple, list)) else outs[0]
+    slots = [tuple(torch.empty_like(e) for e in outs) for _ in range(calls)]
+    inputs = [example_args] * calls
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter_ns()
+        run_batch(torch, lambda *args: result, inputs, slots)
+        best = min(best, (time.perf_counter_ns() - start) / calls)
+    return best
+
+
+def _schedstat(path: str) -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for one) of a thread, from the kernel."""
+    try:
+        with open(path) as stat:
+            on_cpu, waiting = stat.read().split()[:2]
+        return int(on_cpu), int(waiting)
+    except (OSError, ValueError):  # the thread ended, or the kernel keeps no scheduler statistics
+        return 0, 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as listed:
+                found += [int(child) for child in listed.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    """pid and every process below it (a sandbox's waiter, its init, the worker, what it started)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo += _children(current)
+    return out
+
+
+def process_named(root: int, own_pid: int) -> int:
+    """The process below `root` that calls itself `own_pid` in its PID namespace (the worker,
+    which says its pid): its pid here; `root` where none does."""
+    for pid in _descendants(root):
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                line = next((x for x in status if x.startswith("NSpid:")), "")
+        except OSError:
+            continue
+        if line.split()[-1:] == [str(own_pid)]:
+            return pid
+    return root
+
+
+class TreeTimes:
+    """A snapshot of scheduler times: the waits of the thread that runs the calls (the
+    worker's main thread, `main`), and the CPU time of every thread of the worker's tree."""
+
+    def __init__(self, root: int, main: int):
+        self.waiting = _schedstat(f"/proc/{main}/task/{main}/schedstat")[1]
+        self.on_cpu = 0
+        for pid in _descendants(root):
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            self.on_cpu += sum(_schedstat(f"/proc/{pid}/task/{tid}/schedstat")[0] for tid in tids)
+
+
+def own_wait() -> int:
+    """ns the calling thread has spent runnable but waiting for a CPU."""
+    return _schedstat("/proc/thread-self/schedstat")[1]
+
+
+def busy_wall_ns(wall_ns: float, before: TreeTimes, after: TreeTimes, own_waited: int) -> float:
+    """The wall time of a batch less the waits the kernel saw (the calling thread's and the
+    evaluator's own), but never more than the wall time less the CPU time of all the worker's
+    threads, which bounds the time none of them ran from below: work done on other threads
+    while one waits, or after the answer while the evaluator waits, is not taken off, and no
+    batch counts less than the CPU time its worker spent."""
+    waited = (after.waiting - before.waiting) + own_waited
+    idle = max(0.0, wall_ns - (after.on_cpu - before.on_cpu))
+    return wall_ns - min(waited, idle)
