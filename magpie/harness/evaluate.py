@@ -682,8 +682,8 @@ class Evaluator:
         worker.stop()
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
-        wall_ns = batches.busy_wall_ns(answer["wall_s"] * 1e9, before, batches.TreeTimes(worker.proc.pid, region.caller),
-                                       waited)
+        after = batches.TreeTimes(worker.proc.pid, region.caller)
+        wall_ns = batches.busy_wall_ns(answer["wall_s"] * 1e9, before, after, waited)
         if round_index is not None:
             measured.add_batch(role, round_index, max(1, round(wall_ns / calls - measured.harness_ns)), calls,
                                answer["wall_s"])

@@ -24,7 +24,8 @@ class TimingSettings(Strict):
     budget_ms: float = Field(300.0, gt=0, description="measured time per implementation")
     rounds: int = Field(5, ge=1, description="interleaved baseline/candidate rounds")
     max_reps: int = Field(100_000, ge=1)
-    input_sets: int = Field(4, ge=1, description="fresh input sets rotated between calls")
+    input_sets: int = Field(4, ge=1, description="GPU: fresh input sets rotated between calls (on the CPU every "
+                                                 "timed call gets new ones)")
     threads: int = Field(1, ge=1, description="torch intra-op threads on the CPU")
     mode: Literal["auto", "events", "graph"] = Field(
         "auto", description="how a GPU kernel is timed, for the baseline and every candidate alike: auto chooses "

@@ -1,0 +1,137 @@
+"""The CPU's vouched timing (magpie/harness/batches.py): the region both sides see, what a batch
+proves, how a busy machine's waits come off, and the worker timer kept for inputs a region
+cannot hold."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import relu2_report
+from magpie.harness import batches
+
+
+@pytest.fixture()
+def pair(tmp_path):
+    """An evaluator's region and the worker's views of the same file."""
+    x = torch.randn(5, 7)
+    region = batches.Region(torch, tmp_path, batches.Layout((x, 3), torch.relu(x) * 2, 8))
+    views = batches.WorkerViews(torch, json.loads(json.dumps(region.offer())))  # as it travels
+    yield region, views
+    region.close()
+
+
+def test_what_the_evaluator_writes_the_worker_calls_on_and_its_outputs_come_back(pair):
+    region, views = pair
+    sets = [(torch.randn(5, 7), 3) for _ in range(6)]
+    region.write(sets)
+    assert all(torch.equal(v[0], s[0]) and v[1] == 3 for v, s in zip(views.inputs, sets))
+    batches.run_batch(torch, lambda x, k: torch.relu(x) * 2, views.inputs[:6], views.outputs[:6])
+    region.read(6)
+    assert region.unwritten(6) is None
+    assert all(torch.equal(region.outputs(i)[0], torch.relu(sets[i][0]) * 2) for i in range(6))
+    assert torch.equal(region.inputs(2)[0], sets[2][0]) and region.inputs(2)[1] == 3
+
+
+def test_a_call_that_was_skipped_leaves_the_nan_its_slot_was_filled_with(pair):
+    region, views = pair
+    region.write([(torch.randn(5, 7), 3) for _ in range(4)])
+    batches.run_batch(torch, lambda x, k: torch.relu(x) * 2, views.inputs[:2], views.outputs[:2])  # 2 of 4
+    region.read(4)
+    assert region.unwritten(4) == 2
+
+
+def test_outputs_written_in_an_earlier_batch_do_not_count_for_the_next(pair):
+    region, views = pair
+    region.write([(torch.randn(5, 7), 3) for _ in range(4)])
+    batches.run_batch(torch, lambda x, k: torch.relu(x) * 2, views.inputs[:4], views.outputs[:4])
+    region.write([(torch.randn(5, 7), 3) for _ in range(4)])  # the next batch: nothing called
+    region.read(4)
+    assert region.unwritten(4) == 0
+
+
+def test_a_worker_that_shrinks_the_file_is_read_as_unwritten_not_a_fault_in_the_evaluator(pair):
+    region, views = pair
+    region.write([(torch.randn(5, 7), 3) for _ in range(4)])
+    batches.run_batch(torch, lambda x, k: torch.relu(x) * 2, views.inputs[:4], views.outputs[:4])
+    os.truncate(region.path, region.layout.out_base + region.layout.out_stride)  # only call 0's slot is left
+    region.read(4)
+    assert region.unwritten(4) == 1
+
+
+@pytest.mark.parametrize("returned", [
+    lambda x, k: (torch.relu(x), torch.relu(x)),   # two outputs for one slot
+    lambda x, k: torch.relu(x).double(),           # another dtype
+    lambda x, k: torch.relu(x)[:4],                # another shape
+    lambda x, k: [1.0],                            # not a tensor
+])
+def test_an_output_unlike_its_slot_stops_the_batch(pair, returned):
+    region, views = pair
+    region.write([(torch.randn(5, 7), 3)])
+    with pytest.raises(batches.BatchOutputError):
+        batches.run_batch(torch, returned, views.inputs[:1], views.outputs[:1])
+
+
+class _Times:
+    def __init__(self, on_cpu, waiting):
+        self.on_cpu, self.waiting = on_cpu, waiting
+
+
+def test_waits_come_off_the_wall_time_but_never_below_the_cpu_time_spent():
+    # 10 ms of wall, 4 ms of it on a CPU, the calling thread waited 5 ms, the evaluator 1 ms
+    assert batches.busy_wall_ns(10e6, _Times(0, 0), _Times(4e6, 5e6), 1e6) == pytest.approx(4e6)
+    # waits of 3 ms: all of them come off
+    assert batches.busy_wall_ns(10e6, _Times(0, 0), _Times(4e6, 2e6), 1e6) == pytest.approx(7e6)
+    # a thread that says it waited 20 ms while others worked 9 ms: no less than the 9 ms of work
+    assert batches.busy_wall_ns(10e6, _Times(0, 0), _Times(9e6, 20e6), 0) == pytest.approx(9e6)
+    # threads in parallel (more CPU time than wall): nothing comes off
+    assert batches.busy_wall_ns(10e6, _Times(0, 0), _Times(30e6, 5e6), 1e6) == pytest.approx(10e6)
+
+
+def test_the_kernel_reports_a_spinning_processes_cpu_time_and_its_waits_under_a_hog():
+    """On a CPU shared with a hog the spinner waits for it; its time on the CPU is what it did."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for pid in (spinner.pid, hog.pid):
+            subprocess.run(["taskset", "-p", "-c", "0", str(pid)], check=True, capture_output=True)
+        before = batches.TreeTimes(spinner.pid, spinner.pid)
+        time.sleep(0.5)
+        after = batches.TreeTimes(spinner.pid, spinner.pid)
+        on_cpu, waited = after.on_cpu - before.on_cpu, after.waiting - before.waiting
+        assert on_cpu > 0.05e9 and waited > 0.05e9 and on_cpu + waited < 0.6e9
+        assert batches.process_named(os.getpid(), os.getpid()) == os.getpid()  # outside any sandbox: itself
+        assert batches.process_named(spinner.pid, 999_999_999) == spinner.pid  # nobody by that name: the root
+    finally:
+        spinner.kill()
+        hog.kill()
+
+
+TUPLE_SPEC = """
+import torch
+
+
+def make_inputs(shape, dtype, generator):
+    return (torch.randn(shape, generator=generator), (0,))
+
+
+def reference(x, dims):
+    return torch.relu(x) * 2.0
+"""
+
+
+def test_inputs_a_region_cannot_hold_are_timed_by_the_worker_and_say_so(tmp_path):
+    """A tuple argument is no tensor or plain value: the worker's timer, checked against the
+    evaluator's wall clock, times it, and the method says which clock it was."""
+    (tmp_path / "spec.py").write_text(TUPLE_SPEC)
+    (tmp_path / "good.py").write_text("import torch\n\n\ndef kernel(x, dims):\n    return torch.relu(x) * 2.0\n")
+    (tmp_path / "twin.py").write_text("import torch\n\n\ndef kernel(x, dims):\n    return torch.relu(x) * 2.0\n")
+    report = relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]")
+    row = next(r for r in report["results"] if r["implementation"] == "twin")
+    assert row["performance_state"] == "SUCCESS", row["errors"]
+    assert "perf_counter_ns" in row["performance_result"]["method"]
+    assert "clock" not in row["performance_result"]
