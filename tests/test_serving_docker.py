@@ -253,7 +253,8 @@ def test_gpu_settings_nvidia_and_amd(tmp_path):
     assert nvidia["environment"] == {"VLLM_USE_V1": "1"}          # renumbered from 0 inside: not passed
     assert nvidia["volumes"]["/m"] == {"bind": "/m", "mode": "ro"} and nvidia["network_mode"] == "host"
     assert nvidia["entrypoint"] == command and "user" not in nvidia
-    assert "--gpus device=2,3" in docker_mode.describe(nvidia)
+    nvidia["environment"]["HF_TOKEN"] = "hf_secret"
+    assert "--gpus device=2,3" in docker_mode.describe(nvidia) and "HF_TOKEN=***" in docker_mode.describe(nvidia)
     dev = tmp_path / "dev"
     (dev / "dri").mkdir(parents=True)
     for node in (dev / "kfd", dev / "dri" / "renderD128"):

@@ -31,6 +31,7 @@ same image run as root). `image_id` is what a declared `[[benchmark]]` in docker
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ IMAGES = Path(__file__).with_name("images.yaml")
 Accelerator = Literal["nvidia", "rocm", "cpu"]
 LABEL = "magpie.workspace"
 CONTAINER_HOME = "/tmp"
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY", re.IGNORECASE)
 
 
 class DockerError(RuntimeError):
@@ -119,9 +121,9 @@ def find_image(client, ref: str):
     try:
         return client.images.get(ref)
     except docker.errors.ImageNotFound:
-        raise DockerError(f"image {ref} is not on this machine and no registry is reached from here: build it "
-                          f"(python -m magpie.serving.env_image for transformers), or docker pull / docker load it "
-                          f"where a registry is reachable") from None
+        raise DockerError(f"image {ref} is not on this machine (magpie pulls nothing; our machines reach no "
+                          f"registry): build it (python -m magpie.serving.env_image for transformers), or docker "
+                          f"pull / docker load it") from None
     except docker.errors.APIError as exc:
         raise DockerError(f"docker: looking up image {ref}: {exc.explanation or exc}") from None
 
@@ -179,7 +181,7 @@ def describe(settings: dict) -> str:
     for src, bind in settings["volumes"].items():
         words += ["-v", f"{src}:{bind['bind']}:{bind['mode']}"]
     for name, value in settings["environment"].items():
-        words += ["-e", f"{name}={value}"]
+        words += ["-e", f"{name}={'***' if SECRET_NAME.search(name) else value}"]   # server.log is shared freely
     words += ["--entrypoint", settings["entrypoint"][0], settings["image"], *settings["entrypoint"][1:]]
     return shlex.join(words)
 
