@@ -289,6 +289,12 @@ def test_image_table_and_config(tmp_path):
     assert config.run_mode == "docker" and config.docker_image == "vllm/vllm-openai:v1"
 
 
+def test_the_docker_sdk_is_imported_only_by_docker_mode():
+    code = ("import sys, magpie, magpie.cli, magpie.serving.runner, magpie.serving.docker_mode; "
+            "print([m for m in ('docker', 'torch') if m in sys.modules])")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
 def test_docker_image_without_docker_mode_is_one_line(capsys):
     from pydantic import ValidationError
 
