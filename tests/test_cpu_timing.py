@@ -135,3 +135,29 @@ def test_inputs_a_region_cannot_hold_are_timed_by_the_worker_and_say_so(tmp_path
     assert row["performance_state"] == "SUCCESS", row["errors"]
     assert "perf_counter_ns" in row["performance_result"]["method"]
     assert "clock" not in row["performance_result"]
+
+
+ESCAPES_GROUP = """
+import os
+import time
+
+import torch
+
+if os.fork() == 0:  # a process of its own group: the SIGSTOP that holds the worker misses it
+    os.setpgid(0, 0)
+    while True:
+        time.sleep(0.001)
+
+
+def kernel(x):
+    return torch.relu(x) * 2.0
+"""
+
+
+def test_a_process_that_left_the_workers_group_fails_the_timing(tmp_path):
+    """It would run on while the worker is stopped and the next batch's inputs are written:
+    free to read them early. Correct, but its time cannot be vouched for."""
+    report = relu2_report(tmp_path, ["escapes"], shapes="[[33, 65]]", sources={"escapes": ESCAPES_GROUP})
+    row = next(r for r in report["results"] if r["implementation"] == "escapes")
+    assert row["correctness_state"] == "SUCCESS" and row["performance_state"] == "FAILED"
+    assert any("kept running while it was stopped" in e for e in row["errors"]), row["errors"]

@@ -671,19 +671,22 @@ class Evaluator:
         outputs are read."""
         worker = turns.workers[role]
         if not worker.stopped:
-            worker.stop()
+            self._hold(worker)
         region.write(batch.sets[:calls])
         before = batches.TreeTimes(worker.proc.pid, region.caller)
         turns.give(role)
         waited = batches.own_wait()
+        started = time.monotonic()
         worker.send({"op": "batch", "calls": calls})
         answer = worker.receive(self.timeout + allowed_s)
+        # until it is stopped: what it computes after answering, before its outputs are read, counts
+        self._hold(worker)
+        wall_ns = (time.monotonic() - started) * 1e9
         waited = batches.own_wait() - waited
-        worker.stop()
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         after = batches.TreeTimes(worker.proc.pid, region.caller)
-        wall_ns = batches.busy_wall_ns(answer["wall_s"] * 1e9, before, after, waited)
+        wall_ns = batches.busy_wall_ns(wall_ns, before, after, waited)
         if round_index is not None:
             measured.add_batch(role, round_index, max(1, round(wall_ns / calls - measured.harness_ns)), calls,
                                answer["wall_s"])
@@ -693,6 +696,14 @@ class Evaluator:
             if not record["passed"]:
                 measured.failed[role] = record
         return wall_ns
+
+    @staticmethod
+    def _hold(worker: Worker) -> None:
+        """Stop a worker whose timing is vouched for: a process of it that keeps running while it
+        is stopped (one that left its process group) could read the next batch's inputs early."""
+        if not worker.stop():
+            raise WorkerFailure(f"error while timing {worker.label}: a process it started kept running while it "
+                                "was stopped (it left its process group): its time cannot be vouched for")
 
     def _check_batch(self, region: batches.Region, batch: Batch, calls: int, testcase: dict) -> dict:
         """Every output slot written, and a few calls, chosen now, right with their inputs unchanged."""

@@ -190,17 +190,21 @@ class Worker:
             self._signal(signal.SIGKILL)
             self.proc.wait()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
         """SIGSTOP to its process group: nothing it would run on its own, a thread the
         implementation started, say, competes with what another process measures. Returns
         once every thread of the process and of its children has stopped: the kernel stops
         the other threads only when the one it woke for the signal runs, which on a busy
-        machine can be milliseconds after kill() returned."""
+        machine can be milliseconds after kill() returned. False where some have not within
+        STOP_WAIT_S (a process that left the group, or uninterruptible sleep)."""
         self._signal(signal.SIGSTOP)
         self.stopped = True
         deadline = time.monotonic() + STOP_WAIT_S
-        while not all_stopped(self.proc.pid) and time.monotonic() < deadline:
+        while not all_stopped(self.proc.pid):
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.0001)
+        return True
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
