@@ -37,27 +37,29 @@ def test_what_the_evaluator_writes_the_worker_calls_on_and_its_outputs_come_back
     assert torch.equal(region.inputs(2)[0], sets[2][0]) and region.inputs(2)[1] == 3
 
 
-def test_a_call_that_was_skipped_leaves_the_nan_its_slot_was_filled_with(pair):
+def _batch_of_four(pair, called: int):
+    """Four new input sets written, the first `called` of them called."""
     region, views = pair
     region.write([(torch.randn(5, 7), 3) for _ in range(4)])
-    batches.run_batch(torch, lambda x, k: torch.relu(x) * 2, views.inputs[:2], views.outputs[:2])  # 2 of 4
+    batches.run_batch(torch, lambda x, k: torch.relu(x) * 2, views.inputs[:called], views.outputs[:called])
+    return region
+
+
+def test_a_call_that_was_skipped_leaves_the_nan_its_slot_was_filled_with(pair):
+    region = _batch_of_four(pair, 2)
     region.read(4)
     assert region.unwritten(4) == 2
 
 
 def test_outputs_written_in_an_earlier_batch_do_not_count_for_the_next(pair):
-    region, views = pair
-    region.write([(torch.randn(5, 7), 3) for _ in range(4)])
-    batches.run_batch(torch, lambda x, k: torch.relu(x) * 2, views.inputs[:4], views.outputs[:4])
+    region = _batch_of_four(pair, 4)
     region.write([(torch.randn(5, 7), 3) for _ in range(4)])  # the next batch: nothing called
     region.read(4)
     assert region.unwritten(4) == 0
 
 
 def test_a_worker_that_shrinks_the_file_is_read_as_unwritten_not_a_fault_in_the_evaluator(pair):
-    region, views = pair
-    region.write([(torch.randn(5, 7), 3) for _ in range(4)])
-    batches.run_batch(torch, lambda x, k: torch.relu(x) * 2, views.inputs[:4], views.outputs[:4])
+    region = _batch_of_four(pair, 4)
     os.truncate(region.path, region.layout.out_base + region.layout.out_stride)  # only call 0's slot is left
     region.read(4)
     assert region.unwritten(4) == 1
