@@ -22,8 +22,8 @@ Per call: the batch's wall time, less the time the kernel reports that the worke
 thread and the evaluator spent waiting for a CPU (a busy machine's scheduling delays) where
 none of the worker's threads was running (`busy_wall_ns`), over its calls; less what the
 same loop costs the evaluator around a call that does nothing (`harness_ns_per_call`, the copy
-of one output included). The request's round trip (tens of µs) stays in, spread over a batch
-of milliseconds.
+of one output included). The request's round trip and the stop that ends it (tens to a few
+hundred µs) stay in, spread over a batch of milliseconds.
 """
 
 from __future__ import annotations
