@@ -1,12 +1,15 @@
 """Trace analysis speed and memory: a real H200 trace (tests/fixtures/traces/h200) tiled
 into a ~35 MB, ~100k-event trace and a 10x larger one, each analysed by `magpie benchmark
---trace-dir` as a whole process (wall time and peak RSS, medians of 3 runs); the JSON decode alone
-is timed beside it as the floor.
-Usage: python bench/trace_analysis.py
+--trace-dir` as a whole process (wall time, CPU time and peak RSS: medians of 3 runs, with the
+range of the wall times; on a shared machine the CPU time moves less with the load); the JSON
+decode alone is timed beside it as the floor. The magpie analysed with is the one importable from
+the working directory: run it from another checkout to measure that one with the same traces.
+Usage: python bench/trace_analysis.py [--copies 4 40] [--modes pytorch inference]
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import gzip
 import json
@@ -49,30 +52,39 @@ def tiled(copies: int) -> dict:
 REPEATS = 3  # the machine is noisy: each figure is the median of this many runs
 
 
-def run_once(directory: Path, mode: str, out: Path) -> tuple[float, int]:
+def run_once(directory: Path, mode: str, out: Path) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS in kB of one whole process."""
     start = time.perf_counter()
     proc = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "magpie", "benchmark", "--trace-dir",
                            str(directory), "--analysis-mode", mode, "-o", str(out)],
                           capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
-    return wall, int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
+    cpu = sum(float(re.search(rf"{kind} time \(seconds\): ([\d.]+)", proc.stderr).group(1))
+              for kind in ("User", "System"))
+    return wall, cpu, int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
 
 
 def measure(directory: Path, mode: str) -> dict:
     # outputs beside the trace folder, not in it: a later run would read their JSON as candidate traces
     runs = [run_once(directory, mode, directory.parent / f"out-{mode}-{i}") for i in range(REPEATS)]
-    wall, peak_kb = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+    walls = [r[0] for r in runs]
+    wall, cpu, peak_kb = (statistics.median(r[k] for r in runs) for k in range(3))
     trace = next(directory.glob("*.json"))
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", f"import orjson; orjson.loads(open({str(trace)!r}, 'rb').read())"],
                    check=True)  # the untyped decode of the whole document, for scale
     decode = time.perf_counter() - start
-    return {"wall_s": wall, "peak_mb": peak_kb / 1024, "decode_process_s": decode}
+    return {"wall_s": wall, "wall_range": (min(walls), max(walls)), "cpu_s": cpu, "peak_mb": peak_kb / 1024,
+            "decode_process_s": decode}
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--copies", type=int, nargs="+", default=[4, 40], help="how many times the trace is tiled")
+    parser.add_argument("--modes", nargs="+", default=["pytorch", "inference"], choices=["pytorch", "inference"])
+    args = parser.parse_args()
     rows = []
-    for copies in (4, 40):
+    for copies in args.copies:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / "traces"
             folder.mkdir()
@@ -82,16 +94,17 @@ def main() -> int:
             size_mb = path.stat().st_size / 1e6
             events = len(data["traceEvents"])
             del data
-            for mode in ("pytorch", "inference"):
+            for mode in args.modes:
                 rows.append((copies, mode, events, size_mb, measure(folder, mode)))
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}; {datetime.date.today()}\n")
-    print("| trace | analysis mode | events | size MB | `magpie benchmark --trace-dir` s | peak RSS MB "
-          "| orjson decode alone (process) s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| trace | analysis mode | events | size MB | `magpie benchmark --trace-dir` s (range) | CPU s "
+          "| peak RSS MB | orjson decode alone (process) s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for copies, mode, events, size, r in rows:
-        print(f"| llama decode tiled x{copies} | {mode} | {events:,} | {size:.0f} | {r['wall_s']:.2f} | "
-              f"{r['peak_mb']:.0f} | {r['decode_process_s']:.2f} |")
+        low, high = r["wall_range"]
+        print(f"| llama decode tiled x{copies} | {mode} | {events:,} | {size:.0f} | {r['wall_s']:.2f} "
+              f"({low:.2f}-{high:.2f}) | {r['cpu_s']:.2f} | {r['peak_mb']:.0f} | {r['decode_process_s']:.2f} |")
     return 0
 
 
