@@ -197,22 +197,28 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
     whole = {launch: busy_time(activities) for launch, activities in by_launch.items()}
     groups: dict[tuple, SignatureGroup] = {}
     encode = msgspec.json.encode  # a signature key several times faster than repr() of the argument lists
-    places: dict[tuple, tuple] = {}
+    # ops share their decoded inputs (ingest): ops alike in name, thread and the very input
+    # objects are one signature, found without encoding their arguments again
+    alike: dict[tuple, SignatureGroup] = {}
     # TraceLens numbers the synthetic op of each kernel outside any op after the trace's events
     synthetic = trace.events
     for launcher, launched in launches.items():
         time = busy_time(launched)
         if isinstance(launcher, int):
             op = trace.cpu_ops[launcher]
-            where = places.get((op.pid, op.tid)) or places.setdefault((op.pid, op.tid), where_of(trace, op))
-            key = (op.name, encode((op.input_dims, op.input_types, op.strides, op.concrete)), where)
-            group = groups.get(key)
+            same = (op.name, op.pid, op.tid, id(op.input_dims), id(op.input_types), id(op.strides), id(op.concrete))
+            group = alike.get(same)
             if group is None:
-                est = estimate(op)
-                kernel_names = [a.name for a in launched if a.kind == "kernel"]
-                group = groups[key] = SignatureGroup(op.name, op, est,
-                                                     op_category(op.name, est.family if est else None, kernel_names),
-                                                     op.name, where=where, uid=trace.op_uids[launcher])
+                where = where_of(trace, op)
+                key = (op.name, encode((op.input_dims, op.input_types, op.strides, op.concrete)), where)
+                group = groups.get(key)
+                if group is None:
+                    est = estimate(op)
+                    kernel_names = [a.name for a in launched if a.kind == "kernel"]
+                    group = groups[key] = SignatureGroup(
+                        op.name, op, est, op_category(op.name, est.family if est else None, kernel_names), op.name,
+                        where=where, uid=trace.op_uids[launcher])
+                alike[same] = group
             group.subtree.append(subtree.get(launcher, time))
             group.cpu.append(op.dur)
         else:
@@ -236,8 +242,13 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
                 group.cpu.append(launch.dur)  # the runtime call's duration, as TraceLens's synthetic op has it
         group.times.append(time)
         group.calls.append(launched)
+        kernels = group.kernels
         for activity in launched:
-            group.kernels.setdefault(activity.name, []).append(activity.dur)
+            durations = kernels.get(activity.name)
+            if durations is None:
+                kernels[activity.name] = [activity.dur]
+            else:
+                durations.append(activity.dur)
     return sorted(groups.values(), key=lambda g: -g.total)
 
 
