@@ -9,15 +9,23 @@ import pytest
 from conftest import build_json, relu2_report
 from magpie.harness.evaluate import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
 
-# The baseline does its work after sleeping 2 ms a call: an honest candidate is 20x+ faster.
-SLOW_BASELINE = """
+# 2 ms of CPU time a call (what a kernel spends; on the CPU a sleep costs none)
+WORK = """
 import time
 
 import torch
 
 
+def _work(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+"""
+# The baseline does 2 ms of work a call more: an honest candidate is 20x+ faster.
+SLOW_BASELINE = WORK + """
+
 def kernel(x):
-    time.sleep(0.002)
+    _work(0.002)
     return torch.relu(x) * 2.0
 """
 HONEST = """
@@ -29,18 +37,14 @@ def kernel(x):
 """
 # Fast for its first 70 calls, as slow as the baseline after: the checks (one trial), the first
 # call and the first measurement's 60 samples fit in them, the re-timing does not.
-COUNTS_CALLS = """
-import time
-
-import torch
-
+COUNTS_CALLS = WORK + """
 _calls = [0]
 
 
 def kernel(x):
     _calls[0] += 1
     if _calls[0] > 70:
-        time.sleep(0.002)
+        _work(0.002)
     return torch.relu(x) * 2.0
 """
 

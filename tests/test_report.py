@@ -16,7 +16,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     (root / "slow.py").write_text(
-        "import time, torch\n\ndef kernel(x):\n    time.sleep(0.0004)\n    return torch.relu(x) * 2.0\n")
+        "import time, torch\n\ndef kernel(x):\n    end = time.thread_time() + 0.0004  # CPU time: a sleep costs none\n"
+        "    while time.thread_time() < end:\n        pass\n    return torch.relu(x) * 2.0\n")
     relu2_project(root, ["slow", "nan"], shapes="[[16, 64]]")
     build_json(root)
     return root

@@ -18,12 +18,14 @@ it asked for, and the calls are proven by their outputs:
 - every output slot must have been written (no NaN left) and a sample of the calls, chosen
   after the answer, must match the reference, with their input sets unchanged.
 
-Per call: the batch's wall time, less the time the kernel reports that the worker's calling
-thread and the evaluator spent waiting for a CPU (a busy machine's scheduling delays) where
-none of the worker's threads was running (`busy_wall_ns`), over its calls; less what the
-same loop costs the evaluator around a call that does nothing (`harness_ns_per_call`, the copy
-of one output included). The request's round trip and the stop that ends it (tens to a few
-hundred µs) stay in, spread over a batch of milliseconds.
+Per call: what the batch took, over its calls, less what the same loop costs the evaluator
+around a call that does nothing (`harness_ns_per_call`, the copy of one output included).
+What it took, with one torch thread (the default): the CPU time the kernel counted for every
+thread and process of the worker (`TreeTimes`), which no waiting stretches and no code in the
+worker can lower but by doing less; with more threads, the wall time from the request until
+the worker has stopped, less the time the kernel reports that its calling thread and the
+evaluator waited for a CPU while none of its threads ran (`busy_wall_ns`). The worker's own
+handling of the request (tens of µs) stays in, spread over a batch of milliseconds.
 """
 
 from __future__ import annotations
@@ -214,6 +216,11 @@ def harness_ns_per_call(torch, example_args: tuple, example_outputs, calls: int)
         run_batch(torch, lambda *args: result, inputs, slots)
         best = min(best, (time.perf_counter_ns() - start) / calls)
     return best
+
+
+# Whether the kernel keeps per-thread scheduler statistics (CONFIG_SCHED_INFO): without them
+# a batch is timed by the wall clock alone.
+SCHEDSTAT = os.path.exists("/proc/thread-self/schedstat")
 
 
 def _schedstat(path: str) -> tuple[int, int]:

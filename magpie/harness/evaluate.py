@@ -593,16 +593,20 @@ class Evaluator:
     def _vouched(self, turns: Turns, spec: ReferenceSpec, case, example: tuple, expected, t: dict,
                  testcase: dict, salt: str) -> Rounds:
         """The rounds as batches (`batches`): both workers are given the same input sets of new
-        seeds per batch, in turn (the order flipped every batch); in a round each runs batches
-        until it has spent its share of the budget or made its share of the sample cap's calls.
-        The batches are sized (`_size_batches`) to last about a quarter of a round (1-20 ms),
-        within the region's memory."""
+        seeds per batch, in turn (the order flipped every batch), BATCHES_PER_ROUND batches a
+        round. Each role's calls a round are its share of the budget at the time per call its
+        sizing batches took, within its share of the sample cap and of the input sets the
+        evaluator makes in GENERATION_FACTOR times the budget (fresh inputs for every call can
+        cost more than the calls: a 66 µs softmax's inputs take 1-7 ms to draw)."""
         torch = self.torch
         roles = list(turns.workers)
         limit = batches.calls_that_fit(example, expected)
         layout = batches.Layout(example, expected, limit)
         regions: dict[str, batches.Region] = {}
         measured = Rounds(roles, vouched=True)
+        measured.by_cpu_time = int(t["threads"]) == 1 and batches.SCHEDSTAT
+        rounds = int(t["rounds"])
+        round_ns = t["budget_ms"] / rounds * 1e6
         try:
             for role in roles:
                 regions[role] = batches.Region(torch, turns.workers[role].scratch or self.work, layout)
@@ -613,62 +617,65 @@ class Evaluator:
                 # than its worker's CPU time (`busy_wall_ns`)
                 regions[role].caller = batches.process_named(turns.workers[role].proc.pid, int(answer.get("pid", 0)))
             measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
-            rounds = int(t["rounds"])
-            round_ns = t["budget_ms"] / rounds * 1e6
-            # each role's batches last about as long as the other's: the request's own round trip,
-            # which stays in, is then the same share of both
             target_ns = min(BATCH_MAX_MS * 1e6, max(BATCH_MIN_MS * 1e6, round_ns / BATCHES_PER_ROUND))
-            calls, per_call = {}, {}
-            for role in roles:
-                calls[role], per_call[role] = self._size_batches(turns, role, regions[role], spec, case, salt, limit,
-                                                                 target_ns, testcase, measured)
-            per_round = max(1, int(t["max_reps"]) // rounds)
+            per_call = {role: self._size_batches(turns, role, regions[role], spec, case, salt, limit, target_ns,
+                                                 testcase, measured) for role in roles}
+            sets_a_round = int(GENERATION_FACTOR * t["budget_ms"] * 1e6 / max(measured.set_ns, 1.0) / rounds)
+            cap = max(BATCHES_PER_ROUND, min(max(1, int(t["max_reps"]) // rounds), sets_a_round))
+            a_round = {role: max(1, min(cap, int(round_ns / max(per_call[role], 1.0)))) for role in roles}
+            calls = {role: min(limit, -(-a_round[role] // BATCHES_PER_ROUND)) for role in roles}
             for r in range(rounds):
-                spent = dict.fromkeys(roles, 0.0)
                 made = dict.fromkeys(roles, 0)
                 b = 0
-                # each role until it has spent its share of the budget or made its share of the calls
-                while due := {role: min(calls[role], per_round - made[role]) for role in roles
-                              if made[role] == 0 or (spent[role] < round_ns and made[role] < per_round)}:
-                    batch = Batch(self._fresh_sets(spec, case, f"{salt} {r} {b}", max(due.values())), spec,
-                                  self.init_seed)
+                while due := {role: min(calls[role], a_round[role] - made[role]) for role in roles
+                              if made[role] < a_round[role]}:
+                    batch = Batch(self._fresh_sets(spec, case, f"{salt} {r} {b}", max(due.values()), measured),
+                                  spec, self.init_seed)
                     for role in roles if b % 2 == 0 else reversed(roles):
                         if role in due:
                             # 20x what the sizing said a call takes, and the timeout, before it is a hang
-                            spent[role] += self._batch(turns, role, regions[role], batch, due[role], testcase, r,
-                                                       measured, 20 * due[role] * per_call[role] / 1e9)
+                            self._batch(turns, role, regions[role], batch, due[role], testcase, r, measured,
+                                        20 * due[role] * per_call[role] / 1e9)
                             made[role] += due[role]
                     b += 1
         finally:
             for region in regions.values():
                 region.close()
-        measured.methods = {role: vouched_method(calls[role], target_ns, measured.harness_ns, t) for role in roles}
+        measured.methods = {role: vouched_method(calls[role], measured, t) for role in roles}
         return measured
 
     def _size_batches(self, turns: Turns, role: str, region: batches.Region, spec: ReferenceSpec, case, salt: str,
-                      limit: int, target_ns: float, testcase: dict, measured: Rounds) -> tuple[int, float]:
-        """Calls per batch for one role, and ns per call: batches (not kept as samples, but
-        checked) grown from 4 calls until one lasts half the target; the first touch of the
-        region and the round trip weigh on the small ones."""
-        calls, allowed_s = min(limit, 4), min(limit, 4) * self.timeout
+                      limit: int, target_ns: float, testcase: dict, measured: Rounds) -> float:
+        """ns per call for one role, from batches (not kept as samples, but checked) grown from
+        one call until one after the first takes half a batch's target: the first touches of
+        the region and the request's own handling weigh on the small ones. What plans the rounds is the larger of
+        the time that ranks and the wall time (a call that waits costs the build time too)."""
+        calls, allowed_s = 1, self.timeout
         for attempt in range(SIZING_BATCHES):
-            batch = Batch(self._fresh_sets(spec, case, f"{salt} sizing {role} {attempt}", calls), spec, self.init_seed)
-            wall_ns = self._batch(turns, role, region, batch, calls, testcase, None, measured, allowed_s)
-            per_call = wall_ns / calls
-            if wall_ns >= target_ns / 2 or calls == limit:
+            batch = Batch(self._fresh_sets(spec, case, f"{salt} sizing {role} {attempt}", calls, measured), spec,
+                          self.init_seed)
+            taken_ns = max(self._batch(turns, role, region, batch, calls, testcase, None, measured, allowed_s),
+                           measured.last_wall_ns)
+            per_call = taken_ns / calls
+            if attempt and (taken_ns >= target_ns / 2 or calls == limit):  # never the first: it maps the region
                 break
-            calls = min(limit, max(2 * calls, int(calls * target_ns / max(wall_ns, 1.0))))
+            calls = min(limit, max(2 * calls, int(calls * target_ns / max(taken_ns, 1.0))))
             allowed_s = 20 * calls * per_call / 1e9
-        return max(1, min(limit, int(target_ns / max(per_call, 1.0)))), per_call
+        return per_call
 
-    def _fresh_sets(self, spec: ReferenceSpec, case, salt: str, count: int) -> list:
-        return [spec.make_inputs(c) for c in _rotation(case, salt, count)]
+    def _fresh_sets(self, spec: ReferenceSpec, case, salt: str, count: int, measured: Rounds) -> list:
+        """`count` input sets of new seeds; how long one took to make goes to `measured.set_ns`."""
+        started = time.perf_counter_ns()
+        sets = [spec.make_inputs(c) for c in _rotation(case, salt, count)]
+        measured.set_ns = (time.perf_counter_ns() - started) / count
+        return sets
 
     def _batch(self, turns: Turns, role: str, region: batches.Region, batch: Batch, calls: int, testcase: dict,
                round_index: int | None, measured: Rounds, allowed_s: float) -> float:
-        """The first `calls` sets of a batch, for one worker: its wall time in ns. The worker is
-        stopped while its input sets are written and again as soon as it answers, before its
-        outputs are read."""
+        """The first `calls` sets of a batch, for one worker: the time it took in ns, the CPU time
+        of all the worker's threads and processes (`measured.by_cpu_time`, one torch thread) or
+        its wall time less the scheduler's waits (`busy_wall_ns`). The worker is stopped while
+        its input sets are written and again as soon as it answers, before its outputs are read."""
         worker = turns.workers[role]
         if not worker.stopped:
             self._hold(worker)
@@ -686,16 +693,18 @@ class Evaluator:
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         after = batches.TreeTimes(worker.proc.pid, region.caller)
-        wall_ns = batches.busy_wall_ns(wall_ns, before, after, waited)
+        taken_ns = after.on_cpu - before.on_cpu if measured.by_cpu_time else \
+            batches.busy_wall_ns(wall_ns, before, after, waited)
+        measured.last_wall_ns = wall_ns
         if round_index is not None:
-            measured.add_batch(role, round_index, max(1, round(wall_ns / calls - measured.harness_ns)), calls,
-                               answer["wall_s"])
+            measured.add_batch(role, round_index, max(1, round(taken_ns / calls - measured.harness_ns)), calls,
+                               wall_ns / 1e9)
         if role not in measured.failed:
             record = self._check_batch(region, batch, calls, testcase)
             measured.checked[role] = measured.checked.get(role, 0) + record.pop("checked")
             if not record["passed"]:
                 measured.failed[role] = record
-        return wall_ns
+        return taken_ns
 
     @staticmethod
     def _hold(worker: Worker) -> None:
@@ -805,7 +814,7 @@ class Evaluator:
         """The timing method where it is settled before any probe: on the CPU, by the manifest,
         or by the baseline's timing for the baseline and every candidate (`timing_method`)."""
         if self.device == "cpu":
-            return {"mode": None, "why": "the evaluator's clock over batches of calls on fresh inputs (CPU device)"}
+            return {"mode": None, "why": "batches of calls on fresh inputs, timed from outside the worker (CPU device)"}
         if t.get("mode", "auto") != "auto":
             return {"mode": t["mode"], "why": f"timing.mode = \"{t['mode']}\" in the manifest"}
         if self.set_method is not None:
@@ -1098,6 +1107,9 @@ class Rounds:
         self.checked: dict[str, int] = {}
         self.failed: dict[str, dict] = {}
         self.harness_ns = 0.0
+        self.by_cpu_time = False  # samples from CPU time, not wall time (`Evaluator._batch`)
+        self.set_ns = 0.0  # how long the evaluator took to make one input set, lately
+        self.last_wall_ns = 0.0  # the last batch's wall time
         self.samples: dict[str, list[int]] = {role: [] for role in roles}
         self.sizes: dict[str, list[int]] = {role: [] for role in roles}
         self.wall: dict[str, float] = {role: 0.0 for role in roles}
@@ -1164,11 +1176,14 @@ class Rounds:
         return self.kept()
 
 
-# A vouched batch lasts about a round's budget over BATCHES_PER_ROUND, within these bounds.
+# A vouched round is BATCHES_PER_ROUND batches; the sizing ones aim at a round's budget over
+# that, within these bounds.
 BATCHES_PER_ROUND = 4
 BATCH_MIN_MS = 1.0
 BATCH_MAX_MS = 20.0
 SIZING_BATCHES = 6
+# The input sets a vouched measurement draws take at most this many times its budget to make.
+GENERATION_FACTOR = 2.0
 
 
 class Batch:
@@ -1186,13 +1201,14 @@ class Batch:
         return self._references[call]
 
 
-def vouched_method(calls: int, target_ns: float, harness_ns: float, t: dict) -> str:
-    return (f"evaluator's clock over batches of {calls} calls (about {target_ns / 1e6:.2g} ms), each call on an input "
-            f"set of new seeds written while the worker was stopped; every output slot checked for writes and "
-            f"{batches.CHECKED_PER_BATCH} calls a batch, chosen after the answer, against the reference; per call: the "
-            f"batch's wall time less the scheduler's waits, over its calls, less the harness loop's "
-            f"{harness_ns / 1000:.2g} µs; warm-up {t['warmup_ms']:g} ms, torch threads={t['threads']}, "
-            f"{t['rounds']} rounds interleaved with the baseline")
+def vouched_method(calls: int, measured: Rounds, t: dict) -> str:
+    clock = ("the CPU time the kernel counted for all the worker's threads and processes" if measured.by_cpu_time
+             else "the evaluator's clock less the scheduler's waits")
+    return (f"batches of up to {calls} calls timed from outside the worker by {clock}, over its calls, less the "
+            f"harness loop's {measured.harness_ns / 1000:.2g} µs; each call on an input set of new seeds written "
+            f"while the worker was stopped, every output slot checked for writes and {batches.CHECKED_PER_BATCH} "
+            f"calls a batch, chosen after the answer, against the reference; warm-up {t['warmup_ms']:g} ms, torch "
+            f"threads={t['threads']}, {t['rounds']} rounds interleaved with the baseline")
 
 
 def vouched_inputs(torch, args: tuple, expected) -> bool:
