@@ -571,7 +571,7 @@ class Evaluator:
         """The same measurement again (warm-up, then the rounds, in the mode the probe chose) on
         input sets of new seeds: what an implementation learnt from the first sets, or from
         counting its calls, does not carry over."""
-        if vouched_inputs(self.torch, inputs[0], expected):
+        if self.device == "cpu" and vouched_inputs(self.torch, inputs[0], expected):  # as `_measure` chose
             return self._vouched(turns, spec, case, inputs[0], expected, t, testcase, "retime")
         inputs = [spec.make_inputs(c) for c in _rotation(case, "retime", int(t["input_sets"]))]
         offers = {role: self.exchange.offer_inputs("retiming", inputs, worker.scratch or self.work)
@@ -648,14 +648,16 @@ class Evaluator:
                       limit: int, target_ns: float, testcase: dict, measured: Rounds) -> float:
         """ns per call for one role, from batches (not kept as samples, but checked) grown from
         one call until one after the first takes half a batch's target: the first touches of
-        the region and the request's own handling weigh on the small ones. What plans the rounds is the larger of
-        the time that ranks and the wall time (a call that waits costs the build time too)."""
+        the region and the request's own handling weigh on the small ones. What plans the
+        rounds is the larger of the time that ranks and a WALL_SHARE-th of the wall time: a
+        call that sleeps costs the build time too; a busy machine's waits, up to that share,
+        do not shrink the batches."""
         calls, allowed_s = 1, self.timeout
         for attempt in range(SIZING_BATCHES):
             batch = Batch(self._fresh_sets(spec, case, f"{salt} sizing {role} {attempt}", calls, measured), spec,
                           self.init_seed)
             taken_ns = max(self._batch(turns, role, region, batch, calls, testcase, None, measured, allowed_s),
-                           measured.last_wall_ns)
+                           measured.last_wall_ns / WALL_SHARE)
             per_call = taken_ns / calls
             if attempt and (taken_ns >= target_ns / 2 or calls == limit):  # never the first: it maps the region
                 break
@@ -1184,6 +1186,7 @@ BATCH_MAX_MS = 20.0
 SIZING_BATCHES = 6
 # The input sets a vouched measurement draws take at most this many times its budget to make.
 GENERATION_FACTOR = 2.0
+WALL_SHARE = 4.0
 
 
 class Batch:
