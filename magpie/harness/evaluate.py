@@ -583,8 +583,8 @@ class Evaluator:
 
     def _measure(self, turns: Turns, spec: ReferenceSpec, case, inputs: list, expected, offers: dict,
                  out_specs: list, mode: str | None, t: dict, testcase: dict) -> Rounds:
-        """On the CPU, batches the evaluator's clock vouches for (`batches`) wherever the input
-        sets and outputs are plain tensors and values; elsewhere the timer in the worker, checked
+        """On the CPU, batches timed from outside the worker (`batches`) wherever the input sets
+        and outputs are plain tensors and values; elsewhere the timer in the worker, checked
         against the evaluator's wall clock (`_rounds`)."""
         if self.device == "cpu" and vouched_inputs(self.torch, inputs[0], expected):
             return self._vouched(turns, spec, case, inputs[0], expected, t, testcase, "timing")
@@ -621,7 +621,7 @@ class Evaluator:
             per_call = {role: self._size_batches(turns, role, regions[role], spec, case, salt, limit, target_ns,
                                                  testcase, measured) for role in roles}
             sets_a_round = int(GENERATION_FACTOR * t["budget_ms"] * 1e6 / max(measured.set_ns, 1.0) / rounds)
-            cap = max(BATCHES_PER_ROUND, min(max(1, int(t["max_reps"]) // rounds), sets_a_round))
+            cap = min(max(1, int(t["max_reps"]) // rounds), max(BATCHES_PER_ROUND, sets_a_round))
             a_round = {role: max(1, min(cap, int(round_ns / max(per_call[role], 1.0)))) for role in roles}
             calls = {role: min(limit, -(-a_round[role] // BATCHES_PER_ROUND)) for role in roles}
             for r in range(rounds):
@@ -1099,7 +1099,8 @@ def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "medi
 class Rounds:
     """One interleaved measurement, per role: its samples in time order (ns), how many each
     round took (the bootstrap's blocks), the wall time the evaluator measured around its
-    requests, the rounds that came back early, the timer's info per round and its method."""
+    requests, the rounds that came back early, the timer's info per round and its method. A
+    vouched one (the CPU's batches) has a sample per batch and no timer of the worker's."""
 
     def __init__(self, roles: list[str], vouched: bool = False):
         # vouched: samples are the evaluator's own clock over batches (`Evaluator._vouched`), one
