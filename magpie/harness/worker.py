@@ -203,8 +203,8 @@ class Implementation:
         return {"pid": os.getpid()}  # the evaluator reads this process's scheduler statistics
 
     def batch(self, request: dict) -> dict:
-        """One call on each of the region's first `calls` input sets: the evaluator's clock
-        around this request is the measurement."""
+        """One call on each of the region's first `calls` input sets; the evaluator times the
+        request from outside (harness/batches.py)."""
         views = self._batch_views
         calls = int(request["calls"])
         self._poison(False)
