@@ -83,6 +83,21 @@ COMMAND_PROJECT = {
 }
 
 
+# The head of a candidate's source that does work: spin(seconds) spends that much CPU time
+# (what a kernel spends: on the CPU a sleep costs none, and a busy machine does not stretch it).
+SPIN_SOURCE = """
+import time
+
+import torch
+
+
+def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+"""
+
+
 def relu2_report(root: Path, candidates: list[str], shapes: str, jobs: int = 2, sources: dict | None = None,
                  **project) -> dict:
     """`relu2_project` (after writing `sources`, name -> code, into root) built with `-j jobs`

@@ -6,26 +6,14 @@ import json
 
 import pytest
 
-from conftest import build_json, relu2_report
+from conftest import SPIN_SOURCE, build_json, relu2_report
 from magpie.harness.evaluate import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
 
-# 2 ms of CPU time a call (what a kernel spends; on the CPU a sleep costs none)
-WORK = """
-import time
-
-import torch
-
-
-def _work(seconds):
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-"""
 # The baseline does 2 ms of work a call more: an honest candidate is 20x+ faster.
-SLOW_BASELINE = WORK + """
+SLOW_BASELINE = SPIN_SOURCE + """
 
 def kernel(x):
-    _work(0.002)
+    spin(0.002)
     return torch.relu(x) * 2.0
 """
 HONEST = """
@@ -37,14 +25,14 @@ def kernel(x):
 """
 # Fast for its first 70 calls, as slow as the baseline after: the checks (one trial), the first
 # call and the first measurement's 60 samples fit in them, the re-timing does not.
-COUNTS_CALLS = WORK + """
+COUNTS_CALLS = SPIN_SOURCE + """
 _calls = [0]
 
 
 def kernel(x):
     _calls[0] += 1
     if _calls[0] > 70:
-        _work(0.002)
+        spin(0.002)
     return torch.relu(x) * 2.0
 """
 

@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from conftest import build_json, magpie, relu2_project
+from conftest import SPIN_SOURCE, build_json, magpie, relu2_project
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -16,8 +16,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     (root / "slow.py").write_text(
-        "import time, torch\n\ndef kernel(x):\n    end = time.thread_time() + 0.0004  # CPU time: a sleep costs none\n"
-        "    while time.thread_time() < end:\n        pass\n    return torch.relu(x) * 2.0\n")
+        SPIN_SOURCE + "\n\ndef kernel(x):\n    spin(0.0004)\n    return torch.relu(x) * 2.0\n")
     relu2_project(root, ["slow", "nan"], shapes="[[16, 64]]")
     build_json(root)
     return root

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import FIXTURES, REPO, magpie, write
+from conftest import FIXTURES, REPO, SPIN_SOURCE, magpie, write
 
 
 @pytest.fixture
@@ -82,8 +82,7 @@ def test_a_kernelbench_timing_job_takes_the_worker_its_correctness_job_parked(ke
 
 def test_compare_uses_the_explicit_baseline_and_gates_correctness(kernels):
     (kernels / "slow.py").write_text(
-        "import time, torch\n\ndef kernel(x):\n    end = time.thread_time() + 0.0005  # CPU time: a sleep costs none\n"
-        "    while time.thread_time() < end:\n        pass\n    return torch.relu(x) * 2.0\n")
+        SPIN_SOURCE + "\n\ndef kernel(x):\n    spin(0.0005)\n    return torch.relu(x) * 2.0\n")
     proc = magpie("compare", "slow.py", "good.py", "mutates.py", "--baseline", "1", "--type", "pytorch",
                   "--entry", "kernel", "--spec", "spec.py", "--shapes", "16x32", "--budget-ms", "60", "-o", "c",
                   "--json", cwd=kernels, check=0)

@@ -11,7 +11,7 @@ from statistics import fmean, median
 
 import pytest
 
-from conftest import relu2_report
+from conftest import SPIN_SOURCE, relu2_report
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness.evaluate import (
     SPEEDUP_METHOD_MEAN,
@@ -22,19 +22,7 @@ from magpie.harness.evaluate import (
     uneven_line,
 )
 
-# The work: a spin for an amount of CPU time (a busy machine does not stretch it).
-SPIN = """
-import time
-
-import torch
-
-
-def spin(seconds):
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-"""
-STEADY = SPIN + """
+STEADY = SPIN_SOURCE + """
 
 def kernel(x):
     spin(0.0005)
@@ -42,7 +30,7 @@ def kernel(x):
 """
 # The same work per four calls as the baseline, all of it in one: the median of its per-call
 # times is the cheap calls', 50x under the baseline's.
-BURSTY = SPIN + """
+BURSTY = SPIN_SOURCE + """
 _calls = [0]
 
 
@@ -52,7 +40,7 @@ def kernel(x):
         spin(0.002)
     return torch.relu(x) * 2.0
 """
-HONEST = SPIN + """
+HONEST = SPIN_SOURCE + """
 
 def kernel(x):
     spin(0.00025)
