@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from operator import add, attrgetter
 
 from magpie.traces.ingest import Trace
 from magpie.traces.kernels import category, normalize
 
 COLUMNS = ["Name", "Calls", "Self CUDA total (us)", "Avg time (us)", "% Total", "Input Shapes",
            "Normalized Name", "Category", "CPU Op", "Rank"]
+
+_START, _DURATION = attrgetter("ts"), attrgetter("dur")
 
 
 @dataclass
@@ -28,8 +31,8 @@ class Window:
         kernels = trace.kernels
         if not kernels:
             return 0.0, 0.0
-        first = min(k.ts for k in kernels)
-        last = max(k.ts + k.dur for k in kernels)
+        first = min(map(_START, kernels))
+        last = max(map(add, map(_START, kernels), map(_DURATION, kernels)))
         span = last - first
         return first + span * self.start_pct / 100, first + span * self.end_pct / 100
 
@@ -38,7 +41,7 @@ def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include:
              exclude: set[str] | None = None, min_duration_us: float = 0.0, rank_label: str = "") -> list[dict]:
     lo, hi = window.bounds(trace)
     groups: dict[str, dict] = {}
-    shape_texts: dict[int, str] = {}  # str() of each op's input dims, once per distinct list (ops share them)
+    filtered = include or exclude
     total = 0.0
     cpu_ops = trace.cpu_ops
     for kernel in trace.kernels:
@@ -46,27 +49,26 @@ def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include:
             continue
         total += kernel.dur
         op = cpu_ops[kernel.op] if kernel.op is not None else None
-        label = category(kernel.name, kernel.kind, op.name if op else None)
-        if (include and label not in include) or (exclude and label in exclude):
-            continue
+        if filtered:
+            label = category(kernel.name, kernel.kind, op.name if op else None)
+            if (include and label not in include) or (exclude and label in exclude):
+                continue
         group = groups.get(kernel.name)
         if group is None:
-            group = groups[kernel.name] = {"calls": 0, "total": 0.0, "shapes": Counter(), "ops": Counter(),
-                                           "category": label}
+            if not filtered:  # a kernel name's category is its first kernel's: no need to ask the others'
+                label = category(kernel.name, kernel.kind, op.name if op else None)
+            group = groups[kernel.name] = {"calls": 0, "total": 0.0, "dims": [], "ops": [], "category": label}
         group["calls"] += 1
         group["total"] += kernel.dur
+        # counted once the window is walked, by Counter in C: the launching ops' names and input dims
         if op is not None:
-            group["ops"][op.name] += 1
-            dims = op.input_dims
-            if dims is not None:
-                text = shape_texts.get(id(dims))
-                if text is None:
-                    text = shape_texts[id(dims)] = str(dims)
-                group["shapes"][text] += 1
+            group["ops"].append(op.name)
+            if op.input_dims is not None:
+                group["dims"].append(op.input_dims)
         elif kernel.python is not None:
-            group["ops"][f"python: {trace.python_calls[kernel.python].name}"] += 1
+            group["ops"].append(f"python: {trace.python_calls[kernel.python].name}")
         elif kernel.launch is not None:  # outside any op and any Python function: the launch and the kernel
-            group["ops"][f"{trace.launches[kernel.launch].name}->{normalize(kernel.name)}"] += 1
+            group["ops"].append(f"{trace.launches[kernel.launch].name}->{normalize(kernel.name)}")
     rows = []
     for name, g in groups.items():
         avg = g["total"] / g["calls"]
@@ -75,12 +77,24 @@ def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include:
         rows.append({
             "Name": name, "Calls": g["calls"], "Self CUDA total (us)": round(g["total"], 3),
             "Avg time (us)": round(avg, 3), "% Total": round(100 * g["total"] / total, 3) if total else 0.0,
-            "Input Shapes": g["shapes"].most_common(1)[0][0] if g["shapes"] else "",
+            "Input Shapes": _most_common_text(g["dims"]),
             "Normalized Name": normalize(name), "Category": g["category"],
-            "CPU Op": g["ops"].most_common(1)[0][0] if g["ops"] else "", "Rank": rank_label,
+            "CPU Op": Counter(g["ops"]).most_common(1)[0][0] if g["ops"] else "", "Rank": rank_label,
         })
     rows.sort(key=lambda r: -r["Self CUDA total (us)"])
     return rows[:top_k] if top_k else rows
+
+
+def _most_common_text(dims: list[list]) -> str:
+    """The most frequent str() of the input dims, ties to the first seen; each distinct list
+    (ops share them) made text once."""
+    if not dims:
+        return ""
+    lists = dict(zip(map(id, dims), dims))
+    texts: Counter = Counter()
+    for shared, count in Counter(map(id, dims)).items():
+        texts[str(lists[shared])] += count
+    return texts.most_common(1)[0][0]
 
 
 def window_total_us(trace: Trace, window: Window) -> float:

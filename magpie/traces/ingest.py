@@ -12,6 +12,8 @@ import gc
 from array import array
 import gzip
 from dataclasses import dataclass, field
+from itertools import chain, count, repeat
+from operator import attrgetter, neg
 from pathlib import Path
 
 import re
@@ -362,10 +364,9 @@ class _Builder:
         gpu, launches, cpu_ops, by_correlation = self.gpu, self.launches, self.cpu_ops, self.by_correlation
         skipped, same, inputs, join = self.skipped, self.names.setdefault, self.inputs, b"\0".join
         op_uids, launch_uids = self.op_uids, self.launch_uids
-        uid = self.seen - 1
+        first = self.seen
         self.seen += len(events)
-        for event in events:
-            uid += 1
+        for uid, event in enumerate(events, first):
             if event.ph != "X":
                 if event.ph == "M":
                     self._metadata(event)
@@ -440,16 +441,20 @@ def _link(trace: Trace, by_correlation: dict[int, int]) -> None:
     trace.unlinked = {"kernels_without_launch": missing_launch, "kernels_without_cpu_op": without_op}
 
 
+_THREAD, _START, _DURATION = attrgetter("pid", "tid"), attrgetter("ts"), attrgetter("dur")
+
+
 def _innermost(spans: list, points: list, nesting: dict[int, int] | None = None):
     """(point index, index of the innermost span around it on its thread) for each point
     inside one: one sweep per thread over both, sorted by time (a span before a point at the
     same time, a longer span before a shorter one). With `nesting`, each span nested in another
     gets its innermost enclosing span there."""
     streams: dict[tuple, list] = {}
-    for i, span in enumerate(spans):
-        streams.setdefault((span.pid, span.tid), []).append((span.ts, 0, -span.dur, i))
-    for i, point in enumerate(points):
-        streams.setdefault((point.pid, point.tid), []).append((point.ts, 1, 0.0, i))
+    # the sort items made by zip and map, not one Python step per field (600k ops and launches at 1M events)
+    for thread, item in chain(
+            zip(map(_THREAD, spans), zip(map(_START, spans), repeat(0), map(neg, map(_DURATION, spans)), count())),
+            zip(map(_THREAD, points), zip(map(_START, points), repeat(1), repeat(0.0), count()))):
+        streams.setdefault(thread, []).append(item)
     for items in streams.values():
         items.sort()
         open_spans: list[int] = []

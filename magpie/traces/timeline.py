@@ -75,12 +75,13 @@ def gpu_timeline(trace: Trace, spans: list[tuple[float, float]] | None = None) -
             total = length(union([(s - base, e - base) for s, e in spans]))
         else:
             total = busy[-1][1] - busy[0][0] if busy else 0.0
+        busy_time = length(busy)
         times = {
-            "computation_time": length(compute),
+            "computation_time": busy_time if busy is compute else length(compute),
             "exposed_comm_time": length(subtract(comm, compute)),
             "exposed_memcpy_time": length(subtract(memcpy, computing)),
-            "busy_time": length(busy),
-            "idle_time": total - length(busy),
+            "busy_time": busy_time,
+            "idle_time": total - busy_time,
             "total_time": total,
             "total_comm_time": length(comm),
             "total_memcpy_time": length(memcpy),
