@@ -11,7 +11,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from functools import cached_property
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 import msgspec
 
@@ -119,7 +119,6 @@ class SignatureGroup:
     op_name: str = ""  # the ops_summary row it adds to: the op, or the runtime call that launched it
     times: list[float] = field(default_factory=list)  # direct GPU time of each call (kernels, memcpy, memset), µs
     subtree: list[float] = field(default_factory=list)  # the same with every child op's, µs
-    kernels: dict[str, list[float]] = field(default_factory=dict)  # kernel name -> its durations, µs
     launches: dict = field(default_factory=dict)  # outside any op: launch -> its whole GPU time (one call of op_name)
     cpu: list[float] = field(default_factory=list)  # each call's CPU duration, µs
     calls: list = field(default_factory=list)  # what each call launched, in launch order (GpuActivity lists)
@@ -132,6 +131,11 @@ class SignatureGroup:
     @property
     def total(self) -> float:
         return sum(self.times)
+
+    @cached_property
+    def kernel_names(self) -> list[str]:
+        """The names of what its calls launched, each once, in the order they first come."""
+        return list(dict.fromkeys(activity.name for launched in self.calls for activity in launched))
 
     @cached_property
     def time_stats(self) -> dict:
@@ -242,13 +246,6 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
                 group.cpu.append(launch.dur)  # the runtime call's duration, as TraceLens's synthetic op has it
         group.times.append(time)
         group.calls.append(launched)
-        kernels = group.kernels
-        for activity in launched:
-            durations = kernels.get(activity.name)
-            if durations is None:
-                kernels[activity.name] = [activity.dur]
-            else:
-                durations.append(activity.dur)
     return sorted(groups.values(), key=lambda g: -g.total)
 
 
@@ -350,8 +347,6 @@ def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
         into.launches.update(group.launches)
         if group.launch_uid is not None:
             into.uid = group.launch_uid if into.uid is None else min(into.uid, group.launch_uid)
-        for name, durations in group.kernels.items():
-            into.kernels.setdefault(name, []).extend(durations)
         for launch, launched in zip(group.call_launches, group.calls):
             into.call_launches.append(launch)
             into.calls.append(launched)
@@ -394,20 +389,36 @@ def _prefixed(stats: dict, prefix: str) -> dict:
 _START = attrgetter("ts")
 
 
+def _one_place(calls: list) -> dict[tuple, list[float]] | None:
+    """_kernel_details's places where every call launched one thing, the same kernel on the same
+    stream (most groups), found without a step per call; else None."""
+    if not calls or max(map(len, calls)) != 1:
+        return None
+    launched = list(map(_FIRST, calls))
+    names, streams = set(map(_NAME, launched)), set(map(_STREAM, launched))
+    if len(names) != 1 or len(streams) != 1:
+        return None
+    return {(0, names.pop(), streams.pop()): list(map(_DURATION, launched))}
+
+
+_FIRST, _NAME, _STREAM, _DURATION = itemgetter(0), attrgetter("name"), attrgetter("stream"), attrgetter("dur")
+
+
 def _kernel_details(group: SignatureGroup) -> list[dict]:
     """TraceLens's kernel_details_summary: one entry per place in a call's launches (the k-th thing
     each call launched), with its stream and the statistics of its durations over the calls
     (population standard deviation), smallest total first."""
-    places: dict[tuple, list[float]] = {}
-    for launched in group.calls:
-        # most calls launch one thing: nothing to order
-        for position, activity in enumerate(launched if len(launched) == 1 else sorted(launched, key=_START)):
-            place = (position, activity.name, activity.stream)
-            durations = places.get(place)
-            if durations is None:
-                places[place] = [activity.dur]
-            else:
-                durations.append(activity.dur)
+    places = _one_place(group.calls)
+    if places is None:
+        places = {}
+        for launched in group.calls:
+            for position, activity in enumerate(launched if len(launched) == 1 else sorted(launched, key=_START)):
+                place = (position, activity.name, activity.stream)
+                durations = places.get(place)
+                if durations is None:
+                    places[place] = [activity.dur]
+                else:
+                    durations.append(activity.dur)
     details = []
     for (_, name, stream), durations in places.items():
         total = sum(durations)
@@ -442,10 +453,14 @@ def _signature(group: SignatureGroup) -> dict:
 
 def _unique_args_row(group: SignatureGroup) -> dict:
     subtree = group.subtree if group.op is not None else group.times
+    # most often no op inside launched anything: the subtree times are the direct ones, whose
+    # statistics are worked out already
+    alike = subtree == group.times
     return {**_signature(group), "operation_count": len(group.times), "total_direct_kernel_time_sum": group.total,
-            "total_subtree_kernel_time_sum": sum(subtree),
+            "total_subtree_kernel_time_sum": group.total if alike else sum(subtree),
             **_prefixed(group.time_stats, "total_direct_kernel_time"),
-            **_stats(subtree, "total_subtree_kernel_time"), **group.kernel_columns}
+            **(_prefixed(group.time_stats, "total_subtree_kernel_time") if alike
+               else _stats(subtree, "total_subtree_kernel_time")), **group.kernel_columns}
 
 
 def _unified_row(group: SignatureGroup, arch=None) -> dict:

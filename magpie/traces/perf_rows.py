@@ -23,7 +23,7 @@ launched, which is its signature group's call, so the walk is only needed around
 
 from __future__ import annotations
 
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 import msgspec
 
@@ -49,7 +49,7 @@ class _Nesting:
         self.ops_of: dict[int, list[int]] = {}  # id(signature group) -> its ops, in call order
         for group in groups:
             if group.op is not None:
-                members = self.ops_of[id(group)] = [launched[0].op for launched in group.calls]
+                members = self.ops_of[id(group)] = list(map(_OP, map(_FIRST, group.calls)))
                 self.group_of.update(dict.fromkeys(members, group))
                 self.launches.update(zip(members, group.calls))
         clear: dict[int, bool] = {}  # an op around launchers: it and every op around it neither launch nor are modelled
@@ -140,7 +140,10 @@ class _Nesting:
         """A GEMM call's transposes, from its first GEMM kernel's name (TraceLens reads them there)."""
         if est.family != "GEMM":
             return None
-        launched = sorted(self.subtree(op), key=_START)
+        launched = self.subtree(op)
+        if len(launched) == 1:  # most calls: nothing to order
+            return gemm_transposes(launched[0].name)
+        launched = sorted(launched, key=_START)
         return next((t for t in map(gemm_transposes, (a.name for a in launched)) if t is not None), None)
 
     def walk(self) -> tuple[list[int], set[int]]:
@@ -157,7 +160,7 @@ class _Nesting:
         return rows, through
 
 
-_START = attrgetter("ts")
+_START, _OP, _FIRST = attrgetter("ts"), attrgetter("op"), itemgetter(0)
 
 
 def _params(est: Estimate, transposes: tuple | None) -> dict:

@@ -266,7 +266,7 @@ def _named_launches(ops: list[dict], groups) -> list[dict]:
     kernels: dict[str, dict] = {}
     for group in groups:
         if group.op is None:
-            for name in group.kernels:
+            for name in group.kernel_names:
                 kernels.setdefault(group.op_name, {})[normalize(name)] = True
     shown = []
     for row in ops:

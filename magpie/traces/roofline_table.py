@@ -21,10 +21,10 @@ def roofline_rows(groups: list[SignatureGroup], arch: Arch | None) -> list[dict]
     rows = []
     for group in groups:
         op, est, times = group.op, group.est, group.times
-        signature = repr([op.input_dims, op.input_types, op.concrete]) if op else next(iter(group.kernels))
+        signature = repr([op.input_dims, op.input_types, op.concrete]) if op else group.kernel_names[0]
         row = {"source_category": est.family if est else "unmodeled", "op_name": group.name,
                "param_signature": signature, "params_json": json.dumps(est.params) if est else "",
-               "operation_count": len(times), "num_kernels": sum(len(d) for d in group.kernels.values()),
+               "operation_count": len(times), "num_kernels": sum(map(len, group.calls)),
                "kernel_time_ms_sum": group.total / 1000, "time_pct": 100 * group.total / total_us,
                "kernel_time_us_mean": group.total / len(times), "has_perf_model": est is not None,
                "input_dims": json.dumps(op.input_dims) if op else "",
