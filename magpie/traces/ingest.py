@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 from array import array
+from contextlib import contextmanager
 import gzip
 from dataclasses import dataclass, field
 from itertools import chain, count, repeat
@@ -291,16 +292,23 @@ def _stream(path: Path, take: Callable[[list[_Event]], None]) -> _Document | Non
 _EMPTY_ARGS = _Args()
 
 
-def load_trace(path: str | Path) -> Trace:
-    # Millions of small objects and no cycles among them: the cyclic collector would only
-    # rescan them again and again while they are made.
+@contextmanager
+def collector_paused():
+    """The cyclic collector off meanwhile, then as it was: a trace's millions of small objects,
+    and the analysis's tables of them, hold no cycles, and the collector would only rescan them
+    again and again while they are made."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _load(path)
+        yield
     finally:
         if collecting:
             gc.enable()
+
+
+@collector_paused()
+def load_trace(path: str | Path) -> Trace:
+    return _load(path)
 
 
 class _Decoded(dict):
