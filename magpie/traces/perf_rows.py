@@ -23,6 +23,7 @@ launched, which is its signature group's call, so the walk is only needed around
 
 from __future__ import annotations
 
+from itertools import compress
 from operator import attrgetter, itemgetter
 
 import msgspec
@@ -160,7 +161,7 @@ class _Nesting:
         return rows, through
 
 
-_START, _OP, _FIRST = attrgetter("ts"), attrgetter("op"), itemgetter(0)
+_START, _OP, _NAME, _FIRST = attrgetter("ts"), attrgetter("op"), attrgetter("name"), itemgetter(0)
 
 
 def _params(est: Estimate, transposes: tuple | None) -> dict:
@@ -274,8 +275,11 @@ def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, Sig
                 members.setdefault(slot_of(group_id, group.est, op), []).append(op)
         else:
             members.setdefault(slot_of(group_id, group.est, calls[0]), []).extend(calls)
-    candidates = range(len(ops)) if idle_calls else nesting.launches.keys() | nesting.busy
-    for op in [op for op in candidates if ops[op].name in TRACELENS_MODELS and op not in placed]:
+    if idle_calls:  # every op of the trace: picked by name in C, not one Python step per op
+        candidates = compress(range(len(ops)), map(TRACELENS_MODELS.__contains__, map(_NAME, ops)))
+    else:
+        candidates = [op for op in nesting.launches.keys() | nesting.busy if ops[op].name in TRACELENS_MODELS]
+    for op in [op for op in candidates if op not in placed]:
         signature, est = nesting.signature(op)
         if est is not None:
             members.setdefault(slot_of(signature, est, op), []).append(op)
