@@ -31,6 +31,7 @@ handling of the request (tens of µs) stays in, spread over a batch of milliseco
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 from pathlib import Path
@@ -67,7 +68,6 @@ class Layout:
     def __init__(self, example_args: tuple, example_outputs, calls: int):
         import torch
 
-        self.calls = calls
         args, offset = [], 0
         for x in example_args:
             if torch.is_tensor(x):
@@ -102,11 +102,7 @@ def _views(torch, region, offsets: list) -> list:
     out = []
     for offset, shape, dtype in offsets:
         kind = getattr(torch, dtype)
-        count = 1
-        for d in shape:
-            count *= d
-        size = count * torch.empty((), dtype=kind).element_size()
-        out.append(region[offset:offset + size].view(kind).view(shape))
+        out.append(region[offset:offset + math.prod(shape) * kind.itemsize].view(kind).view(shape))
     return out
 
 
@@ -149,11 +145,12 @@ class Region:
     def read(self, calls: int) -> None:
         """What the worker left in the first `calls` input sets and output slots."""
         layout = self.layout
-        for start, length in ((0, calls * layout.in_stride), (layout.out_base, calls * layout.out_stride)):
-            got = os.preadv(self.fd, [self._bytes[start:start + length]], start)
-            if got != length:  # the worker shrank the file: what is missing reads as unwritten
-                self._bytes[start + got:start + length] = self._poison[:length - got] if start else \
-                    bytes(length - got)
+        inputs, outputs = calls * layout.in_stride, calls * layout.out_stride
+        got = os.preadv(self.fd, [self._bytes[:inputs]], 0)
+        self._bytes[got:inputs] = bytes(inputs - got)  # past the end of a file the worker shrank
+        got = os.preadv(self.fd, [self._bytes[layout.out_base:layout.out_base + outputs]], layout.out_base)
+        # what is missing reads as the fill it had before the batch, byte for byte: unwritten
+        self._bytes[layout.out_base + got:layout.out_base + outputs] = self._poison[got:outputs]
 
     def outputs(self, call: int) -> tuple:
         return tuple(view.clone() for view in self._outputs[call])
