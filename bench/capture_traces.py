@@ -12,7 +12,11 @@
 - conv_bf16: 2-d, grouped, transposed and 1-d convolutions of a small conv net;
 - fp8_scaled_mm: torch._scaled_mm on float8_e4m3fn operands (row-wise and tensor-wise scales);
 - graph_replay: an MLP captured as a CUDA graph and replayed as decode steps (vLLM-format
-  annotations written by this script), so kernels come from cudaGraphLaunch.
+  annotations written by this script), so kernels come from cudaGraphLaunch;
+- tp2_collectives: two ranks, one process per GPU (NCCL), each running steps of a
+  tensor-parallel MLP block (all_gather, matmuls, all_reduce, reduce_scatter in bf16), one
+  trace per rank; with fewer than two GPUs the same program on the CPU with gloo, to check
+  its structure.
 Usage: python bench/capture_traces.py OUT_DIR [capture,capture...]
 """
 
@@ -20,11 +24,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import sys
+import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import triton
 import triton.language as tl
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -237,20 +245,90 @@ def train_step(out: Path) -> None:
     _save(prof, out, "train_step_mlp")
 
 
+# NVLink multicast (NVLS) must stay off on the shared multi-GPU host; spawned ranks inherit these
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def tp2_collectives(out: Path) -> None:
+    world = 2
+    backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+    os.environ.update(MULTICAST_OFF)
+    with tempfile.TemporaryDirectory() as scratch:
+        # a file store: no port to pick, none taken by another job on the host
+        torch.multiprocessing.spawn(_tp2_rank, args=(world, backend, Path(scratch) / "store", out), nprocs=world)
+
+
+def _tp2_rank(rank: int, world: int, backend: str, store: Path, out: Path) -> None:
+    """One rank of a Megatron-style MLP block with sequence parallelism: the sequence shards
+    gathered, an up projection split by columns, a down projection split by rows (its partial
+    sums all-reduced while a gate is computed), the gated sums reduce-scattered back to sequence
+    shards."""
+    gpu = backend == "nccl"
+    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60), device_id=device if gpu else None)
+    # the CPU stand-in is smaller: the same calls, in seconds on two cores
+    tokens, hidden, ffn = (1024, 4096, 16384) if gpu else (64, 256, 1024)
+    torch.manual_seed(rank)
+    options = {"device": device, "dtype": torch.bfloat16}
+    w_up = torch.randn(hidden, ffn // world, **options) / hidden ** 0.5
+    w_down = torch.randn(ffn // world, hidden, **options) / ffn ** 0.5
+    w_gate = torch.randn(hidden, hidden, **options) / hidden ** 0.5
+    shard = torch.randn(tokens // world, hidden, **options)
+    full = torch.empty(tokens, hidden, **options)
+
+    def step(shard):
+        # all_gather_into_tensor and reduce_scatter_tensor: the names the GPU host's torch (2.11) has
+        dist.all_gather_into_tensor(full, shard)
+        partial = torch.nn.functional.gelu(full @ w_up) @ w_down
+        reducing = dist.all_reduce(partial, async_op=True)
+        # work the reduction runs beside, so that the timeline's exposed communication is less than all of it
+        gate = torch.sigmoid(full @ w_gate)
+        reducing.wait()
+        reduced = torch.empty_like(shard)
+        dist.reduce_scatter_tensor(reduced, partial * gate)
+        return reduced / reduced.norm()
+
+    def sync():
+        if gpu:
+            torch.cuda.synchronize()
+
+    with torch.no_grad():
+        for _ in range(2):  # communicators and GEMM plans set up outside the trace
+            shard = step(shard)
+        sync()
+        dist.barrier()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            # each rank's trace says that it ran with multicast off
+            prof.add_metadata_json("multicast_off", json.dumps({k: os.environ.get(k) for k in MULTICAST_OFF}))
+            for i in range(4):
+                with record_function(f"step_{i}"):
+                    shard = step(shard)
+            sync()
+    _save(prof, out, f"{backend}_tp2_rank{rank}")
+    dist.destroy_process_group()
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
     chosen = set(argv[1].split(",")) if len(argv) > 1 else None
     captures = (llama_decode, triton_custom, train_step, serving_steps, llama_unannotated, conv_net, fp8_scaled_mm,
-                graph_replay)
+                graph_replay, tp2_collectives)
+    done = []
     for capture in captures:
         if chosen and capture.__name__ not in chosen:
             continue
         try:
             capture(out)
+            done.append(capture.__name__)
         except Exception as err:  # keep the others
             print(f"{capture.__name__} failed: {type(err).__name__}: {err}")
-    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    info = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "triton": triton.__version__, "captures": done}
     (out / "capture_info.json").write_text(json.dumps(info))
     for path in sorted(out.iterdir()):
         print(path.name, path.stat().st_size)
