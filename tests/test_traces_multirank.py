@@ -1,22 +1,30 @@
-"""Multi-rank trace analysis on a real two-rank capture: bench/capture_traces.py's
-tp2_collectives run on the CPU, where it falls back to gloo (tests/fixtures/traces/cpu_gloo_tp2,
-capture_info.json beside the traces). Gloo's collectives are CPU ops and annotations, not GPU
-activity: the collective timeline counts communication kernels by name (nccl, rccl, all_reduce...),
-so what it makes of them waits for the same program's NCCL capture on the 2-GPU host; here, the
-ranks, their collectives and their per-rank outputs."""
+"""Multi-rank trace analysis on real two-rank captures of bench/capture_traces.py's
+tp2_collectives: with NCCL on the 2-GPU H200 host (tests/fixtures/traces/h200_nccl_tp2, its
+README.md and capture_info.json beside the traces), and on the CPU, where it falls back to gloo
+(tests/fixtures/traces/cpu_gloo_tp2). Gloo's collectives are CPU ops and annotations, not GPU
+activity: there, the ranks, their collectives and their per-rank outputs; on the NCCL capture,
+also the collective timeline, the communication rows of each rank and TraceLens's own outputs of
+the same traces (tests/fixtures/tracelens_nccl_tp2)."""
 
 import csv
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from conftest import FIXTURES, REPO, magpie
 from magpie.traces.gap import COLUMNS
 from magpie.traces.ingest import load_trace
+from magpie.traces.kernels import normalize
+from magpie.traces.report import analyze_traces
+from test_tracelens_parity import MAGPIE_IS_RIGHT, diff_file
 
 GLOO = FIXTURES / "traces" / "cpu_gloo_tp2"
 RANKS = ["gloo_tp2_rank0.json.gz", "gloo_tp2_rank1.json.gz"]
@@ -77,3 +85,137 @@ def test_the_capture_writes_what_is_committed(tmp_path):
     assert json.loads((tmp_path / "capture_info.json").read_text())["captures"] == ["tp2_collectives"]
     for name in RANKS:
         assert _shape(tmp_path / name) == _shape(GLOO / name)
+
+
+NCCL = FIXTURES / "traces" / "h200_nccl_tp2"
+NCCL_RANKS = ["nccl_tp2_rank0.json.gz", "nccl_tp2_rank1.json.gz"]
+TRACELENS_NCCL = FIXTURES / "tracelens_nccl_tp2"
+# per rank and step: the sequence shards gathered, the partial sums all-reduced, the gated sums reduce-scattered
+NCCL_KERNELS = {"ncclDevKernel_AllGather_RING_LL": 4, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": 4,
+                "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": 4}
+
+
+def _timeline(path: Path) -> dict[str, float]:
+    with open(path) as handle:
+        return {row["type"]: float(row["time ms"]) for row in csv.DictReader(handle)}
+
+
+@pytest.fixture(scope="module")
+def nccl_run(tmp_path_factory):
+    """`magpie benchmark --trace-dir` on the NCCL capture: its console output and its output folder."""
+    root = tmp_path_factory.mktemp("nccl")
+    proc = magpie("benchmark", "--trace-dir", NCCL, "-o", root / "out", cwd=root, check=0)
+    return proc.stdout, root / "out"
+
+
+def test_each_nccl_rank_ran_its_collectives_on_its_own_gpu():
+    for rank, name in enumerate(NCCL_RANKS):
+        doc, trace = json.load(gzip.open(NCCL / name)), load_trace(NCCL / name)
+        assert {k: doc["distributedInfo"][k] for k in ("backend", "rank", "world_size")} == \
+            {"backend": "nccl", "rank": rank, "world_size": 2}
+        assert doc["multicast_off"] == MULTICAST_OFF and trace.rank == rank
+        # each rank's process saw both GPUs and ran on its own
+        assert [p["id"] for p in trace.device_properties] == [0, 1]
+        assert {a.device for a in trace.gpu} == {rank} and trace.device_name() == "NVIDIA H200"
+        kernels = Counter(normalize(k.name) for k in trace.kernels)
+        assert len(trace.kernels) == 44
+        assert {k: n for k, n in kernels.items() if k.startswith("ncclDevKernel_")} == NCCL_KERNELS
+
+
+def test_nccl_ranks_get_a_timeline_each_with_their_communication(nccl_run):
+    stdout, out = nccl_run
+    summary = json.loads((out / "gap_analysis" / "gap_analysis.json").read_text())
+    assert [(Path(t["path"]).name, t["rank"], t["device"]) for t in summary["traces"]] == \
+        [(NCCL_RANKS[0], "0", "NVIDIA H200"), (NCCL_RANKS[1], "1", "NVIDIA H200")]
+    assert summary["bad_traces"] == [] and summary["explanation"] == ""
+    # nothing to warn of but the capture's record beside the traces
+    [warning] = summary["warnings"]
+    assert warning.startswith(f"skipped {NCCL / 'capture_info.json'}: not a PyTorch profiler")
+    # one timeline per rank, of the GPU it ran on; no aggregate timeline of both
+    assert sorted(p.name for p in out.glob("gpu_timeline*.csv")) == \
+        ["gpu_timeline_rank0_dev0.csv", "gpu_timeline_rank1_dev1.csv"]
+    assert {rank: list(devices) for rank, devices in summary["gpu_timeline"].items()} == {"0": ["0"], "1": ["1"]}
+    timelines = [_timeline(out / f"gpu_timeline_rank{r}_dev{r}.csv") for r in (0, 1)]
+    for t in timelines:
+        assert t["total_comm_time"] > 0 and t["exposed_comm_time"] <= t["total_comm_time"]
+        assert t["total_memcpy_time"] == 0
+        assert t["busy_time"] == pytest.approx(t["computation_time"] + t["exposed_comm_time"])
+    # rank 0's all_reduce overlaps the gate matmul (about 29 µs over the four steps); rank 1's
+    # ended before its matmul started
+    assert timelines[0]["total_comm_time"] - timelines[0]["exposed_comm_time"] == pytest.approx(0.0289, abs=1e-4)
+    assert timelines[1]["exposed_comm_time"] == timelines[1]["total_comm_time"]
+    # rank 0 waited 1.3 s in its first all_gather for rank 1 to start profiling
+    assert timelines[0]["exposed_comm_time"] > 1000 > 1 > timelines[1]["exposed_comm_time"]
+
+
+def test_nccl_kernels_are_each_ranks_communication_rows_and_no_op_table_row(nccl_run):
+    stdout, out = nccl_run
+    for rank, name in enumerate(NCCL_RANKS):
+        with open(out / "gap_analysis" / f"gap_analysis_rank{rank}.csv") as handle:
+            rows = list(csv.DictReader(handle))
+        communication = {r["Normalized Name"]: int(r["Calls"]) for r in rows if r["Category"] == "communication"}
+        assert communication == NCCL_KERNELS and {r["Rank"] for r in rows} == {str(rank)}
+        tables = out / "tracelens" / name.removesuffix(".json.gz")
+        for table in ("unified_perf_summary", "ops_summary", "ops_unique_args"):
+            with open(tables / f"{table}.csv") as handle:
+                names = {r["name"] for r in csv.DictReader(handle)}
+            # TraceLens counts no NCCL kernel as an op's: collectives are in the timeline and the gap table
+            assert "aten::mm" in names and not names & {"record_param_comms", "c10d::allreduce_"}, table
+    with open(out / "gap_analysis" / "gap_analysis.csv") as handle:
+        top = [r for r in csv.DictReader(handle) if r["Category"] == "communication"]
+    assert sorted((r["Rank"], r["Normalized Name"]) for r in top) == \
+        sorted((str(rank), kernel) for rank in (0, 1) for kernel in NCCL_KERNELS)
+
+
+def test_the_console_and_the_page_say_whose_each_row_is(nccl_run):
+    stdout, out = nccl_run
+    lines = stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "% Total" in line)
+    assert lines[header].split()[0] == "rank"
+    rows = [line.split() for line in lines[header + 1:] if line[:4].strip() in ("0", "1")]
+    assert {row[0] for row in rows} == {"0", "1"}
+    assert ["0", "communication", "ncclDevKernel_AllGather_RING_LL"] == [rows[0][0], rows[0][4], rows[0][5]]
+    page = (out / "trace_report.html").read_text()
+    top = page[page.index("Top kernels across traces"):]
+    assert "<th>rank</th><th>kernel</th>" in top
+    assert '<td class="num">1</td><td>ncclDevKernel_AllGather_RING_LL</td>' in top
+
+
+def test_nccl_outputs_match_tracelens(tmp_path, monkeypatch):
+    """Each rank's TraceLens-named files diffed against what TraceLens wrote for the same trace:
+    only the collective analysis (coll_analysis.csv), which magpie does not write, differs."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "no-calibration"))  # the published peaks, as TraceLens's
+    analyze_traces(NCCL, tmp_path / "out", arch_name="H200")
+    for rank, name in enumerate(NCCL_RANKS):
+        label = name.removesuffix(".json.gz")
+        ours = {p.stem: p for p in (tmp_path / "out" / "tracelens" / label).glob("*.csv")}
+        ours["gpu_timeline"] = tmp_path / "out" / f"gpu_timeline_rank{rank}_dev{rank}.csv"
+        theirs = {p.name.removesuffix(".csv.gz"): p for p in (TRACELENS_NCCL / label).glob("*.csv.gz")}
+        diffs = [d for table in sorted(set(ours) | set(theirs))
+                 for d in diff_file(label, table, ours.get(table), theirs.get(table))
+                 if not any(known.match(d) for known in MAGPIE_IS_RIGHT)]
+        assert [(d.file, d.aspect) for d in diffs] == [("coll_analysis", "file-missing")], "\n".join(map(str, diffs))
+
+
+def test_a_rank_is_the_gpu_it_ran_on_though_its_process_saw_others(tmp_path):
+    """On a host of mixed GPUs, rank 1's trace names GPU 0 first: its device, peaks and per-stage
+    timelines are GPU 1's."""
+    doc = json.load(gzip.open(NCCL / NCCL_RANKS[1]))
+    doc["deviceProperties"][0]["name"] = "NVIDIA H100 80GB HBM3"
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    with gzip.open(folder / NCCL_RANKS[1], "wt") as handle:
+        json.dump(doc, handle)
+    summary = analyze_traces(folder, tmp_path / "out", analysis_mode="inference")
+    assert summary["traces"][0]["device"] == "NVIDIA H200"
+    assert summary["outputs"]["kernel_roofline_simple"][0]["arch"] == "H200"
+    stage = tmp_path / "out" / "tracelens" / "nccl_tp2_rank1" / "decode"
+    assert (stage / "gpu_timeline.csv").is_file() and not list(stage.glob("gpu_timeline_dev*.csv"))
+
+
+def test_the_nccl_capture_is_in_no_declared_trace_set():
+    """The H200 trace set (magpie.toml, the TraceLens parity and report tests) is tests/fixtures/traces/h200
+    alone: the two ranks there would be extra traces without a TraceLens reference."""
+    declared = [REPO / t["dir"] for t in tomllib.loads((REPO / "magpie.toml").read_text())["traces"]]
+    assert declared == [FIXTURES / "traces" / "h200"]
+    assert not list(declared[0].rglob("nccl_*")) and NCCL not in declared[0].parents

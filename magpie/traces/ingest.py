@@ -156,7 +156,12 @@ class Trace:
         return [a for a in self.gpu if a.kind == "kernel"]
 
     def device_name(self) -> str | None:
-        props = self.device_properties[0] if self.device_properties else {}
+        """The name of the GPU the trace's work ran on: a rank's trace lists every GPU its process
+        could see (rank 1 of two: GPUs 0 and 1), its own is the one its activity names."""
+        if not self.device_properties:
+            return None
+        ran_on = self.gpu[0].device if self.gpu else None
+        props = next((p for p in self.device_properties if p.get("id") == ran_on), self.device_properties[0])
         return props.get("name")
 
 

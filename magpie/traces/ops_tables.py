@@ -16,7 +16,8 @@ from operator import attrgetter, itemgetter
 import msgspec
 
 from magpie.traces.ingest import CpuOp, Trace
-from magpie.traces.perf_models import Estimate, estimate
+from magpie.traces.kernels import category
+from magpie.traces.perf_models import Estimate, estimate, models_whole_op
 from magpie.traces.stats import population_std, sample_std
 
 STATS = ("mean", "median", "std", "min", "max")
@@ -77,8 +78,8 @@ _DRIVER_LAUNCHES = ("cuLaunchKernel", "hipModuleLaunchKernel")
 SYNTHETIC = "{}->{} (Synthetic Op)"
 
 
-def op_category(name: str, family: str | None, kernel_names: list[str]) -> str:
-    """TraceLens's op category: from the op's model family, else from its kernels' names."""
+def op_category(name: str, family: str | None, launched: list) -> str:
+    """TraceLens's op category: from the op's model family, else from what it launched."""
     backward = "backward" in name
     if name in _PARENT_MODELLED:
         return "other"
@@ -92,17 +93,22 @@ def op_category(name: str, family: str | None, kernel_names: list[str]) -> str:
         return "BN_bwd" if backward else "BN_fwd"
     if name.startswith("aten::_foreach_"):
         return "multi_tensor_apply"
-    if family is None:
-        return _kernel_fallback(kernel_names)
+    # an op TraceLens has no model for is categorised by its kernels, though magpie models it
+    # (linalg_vector_norm, argmax)
+    if family is None or not models_whole_op(name):
+        return _kernel_fallback(launched)
     return _FAMILY_CATEGORY.get(family, "other")
 
 
-def _kernel_fallback(kernel_names: list[str]) -> str:
-    """An op with no model is elementwise when every kernel it launched is one of ATen's
-    elementwise kernels (mse_loss, random_, bitwise_not), otherwise other."""
-    if kernel_names and all(k.removeprefix("void ").startswith("at::native::") and "elementwise" in k
-                            for k in kernel_names):
-        return "elementwise"
+def _kernel_fallback(launched: list) -> str:
+    """TraceLens's category of an op it has no model for: from the first thing the op launched
+    (a memset too), where that is one of ATen's kernels: elementwise (mse_loss, random_,
+    bitwise_not), reduce (argmax), multi_tensor_apply; otherwise other."""
+    first = min(launched, key=_START).name if launched else ""
+    if first.startswith("void at::native"):
+        for kind in ("elementwise", "reduce", "multi_tensor_apply"):
+            if kind in first:
+                return kind
     return "other"
 
 
@@ -178,12 +184,15 @@ def busy_time(activities: list) -> float:
     return total
 
 
-def signature_groups(trace: Trace) -> list[SignatureGroup]:
+def signature_groups(trace: Trace, collectives: bool = True) -> list[SignatureGroup]:
     """Calls grouped by op and argument signature, longest total GPU time first; the perf model
     is evaluated once per group. Both the op tables and the roofline rows read these. An op's
-    time is what it launched directly: kernels, and the memcpy and memset it issued."""
+    time is what it launched directly: kernels, and the memcpy and memset it issued; without
+    `collectives`, less its NCCL/RCCL kernels (a call that launched only those is none)."""
     launches: dict = {}
     for activity in trace.gpu:
+        if not collectives and category(activity.name, activity.kind) == "communication":
+            continue
         # outside any op, each kernel is its own call (Triton's launcher calls the driver
         # directly; a graph launch replays several kernels)
         launcher = activity.op if activity.op is not None else ("launch", activity.launch, activity.ts)
@@ -218,9 +227,8 @@ def signature_groups(trace: Trace) -> list[SignatureGroup]:
                 group = groups.get(key)
                 if group is None:
                     est = estimate(op)
-                    kernel_names = [a.name for a in launched if a.kind == "kernel"]
                     group = groups[key] = SignatureGroup(
-                        op.name, op, est, op_category(op.name, est.family if est else None, kernel_names), op.name,
+                        op.name, op, est, op_category(op.name, est.family if est else None, launched), op.name,
                         where=where, uid=trace.op_uids[launcher])
                 alike[same] = group
             group.subtree.append(subtree.get(launcher, time))

@@ -213,7 +213,7 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
     for (_, where), members in built.items():
         members.sort(key=lambda op: ops[op].ts)
         first, est = ops[members[0]], nesting.signature(members[0])[1]
-        own = [a.name for a in nesting.launches.get(members[0], ()) if a.kind == "kernel"]
+        own = nesting.launches.get(members[0], [])
         group = SignatureGroup(first.name, first, est, op_category(first.name, est.family if est else None, own),
                                first.name, where=where, uid=uids[members[0]],
                                params=_params(est, nesting.transposes(members[0], est)) if est else {})
@@ -232,7 +232,7 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
         name, where = SYNTHETIC.format(call.name, activity.name), nesting.where(call)
         group = synthetic.get((name, key, where))
         if group is None:
-            own = [a.name for a in nesting.launches[activity.op] if a.kind == "kernel"]
+            own = nesting.launches[activity.op]
             group = synthetic[(name, key, where)] = SignatureGroup(
                 name, call, None, op_category(call.name, est.family if est else None, own), call.name,
                 where=where, uid=synthetic_uid)
@@ -303,4 +303,7 @@ def trace_tables(trace: Trace, arch=None,
     groups = signature_groups(trace)
     nesting = _Nesting(trace, trace.op_parents, groups)
     perf, rows_by_calls = perf_groups(trace, groups, nesting)
-    return groups, ops_tables(groups, perf, sheet_groups(trace, nesting, rows_by_calls, idle_calls), arch)
+    # TraceLens's kernel launchers (ops_summary, by category, unique args) count no NCCL/RCCL kernel
+    launchers = signature_groups(trace, collectives=False) if any(
+        category(name) == "communication" for name in set(map(_NAME, trace.gpu))) else groups
+    return groups, ops_tables(launchers, perf, sheet_groups(trace, nesting, rows_by_calls, idle_calls), arch)

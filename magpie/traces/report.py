@@ -208,7 +208,7 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
     block = {"analysis_mode": mode, "outputs": outputs, "per_stage": {}, "picks": [], "warnings": [], "errors": []}
     if mode != "inference":
         return block
-    for trace, label in zip(traces, labels):
+    for trace, label, page in zip(traces, labels, pages):
         steps, how = split_steps(trace)
         block["picks"].append({"trace": trace.path, **{k: v for k, v in how.items() if k != "warnings"}})
         block["warnings"] += [f"{trace.path}: {w}" for w in how.get("warnings", [])]
@@ -221,7 +221,8 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
             atomic_write(folder / "gap_analysis.csv", _csv(gap_rows(view, Window(), top_k=top_k), COLUMNS))
             timeline_files = []
             for device, rows in gpu_timeline(view, spans).items():
-                suffix = "" if len(trace.device_properties) <= 1 else f"_dev{device}"
+                # named as the whole trace's: by the devices it ran on, not those its process saw
+                suffix = "" if len(page["timelines"]) <= 1 else f"_dev{device}"
                 timeline_files.append(str(folder / f"gpu_timeline{suffix}.csv"))
                 atomic_write(folder / f"gpu_timeline{suffix}.csv", _csv(rows, TIMELINE_COLUMNS))
             page = _per_trace_outputs(view, folder, f"{label}_{stage}", arch_name, {}, tables_folder=folder,
