@@ -46,6 +46,7 @@ ROW_KEYS = {
     "gpu_timeline": [("type",)],
     "ops_summary": [("name",)],
     "ops_summary_by_category": [("op category",)],
+    "coll_analysis": [("Process Group Name",), ("Collective name",), ("dtype",), ("In msg nelems",), ("stream",)],
 }
 SIGNATURE_KEY = [("name",), ("Input Dims_first", "Input Dims"), ("Input type_first", "Input type"),
                  ("Concrete Inputs_first", "Concrete Inputs")]

@@ -182,8 +182,9 @@ def test_the_console_and_the_page_say_whose_each_row_is(nccl_run):
 
 
 def test_nccl_outputs_match_tracelens(tmp_path, monkeypatch):
-    """Each rank's TraceLens-named files diffed against what TraceLens wrote for the same trace:
-    only the collective analysis (coll_analysis.csv), which magpie does not write, differs."""
+    """Each rank's TraceLens-named files diffed against what TraceLens wrote for the same trace,
+    its collective analysis included. TraceLens, given one file, numbers its rank 0; magpie's
+    `rank` column is the trace's own."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "no-calibration"))  # the published peaks, as TraceLens's
     analyze_traces(NCCL, tmp_path / "out", arch_name="H200")
     for rank, name in enumerate(NCCL_RANKS):
@@ -191,10 +192,35 @@ def test_nccl_outputs_match_tracelens(tmp_path, monkeypatch):
         ours = {p.stem: p for p in (tmp_path / "out" / "tracelens" / label).glob("*.csv")}
         ours["gpu_timeline"] = tmp_path / "out" / f"gpu_timeline_rank{rank}_dev{rank}.csv"
         theirs = {p.name.removesuffix(".csv.gz"): p for p in (TRACELENS_NCCL / label).glob("*.csv.gz")}
-        diffs = [d for table in sorted(set(ours) | set(theirs))
-                 for d in diff_file(label, table, ours.get(table), theirs.get(table))
+        assert sorted(ours) == sorted(theirs)
+        diffs = [d for table in sorted(theirs) for d in diff_file(label, table, ours[table], theirs[table])
                  if not any(known.match(d) for known in MAGPIE_IS_RIGHT)]
-        assert [(d.file, d.aspect) for d in diffs] == [("coll_analysis", "file-missing")], "\n".join(map(str, diffs))
+        assert [(d.file, d.column, d.ours, d.theirs) for d in diffs] == \
+            [("coll_analysis", "rank", str(rank), "0")] * 3 * rank, "\n".join(map(str, diffs))
+        with open(tmp_path / "out" / "tracelens" / label / "coll_analysis.csv") as handle:
+            collectives = {r["Collective name"]: (r["rank"], r["In msg size (MB)_first"], r["Out msg size (MB)_first"],
+                                                  r["operation_count"]) for r in csv.DictReader(handle)}
+        # bf16 shards of 512 x 4096 gathered into 1024 x 4096, and 1024 x 4096 partial sums reduced
+        assert collectives == {"_allgather_base": (str(rank), "4.0", "8.0", "4"),
+                               "allreduce": (str(rank), "8.0", "8.0", "4"),
+                               "_reduce_scatter_base": (str(rank), "8.0", "4.0", "4")}
+
+
+def test_each_collective_kernel_has_its_own_record_read_in_batches_or_whole(monkeypatch):
+    """What PyTorch recorded of each collective is read in a second pass (only of a trace with
+    collectives); batch by batch or whole, each record is its own kernel's."""
+    from magpie.traces import ingest
+
+    monkeypatch.setattr(ingest, "_CHUNK", 4096)
+    streamed = load_trace(NCCL / NCCL_RANKS[0])
+    monkeypatch.setattr(ingest, "_stream", lambda *_: None)  # the whole-document path
+    whole = load_trace(NCCL / NCCL_RANKS[0])
+    assert streamed.collectives == whole.collectives and len(streamed.collectives) == 12
+    kernel_of = {"_allgather_base": "AllGather", "allreduce": "AllReduce", "_reduce_scatter_base": "ReduceScatter"}
+    for kernel, record in streamed.collectives:
+        assert f"ncclDevKernel_{kernel_of[record[2]]}_" in kernel.name
+        assert record[:2] == ("0", "[0, 1]") and record[3:5] == (2, "BFloat16")
+    assert load_trace(FIXTURES / "traces" / "h200" / "train_step_mlp.json.gz").collectives == []
 
 
 def test_a_rank_is_the_gpu_it_ran_on_though_its_process_saw_others(tmp_path):

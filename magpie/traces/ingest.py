@@ -42,6 +42,10 @@ class _Args(msgspec.Struct, gc=False):
     # decoded only for those events, so no other event's args can fail the batch
     name: msgspec.Raw = _NULL
     labels: msgspec.Raw = _NULL
+    # a collective's kernel says which collective it ran (what else it says, _CollectiveArgs reads:
+    # each field here costs every event's decoding, so they are read in a second pass, only of a
+    # trace that has collectives)
+    collective: Optional[str] = msgspec.field(default=None, name="Collective name")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -61,11 +65,40 @@ class _Document(msgspec.Struct):
     distributedInfo: Optional[dict] = None
 
 
+class _CollectiveArgs(msgspec.Struct, gc=False):
+    collective: Optional[str] = msgspec.field(default=None, name="Collective name")
+    group: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Name")
+    group_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
+    group_size: msgspec.Raw = msgspec.field(default=_NULL, name="Group size")
+    dtype: msgspec.Raw = _NULL
+    in_nelems: msgspec.Raw = msgspec.field(default=_NULL, name="In msg nelems")
+    out_nelems: msgspec.Raw = msgspec.field(default=_NULL, name="Out msg nelems")
+    in_split: msgspec.Raw = msgspec.field(default=_NULL, name="In split size")
+    out_split: msgspec.Raw = msgspec.field(default=_NULL, name="Out split size")
+
+
+class _CollectiveEvent(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: Optional[str] = None
+    ts: Union[float, str, None] = None
+    dur: Union[float, str, None] = None
+    args: Optional[_CollectiveArgs] = None
+
+
+class _CollectiveDocument(msgspec.Struct):
+    traceEvents: list[_CollectiveEvent]
+
+
 _DECODER = msgspec.json.Decoder(_Document)
 _EVENTS = msgspec.json.Decoder(list[_Event])
+_COLLECTIVE_DECODER = msgspec.json.Decoder(_CollectiveDocument)
+_COLLECTIVE_EVENTS = msgspec.json.Decoder(list[_CollectiveEvent])
 _VALUE = msgspec.json.Decoder()
 
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+# a collective kernel's record, in TraceLens's names
+COLLECTIVE_FIELDS = ("Process Group Name", "Process Group Ranks", "Collective name", "Group size", "dtype",
+                     "In msg nelems", "Out msg nelems", "In split size", "Out split size")
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
 
 
@@ -150,6 +183,8 @@ class Trace:
     # each nested CPU op's enclosing op on its thread (indices into cpu_ops), found in the sweep
     # that links launches to ops; a stage view keeps the whole trace's
     op_parents: dict[int, int] = field(default_factory=dict)
+    # each collective kernel with what PyTorch recorded of its collective (COLLECTIVE_FIELDS)
+    collectives: list[tuple[GpuActivity, tuple]] = field(default_factory=list)
 
     @property
     def kernels(self) -> list[GpuActivity]:
@@ -218,7 +253,7 @@ def _chunks(path: Path):
             yield chunk
 
 
-def _stream(path: Path, take: Callable[[list[_Event]], None]) -> _Document | None:
+def _stream(path: Path, take: Callable[[list], None], decoder: msgspec.json.Decoder = _EVENTS) -> _Document | None:
     """Decompress and decode the trace a few MB at a time, handing each batch of events to take
     and returning the rest of the document (its traceEvents empty): the whole text and the whole
     list of events never sit in memory at once. A batch ends after an event followed by ',' or
@@ -250,7 +285,7 @@ def _stream(path: Path, take: Callable[[list[_Event]], None]) -> _Document | Non
         if after is not None:
             piece = b"".join((b"[", memoryview(pending)[:close + 1], b"]"))  # one copy, not two
             try:
-                events = _EVENTS.decode(piece)
+                events = decoder.decode(piece)
             except msgspec.DecodeError as err:
                 # the array ended inside the batch, the rest of the document behind it
                 ended = _TRAILING.search(str(err))
@@ -261,7 +296,7 @@ def _stream(path: Path, take: Callable[[list[_Event]], None]) -> _Document | Non
                 if ended:
                     end = piece.rindex(b"]", 0, int(ended.group(1))) + 1  # msgspec counts past the character
                     try:
-                        events = _EVENTS.decode(piece[:end])
+                        events = decoder.decode(piece[:end])
                     except (msgspec.DecodeError, msgspec.ValidationError):
                         return None
                     take(events)
@@ -338,6 +373,10 @@ class _OpInputs(dict):
         return value
 
 
+def _tupled(value):
+    return tuple(map(_tupled, value)) if isinstance(value, list) else value
+
+
 class _Builder:
     """The trace's tables, filled one batch of decoded events at a time. Names, thread ids and
     op inputs repeat across millions of events: each distinct one is kept once."""
@@ -359,6 +398,8 @@ class _Builder:
         self.process_names: dict = {}
         self.process_labels: dict = {}
         self.thread_names: dict = {}
+        self.collective_kernels: list[GpuActivity] = []
+        self.collectives: list[tuple[GpuActivity, tuple]] = []
 
     def _metadata(self, event: _Event) -> None:
         args = event.args or _EMPTY_ARGS
@@ -372,6 +413,29 @@ class _Builder:
                 self.thread_names[(event.pid, event.tid)] = _VALUE.decode(args.name)
         except msgspec.DecodeError:
             self.skipped["metadata"] = self.skipped.get("metadata", 0) + 1
+
+    def take_collectives(self, events: list[_CollectiveEvent]) -> None:
+        """The second pass: each collective kernel's record (COLLECTIVE_FIELDS), in the order the
+        first pass met them; a list as a tuple, as TraceLens groups it."""
+        kernels = self.collective_kernels
+        for event in events:
+            args = event.args
+            if event.ph != "X" or event.cat != "kernel" or args is None or args.collective is None:
+                continue
+            try:  # the first pass's test of a kernel, so that the two meet the same ones
+                float(event.ts), float(event.dur or 0.0)
+            except (TypeError, ValueError):
+                continue
+            kernel = kernels[len(self.collectives)]
+            try:
+                values = [_VALUE.decode(raw) for raw in (args.group, args.group_ranks, args.group_size, args.dtype,
+                                                         args.in_nelems, args.out_nelems, args.in_split,
+                                                         args.out_split)]
+            except msgspec.DecodeError:
+                self.skipped["collective"] = self.skipped.get("collective", 0) + 1
+                values = [None] * 8
+            values.insert(2, args.collective)
+            self.collectives.append((kernel, tuple(map(_tupled, values))))
 
     def take(self, events: list[_Event]) -> None:
         gpu, launches, cpu_ops, by_correlation = self.gpu, self.launches, self.cpu_ops, self.by_correlation
@@ -397,6 +461,8 @@ class _Builder:
                 elif cat in GPU_CATEGORIES:
                     gpu.append(GpuActivity(name, GPU_CATEGORIES[cat], ts, dur, args.device or 0, args.stream or 0,
                                            args.correlation))
+                    if args.collective is not None and cat == "kernel":
+                        self.collective_kernels.append(gpu[-1])
                 elif cat in RUNTIME_CATEGORIES:
                     pid, tid = event.pid, event.tid
                     if args.correlation is not None:
@@ -417,15 +483,22 @@ class _Builder:
 def _load(path: str | Path) -> Trace:
     built = _Builder()
     data = _stream(Path(path), built.take)
-    if data is None:  # not laid out as profilers write traces: read whole (and told what is wrong)
+    streamed = data is not None
+    if not streamed:  # not laid out as profilers write traces: read whole (and told what is wrong)
         built = _Builder()
         data = decode(path)
         built.take(data.traceEvents)
         data.traceEvents = []
+    if built.collective_kernels:
+        if streamed:
+            _stream(Path(path), built.take_collectives, _COLLECTIVE_EVENTS)
+        else:
+            built.take_collectives(_COLLECTIVE_DECODER.decode(_read(Path(path))).traceEvents)
     trace = Trace(str(path), (data.distributedInfo or {}).get("rank"), data.deviceProperties or [], built.gpu,
                   built.launches, built.cpu_ops, built.python_calls, built.annotations, built.gpu_annotations,
                   skipped=built.skipped, process_names=built.process_names,
-                  process_labels=built.process_labels, thread_names=built.thread_names, events=built.seen, op_uids=built.op_uids, launch_uids=built.launch_uids)
+                  process_labels=built.process_labels, thread_names=built.thread_names, events=built.seen, op_uids=built.op_uids, launch_uids=built.launch_uids,
+                  collectives=built.collectives)
     _link(trace, built.by_correlation)
     return trace
 

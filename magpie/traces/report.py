@@ -13,6 +13,8 @@ from magpie.report.render import render_trace_report
 from magpie.roofline.model import roofline
 from magpie.roofline.specs import lookup
 from magpie.store import atomic_write
+from magpie.traces.collectives import COLUMNS as COLL_COLUMNS
+from magpie.traces.collectives import coll_analysis
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.kernels import normalize
 from magpie.traces.ingest import NotATrace, Trace, TraceError, collector_paused, load_trace, trace_files
@@ -94,7 +96,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
             suffix = "" if len(timelines) == 1 and len(devices) == 1 else f"_rank{rank}_dev{device}"
             atomic_write(out / f"gpu_timeline{suffix}.csv", _csv(rows, TIMELINE_COLUMNS))
     labels = _labels(traces)
-    pages = [_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[ranks[i]])
+    pages = [_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[ranks[i]], rank=ranks[i])
              for i, t in enumerate(traces)]
     tracelens = _tracelens_analysis(traces, labels, out, analysis_mode, arch_name, top_k, pages)
     without_kernels = [t for t in traces if not t.kernels]
@@ -236,10 +238,10 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
 
 
 def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | None, timelines: dict,
-                       tables_folder: Path | None = None, whole_trace: bool = True) -> dict:
-    """The roofline CSV and op tables of one trace (or, not `whole_trace`, one stage of it: the
-    family sheets then leave out the calls that launched nothing); returns what its section of
-    the page shows."""
+                       tables_folder: Path | None = None, whole_trace: bool = True, rank: str = "") -> dict:
+    """The roofline CSV and op tables of one trace, with its collective analysis where it has
+    collectives (or, not `whole_trace`, one stage of it: the family sheets then leave out the
+    calls that launched nothing); returns what its section of the page shows."""
     arch = (lookup(trace.device_name()) if trace.device_name() else None) or \
         (lookup(arch_name) if arch_name else None)
     target = folder / f"{label}_kernel_roofline_simple.csv"
@@ -250,6 +252,9 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
         if rows or name not in PERF_FAMILIES:  # a family sheet only where the trace has such ops, as TraceLens does
             table_files.append(str((tables_folder or folder / label) / f"{name}.csv"))
             atomic_write(Path(table_files[-1]), _csv(rows, table_columns(name, rows)))
+    if whole_trace and trace.collectives:  # as TraceLens's, only where there are collectives
+        table_files.append(str(folder / label / "coll_analysis.csv"))
+        atomic_write(Path(table_files[-1]), _csv(coll_analysis(trace, rank), COLL_COLUMNS))
     peaks = ("measured (magpie calibrate)" if arch.measured else arch.source) if arch else "none: pass --arch"
     return {"label": label, "device": trace.device_name(), "kernels": len(trace.kernels), "unlinked": trace.unlinked,
             "peaks": peaks, "timelines": timelines, "ops": _named_launches(tables["ops_summary"][:15], groups),
