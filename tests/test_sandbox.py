@@ -225,7 +225,7 @@ import torch
 import magpie.harness.exchange as exchange
 
 _cuda = ctypes.CDLL("libcuda.so.1")
-_loads_shared = exchange._loads_shared
+_loads_shared = exchange.loads_shared
 
 
 def _wipe(value):
@@ -251,7 +251,7 @@ def _loads(payload):
     return value
 
 
-exchange._loads_shared = _loads
+exchange.loads_shared = _loads
 
 
 def kernel(x):

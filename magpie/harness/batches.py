@@ -41,6 +41,12 @@ from magpie.harness.checks import as_tuple
 ALIGN = 64
 # A batch's input sets and outputs fit in this; a set larger than it is timed one call a batch.
 REGION_BYTES = 128 << 20
+# On a GPU more: a batch must hold milliseconds of calls of large kernels, the request's own
+# round trip being tens of µs; at most this share of the free device memory a worker.
+DEVICE_REGION_BYTES = 8 << 30
+DEVICE_REGION_SHARE = 16
+# A reference call slower than this has the copy of its outputs priced alone (`copy_ns_per_call`).
+SLOW_REFERENCE_S = 0.002
 MAX_CALLS = 1024
 # Output slots checked against the reference per batch, chosen after the worker answered.
 CHECKED_PER_BATCH = 3
@@ -95,6 +101,14 @@ def calls_that_fit(example_args: tuple, example_outputs, budget: int = REGION_BY
     """How many calls' inputs and outputs a region of `budget` bytes holds (at least one)."""
     per_call = Layout(example_args, example_outputs, 1).size
     return max(1, min(MAX_CALLS, budget // per_call))
+
+
+def region_bytes(torch, device: str) -> int:
+    """The size of one worker's region on `device`."""
+    if not device.startswith("cuda"):
+        return REGION_BYTES
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return max(REGION_BYTES, min(DEVICE_REGION_BYTES, free // DEVICE_REGION_SHARE))
 
 
 def _views(torch, region, offsets: list) -> list:
@@ -173,11 +187,83 @@ class Region:
         self.path.unlink(missing_ok=True)
 
 
+class DeviceRegion(Region):
+    """A region in GPU memory: one allocation in a memory pool of its own, lent to the worker
+    through CUDA IPC once (IPC lends the whole allocator segment: nothing else may lie in it),
+    written and read by the evaluator in place. Unlike a file it cannot shrink; unlike a stopped
+    process, GPU work the worker queued can still run while it is stopped: the evaluator's own
+    clock runs until its probe behind that work has finished (`finish`), and a probe that waits
+    on the worker's work after the outputs were read fails the batch (`Evaluator._batch`)."""
+
+    def __init__(self, torch, layout: Layout, device: str, graph: bool = False):
+        from magpie.harness.exchange import dumps_shared
+
+        self.torch = torch
+        self.layout = layout
+        self.caller = 0
+        self.graph = graph  # each batch one replay of a CUDA graph of its calls (`Worker.batch_graph`)
+        self.captured: set[int] = set()  # the batch sizes the worker has a graph of
+        self._pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(self._pool):
+            self.copy = torch.empty(layout.size, dtype=torch.uint8, device=device)
+        self._inputs = [_views(torch, self.copy, [slot[1:] for slot in args if slot[0] == "tensor"])
+                        for args in layout.sets]
+        self._outputs = [_views(torch, self.copy, outs) for outs in layout.outputs]
+        self._lent = dumps_shared(self.copy)
+        self._beacon = torch.zeros(1, device=device)
+        self.idle_probe_ns = min(self.probe_ns() for _ in range(5))
+
+    def offer(self) -> dict:
+        return {"ipc": self._lent, **self.layout.to_json()}
+
+    def write(self, input_sets: list) -> None:
+        for args, views in zip(input_sets, self._inputs):
+            for x, view in zip((a for a in args if self.torch.is_tensor(a)), views):
+                view.copy_(x)
+        for outs in self._outputs[:len(input_sets)]:
+            for slot in outs:
+                slot.fill_(float("nan") if slot.is_floating_point() else 0)
+        self.torch.cuda.synchronize()
+
+    def finish(self) -> None:
+        """Returns once this process's own small kernel, queued now, has run: the GPU has
+        finished, or yielded, what the worker queued before."""
+        self._beacon.add_(1)
+        self.torch.cuda.synchronize()
+
+    def probe_ns(self) -> int:
+        started = time.perf_counter_ns()
+        self.finish()
+        return time.perf_counter_ns() - started
+
+    def read(self, calls: int) -> None:
+        """The outputs are read in place."""
+
+    def unwritten(self, calls: int) -> int | None:
+        torch = self.torch
+        flags = [view.isnan().any() for outs in self._outputs[:calls] for view in outs if view.is_floating_point()]
+        if not flags:
+            return None
+        per_call = len(flags) // calls
+        found = torch.stack(flags).nonzero()
+        return int(found[0, 0]) // per_call if len(found) else None
+
+    def close(self) -> None:
+        del self._inputs, self._outputs, self.copy
+        self.torch.cuda.synchronize()
+        del self._pool
+
+
 class WorkerViews:
     """The worker's side: tensors that are views of the region it mapped once."""
 
     def __init__(self, torch, offer: dict):
-        region = torch.from_file(offer["file"], shared=True, size=int(offer["size"]), dtype=torch.uint8)
+        if "ipc" in offer:
+            from magpie.harness.exchange import loads_shared
+
+            region = loads_shared(offer["ipc"])
+        else:
+            region = torch.from_file(offer["file"], shared=True, size=int(offer["size"]), dtype=torch.uint8)
         self.inputs = []
         for args in offer["sets"]:
             tensors = iter(_views(torch, region, [slot[1:] for slot in args if slot[0] == "tensor"]))
@@ -197,6 +283,53 @@ def run_batch(torch, fn, inputs: list, outputs: list) -> None:
                 raise BatchOutputError("a timed call returned an output that is not a plain tensor of the "
                                        "reference's shape and dtype")
             slot.copy_(value)
+
+
+def copy_ns_per_call(torch, reference, sets: list, example_outputs, graph: bool) -> float:
+    """On a GPU, what `run_batch` costs a call beside the call itself where the calls keep the
+    GPU busy: the copy of its outputs into their slots, in GPU time (the loop's host time
+    overlaps the GPU's work), timed here in the evaluator by its own events, the least of a few
+    runs. With events, as the copy follows a real call: the reference's calls on `sets` with
+    and without the copies (an output just written is partly in the L2 still); in graph mode,
+    where a call's host time is not replayed, copies of outputs of new memory each, replayed
+    as a graph."""
+    calls = len(sets)
+    slots = [tuple(torch.empty_like(e) for e in as_tuple(example_outputs)) for _ in range(calls)]
+
+    def best(run) -> float:
+        least = float("inf")
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            least = min(least, start.elapsed_time(end) * 1e6 / calls)
+        return least
+
+    def calls_only():
+        for args in sets:
+            reference(args)
+
+    def with_copies():
+        for args, targets in zip(sets, slots):
+            for value, slot in zip(as_tuple(reference(args)), targets):
+                slot.copy_(value)
+
+    if not graph:
+        started = time.perf_counter()
+        calls_only()  # first calls: lazy initialisation
+        torch.cuda.synchronize()
+        if (time.perf_counter() - started) / calls < SLOW_REFERENCE_S:
+            return max(0.0, best(with_copies) - best(calls_only))
+    # the copies alone: a slow call's copy is a small part of it, and a graph's calls run no host code
+    sources = [tuple(e.clone() for e in as_tuple(example_outputs)) for _ in range(calls)]
+    copies = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(copies):
+        for values, targets in zip(sources, slots):
+            for value, slot in zip(values, targets):
+                slot.copy_(value)
+    return best(copies.replay)
 
 
 def harness_ns_per_call(torch, example_args: tuple, example_outputs, calls: int) -> float:

@@ -571,8 +571,8 @@ class Evaluator:
         """The same measurement again (warm-up, then the rounds, in the mode the probe chose) on
         input sets of new seeds: what an implementation learnt from the first sets, or from
         counting its calls, does not carry over."""
-        if self.device == "cpu" and vouched_inputs(self.torch, inputs[0], expected):  # as `_measure` chose
-            return self._vouched(turns, spec, case, inputs[0], expected, t, testcase, "retime")
+        if self._vouching(inputs[0], expected, mode, t):  # as `_measure` chose
+            return self._vouched(turns, spec, case, inputs[0], expected, t, testcase, "retime", mode)
         inputs = [spec.make_inputs(c) for c in _rotation(case, "retime", int(t["input_sets"]))]
         offers = {role: self.exchange.offer_inputs("retiming", inputs, worker.scratch or self.work)
                   for role, worker in turns.workers.items()}
@@ -583,15 +583,22 @@ class Evaluator:
 
     def _measure(self, turns: Turns, spec: ReferenceSpec, case, inputs: list, expected, offers: dict,
                  out_specs: list, mode: str | None, t: dict, testcase: dict) -> Rounds:
-        """On the CPU, batches timed from outside the worker (`batches`) wherever the input sets
-        and outputs are plain tensors and values; elsewhere the timer in the worker, checked
-        against the evaluator's wall clock (`_rounds`)."""
-        if self.device == "cpu" and vouched_inputs(self.torch, inputs[0], expected):
-            return self._vouched(turns, spec, case, inputs[0], expected, t, testcase, "timing")
+        """Batches timed from outside the worker (`batches`) wherever the input sets and outputs
+        are plain tensors and values, on the CPU and, where `timing.vouched` says so, on a GPU;
+        elsewhere the timer in the worker, checked against the evaluator's wall clock (`_rounds`)."""
+        if self._vouching(inputs[0], expected, mode, t):
+            return self._vouched(turns, spec, case, inputs[0], expected, t, testcase, "timing", mode)
         return self._rounds(turns, offers, out_specs, mode, t)
 
+    def _vouching(self, example: tuple, expected, mode: str | None, t: dict) -> bool:
+        """Whether a measurement is a vouched one: on a GPU where `timing.vouched` says so, in
+        either mode (in graph mode each batch is one replay of a graph of its calls)."""
+        if not vouched_inputs(self.torch, example, expected, self.device):
+            return False
+        return self.device == "cpu" or (mode in ("events", "graph") and t.get("vouched", False))
+
     def _vouched(self, turns: Turns, spec: ReferenceSpec, case, example: tuple, expected, t: dict,
-                 testcase: dict, salt: str) -> Rounds:
+                 testcase: dict, salt: str, mode: str | None = None) -> Rounds:
         """The rounds as batches (`batches`): both workers are given the same input sets of new
         seeds per batch, in turn (the order flipped every batch), BATCHES_PER_ROUND batches a
         round. Each role's calls a round are its share of the budget at the time per call its
@@ -600,23 +607,32 @@ class Evaluator:
         cost more than the calls: a 66 µs softmax's inputs take 1-7 ms to draw)."""
         torch = self.torch
         roles = list(turns.workers)
-        limit = batches.calls_that_fit(example, expected)
+        on_gpu = self.device.startswith("cuda")
+        limit = batches.calls_that_fit(example, expected, batches.region_bytes(torch, self.device))
         layout = batches.Layout(example, expected, limit)
         regions: dict[str, batches.Region] = {}
         measured = Rounds(roles, vouched=True)
-        measured.by_cpu_time = int(t["threads"]) == 1 and batches.SCHEDSTAT
+        measured.by_cpu_time = not on_gpu and int(t["threads"]) == 1 and batches.SCHEDSTAT
+        measured.graph = on_gpu and mode == "graph"
         rounds = int(t["rounds"])
         round_ns = t["budget_ms"] / rounds * 1e6
         try:
             for role in roles:
-                regions[role] = batches.Region(torch, turns.workers[role].scratch or self.work, layout)
+                regions[role] = batches.DeviceRegion(torch, layout, self.device, graph=measured.graph) if on_gpu \
+                    else batches.Region(torch, turns.workers[role].scratch or self.work, layout)
                 answer = turns.give(role).request({"op": "batch_map", "region": regions[role].offer()}, self.timeout)
                 if not answer["ok"]:
                     raise WorkerFailure(f"error while timing {turns.workers[role].label}: {answer['error']}")
                 # the process that says it runs the calls: a false one makes no batch count less
                 # than its worker's CPU time (`busy_wall_ns`)
                 regions[role].caller = batches.process_named(turns.workers[role].proc.pid, int(answer.get("pid", 0)))
-            measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
+            if on_gpu:
+                sets = self._fresh_sets(spec, case, f"{salt} copies", min(limit, COPY_CALIBRATION_CALLS), measured)
+                measured.harness_ns = batches.copy_ns_per_call(
+                    torch, lambda args: spec.reference(args, self.init_seed), sets, expected, measured.graph)
+                measured.round_trip_ns = self._round_trip(turns, regions)
+            else:
+                measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
             target_ns = min(BATCH_MAX_MS * 1e6, max(BATCH_MIN_MS * 1e6, round_ns / BATCHES_PER_ROUND))
             per_call = {role: self._size_batches(turns, role, regions[role], spec, case, salt, limit, target_ns,
                                                  testcase, measured) for role in roles}
@@ -639,9 +655,14 @@ class Evaluator:
                             made[role] += due[role]
                     b += 1
         finally:
-            for region in regions.values():
+            for role, region in regions.items():
+                if on_gpu and not turns.workers[role].failed:  # its mapping holds the region's memory
+                    try:
+                        turns.give(role).request({"op": "batch_unmap"}, self.timeout)
+                    except WorkerFailure:  # a worker that dies here holds nothing; the timing's own error stands
+                        turns.workers[role].failed = True
                 region.close()
-        measured.methods = {role: vouched_method(calls[role], measured, t) for role in roles}
+        measured.methods = {role: vouched_method(calls[role], measured, t, self.device) for role in roles}
         return measured
 
     def _size_batches(self, turns: Turns, role: str, region: batches.Region, spec: ReferenceSpec, case, salt: str,
@@ -679,9 +700,18 @@ class Evaluator:
         its wall time less the scheduler's waits (`busy_wall_ns`). The worker is stopped while
         its input sets are written and again as soon as it answers, before its outputs are read."""
         worker = turns.workers[role]
+        if isinstance(region, batches.DeviceRegion) and region.graph and calls not in region.captured:
+            # captured on the last batch's input sets, before this one's are written
+            answer = turns.give(role).request({"op": "batch_graph", "calls": calls}, self.timeout + 2 * allowed_s)
+            if not answer["ok"]:
+                raise WorkerFailure(f"error while timing {worker.label}: capturing a batch's CUDA graph: "
+                                    f"{answer['error']}")
+            region.captured.add(calls)
         if not worker.stopped:
             self._hold(worker)
         region.write(batch.sets[:calls])
+        if isinstance(region, batches.DeviceRegion):
+            return self._device_batch(turns, role, region, batch, calls, testcase, round_index, measured, allowed_s)
         before = batches.TreeTimes(worker.proc.pid, region.caller)
         turns.give(role)
         waited = batches.own_wait()
@@ -701,12 +731,60 @@ class Evaluator:
         if round_index is not None:
             measured.add_batch(role, round_index, max(1, round(taken_ns / calls - measured.harness_ns)), calls,
                                wall_ns / 1e9)
+        self._judge_batch(role, region, batch, calls, testcase, measured)
+        return taken_ns
+
+    def _device_batch(self, turns: Turns, role: str, region: batches.DeviceRegion, batch: Batch, calls: int,
+                      testcase: dict, round_index: int | None, measured: Rounds, allowed_s: float) -> float:
+        """A batch on a GPU, its input sets written: the evaluator's clock from the request until
+        its own probe, queued once the worker answered and was stopped, has run. The worker
+        synchronises before it answers; work it left queued (on a stream of its own, say) runs
+        before the probe or in turns with it. A probe after the checks that still waits on the
+        worker's work fails the batch: what ran after the clock stopped could have written the
+        outputs the checks read."""
+        taken_ns = self._device_request(turns, role, region, calls, allowed_s)
+        measured.last_wall_ns = taken_ns
+        if round_index is not None:
+            per_call = (taken_ns - measured.round_trip_ns) / calls - measured.harness_ns
+            measured.add_batch(role, round_index, max(1, round(per_call)), calls, taken_ns / 1e9)
+        self._judge_batch(role, region, batch, calls, testcase, measured)
+        late_ns = region.probe_ns()
+        if late_ns > max(LATE_PROBE_FACTOR * region.idle_probe_ns, LATE_PROBE_MIN_NS) and role not in measured.failed:
+            measured.failed[role] = {
+                "passed": False, "check": "gpu_idle", "kind": "timer_integrity",
+                "where": f"after a batch of {calls}",
+                "detail": f"the GPU was still busy with the worker's work after it answered and its outputs were "
+                          f"read (a probe took {late_ns / 1000:.0f} µs, {region.idle_probe_ns / 1000:.0f} µs idle): "
+                          f"its time cannot be vouched for"}
+        return taken_ns
+
+    def _device_request(self, turns: Turns, role: str, region: batches.DeviceRegion, calls: int,
+                        allowed_s: float) -> int:
+        """ns from a batch request until the evaluator's probe behind the worker's work has run."""
+        worker = turns.give(role)
+        started = time.perf_counter_ns()
+        worker.send({"op": "batch", "calls": calls, "graph": region.graph})
+        answer = worker.receive(self.timeout + allowed_s)
+        self._hold(worker)
+        region.finish()
+        taken_ns = time.perf_counter_ns() - started
+        if not answer["ok"]:
+            raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
+        return taken_ns
+
+    def _round_trip(self, turns: Turns, regions: dict[str, batches.DeviceRegion]) -> int:
+        """What a batch of no calls takes, request to probe: the least of a few per worker, and of
+        the workers (a worker that answers an empty batch slowly would have more taken off)."""
+        return min(self._device_request(turns, role, region, 0, 1.0)
+                   for _ in range(ROUND_TRIPS) for role, region in regions.items())
+
+    def _judge_batch(self, role: str, region: batches.Region, batch: Batch, calls: int, testcase: dict,
+                     measured: Rounds) -> None:
         if role not in measured.failed:
             record = self._check_batch(region, batch, calls, testcase)
             measured.checked[role] = measured.checked.get(role, 0) + record.pop("checked")
             if not record["passed"]:
                 measured.failed[role] = record
-        return taken_ns
 
     @staticmethod
     def _hold(worker: Worker) -> None:
@@ -744,21 +822,22 @@ class Evaluator:
                                    "calls_per_round": measured.calls[role],
                                    "wall_per_call_us": measured.wall[role] * 1e6 / max(calls, 1),
                                    "harness_us_per_call": measured.harness_ns / 1000,
+                                   "round_trip_us": measured.round_trip_ns / 1000,
                                    "outputs_checked": measured.checked.get(role, 0)}
-                continue
-            infos = measured.infos[role]
-            summary = self._summary(measured.samples[role], measured.wall[role], measured.account[role], method,
-                                    case.label)
-            summary["timer_info"] = {**infos[-1], "host_wall_median_us": measured.host_wall.get(role)}
-            summary["early_rounds_ms"] = measured.early[role]
-            summary["rounds_info"] = [{k: v for k, v in info.items() if k in ROUND_INFO}
-                                      for info in infos]
+            else:
+                infos = measured.infos[role]
+                summaries[role] = self._summary(measured.samples[role], measured.wall[role], measured.account[role],
+                                                method, case.label)
+                summaries[role]["timer_info"] = {**infos[-1], "host_wall_median_us": measured.host_wall.get(role)}
+                summaries[role]["early_rounds_ms"] = measured.early[role]
+                summaries[role]["rounds_info"] = [{k: v for k, v in info.items() if k in ROUND_INFO}
+                                                  for info in infos]
+            summary = summaries[role]
             if role in kernels:
                 summary["kernel_us"] = kernels[role].get("kernel_us")
                 summary["kernels"] = kernels[role].get("kernels")
                 if summary["kernel_us"]:
                     summary["dispatch_overhead_us"] = summary["median_us"] - summary["kernel_us"]
-            summaries[role] = summary
         return summaries
 
     def _judge_retiming(self, result: dict, retimed: Rounds, threshold: float, case, spec_index: int,
@@ -1110,6 +1189,8 @@ class Rounds:
         self.checked: dict[str, int] = {}
         self.failed: dict[str, dict] = {}
         self.harness_ns = 0.0
+        self.round_trip_ns = 0  # on a GPU, what a batch of no calls takes (`Evaluator._round_trip`)
+        self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
         self.by_cpu_time = False  # samples from CPU time, not wall time (`Evaluator._batch`)
         self.set_ns = 0.0  # how long the evaluator took to make one input set, lately
         self.last_wall_ns = 0.0  # the last batch's wall time
@@ -1187,6 +1268,12 @@ BATCH_MAX_MS = 20.0
 SIZING_BATCHES = 6
 # The input sets a vouched measurement draws take at most this many times its budget to make.
 GENERATION_FACTOR = 2.0
+# On a GPU, a probe after a batch's checks that takes this many times an idle one (and at
+# least LATE_PROBE_MIN_NS) waited on work the worker left running.
+LATE_PROBE_FACTOR = 20
+LATE_PROBE_MIN_NS = 500_000
+ROUND_TRIPS = 5
+COPY_CALIBRATION_CALLS = 4
 WALL_SHARE = 4.0
 
 
@@ -1205,22 +1292,31 @@ class Batch:
         return self._references[call]
 
 
-def vouched_method(calls: int, measured: Rounds, t: dict) -> str:
-    clock = ("the CPU time the kernel counted for all the worker's threads and processes" if measured.by_cpu_time
-             else "the evaluator's clock less the scheduler's waits")
-    return (f"batches of up to {calls} calls timed from outside the worker by {clock}, over its calls, less the "
-            f"harness loop's {measured.harness_ns / 1000:.2g} µs; each call on an input set of new seeds written "
+def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -> str:
+    if device.startswith("cuda"):
+        clock = "the evaluator's clock from the request until its own GPU probe, queued after the answer, had run"
+        if measured.graph:
+            clock += " (each batch one replay of a CUDA graph of its calls)"
+        less = (f"a batch of no calls ({measured.round_trip_ns / 1000:.3g} µs) and the copies of its outputs into "
+                f"their slots ({measured.harness_ns / 1000:.2g} µs of GPU time a call)")
+    else:
+        clock = ("the CPU time the kernel counted for all the worker's threads and processes" if measured.by_cpu_time
+                 else "the evaluator's clock less the scheduler's waits")
+        less = f"the harness loop's {measured.harness_ns / 1000:.2g} µs"
+    return (f"batches of up to {calls} calls timed from outside the worker by {clock}, over its calls, less "
+            f"{less}; each call on an input set of new seeds written "
             f"while the worker was stopped, every output slot checked for writes and {batches.CHECKED_PER_BATCH} "
             f"calls a batch, chosen after the answer, against the reference; warm-up {t['warmup_ms']:g} ms, torch "
             f"threads={t['threads']}, {t['rounds']} rounds interleaved with the baseline")
 
 
-def vouched_inputs(torch, args: tuple, expected) -> bool:
-    """Whether a measurement can be a vouched one (`batches`): CPU tensors and plain values in,
-    CPU tensors out."""
+def vouched_inputs(torch, args: tuple, expected, device: str = "cpu") -> bool:
+    """Whether a measurement can be a vouched one (`batches`): tensors on `device` and plain
+    values in, tensors on `device` out."""
     plain = (int, float, bool, str, type(None))
-    return (all((torch.is_tensor(x) and x.device.type == "cpu") or type(x) in plain for x in args)
-            and all(torch.is_tensor(e) and e.device.type == "cpu" for e in as_tuple(expected)))
+    kind = torch.device(device).type
+    return (all((torch.is_tensor(x) and x.device.type == kind) or type(x) in plain for x in args)
+            and all(torch.is_tensor(e) and e.device.type == kind for e in as_tuple(expected)))
 
 
 def _rotation(case, salt: str, count: int) -> list:

@@ -26,7 +26,7 @@ from magpie.harness.checks import as_tuple
 from magpie.harness.spec import to_device as _to
 
 
-def _dumps_shared(value) -> str:
+def dumps_shared(value) -> str:
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing  # noqa: F401  (registers the reducers that share CUDA tensors)
@@ -44,7 +44,7 @@ class LentMemoryError(RuntimeError):
     implementation; str() says what to do."""
 
 
-def _loads_shared(payload: str):
+def loads_shared(payload: str):
     try:
         return pickle.loads(base64.b64decode(payload))
     except RuntimeError as err:
@@ -98,7 +98,7 @@ class CudaIpcExchange(FileExchange):
         # and not the evaluator's originals, which the checks compare against.
         copies = self._in_own_memory(
             lambda: [tuple(x.clone() if self.torch.is_tensor(x) else x for x in args) for args in input_sets])
-        return {"key": tag, "ipc": _dumps_shared(copies)}
+        return {"key": tag, "ipc": dumps_shared(copies)}
 
     def offer_outputs(self, tag: str, expected: list | None, input_sets: list, folder: Path) -> dict:
         offer = super().offer_outputs(tag, expected, input_sets, folder)
@@ -112,7 +112,7 @@ class CudaIpcExchange(FileExchange):
                    for e in as_tuple(exp)) for exp in expected],
             [tuple(torch.empty_like(x) if torch.is_tensor(x) else x for x in args) for args in input_sets]))
         self._buffers[tag] = (outputs, after, [isinstance(exp, (tuple, list)) for exp in expected])
-        return {**offer, "ipc": _dumps_shared({"outputs": outputs, "inputs_after": after}), "tag": tag}
+        return {**offer, "ipc": dumps_shared({"outputs": outputs, "inputs_after": after}), "tag": tag}
 
     def collect(self, offer: dict, answer: dict) -> dict:
         if answer.get("outputs_in_file") or "ipc" not in offer:
@@ -139,7 +139,7 @@ def exchange_for(torch, device: str) -> FileExchange:
 # -- the worker's side -------------------------------------------------------------------
 def receive_inputs(torch, offer: dict, device: str) -> list[tuple]:
     if "ipc" in offer:
-        lent = _loads_shared(offer["ipc"])
+        lent = loads_shared(offer["ipc"])
         own = [tuple(x.clone() if torch.is_tensor(x) else x for x in args) for args in lent]
         del lent  # unmapped once collected: the candidate never sees the evaluator's memory
         return own
@@ -149,7 +149,7 @@ def receive_inputs(torch, offer: dict, device: str) -> list[tuple]:
 def deliver(torch, offer: dict, outputs: list, inputs_after: list) -> dict:
     """Put what the calls produced where the evaluator reads it; the reply's fields."""
     if "ipc" in offer:
-        buffers = _loads_shared(offer["ipc"])
+        buffers = loads_shared(offer["ipc"])
         if _fits(torch, outputs, buffers["outputs"]) and _fits(torch, inputs_after, buffers["inputs_after"]):
             for produced, lent in ((outputs, buffers["outputs"]), (inputs_after, buffers["inputs_after"])):
                 for values, targets in zip(produced, lent):

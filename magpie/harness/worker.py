@@ -40,6 +40,7 @@ class Implementation:
         self.module = module
         self._input_cache: dict[str, list] = {}
         self._batch_views: WorkerViews | None = None
+        self._batch_graphs: dict = {}  # calls: the CUDA graph of a batch of that many (`batch_graph`)
         self._timer = None
         self._build = None  # how a KernelBench model was built: a parked worker rebuilds it
         if request.get("library"):
@@ -200,6 +201,7 @@ class Implementation:
     def batch_map(self, request: dict) -> dict:
         """Map the region each batch's input sets are written into (harness/batches.py)."""
         self._batch_views = WorkerViews(self.torch, request["region"])
+        self._batch_graphs.clear()
         return {"pid": os.getpid()}  # the evaluator reads this process's scheduler statistics
 
     def batch(self, request: dict) -> dict:
@@ -208,8 +210,44 @@ class Implementation:
         views = self._batch_views
         calls = int(request["calls"])
         self._poison(False)
-        with collector_paused():
-            run_batch(self.torch, self.fn, views.inputs[:calls], views.outputs[:calls])
+        if request.get("graph"):
+            if calls:
+                self._batch_graphs[calls].replay()
+        else:
+            with collector_paused():
+                run_batch(self.torch, self.fn, views.inputs[:calls], views.outputs[:calls])
+        if self.device.startswith("cuda"):
+            self.torch.cuda.synchronize(self.device)
+        return {}
+
+    def batch_unmap(self, request: dict) -> dict:
+        """Let go of the region (and the graphs that read it): on a GPU the evaluator's memory."""
+        self._batch_views = None
+        self._batch_graphs.clear()
+        return {}
+
+    def batch_graph(self, request: dict) -> dict:
+        """Graph mode: the first `calls` calls of a batch and the copies of their outputs into
+        their slots, captured once as one CUDA graph that each such batch replays. Captured on
+        the region as the last batch left it: the graph reads each batch's new input sets from
+        the same places."""
+        torch = self.torch
+        calls = int(request["calls"])
+        if calls in self._batch_graphs:
+            return {}
+        views = self._batch_views
+        self._poison(False)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # the first calls outside a capture: lazy initialisation, autotuning
+            run_batch(torch, self.fn, views.inputs[:calls], views.outputs[:calls])
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run_batch(torch, self.fn, views.inputs[:calls], views.outputs[:calls])
+        torch.cuda.synchronize(self.device)
+        self._batch_graphs[calls] = graph
         return {}
 
     def kernels(self, request: dict) -> dict:

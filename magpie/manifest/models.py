@@ -30,6 +30,10 @@ class TimingSettings(Strict):
     mode: Literal["auto", "events", "graph"] = Field(
         "auto", description="how a GPU kernel is timed, for the baseline and every candidate alike: auto chooses "
         "from the baseline's probe (CUDA-graph replays under 10 µs per call, else events around each call)")
+    vouched: bool = Field(False, description="GPU: time as batches of calls on input sets of new seeds, timed by the "
+                          "evaluator's own clock and proven by their outputs, as the CPU always is (code under test "
+                          "can forge the worker's CUDA events). Off by default: its figures do not yet hold (on an "
+                          "H200 a 66 µs kernel read 114 µs; docs/security.md)")
     between_runs: float = Field(0.01, ge=0, description="how much a speedup varies between runs of the same "
                                 "comparison (relative standard deviation), added to each interval: 0.9% measured on "
                                 "an H200 by bench/interval_coverage.py; measure yours with it")
