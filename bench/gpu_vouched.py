@@ -65,6 +65,7 @@ shapes = {shape}
             "p20_us": perf.get("p20_us"), "p80_us": perf.get("p80_us"), "n": perf.get("n"),
             "calls": perf.get("calls"), "round_trip_us": perf.get("round_trip_us"),
             "harness_us_per_call": perf.get("harness_us_per_call"), "kernel_us": perf.get("kernel_us"),
+            "batch_phases": perf.get("batch_phases"),
             "method": perf.get("method"), "speedup": (row.get("speedup") or {}).get("value"),
             "errors": row.get("errors", [])[:3]}
     return {"wall_s": wall, "ranking": report.get("ranking"), "rows": rows}
@@ -84,6 +85,8 @@ def main() -> int:
                 for name, row in result.get("rows", {}).items():
                     print(f"  {name:>16} {row['performance_state']} median {row['median_us']} kernel "
                           f"{row['kernel_us']} speedup {row['speedup']} {row['errors'][:1]}", flush=True)
+                    if row["batch_phases"]:
+                        print(f"  {'':>16} phases {row['batch_phases']}", flush=True)
                 Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
     return 0
 

@@ -164,3 +164,29 @@ def test_a_process_that_left_the_workers_group_fails_the_timing(tmp_path):
     row = next(r for r in report["results"] if r["implementation"] == "escapes")
     assert row["correctness_state"] == "SUCCESS" and row["performance_state"] == "FAILED"
     assert any("kept running while it was stopped" in e for e in row["errors"]), row["errors"]
+
+
+def test_vouched_gpu_timing_is_opt_in_and_only_for_tensors_on_the_projects_device():
+    """On a GPU the evaluator's batches are not yet the default (docs/security.md: their
+    figures do not hold yet); where they run, every argument and output lies on the device."""
+    from magpie.harness.evaluate import vouched_inputs
+    from magpie.manifest.models import TimingSettings
+
+    assert TimingSettings().vouched is False
+    x = torch.ones(4)
+    assert vouched_inputs(torch, (x, 2.0), x, "cpu")
+    assert not vouched_inputs(torch, (x, 2.0), x, "cuda")  # CPU tensors for a GPU project
+    assert not vouched_inputs(torch, ((x, x),), x, "cpu")  # a tuple argument: no region slot holds it
+
+
+def test_gpu_batch_phases_are_medians_that_skip_what_a_worker_did_not_say():
+    from magpie.harness.evaluate import batch_phases
+
+    records = [{"calls": 16, "answer_ns": 2_000_000, "stop_ns": 300_000, "probe_ns": 20_000,
+                "worker_loop_ns": 500_000, "worker_sync_ns": 1_400_000},
+               {"calls": 16, "answer_ns": 2_200_000, "stop_ns": 100_000, "probe_ns": 40_000,
+                "worker_loop_ns": None, "worker_sync_ns": "fast"},
+               {"calls": 8, "answer_ns": 1_000_000, "stop_ns": 200_000, "probe_ns": 30_000}]
+    phases = batch_phases(records)
+    assert phases == {"calls": 16, "answer_us": 2000.0, "stop_us": 200.0, "probe_us": 30.0,
+                      "worker_loop_us": 500.0, "worker_sync_us": 1400.0}

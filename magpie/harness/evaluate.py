@@ -630,7 +630,7 @@ class Evaluator:
                 sets = self._fresh_sets(spec, case, f"{salt} copies", min(limit, COPY_CALIBRATION_CALLS), measured)
                 measured.harness_ns = batches.copy_ns_per_call(
                     torch, lambda args: spec.reference(args, self.init_seed), sets, expected, measured.graph)
-                measured.round_trip_ns = self._round_trip(turns, regions)
+                measured.round_trip_ns, measured.empty_phases = self._round_trip(turns, regions)
             else:
                 measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
             target_ns = min(BATCH_MAX_MS * 1e6, max(BATCH_MIN_MS * 1e6, round_ns / BATCHES_PER_ROUND))
@@ -742,7 +742,8 @@ class Evaluator:
         before the probe or in turns with it. A probe after the checks that still waits on the
         worker's work fails the batch: what ran after the clock stopped could have written the
         outputs the checks read."""
-        taken_ns = self._device_request(turns, role, region, calls, allowed_s)
+        taken_ns = self._device_request(turns, role, region, calls, allowed_s,
+                                        measured.phases[role] if round_index is not None else None)
         measured.last_wall_ns = taken_ns
         if round_index is not None:
             per_call = (taken_ns - measured.round_trip_ns) / calls - measured.harness_ns
@@ -759,24 +760,34 @@ class Evaluator:
         return taken_ns
 
     def _device_request(self, turns: Turns, role: str, region: batches.DeviceRegion, calls: int,
-                        allowed_s: float) -> int:
-        """ns from a batch request until the evaluator's probe behind the worker's work has run."""
+                        allowed_s: float, phases: list | None = None) -> int:
+        """ns from a batch request until the evaluator's probe behind the worker's work has run;
+        where that went goes to `phases` (`batch_phases`)."""
         worker = turns.give(role)
         started = time.perf_counter_ns()
         worker.send({"op": "batch", "calls": calls, "graph": region.graph})
         answer = worker.receive(self.timeout + allowed_s)
+        answered = time.perf_counter_ns()
         self._hold(worker)
+        held = time.perf_counter_ns()
         region.finish()
-        taken_ns = time.perf_counter_ns() - started
+        finished = time.perf_counter_ns()
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
-        return taken_ns
+        if phases is not None:
+            phases.append({"calls": calls, "answer_ns": answered - started, "stop_ns": held - answered,
+                           "probe_ns": finished - held, "worker_loop_ns": answer.get("loop_ns"),
+                           "worker_sync_ns": answer.get("sync_ns")})
+        return finished - started
 
-    def _round_trip(self, turns: Turns, regions: dict[str, batches.DeviceRegion]) -> int:
+    def _round_trip(self, turns: Turns, regions: dict[str, batches.DeviceRegion]) -> tuple[int, dict]:
         """What a batch of no calls takes, request to probe: the least of a few per worker, and of
-        the workers (a worker that answers an empty batch slowly would have more taken off)."""
-        return min(self._device_request(turns, role, region, 0, 1.0)
-                   for _ in range(ROUND_TRIPS) for role, region in regions.items())
+        the workers (a worker that answers an empty batch slowly would have more taken off); and
+        where their time went (`batch_phases`)."""
+        trips: list[dict] = []
+        taken = min(self._device_request(turns, role, region, 0, 1.0, trips)
+                    for _ in range(ROUND_TRIPS) for role, region in regions.items())
+        return taken, batch_phases(trips)
 
     def _judge_batch(self, role: str, region: batches.Region, batch: Batch, calls: int, testcase: dict,
                      measured: Rounds) -> None:
@@ -823,6 +834,9 @@ class Evaluator:
                                    "wall_per_call_us": measured.wall[role] * 1e6 / max(calls, 1),
                                    "harness_us_per_call": measured.harness_ns / 1000,
                                    "round_trip_us": measured.round_trip_ns / 1000,
+                                   "batch_phases": {"batches": batch_phases(measured.phases[role]),
+                                                    "empty_batches": measured.empty_phases}
+                                   if measured.phases.get(role) else None,
                                    "outputs_checked": measured.checked.get(role, 0)}
             else:
                 infos = measured.infos[role]
@@ -1191,6 +1205,8 @@ class Rounds:
         self.harness_ns = 0.0
         self.round_trip_ns = 0  # on a GPU, what a batch of no calls takes (`Evaluator._round_trip`)
         self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
+        self.phases: dict[str, list[dict]] = {role: [] for role in roles}  # on a GPU, per batch (`batch_phases`)
+        self.empty_phases: dict | None = None  # the same for batches of no calls
         self.by_cpu_time = False  # samples from CPU time, not wall time (`Evaluator._batch`)
         self.set_ns = 0.0  # how long the evaluator took to make one input set, lately
         self.last_wall_ns = 0.0  # the last batch's wall time
@@ -1290,6 +1306,18 @@ class Batch:
         if call not in self._references:
             self._references[call] = self.spec.reference(self.sets[call], self.init_seed)
         return self._references[call]
+
+
+def batch_phases(records: list[dict]) -> dict:
+    """Where GPU batches' time went, medians in µs: the request until the answer, stopping the
+    worker, the evaluator's probe; the worker's own account of its loop and its wait for the
+    GPU (it could say anything: a diagnostic of the method, never a sample); calls a batch."""
+    out = {}
+    for key in ("calls", "answer_ns", "stop_ns", "probe_ns", "worker_loop_ns", "worker_sync_ns"):
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+        if values:
+            out[key.replace("_ns", "_us")] = median(values) / (1 if key == "calls" else 1000)
+    return out
 
 
 def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -> str:

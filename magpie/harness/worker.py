@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -210,15 +211,18 @@ class Implementation:
         views = self._batch_views
         calls = int(request["calls"])
         self._poison(False)
+        started = time.perf_counter_ns()
         if request.get("graph"):
             if calls:
                 self._batch_graphs[calls].replay()
         else:
             with collector_paused():
                 run_batch(self.torch, self.fn, views.inputs[:calls], views.outputs[:calls])
+        queued = time.perf_counter_ns()
         if self.device.startswith("cuda"):
             self.torch.cuda.synchronize(self.device)
-        return {}
+        # the worker's own account of where a batch's time went: a diagnostic, never a sample
+        return {"loop_ns": queued - started, "sync_ns": time.perf_counter_ns() - queued}
 
     def batch_unmap(self, request: dict) -> dict:
         """Let go of the region (and the graphs that read it): on a GPU the evaluator's memory."""
