@@ -194,7 +194,7 @@ for run in ("clean", "profiled"):
         t = r.get("tracelens_analysis") or {}
         ks = r.get("kernel_summary") or {}
         print(f"  traces={ks.get('traces')} gpu_kernels={ks.get('kernels')} kernel_time_us={ks.get('total_kernel_time_us')}")
-        print(f"  tracelens outputs={len(t.get('outputs') or [])} stages={sorted(t.get('per_stage') or {})} "
+        print(f"  tracelens outputs={len(t.get('outputs') or [])} stages={ {trace: sorted(v) for trace, v in (t.get('per_stage') or {}).items()} } "
               f"picks={[p.get('method') for p in t.get('picks') or []]} errors={t.get('errors')}")
         for w in (t.get("warnings") or [])[:3]:
             print("  warning:", w[:300])
