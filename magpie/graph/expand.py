@@ -299,10 +299,10 @@ class Expander:
         if rule.when is not None and not getattr(bench, rule.when.split(".", 1)[1]):
             return
         # Keyed by what the run measures: the config (not where the server listens, nor whether a profiled
-        # run is declared beside it: that one is a task of its own), the engine's version (installed package
-        # metadata; in docker mode the image's content id instead) and, through the inputs, the model folder's
-        # content.
-        keyed = bench.model_dump(mode="json", exclude={"id", "host", "port", "profiler"})
+        # run is declared beside it: that one is a task of its own, nor whether a kept server may serve it: the
+        # report's provenance says whether one did), the engine's version (installed package metadata; in docker
+        # mode the image's content id instead) and, through the inputs, the model folder's content.
+        keyed = bench.model_dump(mode="json", exclude={"id", "host", "port", "profiler", "keep_server"})
         if bench.run_mode == "docker":
             from magpie.serving.docker_mode import image_id
 
