@@ -150,3 +150,68 @@ def test_traces_the_analysis_cannot_read_are_a_failed_analysis_in_the_report(tmp
              "summary": {"completed": 3, "failed": 0, "errors": []}, "analysis": result}
     md = render([], "p", [], [bench])["summary.md"]
     assert "### tiny: profiled run and its trace analysis" in md and "Trace analysis failed: " in md
+
+
+def _declare_kept(root: Path, port: int) -> None:
+    """Two benchmarks of one engine and model whose servers would be the same (their loads differ), both kept."""
+    base = (root / "magpie.toml").read_text().split("\n[[benchmark]]")[0]
+    (root / "magpie.toml").write_text(base + "".join(f"""
+[[benchmark]]
+id = "{name}"
+engine = "transformers"
+model = "models/tiny"
+port = {port}
+keep_server = true
+timeout_s = 300
+
+[benchmark.load]
+concurrency = 2
+input_len = 8
+output_len = 4
+num_prompts = {prompts}
+""" for name, prompts in (("a", 2), ("b", 3))))
+
+
+def test_keep_server_is_validated_and_not_in_the_key(tmp_path):
+    from pydantic import ValidationError
+
+    from magpie.graph.expand import expand
+    from magpie.graph.rules import builtin_rules
+    from magpie.manifest.models import Manifest
+
+    def key(**kw):
+        manifest = Manifest.model_validate({"benchmark": [{"id": "t", "engine": "vllm", "model": "org/m", **kw}]})
+        return expand(manifest, tmp_path, builtin_rules())["benchmark:t"].key
+
+    assert key(keep_server=True) == key()
+    for bad in ({"run_mode": "docker"}, {"engine": "external", "base_url": "http://127.0.0.1:1"}):
+        with pytest.raises(ValidationError, match="keep_server keeps a local server of magpie's"):
+            Manifest.model_validate({"benchmark": [{"id": "t", "engine": "vllm", "model": "m", "keep_server": True,
+                                                    **bad}]})
+
+
+def test_a_build_reuses_a_kept_server_across_its_benchmarks_and_clean_stops_it(project, monkeypatch):
+    """`keep_server = true`: the build's second benchmark is served by the server the first kept (recorded as
+    reused in its provenance), the server outlives the build, and `magpie clean` stops it."""
+    from magpie.serving import lifecycle
+    from magpie.serving.local import group_alive
+
+    monkeypatch.setenv(lifecycle.FOLDER_ENV, str(project / "servers"))
+    _declare_kept(project, free_port())
+    try:
+        built = build_json(project)
+        assert {"benchmark:a", "benchmark:b"} <= set(built["executed"]) and built["failed"] == []
+        reports = {name: json.loads((_artifact(project, f"benchmark:{name}") / "benchmark_report.json").read_text())
+                   for name in "ab"}
+        first, second = sorted(reports.values(), key=lambda r: r["provenance"]["server_reused"])
+        assert first["success"] and second["success"] and second["run"]["completed"] + first["run"]["completed"] == 5
+        assert not first["provenance"]["server_reused"] and second["provenance"]["server_reused"]
+        assert second["server"]["reused"] and second["server"]["pid"] == first["server"]["pid"]
+        assert second["server"]["ready_after_s"] == 0.0
+        pid = first["server"]["pid"]
+        assert group_alive(pid)                                            # kept past the build's end
+        cleaned = magpie("clean", cwd=project, check=0).stdout
+        assert f"magpie: stopped transformers {project / 'models' / 'tiny'} on 127.0.0.1:" in cleaned, cleaned
+        assert not group_alive(pid) and not list((project / "servers").glob("*.json"))
+    finally:
+        lifecycle.stop_all()

@@ -4,8 +4,9 @@ offline model, benchmarked through `magpie benchmark transformers --run-mode doc
 user who ran magpie under sudo (SUDO_UID/SUDO_GID 4321): the container runs as that user and every workspace file
 must end up theirs. A `[[benchmark]]` table with `run_mode = "docker"` built, keyed by the image's ID and cached.
 Also: each failure path (daemon unreachable, image missing, container exits during start, SIGTERM mid-run) is one
-line and a written report with no container left; root-written outputs given back through a root container of the
-image; the container settings of NVIDIA and AMD GPUs (unverified on a GPU: no GPU here).
+line and a written report with no container left; a container whose magpie was killed with SIGKILL is removed by
+`--stop-servers`, and one whose magpie still runs is not; root-written outputs given back through a root container of
+the image; the container settings of NVIDIA and AMD GPUs (unverified on a GPU: no GPU here).
 
 Without a reachable Docker engine the tests that need one fail when CI is set, and are skipped otherwise."""
 import json
@@ -218,6 +219,35 @@ def test_sigterm_mid_run_removes_the_container(client, image, tiny_model, tmp_pa
     assert proc.returncode != 0 and not report["success"]
     assert any("interrupted" in e for e in report["errors"]), report["errors"]
     assert left(client, out) == []
+
+
+def test_a_container_left_by_a_killed_magpie_is_removed_and_a_live_ones_is_not(client, image, tiny_model, tmp_path,
+                                                                                 capsys, monkeypatch):
+    from magpie.serving import lifecycle
+
+    monkeypatch.setenv(lifecycle.FOLDER_ENV, str(tmp_path / "servers"))      # the user's kept servers stay
+    out = tmp_path / "ws"
+    proc = subprocess.Popen([sys.executable, "-m", "magpie", "benchmark", "transformers", "-m", str(tiny_model),
+                             "--run-mode", "docker", "--docker-image", image, "--port", str(free_port()),
+                             "--timeout", "240", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    live = client.containers.run(image, entrypoint=["python3", "-c", "import time; time.sleep(300)"], command=None,
+                                 detach=True, network_mode="none",
+                                 labels={docker_mode.LABEL: str(tmp_path / "live"), **docker_mode.owner_labels()})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not left(client, out):
+            time.sleep(0.1)
+        [container] = left(client, out)
+        proc.kill()
+        proc.wait()
+        assert left(client, out), "SIGKILL: nothing of magpie's removed the container"
+        assert main(["benchmark", "--stop-servers"]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert lines == [f"removed container {container.short_id} ({image}, workspace {out}), left by magpie pid "
+                         f"{proc.pid}, which is gone"]
+        assert left(client, out) == [] and left(client, tmp_path / "live") != []
+    finally:
+        live.remove(force=True)
 
 
 def _read(path: Path) -> str:

@@ -1,10 +1,15 @@
 """Server reuse (magpie/serving/lifecycle.py, Magpie's server_lifecycle) with the stand-in engine
 (tests/fixtures/serving/fake_engine.py): a kept server is reused when the recorded config matches and it answers
 /health, a mismatching one is stopped and a fresh one started, a recorded server that died is replaced, a failed run
-stops its server for good, `--stop-servers` ends them all, and nothing is left running after each test."""
+stops its server for good, `--stop-servers` ends them all, and nothing is left running after each test. A server
+whose magpie was killed with SIGKILL is stopped by the next run, and one of a live run is left alone."""
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -29,9 +34,9 @@ def kept(monkeypatch, tmp_path):
 
 
 def _run(tmp_path, name, port, *args, **kw):
-    config = BenchmarkConfig(framework="vllm", model="fake-model", port=port, input_len=8, output_len=4,
-                             num_prompts=4, concurrency=2, output_dir=str(tmp_path / name), timeout_s=60,
-                             extra_server_args=list(args), server_lifecycle="reuse", **kw)
+    config = BenchmarkConfig(**{**dict(framework="vllm", model="fake-model", port=port, input_len=8, output_len=4,
+                                       num_prompts=4, concurrency=2, output_dir=str(tmp_path / name), timeout_s=60,
+                                       extra_server_args=list(args), server_lifecycle="reuse"), **kw})
     return run_benchmark(config)
 
 
@@ -122,3 +127,51 @@ def test_transformers_serve_is_kept_and_reused(tmp_path, tmp_path_factory, monke
     assert not third["reused"] and third["pid"] != first["pid"]
     assert reports[1]["run"]["total_output_tokens"] == 2 * 4
     assert not any(group_alive(s["pid"]) for s in (first, third))
+
+
+def _running_elsewhere(tmp_path, name: str, port: int) -> subprocess.Popen:
+    """A magpie run of the stand-in engine in a process of its own, its server started and its load under way."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from magpie.serving import engines
+import test_serving_local as t
+engines.get = lambda name: t.Fake()
+from magpie.serving.report import BenchmarkConfig
+from magpie.serving.runner import run_benchmark
+run_benchmark(BenchmarkConfig(framework="vllm", model="fake-model", port={port}, output_dir={str(tmp_path / name)!r},
+    extra_server_args=["--delay", "0.5", "--child"], output_len=200, num_prompts=4, timeout_s=120))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (tmp_path / "servers" / f"127.0.0.1_{port}.json").exists():
+        time.sleep(0.05)
+    assert _record(tmp_path, port)["owner"] == proc.pid
+    return proc
+
+
+def test_the_server_of_a_killed_run_is_stopped_by_the_next_and_a_live_runs_is_not(kept, tmp_path, capsys):
+    ports = free_port(), free_port()
+    killed, live = (_running_elsewhere(tmp_path, name, port) for name, port in zip("kl", ports))
+    orphan, serving = (_record(tmp_path, port)["pid"] for port in ports)
+    kept.extend((orphan, serving))
+    try:
+        killed.kill()
+        killed.wait()
+        assert group_alive(orphan)                                   # SIGKILL: nothing of magpie's stopped it
+        report = _run(tmp_path, "next", free_port(), server_lifecycle="fresh")
+        assert report.success
+        warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("magpie: warning:")]
+        assert warnings == [f"magpie: warning: stopped the server vllm fake-model on 127.0.0.1:{ports[0]} (pid "
+                            f"{orphan}), left by magpie pid {killed.pid}, which is gone"]
+        assert not group_alive(orphan) and not (tmp_path / "servers" / f"127.0.0.1_{ports[0]}.json").exists()
+        assert group_alive(serving) and _record(tmp_path, ports[1])["owner"] == live.pid
+
+        assert main(["benchmark", "--stop-servers"]) == 0                # it leaves a live run's server too
+        assert capsys.readouterr().out.strip() == (f"left vllm fake-model on 127.0.0.1:{ports[1]} (pid {serving}): "
+                                                   f"it serves the run of magpie pid {live.pid}")
+        assert group_alive(serving)
+    finally:
+        live.send_signal(signal.SIGTERM)
+        live.communicate(timeout=30)
+    assert not group_alive(serving) and not (tmp_path / "servers" / f"127.0.0.1_{ports[1]}.json").exists()

@@ -58,7 +58,9 @@ def add_parser(sub) -> None:
                    help="leave the local server running after a clean run and reuse a kept one whose recorded config "
                         "(engine and version, model content, command line, environment, port) matches; otherwise "
                         "the stale one is stopped and a fresh one started (Magpie's server_lifecycle: reuse)")
-    s.add_argument("--stop-servers", action="store_true", help="stop every server kept by --keep-server, and exit")
+    s.add_argument("--stop-servers", action="store_true",
+                   help="stop every server kept by --keep-server (or keep_server), and those containers and servers "
+                        "that magpie runs killed before their end left running, and exit")
     s.add_argument("--run-mode", choices=("local", "docker"),
                    help="local: the server as our own process group (default); docker: in a container of the "
                         "engine's image (magpie/serving/images.yaml, per engine and GPU kind), --network host")
@@ -109,9 +111,15 @@ def _categories(text: str) -> set[str] | None:
 
 def run(args) -> int:
     if args.stop_servers:
+        from magpie.serving import docker_mode
         from magpie.serving.lifecycle import stop_all
 
-        for line in stop_all() or ["no kept servers"]:
+        lines = stop_all()
+        try:
+            lines += docker_mode.sweep(docker_mode.connect())
+        except docker_mode.DockerError:
+            pass                # no daemon (or no SDK): no container of ours can be running
+        for line in lines or ["no kept servers"]:
             print(line)
         return 0
     if args.compare:

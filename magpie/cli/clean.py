@@ -8,7 +8,8 @@ import shutil
 def add_parser(sub) -> None:
     p = sub.add_parser("clean", help="remove artifacts (of given kernels, or all with --all)",
                        description="Remove the current artifacts of the given kernels (and the report that "
-                                   "depends on them); with no kernel, of the whole project; --all empties the store.")
+                                   "depends on them); with no kernel, of the whole project; --all empties the store. "
+                                   "Cleaning a benchmark stops the servers the project's build kept (keep_server).")
     p.add_argument("kernels", nargs="*", help="kernel ids or task names")
     p.add_argument("-m", "--manifest", default="magpie.toml", help="project manifest (default: %(default)s)")
     p.add_argument("--all", action="store_true", help="remove the whole store, index, kept inputs and published reports")
@@ -20,13 +21,23 @@ def run(args) -> int:
 
     project = Project.load(args.manifest)
     store = project.store
+    names = [] if args.all else project.select(args.kernels)
+    if args.all or any(project.tasks[name].scope == "benchmark" for name in names):
+        from magpie.serving.lifecycle import stop_all
+        from magpie.serving.local import ServerError
+
+        try:
+            lines = stop_all(project=str(project.root))
+        except ServerError as err:      # the records' folder is unusable: the artifacts still go
+            lines = [f"warning: {err}"]
+        for line in lines:
+            print(f"magpie: {line}")
     if args.all:
         for folder in (store.objects, store.index, store.snapshots, store.workspace / "reports"):
             shutil.rmtree(folder, ignore_errors=True)
         store.file_digests_path.unlink(missing_ok=True)
         print(f"magpie: removed the store under {store.workspace}")
         return 0
-    names = project.select(args.kernels)
     if args.kernels:
         names += [n for n, spec in project.tasks.items() if spec.scope == "project"]
     removed = 0

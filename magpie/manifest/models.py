@@ -217,6 +217,10 @@ class BenchmarkSpec(Strict):
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
     profiler: bool = Field(False, description="also a separate profiled (diagnostic) run and the trace analysis "
                                               "of its traces, each a node of its own; the measurement stays clean")
+    keep_server: bool = Field(False, description="leave the local server running after a clean run, for the next "
+                                                 "benchmark (of this build or a later one) whose server's recorded "
+                                                 "config matches: engine and version, model content, command line, "
+                                                 "environment, port; `magpie clean` stops it. Not in the result's key")
     load: BenchmarkLoad = BenchmarkLoad()
     slo: BenchmarkSLO = BenchmarkSLO()
     timeout_s: float = Field(3600.0, gt=0, description="the whole run, server start included")
@@ -227,6 +231,9 @@ class BenchmarkSpec(Strict):
             raise ValueError("engine 'external' benchmarks a running server: give its base_url")
         if self.docker_image and self.run_mode != "docker":
             raise ValueError("docker_image is docker mode's: add run_mode = \"docker\"")
+        if self.keep_server and (self.run_mode == "docker" or self.engine == "external"):
+            raise ValueError("keep_server keeps a local server of magpie's: drop it, or use run_mode = \"local\" "
+                             "with an engine that starts one")
         return self
 
 

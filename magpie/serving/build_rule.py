@@ -45,7 +45,9 @@ def config_of(bench: dict, root: Path, out_dir: Path, profiler: bool = False):
         request_rate=math.inf if rate in (None, "inf", "Infinity") else float(rate), burstiness=load["burstiness"],
         num_warmups=load["num_warmups"], seed=load["seed"], timeout_s=bench["timeout_s"],
         goodput={name[:-3]: value for name, value in slo.items() if value is not None},
-        output_dir=str(out_dir), profiler=profiler)
+        output_dir=str(out_dir), profiler=profiler,
+        # a profiled run's server runs under the profiler's launcher: never one to keep or reuse
+        server_lifecycle="reuse" if bench.get("keep_server") and not profiler else "fresh")
 
 
 def summary(report) -> dict:
@@ -62,6 +64,7 @@ def summary(report) -> dict:
         out["completed"], out["failed"], out["duration_s"] = report.run.completed, report.run.failed, report.run.duration_s
     if report.provenance is not None:
         out["engine_version"] = report.provenance.engine_version
+        out["server_reused"] = report.provenance.server_reused
     return out
 
 
@@ -69,7 +72,8 @@ def _run(job, out_dir: Path, profiler: bool):
     from magpie.serving.runner import run_benchmark
 
     bench = job.spec.params["benchmark"]
-    report = run_benchmark(config_of(bench, Path(job.spec.params["root"]), out_dir, profiler), analyse=False)
+    root = job.spec.params["root"]
+    report = run_benchmark(config_of(bench, Path(root), out_dir, profiler), analyse=False, project=str(root))
     if not report.success:
         first = report.errors[0] if report.errors else "no request completed"
         raise BenchmarkFailed(f"benchmark {bench['id']!r} ({bench['engine']} {bench['model']}) "

@@ -18,7 +18,9 @@ container's settings (`container_settings`):
 - `--ipc host` (tensor-parallel workers share memory through it), docker's init as PID 1 (a signal reaches
   the server and its children are reaped), the engine's environment and no other of the host's;
 - the user: the invoking user's uid:gid (`run_as: invoking_user`, with HOME=/tmp) or the image's (root);
-- labels naming the workspace and magpie's pid, so a container left by a killed magpie can be found.
+- labels naming the workspace and the magpie process that owns the container (pid, its start time, the host), so
+  that `sweep` (before each docker run starts its container, and `--stop-servers`) removes a container whose
+  magpie was killed (SIGKILL) before it could, and never one of a magpie that still runs.
 
 `DockerServer` has `LocalServer`'s life: `start` (port check, create, start; the container's output
 streamed into `server.log` by a thread), `wait_ready` (the health route, the container's exit with the
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -132,6 +135,45 @@ def _device_groups(paths: list[Path]) -> list[str]:
     return sorted({str(p.stat().st_gid) for p in paths if p.exists()})
 
 
+def owner_labels() -> dict[str, str]:
+    """This magpie process as a container's owner: a pid is another process once its start time differs."""
+    from magpie.serving.lifecycle import process_start
+
+    pid = os.getpid()
+    return {"magpie.pid": str(pid), "magpie.pid_start": str(process_start(pid) or 0),
+            "magpie.host": socket.gethostname()}
+
+
+def sweep(client) -> list[str]:
+    """Removes the containers of this host's magpie runs whose magpie is gone; a line for each, naming it."""
+    import docker
+
+    from magpie.serving.lifecycle import process_start
+
+    try:
+        found = client.containers.list(all=True, filters={"label": [f"magpie.host={socket.gethostname()}"]})
+    except docker.errors.DockerException:
+        return []           # the run's own start says what is wrong with the daemon
+    lines = []
+    for container in found:
+        labels = container.labels
+        pid, start = labels.get("magpie.pid", ""), labels.get("magpie.pid_start", "")
+        if not (pid.isdigit() and start.isdigit()) or process_start(int(pid)) == int(start):
+            continue
+        what = (f"container {container.short_id} ({container.attrs['Config']['Image']}, workspace "
+                f"{labels.get(LABEL)})")
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            continue
+        except docker.errors.DockerException as exc:
+            lines.append(f"could not remove {what}, left by magpie pid {pid}, which is gone: "
+                         f"{' '.join(str(exc).split())}; remove it with docker rm -f")
+            continue
+        lines.append(f"removed {what}, left by magpie pid {pid}, which is gone")
+    return lines
+
+
 def container_settings(*, image: str, command: list[str], env: dict[str, str], workspace: Path,
                        model_path: Path | None, kind: Accelerator, devices: list, user: tuple[int, int] | None,
                        dev: Path = Path("/dev")) -> dict:
@@ -144,7 +186,7 @@ def container_settings(*, image: str, command: list[str], env: dict[str, str], w
         volumes[str(model_path)] = {"bind": str(model_path), "mode": "ro"}
     settings = dict(image=image, entrypoint=list(command), command=None, environment=env, volumes=volumes,
                     working_dir=str(workspace), network_mode="host", ipc_mode="host", init=True, detach=True,
-                    labels={LABEL: str(workspace), "magpie.pid": str(os.getpid())})
+                    labels={LABEL: str(workspace), **owner_labels()})
     if kind == "nvidia":
         for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
             env.pop(name, None)         # the container sees only the requested GPUs, numbered from 0
@@ -386,7 +428,7 @@ def give_back(root: Path, owner: tuple[int, int], prepared: Prepared | None = No
         prepared.client.containers.run(prepared.image, entrypoint=["chown", "-R", f"{owner[0]}:{owner[1]}", str(root)],
                                        command=None, user="0:0", remove=True, network_mode="none",
                                        volumes={str(root): {"bind": str(root), "mode": "rw"}},
-                                       labels={LABEL: str(root), "magpie.pid": str(os.getpid())})
+                                       labels={LABEL: str(root), **owner_labels()})
     except docker.errors.DockerException as exc:
         raise DockerError(f"{len(strays)} files the container wrote in {root} stay root's: chown in "
                           f"{prepared.image} failed ({' '.join(str(exc).split())}); remove them with sudo") from None

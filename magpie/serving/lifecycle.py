@@ -1,21 +1,31 @@
 """Server reuse (Magpie's `server_lifecycle`): a local server kept running after a run, and reused by a later run
-that would start the same server.
+that would start the same server; and the records by which a server left behind by a killed magpie is found.
 
-With `server_lifecycle: reuse` (`magpie benchmark ... --keep-server`) the run's server is a `KeptServer`. At its
-start it reads the record of the server kept on its host and port, if any: a small JSON (`ServerRecord`: engine
-and version, model and its content key, the command line, the environment given to it, host, port, pid, process
-group, the process's start time) in a private per-user runtime folder (`$MAGPIE_SERVER_DIR`, else
-`<tmp>/magpie-servers-<uid>/`). It reuses that server only when the recorded config equals the one this run
-would start and the server still runs (the same process: pid and start time) and answers its health route;
-otherwise it stops what is left of the recorded server's process group, removes the record and starts a fresh
-server. A server that served a run without errors is kept (its record written); one whose run failed, or was
-interrupted, is stopped like any local server. The server's output goes to a log beside its record (a run's
-workspace may be gone before the server); each run's part of it is copied into the run's `server.log`.
+Every local server magpie starts has a record while it runs: a small JSON (`ServerRecord`: engine and version,
+model and its content key, the command line, the environment given to it, host, port, pid, process group, the
+process's start time, and the magpie process whose run it serves, with that process's start time) in a private
+per-user runtime folder (`$MAGPIE_SERVER_DIR`, else `<tmp>/magpie-servers-<uid>/`), one per host and port. A run
+that ends stops its server and removes the record, or (reuse) keeps it, the record's owner cleared. A record
+whose owner is gone marks a server that a magpie killed with SIGKILL never stopped: `sweep()`, run before each
+benchmark starts a server and by `--stop-servers`, stops its process group (only while it is the recorded
+process: pid and start time) and says so in one line. A server whose owner still runs is never touched.
 
-`stop_all()` (`magpie benchmark --stop-servers`) stops every kept server of the user.
+With `server_lifecycle: reuse` (`magpie benchmark ... --keep-server`, `keep_server = true` in a `[[benchmark]]`)
+the run's server is a `KeptServer`. It reuses the server kept on its host and port only when the recorded config
+equals the one this run would start and the server still runs (the same process) and answers its health route;
+otherwise it stops what is left of the recorded server's process group and starts a fresh server. A server that
+served a run without errors is kept; one whose run failed, or was interrupted, is stopped like any local server.
+A kept server's output goes to a log beside its record (a run's workspace may be gone before the server); each
+run's part of it is copied into the run's `server.log`. A run that is not reusing stops a kept server in the way
+of its own on that port.
+
+`stop_all()` (`magpie benchmark --stop-servers`; `magpie clean` for the servers kept by a project's build) stops
+the kept servers and those of dead runs.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import stat
@@ -49,6 +59,9 @@ class ServerRecord(BaseModel):
     process_start: int = 0      # its start time in clock ticks since boot (/proc/PID/stat): a reused pid is not it
     log: str = ""
     started_at: str = ""
+    owner: int = 0              # the magpie process whose run the server serves now; 0: kept between runs
+    owner_start: int = 0        # that process's start time (a reused pid is not it)
+    project: str = ""           # the project whose build kept it: `magpie clean` there stops it
 
     def config(self) -> dict:
         return self.model_dump(include=set(MATCHED))
@@ -127,52 +140,153 @@ def stop_recorded(record: ServerRecord, path: Path, grace_s: float = 10.0) -> bo
     return ours
 
 
-def stop_all() -> list[str]:
-    """Stops every kept server of this user; one line per record, saying what was stopped."""
+def owner_alive(record: ServerRecord) -> bool:
+    return record.owner > 0 and process_start(record.owner) == record.owner_start
+
+
+def describe(record: ServerRecord) -> str:
+    return f"{record.engine} {record.model} on {record.host}:{record.port} (pid {record.pid})"
+
+
+@contextlib.contextmanager
+def _locked():
+    """The records held alone: two runs deciding about one host and port take turns."""
+    with open(runtime_dir() / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _clear(path: Path, why: str) -> list[str]:
+    """Makes room at a record's host and port for this run's server: a kept server or a dead run's is stopped, a
+    live run's refuses (ServerError); the lines say what was stopped. Called holding the records' lock."""
+    record = read_record(path) if path.exists() else None
+    if record is None:
+        path.unlink(missing_ok=True)
+        return []
+    if record.owner not in (0, os.getpid()) and owner_alive(record):
+        raise ServerError(f"the server on {record.host}:{record.port} serves the run of magpie pid {record.owner}: "
+                          f"run the benchmarks one after another, or give another port")
+    if not stop_recorded(record, path):
+        return []
+    if record.owner:
+        return [f"stopped the server {describe(record)}, left by magpie pid {record.owner}, which is gone"]
+    return [f"stopped the kept server {describe(record)}: {why}"]
+
+
+def sweep() -> list[str]:
+    """Stops the servers of runs whose magpie is gone (killed before it stopped them) and removes their records;
+    a line for each. Kept servers and the servers of live runs stay."""
     lines = []
-    for path in sorted(runtime_dir().glob("*.json")):
-        record = read_record(path)
-        if record is None:
-            path.unlink(missing_ok=True)
-            lines.append(f"removed an unreadable record {path}")
-            continue
-        was = "stopped" if stop_recorded(record, path) else "was no longer running:"
-        lines.append(f"{was} {record.engine} {record.model} on {record.host}:{record.port} (pid {record.pid})")
-        Path(record.log).unlink(missing_ok=True)
+    with _locked():
+        for path in sorted(runtime_dir().glob("*.json")):
+            record = read_record(path)
+            if record is not None and record.owner and not owner_alive(record):
+                lines += _clear(path, "")
     return lines
 
 
-class KeptServer(LocalServer):
-    """A local server that may be reused from an earlier run and kept for a later one (see the module's text).
-    `record` is the server this run wants (pid and start time are filled in when it starts one); `run_log` is
-    the run's `server.log`, which gets this run's part of the kept log."""
+def make_room(host: str, port: int, why: str) -> list[str]:
+    """A kept server (or a dead run's) recorded on host:port stopped, so that this run can start its own."""
+    with _locked():
+        return _clear(_record_path(host, port), why)
 
-    def __init__(self, record: ServerRecord, *, env: dict[str, str], health_url: str, run_log: Path) -> None:
-        folder = runtime_dir()
-        log = folder / f"{_stem(record.host, record.port)}.log"
-        super().__init__(record.command, env=env, log_path=log, host=record.host, port=record.port,
-                         health_url=health_url, cwd=folder)
-        self.record = record.model_copy(update={"log": str(log)})
+
+def stop_all(project: str | None = None) -> list[str]:
+    """Stops every kept server of this user (with `project`, those its build kept) and every dead run's; one line
+    per record, saying what was stopped. A live run's server is left to that run."""
+    lines = []
+    with _locked():
+        for path in sorted(runtime_dir().glob("*.json")):
+            record = read_record(path)
+            if record is None:
+                if project is None:
+                    path.unlink(missing_ok=True)
+                    lines.append(f"removed an unreadable record {path}")
+                continue
+            dead = record.owner and not owner_alive(record)
+            if project is not None and record.project != project and not dead:
+                continue
+            if record.owner not in (0, os.getpid()) and not dead:
+                lines.append(f"left {describe(record)}: it serves the run of magpie pid {record.owner}")
+                continue
+            was = "stopped" if stop_recorded(record, path) else "was no longer running:"
+            gone = f", left by magpie pid {record.owner}, which is gone" if dead else ""
+            lines.append(f"{was} {describe(record)}{gone}")
+            if record.log:
+                Path(record.log).unlink(missing_ok=True)
+    return lines
+
+
+class TrackedServer(LocalServer):
+    """A run's own local server, recorded while it runs (see the module's text): should this magpie be killed
+    before it stops the server, the next run finds the record and stops it. `record` is the server this run
+    wants; pid, start time and owner are filled in when it starts."""
+
+    def __init__(self, record: ServerRecord, *, env: dict[str, str], health_url: str, log_path: Path,
+                 cwd: Path) -> None:
+        super().__init__(record.command, env=env, log_path=log_path, host=record.host, port=record.port,
+                         health_url=health_url, cwd=cwd)
+        self.record = record
         self.record_path = _record_path(record.host, record.port)
+        self.warnings: list[str] = []
+
+    def start(self) -> "TrackedServer":
+        with _locked():
+            self.warnings += _clear(self.record_path, "this run starts a server of its own on that port")
+            self._launch()
+        return self
+
+    def _launch(self) -> None:
+        """The server started and its record written, this process its owner. Called holding the records' lock."""
+        super().start()
+        self.record.pid = self.proc.pid
+        self.record.process_start = process_start(self.proc.pid) or 0
+        self.record.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._own()
+
+    def _own(self) -> None:
+        from magpie.store import atomic_write
+
+        me = os.getpid()
+        self.record.owner, self.record.owner_start = me, process_start(me) or 0
+        atomic_write(self.record_path, self.record.model_dump_json(indent=1))
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        code = super().stop(grace_s)
+        self.record_path.unlink(missing_ok=True)
+        return code
+
+
+class KeptServer(TrackedServer):
+    """A local server that may be reused from an earlier run and kept for a later one (see the module's text).
+    `run_log` is the run's `server.log`, which gets this run's part of the kept log; `project` is recorded as the
+    project that kept it."""
+
+    def __init__(self, record: ServerRecord, *, env: dict[str, str], health_url: str, run_log: Path,
+                 project: str = "") -> None:
+        folder = runtime_dir()
+        super().__init__(record.model_copy(update={"project": project}), env=env, health_url=health_url,
+                         log_path=folder / f"{_stem(record.host, record.port)}.log", cwd=folder)
+        self.record.log = str(self.log_path)
         self.run_log = Path(run_log)
         self.reused = False
         self._log_from = 0
 
     def start(self) -> "KeptServer":
-        found = read_record(self.record_path) if self.record_path.exists() else None
-        if found is not None and found.config() == self.record.config() and running(found) \
-                and health_ok(self.health_url):
-            self.record, self.reused = found, True
+        with _locked():
+            found = read_record(self.record_path) if self.record_path.exists() else None
+            if found is not None and found.owner == 0 and found.config() == self.record.config() \
+                    and running(found) and health_ok(self.health_url):
+                self.record, self.reused = found.model_copy(update={"project": self.record.project}), True
+                self._log_from = _size(self.log_path)
+                self.started_at = time.monotonic()
+                self._own()
+                return self
+            why = "its config differs from this run's" if found is None or found.config() != self.record.config() \
+                else "it no longer answers its health route"
+            self.warnings += _clear(self.record_path, why)
             self._log_from = _size(self.log_path)
-            self.started_at = time.monotonic()
-            return self
-        if found is not None or self.record_path.exists():   # stale, dead or unreadable: it goes
-            stop_recorded(found or self.record, self.record_path)
-        self._log_from = _size(self.log_path)
-        super().start()
-        self.record.pid = self.proc.pid
-        self.record.process_start = process_start(self.proc.pid) or 0
-        self.record.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self._launch()
         return self
 
     @property
@@ -206,14 +320,14 @@ class KeptServer(LocalServer):
             code = None
         else:
             code = super().stop(grace_s)
-            self.record_path.unlink(missing_ok=True)
         self._copy_log()
         return code
 
     def keep(self) -> None:
-        """Leaves the server running for a later run, its record written."""
+        """Leaves the server running for a later run, its record written with no owner."""
         from magpie.store import atomic_write
 
+        self.record.owner = self.record.owner_start = 0
         atomic_write(self.record_path, self.record.model_dump_json(indent=1))
         self._copy_log()
 

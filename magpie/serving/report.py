@@ -124,6 +124,8 @@ class Provenance(_Strict):
     hostname: Optional[str] = None
     command_line: Optional[list[str]] = Field(None, description="magpie's own command line")
     started_at: str
+    server_reused: bool = Field(False, description="served by a server an earlier run kept (server_lifecycle "
+                                                   "reuse): warm, not started for this run; `server.pid` names it")
 
 
 class RunCounts(_Strict):

@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,7 +55,6 @@ def _write_json(path: Path, data) -> None:
 
 def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str], allocation: dict) -> Provenance:
     import socket
-    import sys
 
     from magpie import __version__
 
@@ -71,9 +71,15 @@ def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str], alloc
                       started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkReport:
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"magpie: warning: {line}", file=sys.stderr, flush=True)
+
+
+def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = "") -> BenchmarkReport:
     """Runs the benchmark `config` describes; the report is also written to the workspace. With `analyse`
-    false a profiled run leaves its traces unanalysed (the build analyses them in a node of their own)."""
+    false a profiled run leaves its traces unanalysed (the build analyses them in a node of their own).
+    `project`: the project whose build runs it, recorded on a server it keeps (`magpie clean` there stops it)."""
     from magpie.serving.local import LocalServer, ServerError, install_sigterm, tail
 
     t0 = time.monotonic()
@@ -150,25 +156,40 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True) -> BenchmarkRep
                     log = work / SERVER_LOG
                     outputs["server_log"] = str(log)
                     health_url = base_url + engine.health_path
-                    if prepared is not None:
-                        server = _docker.DockerServer(prepared, command, env=env, log_path=log, host=config.host,
-                                                      port=engine.port(spec), health_url=health_url, workspace=work,
-                                                      model_path=path if path is not None and path.exists() else None)
-                        # what the container was given (an NVIDIA GPU allocation is a device request, not a variable)
-                        provenance.environment = {k: v for k, v in server.settings["environment"].items()
-                                                  if k in ENV_THAT_MATTERS}
-                    elif config.server_lifecycle == "reuse":
-                        wanted = _lifecycle.record_for(provenance, command, env, config.host, engine.port(spec))
-                        server = _lifecycle.KeptServer(wanted, env=env, health_url=health_url, run_log=log)
-                    else:
-                        server = LocalServer(command, env=env, log_path=log, host=config.host,
-                                             port=engine.port(spec), health_url=health_url, cwd=work)
+                    try:
+                        # what killed runs left behind goes first (a dead run's server may hold this run's port)
+                        _warn(_lifecycle.sweep())
+                        if prepared is not None:
+                            _warn(_docker.sweep(prepared.client))
+                            server = _docker.DockerServer(
+                                prepared, command, env=env, log_path=log, host=config.host, port=engine.port(spec),
+                                health_url=health_url, workspace=work,
+                                model_path=path if path is not None and path.exists() else None)
+                            # what the container was given (an NVIDIA GPU allocation is a device request, not a
+                            # variable)
+                            provenance.environment = {k: v for k, v in server.settings["environment"].items()
+                                                      if k in ENV_THAT_MATTERS}
+                        else:
+                            wanted = _lifecycle.record_for(provenance, command, env, config.host, engine.port(spec))
+                            if config.server_lifecycle == "reuse":
+                                server = _lifecycle.KeptServer(wanted, env=env, health_url=health_url, run_log=log,
+                                                               project=project)
+                            else:
+                                server = _lifecycle.TrackedServer(wanted, env=env, health_url=health_url,
+                                                                  log_path=log, cwd=work)
+                    except ServerError as exc:      # the folder of server records is unusable
+                        raise _Failed(str(exc)) from None
                     server_info = ServerInfo(mode=config.run_mode, base_url=base_url, command=command, log=str(log))
                     try:
+                        if prepared is not None:
+                            _warn(_lifecycle.make_room(config.host, engine.port(spec),
+                                                       "this run starts a container on that port"))
                         server.start()
+                        _warn(getattr(server, "warnings", []))
                         server_info.pid = server.pid
                         server_info.container = getattr(server, "container_id", None)
                         server_info.reused = isinstance(server, _lifecycle.KeptServer) and server.reused
+                        provenance.server_reused = server_info.reused
                         ready_budget = min(config.ready_timeout_s or config.timeout_s, remaining())
                         server_info.ready_after_s = server.wait_ready(ready_budget)
                         if prepared is not None:
