@@ -175,3 +175,19 @@ def test_the_server_of_a_killed_run_is_stopped_by_the_next_and_a_live_runs_is_no
         live.send_signal(signal.SIGTERM)
         live.communicate(timeout=30)
     assert not group_alive(serving) and not (tmp_path / "servers" / f"127.0.0.1_{ports[1]}.json").exists()
+
+
+def test_a_kept_server_whose_reusing_run_was_killed_is_not_reused(kept, tmp_path, capsys):
+    """A run killed while a kept server served it left the server mid-run: the next run stops it and starts afresh."""
+    port = free_port()
+    first = _run(tmp_path, "a", port)
+    kept.append(first.server.pid)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = tmp_path / "servers" / f"127.0.0.1_{port}.json"
+    path.write_text(json.dumps({**_record(tmp_path, port), "owner": dead.pid, "owner_start": 1}))
+    again = _run(tmp_path, "b", port)
+    kept.append(again.server.pid)
+    assert again.success and not again.server.reused and not group_alive(first.server.pid)
+    assert f"stopped the server vllm fake-model on 127.0.0.1:{port} (pid {first.server.pid}), left by magpie pid " \
+           f"{dead.pid}, which is gone" in capsys.readouterr().err
