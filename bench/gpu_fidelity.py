@@ -170,7 +170,9 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
     for result in (root / out_name / "workspace/store").glob("*/*/result.json"):
         data = json.loads(result.read_text())
         rule = data.get("task", "").split(":")[0]
-        if rule not in seconds:
+        # A store built into before (an edit's rebuild) holds earlier builds' artifacts too:
+        # only what this command ran counts.
+        if rule not in seconds or data["task_started_unix"] < start_unix:
             continue
         seconds[rule] += data["task_seconds"]
         tasks[data["task"]] = {k: data.get(k) for k in ("task_seconds", "phases_s", "first_call_steps_s",

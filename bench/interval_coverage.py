@@ -10,8 +10,9 @@ whether a kept-warm repeat inflates any candidate's median (its medians across r
 Then, with the zygote still warm, one candidate's source is edited (a comment: its kernel,
 and Triton's cache of it, stay the same) and the last run's project built again: the wall
 time from the edit to the new verdict, against that candidate's timing budget (the
-candidate and its baseline, each budget_ms).
-Usage: python bench/interval_coverage.py OUT.json [--runs 10]
+candidate and its baseline, each budget_ms), and the tasks that rebuild ran, with where each
+spent its time.
+Usage: python bench/interval_coverage.py OUT.json [--runs 10] [--device cpu]
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def coverage(runs: list[dict]) -> dict:
     for name in names:
         values = [(i, run["rows"][name]["speedup"]) for i, run in enumerate(runs)
                   if (run["rows"].get(name) or {}).get("speedup")]
+        if len(values) < 2:  # no other run to hold
+            continue
         for i, speedup in values:
             others = statistics.median(s["value"] for j, s in values if j != i)
             checks += 1
@@ -85,15 +88,18 @@ def main() -> int:
         "median_spread": {name: (max(v) - min(v)) / statistics.median(v) for name, v in medians.items() if all(v)},
         "edit_to_verdict": {"candidate": files[3], "wall_s": edit_to_verdict, "timing_budget_s": budget_s,
                             "ratio": edit_to_verdict / budget_s, "target_s": 1.5 * budget_s + 1,
-                            "tasks_run": sorted(again.get("tasks", {})), "error": again.get("error")},
+                            "tasks_run": sorted(again.get("tasks", {})), "tasks": again.get("tasks"),
+                            "timeline_s": again.get("timeline_s"), "error": again.get("error")},
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     cov = result["coverage"]
-    print(f"coverage {cov['held']}/{cov['checks']} = {cov['coverage']:.2f}")
+    if cov["checks"]:
+        print(f"coverage {cov['held']}/{cov['checks']} = {cov['coverage']:.2f}")
     for name, values in medians.items():
         print(f"{name:>18} medians {' '.join(f'{v:.1f}' for v in values)}")
     e = result["edit_to_verdict"]
-    print(f"edit to verdict {e['wall_s']:.2f} s (budget {budget_s:.1f} s, target {e['target_s']:.1f} s)")
+    print(f"edit to verdict {e['wall_s']:.2f} s (budget {budget_s:.1f} s, target {e['target_s']:.1f} s), "
+          f"ran: {', '.join(e['tasks_run'])}")
     return 0
 
 

@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from conftest import REPO, build_json, magpie
+from conftest import REPO, build_json, magpie, relu2_project
 
 ALL_K1 = {"compile:k1/a", "correctness:k1/a", "timing:k1/a", "comparison:k1", "report"}
 
@@ -36,6 +37,44 @@ def test_editing_one_candidate_rebuilds_only_its_tasks(command_project):
     assert why["compile:k1/a"] == "k1/a.py changed"
     assert "correctness:k1/a rebuilt" in why["comparison:k1"]
     assert set(build_json(command_project)["executed"]) == ALL_K1
+
+
+EDITED_A = {"compile:relu2/a", "correctness:relu2/a", "timing:relu2/a", "comparison:relu2", "report"}
+QUICK_TIMING = "warmup_ms = 1\nbudget_ms = 10\nrounds = 2"
+
+
+def test_editing_one_timed_candidate_reruns_none_of_the_others(tmp_path):
+    """Each candidate is timed beside the baseline, whose own timing chooses the method for the
+    set: editing a candidate re-runs its check and timing (and the comparison and report above
+    them), not the baseline's timing, nor any task of another candidate."""
+    for name in ("a", "b"):
+        shutil.copy(REPO / "tests/fixtures/adversarial/good.py", tmp_path / f"{name}.py")
+    relu2_project(tmp_path, ["a", "b"], shapes="[[8, 16]]", defaults="trials = 1", timing=QUICK_TIMING)
+    first = build_json(tmp_path, "-j", "2")
+    assert first["failed"] == [] and {"timing:relu2/good", "timing:relu2/b"} <= set(first["executed"])
+    with open(tmp_path / "a.py", "a") as source:
+        source.write("# edited: the kernel is the same\n")
+    assert set(build_json(tmp_path, "-j", "2")["executed"]) == EDITED_A
+
+
+def test_compare_again_into_its_folder_reruns_only_the_edited_candidate(tmp_path):
+    """`magpie compare` into the folder of an earlier one (its store kept) after one source changed."""
+    shutil.copy(REPO / "tests/fixtures/adversarial/spec.py", tmp_path / "spec.py")
+    for name in ("good", "a", "b"):
+        shutil.copy(REPO / "tests/fixtures/adversarial/good.py", tmp_path / f"{name}.py")
+    args = ["compare", "good.py", "a.py", "b.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
+            "--shapes", "8x16", "--budget-ms", "10", "-j", "2", "-o", "out"]
+    magpie(*args, cwd=tmp_path, check=0)
+    with open(tmp_path / "a.py", "a") as source:
+        source.write("# edited: the kernel is the same\n")
+    magpie(*args, cwd=tmp_path, check=0)
+    built: dict[str, int] = {}
+    for result in (tmp_path / "out/workspace/store").glob("*/*/result.json"):
+        task = json.loads(result.read_text())["task"]
+        built[task] = built.get(task, 0) + 1
+    assert {task for task, count in built.items() if count > 1} == {
+        name.replace("relu2", "compare") for name in EDITED_A}
+    assert "timing:compare/good" in built and "timing:compare/b" in built
 
 
 def test_touch_without_change_runs_nothing(command_project):
@@ -127,6 +166,34 @@ def test_job_processes_take_the_environment_of_the_build_that_made_them(monkeypa
             assert executor._pool.submit(os.getenv, "MAGPIE_PROBE").result(timeout=60) == value
         finally:
             executor.shutdown()
+
+
+def test_jobs_fork_from_the_pool_server_started_before_the_executor():
+    """A build starts the pool's server first (`pool.prestart`), so that its imports overlap the
+    build's own set-up: the executor made later must fork its processes from that server."""
+    from magpie.execution import pool
+    from magpie.execution.executors import LocalProcessExecutor
+
+    pool.prestart(2)
+    servers = [pid for pid in _children(os.getpid()) if b"multiprocessing.forkserver" in _cmdline(pid)]
+    assert len(servers) == 1
+    executor = LocalProcessExecutor(1)
+    try:
+        assert executor._pool.submit(os.getppid).result(timeout=60) == servers[0]
+    finally:
+        executor.shutdown()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # ended since it was listed
+        return b""
 
 
 def test_noop_build_never_imports_torch(command_project):

@@ -20,9 +20,13 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from magpie.supervision import zygote  # not at import: every verb's module loads for --help
+    from magpie.execution import pool  # not at import: every verb's module loads for --help
 
-    # The zygote imports torch while the project is set up: these verbs always evaluate.
+    # The job pool's server imports the job code, and the zygote torch, while the project is
+    # set up: these verbs always evaluate.
+    pool.prestart(args.jobs)
+    from magpie.supervision import zygote
+
     with zygote.session(prestart=True):
         project, out = build_project(args, "analyze", baseline_index=None)
         comparison = run_and_collect(project, args.jobs, "analyze", args.trust_code)

@@ -44,6 +44,10 @@ def run(args) -> int:
     if (not args.targets and not args.dry_run and not args.verify
             and _up_to_date_by_snapshot(Path(args.manifest), args.json)):
         return 0
+    if not args.dry_run:
+        from magpie.execution import pool
+
+        pool.prestart(args.jobs, args.executor)  # its imports beside the project's loading
     from magpie.graph import snapshot
     from magpie.project import Project
 

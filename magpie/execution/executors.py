@@ -7,7 +7,6 @@ Also how a build stops what it started: `stop_descendants`.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import select
 import signal
@@ -15,6 +14,7 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 
+from magpie.execution import pool
 from magpie.execution.job import Job, JobOutput, run_job
 
 
@@ -90,13 +90,8 @@ class LocalProcessExecutor:
 
     def __init__(self, workers: int):
         self.workers = workers
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["magpie.execution.job", "magpie.execution.actions"])
-        else:
-            context = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_job_process,
-                                         initargs=(dict(os.environ), os.getpid()))
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=pool.context(),
+                                         initializer=_start_job_process, initargs=(dict(os.environ), os.getpid()))
 
     def submit(self, job: Job) -> Future:
         return self._pool.submit(run_job, job)
@@ -200,8 +195,7 @@ EXECUTORS = {"inline": InlineExecutor, "local": LocalProcessExecutor}
 
 
 def make_executor(jobs: int, name: str | None = None):
-    name = name or ("inline" if jobs <= 1 else "local")
-    return EXECUTORS[name](jobs)
+    return EXECUTORS[pool.executor_name(jobs, name)](jobs)
 
 
 __all__ = ["EXECUTORS", "InlineExecutor", "LocalProcessExecutor", "make_executor", "stop_descendants", "JobOutput"]
