@@ -473,6 +473,44 @@ def test_steps_and_stages_from_vllm_step_annotations():
     assert views["decode"][2]["kernel_time_us"] == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("name", ["serving_steps_vllm_format.json.gz", "llama_unannotated.json.gz",
+                                  "graph_replay.json.gz"])
+def test_a_stages_tables_from_its_traces_calls_are_those_of_the_stage_walked_anew(name):
+    from magpie.traces.perf_rows import TraceCalls, trace_tables
+    from magpie.traces.stages import split_steps, stage_traces
+
+    trace = load_trace(TRACES / name)
+    calls = TraceCalls.of(trace)
+    trace_tables(trace, calls=calls)  # the trace's own tables first, as the report makes them
+    for view, _, _ in stage_traces(trace, split_steps(trace)[0]).values():
+        staged = calls.stage(view)
+        assert staged.nesting.subtrees is calls.nesting.subtrees  # the trace's calls, not walked again
+        assert repr(trace_tables(view, idle_calls=False, calls=staged)) == repr(trace_tables(view, idle_calls=False))
+
+
+@pytest.mark.parametrize("name", ["llama_decode_bf16.json.gz", "graph_replay.json.gz"])
+def test_a_stage_that_cuts_a_call_or_a_launch_is_walked_anew(name):
+    import dataclasses
+
+    from magpie.traces.perf_rows import TraceCalls, trace_tables
+
+    trace = load_trace(TRACES / name)
+    calls = TraceCalls.of(trace)
+    # the second kernel of an op's call (llama), or of a graph launch's replay (each kernel its own call)
+    launcher = {"llama_decode_bf16.json.gz": lambda a: a.op, "graph_replay.json.gz": lambda a: a.launch}[name]
+    seen, cut = set(), None
+    for activity in trace.gpu:
+        key = launcher(activity)
+        if key is not None and key in seen:
+            cut = activity
+            break
+        seen.add(key)
+    view = dataclasses.replace(trace, gpu=[a for a in trace.gpu if a is not cut])
+    staged = calls.stage(view)
+    assert staged.nesting.subtrees is not calls.nesting.subtrees
+    assert repr(trace_tables(view, idle_calls=False, calls=staged)) == repr(trace_tables(view, idle_calls=False))
+
+
 def test_steps_from_the_call_tree_when_nothing_is_annotated():
     from magpie.traces.stages import split_steps
 

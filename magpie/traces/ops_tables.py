@@ -11,6 +11,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import compress
 from operator import attrgetter, itemgetter
 
 import msgspec
@@ -189,6 +190,14 @@ def signature_groups(trace: Trace, collectives: bool = True) -> list[SignatureGr
     is evaluated once per group. Both the op tables and the roofline rows read these. An op's
     time is what it launched directly: kernels, and the memcpy and memset it issued; without
     `collectives`, less its NCCL/RCCL kernels (a call that launched only those is none)."""
+    return grouped_calls(trace, trace_calls(trace, collectives))
+
+
+def trace_calls(trace: Trace, collectives: bool = True) -> list[tuple]:
+    """The calls signature_groups groups, in the order of their first activities: (launcher,
+    what it launched, its GPU time, that of its op's subtree (outside any op: of its whole
+    launch), its signature's number). A stage view cutting no call and no op's subtree has the
+    very calls of its trace that fall in its steps (perf_rows.TraceCalls.stage)."""
     launches: dict = {}
     for activity in trace.gpu:
         if not collectives and category(activity.name, activity.kind) == "communication":
@@ -208,45 +217,62 @@ def signature_groups(trace: Trace, collectives: bool = True) -> list[SignatureGr
         if not isinstance(key, int) and key[1] is not None:
             by_launch.setdefault(key[1], []).extend(launched)
     whole = {launch: busy_time(activities) for launch, activities in by_launch.items()}
-    groups: dict[tuple, SignatureGroup] = {}
+    numbers: dict[tuple, int] = {}
     encode = msgspec.json.encode  # a signature key several times faster than repr() of the argument lists
     # ops share their decoded inputs (ingest): ops alike in name, thread and the very input
     # objects are one signature, found without encoding their arguments again
-    alike: dict[tuple, SignatureGroup] = {}
-    # TraceLens numbers the synthetic op of each kernel outside any op after the trace's events
-    synthetic = trace.events
+    alike: dict[tuple, int] = {}
+    calls = []
     for launcher, launched in launches.items():
         time = busy_time(launched)
         if isinstance(launcher, int):
             op = trace.cpu_ops[launcher]
             same = (op.name, op.pid, op.tid, id(op.input_dims), id(op.input_types), id(op.strides), id(op.concrete))
-            group = alike.get(same)
+            number = alike.get(same)
+            if number is None:
+                key = (op.name, encode((op.input_dims, op.input_types, op.strides, op.concrete)), where_of(trace, op))
+                number = alike[same] = numbers.setdefault(key, len(numbers))
+            calls.append((launcher, launched, time, subtree.get(launcher, time), number))
+        else:
+            first = launched[0]
+            launch = trace.launches[first.launch] if first.launch is not None else None
+            key = ((launch.name, first.name, where_of(trace, launch)) if launch is not None
+                   else (_OUTSIDE, first.name, ("", "", "")))
+            number = numbers.setdefault(key, len(numbers))
+            calls.append((launcher, launched, time, whole.get(first.launch, time), number))
+    return calls
+
+
+def grouped_calls(trace: Trace, calls: list[tuple]) -> list[SignatureGroup]:
+    """Calls (`trace_calls`'s, or a stage's part of them) grouped by signature, longest total GPU
+    time first, ties to the signature called first; a group's op, category and UID are its first
+    call's."""
+    groups: dict[int, SignatureGroup] = {}
+    # TraceLens numbers the synthetic op of each kernel outside any op after the trace's events
+    synthetic = trace.events
+    for launcher, launched, time, around, number in calls:
+        group = groups.get(number)
+        if isinstance(launcher, int):
+            op = trace.cpu_ops[launcher]
             if group is None:
-                where = where_of(trace, op)
-                key = (op.name, encode((op.input_dims, op.input_types, op.strides, op.concrete)), where)
-                group = groups.get(key)
-                if group is None:
-                    est = estimate(op)
-                    group = groups[key] = SignatureGroup(
-                        op.name, op, est, op_category(op.name, est.family if est else None, launched), op.name,
-                        where=where, uid=trace.op_uids[launcher])
-                alike[same] = group
-            group.subtree.append(subtree.get(launcher, time))
+                est = estimate(op)
+                group = groups[number] = SignatureGroup(
+                    op.name, op, est, op_category(op.name, est.family if est else None, launched), op.name,
+                    where=where_of(trace, op), uid=trace.op_uids[launcher])
+            group.subtree.append(around)
             group.cpu.append(op.dur)
         else:
             first = launched[0]
             launch = trace.launches[first.launch] if first.launch is not None else None
-            launch_name = launch.name if launch is not None else _OUTSIDE
-            where = where_of(trace, launch) if launch is not None else ("", "", "")
-            key = (launch_name, first.name, where)
-            group = groups.get(key)
             if group is None:
-                group = groups[key] = SignatureGroup(SYNTHETIC.format(launch_name, first.name), None, None, "other",
-                                                     launch_name, where=where, uid=synthetic)
+                launch_name = launch.name if launch is not None else _OUTSIDE
+                group = groups[number] = SignatureGroup(
+                    SYNTHETIC.format(launch_name, first.name), None, None, "other", launch_name,
+                    where=where_of(trace, launch) if launch is not None else ("", "", ""), uid=synthetic)
             synthetic += 1
             group.subtree.append(time)
             launch_key = first.launch if first.launch is not None else launcher
-            group.launches[launch_key] = whole.get(launch_key, time)
+            group.launches[launch_key] = around
             group.call_launches.append(launch_key)
             if launch is not None:
                 uid = trace.launch_uids[first.launch]
@@ -255,6 +281,24 @@ def signature_groups(trace: Trace, collectives: bool = True) -> list[SignatureGr
         group.times.append(time)
         group.calls.append(launched)
     return sorted(groups.values(), key=lambda g: -g.total)
+
+
+def held_group(view: Trace, whole: SignatureGroup, flags: list[bool]) -> SignatureGroup:
+    """An op's signature group of a stage view, from the trace's (`whole`): its calls that the
+    view holds (`flags`), the first of them its first, as grouped_calls makes it."""
+    calls = list(compress(whole.calls, flags))
+    first = calls[0][0].op
+    op = view.cpu_ops[first]
+    est = estimate(op)
+    return SignatureGroup(whole.name, op, est, op_category(op.name, est.family if est else None, calls[0]),
+                          whole.op_name, times=list(compress(whole.times, flags)),
+                          subtree=list(compress(whole.subtree, flags)), cpu=list(compress(whole.cpu, flags)),
+                          calls=calls, where=whole.where, uid=view.op_uids[first])
+
+
+def launcher_of(activity) -> int | tuple:
+    """What trace_calls files an activity's call under."""
+    return activity.op if activity.op is not None else ("launch", activity.launch, activity.ts)
 
 
 def where_of(trace: Trace, call) -> tuple[str, str, str]:

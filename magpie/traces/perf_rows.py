@@ -23,15 +23,15 @@ launched, which is its signature group's call, so the walk is only needed around
 
 from __future__ import annotations
 
-from itertools import compress
-from operator import attrgetter, itemgetter
+from itertools import chain, compress, groupby, repeat
+from operator import attrgetter, gt, is_not, itemgetter
 
 import msgspec
 
 from magpie.traces.ingest import Trace
 from magpie.traces.kernels import category, gemm_transposes
-from magpie.traces.ops_tables import (SYNTHETIC, SignatureGroup, busy_time, op_category, ops_tables,
-                                      signature_groups, where_of)
+from magpie.traces.ops_tables import (SYNTHETIC, SignatureGroup, busy_time, grouped_calls, held_group, launcher_of,
+                                      op_category, ops_tables, trace_calls, where_of)
 from magpie.traces.perf_models import TRACELENS_MODELS, Estimate, estimate, models_whole_op
 
 
@@ -40,19 +40,45 @@ class _Nesting:
     launches; which launching ops are not plain (`complex`), and around them (the region) the op
     tree with the GPU work under each op; the signature groups with such a call (`mixed`)."""
 
-    def __init__(self, trace: Trace, parents: dict[int, int], groups: list[SignatureGroup]):
+    def __init__(self, trace: Trace, parents: dict[int, int], groups: list[SignatureGroup],
+                 whole: _Nesting | None = None, holds=None, ops_of: dict[int, list[int]] | None = None):
+        """With `whole` (the trace's), `holds` (whether a stage holds an op's GPU work, none cut)
+        and `ops_of`, a stage view's: its launching ops are the trace's in its steps, each with
+        the very ops around and inside it, so the trace's region is the stage's in its steps."""
         self.trace, self.parents = trace, parents
-        ops = trace.cpu_ops
-        # a call of an op's signature group is one op's launches (a million events hold some 10^5
-        # of them: filled by dict and zip, not one Python step each)
-        self.group_of: dict[int, SignatureGroup] = {}
-        self.launches: dict[int, list] = {}
-        self.ops_of: dict[int, list[int]] = {}  # id(signature group) -> its ops, in call order
-        for group in groups:
-            if group.op is not None:
-                members = self.ops_of[id(group)] = list(map(_OP, map(_FIRST, group.calls)))
-                self.group_of.update(dict.fromkeys(members, group))
-                self.launches.update(zip(members, group.calls))
+        self.by_id = {id(group): group for group in groups if group.op is not None}
+        if whole is None:
+            # a call of an op's signature group is one op's launches (a million events hold some 10^5
+            # of them: filled by dict and zip, not one Python step each)
+            self.launches: dict[int, list] = {}
+            self.ops_of: dict[int, list[int]] = {}  # id(signature group) -> its ops, in call order
+            for group in groups:
+                if group.op is not None:
+                    members = self.ops_of[id(group)] = list(map(_OP, map(_FIRST, group.calls)))
+                    self.launches.update(zip(members, group.calls))
+            self._region(parents)
+            # the rows and the sheets ask for the same ops: each answer is kept
+            self.subtrees: dict[int, list] = {}
+            self.signatures: dict[int, tuple[bytes, Estimate | None]] = {}
+            self.estimates: dict[bytes, Estimate | None] = {}
+            self.places: dict[tuple, tuple] = {}
+        else:
+            self.ops_of = ops_of
+            self.complex = set(filter(holds, whole.complex))
+            self.busy = set(filter(holds, whole.busy))
+            self.roots = list(filter(holds, whole.roots))
+            # asked only of the stage's ops, whose answers are the trace's
+            self.launches, self.children, self.modelled, self.modelled_below = (
+                whole.launches, whole.children, whole.modelled, whole.modelled_below)
+            self.subtrees, self.signatures, self.estimates, self.places = (
+                whole.subtrees, whole.signatures, whole.estimates, whole.places)
+        # the signature groups with a call that is not plain (id -> group)
+        self.mixed = {group_id: self.by_id[group_id] for group_id, members in self.ops_of.items()
+                      if not self.complex.isdisjoint(members)}
+
+    def _region(self, parents: dict[int, int]) -> None:
+        """The launching ops that are not plain, and the op tree around them."""
+        ops = self.trace.cpu_ops
         clear: dict[int, bool] = {}  # an op around launchers: it and every op around it neither launch nor are modelled
         enclosing: set[int] = set()  # launchers with launchers inside them
         self.complex: set[int] = set()  # the launchers that are not plain
@@ -74,8 +100,6 @@ class _Nesting:
             if not status:
                 self.complex.add(op)
         self.complex |= enclosing
-        # the signature groups with a call that is not plain (id -> group)
-        self.mixed = {id(self.group_of[op]): self.group_of[op] for op in self.complex}
         self.busy: set[int] = set()  # the region: the complex launchers and every op around them
         self.children: dict[int, list[int]] = {}  # of its ops: those in it, in time order
         self.roots: list[int] = []  # its ops no op encloses, in time order
@@ -98,11 +122,6 @@ class _Nesting:
             while above is not None and above not in self.modelled_below:
                 self.modelled_below.add(above)
                 above = parents.get(above)
-        # the rows and the sheets ask for the same ops: each answer is kept
-        self.subtrees: dict[int, list] = {}
-        self.signatures: dict[int, tuple[bytes, Estimate | None]] = {}
-        self.estimates: dict[bytes, Estimate | None] = {}
-        self.places: dict[tuple, tuple] = {}
 
     def subtree(self, op: int) -> list:
         """The activities an op launched, itself or through the ops inside it."""
@@ -265,9 +284,13 @@ def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, Sig
     # a signature group whose calls are all plain stands for their signature: its calls go on
     # its sheet together (a GEMM's one by one: their kernels name their transposes)
     placed: set[int] = set()
+    unplaced: list[list[int]] = []  # the calls of the other signature groups of the ops TraceLens models
     for group_id, calls in nesting.ops_of.items():
-        group = nesting.group_of[calls[0]]
-        if group_id in nesting.mixed or group.name not in TRACELENS_MODELS or group.est is None:
+        group = nesting.by_id[group_id]
+        if group.name not in TRACELENS_MODELS:
+            continue
+        if group_id in nesting.mixed or group.est is None:
+            unplaced.append(calls)
             continue
         placed.update(calls)
         if group.est.family == "GEMM":
@@ -278,7 +301,8 @@ def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, Sig
     if idle_calls:  # every op of the trace: picked by name in C, not one Python step per op
         candidates = compress(range(len(ops)), map(TRACELENS_MODELS.__contains__, map(_NAME, ops)))
     else:
-        candidates = [op for op in nesting.launches.keys() | nesting.busy if ops[op].name in TRACELENS_MODELS]
+        candidates = set(chain.from_iterable(unplaced)) | {op for op in nesting.busy
+                                                           if ops[op].name in TRACELENS_MODELS}
     for op in [op for op in candidates if op not in placed]:
         signature, est = nesting.signature(op)
         if est is not None:
@@ -297,13 +321,117 @@ def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, Sig
     return {sheet: sorted(found, key=lambda g: (-g.total, g.uid)) for sheet, found in sheets.items()}
 
 
-def trace_tables(trace: Trace, arch=None,
-                 idle_calls: bool = True) -> tuple[list[SignatureGroup], dict[str, list[dict]]]:
-    """The trace's signature groups and all its op tables."""
-    groups = signature_groups(trace)
-    nesting = _Nesting(trace, trace.op_parents, groups)
+class TraceCalls:
+    """A trace's calls (ops_tables.trace_calls), those less its NCCL/RCCL kernels where it has
+    any (TraceLens's kernel launchers), their signature groups and the op tree around them: what
+    the op tables of the trace, and of each stage view of it (`stage`), are made of."""
+
+    def __init__(self, trace: Trace, calls: list[tuple], launcher_calls: list[tuple] | None,
+                 groups: list[SignatureGroup] | None = None, nesting: _Nesting | None = None):
+        self.trace, self.calls, self.launcher_calls = trace, calls, launcher_calls
+        self.groups = groups if groups is not None else grouped_calls(trace, calls)
+        self.nesting = nesting or _Nesting(trace, trace.op_parents, self.groups)
+        # what stage() needs of the trace, found at its first stage (_for_stages): per call, what
+        # a stage holds all or none of; each nested op's outermost op; the places (in `calls`) of
+        # each op's signature group's calls (by id), of the calls outside any op and of those that
+        # launched several activities
+        self.tops: list | None = None
+        self.top_of: dict[int, int] = {}
+        self.members: dict[int, list[int]] = {}
+        self.synthetic: list[int] = []
+        self.several: list[int] = []
+
+    @classmethod
+    def of(cls, trace: Trace) -> TraceCalls:
+        return cls(trace, trace_calls(trace), trace_calls(trace, collectives=False) if any(
+            category(name) == "communication" for name in set(map(_NAME, trace.gpu))) else None)
+
+    def _for_stages(self) -> None:
+        """Each nested op's outermost op, and per call what a stage must hold all or none of: its
+        outermost op's calls (so that no op's subtree is cut), or outside any op, its launch's;
+        the places of each op's signature group's calls, of those outside any op and of those
+        that launched several activities."""
+        parents, top_of = self.trace.op_parents, self.top_of
+        launchers = list(map(_FIRST, self.calls))
+        for launcher in filter(parents.__contains__, launchers):  # an op no op encloses is its own outermost
+            if launcher in top_of:
+                continue
+            path, at = [], launcher
+            while True:
+                path.append(at)
+                at = parents.get(at)
+                if at is None:
+                    top = path[-1]
+                    break
+                top = top_of.get(at)
+                if top is not None:
+                    break
+            top_of.update(dict.fromkeys(path, top))
+        self.synthetic = list(compress(range(len(launchers)), map(is_not, map(type, launchers), repeat(int))))
+        self.several = list(compress(range(len(launchers)), map(gt, map(len, map(_LAUNCHED, self.calls)), repeat(1))))
+        launches = {launchers[i]: ("launch", self.calls[i][1][0].launch) for i in self.synthetic
+                    if self.calls[i][1][0].launch is not None}
+        self.tops = list(map(top_of.get, launchers, map(launches.get, launchers, launchers)))
+        # the calls' places by signature, in C: a stable sort keeps each signature's in call order
+        numbers = list(map(_NUMBER, self.calls))
+        places = [list(run) for _, run in groupby(sorted(range(len(numbers)), key=numbers.__getitem__),
+                                                  numbers.__getitem__)]
+        first_calls = {id(self.calls[where[0]][1]): where for where in places}
+        self.members = {id(group): first_calls[id(group.calls[0])] for group in self.groups if group.op is not None}
+
+    def stage(self, view: Trace) -> TraceCalls:
+        """A stage view's calls (its GPU activities some of the trace's): the trace's that fall
+        in its steps, not walked again, where its steps cut no call (a graph launch's or an op's
+        kernels some in, some out) and no op's subtree; their times, subtree times and order are
+        then the view's own, and a group's first call is the first in the view. Else the view's,
+        found anew."""
+        if self.tops is None:  # once per trace, for all its stages
+            self._for_stages()
+        kept = set(map(id, view.gpu))
+        held = list(map(kept.__contains__, map(id, map(_FIRST, map(_LAUNCHED, self.calls)))))
+        top_held = dict(zip(self.tops, held))
+        inside = list(compress(self.calls, held))
+        # every outermost op's calls all in or all out, and every call wholly in or out: those
+        # in hold all the view's activities (a call of one activity is in by its first) and no other
+        if list(map(top_held.__getitem__, self.tops)) != held or sum(map(len, map(_LAUNCHED, inside))) != len(kept) \
+                or not all(kept.issuperset(map(id, self.calls[i][1])) for i in self.several if held[i]):
+            return TraceCalls.of(view)
+        groups, ops_of, first = [], {}, {}  # first: id(group) -> its first call's place in the trace's
+        for whole in self.groups:
+            if whole.op is not None:
+                places = self.members[id(whole)]
+                flags = list(map(held.__getitem__, places))
+                if any(flags):
+                    group = held_group(view, whole, flags)
+                    groups.append(group)
+                    ops_of[id(group)] = list(compress(self.nesting.ops_of[id(whole)], flags))
+                    first[id(group)] = places[flags.index(True)]
+        outside = [i for i in self.synthetic if held[i]]
+        place = {self.calls[i][0]: i for i in outside}
+        for group in grouped_calls(view, [self.calls[i] for i in outside]):
+            groups.append(group)
+            first[id(group)] = place[launcher_of(group.calls[0][0])]
+        groups.sort(key=lambda g: (-g.total, first[id(g)]))  # grouped_calls's order: ties to the first called
+        top_of = self.top_of
+        nesting = _Nesting(view, self.trace.op_parents, groups, self.nesting, lambda op: top_held[top_of.get(op, op)],
+                           ops_of)
+        launcher_calls = None
+        if self.launcher_calls is not None and any(
+                category(name) == "communication" for name in set(map(_NAME, view.gpu))):
+            launcher_calls = [call for call in self.launcher_calls if id(call[1][0]) in kept]
+        return TraceCalls(view, inside, launcher_calls, groups, nesting)
+
+
+_LAUNCHED, _NUMBER = itemgetter(1), itemgetter(4)
+
+
+def trace_tables(trace: Trace, arch=None, idle_calls: bool = True,
+                 calls: TraceCalls | None = None) -> tuple[list[SignatureGroup], dict[str, list[dict]]]:
+    """The trace's signature groups and all its op tables, from its calls (TraceCalls) where
+    they are known."""
+    calls = calls or TraceCalls.of(trace)
+    groups, nesting = calls.groups, calls.nesting
     perf, rows_by_calls = perf_groups(trace, groups, nesting)
     # TraceLens's kernel launchers (ops_summary, by category, unique args) count no NCCL/RCCL kernel
-    launchers = signature_groups(trace, collectives=False) if any(
-        category(name) == "communication" for name in set(map(_NAME, trace.gpu))) else groups
+    launchers = grouped_calls(trace, calls.launcher_calls) if calls.launcher_calls is not None else groups
     return groups, ops_tables(launchers, perf, sheet_groups(trace, nesting, rows_by_calls, idle_calls), arch)

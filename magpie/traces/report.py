@@ -19,7 +19,7 @@ from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.kernels import normalize
 from magpie.traces.ingest import NotATrace, Trace, TraceError, collector_paused, load_trace, trace_files
 from magpie.traces.ops_tables import MIB, PERF_FAMILIES, table_columns
-from magpie.traces.perf_rows import trace_tables
+from magpie.traces.perf_rows import TraceCalls, trace_tables
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
 from magpie.traces.roofline_table import roofline_rows
 from magpie.traces.sources import SourceIndex, resolve
@@ -96,9 +96,13 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
             suffix = "" if len(timelines) == 1 and len(devices) == 1 else f"_rank{rank}_dev{device}"
             atomic_write(out / f"gpu_timeline{suffix}.csv", _csv(rows, TIMELINE_COLUMNS))
     labels = _labels(traces)
-    pages = [_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[ranks[i]], rank=ranks[i])
-             for i, t in enumerate(traces)]
-    tracelens = _tracelens_analysis(traces, labels, out, analysis_mode, arch_name, top_k, pages)
+    pages, calls = [], []
+    for i, t in enumerate(traces):
+        trace_calls = TraceCalls.of(t)
+        pages.append(_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[ranks[i]],
+                                        rank=ranks[i], calls=trace_calls))
+        calls.append(trace_calls if analysis_mode == "inference" else None)  # what its stages' tables are made of
+    tracelens = _tracelens_analysis(traces, labels, out, analysis_mode, arch_name, top_k, pages, calls)
     without_kernels = [t for t in traces if not t.kernels]
     summary = {
         "explanation": _explanation(traces, without_kernels),
@@ -203,14 +207,14 @@ def _labels(traces: list[Trace]) -> list[str]:
 
 
 def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode: str, arch_name: str | None,
-                        top_k: int, pages: list[dict]) -> dict:
+                        top_k: int, pages: list[dict], calls: list[TraceCalls | None]) -> dict:
     """The `tracelens_analysis` block: what was written, and in inference mode the per-stage
-    outputs of each trace with the steps picked and why."""
+    outputs of each trace (from its calls) with the steps picked and why."""
     outputs = [path for page in pages for path in (page["roofline_file"]["path"], *page["table_files"])]
     block = {"analysis_mode": mode, "outputs": outputs, "per_stage": {}, "picks": [], "warnings": [], "errors": []}
     if mode != "inference":
         return block
-    for trace, label, page in zip(traces, labels, pages):
+    for trace, label, page, trace_calls in zip(traces, labels, pages, calls):
         steps, how = split_steps(trace)
         block["picks"].append({"trace": trace.path, **{k: v for k, v in how.items() if k != "warnings"}})
         block["warnings"] += [f"{trace.path}: {w}" for w in how.get("warnings", [])]
@@ -228,7 +232,7 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
                 timeline_files.append(str(folder / f"gpu_timeline{suffix}.csv"))
                 atomic_write(folder / f"gpu_timeline{suffix}.csv", _csv(rows, TIMELINE_COLUMNS))
             page = _per_trace_outputs(view, folder, f"{label}_{stage}", arch_name, {}, tables_folder=folder,
-                                      whole_trace=False)
+                                      whole_trace=False, calls=trace_calls.stage(view))
             files = [str(folder / "gap_analysis.csv"), *timeline_files, page["roofline_file"]["path"],
                      *page["table_files"]]
             stages[stage] = {**pick, "files": files}
@@ -238,14 +242,15 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
 
 
 def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | None, timelines: dict,
-                       tables_folder: Path | None = None, whole_trace: bool = True, rank: str = "") -> dict:
-    """The roofline CSV and op tables of one trace, with its collective analysis where it has
-    collectives (or, not `whole_trace`, one stage of it: the family sheets then leave out the
-    calls that launched nothing); returns what its section of the page shows."""
+                       tables_folder: Path | None = None, whole_trace: bool = True, rank: str = "",
+                       calls: TraceCalls | None = None) -> dict:
+    """The roofline CSV and op tables of one trace (made of its `calls`), with its collective
+    analysis where it has collectives (or, not `whole_trace`, one stage of it: the family sheets
+    then leave out the calls that launched nothing); returns what its section of the page shows."""
     arch = (lookup(trace.device_name()) if trace.device_name() else None) or \
         (lookup(arch_name) if arch_name else None)
     target = folder / f"{label}_kernel_roofline_simple.csv"
-    groups, tables = trace_tables(trace, arch, idle_calls=whole_trace)
+    groups, tables = trace_tables(trace, arch, idle_calls=whole_trace, calls=calls)
     atomic_write(target, _csv(roofline_rows(groups, arch), ROOFLINE_COLUMNS))
     table_files = []
     for name, rows in tables.items():
