@@ -1,5 +1,6 @@
-"""Timing the evaluator vouches for (on the CPU): batches of calls on input sets the worker
-has never seen, whose outputs land where the evaluator reads them.
+"""Timing the evaluator vouches for (on the CPU; on a GPU where `timing.vouched` asks, in
+device memory, `DeviceRegion`): batches of calls on input sets the worker has never seen,
+whose outputs land where the evaluator reads them.
 
 A timer inside the worker's process can be replaced by the code it times, and nothing seen
 from outside bounds how fast the work inside went unless the number of calls is proven too.
