@@ -141,3 +141,23 @@ def test_a_modified_artifact_is_never_published(failing_b, capsys):
     assert build_json(failing_b)["executed"] == ["comparison:k1"]
     rows = {row["implementation"]: row for row in json.loads(published.read_text())["results"]}
     assert rows["b"]["correctness_state"] == "FAILED"
+
+
+def test_an_artifact_rebuilt_under_its_key_is_published_again(tmp_path):
+    """A report rebuilt under the same key (its artifact was found modified) renders anew
+    (its date, say): the copy under reports/ must be the new one, not the first build's."""
+    from magpie.cli.build import publish
+    from magpie.store import Store
+
+    store = Store(tmp_path / "workspaces")
+    key = "ab" + "0" * 62
+    store.commit(key, {}, {"report.html": b"first build", "summary.md": b"first"}, task="report")
+    assert publish(store, [("report", "report", None, key)]) == []
+    published = tmp_path / "workspaces/reports/report.html"
+    assert published.read_bytes() == b"first build"
+    store.remove(key)
+    store.commit(key, {}, {"report.html": b"rebuilt a minute later", "summary.md": b"again"}, task="report")
+    assert publish(store, [("report", "report", None, key)]) == []
+    assert published.read_bytes() == b"rebuilt a minute later"
+    assert publish(store, [("report", "report", None, key)]) == []  # and once published, left alone
+    assert published.read_bytes() == b"rebuilt a minute later"

@@ -258,7 +258,7 @@ def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[st
     artifact); what is copied is checked against the artifact's digests first, and the
     bytes checked are the bytes written. Returns the tasks whose artifacts were found
     modified: announced, removed, and left for a build to rebuild."""
-    from magpie.store import Modified, atomic_write
+    from magpie.store import DIGEST, Modified, atomic_write
 
     out = store.workspace / "reports"
     try:
@@ -270,12 +270,15 @@ def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[st
     for name, rule, kernel, key in artifacts:
         if rule not in PUBLISHED or not store.has(key):
             continue
+        # which commit of the artifact: one rebuilt under the same key (it was found modified)
+        # is a new folder, and what it renders again (a report's date) is published again
+        committed = json.dumps([key, _stat(store.path(key) / DIGEST)])
         if rule in PUBLISHED_FOLDERS:
             target = out / PUBLISHED_FOLDERS[rule] / name.split(":", 1)[1]
             stamp = target / ".artifact"
-            if stamp.is_file() and stamp.read_text() == key:
-                continue  # published already: keeps the no-op build a stat per artifact
-        elif _still_published(ledger.get(name), key, out):
+            if stamp.is_file() and stamp.read_text() == committed:
+                continue  # published already: keeps the no-op build a stat or two per artifact
+        elif _still_published(ledger.get(name), committed, out):
             continue
         try:
             contents = store.verified_files(key, name)
@@ -290,7 +293,7 @@ def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[st
             for rel, data in contents.items():
                 (staging / rel).parent.mkdir(parents=True, exist_ok=True)
                 (staging / rel).write_bytes(data)
-            (staging / ".artifact").write_text(key)
+            (staging / ".artifact").write_text(committed)
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
             continue
@@ -304,15 +307,16 @@ def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[st
                 target.unlink(missing_ok=True)  # a new file: never written through a link put there
                 target.write_bytes(contents[produced])
                 files[rel] = _stat(target)
-        ledger[name] = {"key": key, "files": files}
+        ledger[name] = {"key": committed, "files": files}
     if json.dumps(ledger, sort_keys=True) != before:
         atomic_write(out / LEDGER, json.dumps(ledger, sort_keys=True))
     return bad
 
 
-def _still_published(entry, key: str, out: Path) -> bool:
-    """Whether the files published from this artifact are there, untouched since (a stat each)."""
-    if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("files"), dict):
+def _still_published(entry, committed: str, out: Path) -> bool:
+    """Whether the files published from this commit of the artifact are there, untouched since
+    (a stat each)."""
+    if not isinstance(entry, dict) or entry.get("key") != committed or not isinstance(entry.get("files"), dict):
         return False
     return bool(entry["files"]) and all(_stat(out / rel) == stat for rel, stat in entry["files"].items())
 
