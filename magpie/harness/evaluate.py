@@ -729,8 +729,7 @@ class Evaluator:
             batches.busy_wall_ns(wall_ns, before, after, waited)
         measured.last_wall_ns = wall_ns
         if round_index is not None:
-            measured.add_batch(role, round_index, max(1, round(taken_ns / calls - measured.harness_ns)), calls,
-                               wall_ns / 1e9)
+            measured.add_batch(role, round_index, taken_ns, calls, wall_ns / 1e9)
         self._judge_batch(role, region, batch, calls, testcase, measured)
         return taken_ns
 
@@ -746,8 +745,7 @@ class Evaluator:
                                         measured.phases[role] if round_index is not None else None)
         measured.last_wall_ns = taken_ns
         if round_index is not None:
-            per_call = (taken_ns - measured.round_trip_ns) / calls - measured.harness_ns
-            measured.add_batch(role, round_index, max(1, round(per_call)), calls, taken_ns / 1e9)
+            measured.add_batch(role, round_index, taken_ns, calls, taken_ns / 1e9)
         self._judge_batch(role, region, batch, calls, testcase, measured)
         late_ns = region.probe_ns()
         if late_ns > max(LATE_PROBE_FACTOR * region.idle_probe_ns, LATE_PROBE_MIN_NS) and role not in measured.failed:
@@ -1235,12 +1233,14 @@ class Rounds:
         for key, value in account.items():
             self.account[role][key] += value
 
-    def add_batch(self, role: str, round_index: int, per_call_ns: int, calls: int, wall_s: float) -> None:
-        """One vouched batch: its per-call time is one sample of round `round_index`."""
+    def add_batch(self, role: str, round_index: int, taken_ns: float, calls: int, wall_s: float) -> None:
+        """One vouched batch that took `taken_ns`: less what a batch of no calls takes (the GPU's;
+        none on the CPU) and the harness's cost per call, its per-call time is one sample of round
+        `round_index`."""
         while len(self.sizes[role]) <= round_index:
             self.sizes[role].append(0)
             self.calls[role].append(0)
-        self.samples[role].append(per_call_ns)
+        self.samples[role].append(max(1, round((taken_ns - self.round_trip_ns) / calls - self.harness_ns)))
         self.sizes[role][round_index] += 1
         self.calls[role][round_index] += calls
         self.wall[role] += wall_s
