@@ -41,13 +41,18 @@ for step in "$@"; do
     traces) timeout 150 python3 bench/capture_traces.py /tmp/s/traces ${CAPTURES:-serving_steps,llama_unannotated,conv_net,fp8_scaled_mm} > /tmp/s/traces.txt 2>&1 ;;
     nccl) timeout 120 python3 bench/capture_traces.py /tmp/s/traces tp2_collectives >> /tmp/s/traces.txt 2>&1 ;;
     sweep) python3 bench/timer_sweep.py /tmp/s/timer_sweep.json --timeout ${SWEEP_S:-280} > /tmp/s/sweep.txt 2>&1 ;;
+    sweep_vouched) python3 bench/timer_sweep.py /tmp/s/timer_sweep_vouched.json --vouched --timeout ${SWEEP_S:-280} \
+                  > /tmp/s/sweep_vouched.txt 2>&1 ;;
     sweep_swap) python3 bench/timer_sweep.py /tmp/s/timer_sweep_swap.json --swap --timeout ${SWEEP_S:-200} \
                   > /tmp/s/sweep_swap.txt 2>&1 ;;
+    ipc) timeout 120 python3 bench/ipc_bandwidth.py /tmp/s/ipc_bandwidth.json > /tmp/s/ipc.txt 2>&1 ;;
+    vouched) timeout ${VOUCHED_S:-200} python3 bench/gpu_vouched.py /tmp/s/gpu_vouched.json ${VOUCHED_SHAPES:-} \
+               > /tmp/s/vouched.txt 2>&1 ;;
     coverage) timeout 300 python3 bench/interval_coverage.py /tmp/s/interval_coverage.json > /tmp/s/coverage.txt 2>&1 ;;
     throughput) timeout 560 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
   esac
 done
 tar czf "$OUT/gpu_session.tar.gz" -C /tmp s || { echo "gpu_session: no archive written" >&2; [ "$status" -ne 0 ] || status=1; }
-cat /tmp/s/env.txt; tail -5 /tmp/s/gpu_tests.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
-grep -E "FAILED|build exit" /tmp/s/sweep.txt /tmp/s/sweep_swap.txt 2>/dev/null | cut -c1-220; tail -14 /tmp/s/coverage.txt 2>/dev/null; cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; grep -E '"(ncu_median_us|do_bench_median_us|magpie_median_us|magpie_repeat_cv)"|gemm' /tmp/s/gemms.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
+cat /tmp/s/env.txt; cat /tmp/s/ipc.txt /tmp/s/vouched.txt 2>/dev/null | grep -v '^ *[{}"]' | cut -c1-400; tail -5 /tmp/s/gpu_tests.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
+grep -E "FAILED|build exit" /tmp/s/sweep.txt /tmp/s/sweep_swap.txt /tmp/s/sweep_vouched.txt 2>/dev/null | cut -c1-220; tail -14 /tmp/s/coverage.txt 2>/dev/null; cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; grep -E '"(ncu_median_us|do_bench_median_us|magpie_median_us|magpie_repeat_cv)"|gemm' /tmp/s/gemms.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
 exit $status

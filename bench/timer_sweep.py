@@ -175,7 +175,7 @@ def kernel_block(kid: str, ktype: str, baseline: tuple, candidates: list, spec: 
     return text
 
 
-def write_project(root: Path, swap: bool) -> None:
+def write_project(root: Path, swap: bool, vouched: bool = False) -> None:
     files = {
         "scale_add/spec.py": SCALE_ADD_SPEC, "scale_add/torch_impl.py": SCALE_ADD_TORCH,
         "scale_add/triton_impl.py": SCALE_ADD_TRITON, "scale_add/cuda_impl.cu": SCALE_ADD_CUDA,
@@ -222,6 +222,7 @@ def write_project(root: Path, swap: bool) -> None:
             f"loop{steps}", "pytorch", ("a", "pytorch", f"loop{steps}/a.py"), [("b", "pytorch", f"loop{steps}/b.py")],
             f"loop{steps}/spec.py", "[4096]", "float32", 1e-3, 1e-3, swapped(False)))
     header = ('[project]\nname = "timer-sweep"\ndevice = "cuda"\n\n[defaults]\ntrials = 1\ntimeout_s = 300\n\n'
+              f'[defaults.timing]\nvouched = {str(vouched).lower()}\n\n'
               '[[rule]]\nname = "profile"\ndevices = []\n\n')  # counters are not what this measures
     (root / "magpie.toml").write_text(header + "\n".join(blocks))
 
@@ -258,12 +259,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--swap", action="store_true", help="time each kernel in the mode auto would not choose")
+    parser.add_argument("--vouched", action="store_true", help="time with timing.vouched (the evaluator's clock)")
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=280, help="seconds; the rows built by then are kept")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="magpie-sweep-") as tmp:
         root = Path(tmp)
-        write_project(root, args.swap)
+        write_project(root, args.swap, args.vouched)
         if os.environ.get("SWEEP_DRY_RUN"):  # the graph it would build, on any machine
             return subprocess.run([sys.executable, "-m", "magpie", "build", "-n"], cwd=root).returncode
         started = time.monotonic()
@@ -275,7 +277,7 @@ def main() -> int:
         wall = time.monotonic() - started
         rows = collect(root)
     false = [r for r in rows if r["correctness_state"] == "SUCCESS" and r["performance_state"] != "SUCCESS"]
-    Path(args.out).write_text(json.dumps({"swap": args.swap, "build_wall_s": round(wall, 1),
+    Path(args.out).write_text(json.dumps({"swap": args.swap, "vouched": args.vouched, "build_wall_s": round(wall, 1),
                                           "build_exit": proc.returncode, "rows": rows}, indent=1))
     for r in rows:
         c = r["candidate"] or {}

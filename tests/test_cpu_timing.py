@@ -182,11 +182,43 @@ def test_vouched_gpu_timing_is_opt_in_and_only_for_tensors_on_the_projects_devic
 def test_gpu_batch_phases_are_medians_that_skip_what_a_worker_did_not_say():
     from magpie.harness.evaluate import batch_phases
 
-    records = [{"calls": 16, "answer_ns": 2_000_000, "stop_ns": 300_000, "probe_ns": 20_000,
-                "worker_loop_ns": 500_000, "worker_sync_ns": 1_400_000},
-               {"calls": 16, "answer_ns": 2_200_000, "stop_ns": 100_000, "probe_ns": 40_000,
-                "worker_loop_ns": None, "worker_sync_ns": "fast"},
-               {"calls": 8, "answer_ns": 1_000_000, "stop_ns": 200_000, "probe_ns": 30_000}]
+    records = [{"calls": 16, "clock_ns": 1_700_000, "answer_ns": 2_000_000, "stop_ns": 300_000,
+                "worker_loop_ns": 500_000},
+               {"calls": 16, "clock_ns": 1_900_000, "answer_ns": 2_200_000, "stop_ns": 100_000,
+                "worker_loop_ns": "fast"},
+               {"calls": 8, "clock_ns": 800_000, "answer_ns": 1_000_000, "stop_ns": 200_000,
+                "worker_loop_ns": None}]
     phases = batch_phases(records)
-    assert phases == {"calls": 16, "answer_us": 2000.0, "stop_us": 200.0, "probe_us": 30.0,
-                      "worker_loop_us": 500.0, "worker_sync_us": 1400.0}
+    assert phases == {"calls": 16, "clock_us": 1700.0, "answer_us": 2000.0, "stop_us": 200.0,
+                      "worker_loop_us": 500.0}
+
+
+def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_and_padding_moves_only_its_own():
+    """Batches of two sizes a round: the line through a role's times against its calls meets
+    zero calls at what a batch costs besides them; the common cost is the least role's, never
+    below what its calibration batches took."""
+    from magpie.harness.evaluate import fixed_cost
+
+    def batches(fixed_ns, per_call_ns, sizes, short_extra_ns=0.0):
+        records = [(None, 10 * fixed_ns, 1, 0.0), (None, 3 * fixed_ns, 2, 0.0)]  # sizing batches: left out
+        for i, calls in enumerate(sizes):
+            wobble = 1_000 if i % 3 == 0 else -500
+            extra = short_extra_ns if calls < max(sizes) else 0.0
+            records.append((i // 4, fixed_ns + per_call_ns * calls + wobble + extra, calls, 0.0))
+        return records
+
+    honest = batches(550_000, 104_000, [12, 6] * 6)
+    assert abs(fixed_cost({"baseline": honest}, {"baseline": 450_000}) - 550_000) < 2_000
+    # a candidate that pads its short batches raises nothing taken off its calls: its line
+    # rises (250 µs) or tilts the wrong way (1 ms), and the baseline's, or the calibration, stands
+    for extra in (250_000, 1_000_000):
+        padded = batches(550_000, 30_000, [40, 20] * 6, short_extra_ns=extra)
+        both = fixed_cost({"baseline": honest, "candidate": padded}, {"baseline": 450_000, "candidate": 450_000})
+        assert 450_000 <= both < 552_000
+    # no less than the calibration; where the sizes do not vary, the calibration alone
+    assert fixed_cost({"baseline": batches(300_000, 104_000, [12, 6] * 6)}, {"baseline": 450_000}) == 450_000
+    assert fixed_cost({"baseline": batches(550_000, 104_000, [12] * 12)}, {"baseline": 450_000}) == 450_000
+    # calls of 5 µs in batches of 14 and 7 whose times wander by 50 µs: the line is noise
+    noisy = [(r, 550_000 + 5_000 * n + (50_000 if i % 2 else -40_000) * (1 if i % 3 else -1), n, 0.0)
+             for i, (r, n) in enumerate((i // 4, n) for i, n in enumerate([14, 7] * 6))]
+    assert fixed_cost({"baseline": noisy}, {"baseline": 450_000}) == 450_000

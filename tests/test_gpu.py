@@ -110,9 +110,9 @@ def test_gpu_vouched_batches_catch_cheats_and_credit_none(gpu_adversarial):
 
 
 def test_work_left_on_a_side_stream_after_answering_is_timed_or_fails(tmp_path):
-    """A candidate that disables the wait before the worker answers and leaves 1 ms of work a
-    call queued on a stream of its own: the evaluator's clock runs until its own probe behind
-    that work has run, or the outputs read before it finished fail the batch."""
+    """A candidate that leaves 1 ms of work a call queued on a stream of its own, behind the
+    event that stops the evaluator's clock: its outputs are taken for the checks in the
+    evaluator's stream right behind that event, so the work is timed or the batch fails."""
     report = relu2_report(tmp_path, ["defers_to_side_stream"], shapes="[[4096, 4096]]", jobs=1,
                           defaults="timeout_s = 60", device="cuda", timing=VOUCHED)
     row = next(r for r in report["results"] if r["implementation"] == "defers_to_side_stream")

@@ -114,3 +114,32 @@ def test_one_nvidia_smi_query_feeds_keys_and_gpu_info():
     gpus = parse_nvidia_smi("NVIDIA H200, 143771, 580.159.04, 9.0, 1980\nnot a gpu line\n")
     assert gpus == [{"vendor": "NVIDIA", "name": "NVIDIA H200", "memory_mib": 143771, "driver": "580.159.04",
                      "architecture": "sm_90", "max_sm_clock_mhz": "1980"}]
+
+
+def test_h200_vouched_timing_reads_a_large_kernel_as_the_worker_timer_does_and_credits_no_cheat():
+    """What docs/benchmarks.md and docs/security.md say of `timing.vouched` on the H200
+    (`bench/gpu_vouched.py`): the 4096x4096 relu reads within 2% of the worker's own events,
+    a cache by input address earns nothing and a kernel wrong only while timed fails."""
+    runs = json.loads((H200 / "gpu_vouched.json").read_text())
+    vouched, worker = runs["large vouched"]["rows"], runs["large worker timer"]["rows"]
+    assert abs(vouched["good"]["median_us"] / worker["good"]["median_us"] - 1) < 0.02
+    assert "evaluator's own CUDA events" in vouched["good"]["method"]
+    for shape in ("large", "small"):
+        rows = runs[f"{shape} vouched"]["rows"]
+        assert rows["memoizes"]["speedup"] < 1 and rows["lazy_when_timed"]["performance_state"] == "FAILED"
+    assert runs["small worker timer"]["rows"]["memoizes"]["speedup"] > 2  # what the default credits
+
+
+def test_h200_memory_lent_through_cuda_ipc_is_no_slower_and_the_evaluators_events_track_the_workers():
+    """The measurements behind the vouched clock (`bench/ipc_bandwidth.py`,
+    `bench/vouched_clock.py`): lent and own memory alike; the evaluator's events within 1% of
+    the worker's per call, where its host clock until a probe kernel read 4% over."""
+    lent = json.loads((H200 / "ipc_bandwidth.json").read_text())["us_per_call"]
+    assert abs(lent["lent memory, new inputs, copy"]["borrower_events_us_per_call"]
+               / lent["own memory, new inputs, copy"]["borrower_events_us_per_call"] - 1) < 0.01
+    clock = json.loads((H200 / "vouched_clock.json").read_text())["rows"]
+    for workload in ("large eager", "small graph"):
+        row = clock[f"{workload}, event"]
+        assert abs(row["evaluator_us_per_call"] / row["worker_events_us_per_call"] - 1) < 0.01
+    probe = clock["large eager, probe"]
+    assert probe["evaluator_us_per_call"] / probe["worker_events_us_per_call"] > 1.03

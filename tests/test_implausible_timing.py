@@ -138,7 +138,8 @@ def reference(x):
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_an_output_that_aliases_its_input_is_an_impossible_time(tmp_path):
+@pytest.mark.parametrize("vouched", [False, True], ids=["worker_timer", "vouched"])
+def test_on_the_gpu_an_output_that_aliases_its_input_is_an_impossible_time(tmp_path, vouched):
     (tmp_path / "spec.py").write_text(COPY_SPEC)
     files = {
         "clones": "def kernel(x):\n    return x.clone()\n",
@@ -148,7 +149,7 @@ def test_on_the_gpu_an_output_that_aliases_its_input_is_an_impossible_time(tmp_p
     }
     for name, text in files.items():
         (tmp_path / f"{name}.py").write_text(text)
-    (tmp_path / "magpie.toml").write_text("""[project]
+    (tmp_path / "magpie.toml").write_text(f"""[project]
 name = "copy"
 device = "cuda"
 
@@ -159,6 +160,7 @@ trials = 1
 warmup_ms = 10
 budget_ms = 60
 rounds = 3
+vouched = {str(vouched).lower()}
 
 [[kernel]]
 id = "copy"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import random
 import time
 from pathlib import Path
 
@@ -167,6 +168,10 @@ class Region:
         # what is missing reads as the fill it had before the batch, byte for byte: unwritten
         self._bytes[layout.out_base + got:layout.out_base + outputs] = self._poison[got:outputs]
 
+    def picks(self, calls: int) -> list[int]:
+        """The calls whose outputs are checked against the reference, chosen now."""
+        return random.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH))
+
     def outputs(self, call: int) -> tuple:
         return tuple(view.clone() for view in self._outputs[call])
 
@@ -192,9 +197,16 @@ class DeviceRegion(Region):
     """A region in GPU memory: one allocation in a memory pool of its own, lent to the worker
     through CUDA IPC once (IPC lends the whole allocator segment: nothing else may lie in it),
     written and read by the evaluator in place. Unlike a file it cannot shrink; unlike a stopped
-    process, GPU work the worker queued can still run while it is stopped: the evaluator's own
-    clock runs until its probe behind that work has finished (`finish`), and a probe that waits
-    on the worker's work after the outputs were read fails the batch (`Evaluator._batch`)."""
+    process, GPU work the worker queued can still run while it is stopped.
+
+    A batch's clock is the evaluator's own pair of CUDA events: one recorded before the
+    request (`start`), one its stream records once it has waited on an interprocess event the
+    worker records behind its calls (`stop_clock`), so the time is the GPU's, whatever the two
+    processes' host round trip took. In the same stream, right behind it, the evaluator takes
+    what it checks: which slots still hold the NaN they were filled with, and copies of the
+    outputs of a few calls chosen then. Work the worker left running behind its event has
+    either written those outputs by then or fails the checks; a probe after the checks that
+    still waits on it fails the batch (`Evaluator._device_batch`)."""
 
     def __init__(self, torch, layout: Layout, device: str, graph: bool = False):
         from magpie.harness.exchange import dumps_shared
@@ -211,11 +223,15 @@ class DeviceRegion(Region):
                         for args in layout.sets]
         self._outputs = [_views(torch, self.copy, outs) for outs in layout.outputs]
         self._lent = dumps_shared(self.copy)
+        self._done = torch.cuda.Event(interprocess=True)  # the worker records it behind a batch's calls
+        self._lent_event = dumps_shared(self._done)
         self._beacon = torch.zeros(1, device=device)
+        self._clock: tuple | None = None
+        self._taken: dict = {}
         self.idle_probe_ns = min(self.probe_ns() for _ in range(5))
 
     def offer(self) -> dict:
-        return {"ipc": self._lent, **self.layout.to_json()}
+        return {"ipc": self._lent, "done_event": self._lent_event, **self.layout.to_json()}
 
     def write(self, input_sets: list) -> None:
         for args, views in zip(input_sets, self._inputs):
@@ -224,7 +240,31 @@ class DeviceRegion(Region):
         for outs in self._outputs[:len(input_sets)]:
             for slot in outs:
                 slot.fill_(float("nan") if slot.is_floating_point() else 0)
+        self._taken = {}
         self.torch.cuda.synchronize()
+
+    def start(self) -> None:
+        """The batch's first event, recorded before its request is sent."""
+        cuda = self.torch.cuda
+        self._clock = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
+        self._clock[0].record()
+        self._clock[0].synchronize()
+
+    def stop_clock(self, calls: int) -> None:
+        """Queued once the worker answered: the batch's last event behind the worker's, then
+        what the checks read (`unwritten`, `picks`, `outputs`), taken at that point."""
+        torch = self.torch
+        torch.cuda.current_stream().wait_event(self._done)
+        self._clock[1].record()
+        flags = [view.isnan().any() for outs in self._outputs[:calls] for view in outs if view.is_floating_point()]
+        picks = random.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH)) if calls else []
+        self._taken = {"flags": torch.stack(flags) if flags else None, "per_call": len(flags) // max(calls, 1),
+                       "picks": picks, "outputs": {c: tuple(v.clone() for v in self._outputs[c]) for c in picks}}
+
+    def taken_ns(self) -> float:
+        """GPU time between the batch's two events."""
+        self._clock[1].synchronize()
+        return self._clock[0].elapsed_time(self._clock[1]) * 1e6
 
     def finish(self) -> None:
         """Returns once this process's own small kernel, queued now, has run: the GPU has
@@ -240,17 +280,21 @@ class DeviceRegion(Region):
     def read(self, calls: int) -> None:
         """The outputs are read in place."""
 
+    def picks(self, calls: int) -> list[int]:
+        return self._taken["picks"]
+
+    def outputs(self, call: int) -> tuple:
+        return self._taken["outputs"][call]
+
     def unwritten(self, calls: int) -> int | None:
-        torch = self.torch
-        flags = [view.isnan().any() for outs in self._outputs[:calls] for view in outs if view.is_floating_point()]
-        if not flags:
+        found = self._taken["flags"]
+        if found is None:
             return None
-        per_call = len(flags) // calls
-        found = torch.stack(flags).nonzero()
-        return int(found[0, 0]) // per_call if len(found) else None
+        found = found.nonzero()
+        return int(found[0, 0]) // self._taken["per_call"] if len(found) else None
 
     def close(self) -> None:
-        del self._inputs, self._outputs, self.copy
+        del self._inputs, self._outputs, self.copy, self._taken
         self.torch.cuda.synchronize()
         del self._pool
 
@@ -259,10 +303,13 @@ class WorkerViews:
     """The worker's side: tensors that are views of the region it mapped once."""
 
     def __init__(self, torch, offer: dict):
+        self.done = self.mark = None
         if "ipc" in offer:
             from magpie.harness.exchange import loads_shared
 
             region = loads_shared(offer["ipc"])
+            self.done = loads_shared(offer["done_event"])  # recorded behind each batch's calls
+            self.mark = torch.zeros(1, device=region.device)  # the kernel of a calibration batch's own
         else:
             region = torch.from_file(offer["file"], shared=True, size=int(offer["size"]), dtype=torch.uint8)
         self.inputs = []

@@ -17,7 +17,6 @@ import importlib.machinery
 import json
 import math
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -630,7 +629,7 @@ class Evaluator:
                 sets = self._fresh_sets(spec, case, f"{salt} copies", min(limit, COPY_CALIBRATION_CALLS), measured)
                 measured.harness_ns = batches.copy_ns_per_call(
                     torch, lambda args: spec.reference(args, self.init_seed), sets, expected, measured.graph)
-                measured.round_trip_ns, measured.empty_phases = self._round_trip(turns, regions)
+                measured.calibration_ns, measured.calibration_phases = self._round_trip(turns, regions)
             else:
                 measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
             target_ns = min(BATCH_MAX_MS * 1e6, max(BATCH_MIN_MS * 1e6, round_ns / BATCHES_PER_ROUND))
@@ -643,8 +642,10 @@ class Evaluator:
             for r in range(rounds):
                 made = dict.fromkeys(roles, 0)
                 b = 0
-                while due := {role: min(calls[role], a_round[role] - made[role]) for role in roles
-                              if made[role] < a_round[role]}:
+                # on a GPU, every other batch half as long: batches of two sizes tell what a batch
+                # costs besides its calls (`fixed_cost`)
+                while due := {role: min(calls[role] if not on_gpu or b % 2 == 0 else max(1, calls[role] // 2),
+                                        a_round[role] - made[role]) for role in roles if made[role] < a_round[role]}:
                     batch = Batch(self._fresh_sets(spec, case, f"{salt} {r} {b}", max(due.values()), measured),
                                   spec, self.init_seed)
                     for role in roles if b % 2 == 0 else reversed(roles):
@@ -662,6 +663,8 @@ class Evaluator:
                     except WorkerFailure:  # a worker that dies here holds nothing; the timing's own error stands
                         turns.workers[role].failed = True
                 region.close()
+        if on_gpu:
+            measured.settle_device_batches()
         measured.methods = {role: vouched_method(calls[role], measured, t, self.device) for role in roles}
         return measured
 
@@ -735,17 +738,14 @@ class Evaluator:
 
     def _device_batch(self, turns: Turns, role: str, region: batches.DeviceRegion, batch: Batch, calls: int,
                       testcase: dict, round_index: int | None, measured: Rounds, allowed_s: float) -> float:
-        """A batch on a GPU, its input sets written: the evaluator's clock from the request until
-        its own probe, queued once the worker answered and was stopped, has run. The worker
-        synchronises before it answers; work it left queued (on a stream of its own, say) runs
-        before the probe or in turns with it. A probe after the checks that still waits on the
-        worker's work fails the batch: what ran after the clock stopped could have written the
-        outputs the checks read."""
-        taken_ns = self._device_request(turns, role, region, calls, allowed_s,
-                                        measured.phases[role] if round_index is not None else None)
-        measured.last_wall_ns = taken_ns
-        if round_index is not None:
-            measured.add_batch(role, round_index, taken_ns, calls, taken_ns / 1e9)
+        """A batch on a GPU, its input sets written: the GPU time between the evaluator's own
+        events around the worker's calls (`DeviceRegion`). Work the worker left running behind
+        its event (on a stream of its own, say) has written the outputs the checks read by the
+        time the evaluator's stream took them, or fails them; a probe after the checks that
+        still waits on such work fails the batch."""
+        taken_ns, measured.last_wall_ns = self._device_request(
+            turns, role, region, calls, allowed_s, measured.phases[role] if round_index is not None else None)
+        measured.device_batches[role].append((round_index, taken_ns, calls, measured.last_wall_ns / 1e9))
         self._judge_batch(role, region, batch, calls, testcase, measured)
         late_ns = region.probe_ns()
         if late_ns > max(LATE_PROBE_FACTOR * region.idle_probe_ns, LATE_PROBE_MIN_NS) and role not in measured.failed:
@@ -758,34 +758,41 @@ class Evaluator:
         return taken_ns
 
     def _device_request(self, turns: Turns, role: str, region: batches.DeviceRegion, calls: int,
-                        allowed_s: float, phases: list | None = None) -> int:
-        """ns from a batch request until the evaluator's probe behind the worker's work has run;
-        where that went goes to `phases` (`batch_phases`)."""
+                        allowed_s: float, phases: list | None = None, own_kernel: bool = False) -> tuple[float, int]:
+        """GPU ns between the evaluator's events around a batch request (`DeviceRegion.start`,
+        `stop_clock`), and the host's wall ns from the request until the worker was stopped;
+        where the time went goes to `phases` (`batch_phases`). `own_kernel`: a batch of no calls
+        in which the worker runs one small kernel of the harness's."""
         worker = turns.give(role)
+        region.start()
         started = time.perf_counter_ns()
-        worker.send({"op": "batch", "calls": calls, "graph": region.graph})
+        worker.send({"op": "batch", "calls": calls, "graph": region.graph and not own_kernel,
+                     "own_kernel": own_kernel})
         answer = worker.receive(self.timeout + allowed_s)
         answered = time.perf_counter_ns()
+        region.stop_clock(calls)
         self._hold(worker)
         held = time.perf_counter_ns()
-        region.finish()
-        finished = time.perf_counter_ns()
+        taken_ns = region.taken_ns()
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         if phases is not None:
-            phases.append({"calls": calls, "answer_ns": answered - started, "stop_ns": held - answered,
-                           "probe_ns": finished - held, "worker_loop_ns": answer.get("loop_ns"),
-                           "worker_sync_ns": answer.get("sync_ns")})
-        return finished - started
+            phases.append({"calls": calls, "clock_ns": taken_ns, "answer_ns": answered - started,
+                           "stop_ns": held - answered, "worker_loop_ns": answer.get("loop_ns")})
+        return taken_ns, held - started
 
-    def _round_trip(self, turns: Turns, regions: dict[str, batches.DeviceRegion]) -> tuple[int, dict]:
-        """What a batch of no calls takes, request to probe: the least of a few per worker, and of
-        the workers (a worker that answers an empty batch slowly would have more taken off); and
-        where their time went (`batch_phases`)."""
+    def _round_trip(self, turns: Turns, regions: dict[str, batches.DeviceRegion]) -> tuple[dict[str, float], dict]:
+        """The least a batch costs besides its calls on the evaluator's events, per worker: the
+        request reaching it, the GPU switching to its process and back. Measured as the median
+        of a few batches of no calls in which the worker runs one small kernel of the harness's
+        (a batch of nothing at all leaves the switch out); also where their time went
+        (`batch_phases`)."""
         trips: list[dict] = []
-        taken = min(self._device_request(turns, role, region, 0, 1.0, trips)
-                    for _ in range(ROUND_TRIPS) for role, region in regions.items())
-        return taken, batch_phases(trips)
+        taken = {role: [] for role in regions}
+        for _ in range(ROUND_TRIPS):
+            for role, region in regions.items():
+                taken[role].append(self._device_request(turns, role, region, 0, 1.0, trips, own_kernel=True)[0])
+        return {role: median(times) for role, times in taken.items()}, batch_phases(trips)
 
     def _judge_batch(self, role: str, region: batches.Region, batch: Batch, calls: int, testcase: dict,
                      measured: Rounds) -> None:
@@ -804,14 +811,15 @@ class Evaluator:
                                 "was stopped (it left its process group): its time cannot be vouched for")
 
     def _check_batch(self, region: batches.Region, batch: Batch, calls: int, testcase: dict) -> dict:
-        """Every output slot written, and a few calls, chosen now, right with their inputs unchanged."""
+        """Every output slot written, and a few calls, chosen after the answer, right with their
+        inputs unchanged."""
         region.read(calls)
         unwritten = region.unwritten(calls)
         if unwritten is not None:
             return {"passed": False, "check": "finite", "kind": "finite", "checked": calls,
                     "where": f"timed call {unwritten + 1} of a batch of {calls}",
                     "detail": "its output slot still held the NaN it was filled with: the call did not write it"}
-        for call in random.SystemRandom().sample(range(calls), min(calls, batches.CHECKED_PER_BATCH)):
+        for call in region.picks(calls):
             record = compare_inputs(batch.sets[call], region.inputs(call)) or compare_outputs(
                 region.outputs(call), batch.reference(call),
                 testcase["rtol"], testcase["atol"])
@@ -832,8 +840,10 @@ class Evaluator:
                                    "wall_per_call_us": measured.wall[role] * 1e6 / max(calls, 1),
                                    "harness_us_per_call": measured.harness_ns / 1000,
                                    "round_trip_us": measured.round_trip_ns / 1000,
+                                   "calibration_us": measured.calibration_ns[role] / 1000
+                                   if role in measured.calibration_ns else None,
                                    "batch_phases": {"batches": batch_phases(measured.phases[role]),
-                                                    "empty_batches": measured.empty_phases}
+                                                    "calibration_batches": measured.calibration_phases}
                                    if measured.phases.get(role) else None,
                                    "outputs_checked": measured.checked.get(role, 0)}
             else:
@@ -1201,10 +1211,13 @@ class Rounds:
         self.checked: dict[str, int] = {}
         self.failed: dict[str, dict] = {}
         self.harness_ns = 0.0
-        self.round_trip_ns = 0  # on a GPU, what a batch of no calls takes (`Evaluator._round_trip`)
+        self.round_trip_ns = 0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
+        self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`Evaluator._round_trip`)
+        # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
+        self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
         self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
         self.phases: dict[str, list[dict]] = {role: [] for role in roles}  # on a GPU, per batch (`batch_phases`)
-        self.empty_phases: dict | None = None  # the same for batches of no calls
+        self.calibration_phases: dict | None = None  # the same for the batches that measured it
         self.by_cpu_time = False  # samples from CPU time, not wall time (`Evaluator._batch`)
         self.set_ns = 0.0  # how long the evaluator took to make one input set, lately
         self.last_wall_ns = 0.0  # the last batch's wall time
@@ -1234,9 +1247,9 @@ class Rounds:
             self.account[role][key] += value
 
     def add_batch(self, role: str, round_index: int, taken_ns: float, calls: int, wall_s: float) -> None:
-        """One vouched batch that took `taken_ns`: less what a batch of no calls takes (the GPU's;
-        none on the CPU) and the harness's cost per call, its per-call time is one sample of round
-        `round_index`."""
+        """One vouched batch that took `taken_ns`: less what a batch costs besides its calls (the
+        GPU's; none on the CPU) and the harness's cost per call, its per-call time is one sample of
+        round `round_index`."""
         while len(self.sizes[role]) <= round_index:
             self.sizes[role].append(0)
             self.calls[role].append(0)
@@ -1244,6 +1257,15 @@ class Rounds:
         self.sizes[role][round_index] += 1
         self.calls[role][round_index] += calls
         self.wall[role] += wall_s
+
+    def settle_device_batches(self) -> None:
+        """On a GPU, once every batch is in: what a batch costs besides its calls
+        (`fixed_cost`), then each round's batch a sample (`add_batch`)."""
+        self.round_trip_ns = fixed_cost(self.device_batches, self.calibration_ns)
+        for role, records in self.device_batches.items():
+            for round_index, taken_ns, calls, wall_s in records:
+                if round_index is not None:
+                    self.add_batch(role, round_index, taken_ns, calls, wall_s)
 
     def speedup(self, statistic: str = "median") -> float:
         """The point estimate, median(baseline) / median(candidate), or the means' ratio."""
@@ -1288,7 +1310,10 @@ GENERATION_FACTOR = 2.0
 # least LATE_PROBE_MIN_NS) waited on work the worker left running.
 LATE_PROBE_FACTOR = 20
 LATE_PROBE_MIN_NS = 500_000
-ROUND_TRIPS = 5
+ROUND_TRIPS = 7
+# A GPU batch's fixed cost comes from the line through its batches' times where the
+# intercept's standard error is at most this share of the time of a batch's calls.
+INTERCEPT_ERROR_SHARE = 0.05
 COPY_CALIBRATION_CALLS = 4
 WALL_SHARE = 4.0
 
@@ -1308,12 +1333,46 @@ class Batch:
         return self._references[call]
 
 
+def fixed_cost(device_batches: dict[str, list[tuple]], calibration_ns: dict[str, float]) -> float:
+    """What a GPU batch costs besides its calls, the same for every role: per role, the
+    intercept of a least-squares line through its rounds' batches' times against their calls
+    (batches of two sizes in turn; the sizing batches left out: a worker's first calls run
+    slower, which tilts a line through them), no less than its calibration
+    (`Evaluator._round_trip`), which stands alone where the sizes do not vary or the line is
+    too uncertain (`INTERCEPT_ERROR_SHARE`); then the least of the roles. A worker that slows
+    its short batches raises only its own intercept, or tilts its line into distrust; one
+    that speeds them up has more counted against every role's calls, its own included. On the
+    H200 a batch of 12-16 calls cost about 0.1 ms more besides its calls than the calibration's."""
+    costs = []
+    for role, records in device_batches.items():
+        points = [(calls, taken_ns) for round_index, taken_ns, calls, _ in records
+                  if calls and round_index is not None]
+        floor = calibration_ns.get(role, 0.0)
+        sizes = {calls for calls, _ in points}
+        if len(sizes) < 2:
+            costs.append(floor)
+            continue
+        mean_n = fmean(n for n, _ in points)
+        mean_t = fmean(t for _, t in points)
+        spread = sum((n - mean_n) ** 2 for n, _ in points)
+        slope = sum((n - mean_n) * (t - mean_t) for n, t in points) / spread
+        intercept = mean_t - slope * mean_n
+        residual = sum((t - intercept - slope * n) ** 2 for n, t in points) / max(len(points) - 2, 1)
+        error = math.sqrt(residual * (1 / len(points) + mean_n ** 2 / spread))
+        # a line the batches' noise could tilt (small calls, batches short of them) tells
+        # nothing: the calibration stands
+        trusted = slope > 0 and error <= INTERCEPT_ERROR_SHARE * slope * mean_n
+        costs.append(max(floor, intercept) if trusted else floor)
+    return min(costs) if costs else 0.0
+
+
 def batch_phases(records: list[dict]) -> dict:
-    """Where GPU batches' time went, medians in µs: the request until the answer, stopping the
-    worker, the evaluator's probe; the worker's own account of its loop and its wait for the
-    GPU (it could say anything: a diagnostic of the method, never a sample); calls a batch."""
+    """Where GPU batches' time went, medians in µs: the evaluator's events (the sample's
+    source), its host clock from the request until the answer and on until the worker had
+    stopped; the worker's own account of its loop (it could say anything: a diagnostic of the
+    method, never a sample); calls a batch."""
     out = {}
-    for key in ("calls", "answer_ns", "stop_ns", "probe_ns", "worker_loop_ns", "worker_sync_ns"):
+    for key in ("calls", "clock_ns", "answer_ns", "stop_ns", "worker_loop_ns"):
         values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
         if values:
             out[key.replace("_ns", "_us")] = median(values) / (1 if key == "calls" else 1000)
@@ -1322,11 +1381,12 @@ def batch_phases(records: list[dict]) -> dict:
 
 def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -> str:
     if device.startswith("cuda"):
-        clock = "the evaluator's clock from the request until its own GPU probe, queued after the answer, had run"
+        clock = ("the evaluator's own CUDA events, one recorded before the request, one behind an event the worker "
+                 "records after its calls")
         if measured.graph:
             clock += " (each batch one replay of a CUDA graph of its calls)"
-        less = (f"a batch of no calls ({measured.round_trip_ns / 1000:.3g} µs) and the copies of its outputs into "
-                f"their slots ({measured.harness_ns / 1000:.2g} µs of GPU time a call)")
+        less = (f"what a batch costs besides its calls ({measured.round_trip_ns / 1000:.3g} µs) and the copies of its "
+                f"outputs into their slots ({measured.harness_ns / 1000:.2g} µs of GPU time a call)")
     else:
         clock = ("the CPU time the kernel counted for all the worker's threads and processes" if measured.by_cpu_time
                  else "the evaluator's clock less the scheduler's waits")
