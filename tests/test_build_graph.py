@@ -185,8 +185,13 @@ def test_jobs_fork_from_the_pool_server_started_before_the_executor():
 
 
 def _children(pid: int) -> list[int]:
-    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()]
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:  # a thread that ended since it was listed
+            pass
+    return children
 
 
 def _cmdline(pid: int) -> bytes:
