@@ -188,3 +188,22 @@ def test_a_reused_evaluator_forgets_project_modules_but_keeps_libraries(tmp_path
         importlib.import_module("project_helper")
         importlib.import_module("wave")
     assert "project_helper" not in sys.modules and "wave" in sys.modules and sys.path == path
+
+
+def test_inputs_are_the_seeds_whether_or_not_the_factory_takes_a_generator(tmp_path):
+    """A factory with a `generator` parameter draws from the one it is given; one without draws
+    from torch's global generator, seeded per set: either way a set's seed alone decides it."""
+    from magpie.harness.spec import Case, ReferenceSpec
+
+    (tmp_path / "with_generator.py").write_text(
+        "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
+        "    return (torch.randn(shape, generator=generator, dtype=dtype),)\n\ndef reference(x):\n    return x\n")
+    (tmp_path / "global_rng.py").write_text(
+        "import torch\n\ndef make_inputs(shape, dtype):\n"
+        "    return (torch.rand(shape, dtype=dtype), torch.randint(0, 9, shape))\n\ndef reference(x, i):\n    return x\n")
+    testcase = {"inputs": "make_inputs", "reference": "reference", "shapes": [[5, 7]], "dtypes": ["float32"]}
+    for name in ("with_generator.py", "global_rng.py"):
+        spec = ReferenceSpec(tmp_path / name, testcase, "cpu")
+        first, again, other = (spec.make_inputs(Case("c", [5, 7], "float32", 0, seed)) for seed in (11, 11, 12))
+        assert all(a.equal(b) for a, b in zip(first, again)), name
+        assert not first[0].equal(other[0]), name
