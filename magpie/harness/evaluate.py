@@ -692,7 +692,7 @@ class Evaluator:
     def _fresh_sets(self, spec: ReferenceSpec, case, salt: str, count: int, measured: Rounds) -> list:
         """`count` input sets of new seeds; how long one took to make goes to `measured.set_ns`."""
         started = time.perf_counter_ns()
-        sets = [spec.make_inputs(c) for c in _rotation(case, salt, count)]
+        sets = [spec.make_inputs(c, checked=False) for c in _rotation(case, salt, count)]
         measured.set_ns = (time.perf_counter_ns() - started) / count
         return sets
 
