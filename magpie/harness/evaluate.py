@@ -1304,8 +1304,9 @@ BATCHES_PER_ROUND = 4
 BATCH_MIN_MS = 1.0
 BATCH_MAX_MS = 20.0
 SIZING_BATCHES = 6
-# The input sets a vouched measurement draws take at most this many times its budget to make.
-GENERATION_FACTOR = 2.0
+# The input sets a vouched measurement draws take at most this many times its budget to make
+# (at twice, an edit's CPU timing job took 2.0-2.4 s for 0.6 s of budget; at once, 1.2-1.4 s).
+GENERATION_FACTOR = 1.0
 # On a GPU, a probe after a batch's checks that takes this many times an idle one (and at
 # least LATE_PROBE_MIN_NS) waited on work the worker left running.
 LATE_PROBE_FACTOR = 20
