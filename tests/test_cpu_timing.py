@@ -58,6 +58,24 @@ def test_outputs_written_in_an_earlier_batch_do_not_count_for_the_next(pair):
     assert region.unwritten(4) == 0
 
 
+def test_the_first_unwritten_call_is_found_in_any_floating_output_of_several(tmp_path):
+    """Slots of three outputs a call (fp32, int64, fp16): a NaN left in the fp16 output of call 5
+    and the fp32 one of call 7 make call 5 the first unwritten; integer slots hold no NaN."""
+    x = torch.randn(3, 4)
+    outputs = (torch.randn(3, 4), torch.arange(5), torch.randn(7).half())
+    region = batches.Region(torch, tmp_path, batches.Layout((x,), outputs, 9))
+    views = batches.WorkerViews(torch, region.offer())
+    region.write([(torch.randn(3, 4),) for _ in range(9)])
+    batches.run_batch(torch, lambda x: outputs, views.inputs[:9], views.outputs[:9])
+    views.outputs[7][0][1, 2] = float("nan")
+    views.outputs[5][2][6] = float("nan")
+    region.read(9)
+    assert region.unwritten(9) == 5 and region.unwritten(5) is None and region.unwritten(8) == 5
+    views.outputs[5][2][6] = 0.5
+    region.read(9)
+    assert region.unwritten(9) == 7
+
+
 @pytest.mark.parametrize("cut", [0, 2, 7])  # bytes into call 1's slot: the fill is read back in step
 def test_a_worker_that_shrinks_the_file_is_read_as_unwritten_not_a_fault_in_the_evaluator(pair, cut):
     region = _batch_of_four(pair, 4)

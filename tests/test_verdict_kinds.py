@@ -118,3 +118,38 @@ def test_analyze_report_carries_the_kind_of_a_failing_command_testcase(tmp_path)
     assert (first["kind"], first["stage"], first["case"], first["testcase"]) == (
         "testcase_command", "correctness", "command", 0)
     assert report["numerics_margin"] is None
+
+
+def test_output_checks_leave_out_only_the_references_non_finite_elements():
+    """The check of one output, by itself: a reference of finite values is compared whole, one
+    with NaN/Inf leaves those elements out (and needs the same there), and either way the
+    error magnitudes are those of the elements compared."""
+    import torch
+
+    from magpie.harness.checks import compare_outputs
+
+    expected = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    close = expected + 1e-7
+    passed = compare_outputs(close, expected, 1e-5, 1e-6)
+    assert passed["passed"] and 0 < passed["tolerance_used"] < 1 and passed["max_abs_err"] < 2e-7
+
+    unwritten = close.clone()
+    unwritten[5] = float("nan")
+    record = compare_outputs(unwritten, expected, 1e-5, 1e-6)
+    assert record["kind"] == "finite" and record["detail"].startswith("1 of 64 elements are NaN/Inf")
+
+    off = close.clone()
+    off[9] += 1e-2
+    record = compare_outputs(off, expected, 1e-5, 1e-6)
+    assert record["kind"] == "allclose" and "1 of 64 elements outside" in record["detail"]
+    assert record["max_abs_err"] > 9e-3
+
+    with_inf, got_inf = expected.clone(), close.clone()
+    with_inf[0] = got_inf[0] = float("inf")
+    masked = compare_outputs(got_inf, with_inf, 1e-5, 1e-6)
+    alone = compare_outputs(close[1:], expected[1:], 1e-5, 1e-6)
+    assert masked["passed"]
+    for key in ("max_abs_err", "max_rel_err", "tolerance_used", "rel_err_norm"):
+        assert masked[key] == pytest.approx(alone[key], rel=1e-12), key
+    got_inf[0] = 1.0
+    assert not compare_outputs(got_inf, with_inf, 1e-5, 1e-6)["passed"]

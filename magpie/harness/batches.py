@@ -181,12 +181,21 @@ class Region:
 
     def unwritten(self, calls: int) -> int | None:
         """The first call (of the first `calls`) with a floating output still holding NaN, the
-        value each slot held before the batch; None where every slot was written."""
-        for call in range(calls):
-            for view in self._outputs[call]:
-                if view.is_floating_point() and bool(view.isnan().any()):
-                    return call
-        return None
+        value each slot held before the batch; None where every slot was written. One look per
+        output of a call, over all the calls' slots of it at once (they lie `out_stride` apart)."""
+        torch, stride = self.torch, self.layout.out_stride
+        first = None
+        for offset, shape, dtype in self.layout.outputs[0]:
+            kind = getattr(torch, dtype)
+            numel = math.prod(shape)
+            if not kind.is_floating_point or not numel or not calls:
+                continue
+            span = self.copy[offset:offset + (calls - 1) * stride + numel * kind.itemsize].view(kind)
+            rows = span.as_strided((calls, numel), (stride // kind.itemsize, 1))
+            found = rows.isnan().any(dim=1).nonzero()
+            if len(found):
+                first = min(int(found[0, 0]), first if first is not None else calls)
+        return first
 
     def close(self) -> None:
         os.close(self.fd)
