@@ -170,7 +170,7 @@ class Region:
 
     def picks(self, calls: int) -> list[int]:
         """The calls whose outputs are checked against the reference, chosen now."""
-        return random.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH))
+        return _sample_calls(calls)
 
     def outputs(self, call: int) -> tuple:
         return tuple(view.clone() for view in self._outputs[call])
@@ -181,21 +181,24 @@ class Region:
 
     def unwritten(self, calls: int) -> int | None:
         """The first call (of the first `calls`) with a floating output still holding NaN, the
-        value each slot held before the batch; None where every slot was written. One look per
-        output of a call, over all the calls' slots of it at once (they lie `out_stride` apart)."""
+        value each slot held before the batch; None where every slot was written."""
+        return _first(self._nan_left(calls))
+
+    def _nan_left(self, calls: int):
+        """Per call of the first `calls`, whether a floating output of it holds NaN (None where
+        no output is floating). One look per output of a call, over all the calls' slots of it
+        at once (they lie `out_stride` apart); on a GPU, queued without waiting for it."""
         torch, stride = self.torch, self.layout.out_stride
-        first = None
+        found = None
         for offset, shape, dtype in self.layout.outputs[0]:
             kind = getattr(torch, dtype)
             numel = math.prod(shape)
             if not kind.is_floating_point or not numel or not calls:
                 continue
             span = self.copy[offset:offset + (calls - 1) * stride + numel * kind.itemsize].view(kind)
-            rows = span.as_strided((calls, numel), (stride // kind.itemsize, 1))
-            found = rows.isnan().any(dim=1).nonzero()
-            if len(found):
-                first = min(int(found[0, 0]), first if first is not None else calls)
-        return first
+            rows = span.as_strided((calls, numel), (stride // kind.itemsize, 1)).isnan().any(dim=1)
+            found = rows if found is None else found | rows
+        return found
 
     def close(self) -> None:
         os.close(self.fd)
@@ -265,10 +268,9 @@ class DeviceRegion(Region):
         torch = self.torch
         torch.cuda.current_stream().wait_event(self._done)
         self._clock[1].record()
-        flags = [view.isnan().any() for outs in self._outputs[:calls] for view in outs if view.is_floating_point()]
-        picks = random.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH)) if calls else []
-        self._taken = {"flags": torch.stack(flags) if flags else None, "per_call": len(flags) // max(calls, 1),
-                       "picks": picks, "outputs": {c: tuple(v.clone() for v in self._outputs[c]) for c in picks}}
+        picks = _sample_calls(calls)
+        self._taken = {"nan_left": self._nan_left(calls), "picks": picks,
+                       "outputs": {c: tuple(v.clone() for v in self._outputs[c]) for c in picks}}
 
     def taken_ns(self) -> float:
         """GPU time between the batch's two events."""
@@ -296,16 +298,25 @@ class DeviceRegion(Region):
         return self._taken["outputs"][call]
 
     def unwritten(self, calls: int) -> int | None:
-        found = self._taken["flags"]
-        if found is None:
-            return None
-        found = found.nonzero()
-        return int(found[0, 0]) // self._taken["per_call"] if len(found) else None
+        return _first(self._taken["nan_left"])
 
     def close(self) -> None:
         del self._inputs, self._outputs, self.copy, self._taken
         self.torch.cuda.synchronize()
         del self._pool
+
+
+def _sample_calls(calls: int) -> list[int]:
+    """CHECKED_PER_BATCH of a batch's calls (or all of fewer), chosen by the system's randomness."""
+    return random.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH))
+
+
+def _first(flags) -> int | None:
+    """The index of the first true flag, None where there is none (or no flags)."""
+    if flags is None:
+        return None
+    found = flags.nonzero()
+    return int(found[0, 0]) if len(found) else None
 
 
 class WorkerViews:

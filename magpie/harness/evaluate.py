@@ -629,7 +629,7 @@ class Evaluator:
                 sets = self._fresh_sets(spec, case, f"{salt} copies", min(limit, COPY_CALIBRATION_CALLS), measured)
                 measured.harness_ns = batches.copy_ns_per_call(
                     torch, lambda args: spec.reference(args, self.init_seed), sets, expected, measured.graph)
-                measured.calibration_ns, measured.calibration_phases = self._round_trip(turns, regions)
+                measured.calibration_ns, measured.calibration_phases = self._calibrate(turns, regions)
             else:
                 measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
             target_ns = min(BATCH_MAX_MS * 1e6, max(BATCH_MIN_MS * 1e6, round_ns / BATCHES_PER_ROUND))
@@ -781,7 +781,7 @@ class Evaluator:
                            "stop_ns": held - answered, "worker_loop_ns": answer.get("loop_ns")})
         return taken_ns, held - started
 
-    def _round_trip(self, turns: Turns, regions: dict[str, batches.DeviceRegion]) -> tuple[dict[str, float], dict]:
+    def _calibrate(self, turns: Turns, regions: dict[str, batches.DeviceRegion]) -> tuple[dict[str, float], dict]:
         """The least a batch costs besides its calls on the evaluator's events, per worker: the
         request reaching it, the GPU switching to its process and back. Measured as the median
         of a few batches of no calls in which the worker runs one small kernel of the harness's
@@ -1212,7 +1212,7 @@ class Rounds:
         self.failed: dict[str, dict] = {}
         self.harness_ns = 0.0
         self.round_trip_ns = 0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
-        self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`Evaluator._round_trip`)
+        self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`Evaluator._calibrate`)
         # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
         self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
         self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
@@ -1339,7 +1339,7 @@ def fixed_cost(device_batches: dict[str, list[tuple]], calibration_ns: dict[str,
     intercept of a least-squares line through its rounds' batches' times against their calls
     (batches of two sizes in turn; the sizing batches left out: a worker's first calls run
     slower, which tilts a line through them), no less than its calibration
-    (`Evaluator._round_trip`), which stands alone where the sizes do not vary or the line is
+    (`Evaluator._calibrate`), which stands alone where the sizes do not vary or the line is
     too uncertain (`INTERCEPT_ERROR_SHARE`); then the least of the roles. A worker that slows
     its short batches raises only its own intercept, or tilts its line into distrust; one
     that speeds them up has more counted against every role's calls, its own included. On the
