@@ -41,7 +41,8 @@ for step in "$@"; do
     traces) timeout 150 python3 bench/capture_traces.py /tmp/s/traces ${CAPTURES:-serving_steps,llama_unannotated,conv_net,fp8_scaled_mm} > /tmp/s/traces.txt 2>&1 ;;
     nccl) timeout 120 python3 bench/capture_traces.py /tmp/s/traces tp2_collectives >> /tmp/s/traces.txt 2>&1 ;;
     sweep) python3 bench/timer_sweep.py /tmp/s/timer_sweep.json --timeout ${SWEEP_S:-280} > /tmp/s/sweep.txt 2>&1 ;;
-    sweep_vouched) python3 bench/timer_sweep.py /tmp/s/timer_sweep_vouched.json --vouched --timeout ${SWEEP_S:-280} \
+    sweep_vouched) python3 bench/timer_sweep.py /tmp/s/timer_sweep_vouched.json --vouched --only "${SWEEP_ONLY:-}" \
+                  --timeout ${SWEEP_S:-280} \
                   > /tmp/s/sweep_vouched.txt 2>&1 ;;
     sweep_swap) python3 bench/timer_sweep.py /tmp/s/timer_sweep_swap.json --swap --timeout ${SWEEP_S:-200} \
                   > /tmp/s/sweep_swap.txt 2>&1 ;;

@@ -12,7 +12,7 @@ cover the range.
 Writes SWEEP.json: per row, the verdict, the mode and why, the median, and the wall-clock
 account that the integrity check judged (`wall_account`); tests/test_timer_sweep.py replays
 the check on the committed copy (tests/fixtures/h200/timer_sweep.json).
-Usage: python bench/timer_sweep.py OUT.json [--swap] [--jobs N]
+Usage: python bench/timer_sweep.py OUT.json [--swap] [--vouched] [--only PREFIXES] [--jobs N]
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def kernel_block(kid: str, ktype: str, baseline: tuple, candidates: list, spec: 
     return text
 
 
-def write_project(root: Path, swap: bool, vouched: bool = False) -> None:
+def write_project(root: Path, swap: bool, vouched: bool = False, only: tuple[str, ...] = ()) -> None:
     files = {
         "scale_add/spec.py": SCALE_ADD_SPEC, "scale_add/torch_impl.py": SCALE_ADD_TORCH,
         "scale_add/triton_impl.py": SCALE_ADD_TRITON, "scale_add/cuda_impl.cu": SCALE_ADD_CUDA,
@@ -221,6 +221,8 @@ def write_project(root: Path, swap: bool, vouched: bool = False) -> None:
         blocks.append(kernel_block(
             f"loop{steps}", "pytorch", ("a", "pytorch", f"loop{steps}/a.py"), [("b", "pytorch", f"loop{steps}/b.py")],
             f"loop{steps}/spec.py", "[4096]", "float32", 1e-3, 1e-3, swapped(False)))
+    if only:
+        blocks = [b for b in blocks if any(b.startswith(f'[[kernel]]\nid = "{prefix}') for prefix in only)]
     header = ('[project]\nname = "timer-sweep"\ndevice = "cuda"\n\n[defaults]\ntrials = 1\ntimeout_s = 300\n\n'
               f'[defaults.timing]\nvouched = {str(vouched).lower()}\n\n'
               '[[rule]]\nname = "profile"\ndevices = []\n\n')  # counters are not what this measures
@@ -231,7 +233,9 @@ def summarise(role: dict | None) -> dict | None:
     if not role:
         return None
     keys = ("median_us", "p20_us", "p80_us", "n", "unexplained_us_per_call", "unexplained_limit_us",
-            "wall_coverage", "wall_account")
+            "wall_coverage", "wall_account",
+            # vouched measurements (`--vouched`): how the evaluator's clock was read
+            "calls", "round_trip_us", "calibration_us", "harness_us_per_call", "batch_phases", "device_batches")
     return {**{k: role.get(k) for k in keys}, "mode": (role.get("timer_info") or {}).get("mode"),
             "rounds": [{k: info.get(k) for k in ("loop_wall_ms", "request_wall_ms")}
                        for info in role.get("rounds_info") or []],
@@ -262,10 +266,11 @@ def main() -> int:
     parser.add_argument("--vouched", action="store_true", help="time with timing.vouched (the evaluator's clock)")
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=280, help="seconds; the rows built by then are kept")
+    parser.add_argument("--only", default="", help="comma-separated kernel id prefixes (scale_add_2p2,gemm_bf16)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="magpie-sweep-") as tmp:
         root = Path(tmp)
-        write_project(root, args.swap, args.vouched)
+        write_project(root, args.swap, args.vouched, tuple(p for p in args.only.split(",") if p))
         if os.environ.get("SWEEP_DRY_RUN"):  # the graph it would build, on any machine
             return subprocess.run([sys.executable, "-m", "magpie", "build", "-n"], cwd=root).returncode
         started = time.monotonic()

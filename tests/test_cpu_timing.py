@@ -208,14 +208,19 @@ def test_gpu_batch_phases_are_medians_that_skip_what_a_worker_did_not_say():
                 "worker_loop_ns": None}]
     phases = batch_phases(records)
     assert phases == {"calls": 16, "clock_us": 1700.0, "answer_us": 2000.0, "stop_us": 200.0,
-                      "worker_loop_us": 500.0}
+                      "worker_loop_us": 500.0, "opened_early": 0, "batches": 3}
+    records[0]["opened_early"] = True
+    assert batch_phases(records)["opened_early"] == 1
 
 
-def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_and_padding_moves_only_its_own():
+def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_the_calibration():
     """Batches of two sizes a round: the line through a role's times against its calls meets
-    zero calls at what a batch costs besides them; the common cost is the least role's, never
-    below what its calibration batches took."""
-    from magpie.harness.evaluate import fixed_cost
+    zero calls at what a batch costs besides them; the common cost is the least role's
+    intercept, within 0 and the least calibration, and 0 where no batches vary in size."""
+    from magpie.harness.evaluate import Rounds, fixed_cost, other_size
+
+    # every other batch: half, or two where a batch is one call and two fit the region
+    assert [other_size(10, 1024), other_size(1, 4), other_size(1, 1)] == [5, 2, 1]
 
     def batches(fixed_ns, per_call_ns, sizes, short_extra_ns=0.0):
         records = [(None, 10 * fixed_ns, 1, 0.0), (None, 3 * fixed_ns, 2, 0.0)]  # sizing batches: left out
@@ -225,18 +230,24 @@ def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_and_pad
             records.append((i // 4, fixed_ns + per_call_ns * calls + wobble + extra, calls, 0.0))
         return records
 
-    honest = batches(550_000, 104_000, [12, 6] * 6)
-    assert abs(fixed_cost({"baseline": honest}, {"baseline": 450_000}) - 550_000) < 2_000
-    # a candidate that pads its short batches raises nothing taken off its calls: its line
-    # rises (250 µs) or tilts the wrong way (1 ms), and the baseline's, or the calibration, stands
-    for extra in (250_000, 1_000_000):
-        padded = batches(550_000, 30_000, [40, 20] * 6, short_extra_ns=extra)
-        both = fixed_cost({"baseline": honest, "candidate": padded}, {"baseline": 450_000, "candidate": 450_000})
-        assert 450_000 <= both < 552_000
-    # no less than the calibration; where the sizes do not vary, the calibration alone
-    assert fixed_cost({"baseline": batches(300_000, 104_000, [12, 6] * 6)}, {"baseline": 450_000}) == 450_000
-    assert fixed_cost({"baseline": batches(550_000, 104_000, [12] * 12)}, {"baseline": 450_000}) == 450_000
-    # calls of 5 µs in batches of 14 and 7 whose times wander by 50 µs: the line is noise
-    noisy = [(r, 550_000 + 5_000 * n + (50_000 if i % 2 else -40_000) * (1 if i % 3 else -1), n, 0.0)
-             for i, (r, n) in enumerate((i // 4, n) for i, n in enumerate([14, 7] * 6))]
-    assert fixed_cost({"baseline": noisy}, {"baseline": 450_000}) == 450_000
+    calibration = {"baseline": 282_000, "candidate": 282_000}
+    honest = batches(30_000, 1_000_000, [2, 1] * 6)
+    assert abs(fixed_cost({"baseline": honest}, calibration) - 30_000) < 2_000
+    # a candidate that pads its short batches (to have more taken off every call) raises its own
+    # intercept only: the baseline's stands
+    padded = batches(30_000, 100_000, [40, 20] * 6, short_extra_ns=250_000)
+    assert abs(fixed_cost({"baseline": honest, "candidate": padded}, calibration) - 30_000) < 2_000
+    # alone, its line is capped by the calibration; one that tilts below zero takes nothing off
+    assert fixed_cost({"candidate": batches(30_000, 100_000, [40, 20] * 6, 1_000_000)}, calibration) == 282_000
+    assert fixed_cost({"baseline": batches(-90_000, 1_000_000, [2, 1] * 6)}, calibration) == 0.0
+    # batches of one size (one slow call a round): nothing known, nothing taken off
+    assert fixed_cost({"baseline": batches(30_000, 9_000_000, [1] * 5)}, calibration) == 0.0
+
+    measured = Rounds(["baseline", "candidate"], vouched=True)
+    measured.calibration_ns = {"baseline": 20_000, "candidate": 2_000_000}
+    measured.device_batches = {"baseline": [(None, 9e6, 1, 0.0), (0, 1_020_000, 100, 0.001),
+                                            (0, 520_000, 50, 0.001)],
+                               "candidate": [(0, 2_020_000, 100, 0.001)]}
+    measured.settle_device_batches()
+    # the sizing batch is no sample; each round's batch is (ns - 20 µs) / its calls
+    assert measured.samples == {"baseline": [10_000, 10_000], "candidate": [20_000]}

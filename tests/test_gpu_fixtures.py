@@ -118,12 +118,13 @@ def test_one_nvidia_smi_query_feeds_keys_and_gpu_info():
 
 def test_h200_vouched_timing_reads_a_large_kernel_as_the_worker_timer_does_and_credits_no_cheat():
     """What docs/benchmarks.md and docs/security.md say of `timing.vouched` on the H200
-    (`bench/gpu_vouched.py`): the 4096x4096 relu reads within 2% of the worker's own events,
-    a cache by input address earns nothing and a kernel wrong only while timed fails."""
+    (`bench/gpu_vouched.py`, the gated clock): the 4096x4096 relu reads within 4% of the
+    worker's own events, a cache by input address earns nothing and a kernel wrong only while
+    timed fails."""
     runs = json.loads((H200 / "gpu_vouched.json").read_text())
     vouched, worker = runs["large vouched"]["rows"], runs["large worker timer"]["rows"]
-    assert abs(vouched["good"]["median_us"] / worker["good"]["median_us"] - 1) < 0.02
-    assert "evaluator's own CUDA events" in vouched["good"]["method"]
+    assert abs(vouched["good"]["median_us"] / worker["good"]["median_us"] - 1) < 0.04
+    assert "evaluator's own CUDA events, one recorded as a gate" in vouched["good"]["method"]
     for shape in ("large", "small"):
         rows = runs[f"{shape} vouched"]["rows"]
         assert rows["memoizes"]["speedup"] < 1 and rows["lazy_when_timed"]["performance_state"] == "FAILED"

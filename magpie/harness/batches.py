@@ -50,6 +50,9 @@ DEVICE_REGION_SHARE = 16
 # A reference call slower than this has the copy of its outputs priced alone (`copy_ns_per_call`).
 SLOW_REFERENCE_S = 0.002
 MAX_CALLS = 1024
+# A GPU batch's gate sleeps at least this long, at most GATE_MAX_NS (`DeviceRegion`).
+GATE_MIN_NS = 200_000
+GATE_MAX_NS = 50_000_000
 # Output slots checked against the reference per batch, chosen after the worker answered.
 CHECKED_PER_BATCH = 3
 
@@ -211,14 +214,22 @@ class DeviceRegion(Region):
     written and read by the evaluator in place. Unlike a file it cannot shrink; unlike a stopped
     process, GPU work the worker queued can still run while it is stopped.
 
-    A batch's clock is the evaluator's own pair of CUDA events: one recorded before the
-    request (`start`), one its stream records once it has waited on an interprocess event the
-    worker records behind its calls (`stop_clock`), so the time is the GPU's, whatever the two
-    processes' host round trip took. In the same stream, right behind it, the evaluator takes
-    what it checks: which slots still hold the NaN they were filled with, and copies of the
-    outputs of a few calls chosen then. Work the worker left running behind its event has
-    either written those outputs by then or fails the checks; a probe after the checks that
-    still waits on it fails the batch (`Evaluator._device_batch`)."""
+    A batch runs from a full queue, behind a gate: before the request the evaluator's stream
+    sleeps on the GPU (`torch.cuda._sleep`), then copies the batch's input sets into the region
+    (staged in its own memory), then records the clock's first event and an interprocess event
+    (the gate); the worker's stream waits on the gate before its calls and records an
+    interprocess event of its own behind them. So the calls run back to back once the gate
+    opens, whatever the host's launch rate, and the clock is the evaluator's pair of CUDA events
+    around them: the GPU's time, not the two processes' round trip. The input sets are in place
+    only once the gate opens: work started early (on a stream that skips the gate) sees the last
+    batch's inputs. The sleep is sized from how long the worker took to answer (twice that); a
+    worker that answered after the gate opened (it synchronised inside its calls, or its
+    launches filled the queue) had its launches timed too, which reads slower, never faster
+    (`opened_early`). In the same stream, right behind the clock's end, the evaluator takes what
+    it checks: which slots still hold the NaN they were filled with, and copies of the outputs
+    of a few calls chosen then. Work the worker left running behind its event has either written
+    those outputs by then or fails the checks; a probe after the checks that still waits on it
+    fails the batch (`Evaluator._device_batch`)."""
 
     def __init__(self, torch, layout: Layout, device: str, graph: bool = False):
         from magpie.harness.exchange import dumps_shared
@@ -235,20 +246,31 @@ class DeviceRegion(Region):
                         for args in layout.sets]
         self._outputs = [_views(torch, self.copy, outs) for outs in layout.outputs]
         self._lent = dumps_shared(self.copy)
+        # the input sets wait here, in the evaluator's own memory, until the gate (`start`)
+        self._staging = torch.empty(layout.out_base, dtype=torch.uint8, device=device)
+        self._staged = [_views(torch, self._staging, [slot[1:] for slot in args if slot[0] == "tensor"])
+                        for args in layout.sets]
+        self._staged_bytes = 0
         self._done = torch.cuda.Event(interprocess=True)  # the worker records it behind a batch's calls
-        self._lent_event = dumps_shared(self._done)
+        self._gate = torch.cuda.Event(interprocess=True)  # the worker's calls wait on it
+        self._lent_events = {"done_event": dumps_shared(self._done), "gate_event": dumps_shared(self._gate)}
         self._beacon = torch.zeros(1, device=device)
         self._clock: tuple | None = None
         self._taken: dict = {}
+        self.sleep_ns = GATE_MIN_NS
+        self._cycles_per_ns = self._sleep_rate()
         self.idle_probe_ns = min(self.probe_ns() for _ in range(5))
 
     def offer(self) -> dict:
-        return {"ipc": self._lent, "done_event": self._lent_event, **self.layout.to_json()}
+        return {"ipc": self._lent, **self._lent_events, **self.layout.to_json()}
 
     def write(self, input_sets: list) -> None:
-        for args, views in zip(input_sets, self._inputs):
+        """The output slots filled with NaN now; the input sets staged, copied in as one range
+        once the gate's sleep is over (`start`)."""
+        for args, views in zip(input_sets, self._staged):
             for x, view in zip((a for a in args if self.torch.is_tensor(a)), views):
                 view.copy_(x)
+        self._staged_bytes = len(input_sets) * self.layout.in_stride
         for outs in self._outputs[:len(input_sets)]:
             for slot in outs:
                 slot.fill_(float("nan") if slot.is_floating_point() else 0)
@@ -256,11 +278,36 @@ class DeviceRegion(Region):
         self.torch.cuda.synchronize()
 
     def start(self) -> None:
-        """The batch's first event, recorded before its request is sent."""
+        """Queued before the batch's request is sent: the sleep, the input sets' copy, the
+        clock's first event, then the gate (the GPU may switch to the worker's process as soon
+        as the gate opens: the clock has started by then)."""
         cuda = self.torch.cuda
         self._clock = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
+        cuda._sleep(int(self.sleep_ns * self._cycles_per_ns))
+        self.copy[:self._staged_bytes].copy_(self._staging[:self._staged_bytes])
         self._clock[0].record()
-        self._clock[0].synchronize()
+        self._gate.record()
+
+    def answered(self, answer_ns: int) -> bool:
+        """Once the worker answered, `answer_ns` after `start`: whether the gate had opened
+        already (its launches were timed too); the next sleep twice that answer."""
+        opened_early = self._gate.query()
+        self.sleep_ns = min(GATE_MAX_NS, max(GATE_MIN_NS, 2 * answer_ns))
+        return opened_early
+
+    def _sleep_rate(self) -> float:
+        """The GPU's sleep cycles per ns, from the quickest of a few timed sleeps (a faster clock
+        sleeps less: the gate's sleep is sized at the quickest)."""
+        cuda = self.torch.cuda
+        cycles, rates = 1_000_000, []
+        for _ in range(3):
+            pair = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
+            pair[0].record()
+            cuda._sleep(cycles)
+            pair[1].record()
+            pair[1].synchronize()
+            rates.append(cycles / (pair[0].elapsed_time(pair[1]) * 1e6))
+        return max(rates)
 
     def stop_clock(self, calls: int) -> None:
         """Queued once the worker answered: the batch's last event behind the worker's, then
@@ -301,7 +348,7 @@ class DeviceRegion(Region):
         return _first(self._taken["nan_left"])
 
     def close(self) -> None:
-        del self._inputs, self._outputs, self.copy, self._taken
+        del self._inputs, self._outputs, self.copy, self._taken, self._staged, self._staging
         self.torch.cuda.synchronize()
         del self._pool
 
@@ -323,12 +370,13 @@ class WorkerViews:
     """The worker's side: tensors that are views of the region it mapped once."""
 
     def __init__(self, torch, offer: dict):
-        self.done = self.mark = None
+        self.done = self.gate = self.mark = None
         if "ipc" in offer:
             from magpie.harness.exchange import loads_shared
 
             region = loads_shared(offer["ipc"])
             self.done = loads_shared(offer["done_event"])  # recorded behind each batch's calls
+            self.gate = loads_shared(offer["gate_event"])  # waited on before them
             self.mark = torch.zeros(1, device=region.device)  # the kernel of a calibration batch's own
         else:
             region = torch.from_file(offer["file"], shared=True, size=int(offer["size"]), dtype=torch.uint8)
@@ -372,7 +420,7 @@ def copy_ns_per_call(torch, reference, sets: list, example_outputs, graph: bool)
             run()
             end.record()
             end.synchronize()
-            least = min(least, start.elapsed_time(end) * 1e6 / calls)
+            least = min(least, start.elapsed_time(end) * 1e6)
         return least
 
     def calls_only():
@@ -389,15 +437,22 @@ def copy_ns_per_call(torch, reference, sets: list, example_outputs, graph: bool)
         calls_only()  # first calls: lazy initialisation
         torch.cuda.synchronize()
         if (time.perf_counter() - started) / calls < SLOW_REFERENCE_S:
-            return max(0.0, best(with_copies) - best(calls_only))
-    # the copies alone: a slow call's copy is a small part of it, and a graph's calls run no host code
+            return max(0.0, best(with_copies) - best(calls_only)) / calls
+    # the copies alone: a slow call's copy is a small part of it, and a graph's calls run no host
+    # code. Graphs of all the copies and of half of them: what a replay costs besides its copies
+    # (several µs, as much as a small copy) drops out of their difference.
     sources = [tuple(e.clone() for e in as_tuple(example_outputs)) for _ in range(calls)]
-    copies = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(copies):
-        for values, targets in zip(sources, slots):
-            for value, slot in zip(values, targets):
-                slot.copy_(value)
-    return best(copies.replay)
+    half = max(1, calls // 2)
+    graphs = {}
+    for count in {half, calls}:
+        graphs[count] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[count]):
+            for values, targets in zip(sources[:count], slots[:count]):
+                for value, slot in zip(values, targets):
+                    slot.copy_(value)
+    if half == calls:
+        return best(graphs[calls].replay) / calls
+    return max(0.0, best(graphs[calls].replay) - best(graphs[half].replay)) / (calls - half)
 
 
 def harness_ns_per_call(torch, example_args: tuple, example_outputs, calls: int) -> float:

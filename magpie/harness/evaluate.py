@@ -632,7 +632,8 @@ class Evaluator:
                 measured.calibration_ns, measured.calibration_phases = self._calibrate(turns, regions)
             else:
                 measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
-            target_ns = min(BATCH_MAX_MS * 1e6, max(BATCH_MIN_MS * 1e6, round_ns / BATCHES_PER_ROUND))
+            shortest_ms = DEVICE_BATCH_MIN_MS if on_gpu else BATCH_MIN_MS
+            target_ns = min(BATCH_MAX_MS * 1e6, max(shortest_ms * 1e6, round_ns / BATCHES_PER_ROUND))
             per_call = {role: self._size_batches(turns, role, regions[role], spec, case, salt, limit, target_ns,
                                                  testcase, measured) for role in roles}
             sets_a_round = int(GENERATION_FACTOR * t["budget_ms"] * 1e6 / max(measured.set_ns, 1.0) / rounds)
@@ -642,9 +643,9 @@ class Evaluator:
             for r in range(rounds):
                 made = dict.fromkeys(roles, 0)
                 b = 0
-                # on a GPU, every other batch half as long: batches of two sizes tell what a batch
-                # costs besides its calls (`fixed_cost`)
-                while due := {role: min(calls[role] if not on_gpu or b % 2 == 0 else max(1, calls[role] // 2),
+                # on a GPU, batches of two sizes in turn tell what a batch costs besides its calls
+                # (`fixed_cost`)
+                while due := {role: min(calls[role] if not on_gpu or b % 2 == 0 else other_size(calls[role], limit),
                                         a_round[role] - made[role]) for role in roles if made[role] < a_round[role]}:
                     batch = Batch(self._fresh_sets(spec, case, f"{salt} {r} {b}", max(due.values()), measured),
                                   spec, self.init_seed)
@@ -764,12 +765,13 @@ class Evaluator:
         where the time went goes to `phases` (`batch_phases`). `own_kernel`: a batch of no calls
         in which the worker runs one small kernel of the harness's."""
         worker = turns.give(role)
-        region.start()
         started = time.perf_counter_ns()
+        region.start()
         worker.send({"op": "batch", "calls": calls, "graph": region.graph and not own_kernel,
                      "own_kernel": own_kernel})
-        answer = worker.receive(self.timeout + allowed_s)
+        answer = worker.receive(self.timeout + allowed_s + region.sleep_ns / 1e9)
         answered = time.perf_counter_ns()
+        opened_early = region.answered(answered - started)
         region.stop_clock(calls)
         self._hold(worker)
         held = time.perf_counter_ns()
@@ -778,15 +780,16 @@ class Evaluator:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         if phases is not None:
             phases.append({"calls": calls, "clock_ns": taken_ns, "answer_ns": answered - started,
-                           "stop_ns": held - answered, "worker_loop_ns": answer.get("loop_ns")})
+                           "stop_ns": held - answered, "worker_loop_ns": answer.get("loop_ns"),
+                           "opened_early": opened_early})
         return taken_ns, held - started
 
     def _calibrate(self, turns: Turns, regions: dict[str, batches.DeviceRegion]) -> tuple[dict[str, float], dict]:
-        """The least a batch costs besides its calls on the evaluator's events, per worker: the
-        request reaching it, the GPU switching to its process and back. Measured as the median
-        of a few batches of no calls in which the worker runs one small kernel of the harness's
-        (a batch of nothing at all leaves the switch out); also where their time went
-        (`batch_phases`)."""
+        """The most `fixed_cost` may take off a batch, per worker: what a batch of no calls in
+        which the worker runs one small kernel of the harness's costs on the evaluator's events
+        (the gate's opening reaching its stream, the GPU switching to its process and back; a
+        batch of nothing at all leaves the switch out), the median of a few; also where their
+        time went (`batch_phases`)."""
         trips: list[dict] = []
         taken = {role: [] for role in regions}
         for _ in range(ROUND_TRIPS):
@@ -845,6 +848,10 @@ class Evaluator:
                                    "batch_phases": {"batches": batch_phases(measured.phases[role]),
                                                     "calibration_batches": measured.calibration_phases}
                                    if measured.phases.get(role) else None,
+                                   # on a GPU, every batch (round, calls, µs on the events): what
+                                   # `fixed_cost` drew its line through
+                                   "device_batches": [[r, n, round(ns / 1000, 3)] for r, ns, n, _
+                                                      in measured.device_batches[role]] or None,
                                    "outputs_checked": measured.checked.get(role, 0)}
             else:
                 infos = measured.infos[role]
@@ -1302,6 +1309,9 @@ class Rounds:
 # that, within these bounds.
 BATCHES_PER_ROUND = 4
 BATCH_MIN_MS = 1.0
+# On a GPU a batch's fixed cost (the GPU switching between the two processes and back, about
+# 0.3 ms on the H200) and its jitter would weigh on a batch of 1 ms.
+DEVICE_BATCH_MIN_MS = 5.0
 BATCH_MAX_MS = 20.0
 SIZING_BATCHES = 6
 # The input sets a vouched measurement draws take at most this many times its budget to make
@@ -1312,10 +1322,7 @@ GENERATION_FACTOR = 1.0
 LATE_PROBE_FACTOR = 20
 LATE_PROBE_MIN_NS = 500_000
 ROUND_TRIPS = 7
-# A GPU batch's fixed cost comes from the line through its batches' times where the
-# intercept's standard error is at most this share of the time of a batch's calls.
-INTERCEPT_ERROR_SHARE = 0.05
-COPY_CALIBRATION_CALLS = 4
+COPY_CALIBRATION_CALLS = 16
 WALL_SHARE = 4.0
 
 
@@ -1338,33 +1345,33 @@ def fixed_cost(device_batches: dict[str, list[tuple]], calibration_ns: dict[str,
     """What a GPU batch costs besides its calls, the same for every role: per role, the
     intercept of a least-squares line through its rounds' batches' times against their calls
     (batches of two sizes in turn; the sizing batches left out: a worker's first calls run
-    slower, which tilts a line through them), no less than its calibration
-    (`Evaluator._calibrate`), which stands alone where the sizes do not vary or the line is
-    too uncertain (`INTERCEPT_ERROR_SHARE`); then the least of the roles. A worker that slows
-    its short batches raises only its own intercept, or tilts its line into distrust; one
-    that speeds them up has more counted against every role's calls, its own included. On the
-    H200 a batch of 12-16 calls cost about 0.1 ms more besides its calls than the calibration's."""
-    costs = []
-    for role, records in device_batches.items():
+    slower, which tilts a line through them); the least of the roles', no less than 0 and no
+    more than the least role's calibration (`Evaluator._calibrate`); 0 where no role's batches
+    vary in size (calls so slow that a round holds one: what a batch costs besides is a small
+    part of it). A worker that pads its short batches raises only its own intercept, which the
+    least leaves out; the ceiling bounds what any line can take off. On the H200 calibration
+    batches took about 0.28 ms: taken off batches of one call of a 1 GiB scale-add, it left
+    half the time the memory traffic needs."""
+    intercepts = []
+    for records in device_batches.values():
         points = [(calls, taken_ns) for round_index, taken_ns, calls, _ in records
                   if calls and round_index is not None]
-        floor = calibration_ns.get(role, 0.0)
-        sizes = {calls for calls, _ in points}
-        if len(sizes) < 2:
-            costs.append(floor)
+        if len({calls for calls, _ in points}) < 2:
             continue
         mean_n = fmean(n for n, _ in points)
         mean_t = fmean(t for _, t in points)
-        spread = sum((n - mean_n) ** 2 for n, _ in points)
-        slope = sum((n - mean_n) * (t - mean_t) for n, t in points) / spread
-        intercept = mean_t - slope * mean_n
-        residual = sum((t - intercept - slope * n) ** 2 for n, t in points) / max(len(points) - 2, 1)
-        error = math.sqrt(residual * (1 / len(points) + mean_n ** 2 / spread))
-        # a line the batches' noise could tilt (small calls, batches short of them) tells
-        # nothing: the calibration stands
-        trusted = slope > 0 and error <= INTERCEPT_ERROR_SHARE * slope * mean_n
-        costs.append(max(floor, intercept) if trusted else floor)
-    return min(costs) if costs else 0.0
+        slope = (sum((n - mean_n) * (t - mean_t) for n, t in points)
+                 / sum((n - mean_n) ** 2 for n, _ in points))
+        if slope > 0:
+            intercepts.append(max(0.0, mean_t - slope * mean_n))
+    if not intercepts:
+        return 0.0
+    return min(min(intercepts), min(calibration_ns.values(), default=math.inf))
+
+
+def other_size(calls: int, limit: int) -> int:
+    """The size of every other GPU batch: half, or two where a batch is one call (if two fit)."""
+    return calls // 2 if calls > 1 else min(2, limit)
 
 
 def batch_phases(records: list[dict]) -> dict:
@@ -1374,16 +1381,19 @@ def batch_phases(records: list[dict]) -> dict:
     method, never a sample); calls a batch."""
     out = {}
     for key in ("calls", "clock_ns", "answer_ns", "stop_ns", "worker_loop_ns"):
-        values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool)]
         if values:
             out[key.replace("_ns", "_us")] = median(values) / (1 if key == "calls" else 1000)
+    if records:
+        out["opened_early"] = sum(1 for r in records if r.get("opened_early"))
+        out["batches"] = len(records)
     return out
 
 
 def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -> str:
     if device.startswith("cuda"):
-        clock = ("the evaluator's own CUDA events, one recorded before the request, one behind an event the worker "
-                 "records after its calls")
+        clock = ("the evaluator's own CUDA events, one recorded as a gate the worker's calls wait on opens (their "
+                 "input sets copied in just before), one behind an event the worker records after its calls")
         if measured.graph:
             clock += " (each batch one replay of a CUDA graph of its calls)"
         less = (f"what a batch costs besides its calls ({measured.round_trip_ns / 1000:.3g} µs) and the copies of its "
