@@ -123,6 +123,21 @@ def test_work_left_on_a_side_stream_after_answering_is_timed_or_fails(tmp_path):
         assert any(k in e for e in row["errors"] for k in ("batch", "GPU was still busy")), row["errors"]
 
 
+def test_work_that_skips_the_gate_sees_old_inputs_or_is_timed(tmp_path):
+    """A candidate whose timed calls run on a stream of their own that skips the wait on the
+    gate: queued while the evaluator's stream sleeps, its kernels can run before the batch's
+    input sets are copied in (the last batch's inputs: the checks fail) or after the gate
+    (timed), never credited as faster than the same relu."""
+    report = relu2_report(tmp_path, ["skips_the_gate"], shapes="[[4096, 4096]]", jobs=1,
+                          defaults="timeout_s = 60", device="cuda", timing=VOUCHED)
+    row = next(r for r in report["results"] if r["implementation"] == "skips_the_gate")
+    assert row["correctness_state"] == "SUCCESS", row["errors"]
+    if row["performance_state"] == "SUCCESS":
+        assert row["speedup"]["value"] < 1.2, row["speedup"]
+    else:
+        assert any("batch" in e for e in row["errors"]), row["errors"]
+
+
 def test_a_thread_the_candidate_leaves_running_is_stopped_on_the_gpu_too(tmp_path):
     check_candidate_thread_is_stopped(tmp_path, "cuda")
 

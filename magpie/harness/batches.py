@@ -36,6 +36,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from magpie.harness.checks import as_tuple
@@ -72,34 +73,77 @@ def _nbytes(t) -> int:
 class Layout:
     """Where each call's input tensors and output slots lie in the region: all input sets first
     (set j at j * in_stride), then all output slots (call j's at out_base + j * out_stride), so
-    that a batch's inputs and its outputs are two ranges, one write and one read each. Per set,
-    its arguments are ("tensor", offset, shape, dtype) or ("value", v); its outputs (offset,
-    shape, dtype). Every set of a timing job has the same shapes: one layout serves each batch."""
+    that a batch's inputs and its outputs are two ranges, one write and one read each. The
+    first set's arguments are ("tensor", offset, shape, dtype) or ("value", v), its outputs
+    (offset from out_base, shape, dtype); every set of a timing job has the same shapes: one
+    layout serves each batch."""
 
     def __init__(self, example_args: tuple, example_outputs, calls: int):
         import torch
 
-        args, offset = [], 0
+        self.args, offset = [], 0
         for x in example_args:
             if torch.is_tensor(x):
-                args.append(["tensor", offset, list(x.shape), str(x.dtype).replace("torch.", "")])
+                self.args.append(["tensor", offset, list(x.shape), str(x.dtype).replace("torch.", "")])
                 offset += _aligned(_nbytes(x))
             else:
-                args.append(["value", x])
+                self.args.append(["value", x])
         self.in_stride = max(offset, ALIGN)
-        outs, offset = [], 0
+        self.outs, offset = [], 0
         for e in as_tuple(example_outputs):
-            outs.append([offset, list(e.shape), str(e.dtype).replace("torch.", "")])
+            self.outs.append([offset, list(e.shape), str(e.dtype).replace("torch.", "")])
             offset += _aligned(_nbytes(e))
         self.out_stride = max(offset, ALIGN)
+        self.calls = calls
         self.out_base = calls * self.in_stride
         self.size = self.out_base + calls * self.out_stride
-        self.sets = [[[a[0], a[1] + j * self.in_stride, *a[2:]] if a[0] == "tensor" else a for a in args]
-                     for j in range(calls)]
-        self.outputs = [[[o[0] + self.out_base + j * self.out_stride, *o[1:]] for o in outs] for j in range(calls)]
+
+    def set_slots(self, call: int) -> list:
+        """(offset, shape, dtype) of each input tensor of set `call`."""
+        shift = call * self.in_stride
+        return [(a[1] + shift, a[2], a[3]) for a in self.args if a[0] == "tensor"]
+
+    def output_slots(self, call: int) -> list:
+        """(offset, shape, dtype) of each output slot of call `call`."""
+        shift = self.out_base + call * self.out_stride
+        return [(o[0] + shift, o[1], o[2]) for o in self.outs]
+
+    def arguments(self, tensors: list) -> tuple:
+        """A call's arguments: `tensors` in the places of its tensors, its plain values in theirs."""
+        given = iter(tensors)
+        return tuple(next(given) if a[0] == "tensor" else a[1] for a in self.args)
 
     def to_json(self) -> dict:
-        return {"sets": self.sets, "outputs": self.outputs, "size": self.size}
+        return {key: getattr(self, key) for key in ("args", "outs", "calls", "in_stride", "out_stride", "size")}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Layout:
+        layout = cls.__new__(cls)
+        for key in ("args", "outs", "calls", "in_stride", "out_stride", "size"):
+            setattr(layout, key, data[key])
+        layout.out_base = layout.calls * layout.in_stride
+        return layout
+
+
+class CallViews(Sequence):
+    """Per call, a view of it in a region (`make(call)`), made the first time that call is
+    asked for: a region holds up to MAX_CALLS calls, a batch often uses a few of them."""
+
+    def __init__(self, calls: int, make):
+        self._calls, self._make, self._made = calls, make, {}
+
+    def __len__(self) -> int:
+        return self._calls
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._calls))]
+        if not -self._calls <= index < self._calls:
+            raise IndexError(index)
+        index %= self._calls
+        if index not in self._made:
+            self._made[index] = self._make(index)
+        return self._made[index]
 
 
 def calls_that_fit(example_args: tuple, example_outputs, budget: int = REGION_BYTES) -> int:
@@ -138,18 +182,16 @@ class Region:
         self.caller = 0  # the pid of the worker process that runs the calls, once it is known
         self.copy = torch.zeros(layout.size, dtype=torch.uint8)
         self._bytes = memoryview((ctypes.c_char * layout.size).from_address(self.copy.data_ptr())).cast("B")
-        self._inputs = [_views(torch, self.copy, [slot[1:] for slot in args if slot[0] == "tensor"])
-                        for args in layout.sets]
-        self._outputs = [_views(torch, self.copy, outs) for outs in layout.outputs]
+        self._inputs = CallViews(layout.calls, lambda call: _views(torch, self.copy, layout.set_slots(call)))
+        self._outputs = CallViews(layout.calls, lambda call: _views(torch, self.copy, layout.output_slots(call)))
         # what every output slot holds before a batch: NaN in floating slots, to show unwritten ones
-        for outs in self._outputs:
-            for slot in outs:
-                slot.fill_(float("nan") if slot.is_floating_point() else 0)
-        base = layout.out_base
-        self._poison = bytes(self._bytes[base:])
+        one = torch.zeros(layout.out_stride, dtype=torch.uint8)
+        for slot in _views(torch, one, layout.outs):
+            slot.fill_(float("nan") if slot.is_floating_point() else 0)
+        self._poison = ctypes.string_at(one.data_ptr(), layout.out_stride) * layout.calls
 
     def offer(self) -> dict:
-        return {"file": str(self.path), **self.layout.to_json()}
+        return {"file": str(self.path), "layout": self.layout.to_json()}
 
     def write(self, input_sets: list) -> None:
         """This batch's input sets, and the pre-batch fill of their calls' output slots."""
@@ -162,11 +204,10 @@ class Region:
         os.pwrite(self.fd, self._poison[:calls * layout.out_stride], layout.out_base)
 
     def read(self, calls: int) -> None:
-        """What the worker left in the first `calls` input sets and output slots."""
+        """What the worker left in the first `calls` output slots (input sets are read one by
+        one, for the calls the checks pick: `inputs`)."""
         layout = self.layout
-        inputs, outputs = calls * layout.in_stride, calls * layout.out_stride
-        got = os.preadv(self.fd, [self._bytes[:inputs]], 0)
-        self._bytes[got:inputs] = bytes(inputs - got)  # past the end of a file the worker shrank
+        outputs = calls * layout.out_stride
         got = os.preadv(self.fd, [self._bytes[layout.out_base:layout.out_base + outputs]], layout.out_base)
         # what is missing reads as the fill it had before the batch, byte for byte: unwritten
         self._bytes[layout.out_base + got:layout.out_base + outputs] = self._poison[got:outputs]
@@ -179,8 +220,15 @@ class Region:
         return tuple(view.clone() for view in self._outputs[call])
 
     def inputs(self, call: int) -> tuple:
-        tensors = iter(self._inputs[call])
-        return tuple(next(tensors).clone() if slot[0] == "tensor" else slot[1] for slot in self.layout.sets[call])
+        """What the worker left in the input set of `call`."""
+        stride = self.layout.in_stride
+        got = os.preadv(self.fd, [self._bytes[call * stride:(call + 1) * stride]], call * stride)
+        self._bytes[call * stride + got:(call + 1) * stride] = bytes(stride - got)  # past the end of a shrunk file
+        return self._input_values(call)
+
+    def _input_values(self, call: int) -> tuple:
+        """Copies of the input set of `call` as the evaluator's copy of the region holds it."""
+        return self.layout.arguments([view.clone() for view in self._inputs[call]])
 
     def unwritten(self, calls: int) -> int | None:
         """The first call (of the first `calls`) with a floating output still holding NaN, the
@@ -193,7 +241,7 @@ class Region:
         at once (they lie `out_stride` apart); on a GPU, queued without waiting for it."""
         torch, stride = self.torch, self.layout.out_stride
         found = None
-        for offset, shape, dtype in self.layout.outputs[0]:
+        for offset, shape, dtype in self.layout.output_slots(0):
             kind = getattr(torch, dtype)
             numel = math.prod(shape)
             if not kind.is_floating_point or not numel or not calls:
@@ -242,14 +290,12 @@ class DeviceRegion(Region):
         self._pool = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(self._pool):
             self.copy = torch.empty(layout.size, dtype=torch.uint8, device=device)
-        self._inputs = [_views(torch, self.copy, [slot[1:] for slot in args if slot[0] == "tensor"])
-                        for args in layout.sets]
-        self._outputs = [_views(torch, self.copy, outs) for outs in layout.outputs]
+        self._inputs = CallViews(layout.calls, lambda call: _views(torch, self.copy, layout.set_slots(call)))
+        self._outputs = CallViews(layout.calls, lambda call: _views(torch, self.copy, layout.output_slots(call)))
         self._lent = dumps_shared(self.copy)
         # the input sets wait here, in the evaluator's own memory, until the gate (`start`)
         self._staging = torch.empty(layout.out_base, dtype=torch.uint8, device=device)
-        self._staged = [_views(torch, self._staging, [slot[1:] for slot in args if slot[0] == "tensor"])
-                        for args in layout.sets]
+        self._staged = CallViews(layout.calls, lambda call: _views(torch, self._staging, layout.set_slots(call)))
         self._staged_bytes = 0
         self._done = torch.cuda.Event(interprocess=True)  # the worker records it behind a batch's calls
         self._gate = torch.cuda.Event(interprocess=True)  # the worker's calls wait on it
@@ -262,7 +308,7 @@ class DeviceRegion(Region):
         self.idle_probe_ns = min(self.probe_ns() for _ in range(5))
 
     def offer(self) -> dict:
-        return {"ipc": self._lent, **self._lent_events, **self.layout.to_json()}
+        return {"ipc": self._lent, **self._lent_events, "layout": self.layout.to_json()}
 
     def write(self, input_sets: list) -> None:
         """The output slots filled with NaN now; the input sets staged, copied in as one range
@@ -338,6 +384,9 @@ class DeviceRegion(Region):
     def read(self, calls: int) -> None:
         """The outputs are read in place."""
 
+    def inputs(self, call: int) -> tuple:
+        return self._input_values(call)
+
     def picks(self, calls: int) -> list[int]:
         return self._taken["picks"]
 
@@ -371,6 +420,7 @@ class WorkerViews:
 
     def __init__(self, torch, offer: dict):
         self.done = self.gate = self.mark = None
+        layout = Layout.from_json(offer["layout"])
         if "ipc" in offer:
             from magpie.harness.exchange import loads_shared
 
@@ -379,12 +429,10 @@ class WorkerViews:
             self.gate = loads_shared(offer["gate_event"])  # waited on before them
             self.mark = torch.zeros(1, device=region.device)  # the kernel of a calibration batch's own
         else:
-            region = torch.from_file(offer["file"], shared=True, size=int(offer["size"]), dtype=torch.uint8)
-        self.inputs = []
-        for args in offer["sets"]:
-            tensors = iter(_views(torch, region, [slot[1:] for slot in args if slot[0] == "tensor"]))
-            self.inputs.append(tuple(next(tensors) if slot[0] == "tensor" else slot[1] for slot in args))
-        self.outputs = [tuple(_views(torch, region, outs)) for outs in offer["outputs"]]
+            region = torch.from_file(offer["file"], shared=True, size=int(layout.size), dtype=torch.uint8)
+        self.inputs = CallViews(layout.calls,
+                                lambda call: layout.arguments(_views(torch, region, layout.set_slots(call))))
+        self.outputs = CallViews(layout.calls, lambda call: tuple(_views(torch, region, layout.output_slots(call))))
 
 
 def run_batch(torch, fn, inputs: list, outputs: list) -> None:
