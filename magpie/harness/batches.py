@@ -113,6 +113,14 @@ class Layout:
         given = iter(tensors)
         return tuple(next(given) if a[0] == "tensor" else a[1] for a in self.args)
 
+    def input_views(self, torch, region) -> CallViews:
+        """Per call, views of its input tensors in `region` (a flat uint8 tensor)."""
+        return CallViews(self.calls, lambda call: _views(torch, region, self.set_slots(call)))
+
+    def output_views(self, torch, region) -> CallViews:
+        """Per call, views of its output slots in `region`."""
+        return CallViews(self.calls, lambda call: _views(torch, region, self.output_slots(call)))
+
     def to_json(self) -> dict:
         return {key: getattr(self, key) for key in ("args", "outs", "calls", "in_stride", "out_stride", "size")}
 
@@ -169,6 +177,13 @@ def _views(torch, region, offsets: list) -> list:
     return out
 
 
+def _copy_sets(torch, input_sets: list, views: CallViews) -> None:
+    """Each set's tensors into its call's views."""
+    for args, tensors in zip(input_sets, views):
+        for x, view in zip((a for a in args if torch.is_tensor(a)), tensors):
+            view.copy_(x)
+
+
 class Region:
     """The evaluator's side of one worker's region: a copy of it in the evaluator's memory,
     written to and read from the file in whole ranges."""
@@ -182,8 +197,8 @@ class Region:
         self.caller = 0  # the pid of the worker process that runs the calls, once it is known
         self.copy = torch.zeros(layout.size, dtype=torch.uint8)
         self._bytes = memoryview((ctypes.c_char * layout.size).from_address(self.copy.data_ptr())).cast("B")
-        self._inputs = CallViews(layout.calls, lambda call: _views(torch, self.copy, layout.set_slots(call)))
-        self._outputs = CallViews(layout.calls, lambda call: _views(torch, self.copy, layout.output_slots(call)))
+        self._inputs = layout.input_views(torch, self.copy)
+        self._outputs = layout.output_views(torch, self.copy)
         # what every output slot holds before a batch: NaN in floating slots, to show unwritten ones
         one = torch.zeros(layout.out_stride, dtype=torch.uint8)
         for slot in _views(torch, one, layout.outs):
@@ -196,9 +211,7 @@ class Region:
     def write(self, input_sets: list) -> None:
         """This batch's input sets, and the pre-batch fill of their calls' output slots."""
         layout = self.layout
-        for args, views in zip(input_sets, self._inputs):
-            for x, view in zip((a for a in args if self.torch.is_tensor(a)), views):
-                view.copy_(x)
+        _copy_sets(self.torch, input_sets, self._inputs)
         calls = len(input_sets)
         os.pwrite(self.fd, self._bytes[:calls * layout.in_stride], 0)
         os.pwrite(self.fd, self._poison[:calls * layout.out_stride], layout.out_base)
@@ -290,12 +303,12 @@ class DeviceRegion(Region):
         self._pool = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(self._pool):
             self.copy = torch.empty(layout.size, dtype=torch.uint8, device=device)
-        self._inputs = CallViews(layout.calls, lambda call: _views(torch, self.copy, layout.set_slots(call)))
-        self._outputs = CallViews(layout.calls, lambda call: _views(torch, self.copy, layout.output_slots(call)))
+        self._inputs = layout.input_views(torch, self.copy)
+        self._outputs = layout.output_views(torch, self.copy)
         self._lent = dumps_shared(self.copy)
         # the input sets wait here, in the evaluator's own memory, until the gate (`start`)
         self._staging = torch.empty(layout.out_base, dtype=torch.uint8, device=device)
-        self._staged = CallViews(layout.calls, lambda call: _views(torch, self._staging, layout.set_slots(call)))
+        self._staged = layout.input_views(torch, self._staging)
         self._staged_bytes = 0
         self._done = torch.cuda.Event(interprocess=True)  # the worker records it behind a batch's calls
         self._gate = torch.cuda.Event(interprocess=True)  # the worker's calls wait on it
@@ -313,9 +326,7 @@ class DeviceRegion(Region):
     def write(self, input_sets: list) -> None:
         """The output slots filled with NaN now; the input sets staged, copied in as one range
         once the gate's sleep is over (`start`)."""
-        for args, views in zip(input_sets, self._staged):
-            for x, view in zip((a for a in args if self.torch.is_tensor(a)), views):
-                view.copy_(x)
+        _copy_sets(self.torch, input_sets, self._staged)
         self._staged_bytes = len(input_sets) * self.layout.in_stride
         for outs in self._outputs[:len(input_sets)]:
             for slot in outs:
@@ -430,9 +441,9 @@ class WorkerViews:
             self.mark = torch.zeros(1, device=region.device)  # the kernel of a calibration batch's own
         else:
             region = torch.from_file(offer["file"], shared=True, size=int(layout.size), dtype=torch.uint8)
-        self.inputs = CallViews(layout.calls,
-                                lambda call: layout.arguments(_views(torch, region, layout.set_slots(call))))
-        self.outputs = CallViews(layout.calls, lambda call: tuple(_views(torch, region, layout.output_slots(call))))
+        tensors, slots = layout.input_views(torch, region), layout.output_views(torch, region)
+        self.inputs = CallViews(layout.calls, lambda call: layout.arguments(tensors[call]))
+        self.outputs = CallViews(layout.calls, lambda call: tuple(slots[call]))
 
 
 def run_batch(torch, fn, inputs: list, outputs: list) -> None:
