@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -97,20 +98,49 @@ def test_an_output_unlike_its_slot_stops_the_batch(pair, returned):
         batches.run_batch(torch, returned, views.inputs[:1], views.outputs[:1])
 
 
-class _Times:
-    def __init__(self, on_cpu, waiting):
-        self.on_cpu, self.waiting = on_cpu, waiting
-
-
 def test_waits_come_off_the_wall_time_but_never_below_the_cpu_time_spent():
     # 10 ms of wall, 4 ms of it on a CPU, the calling thread waited 5 ms, the evaluator 1 ms
-    assert batches.busy_wall_ns(10e6, _Times(0, 0), _Times(4e6, 5e6), 1e6) == pytest.approx(4e6)
+    assert batches.busy_wall_ns(10e6, 4e6, 5e6 + 1e6) == pytest.approx(4e6)
     # waits of 3 ms: all of them come off
-    assert batches.busy_wall_ns(10e6, _Times(0, 0), _Times(4e6, 2e6), 1e6) == pytest.approx(7e6)
+    assert batches.busy_wall_ns(10e6, 4e6, 2e6 + 1e6) == pytest.approx(7e6)
     # a thread that says it waited 20 ms while others worked 9 ms: no less than the 9 ms of work
-    assert batches.busy_wall_ns(10e6, _Times(0, 0), _Times(9e6, 20e6), 0) == pytest.approx(9e6)
+    assert batches.busy_wall_ns(10e6, 9e6, 20e6) == pytest.approx(9e6)
     # threads in parallel (more CPU time than wall): nothing comes off
-    assert batches.busy_wall_ns(10e6, _Times(0, 0), _Times(30e6, 5e6), 1e6) == pytest.approx(10e6)
+    assert batches.busy_wall_ns(10e6, 30e6, 5e6 + 1e6) == pytest.approx(10e6)
+
+
+def test_cpu_time_of_threads_and_processes_that_ended_still_counts():
+    """A thread that ends keeps its time in its process's CPU clock; a child that ends counts
+    in its parent once reaped (in clock ticks). Summing the live threads' own counters lost
+    both (a candidate that did its work on a thread that ended was credited 9-10x)."""
+    script = textwrap.dedent("""
+        import os, sys, threading, time
+        def burn(seconds):
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                pass
+        sys.stdin.readline()
+        worker = threading.Thread(target=burn, args=(0.3,))
+        worker.start(); worker.join()
+        child = os.fork()
+        if child == 0:
+            burn(0.3)
+            os._exit(0)
+        os.waitpid(child, 0)
+        print("done", flush=True)
+        sys.stdin.readline()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)
+        before = batches.TreeTimes(proc.pid, proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "done\n"
+        after = batches.TreeTimes(proc.pid, proc.pid)
+        assert 0.55e9 < after.cpu_since(before) < 0.75e9
+    finally:
+        proc.kill()
 
 
 def test_the_kernel_reports_a_spinning_processes_cpu_time_and_its_waits_under_a_hog():
@@ -123,7 +153,7 @@ def test_the_kernel_reports_a_spinning_processes_cpu_time_and_its_waits_under_a_
         before = batches.TreeTimes(spinner.pid, spinner.pid)
         time.sleep(0.5)
         after = batches.TreeTimes(spinner.pid, spinner.pid)
-        on_cpu, waited = after.on_cpu - before.on_cpu, after.waiting - before.waiting
+        on_cpu, waited = after.cpu_since(before), after.waiting - before.waiting
         assert on_cpu > 0.05e9 and waited > 0.05e9 and on_cpu + waited < 0.6e9
         assert batches.process_named(os.getpid(), os.getpid()) == os.getpid()  # outside any sandbox: itself
         assert batches.process_named(spinner.pid, 999_999_999) == spinner.pid  # nobody by that name: the root

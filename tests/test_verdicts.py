@@ -238,6 +238,14 @@ def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_bot
         assert [r["correctness_state"] for r in report["results"]] == ["SUCCESS"], name
 
 
+def test_work_done_on_a_thread_that_ends_within_the_call_is_counted(tmp_path):
+    """1 ms of CPU work a call on a thread that has ended before the call returns, against the
+    same work done inline: the thread's time stays in its process's CPU clock. Summing the live
+    threads' counters credited it 9-10x."""
+    report = relu2_report(tmp_path, ["works_on_a_passing_thread"], shapes="[[33, 65]]", baseline="works_inline")
+    assert _speedup(report, "works_on_a_passing_thread") < 1.2
+
+
 def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(tmp_path):
     """A 200 µs candidate whose replaced timer claims its whole sample cap at 1 µs a call after
     one real call, spinning until the wall time matches its claims: with the timer in the worker

@@ -22,8 +22,9 @@ it asked for, and the calls are proven by their outputs:
 Per call: what the batch took, over its calls, less what the same loop costs the evaluator
 around a call that does nothing (`harness_ns_per_call`, the copy of one output included).
 What it took, with one torch thread (the default): the CPU time the kernel counted for every
-thread and process of the worker (`TreeTimes`), which no waiting stretches and no code in the
-worker can lower but by doing less; with more threads, the wall time from the request until
+process of the worker, each by its CPU clock (every thread it has had, ended ones included)
+and the children it reaped (`TreeTimes`), which no waiting stretches and no code in the worker
+can lower but by doing less; with more threads, the wall time from the request until
 the worker has stopped, less the time the kernel reports that its calling thread and the
 evaluator waited for a CPU while none of its threads ran (`busy_wall_ns`). The worker's own
 handling of the request (tens of µs) stays in, spread over a batch of milliseconds.
@@ -585,19 +586,40 @@ def process_named(root: int, own_pid: int) -> int:
     return root
 
 
+# A process's CPU clock in clock_gettime's terms (the kernel's MAKE_PROCESS_CPUCLOCK(pid, SCHED)):
+# the run time of every thread it has had, ended ones included.
+_CPUCLOCK_SCHED = 2
+CLOCK_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu(pid: int) -> tuple[tuple[int, str], int] | None:
+    """((pid, start time), CPU ns) of a process: its CPU clock, plus what the children it has
+    reaped spent (which the kernel keeps in clock ticks only); None once it is gone."""
+    try:
+        own = time.clock_gettime_ns(((~pid) << 3) | _CPUCLOCK_SCHED)
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        reaped = (int(fields[13]) + int(fields[14])) * CLOCK_TICK_NS
+    except (OSError, ValueError, IndexError):
+        return None
+    return (pid, fields[19]), own + round(reaped)
+
+
 class TreeTimes:
     """A snapshot of scheduler times: the waits of the thread that runs the calls (the
-    worker's main thread, `main`), and the CPU time of every thread of the worker's tree."""
+    worker's main thread, `main`), and the CPU time of every process of the worker's tree
+    (`_process_cpu`), by process (a pid and its start time)."""
 
     def __init__(self, root: int, main: int):
         self.waiting = _schedstat(f"/proc/{main}/task/{main}/schedstat")[1]
-        self.on_cpu = 0
-        for pid in _descendants(root):
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            self.on_cpu += sum(_schedstat(f"/proc/{pid}/task/{tid}/schedstat")[0] for tid in tids)
+        self.cpu = dict(found for pid in _descendants(root) if (found := _process_cpu(pid)))
+
+    def cpu_since(self, before: TreeTimes) -> int:
+        """CPU ns the tree spent since `before`: a thread that ended meanwhile still counts (its
+        process's clock keeps it), a process started since counts whole, one that ended since
+        counts whole in the process that reaped it (more than since `before`: slower, never
+        faster)."""
+        return sum(ns - before.cpu.get(key, 0) for key, ns in self.cpu.items())
 
 
 def own_wait() -> int:
@@ -605,12 +627,11 @@ def own_wait() -> int:
     return _schedstat("/proc/thread-self/schedstat")[1]
 
 
-def busy_wall_ns(wall_ns: float, before: TreeTimes, after: TreeTimes, own_waited: int) -> float:
-    """The wall time of a batch less the waits the kernel saw (the calling thread's and the
-    evaluator's own), but never more than the wall time less the CPU time of all the worker's
-    threads, which bounds the time none of them ran from below: work done on other threads
-    while one waits, or after the answer while the evaluator waits, is not taken off, and no
-    batch counts less than the CPU time its worker spent."""
-    waited = (after.waiting - before.waiting) + own_waited
-    idle = max(0.0, wall_ns - (after.on_cpu - before.on_cpu))
-    return wall_ns - min(waited, idle)
+def busy_wall_ns(wall_ns: float, cpu_ns: float, waited_ns: float) -> float:
+    """The wall time of a batch less the waits the kernel saw (`waited_ns`: the calling
+    thread's and the evaluator's own), but never more than the wall time less the CPU time of
+    all the worker's processes (`cpu_ns`), which bounds the time none of them ran from below:
+    work done on other threads while one waits, or after the answer while the evaluator waits,
+    is not taken off, and no batch counts less than the CPU time its worker spent."""
+    idle = max(0.0, wall_ns - cpu_ns)
+    return wall_ns - min(waited_ns, idle)

@@ -729,8 +729,9 @@ class Evaluator:
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         after = batches.TreeTimes(worker.proc.pid, region.caller)
-        taken_ns = after.on_cpu - before.on_cpu if measured.by_cpu_time else \
-            batches.busy_wall_ns(wall_ns, before, after, waited)
+        cpu_ns = after.cpu_since(before)
+        taken_ns = cpu_ns if measured.by_cpu_time else \
+            batches.busy_wall_ns(wall_ns, cpu_ns, after.waiting - before.waiting + waited)
         measured.last_wall_ns = wall_ns
         if round_index is not None:
             measured.add_batch(role, round_index, taken_ns, calls, wall_ns / 1e9)
