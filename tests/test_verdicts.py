@@ -246,6 +246,17 @@ def test_work_done_on_a_thread_that_ends_within_the_call_is_counted(tmp_path):
     assert _speedup(report, "works_on_a_passing_thread") < 1.2
 
 
+def test_work_in_a_process_that_ends_within_a_timed_batch_fails_the_timing(tmp_path):
+    """A child process per call, reaped before the call returns: what it spent is known in
+    clock ticks only (in its parent), which most batches' samples would leave out. Such a
+    batch is not timed; the numerics still are what they are."""
+    report = relu2_report(tmp_path, ["works_in_a_passing_process"], shapes="[[33, 65]]")
+    row = next(r for r in report["results"] if r["implementation"] == "works_in_a_passing_process")
+    assert row["correctness_state"] == "SUCCESS", row["errors"]
+    assert row["performance_state"] == "FAILED"
+    assert any("started or ended during a timed batch" in e for e in row["errors"]), row["errors"]
+
+
 def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(tmp_path):
     """A 200 µs candidate whose replaced timer claims its whole sample cap at 1 µs a call after
     one real call, spinning until the wall time matches its claims: with the timer in the worker

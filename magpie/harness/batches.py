@@ -592,17 +592,18 @@ _CPUCLOCK_SCHED = 2
 CLOCK_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
 
 
-def _process_cpu(pid: int) -> tuple[tuple[int, str], int] | None:
-    """((pid, start time), CPU ns) of a process: its CPU clock, plus what the children it has
-    reaped spent (which the kernel keeps in clock ticks only); None once it is gone."""
+def _process_cpu(pid: int) -> tuple[tuple[int, str], int, int] | None:
+    """((pid, start time), CPU clock ns, reaped children's clock ticks) of a process: its clock
+    holds the run time of every thread it has had; what the children it reaped spent the
+    kernel keeps in clock ticks only. None once it is gone."""
     try:
         own = time.clock_gettime_ns(((~pid) << 3) | _CPUCLOCK_SCHED)
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
-        reaped = (int(fields[13]) + int(fields[14])) * CLOCK_TICK_NS
+        reaped = int(fields[13]) + int(fields[14])
     except (OSError, ValueError, IndexError):
         return None
-    return (pid, fields[19]), own + round(reaped)
+    return (pid, fields[19]), own, reaped
 
 
 class TreeTimes:
@@ -612,7 +613,13 @@ class TreeTimes:
 
     def __init__(self, root: int, main: int):
         self.waiting = _schedstat(f"/proc/{main}/task/{main}/schedstat")[1]
-        self.cpu = dict(found for pid in _descendants(root) if (found := _process_cpu(pid)))
+        self.cpu: dict[tuple[int, str], int] = {}
+        self.reaped_ticks = 0
+        for pid in _descendants(root):
+            if found := _process_cpu(pid):
+                key, own, reaped = found
+                self.cpu[key] = own + round(reaped * CLOCK_TICK_NS)
+                self.reaped_ticks += reaped
 
     def cpu_since(self, before: TreeTimes) -> int:
         """CPU ns the tree spent since `before`: a thread that ended meanwhile still counts (its
@@ -620,6 +627,12 @@ class TreeTimes:
         counts whole in the process that reaped it (more than since `before`: slower, never
         faster)."""
         return sum(ns - before.cpu.get(key, 0) for key, ns in self.cpu.items())
+
+    def processes_changed(self, before: TreeTimes) -> bool:
+        """Whether a process of the tree started, ended or was reaped since `before`: the time
+        of one that ended is known in clock ticks only (10 ms), in whoever reaped it, which a
+        batch's median could leave out."""
+        return self.cpu.keys() != before.cpu.keys() or self.reaped_ticks != before.reaped_ticks
 
 
 def own_wait() -> int:

@@ -732,6 +732,11 @@ class Evaluator:
         cpu_ns = after.cpu_since(before)
         taken_ns = cpu_ns if measured.by_cpu_time else \
             batches.busy_wall_ns(wall_ns, cpu_ns, after.waiting - before.waiting + waited)
+        if after.processes_changed(before) and role not in measured.failed:
+            measured.failed[role] = {
+                "passed": False, "check": "processes", "kind": "timer_integrity", "where": f"a batch of {calls}",
+                "detail": "a process of the worker started or ended during a timed batch: what an ended process "
+                          "spent is known only in clock ticks, so its time cannot be vouched for"}
         measured.last_wall_ns = wall_ns
         if round_index is not None:
             measured.add_batch(role, round_index, taken_ns, calls, wall_ns / 1e9)
