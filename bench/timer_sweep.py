@@ -242,6 +242,25 @@ def summarise(role: dict | None) -> dict | None:
             "host_wall_median_us": (role.get("timer_info") or {}).get("host_wall_median_us")}
 
 
+def collect_store(root: Path) -> list[dict]:
+    """Rows from the timing results in the store: what a build cut off before its reports had
+    measured (every timed implementation passed its correctness first)."""
+    rows = []
+    for path in sorted((root / "workspaces/store").glob("*/*/result.json")):
+        result = json.loads(path.read_text())
+        if not result.get("task", "").startswith("timing:"):
+            continue
+        kernel, implementation = result["task"].split(":", 1)[1].split("/", 1)
+        rows.append({
+            "kernel": kernel, "implementation": implementation, "is_baseline": "speedup" not in result,
+            "correctness_state": "SUCCESS", "performance_state": result["performance_state"],
+            "errors": result["errors"], "warnings": result["warnings"], "timing_method": result.get("timing_method"),
+            "candidate": summarise(result.get("performance_result")),
+            "baseline": summarise(result.get("baseline_result")), "speedup": result.get("speedup"),
+        })
+    return sorted(rows, key=lambda r: (r["kernel"], r["implementation"]))
+
+
 def collect(root: Path) -> list[dict]:
     rows = []
     for path in sorted((root / "workspaces/reports").glob("*/compare_report.json")):
@@ -280,7 +299,7 @@ def main() -> int:
         except subprocess.TimeoutExpired as err:
             proc = subprocess.CompletedProcess(err.cmd, -9, err.stdout or "", err.stderr or "")
         wall = time.monotonic() - started
-        rows = collect(root)
+        rows = collect(root) or collect_store(root)
     false = [r for r in rows if r["correctness_state"] == "SUCCESS" and r["performance_state"] != "SUCCESS"]
     Path(args.out).write_text(json.dumps({"swap": args.swap, "vouched": args.vouched, "build_wall_s": round(wall, 1),
                                           "build_exit": proc.returncode, "rows": rows}, indent=1))
