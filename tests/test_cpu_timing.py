@@ -243,6 +243,22 @@ def test_gpu_batch_phases_are_medians_that_skip_what_a_worker_did_not_say():
     assert batch_phases(records)["opened_early"] == 1
 
 
+def test_a_gates_sleep_follows_the_workers_answers_but_does_not_grow_without_end():
+    """Twice the last answer, within bounds; a worker whose calls synchronise (the gate opens
+    before every answer, which grows with the sleep) keeps the sleep it had."""
+    from magpie.harness.batches import GATE_MAX_NS, GATE_MIN_NS, next_sleep_ns
+
+    assert next_sleep_ns(1_000_000, False, False, GATE_MIN_NS) == 2_000_000
+    assert next_sleep_ns(10_000, False, False, 2_000_000) == GATE_MIN_NS
+    assert next_sleep_ns(10**9, False, False, 2_000_000) == GATE_MAX_NS
+    # opened early once: a longer sleep may be all it needs
+    assert next_sleep_ns(3_000_000, True, False, 2_000_000) == 6_000_000
+    sleep = 6_000_000
+    for _ in range(5):  # every answer takes the sleep and 1 ms more
+        sleep = next_sleep_ns(sleep + 1_000_000, True, True, sleep)
+    assert sleep == 6_000_000
+
+
 def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_the_calibration():
     """Batches of two sizes a round: the line through a role's times against its calls meets
     zero calls at what a batch costs besides them; the common cost is the least role's

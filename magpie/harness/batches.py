@@ -284,7 +284,7 @@ class DeviceRegion(Region):
     opens, whatever the host's launch rate, and the clock is the evaluator's pair of CUDA events
     around them: the GPU's time, not the two processes' round trip. The input sets are in place
     only once the gate opens: work started early (on a stream that skips the gate) sees the last
-    batch's inputs. The sleep is sized from how long the worker took to answer (twice that); a
+    batch's inputs. The sleep is twice how long the worker took to answer (`next_sleep_ns`); a
     worker that answered after the gate opened (it synchronised inside its calls, or its
     launches filled the queue) had its launches timed too, which reads slower, never faster
     (`opened_early`). In the same stream, right behind the clock's end, the evaluator takes what
@@ -318,6 +318,7 @@ class DeviceRegion(Region):
         self._clock: tuple | None = None
         self._taken: dict = {}
         self.sleep_ns = GATE_MIN_NS
+        self._opened_early = False
         self._cycles_per_ns = self._sleep_rate()
         self.idle_probe_ns = min(self.probe_ns() for _ in range(5))
 
@@ -348,9 +349,10 @@ class DeviceRegion(Region):
 
     def answered(self, answer_ns: int) -> bool:
         """Once the worker answered, `answer_ns` after `start`: whether the gate had opened
-        already (its launches were timed too); the next sleep twice that answer."""
+        already (its launches were timed too); the next sleep (`next_sleep_ns`)."""
         opened_early = self._gate.query()
-        self.sleep_ns = min(GATE_MAX_NS, max(GATE_MIN_NS, 2 * answer_ns))
+        self.sleep_ns = next_sleep_ns(answer_ns, opened_early, self._opened_early, self.sleep_ns)
+        self._opened_early = opened_early
         return opened_early
 
     def _sleep_rate(self) -> float:
@@ -412,6 +414,16 @@ class DeviceRegion(Region):
         del self._inputs, self._outputs, self.copy, self._taken, self._staged, self._staging
         self.torch.cuda.synchronize()
         del self._pool
+
+
+def next_sleep_ns(answer_ns: int, opened_early: bool, opened_early_before: bool, sleep_ns: int) -> int:
+    """How long a gate sleeps before the next batch: twice the worker's last answer, within
+    GATE_MIN_NS and GATE_MAX_NS; kept as it was where the gate opened early twice running
+    (calls that synchronise wait for the gate themselves: their answers grow with every
+    sleep, and no sleep would hold them)."""
+    if opened_early and opened_early_before:
+        return sleep_ns
+    return min(GATE_MAX_NS, max(GATE_MIN_NS, 2 * answer_ns))
 
 
 def _sample_calls(calls: int) -> list[int]:
