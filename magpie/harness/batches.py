@@ -122,13 +122,15 @@ class Layout:
         """Per call, views of its output slots in `region`."""
         return CallViews(self.calls, lambda call: _views(torch, region, self.output_slots(call)))
 
+    _SENT = ("args", "outs", "calls", "in_stride", "out_stride", "size")  # what the worker is told
+
     def to_json(self) -> dict:
-        return {key: getattr(self, key) for key in ("args", "outs", "calls", "in_stride", "out_stride", "size")}
+        return {key: getattr(self, key) for key in self._SENT}
 
     @classmethod
     def from_json(cls, data: dict) -> Layout:
         layout = cls.__new__(cls)
-        for key in ("args", "outs", "calls", "in_stride", "out_stride", "size"):
+        for key in cls._SENT:
             setattr(layout, key, data[key])
         layout.out_base = layout.calls * layout.in_stride
         return layout
