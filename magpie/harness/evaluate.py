@@ -798,7 +798,7 @@ class Evaluator:
         time went (`batch_phases`)."""
         trips: list[dict] = []
         taken = {role: [] for role in regions}
-        for _ in range(ROUND_TRIPS):
+        for _ in range(CALIBRATION_BATCHES):
             for role, region in regions.items():
                 taken[role].append(self._device_request(turns, role, region, 0, 1.0, trips, own_kernel=True)[0])
         return {role: median(times) for role, times in taken.items()}, batch_phases(trips)
@@ -848,7 +848,7 @@ class Evaluator:
                                    "calls_per_round": measured.calls[role],
                                    "wall_per_call_us": measured.wall[role] * 1e6 / max(calls, 1),
                                    "harness_us_per_call": measured.harness_ns / 1000,
-                                   "round_trip_us": measured.round_trip_ns / 1000,
+                                   "round_trip_us": measured.fixed_ns / 1000,
                                    "calibration_us": measured.calibration_ns[role] / 1000
                                    if role in measured.calibration_ns else None,
                                    "batch_phases": {"batches": batch_phases(measured.phases[role]),
@@ -1224,7 +1224,7 @@ class Rounds:
         self.checked: dict[str, int] = {}
         self.failed: dict[str, dict] = {}
         self.harness_ns = 0.0
-        self.round_trip_ns = 0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
+        self.fixed_ns = 0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
         self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`Evaluator._calibrate`)
         # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
         self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
@@ -1266,7 +1266,7 @@ class Rounds:
         while len(self.sizes[role]) <= round_index:
             self.sizes[role].append(0)
             self.calls[role].append(0)
-        self.samples[role].append(max(1, round((taken_ns - self.round_trip_ns) / calls - self.harness_ns)))
+        self.samples[role].append(max(1, round((taken_ns - self.fixed_ns) / calls - self.harness_ns)))
         self.sizes[role][round_index] += 1
         self.calls[role][round_index] += calls
         self.wall[role] += wall_s
@@ -1274,7 +1274,7 @@ class Rounds:
     def settle_device_batches(self) -> None:
         """On a GPU, once every batch is in: what a batch costs besides its calls
         (`fixed_cost`), then each round's batch a sample (`add_batch`)."""
-        self.round_trip_ns = fixed_cost(self.device_batches, self.calibration_ns)
+        self.fixed_ns = fixed_cost(self.device_batches, self.calibration_ns)
         for role, records in self.device_batches.items():
             for round_index, taken_ns, calls, wall_s in records:
                 if round_index is not None:
@@ -1327,7 +1327,7 @@ GENERATION_FACTOR = 1.0
 # least LATE_PROBE_MIN_NS) waited on work the worker left running.
 LATE_PROBE_FACTOR = 20
 LATE_PROBE_MIN_NS = 500_000
-ROUND_TRIPS = 7
+CALIBRATION_BATCHES = 7
 COPY_CALIBRATION_CALLS = 16
 WALL_SHARE = 4.0
 
@@ -1387,7 +1387,7 @@ def batch_phases(records: list[dict]) -> dict:
     method, never a sample); calls a batch."""
     out = {}
     for key in ("calls", "clock_ns", "answer_ns", "stop_ns", "worker_loop_ns"):
-        values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool)]
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
         if values:
             out[key.replace("_ns", "_us")] = median(values) / (1 if key == "calls" else 1000)
     if records:
@@ -1402,7 +1402,7 @@ def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -
                  "input sets copied in just before), one behind an event the worker records after its calls")
         if measured.graph:
             clock += " (each batch one replay of a CUDA graph of its calls)"
-        less = (f"what a batch costs besides its calls ({measured.round_trip_ns / 1000:.3g} µs) and the copies of its "
+        less = (f"what a batch costs besides its calls ({measured.fixed_ns / 1000:.3g} µs) and the copies of its "
                 f"outputs into their slots ({measured.harness_ns / 1000:.2g} µs of GPU time a call)")
     else:
         clock = ("the CPU time the kernel counted for all the worker's threads and processes" if measured.by_cpu_time
