@@ -214,13 +214,13 @@ def test_a_process_that_left_the_workers_group_fails_the_timing(tmp_path):
     assert any("kept running while it was stopped" in e for e in row["errors"]), row["errors"]
 
 
-def test_vouched_gpu_timing_is_opt_in_and_only_for_tensors_on_the_projects_device():
-    """On a GPU the evaluator's batches are not yet the default (docs/security.md: their
-    figures do not hold yet); where they run, every argument and output lies on the device."""
+def test_vouched_gpu_timing_is_the_default_and_only_for_tensors_on_the_projects_device():
+    """On a GPU too the evaluator's batches time by default (the worker's own timer can be
+    forged); where they run, every argument and output lies on the device."""
     from magpie.harness.evaluate import vouched_inputs
     from magpie.manifest.models import TimingSettings
 
-    assert TimingSettings().vouched is False
+    assert TimingSettings().vouched is True
     x = torch.ones(4)
     assert vouched_inputs(torch, (x, 2.0), x, "cpu")
     assert not vouched_inputs(torch, (x, 2.0), x, "cuda")  # CPU tensors for a GPU project

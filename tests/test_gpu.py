@@ -35,7 +35,7 @@ def test_gpu_timings_say_how_they_were_taken(gpu_example):
         perf = row["performance_result"]
         assert row["performance_state"] == "SUCCESS", row["errors"]
         assert "CUDA" in perf["method"] and perf["n"] >= 10
-        assert perf["timer_info"]["mode"] in ("events", "graph")
+        assert perf["clock"] == "evaluator"  # vouched batches, the default
         assert perf["kernel_us"] > 0 and perf["kernels"]
     candidates = [r for r in report["results"] if not r["is_baseline"]]
     assert all(r["speedup"]["verdict"] in ("faster", "slower", "within noise") for r in candidates)
@@ -68,7 +68,7 @@ def test_nvml_tells_the_zygote_the_device_memory():
 # Verdicts that do not depend on the device; the memory hog is a host-memory test (no address
 # space limit applies to GPU processes) and the CPU clock is not the one timed here.
 GPU_VERDICTS = {name: want for name, want in EXPECTED.items() if name not in ("hogs_memory", "fakes_clock")}
-# GPU timing as the CPU's: batches timed by the evaluator (off by default on a GPU, `timing.vouched`)
+# short vouched timing: batches timed by the evaluator (`timing.vouched`, the default)
 VOUCHED = "warmup_ms = 5\nbudget_ms = 60\nrounds = 3\nvouched = true"
 
 

@@ -80,3 +80,21 @@ def test_workers_carried_across_builds_inflated_memory_bound_candidates():
     assert worst(fixture["workers_carried_across_builds"]) > 1.3
     assert math.isclose(fixture["workers_per_build"]["coverage"]["coverage"], coverage(
         fixture["workers_per_build"], None))
+
+
+def test_the_vouched_sweep_times_every_honest_kernel_and_fails_none():
+    """The default GPU timing (the evaluator's batches, `timing.vouched`) over the sweep's 46
+    kernels of 0.8 µs to 45 ms: every one correct and timed, none failed (before the copies
+    into the slots were priced as the batch makes them, the 1 GiB Triton scale-add read 203 µs,
+    under its 434 µs floor, and failed); kernels of 100 µs and more read within 30% below and
+    10% above the worker's own events (a GEMM of 11-13 ms reads 15% under them)."""
+    sweep = json.loads((FIXTURES / "timer_sweep_vouched.json").read_text())
+    rows = sweep["rows"]
+    assert sweep["build_exit"] == 0 and len(rows) == 46
+    assert [r for r in rows if (r["correctness_state"], r["performance_state"]) != ("SUCCESS", "SUCCESS")] == []
+    worker = {(r["kernel"], r["implementation"]): r["candidate"]["median_us"]
+              for r in json.loads((FIXTURES / "timer_sweep.json").read_text())["rows"]}
+    for r in rows:
+        theirs = worker[r["kernel"], r["implementation"]]
+        if theirs >= 100:
+            assert 0.7 <= r["candidate"]["median_us"] / theirs <= 1.1, (r["kernel"], r["implementation"])

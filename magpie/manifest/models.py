@@ -21,7 +21,8 @@ class Strict(BaseModel):
 
 class TimingSettings(Strict):
     warmup_ms: float = Field(20.0, ge=0)
-    budget_ms: float = Field(300.0, gt=0, description="measured time per implementation")
+    budget_ms: float = Field(300.0, gt=0, description="measured time per implementation (on a GPU, vouched: the wall "
+                             "time of its timed batches, their inputs drawn and outputs checked included)")
     rounds: int = Field(5, ge=1, description="interleaved baseline/candidate rounds")
     max_reps: int = Field(100_000, ge=1)
     input_sets: int = Field(4, ge=1, description="GPU: fresh input sets rotated between calls (on the CPU every "
@@ -30,10 +31,10 @@ class TimingSettings(Strict):
     mode: Literal["auto", "events", "graph"] = Field(
         "auto", description="how a GPU kernel is timed, for the baseline and every candidate alike: auto chooses "
         "from the baseline's probe (CUDA-graph replays under 10 µs per call, else events around each call)")
-    vouched: bool = Field(False, description="GPU: time as batches of calls on input sets of new seeds, timed by the "
-                          "evaluator's own clock and proven by their outputs, as the CPU always is (code under test "
-                          "can forge the worker's CUDA events). Off by default: its figures do not yet hold (on an "
-                          "H200 a 66 µs kernel read 114 µs; docs/security.md)")
+    vouched: bool = Field(True, description="GPU: time as batches of calls on input sets of new seeds, timed by the "
+                          "evaluator's own clock and proven by their outputs, as the CPU always is; false: CUDA "
+                          "events or graph replays timed in the worker's process, which code under test can forge "
+                          "(docs/security.md)")
     between_runs: float = Field(0.01, ge=0, description="how much a speedup varies between runs of the same "
                                 "comparison (relative standard deviation), added to each interval: 0.9% measured on "
                                 "an H200 by bench/interval_coverage.py; measure yours with it")
