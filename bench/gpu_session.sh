@@ -12,7 +12,8 @@ if [ -d .whl ]; then
 else
   export PYTHONPATH=$PWD
 fi
-mkdir -p /tmp/s
+# a lent machine can keep /tmp between sessions: files of an earlier call must not pass for this one's
+rm -rf /tmp/s && mkdir -p /tmp/s
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv
   python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
@@ -58,7 +59,8 @@ for step in "$@"; do
     ipc) timeout 120 python3 bench/ipc_bandwidth.py /tmp/s/ipc_bandwidth.json > /tmp/s/ipc.txt 2>&1 ;;
     vouched) timeout ${VOUCHED_S:-200} python3 bench/gpu_vouched.py /tmp/s/gpu_vouched.json ${VOUCHED_SHAPES:-} \
                > /tmp/s/vouched.txt 2>&1 ;;
-    coverage) timeout 300 python3 bench/interval_coverage.py /tmp/s/interval_coverage.json > /tmp/s/coverage.txt 2>&1 ;;
+    coverage) timeout ${COVERAGE_S:-300} python3 bench/interval_coverage.py /tmp/s/interval_coverage.json \
+                --runs ${COVERAGE_RUNS:-10} --edits ${COVERAGE_EDITS:-1} > /tmp/s/coverage.txt 2>&1 ;;
     throughput) timeout 560 python3 bench/gpu_fidelity.py --parts throughput --out /tmp/s > /tmp/s/throughput.txt 2>&1 ;;
   esac
 done

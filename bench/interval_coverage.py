@@ -54,6 +54,11 @@ def coverage(runs: list[dict]) -> dict:
     return {"checks": checks, "held": held, "coverage": held / checks if checks else None, "misses": misses}
 
 
+def write_partial(out: str, **parts) -> None:
+    """What is measured so far, so that a run cut off by a time limit leaves its figures."""
+    Path(out).write_text(json.dumps({"budget_ms": BUDGET_MS, "partial": True, **parts}, indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -75,6 +80,7 @@ def main() -> int:
         runs.append({k: run[k] for k in ("wall_s", "rows", "timeline_s", "timing_phases_s", "device_held_alone_s",
                                          "tasks")})
         print(f"run {i}: {run['wall_s']:.1f} s", flush=True)
+        write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"))
     edited = root / files[3]
     walls = []
     for edit in range(args.edits):
@@ -82,6 +88,7 @@ def main() -> int:
         edited.write_text(edited.read_text() + f"# edit {edit}: the kernel is the same\n")
         again = compare_run(root, files, BUDGET_MS, f"out_{args.runs - 1}", env, args.device, shape)
         walls.append(time.monotonic() - started)
+        write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"), edit_walls_s=walls)
     edit_to_verdict = statistics.median(walls)
     budget_s = 2 * BUDGET_MS / 1000
     medians = {name: [run["rows"][name]["median_us"] for run in runs] for name in runs[0]["rows"]}
