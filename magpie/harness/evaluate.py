@@ -683,6 +683,7 @@ class Evaluator:
         on_gpu = isinstance(region, batches.DeviceRegion)
         calls, allowed_s = 1, self.timeout
         for attempt in range(SIZING_BATCHES):
+            self._capture(turns, role, region, calls, allowed_s)  # once per size: not a call's cost
             started = time.perf_counter_ns()
             batch = Batch(self._fresh_sets(spec, case, f"{salt} sizing {role} {attempt}", calls, measured), spec,
                           self.init_seed)
@@ -712,13 +713,7 @@ class Evaluator:
         its wall time less the scheduler's waits (`busy_wall_ns`). The worker is stopped while
         its input sets are written and again as soon as it answers, before its outputs are read."""
         worker = turns.workers[role]
-        if isinstance(region, batches.DeviceRegion) and region.graph and calls not in region.captured:
-            # captured on the last batch's input sets, before this one's are written
-            answer = turns.give(role).request({"op": "batch_graph", "calls": calls}, self.timeout + 2 * allowed_s)
-            if not answer["ok"]:
-                raise WorkerFailure(f"error while timing {worker.label}: capturing a batch's CUDA graph: "
-                                    f"{answer['error']}")
-            region.captured.add(calls)
+        self._capture(turns, role, region, calls, allowed_s)
         if not worker.stopped:
             self._hold(worker)
         region.write(batch.sets[:calls])
@@ -750,6 +745,16 @@ class Evaluator:
             measured.add_batch(role, round_index, taken_ns, calls, wall_ns / 1e9)
         self._judge_batch(role, region, batch, calls, testcase, measured)
         return taken_ns
+
+    def _capture(self, turns: Turns, role: str, region: batches.Region, calls: int, allowed_s: float) -> None:
+        """In graph mode, the worker's CUDA graph of a batch of `calls` calls, once per size:
+        captured on the last batch's input sets, before the next one's are written."""
+        if isinstance(region, batches.DeviceRegion) and region.graph and calls not in region.captured:
+            answer = turns.give(role).request({"op": "batch_graph", "calls": calls}, self.timeout + 2 * allowed_s)
+            if not answer["ok"]:
+                raise WorkerFailure(f"error while timing {turns.workers[role].label}: capturing a batch's CUDA "
+                                    f"graph: {answer['error']}")
+            region.captured.add(calls)
 
     def _device_batch(self, turns: Turns, role: str, region: batches.DeviceRegion, batch: Batch, calls: int,
                       testcase: dict, round_index: int | None, measured: Rounds, allowed_s: float) -> float:
