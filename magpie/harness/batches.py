@@ -483,12 +483,12 @@ def copy_ns_per_call(torch, reference, sets: list, example_outputs, graph: bool)
     """On a GPU, what `run_batch` costs a call beside the call itself where the calls keep the
     GPU busy: the copy of its outputs into their slots, in GPU time (the loop's host time
     overlaps the GPU's work), timed here in the evaluator by its own events, the least of
-    COPY_RUNS runs after one. Copies of outputs of new memory each, made as the batch makes them: replayed as a
-    graph in graph mode (a captured copy is the copy engine's, 2.6 TB/s on the H200 where an
-    eager one ran at 4.2), else eager; with events, as the copy follows a real call, also the
-    reference's calls on `sets` with and without the copies (an output just written is partly
-    in the L2 still), and the lesser of the two: what is taken off a call must not exceed what
-    its copy costs."""
+    COPY_RUNS runs after one. Copies of outputs of new memory each, made as the batch makes
+    them: replayed as a graph in graph mode (a captured 1 GiB copy ran at 2.6 TB/s on the
+    H200, the copy engine's speed presumably, where an eager one in a batch ran at 4.2), else
+    eager; with events, as the copy follows a real call, also the reference's calls on `sets`
+    with and without the copies (an output just written is partly in the L2 still), and the
+    lesser of the two: what is taken off a call must not exceed what its copy costs."""
     calls = len(sets)
     slots = [tuple(torch.empty_like(e) for e in as_tuple(example_outputs)) for _ in range(calls)]
 
