@@ -56,6 +56,13 @@ for step in "$@"; do
                    timeout 190 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_implausible_timing.py \
                      tests/test_gpu.py -k "vouched or side_stream or gate or aliases" --basetemp=/tmp/gpu_pytest \
                      > /tmp/s/gpu_tests.txt 2>&1; status=$? ;;
+    default_check) # the default (vouched) GPU timing in one call of at most 8 minutes: the sweep's kernels
+                   # whose copies and batches were priced wrong before, then the kept-warm compare's cost
+                   python3 bench/timer_sweep.py /tmp/s/timer_sweep_vouched.json --vouched --timeout 150 \
+                     --only scale_add_2p14,scale_add_2p18,scale_add_2p26,scale_add_2p28,gemm_bf16_4096 \
+                     > /tmp/s/sweep_vouched.txt 2>&1
+                   timeout 300 python3 bench/interval_coverage.py /tmp/s/interval_coverage.json --runs 3 --edits 2 \
+                     > /tmp/s/coverage.txt 2>&1 ;;
     ipc) timeout 120 python3 bench/ipc_bandwidth.py /tmp/s/ipc_bandwidth.json > /tmp/s/ipc.txt 2>&1 ;;
     vouched) timeout ${VOUCHED_S:-200} python3 bench/gpu_vouched.py /tmp/s/gpu_vouched.json ${VOUCHED_SHAPES:-} \
                > /tmp/s/vouched.txt 2>&1 ;;
