@@ -440,3 +440,33 @@ def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path)
                                 capture_output=True, text=True, timeout=60)
     assert "pong" in outside.stdout, outside.stderr  # the test reaches the zygote as magpie does
     assert "pong" not in inside.stdout and "answer b''" in inside.stdout, (inside.stdout, inside.stderr)
+
+
+def test_code_under_test_opens_only_byte_devices_and_on_a_gpu_the_gpus_nodes(monkeypatch):
+    """As root, sandboxed code could open /dev/loop0, /dev/kvm and /dev/btrfs-control for
+    writing. Now only /dev/null and friends; a GPU project's code also the GPU's nodes and
+    /dev/shm (CUDA IPC), a CPU project's none of them (work sent to a GPU would escape the CPU
+    time that times it)."""
+    listing = ["null", "urandom", "loop0", "kvm", "tty", "pts", "nvidia0", "nvidiactl", "nvidia-uvm", "kfd", "dri",
+               "shm"]
+    monkeypatch.setattr(sandbox.os, "listdir", lambda path: listing)
+    monkeypatch.setattr(sandbox, "_is_device", lambda path: True)
+    assert sandbox.device_files(sandbox.Policy(write=[])) == ["/dev/null", "/dev/urandom"]
+    assert sandbox.device_files(sandbox.Policy(write=[], gpu=True)) == [
+        "/dev/null", "/dev/urandom", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri",
+        "/dev/shm"]
+
+
+def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
+    """The same, end to end, where this host has the nodes (as root the owner's permissions
+    would let it open them)."""
+    targets = [p for p in ("/dev/loop0", "/dev/kvm", "/dev/btrfs-control", "/dev/tty") if os.path.exists(p)]
+    if not targets:
+        pytest.skip("no such device node on this host")
+    opener = "; ".join(f"python3 -c \"import os; os.open('{p}', os.O_RDWR)\" 2>/dev/null && echo '{p} opened'"
+                       for p in targets)
+    policy = sandbox.Policy(write=[str(tmp_path)])
+    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--", "sh", "-c",
+                           f"{opener}; python3 -c \"open('/dev/null', 'w').write('x')\" && echo null"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["null"], proc.stdout

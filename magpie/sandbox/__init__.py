@@ -167,27 +167,42 @@ def read_trees(policy: Policy) -> list[str]:
     return [*_top_level_reads(excluded), *interpreter, *policy.read]
 
 
+# The device nodes code under test may open: the byte sources and sinks; a GPU's nodes only for
+# a GPU project. Nothing else: as root, a process in the sandbox could otherwise open a loop
+# device's blocks, /dev/kvm or btrfs-control for writing, or a terminal (TIOCSTI types into
+# it).
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
 def device_files(policy: Policy) -> list[str]:
-    """/dev without its shared-memory folders (other processes' files live there), which only
-    a GPU process may write: CUDA IPC keeps its reference counts in /dev/shm."""
+    """The device nodes the sandbox may use (DEVICES); for a GPU project also the GPU's nodes
+    and /dev/shm (CUDA IPC keeps its reference counts there, beside other processes' files):
+    work a CPU project's code sent to a GPU would escape the CPU time that times it."""
     try:
         names = os.listdir("/dev")
     except OSError:
         return []
-    found = [os.path.join("/dev", n) for n in names if n not in ("shm", "mqueue") and _is_device(os.path.join("/dev", n))]
+    found = [os.path.join("/dev", n) for n in names
+             if (n in DEVICES or (policy.gpu and _is_gpu_node(n))) and _is_device(os.path.join("/dev", n))]
     if policy.gpu:
         found.append("/dev/shm")
     return found
 
 
+def _is_gpu_node(name: str) -> bool:
+    """A GPU's device node or folder of them: NVIDIA's, AMD's compute (kfd), DRM's render and
+    card nodes (dri), compute accelerators (accel)."""
+    return name.startswith("nvidia") or name in ("kfd", "dri", "accel")
+
+
 def _is_device(path: str) -> bool:
-    """A device node or a folder of them; not a link (/dev/stdin and friends point at
+    """A character device or a folder of them; not a link (/dev/stdin and friends point at
     descriptors, which Landlock rules cannot name)."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:
         return False
-    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode)
+    return stat.S_ISCHR(mode) or stat.S_ISDIR(mode)
 
 
 def contain(policy: Policy, fork: bool = True) -> None:
