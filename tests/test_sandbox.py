@@ -63,6 +63,16 @@ def fill_shared_memory():
         out.write(b"x" * (1 << 20))
 
 
+def leave_system_v_memory():
+    """Made in the sandbox's own IPC namespace, it goes with it; in the host's it would outlive
+    the build, and other candidates could find it by its key."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.shmget(int(TOKEN[:7], 16), 1 << 20, 0o1000 | 0o600) < 0:  # IPC_CREAT
+        raise PermissionError(os.strerror(ctypes.get_errno()))
+
+
 def write_temporary_folder():
     with open("/tmp/magpie-attack-" + TOKEN, "w") as out:
         out.write("x")
@@ -118,7 +128,7 @@ def ptrace_the_evaluator():
 
 for name, action in [("rewrite_results", rewrite_results), ("plant_package", plant_package),
                      ("append_reference", append_reference), ("fill_shared_memory", fill_shared_memory),
-                     ("write_temporary_folder", write_temporary_folder), ("leave_processes", leave_processes),
+                     ("leave_system_v_memory", leave_system_v_memory), ("write_temporary_folder", write_temporary_folder), ("leave_processes", leave_processes),
                      ("see_other_processes", see_other_processes), ("read_parent_memory", read_parent_memory),
                      ("connect_out", connect_out), ("ptrace_the_evaluator", ptrace_the_evaluator),
                      ("stop_everyone", stop_everyone)]:
@@ -173,6 +183,8 @@ def test_nothing_it_touched_changed(attacked):
         assert token not in path.read_text(), path
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
     assert not os.path.exists(f"/tmp/magpie-attack-{token}")
+    with open("/proc/sysvipc/shm") as segments:  # key, in decimal, is the first column
+        assert str(int(token[:7], 16)) not in [line.split()[0] for line in segments.readlines()[1:]]
 
 
 def survivors(token: str) -> list[str]:

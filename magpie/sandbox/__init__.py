@@ -3,7 +3,8 @@ of compile rules and command testcases).
 
 `contain(policy)` turns the calling process, which must still be single-threaded (a fresh
 fork), into the first process of new user, PID and mount namespaces (and, where no GPU is
-needed, a network namespace of its own, which has nothing but a loopback that is down):
+needed, a network namespace of its own, which has nothing but a loopback that is down, and
+an IPC namespace, whose System V shared memory, semaphores and queues go with it):
 
 - every process it starts lives in that PID namespace and dies with it; it can name, signal
   or trace no process outside it (Landlock scopes signals and ptrace as well, and `/proc`
@@ -78,7 +79,8 @@ def describe(policy: Policy | None) -> str:
     """The isolation a report records."""
     if policy is None:
         return "none: code trusted (--trust-code)"
-    layers = ["user, PID and mount namespaces" + ("" if policy.network or policy.gpu else ", network namespace"),
+    layers = ["user, PID and mount namespaces" + ("" if policy.gpu else ", IPC namespace")
+              + ("" if policy.network or policy.gpu else ", network namespace"),
               f"landlock ABI {landlock.abi_version()}"]
     if seccomp.supported():
         layers.append("seccomp")
@@ -213,8 +215,12 @@ def contain(policy: Policy, fork: bool = True) -> None:
     reads = read_trees(policy)
     isolate_network = not (policy.network or policy.gpu)
     try:
+        # System V IPC off the GPU: a segment made in the host's namespace outlives the build and
+        # lets candidates meet by key; on a GPU, CUDA IPC with the evaluator is not known to work
+        # across IPC namespaces
         namespaces.unshare(namespaces.CLONE_NEWUSER | namespaces.CLONE_NEWNS | namespaces.CLONE_NEWPID
-                           | (namespaces.CLONE_NEWNET if isolate_network else 0))
+                           | (namespaces.CLONE_NEWNET if isolate_network else 0)
+                           | (0 if policy.gpu else namespaces.CLONE_NEWIPC))
         namespaces.map_own_ids(uid, gid)
         namespaces.make_private()
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
