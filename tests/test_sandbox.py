@@ -6,6 +6,7 @@ must fail, the wrong candidate must be judged wrong, and nothing of it may survi
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -118,6 +119,18 @@ def connect_out():
     socket.create_connection(("127.0.0.1", 9), timeout=1)
 
 
+def talk_to_a_daemon():
+    """A listening Unix socket in the project, as a daemon's (Docker's: a container with the
+    host's files in it) would be anywhere readable."""
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(ROOT + "/daemon.sock")
+
+
+def see_the_daemons_sockets():
+    if not os.listdir("/run"):
+        raise FileNotFoundError("/run is empty")
+
+
 def ptrace_the_evaluator():
     import ctypes
 
@@ -130,7 +143,8 @@ for name, action in [("rewrite_results", rewrite_results), ("plant_package", pla
                      ("append_reference", append_reference), ("fill_shared_memory", fill_shared_memory),
                      ("leave_system_v_memory", leave_system_v_memory), ("write_temporary_folder", write_temporary_folder), ("leave_processes", leave_processes),
                      ("see_other_processes", see_other_processes), ("read_parent_memory", read_parent_memory),
-                     ("connect_out", connect_out), ("ptrace_the_evaluator", ptrace_the_evaluator),
+                     ("connect_out", connect_out), ("talk_to_a_daemon", talk_to_a_daemon),
+                     ("see_the_daemons_sockets", see_the_daemons_sockets), ("ptrace_the_evaluator", ptrace_the_evaluator),
                      ("stop_everyone", stop_everyone)]:
     attempt(name, action)
 
@@ -147,7 +161,10 @@ def attacked(tmp_path_factory):
     (root / "attacker.py").write_text(ATTACKER.format(token=token, root=root))
     relu2_project(root, ["attacker"], shapes="[[33, 65]]", defaults="timeout_s = 60")
     spec_before = (root / "spec.py").read_text()
-    result = build_json(root, "-j", "1")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
+        daemon.bind(str(root / "daemon.sock"))
+        daemon.listen()
+        result = build_json(root, "-j", "1")
     return root, token, result, spec_before
 
 
@@ -167,7 +184,8 @@ def test_the_wrong_candidate_is_judged_wrong_and_the_build_goes_on(attacked):
 
 @pytest.mark.parametrize("attack", ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory",
                                     "write_temporary_folder", "see_other_processes", "read_parent_memory",
-                                    "connect_out", "ptrace_the_evaluator"])
+                                    "connect_out", "talk_to_a_daemon", "ptrace_the_evaluator"]
+                         + (["see_the_daemons_sockets"] if os.listdir("/run") else []))
 def test_each_attack_fails_inside_the_sandbox(attacked, attack):
     root, _, _, _ = attacked
     tried = attempts(root)
@@ -434,7 +452,9 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
 
 def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path):
     """Landlock does not guard connecting to a Unix socket by its path; a fork asked of the
-    zygote would run outside the sandbox. The zygote answers only its own PID namespace."""
+    zygote would run outside the sandbox. The zygote answers only its own PID namespace (where
+    sockets are allowed, as a profiler's sandbox allows them; elsewhere no Unix socket can be
+    made at all)."""
     from magpie.supervision import zygote
 
     with zygote.session(prestart=True):
@@ -447,11 +467,15 @@ def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path)
         outside = subprocess.run([sys.executable, str(tmp_path / "ping.py"), sock], capture_output=True, text=True,
                                  timeout=60)
         # the temporary folder left visible (sandboxes hide it too): the zygote's own check is tested
-        policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path), str(folder)], temporary=[])
+        policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path), str(folder)], temporary=[], network=True)
         inside = subprocess.run(sandbox.command([sys.executable, str(tmp_path / "ping.py"), sock], policy),
                                 capture_output=True, text=True, timeout=60)
+        policy.network = False
+        no_socket = subprocess.run(sandbox.command([sys.executable, str(tmp_path / "ping.py"), sock], policy),
+                                   capture_output=True, text=True, timeout=60)
     assert "pong" in outside.stdout, outside.stderr  # the test reaches the zygote as magpie does
     assert "pong" not in inside.stdout and "answer b''" in inside.stdout, (inside.stdout, inside.stderr)
+    assert "PermissionError" in no_socket.stderr and "answer" not in no_socket.stdout
 
 
 def test_code_under_test_opens_only_byte_devices_and_on_a_gpu_the_gpus_nodes(monkeypatch):

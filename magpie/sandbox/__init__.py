@@ -14,8 +14,9 @@ an IPC namespace, whose System V shared memory, semaphores and queues go with it
   scratch, magpie's locks and zygote sockets), nor the store unless it lies in the project,
   which is then read-only like everything else; no TCP unless the policy allows network;
 - a seccomp filter makes the calls that reach into other processes or change the mount
-  table fail; no_new_privs, no capabilities, and resource limits on memory, file size and
-  processes.
+  table fail, and without network, sockets of the internet and Unix families; the daemons'
+  sockets (`/run`) are covered; no_new_privs, no capabilities, and resource limits on memory,
+  file size and processes.
 
 It must work unprivileged and as root: root is root only in its own user namespace, and
 Landlock holds whatever the file permissions say. The `describe()` of a policy is what a
@@ -65,6 +66,12 @@ class Policy:
     @classmethod
     def from_json(cls, data: dict) -> Policy:
         return cls(**data)
+
+
+# Where the system's daemons keep their sockets (Docker's, containerd's, D-Bus's): covered in
+# every sandbox. Landlock does not guard connecting to a socket by its path, and as root code
+# under test could ask Docker's daemon for a container with the host's files in it.
+DAEMON_FOLDERS = ("/run", "/var/run")
 
 
 def temporary_folders() -> list[str]:
@@ -226,7 +233,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
         # checkout of magpie, or a project, under /tmp)
         usable = [*policy.write, *reads]
-        for folder in dict.fromkeys(os.path.realpath(f) for f in [*policy.hide, *policy.temporary]):
+        hidden = [*policy.hide, *policy.temporary, *(f for f in DAEMON_FOLDERS if os.path.isdir(f))]
+        for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
             namespaces.cover(folder, [p for p in usable if os.path.realpath(p).startswith(beneath)])
     except OSError as err:
