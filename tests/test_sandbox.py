@@ -126,6 +126,14 @@ def talk_to_a_daemon():
     client.connect(ROOT + "/daemon.sock")
 
 
+def reach_the_host_by_another_family():
+    """A netlink socket is on every Linux; where the machine is a VM, vsock reaches its host
+    from any network namespace."""
+    families = [socket.AF_NETLINK] + ([socket.AF_VSOCK] if hasattr(socket, "AF_VSOCK") else [])
+    for family in families:
+        socket.socket(family, socket.SOCK_DGRAM if family == socket.AF_NETLINK else socket.SOCK_STREAM).close()
+
+
 def see_the_daemons_sockets():
     if not os.listdir("/run"):
         raise FileNotFoundError("/run is empty")
@@ -144,6 +152,7 @@ for name, action in [("rewrite_results", rewrite_results), ("plant_package", pla
                      ("leave_system_v_memory", leave_system_v_memory), ("write_temporary_folder", write_temporary_folder), ("leave_processes", leave_processes),
                      ("see_other_processes", see_other_processes), ("read_parent_memory", read_parent_memory),
                      ("connect_out", connect_out), ("talk_to_a_daemon", talk_to_a_daemon),
+                     ("reach_the_host_by_another_family", reach_the_host_by_another_family),
                      ("see_the_daemons_sockets", see_the_daemons_sockets), ("ptrace_the_evaluator", ptrace_the_evaluator),
                      ("stop_everyone", stop_everyone)]:
     attempt(name, action)
@@ -184,7 +193,8 @@ def test_the_wrong_candidate_is_judged_wrong_and_the_build_goes_on(attacked):
 
 @pytest.mark.parametrize("attack", ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory",
                                     "write_temporary_folder", "see_other_processes", "read_parent_memory",
-                                    "connect_out", "talk_to_a_daemon", "ptrace_the_evaluator"]
+                                    "connect_out", "talk_to_a_daemon", "reach_the_host_by_another_family",
+                                    "ptrace_the_evaluator"]
                          + (["see_the_daemons_sockets"] if os.listdir("/run") else []))
 def test_each_attack_fails_inside_the_sandbox(attacked, attack):
     root, _, _, _ = attacked

@@ -14,8 +14,7 @@ an IPC namespace, whose System V shared memory, semaphores and queues go with it
   scratch, magpie's locks and zygote sockets), nor the store unless it lies in the project,
   which is then read-only like everything else; no TCP unless the policy allows network;
 - a seccomp filter makes the calls that reach into other processes or change the mount
-  table fail, and without network, sockets of the internet and Unix families; the daemons'
-  sockets (`/run`) are covered; no_new_privs, no capabilities, and resource limits on memory,
+  table fail, and without network, every socket; the daemons' sockets (`/run`) are covered; no_new_privs, no capabilities, and resource limits on memory,
   file size and processes.
 
 It must work unprivileged and as root: root is root only in its own user namespace, and
