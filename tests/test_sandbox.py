@@ -29,6 +29,7 @@ import torch
 
 TOKEN = "{token}"
 ROOT = "{root}"
+SECRET = "{secret}"
 
 
 def attempt(name, action):
@@ -72,6 +73,16 @@ def leave_system_v_memory():
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.shmget(int(TOKEN[:7], 16), 1 << 20, 0o1000 | 0o600) < 0:  # IPC_CREAT
         raise PermissionError(os.strerror(ctypes.get_errno()))
+
+
+def read_a_home_secret():
+    """A key in the home folder of whoever runs magpie: printed, the report would show it."""
+    print("secret:", open(SECRET).read(), flush=True)
+
+
+def read_password_hashes():
+    if not open("/etc/shadow").read():
+        raise PermissionError("/etc/shadow shows empty")
 
 
 def write_temporary_folder():
@@ -153,7 +164,8 @@ for name, action in [("rewrite_results", rewrite_results), ("plant_package", pla
                      ("see_other_processes", see_other_processes), ("read_parent_memory", read_parent_memory),
                      ("connect_out", connect_out), ("talk_to_a_daemon", talk_to_a_daemon),
                      ("reach_the_host_by_another_family", reach_the_host_by_another_family),
-                     ("see_the_daemons_sockets", see_the_daemons_sockets), ("ptrace_the_evaluator", ptrace_the_evaluator),
+                     ("see_the_daemons_sockets", see_the_daemons_sockets),
+                     ("read_a_home_secret", read_a_home_secret), ("read_password_hashes", read_password_hashes), ("ptrace_the_evaluator", ptrace_the_evaluator),
                      ("stop_everyone", stop_everyone)]:
     attempt(name, action)
 
@@ -167,13 +179,18 @@ def kernel(x):
 def attacked(tmp_path_factory):
     root = tmp_path_factory.mktemp("attacked")
     token = uuid.uuid4().hex
-    (root / "attacker.py").write_text(ATTACKER.format(token=token, root=root))
+    secret = Path.home() / f".magpie-test-secret-{token}"
+    (root / "attacker.py").write_text(ATTACKER.format(token=token, root=root, secret=secret))
     relu2_project(root, ["attacker"], shapes="[[33, 65]]", defaults="timeout_s = 60")
     spec_before = (root / "spec.py").read_text()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
-        daemon.bind(str(root / "daemon.sock"))
-        daemon.listen()
-        result = build_json(root, "-j", "1")
+    secret.write_text(f"key-{token}")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
+            daemon.bind(str(root / "daemon.sock"))
+            daemon.listen()
+            result = build_json(root, "-j", "1")
+    finally:
+        secret.unlink()
     return root, token, result, spec_before
 
 
@@ -194,7 +211,7 @@ def test_the_wrong_candidate_is_judged_wrong_and_the_build_goes_on(attacked):
 @pytest.mark.parametrize("attack", ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory",
                                     "write_temporary_folder", "see_other_processes", "read_parent_memory",
                                     "connect_out", "talk_to_a_daemon", "reach_the_host_by_another_family",
-                                    "ptrace_the_evaluator"]
+                                    "read_a_home_secret", "read_password_hashes", "ptrace_the_evaluator"]
                          + (["see_the_daemons_sockets"] if os.listdir("/run") else []))
 def test_each_attack_fails_inside_the_sandbox(attacked, attack):
     root, _, _, _ = attacked

@@ -73,6 +73,12 @@ class Policy:
 DAEMON_FOLDERS = ("/run", "/var/run")
 
 
+# What of the readable /etc only root may read, and a sandbox run as root could: password
+# hashes, the host's SSH and TLS private keys. Shown empty.
+SECRET_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-")
+SECRET_FOLDERS = ("/etc/ssh", "/etc/ssl/private")
+
+
 def temporary_folders() -> list[str]:
     """Where magpie's processes keep their sockets (the zygote's, the job pool's) and locks:
     hidden from code under test, which Landlock alone would let connect to a socket whose path
@@ -148,23 +154,22 @@ def admit(trust: bool) -> None:
                         "with --trust-code or [project] trust_code = true")
 
 
-def _top_level_reads(excluded: set[str]) -> list[str]:
-    try:
-        names = sorted(os.listdir("/"))
-    except OSError:  # already in a sandbox that may not list it: nothing more to allow
-        return []
-    return [os.path.join("/", name) for name in names if name not in excluded and os.path.isdir(os.path.join("/", name))]
+# The system's trees code under test may read: programs, libraries, configuration, the kernel's
+# views. Not the others: home folders (keys, tokens, cloud credentials: code that read them
+# could print them into its log, which the report shows), other projects and their stores,
+# other mounts (/mnt, /srv, /media, a host's old root).
+SYSTEM_TREES = ("usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "etc", "opt", "proc", "sys", "nix", "gnu",
+                "snap")
 
 
-def _top(path: str) -> str:
-    parts = os.path.realpath(path).split(os.sep)
-    return parts[1] if len(parts) > 1 else ""
+def _system_reads() -> list[str]:
+    return [os.path.join("/", name) for name in SYSTEM_TREES if os.path.isdir(os.path.join("/", name))]
 
 
 def read_trees(policy: Policy) -> list[str]:
-    """The system, the interpreter and its libraries, magpie, and the policy's trees: not the
-    temporary folder (where other jobs' scratch, magpie's locks and sockets live)."""
-    excluded = {"dev", "tmp", "lost+found", _top(tempfile.gettempdir())}
+    """The system's trees (SYSTEM_TREES), the interpreter and its libraries, magpie, and the
+    policy's trees: not the temporary folder (where other jobs' scratch, magpie's locks and
+    sockets live)."""
     paths = sysconfig.get_paths()
     # magpie's package and the folder it is found in (a source checkout's, which the import
     # system lists to find it)
@@ -172,7 +177,7 @@ def read_trees(policy: Policy) -> list[str]:
     interpreter = [sys.prefix, sys.base_prefix, sys.exec_prefix, paths["stdlib"], paths["platstdlib"],
                    paths["purelib"], paths["platlib"], package_parent, *site.getsitepackages(),
                    site.getusersitepackages()]
-    return [*_top_level_reads(excluded), *interpreter, *policy.read]
+    return [*_system_reads(), *interpreter, *policy.read]
 
 
 # The device nodes code under test may open: the byte sources and sinks; a GPU's nodes only for
@@ -232,10 +237,13 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
         # checkout of magpie, or a project, under /tmp)
         usable = [*policy.write, *reads]
-        hidden = [*policy.hide, *policy.temporary, *(f for f in DAEMON_FOLDERS if os.path.isdir(f))]
+        hidden = [*policy.hide, *policy.temporary, *(f for f in (*DAEMON_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f))]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
             namespaces.cover(folder, [p for p in usable if os.path.realpath(p).startswith(beneath)])
+        for path in SECRET_FILES:
+            if os.path.isfile(path):
+                namespaces.blank(path)
     except OSError as err:
         raise SandboxError(f"namespaces: {err}") from None
     if fork:

@@ -62,6 +62,11 @@ def cover(folder: str, keep: list[str]) -> None:
             os.close(fd)
 
 
+def blank(path: str) -> None:
+    """Show an empty file where the file at path is (/dev/null bound over it)."""
+    mount("/dev/null", path, None, MS_BIND)
+
+
 def mount_proc() -> None:
     """A /proc that shows only this PID namespace's processes."""
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
