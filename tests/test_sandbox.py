@@ -158,16 +158,11 @@ def ptrace_the_evaluator():
         raise PermissionError(os.strerror(ctypes.get_errno()))
 
 
-for name, action in [("rewrite_results", rewrite_results), ("plant_package", plant_package),
-                     ("append_reference", append_reference), ("fill_shared_memory", fill_shared_memory),
-                     ("leave_system_v_memory", leave_system_v_memory), ("write_temporary_folder", write_temporary_folder), ("leave_processes", leave_processes),
-                     ("see_other_processes", see_other_processes), ("read_parent_memory", read_parent_memory),
-                     ("connect_out", connect_out), ("talk_to_a_daemon", talk_to_a_daemon),
-                     ("reach_the_host_by_another_family", reach_the_host_by_another_family),
-                     ("see_the_daemons_sockets", see_the_daemons_sockets),
-                     ("read_a_home_secret", read_a_home_secret), ("read_password_hashes", read_password_hashes), ("ptrace_the_evaluator", ptrace_the_evaluator),
-                     ("stop_everyone", stop_everyone)]:
-    attempt(name, action)
+for name in ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory", "leave_system_v_memory",
+             "write_temporary_folder", "leave_processes", "see_other_processes", "read_parent_memory", "connect_out",
+             "talk_to_a_daemon", "reach_the_host_by_another_family", "see_the_daemons_sockets", "read_a_home_secret",
+             "read_password_hashes", "ptrace_the_evaluator", "stop_everyone"]:
+    attempt(name, globals()[name])
 
 
 def kernel(x):

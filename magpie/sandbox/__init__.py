@@ -14,8 +14,9 @@ an IPC namespace, whose System V shared memory, semaphores and queues go with it
   scratch, magpie's locks and zygote sockets), nor the store unless it lies in the project,
   which is then read-only like everything else; no TCP unless the policy allows network;
 - a seccomp filter makes the calls that reach into other processes or change the mount
-  table fail, and without network, every socket; the daemons' sockets (`/run`) are covered; no_new_privs, no capabilities, and resource limits on memory,
-  file size and processes.
+  table fail, and without network, every socket; the daemons' sockets (`/run`) are
+  covered; no_new_privs, no capabilities, and resource limits on memory, file size and
+  processes.
 
 It must work unprivileged and as root: root is root only in its own user namespace, and
 Landlock holds whatever the file permissions say. The `describe()` of a policy is what a
@@ -237,7 +238,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
         # checkout of magpie, or a project, under /tmp)
         usable = [*policy.write, *reads]
-        hidden = [*policy.hide, *policy.temporary, *(f for f in (*DAEMON_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f))]
+        system = [f for f in (*DAEMON_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
+        hidden = [*policy.hide, *policy.temporary, *system]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
             namespaces.cover(folder, [p for p in usable if os.path.realpath(p).startswith(beneath)])
