@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import build_json, relu2_project
+from conftest import REPO, build_json, relu2_project, relu2_report
 
 from magpie import sandbox
 
@@ -528,3 +528,24 @@ def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
                            f"{opener}; python3 -c \"open('/dev/null', 'w').write('x')\" && echo null"],
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["null"], proc.stdout
+
+
+def test_links_planted_in_a_workers_scratch_are_not_followed(tmp_path):
+    """The evaluator writes a worker's inputs into, and reads its log from, the worker's own
+    scratch folder, where code under test may plant links: followed, the inputs overwrote a
+    file of the project (any file magpie may write), and a secret in the home folder, which
+    the sandbox hides, reached the stored log."""
+    token = uuid.uuid4().hex  # the secret's content: its name is in the candidate's source, which is stored
+    secret = Path.home() / f".magpie-test-secret-{uuid.uuid4().hex}"
+    source = (REPO / "tests/fixtures/adversarial/plants_links.py").read_text().replace("{secret}", str(secret))
+    (tmp_path / "plants_links.py").write_text(source)
+    (tmp_path / "victim.txt").write_text("victim")
+    secret.write_text(f"key-{token}")
+    try:
+        report = relu2_report(tmp_path, ["plants_links"], shapes="[[33, 65]]")
+    finally:
+        secret.unlink()
+    assert (tmp_path / "victim.txt").read_text() == "victim"
+    leaked = [p for p in (tmp_path / "workspaces").rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert leaked == []
+    assert any(r["implementation"] == "plants_links" for r in report["results"])

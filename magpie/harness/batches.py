@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from magpie.harness.checks import as_tuple
+from magpie.supervision import scratch
 
 ALIGN = 64
 # A batch's input sets and outputs fit in this; a set larger than it is timed one call a batch.
@@ -199,7 +200,7 @@ class Region:
         self.torch = torch
         self.layout = layout
         self.path = folder / "batch-region"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.fd = scratch.create(self.path)
         os.ftruncate(self.fd, layout.size)
         self.caller = 0  # the pid of the worker process that runs the calls, once it is known
         self.copy = torch.zeros(layout.size, dtype=torch.uint8)

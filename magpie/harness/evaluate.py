@@ -29,7 +29,7 @@ from magpie import sandbox
 from magpie.compare.stats import bootstrap_speedup, summarize_ns, thin_rounds
 from magpie.harness import batches
 from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs
-from magpie.harness.exchange import exchange_for
+from magpie.harness.exchange import exchange_for, load_left
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
@@ -134,7 +134,10 @@ class Evaluator:
             worker.send({"op": "relog", "log": str(worker.live_log)})
         else:
             if init_file and worker.scratch:  # the worker reads nothing outside its own folder
-                load["init_inputs_file"] = str(shutil.copy(init_file, worker.scratch / Path(init_file).name))
+                copy = worker.scratch / Path(init_file).name
+                with open(init_file, "rb") as source, os.fdopen(scratch_folders.create(copy), "wb") as out:
+                    shutil.copyfileobj(source, out)
+                load["init_inputs_file"] = str(copy)
             worker.send(load)
         self._loading.add(worker)
         return self.loaded(worker) if wait else worker
@@ -244,7 +247,7 @@ class Evaluator:
                                     self.timeout)
             if not answer["ok"]:
                 raise WorkerFailure(f"error: {answer['error']}")
-            produced = self.torch.load(outputs_file, weights_only=True)
+            produced = load_left(self.torch, outputs_file)
         record = {"testcase": None, "case": "get_inputs()", "trial": 0, **all_finite(produced["outputs"][0])}
         return _verdict([record], "unverified")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from magpie.harness.checks import as_tuple
 from magpie.harness.spec import to_device as _to
+from magpie.supervision import scratch
 
 
 def dumps_shared(value) -> str:
@@ -53,6 +54,12 @@ def loads_shared(payload: str):
 
 
 # -- the evaluator's side ----------------------------------------------------------------
+def load_left(torch, path: str):
+    """Tensors a worker wrote into its scratch folder (`scratch.open_left`: not through a link)."""
+    with os.fdopen(scratch.open_left(Path(path)), "rb") as handle:
+        return torch.load(handle, weights_only=True)
+
+
 class FileExchange:
     def __init__(self, torch, device: str):
         self.torch = torch
@@ -62,7 +69,8 @@ class FileExchange:
         """Inputs for the worker whose scratch folder is `folder` (each worker reads, and can
         touch, only its own copy)."""
         path = folder / f"{tag}-inputs.pt"
-        self.torch.save([tuple(_to(x, "cpu") for x in args) for args in input_sets], path)
+        with os.fdopen(scratch.create(path), "wb") as out:
+            self.torch.save([tuple(_to(x, "cpu") for x in args) for args in input_sets], out)
         return {"key": tag, "file": str(path)}
 
     def offer_outputs(self, tag: str, expected: list | None, input_sets: list, folder: Path) -> dict:
@@ -70,7 +78,7 @@ class FileExchange:
 
     def collect(self, offer: dict, answer: dict) -> dict:
         """{"outputs": [...], "inputs_after": [...]}, one entry per input set, on the device."""
-        produced = self.torch.load(offer["file"], weights_only=True)
+        produced = load_left(self.torch, offer["file"])
         return {key: [_to(v, self.device) for v in values] for key, values in produced.items()}
 
     def release(self) -> None:

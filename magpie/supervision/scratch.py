@@ -7,8 +7,10 @@ whose owner is gone (a build killed with SIGKILL leaves them)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -83,6 +85,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def create(path: Path) -> int:
+    """A new file, for reading and writing, at a name in a folder code under test can write
+    (its scratch): what it left at that name is removed first, and a name it puts back in
+    between fails the open. Opening the name as it stood would write through a link it planted
+    to any file magpie may write (a stored result, a project's source)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def open_left(path: Path) -> int:
+    """A file code under test left in its scratch folder, for reading: a regular file of one
+    link only, never through a link it planted to a file it may not read itself (magpie would
+    read it and put it in a log or a report); PermissionError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise PermissionError(errno.EPERM, "not a file of its own", str(path))
+    return fd
+
+
 def last_lines(path: Path, lines: int = 3) -> str:
     """The last lines of a file on one line (at most 400 characters), read from its end only."""
     data, _ = tail(path, 16 << 10)
@@ -92,7 +118,7 @@ def last_lines(path: Path, lines: int = 3) -> str:
 def tail(path: Path, limit: int) -> tuple[bytes, int]:
     """The last `limit` bytes of a file and its whole size, without reading the rest."""
     try:
-        with open(path, "rb") as handle:
+        with os.fdopen(open_left(path), "rb") as handle:
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(0, size - limit))
             return handle.read(limit), size
