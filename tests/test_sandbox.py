@@ -549,3 +549,11 @@ def test_links_planted_in_a_workers_scratch_are_not_followed(tmp_path):
     leaked = [p for p in (tmp_path / "workspaces").rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert leaked == []
     assert any(r["implementation"] == "plants_links" for r in report["results"])
+
+
+def test_an_output_file_that_is_a_link_is_the_workers_failure(tmp_path):
+    report = relu2_report(tmp_path, ["links_its_outputs"], shapes="[[33, 65]]")
+    row = next(r for r in report["results"] if r["implementation"] == "links_its_outputs")
+    assert row["correctness_state"] == "FAILED"
+    assert any("is not a regular file of its own" in e and "evaluator error" not in e for e in row["errors"]), \
+        row["errors"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from magpie.harness.checks import as_tuple
 from magpie.harness.spec import to_device as _to
 from magpie.supervision import scratch
+from magpie.supervision.session import WorkerFailure
 
 
 def dumps_shared(value) -> str:
@@ -55,8 +56,14 @@ def loads_shared(payload: str):
 
 # -- the evaluator's side ----------------------------------------------------------------
 def load_left(torch, path: str):
-    """Tensors a worker wrote into its scratch folder (`scratch.open_left`: not through a link)."""
-    with os.fdopen(scratch.open_left(Path(path)), "rb") as handle:
+    """Tensors a worker wrote into its scratch folder (`scratch.open_left`: not through a link);
+    a file that is not its own is the worker's failure."""
+    try:
+        fd = scratch.open_left(Path(path))
+    except OSError as err:
+        raise WorkerFailure(f"error: its output file {Path(path).name} is not a regular file of its own "
+                            f"({err.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
         return torch.load(handle, weights_only=True)
 
 
