@@ -458,6 +458,31 @@ def test_a_build_in_another_pid_namespace_leaves_this_ones_scratch_alone():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_what_code_under_test_leaves_at_its_folders_owner_file_neither_redirects_nor_stalls_magpie(tmp_path):
+    """The owner file lies in the folder the worker writes: taken over, a link there made
+    magpie write the owner through it, and a fifo there would stall the next build's sweep."""
+    from magpie.supervision import scratch
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("victim")
+    folder = scratch.make("owned-")
+    try:
+        owner = folder / scratch.OWNER
+        owner.unlink()
+        owner.symlink_to(victim)
+        scratch.own(folder, os.getpid())
+        assert victim.read_text() == "victim" and not owner.is_symlink()
+        owner.unlink()
+        os.mkfifo(owner)
+        os.utime(folder, (0, 0))
+        code = "import magpie.supervision.scratch as s; print(s.sweep())"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert not folder.exists()  # no owner to read: removed, as an abandoned folder is
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 PING = '''
 import json, os, socket, sys
 path = sys.argv[1]

@@ -43,7 +43,8 @@ def make(prefix: str, owner: int | None = None) -> Path:
 def own(folder: Path, pid: int) -> None:
     """The owner is a pid of this PID namespace: a build in another (a sandbox's, a
     container's) cannot tell whether it lives, and leaves the folder alone."""
-    (folder / OWNER).write_text(f"{pid} {_pid_namespace()}")
+    with os.fdopen(create(folder / OWNER), "w") as out:  # the worker may have put a link there
+        out.write(f"{pid} {_pid_namespace()}")
 
 
 def _pid_namespace() -> int:
@@ -63,7 +64,8 @@ def sweep() -> int:
     here = _pid_namespace()
     for folder in entries:
         try:
-            pid, namespace = (int(field) for field in (folder / OWNER).read_text().split())
+            with os.fdopen(open_left(folder / OWNER)) as owner:  # not a fifo left to stall the build
+                pid, namespace = (int(field) for field in owner.read().split())
             alive = namespace != here or _alive(pid)
         except FileNotFoundError:
             alive = time.time() - folder.stat().st_mtime < UNOWNED_GRACE_S
