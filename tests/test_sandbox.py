@@ -568,6 +568,7 @@ def test_links_planted_in_a_workers_scratch_are_not_followed(tmp_path):
     secret.write_text(f"key-{token}")
     try:
         report = relu2_report(tmp_path, ["plants_links"], shapes="[[33, 65]]")
+        assert secret.read_text() == f"key-{token}"  # not emptied through the link either
     finally:
         secret.unlink()
     assert (tmp_path / "victim.txt").read_text() == "victim"

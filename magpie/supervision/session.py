@@ -98,7 +98,9 @@ class Worker:
             self.scratch = Path(scratch) if scratch else None
         else:
             self.scratch = scratch_folders.make("w-") if self.sandboxed else None
-        self.live_log.write_bytes(b"")
+        # a new, empty log: an adopted worker's lies in the folder it writes, where a link would
+        # have this truncate whatever it names
+        os.close(scratch_folders.create(self.live_log))
         if found is None:
             if self.sandboxed:
                 env = {**env, "TMPDIR": str(self.scratch)}
