@@ -1,10 +1,15 @@
-"""Which layer of the sandbox, if any, stops CUDA (or anything else a process needs) on this
-host: each layer is set up alone, then all together, in a fork that then initialises CUDA
-and runs one kernel. Prints one line per layer. Usage: python bench/sandbox_layers.py"""
+"""Which part of the sandbox, if any, stops CUDA on this host: in a fork, the whole sandbox
+(`sandbox.contain`) is set up with one part of it left out, then CUDA is initialised and one
+kernel runs. Prints one line per variant; "ok" under a variant and an error under "everything"
+names the part CUDA needs. Then, where strace is installed, the sockets CUDA opens unsandboxed.
+Usage: python bench/sandbox_layers.py"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -18,83 +23,68 @@ from magpie.sandbox import landlock, namespaces, seccomp  # noqa: E402
 
 SCRATCH = tempfile.mkdtemp()
 POLICY = sandbox.Policy(write=[SCRATCH], gpu=True)
-NS = namespaces.CLONE_NEWUSER | namespaces.CLONE_NEWNS | namespaces.CLONE_NEWPID
 
 
-def user_mount_pid():
-    uid, gid = os.getuid(), os.getgid()  # before: inside, until mapped, the ids read as the overflow id
-    namespaces.unshare(NS)
-    namespaces.map_own_ids(uid, gid)
-    namespaces.make_private()
+def without(part: str) -> None:
+    """Relax one part of the sandbox in this (forked) process, then contain it."""
+    if part == "socket refusal":
+        install = seccomp.install
+        seccomp.install = lambda network, families=(): install(True)
+    elif part.startswith("socket refusal of ") or part.startswith("socket refusal but "):
+        family = getattr(socket, part.split()[-1])
+        families = (family,) if " but " in part else tuple(f for f in range(64) if f != family)
+        install = seccomp.install
+        seccomp.install = lambda network, _=(): install(network, families)
+    elif part == "seccomp":
+        seccomp.supported = lambda: False
+    elif part == "device allowlist":
+        sandbox.device_files = lambda policy: ["/dev"]
+    elif part == "narrow reads":
+        read_trees = sandbox.read_trees
+        sandbox.read_trees = lambda policy: ["/", *read_trees(policy)]
+    elif part == "covered socket folders":
+        sandbox.SOCKET_FOLDERS = ()
+    elif part == "covered secrets":
+        sandbox.SECRET_FOLDERS, sandbox.SECRET_FILES = (), ()
+    elif part == "landlock":
+        landlock.restrict = lambda **_: None
+    elif part == "capability drop":
+        namespaces.drop_capabilities = lambda: None
+    elif part == "limits":
+        sandbox._limits = lambda policy: None
+    if part != "the sandbox":
+        sandbox.contain(POLICY)
 
 
-def fresh_proc():
-    user_mount_pid()
-    sandbox._wait_as_parent_of_sandbox()
-
-
-def landlock_only():
-    namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
-    landlock.restrict(read=sandbox.read_trees(POLICY), write=[SCRATCH], devices=sandbox.device_files(POLICY),
-                      network=False)
-
-
-def landlock_variant(read=None, write=None, network=False, scopes=None):
-    def apply():
-        namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
-        landlock.restrict(read=sandbox.read_trees(POLICY) if read is None else read,
-                          write=[SCRATCH] if write is None else [os.path.realpath(w) for w in write], devices=sandbox.device_files(POLICY),
-                          network=network,
-                          scopes=landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL if scopes is None
-                          else scopes)
-    return apply
-
-
-def seccomp_only():
-    namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
-    seccomp.install(network=False)
-
-
-def no_capabilities():
-    user_mount_pid()
-    namespaces.drop_capabilities()
-
-
-def limits():
-    sandbox._limits(POLICY)
-
-
-LAYERS = {"nothing": lambda: None, "user+mount+pid namespaces": user_mount_pid, "fresh /proc (init + child)": fresh_proc,
-          "landlock": landlock_only,
-          "landlock, no scopes": landlock_variant(scopes=0),
-          "landlock, no signal scope": landlock_variant(scopes=landlock.SCOPE_ABSTRACT_UNIX_SOCKET),
-          "landlock, no socket scope": landlock_variant(scopes=landlock.SCOPE_SIGNAL),
-          "landlock, network allowed": landlock_variant(network=True),
-          "landlock, / readable": landlock_variant(read=["/"]),
-          "landlock, / writable": landlock_variant(write=["/"]),
-          **{f"landlock, {path} writable": landlock_variant(write=[SCRATCH, path])
-             for path in ("/proc", "/proc/self", "/proc/self/task", "/proc/driver", "/proc/sys", "/sys")}, "seccomp": seccomp_only, "no capabilities": no_capabilities, "rlimits": limits,
-          "all (contain)": lambda: sandbox.contain(POLICY)}
+PARTS = ["the sandbox", "nothing", "socket refusal", "socket refusal but AF_UNIX", "socket refusal but AF_NETLINK",
+         *(f"socket refusal of {family}" for family in ("AF_UNIX", "AF_NETLINK", "AF_INET", "AF_INET6")), "seccomp", "device allowlist", "narrow reads", "covered socket folders",
+         "covered secrets", "landlock", "capability drop", "limits"]
 
 
 def main() -> int:
-    for name, layer in LAYERS.items():
+    for part in PARTS:
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(read)
             try:
-                layer()
+                without(part)
                 x = torch.ones(1 << 20, device="cuda")
                 message = f"ok ({float((x * 2).sum()):g})"
             except BaseException as err:  # noqa: BLE001 - reported
-                message = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                message = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             os.write(write, message.encode())
             os._exit(0)
         os.close(write)
         with os.fdopen(read) as answer:
-            print(f"{name:32s} {answer.read()}", flush=True)
+            print(f"without {part:32s} {answer.read()}", flush=True)
         os.waitpid(pid, 0)
+    if shutil.which("strace"):
+        traced = subprocess.run(["strace", "-f", "-e", "trace=socket,connect", sys.executable, "-c",
+                                 "import torch; torch.ones(1, device='cuda')"], capture_output=True, text=True)
+        print("".join(line + "\n" for line in traced.stderr.splitlines() if "socket(" in line or "connect(" in line))
+    else:
+        print("strace: not installed")
     return 0
 
 

@@ -223,8 +223,13 @@ def test_nothing_it_touched_changed(attacked):
         assert token not in path.read_text(), path
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
     assert not os.path.exists(f"/tmp/magpie-attack-{token}")
+    assert not system_v_segment_left(token)
+
+
+def system_v_segment_left(token: str) -> bool:
+    """Whether the segment `leave_system_v_memory` made is in the host's IPC namespace."""
     with open("/proc/sysvipc/shm") as segments:  # key, in decimal, is the first column
-        assert str(int(token[:7], 16)) not in [line.split()[0] for line in segments.readlines()[1:]]
+        return str(int(token[:7], 16)) in [line.split()[0] for line in segments.readlines()[1:]]
 
 
 def survivors(token: str) -> list[str]:
@@ -316,11 +321,16 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     """The same attacks from a GPU worker, plus one of its own: memory lent through CUDA IPC
     is a whole allocator segment, and wiping it must reach nothing but the worker's own copies."""
     token = uuid.uuid4().hex
-    (tmp_path / "attacker.py").write_text(ATTACKER.format(token=token, root=tmp_path))
+    secret = Path.home() / f".magpie-test-secret-{token}"
+    (tmp_path / "attacker.py").write_text(ATTACKER.format(token=token, root=tmp_path, secret=secret))
+    secret.write_text(f"key-{token}")
     (tmp_path / "wiper.py").write_text(SEGMENT_WIPER)
     relu2_project(tmp_path, ["attacker", "wiper"], shapes="[[33, 65], [256, 1024]]", defaults="timeout_s = 120",
                   device="cuda")
-    assert build_json(tmp_path, "-j", "2")["failed"] == []
+    try:
+        assert build_json(tmp_path, "-j", "2")["failed"] == []
+    finally:
+        secret.unlink()
     report = json.loads((tmp_path / "workspaces/reports/relu2/compare_report.json").read_text())
     rows = {r["implementation"]: r for r in report["results"]}
     assert rows["good"]["correctness_state"] == "SUCCESS"
@@ -331,8 +341,11 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     wiped = "".join(p.read_text() for p in (tmp_path / "workspaces/store").glob("*/*/worker-wiper.log"))
     assert "wiped" in wiped  # the attack ran
     tried = attempts(tmp_path)
-    assert tried and all(line.startswith("failed") for name, line in tried.items()
-                         if name not in ("stop_everyone", "leave_processes")), tried
+    succeeded = {name: line for name, line in tried.items()
+                 if not line.startswith("failed")
+                 and name not in ("stop_everyone", "leave_processes", "leave_system_v_memory")}
+    assert tried and succeeded == {}, succeeded
+    assert not system_v_segment_left(token)  # made in the sandbox's own IPC namespace, gone with it
     assert survivors(token) == []
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
 
@@ -553,6 +566,47 @@ def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
                            f"{opener}; python3 -c \"open('/dev/null', 'w').write('x')\" && echo null"],
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["null"], proc.stdout
+
+
+UNIX_PROBE = """
+import socket, sys
+for family in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_VSOCK"):
+    try:
+        socket.socket(getattr(socket, family), socket.SOCK_DGRAM if family == "AF_NETLINK" else socket.SOCK_STREAM)
+        print(family, "made")
+    except OSError as err:
+        print(family, "refused", err.errno)
+with socket.socket(socket.AF_UNIX) as client:
+    try:
+        client.connect(sys.argv[1])
+        print("connected")
+    except OSError as err:
+        print("connect failed", err.errno)
+"""
+
+
+def test_a_gpu_sandbox_makes_only_unix_sockets_and_finds_no_socket_in_a_home(tmp_path):
+    """CUDA's initialisation fails where socket(AF_UNIX) is refused (error 304 on the H200), so
+    a GPU sandbox may make Unix sockets, and no other family. What it could connect them to is
+    what the sandbox shows: a socket in a home folder (an agent's, a multiplexer's) is covered,
+    as are /run's and /tmp's."""
+    listener = Path.home() / f".magpie-test-{uuid.uuid4().hex[:12]}.sock"
+    probe = tmp_path / "probe.py"
+    probe.write_text(UNIX_PROBE)
+    policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path)], gpu=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
+        daemon.bind(str(listener))
+        daemon.listen()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+                                   sys.executable, str(probe), str(listener)], capture_output=True, text=True,
+                                  timeout=60)
+        finally:
+            listener.unlink()
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "AF_UNIX made", (proc.stdout, proc.stderr)
+    assert all(line.endswith("refused 13") for line in lines[1:5]), lines
+    assert lines[5] == "connect failed 2", lines  # no such file: the home folder shows empty
 
 
 def test_links_planted_in_a_workers_scratch_are_not_followed(tmp_path):

@@ -2,9 +2,9 @@
 of compile rules and command testcases).
 
 `contain(policy)` turns the calling process, which must still be single-threaded (a fresh
-fork), into the first process of new user, PID and mount namespaces (and, where no GPU is
-needed, a network namespace of its own, which has nothing but a loopback that is down, and
-an IPC namespace, whose System V shared memory, semaphores and queues go with it):
+fork), into the first process of new user, PID, mount and IPC namespaces (System V shared
+memory, semaphores and queues go with it; CUDA IPC works across it) and, where no GPU is
+needed, a network namespace of its own, which has nothing but a loopback that is down:
 
 - every process it starts lives in that PID namespace and dies with it; it can name, signal
   or trace no process outside it (Landlock scopes signals and ptrace as well, and `/proc`
@@ -14,9 +14,9 @@ an IPC namespace, whose System V shared memory, semaphores and queues go with it
   scratch, magpie's locks and zygote sockets), nor the store unless it lies in the project,
   which is then read-only like everything else; no TCP unless the policy allows network;
 - a seccomp filter makes the calls that reach into other processes or change the mount
-  table fail, and without network, every socket; the daemons' sockets (`/run`) are
-  covered; no_new_privs, no capabilities, and resource limits on memory, file size and
-  processes.
+  table fail, and without network, every socket (on a GPU, every one but a Unix socket,
+  which CUDA needs); the folders where sockets live (`/run`, `/tmp`, homes) are covered;
+  no_new_privs, no capabilities, and resource limits on memory, file size and processes.
 
 It must work unprivileged and as root: root is root only in its own user namespace, and
 Landlock holds whatever the file permissions say. The `describe()` of a policy is what a
@@ -31,6 +31,7 @@ import os
 import resource
 import signal
 import site
+import socket
 import stat
 import sys
 import sysconfig
@@ -68,10 +69,18 @@ class Policy:
         return cls(**data)
 
 
-# Where the system's daemons keep their sockets (Docker's, containerd's, D-Bus's): covered in
-# every sandbox. Landlock does not guard connecting to a socket by its path, and as root code
-# under test could ask Docker's daemon for a container with the host's files in it.
-DAEMON_FOLDERS = ("/run", "/var/run")
+# Where daemons and users keep their sockets (Docker's, containerd's, D-Bus's under /run; an
+# ssh agent's or a terminal multiplexer's under /tmp, covered as a temporary folder, or a
+# home): covered in every sandbox, what the policy uses beneath them bound back. Landlock does
+# not guard connecting to a socket by its path: as root code under test could ask Docker's
+# daemon for a container with the host's files in it. On a GPU, where Unix sockets can be
+# made, this is what keeps them from connecting anywhere but the readable trees.
+SOCKET_FOLDERS = ("/run", "/var/run", "/root", "/home", "/var/tmp")
+
+# The socket family a GPU sandbox may make without network: the CUDA driver's initialisation
+# fails (error 304) when socket(AF_UNIX) is refused, though not when its connect (to the
+# persistence daemon, under the covered /run) fails.
+GPU_SOCKET_FAMILIES = (socket.AF_UNIX,)
 
 
 # What of the readable /etc only root may read, and a sandbox run as root could: password
@@ -92,8 +101,7 @@ def describe(policy: Policy | None) -> str:
     """The isolation a report records."""
     if policy is None:
         return "none: code trusted (--trust-code)"
-    layers = ["user, PID and mount namespaces" + ("" if policy.gpu else ", IPC namespace")
-              + ("" if policy.network or policy.gpu else ", network namespace"),
+    layers = ["user, PID, mount and IPC namespaces" + ("" if policy.network or policy.gpu else ", network namespace"),
               f"landlock ABI {landlock.abi_version()}"]
     if seccomp.supported():
         layers.append("seccomp")
@@ -227,18 +235,16 @@ def contain(policy: Policy, fork: bool = True) -> None:
     reads = read_trees(policy)
     isolate_network = not (policy.network or policy.gpu)
     try:
-        # System V IPC off the GPU: a segment made in the host's namespace outlives the build and
-        # lets candidates meet by key; on a GPU, CUDA IPC with the evaluator is not known to work
-        # across IPC namespaces
+        # System V IPC of its own: a segment made in the host's namespace outlives the build and
+        # lets candidates meet by key
         namespaces.unshare(namespaces.CLONE_NEWUSER | namespaces.CLONE_NEWNS | namespaces.CLONE_NEWPID
-                           | (namespaces.CLONE_NEWNET if isolate_network else 0)
-                           | (0 if policy.gpu else namespaces.CLONE_NEWIPC))
+                           | namespaces.CLONE_NEWIPC | (namespaces.CLONE_NEWNET if isolate_network else 0))
         namespaces.map_own_ids(uid, gid)
         namespaces.make_private()
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
         # checkout of magpie, or a project, under /tmp)
-        usable = [*policy.write, *reads]
-        system = [f for f in (*DAEMON_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
+        usable = [p for p in (*policy.write, *reads) if os.path.exists(p)]
+        system = [f for f in (*SOCKET_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
         hidden = [*policy.hide, *policy.temporary, *system]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
@@ -259,7 +265,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         landlock.restrict(read=reads, write=[*policy.write, *proc], devices=device_files(policy),
                           network=policy.network)
         if seccomp.supported():
-            seccomp.install(policy.network)
+            seccomp.install(policy.network, GPU_SOCKET_FAMILIES if policy.gpu else ())
         namespaces.drop_capabilities()
     except OSError as err:
         raise SandboxError(str(err)) from None

@@ -51,7 +51,8 @@ def _instruction(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def program(network: bool, machine: str | None = None) -> bytes:
+def program(network: bool, families: tuple[int, ...] = (), machine: str | None = None) -> bytes:
+    """Without network, `socket()` fails unless its family is one of `families`."""
     arch, foreign_from, numbers = ARCHES[machine or platform.machine()]
     numbers = {**numbers, **COMMON}
     eperm = ERRNO | errno.EPERM
@@ -66,14 +67,18 @@ def program(network: bool, machine: str | None = None) -> bytes:
     for name in DENIED:
         code += [_instruction(JEQ_K, 0, 1, numbers[name]), _instruction(RET_K, 0, 0, eperm)]
     if not network:
-        code += [_instruction(JEQ_K, 0, 1, numbers["socket"]), _instruction(RET_K, 0, 0, ERRNO | errno.EACCES)]
+        # socket(family, ...): its first argument's low word (seccomp_data.args[0], little-endian)
+        code += [_instruction(JEQ_K, 0, 2 + len(families), numbers["socket"]), _instruction(LD_W_ABS, 0, 0, 16)]
+        for at, family in enumerate(families):
+            code.append(_instruction(JEQ_K, len(families) - at, 0, family))
+        code.append(_instruction(RET_K, 0, 0, ERRNO | errno.EACCES))
     code.append(_instruction(RET_K, 0, 0, ALLOW))
     return b"".join(code)
 
 
-def install(network: bool) -> None:
+def install(network: bool, families: tuple[int, ...] = ()) -> None:
     """no_new_privs must be set."""
-    code = program(network)
+    code = program(network, families)
     buffer = ctypes.create_string_buffer(code, len(code))
     fprog = struct.pack("=HxxxxxxQ", len(code) // 8, ctypes.addressof(buffer))
     libc = ctypes.CDLL(None, use_errno=True)
