@@ -262,7 +262,8 @@ def test_a_gates_sleep_follows_the_workers_answers_but_does_not_grow_without_end
 def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_the_calibration():
     """Batches of two sizes a round: the line through a role's times against its calls meets
     zero calls at what a batch costs besides them; the common cost is the least role's
-    intercept, within 0 and the least calibration, and 0 where no batches vary in size."""
+    intercept, within 0 and the least calibration, and that calibration where no batches vary
+    in size."""
     from magpie.harness.evaluate import Rounds, fixed_cost, other_size
 
     # every other batch: half, or two where a batch is one call and two fit the region
@@ -286,8 +287,10 @@ def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_t
     # alone, its line is capped by the calibration; one that tilts below zero takes nothing off
     assert fixed_cost({"candidate": batches(30_000, 100_000, [40, 20] * 6, 1_000_000)}, calibration) == 282_000
     assert fixed_cost({"baseline": batches(-90_000, 1_000_000, [2, 1] * 6)}, calibration) == 0.0
-    # batches of one size (one slow call a round): nothing known, nothing taken off
-    assert fixed_cost({"baseline": batches(30_000, 9_000_000, [1] * 5)}, calibration) == 0.0
+    # batches of one size (one slow call a round): what an empty batch costs, the least role's
+    assert fixed_cost({"baseline": batches(30_000, 9_000_000, [1] * 5)},
+                      {"baseline": 282_000, "candidate": 290_000}) == 282_000
+    assert fixed_cost({"baseline": batches(30_000, 9_000_000, [1] * 5)}, {}) == 0.0
 
     measured = Rounds(["baseline", "candidate"], vouched=True)
     measured.calibration_ns = {"baseline": 20_000, "candidate": 2_000_000}
