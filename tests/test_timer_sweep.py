@@ -86,8 +86,11 @@ def test_the_vouched_sweep_times_every_honest_kernel_and_fails_none():
     """The default GPU timing (the evaluator's batches, `timing.vouched`) over the sweep's 46
     kernels of 0.8 µs to 45 ms: every one correct and timed, none failed (before the copies
     into the slots were priced as the batch makes them, the 1 GiB Triton scale-add read 203 µs,
-    under its 434 µs floor, and failed); kernels of 100 µs and more read within 30% below and
-    10% above the worker's own events (a GEMM of 11-13 ms reads 15% under them)."""
+    under its 434 µs floor, and failed; before a batch's fixed cost was taken off batches of
+    one size, it read 1.08 ms against the worker timer's 0.80); kernels of 100 µs and more read
+    within 30% below and 15% above the worker's own events, timed on another lease (a GEMM of
+    11-13 ms reads 16% under them; the clock-bound spin loops ran 9% slower on this lease: a
+    batch of one 4000-step loop took 8.46 ms of events, 7.73 ms on the earlier one)."""
     sweep = json.loads((FIXTURES / "timer_sweep_vouched.json").read_text())
     rows = sweep["rows"]
     assert sweep["build_exit"] == 0 and len(rows) == 46
@@ -97,17 +100,21 @@ def test_the_vouched_sweep_times_every_honest_kernel_and_fails_none():
     for r in rows:
         theirs = worker[r["kernel"], r["implementation"]]
         if theirs >= 100:
-            assert 0.7 <= r["candidate"]["median_us"] / theirs <= 1.1, (r["kernel"], r["implementation"])
+            assert 0.7 <= r["candidate"]["median_us"] / theirs <= 1.15, (r["kernel"], r["implementation"])
 
 
 def test_what_vouched_timing_cost_the_kept_warm_compare_is_what_the_docs_say():
-    """docs/benchmarks.md: with the rounds planned by the calls' GPU time, the kept-warm compare
-    of 8 Triton candidates took 44.9 s under vouched timing (9-13 s under the worker's timer),
-    an edit to verdict 8.5 s, and the memory-bound candidates read 1.66-1.70x faster."""
+    """docs/benchmarks.md: with the rounds planned by a batch's wall time, the kept-warm compare
+    of 8 Triton candidates took 17.4-17.7 s under vouched timing (9-13 s under the worker's
+    timer), an edit to verdict 4.6-5.2 s, the memory-bound candidates read 1.67-1.72x faster,
+    and every interval held the other runs' median."""
     vouched = json.loads((FIXTURES / "interval_coverage_vouched.json").read_text())
-    run = vouched["runs"][0]
-    assert 44 < run["wall_s"] < 46 and 8 < vouched["edit_to_verdict"]["wall_s"] < 9
+    walls = [run["wall_s"] for run in vouched["runs"]]
+    assert len(walls) == 3 and 17.4 < min(walls) and max(walls) < 17.7
+    assert 4.5 < min(vouched["edit_to_verdict"]["walls_s"]) and max(vouched["edit_to_verdict"]["walls_s"]) < 5.2
+    assert vouched["coverage"] == {"checks": 24, "held": 24, "coverage": 1.0, "misses": []}
     worker = json.loads((FIXTURES / "interval_coverage.json").read_text())["workers_per_build"]
     assert max(r["wall_s"] for r in worker["runs"]) < 14
-    speedups = [row["speedup"]["value"] for name, row in run["rows"].items() if name not in ("torch_ref", "triton_b128")]
-    assert 1.65 < min(speedups) and max(speedups) < 1.71
+    speedups = [row["speedup"]["value"] for run in vouched["runs"] for name, row in run["rows"].items()
+                if name not in ("torch_ref", "triton_b128")]
+    assert 1.66 < min(speedups) and max(speedups) < 1.72
