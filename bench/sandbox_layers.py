@@ -61,7 +61,48 @@ PARTS = ["the sandbox", "nothing", "socket refusal", "socket refusal but AF_UNIX
          "covered secrets", "landlock", "capability drop", "limits"]
 
 
+def in_fork(work) -> str:
+    """What work() returns (or raises), run in a fork: CUDA is never initialised here."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            message = str(work())
+        except BaseException as err:  # noqa: BLE001 - reported
+            message = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        told = answer.read()
+    os.waitpid(pid, 0)
+    return told
+
+
+def one_gpu_of_several() -> None:
+    """On a host of several GPUs: a sandbox that may open one GPU's node only, for each GPU in
+    CUDA's order; what CUDA counts in it and whether each GPU runs a kernel."""
+    count = int(in_fork(torch.cuda.device_count))
+    uuids = [in_fork(lambda i=i: torch.cuda.get_device_properties(i).uuid) for i in range(count)]
+    minors = [sandbox.nvidia_minor(u) for u in uuids]
+    print(f"{count} GPUs; UUIDs {uuids}; their nodes' minors {minors}")
+    for index, minor in enumerate(minors):
+        def probe(minor=minor):
+            sandbox.contain(sandbox.Policy(write=[SCRATCH], gpu=True, gpu_minors=[minor]))
+            ran = []
+            for device in range(count):
+                try:
+                    ran.append(f"cuda:{device} {float((torch.ones(4, device=f'cuda:{device}') * 2).sum()):g}")
+                except BaseException as err:  # noqa: BLE001 - reported
+                    ran.append(f"cuda:{device} {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+            return f"counts {torch.cuda.device_count()}; " + "; ".join(ran)
+        print(f"only /dev/nvidia{minor} (CUDA's {index}): {in_fork(probe)}", flush=True)
+
+
 def main() -> int:
+    if len([n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()]) > 1:
+        one_gpu_of_several()
     for part in PARTS:
         read, write = os.pipe()
         pid = os.fork()

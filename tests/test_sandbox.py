@@ -3,6 +3,7 @@ verdicts, plant modules magpie imports, change the spec that judges it, leave pr
 behind, stop or read other processes, fill shared memory and reach the network. Each attempt
 must fail, the wrong candidate must be judged wrong, and nothing of it may survive the build."""
 
+import io
 import json
 import os
 import shutil
@@ -350,6 +351,45 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
 
 
+OTHER_GPU = '''
+import torch
+
+try:
+    torch.ones(1, device="cuda:1").sum().item()
+    print("other GPU used", flush=True)
+except Exception as err:
+    print("other GPU refused:", type(err).__name__, flush=True)
+print("GPUs counted:", torch.cuda.device_count(), flush=True)
+
+
+def kernel(x):
+    return torch.relu(x) * 2
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_worker_opens_only_the_gpu_it_is_timed_on(tmp_path, device):
+    """On a host of several GPUs, every GPU's node open let a worker split a batch's work over
+    two and read twice as fast; now only the node of the evaluator's GPU is (its minor number
+    from the driver, by the GPU's UUID), and the worker is judged on that one, which it sees as
+    its device 0 (what is lent to it mapped there) when the project names another."""
+    if len([n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()]) < 2:
+        pytest.skip("one GPU on this host")
+    (tmp_path / "splitter.py").write_text(OTHER_GPU)
+    relu2_project(tmp_path, ["splitter"], shapes="[[256, 1024]]", defaults="timeout_s = 120", device=device)
+    assert build_json(tmp_path, "-j", "1")["failed"] == []
+    rows = {r["implementation"]: r for r in
+            json.loads((tmp_path / "workspaces/reports/relu2/compare_report.json").read_text())["results"]}
+    assert rows["splitter"]["correctness_state"] == "SUCCESS" and rows["good"]["correctness_state"] == "SUCCESS", rows
+    assert rows["splitter"]["performance_state"] == "SUCCESS", rows["splitter"]  # timed on the lent region
+    log = "".join(p.read_text() for p in (tmp_path / "workspaces/store").glob("*/*/worker-splitter.log"))
+    assert "other GPU refused" in log and "other GPU used" not in log and "GPUs counted: 1" in log, log
+    stored = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
+    judged = [r for r in stored if r.get("task", "").startswith("correctness:")]
+    assert judged and all(r["isolation"].count("/dev/nvidia") == 1 for r in judged), [r["isolation"] for r in judged]
+
+
 def test_commands_of_rules_and_testcases_write_only_their_own_folders(command_project):
     """A candidate's compile command and a command testcase run in the sandbox too: the
     testcase may write its TMPDIR, not the project it reads."""
@@ -551,6 +591,11 @@ def test_code_under_test_opens_only_byte_devices_and_on_a_gpu_the_gpus_nodes(mon
     assert sandbox.device_files(sandbox.Policy(write=[], gpu=True)) == [
         "/dev/null", "/dev/urandom", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri",
         "/dev/shm"]
+    # a policy that names its GPU: that GPU's own node, not another's; the shared ones stay
+    listing.append("nvidia1")
+    assert sandbox.device_files(sandbox.Policy(write=[], gpu=True, gpu_minors=[1])) == [
+        "/dev/null", "/dev/urandom", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri", "/dev/nvidia1",
+        "/dev/shm"]
 
 
 def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
@@ -566,6 +611,46 @@ def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
                            f"{opener}; python3 -c \"open('/dev/null', 'w').write('x')\" && echo null"],
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["null"], proc.stdout
+
+
+def test_a_gpus_node_is_found_by_its_uuid_in_the_drivers_own_description(monkeypatch):
+    """The minor number of a GPU's node (/dev/nvidiaN) is what the NVIDIA driver says of the GPU
+    with that UUID (the H200 pair's own /proc/driver/nvidia/gpus); where it says nothing, None:
+    every GPU's node stays open rather than none."""
+    monkeypatch.setattr(sandbox, "NVIDIA_GPUS", str(REPO / "tests/fixtures/h200x2/nvidia_gpus"))
+    assert sandbox.nvidia_minor("GPU-cfa66104-84c5-f90a-3572-cbf3e0211204") == 1
+    assert sandbox.nvidia_minor("1a0aae44-7367-99fe-b5ae-6c22e7a62b29") == 0  # as torch gives it, no prefix
+    assert sandbox.nvidia_minor("00000000-0000-0000-0000-000000000000") is None
+    monkeypatch.setattr(sandbox, "NVIDIA_GPUS", "/nonexistent")
+    assert sandbox.nvidia_minor("1a0aae44-7367-99fe-b5ae-6c22e7a62b29") is None
+    policy = sandbox.Policy(write=[], gpu=True, gpu_minors=[1])
+    assert "GPU /dev/nvidia1 only" in sandbox.describe(policy)
+    assert "every GPU of the host" in sandbox.describe(sandbox.Policy(write=[], gpu=True))
+
+
+def test_what_is_lent_to_a_worker_that_sees_one_gpu_is_rebuilt_on_it(monkeypatch):
+    """A worker whose sandbox opens one GPU's node sees it as device 0, where the evaluator may
+    know it as device 1: the tensors and events lent to it are rebuilt on device 0."""
+    import pickle
+
+    import torch.multiprocessing.reductions as reductions
+
+    from magpie.harness.exchange import _OnTheOneGpu
+
+    class Lent:
+        def __init__(self, rebuild, args):
+            self.rebuild, self.args = rebuild, args
+
+        def __reduce__(self):
+            return self.rebuild, self.args
+
+    tensor_args = ("cls", (4,), (1,), 0, "storage", "float32", 1, b"handle", 16, 0, False, b"ref", 0, b"event", True)
+    payload = pickle.dumps([Lent(reductions.rebuild_cuda_tensor, tensor_args), Lent(reductions.rebuild_event, (1, b"h"))])
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", lambda *args: ("tensor", args))
+    monkeypatch.setattr(reductions, "rebuild_event", lambda *args: ("event", args))
+    tensor, event = _OnTheOneGpu(io.BytesIO(payload)).load()
+    assert tensor == ("tensor", (*tensor_args[:6], 0, *tensor_args[7:]))
+    assert event == ("event", (0, b"h"))
 
 
 UNIX_PROBE = """

@@ -78,6 +78,9 @@ class Evaluator:
         if self._torch is None:
             import torch
 
+            if self.device.startswith("cuda:"):
+                # what names no device (a stream, an event, a graph) is on this one too
+                torch.cuda.set_device(torch.device(self.device))
             self._torch = torch
         return self._torch
 
@@ -105,10 +108,13 @@ class Evaluator:
         # catches memory hogs on the CPU would stop every GPU process at start-up.
         memory_mb = int(self.correctness_settings["memory_mb"]) if self.device == "cpu" else 0
         env = self._env(impl)
+        policy = None if sandbox.trusted() else self._policy(impl, cwd, memory_mb)
+        # a sandbox that opens one GPU's node shows CUDA that GPU alone, as its device 0
+        device = "cuda:0" if policy is not None and policy.gpu_minors else self.device
         load = {
             "op": "load", "id": impl["id"], "source": str(self.root / impl["source"]),
             "library": impl.get("library"),
-            "entry": impl.get("entry"), "device": self.device, "seed": self.init_seed,
+            "entry": impl.get("entry"), "device": device, "seed": self.init_seed,
             "init_inputs_file": init_file, "init_from_module": init_from_module,
             "threads": self.settings.get("timing", {}).get("threads", 1),
         }
@@ -121,7 +127,6 @@ class Evaluator:
         env = {**env, **caches}
         if self.build_tag:  # its seeds are this build's: only this build may adopt it
             key = f"{self.build_tag}/{key}"
-        policy = None if sandbox.trusted() else self._policy(impl, cwd, memory_mb)
         self.isolation = sandbox.describe(policy)
         if policy is not None:
             policy.write += list(caches.values())
@@ -147,7 +152,19 @@ class Evaluator:
         library; it writes only its scratch folder (added by the Worker) and its compiler cache."""
         read = code_reads(self.root, impl, cwd)
         hide = [*self.hide, *([str(scratch_folders.root())] if self.device != "cpu" else [])]
-        return sandbox.Policy(write=[], read=read, hide=hide, gpu=self.device != "cpu", memory_mb=memory_mb)
+        return sandbox.Policy(write=[], read=read, hide=hide, gpu=self.device != "cpu", gpu_minors=self._gpu_minors,
+                              memory_mb=memory_mb)
+
+    @functools.cached_property
+    def _gpu_minors(self) -> list[int] | None:
+        """The node of the one GPU this evaluator times on, which is all its workers may open:
+        with every GPU of the host open, a worker could split a batch's work over two. None
+        (every GPU's node) off NVIDIA or where the driver does not say which node it is."""
+        if self.device == "cpu":
+            return None
+        uuid = getattr(self.torch.cuda.get_device_properties(self.torch.device(self.device)), "uuid", None)
+        minor = sandbox.nvidia_minor(str(uuid)) if uuid else None
+        return None if minor is None else [minor]
 
     def loaded(self, worker: Worker) -> Worker:
         if worker in self._loading:
@@ -258,7 +275,8 @@ class Evaluator:
                "MAGPIE_IMPL_ID": self.impl["id"], "MAGPIE_IMPL_SOURCE": str(self.root / self.impl["source"])}
         # The command runs the implementation: it reads the project, writes only its TMPDIR.
         policy = None if sandbox.trusted() else sandbox.Policy(
-            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self.hide, gpu=self.device != "cpu")
+            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self.hide, gpu=self.device != "cpu",
+            gpu_minors=self._gpu_minors)
         self.isolation = sandbox.describe(policy)
         started = time.monotonic()
         output = scratch / "output.log"  # read back by its end only: a command may print gigabytes

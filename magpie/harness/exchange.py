@@ -18,6 +18,7 @@ where buffers were lent}).
 from __future__ import annotations
 
 import base64
+import io
 import os
 import pickle
 from pathlib import Path
@@ -46,9 +47,32 @@ class LentMemoryError(RuntimeError):
     implementation; str() says what to do."""
 
 
+class _OnTheOneGpu(pickle.Unpickler):
+    """Rebuilds what was lent on device 0, whatever index the lender gave its device: a worker
+    whose sandbox opens one GPU's node sees that GPU alone, as device 0, where the evaluator
+    may know it as another."""
+
+    def find_class(self, module: str, name: str):
+        found = super().find_class(module, name)
+        at = {"rebuild_cuda_tensor": 6, "rebuild_event": 0}.get(name)
+        if module != "torch.multiprocessing.reductions" or at is None:
+            return found
+
+        def on_device_zero(*args):
+            return found(*args[:at], 0, *args[at + 1:])
+        return on_device_zero
+
+
 def loads_shared(payload: str):
+    """What the evaluator lent (`dumps_shared`), mapped into this process; where it sees one
+    GPU, on that one."""
+    import torch
+
     try:
-        return pickle.loads(base64.b64decode(payload))
+        data = base64.b64decode(payload)
+        if torch.cuda.device_count() == 1:
+            return _OnTheOneGpu(io.BytesIO(data)).load()
+        return pickle.loads(data)
     except RuntimeError as err:
         raise LentMemoryError(f"could not map memory lent through CUDA IPC ({str(err).splitlines()[0]}); "
                               f"set {SWITCH}=0 to pass inputs and outputs as files") from None

@@ -31,6 +31,8 @@ class Implementation:
         self.torch = torch
         self.device = request["device"]
         torch.set_num_threads(int(request.get("threads", 1)))
+        if self.device.startswith("cuda:"):
+            torch.cuda.set_device(torch.device(self.device))  # for what names no device: streams, events, graphs
         if self.device.startswith("cuda"):
             torch.cuda.synchronize(self.device)  # the context now, while the evaluator makes the inputs
         source = request["source"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import resource
 import signal
 import site
@@ -56,6 +57,8 @@ class Policy:
     # hidden the same way: where magpie's sockets and locks are, as seen where the policy is made
     temporary: list[str] = dataclasses.field(default_factory=lambda: temporary_folders())
     gpu: bool = False  # GPU devices usable; /dev/shm writable (CUDA IPC reference counts live there)
+    # the minor numbers of the NVIDIA GPUs it may open (/dev/nvidiaN); None: every one's
+    gpu_minors: list[int] | None = None
     network: bool = False
     memory_mb: int = 0  # address space; 0: no limit (CUDA reserves far more than it uses)
     file_mb: int = 1024  # largest file it may write
@@ -106,6 +109,9 @@ def describe(policy: Policy | None) -> str:
     if seccomp.supported():
         layers.append("seccomp")
     layers.append("no_new_privs, no capabilities")
+    if policy.gpu:
+        layers.append("every GPU of the host" if policy.gpu_minors is None
+                      else "GPU " + ", ".join(f"/dev/nvidia{m}" for m in policy.gpu_minors) + " only")
     if policy.network:
         layers.append("network sockets allowed")
     limits = [f"files {policy.file_mb} MiB", f"{policy.processes} processes"]
@@ -205,7 +211,8 @@ def device_files(policy: Policy) -> list[str]:
     except OSError:
         return []
     found = [os.path.join("/dev", n) for n in names
-             if (n in DEVICES or (policy.gpu and _is_gpu_node(n))) and _is_device(os.path.join("/dev", n))]
+             if (n in DEVICES or (policy.gpu and _is_gpu_node(n) and _one_of_its_gpus(n, policy.gpu_minors)))
+             and _is_device(os.path.join("/dev", n))]
     if policy.gpu:
         found.append("/dev/shm")
     return found
@@ -215,6 +222,38 @@ def _is_gpu_node(name: str) -> bool:
     """A GPU's device node or folder of them: NVIDIA's, AMD's compute (kfd), DRM's render and
     card nodes (dri), compute accelerators (accel)."""
     return name.startswith("nvidia") or name in ("kfd", "dri", "accel")
+
+
+def _one_of_its_gpus(name: str, minors: list[int] | None) -> bool:
+    """Whether a GPU node is usable under a policy that names its GPUs: the nodes all GPUs
+    share (nvidiactl, nvidia-uvm, ...) are; a GPU's own (nvidiaN) only if N is one of them."""
+    own = re.fullmatch(r"nvidia(\d+)", name)
+    return minors is None or own is None or int(own.group(1)) in minors
+
+
+# Where the NVIDIA driver describes each GPU it drives (its UUID, its node's minor number).
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def nvidia_minor(uuid: str) -> int | None:
+    """The minor number of the node (/dev/nvidiaN) of the NVIDIA GPU with this UUID (with or
+    without its "GPU-" prefix), from the driver's own description; None where the driver says
+    nothing of it."""
+    wanted = uuid.lower().removeprefix("gpu-")
+    try:
+        folders = os.listdir(NVIDIA_GPUS)
+    except OSError:
+        return None
+    for folder in folders:
+        try:
+            with open(os.path.join(NVIDIA_GPUS, folder, "information")) as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        told = fields.get("GPU UUID", "").strip().lower().removeprefix("gpu-")
+        if told == wanted and fields.get("Device Minor", "").strip().isdigit():
+            return int(fields["Device Minor"])
+    return None
 
 
 def _is_device(path: str) -> bool:
