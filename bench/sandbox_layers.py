@@ -57,8 +57,9 @@ def without(part: str) -> None:
 
 
 PARTS = ["the sandbox", "nothing", "socket refusal", "socket refusal but AF_UNIX", "socket refusal but AF_NETLINK",
-         *(f"socket refusal of {family}" for family in ("AF_UNIX", "AF_NETLINK", "AF_INET", "AF_INET6")), "seccomp", "device allowlist", "narrow reads", "covered socket folders",
-         "covered secrets", "landlock", "capability drop", "limits"]
+         *(f"socket refusal of {family}" for family in ("AF_UNIX", "AF_NETLINK", "AF_INET", "AF_INET6")),
+         "seccomp", "device allowlist", "narrow reads", "covered socket folders", "covered secrets", "landlock",
+         "capability drop", "limits"]
 
 
 def in_fork(work) -> str:
@@ -104,22 +105,10 @@ def main() -> int:
     if len([n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()]) > 1:
         one_gpu_of_several()
     for part in PARTS:
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read)
-            try:
-                without(part)
-                x = torch.ones(1 << 20, device="cuda")
-                message = f"ok ({float((x * 2).sum()):g})"
-            except BaseException as err:  # noqa: BLE001 - reported
-                message = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-            os.write(write, message.encode())
-            os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as answer:
-            print(f"without {part:32s} {answer.read()}", flush=True)
-        os.waitpid(pid, 0)
+        def run_one(part=part) -> str:
+            without(part)
+            return f"ok ({float((torch.ones(1 << 20, device='cuda') * 2).sum()):g})"
+        print(f"without {part:32s} {in_fork(run_one)}", flush=True)
     if shutil.which("strace"):
         traced = subprocess.run(["strace", "-f", "-e", "trace=socket,connect", sys.executable, "-c",
                                  "import torch; torch.ones(1, device='cuda')"], capture_output=True, text=True)
