@@ -102,7 +102,7 @@ def one_gpu_of_several() -> None:
 
 
 def main() -> int:
-    if len([n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()]) > 1:
+    if len(sandbox.nvidia_gpu_nodes()) > 1:
         one_gpu_of_several()
     for part in PARTS:
         def run_one(part=part) -> str:

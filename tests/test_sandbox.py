@@ -374,7 +374,7 @@ def test_a_worker_opens_only_the_gpu_it_is_timed_on(tmp_path, device):
     two and read twice as fast; now only the node of the evaluator's GPU is (its minor number
     from the driver, by the GPU's UUID), and the worker is judged on that one, which it sees as
     its device 0 (what is lent to it mapped there) when the project names another."""
-    if len([n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()]) < 2:
+    if len(sandbox.nvidia_gpu_nodes()) < 2:
         pytest.skip("one GPU on this host")
     (tmp_path / "splitter.py").write_text(OTHER_GPU)
     relu2_project(tmp_path, ["splitter"], shapes="[[256, 1024]]", defaults="timeout_s = 120", device=device)

@@ -159,8 +159,10 @@ class Evaluator:
     def _gpu_minors(self) -> list[int] | None:
         """The node of the one GPU this evaluator times on, which is all its workers may open:
         with every GPU of the host open, a worker could split a batch's work over two. None
-        (every GPU's node) off NVIDIA or where the driver does not say which node it is."""
-        if self.device == "cpu":
+        (every GPU's node) on a host of one GPU (asking which it is would make this process's
+        CUDA context before the worker starts, where the two are made together), off NVIDIA, or
+        where the driver does not say which node it is."""
+        if self.device == "cpu" or len(sandbox.nvidia_gpu_nodes()) < 2:
             return None
         uuid = getattr(self.torch.cuda.get_device_properties(self.torch.device(self.device)), "uuid", None)
         minor = sandbox.nvidia_minor(str(uuid)) if uuid else None

@@ -224,6 +224,14 @@ def _is_gpu_node(name: str) -> bool:
     return name.startswith("nvidia") or name in ("kfd", "dri", "accel")
 
 
+def nvidia_gpu_nodes() -> list[str]:
+    """The host's NVIDIA GPUs' own nodes (/dev/nvidiaN)."""
+    try:
+        return [n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)]
+    except OSError:
+        return []
+
+
 def _one_of_its_gpus(name: str, minors: list[int] | None) -> bool:
     """Whether a GPU node is usable under a policy that names its GPUs: the nodes all GPUs
     share (nvidiactl, nvidia-uvm, ...) are; a GPU's own (nvidiaN) only if N is one of them."""
