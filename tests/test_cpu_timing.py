@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import relu2_report
+from conftest import FIXTURES, relu2_report
 from magpie.harness import batches
 
 
@@ -173,6 +173,18 @@ def make_inputs(shape, dtype, generator):
 def reference(x, dims):
     return torch.relu(x) * 2.0
 """
+
+
+def test_a_vouched_measurement_says_where_its_wall_time_went(tmp_path):
+    """The timing result splits a vouched measurement's wall time into its steps (regions,
+    pricing the harness, sizing the batches, the rounds, unmapping): what a GPU run needs to
+    tell the evaluator's own costs from the budget's."""
+    relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()})
+    timing = next(json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+                  if json.loads(p.read_text()).get("task") == "timing:relu2/twin")
+    steps = timing["measurement_steps_s"]
+    assert set(steps) == {"regions", "harness_price", "sizing", "rounds", "unmap"}, steps
+    assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= timing["phases_s"]["timed"] + 1e-3
 
 
 def test_inputs_a_region_cannot_hold_are_timed_by_the_worker_and_say_so(tmp_path):

@@ -445,6 +445,7 @@ class Evaluator:
             "first_call_steps_s": first_steps,
             "workers_adopted": {**adopted, **{role: worker.adopted for role, worker in workers.items()}},
             "timing_method": method,
+            "measurement_steps_s": measured.steps_s or None,
             "timer_costs": None if measured.vouched else self.timer_costs(),
             "nvml": clocks if self.device != "cpu" else None,
         }
@@ -636,6 +637,7 @@ class Evaluator:
         measured = Rounds(roles, vouched=True)
         measured.by_cpu_time = not on_gpu and int(t["threads"]) == 1 and batches.SCHEDSTAT
         measured.graph = on_gpu and mode == "graph"
+        steps = Laps()
         rounds = int(t["rounds"])
         round_ns = t["budget_ms"] / rounds * 1e6
         try:
@@ -648,17 +650,22 @@ class Evaluator:
                 # the process that says it runs the calls: a false one makes no batch count less
                 # than its worker's CPU time (`busy_wall_ns`)
                 regions[role].caller = batches.process_named(turns.workers[role].proc.pid, int(answer.get("pid", 0)))
+            steps.mark("regions")
             if on_gpu:
                 sets = self._fresh_sets(spec, case, f"{salt} copies", min(limit, COPY_CALIBRATION_CALLS), measured)
                 measured.harness_ns = batches.copy_ns_per_call(
                     torch, lambda args: spec.reference(args, self.init_seed), sets, expected, measured.graph)
+                steps.mark("copy_price")
                 measured.calibration_ns, measured.calibration_phases = self._calibrate(turns, regions)
+                steps.mark("calibration")
             else:
                 measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
+                steps.mark("harness_price")
             shortest_ms = DEVICE_BATCH_MIN_MS if on_gpu else BATCH_MIN_MS
             target_ns = min(BATCH_MAX_MS * 1e6, max(shortest_ms * 1e6, round_ns / BATCHES_PER_ROUND))
             per_call = {role: self._size_batches(turns, role, regions[role], spec, case, salt, limit, target_ns,
                                                  testcase, measured) for role in roles}
+            steps.mark("sizing")
             sets_a_round = int(GENERATION_FACTOR * t["budget_ms"] * 1e6 / max(measured.set_ns, 1.0) / rounds)
             cap = min(max(1, int(t["max_reps"]) // rounds), max(BATCHES_PER_ROUND, sets_a_round))
             a_round = {role: max(1, min(cap, int(round_ns / max(per_call[role], 1.0)))) for role in roles}
@@ -679,6 +686,7 @@ class Evaluator:
                                         20 * due[role] * per_call[role] / 1e9)
                             made[role] += due[role]
                     b += 1
+            steps.mark("rounds")
         finally:
             for role, region in regions.items():
                 if on_gpu and not turns.workers[role].failed:  # its mapping holds the region's memory
@@ -687,6 +695,8 @@ class Evaluator:
                     except WorkerFailure:  # a worker that dies here holds nothing; the timing's own error stands
                         turns.workers[role].failed = True
                 region.close()
+        steps.mark("unmap")
+        measured.steps_s = steps.seconds
         if on_gpu:
             measured.settle_device_batches()
         measured.methods = {role: vouched_method(calls[role], measured, t, self.device) for role in roles}
@@ -1267,6 +1277,9 @@ class Rounds:
         self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
         self.phases: dict[str, list[dict]] = {role: [] for role in roles}  # on a GPU, per batch (`batch_phases`)
         self.calibration_phases: dict | None = None  # the same for the batches that measured it
+        # where a vouched measurement's wall time went: mapping the regions, pricing the copies,
+        # calibrating, sizing the batches, the rounds (`Evaluator._vouched`)
+        self.steps_s: dict[str, float] = {}
         self.by_cpu_time = False  # samples from CPU time, not wall time (`Evaluator._batch`)
         self.set_ns = 0.0  # how long the evaluator took to make one input set, lately
         self.last_wall_ns = 0.0  # the last batch's wall time
