@@ -224,18 +224,23 @@ def _is_gpu_node(name: str) -> bool:
     return name.startswith("nvidia") or name in ("kfd", "dri", "accel")
 
 
+# The node of one NVIDIA GPU, named by its minor number; the others (nvidiactl, nvidia-uvm, ...)
+# all GPUs share.
+NVIDIA_GPU_NODE = re.compile(r"nvidia(\d+)")
+
+
 def nvidia_gpu_nodes() -> list[str]:
     """The host's NVIDIA GPUs' own nodes (/dev/nvidiaN)."""
     try:
-        return [n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)]
+        return [n for n in os.listdir("/dev") if NVIDIA_GPU_NODE.fullmatch(n)]
     except OSError:
         return []
 
 
 def _one_of_its_gpus(name: str, minors: list[int] | None) -> bool:
     """Whether a GPU node is usable under a policy that names its GPUs: the nodes all GPUs
-    share (nvidiactl, nvidia-uvm, ...) are; a GPU's own (nvidiaN) only if N is one of them."""
-    own = re.fullmatch(r"nvidia(\d+)", name)
+    share are; a GPU's own only if its minor number is one of them."""
+    own = NVIDIA_GPU_NODE.fullmatch(name)
     return minors is None or own is None or int(own.group(1)) in minors
 
 
