@@ -20,6 +20,7 @@ import pytest
 from conftest import REPO, build_json, relu2_project, relu2_report
 
 from magpie import sandbox
+from magpie.sandbox import pids
 
 pytestmark = pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason="no sandbox on this host")
 
@@ -651,6 +652,45 @@ def test_what_is_lent_to_a_worker_that_sees_one_gpu_is_rebuilt_on_it(monkeypatch
     tensor, event = _OnTheOneGpu(io.BytesIO(payload)).load()
     assert tensor == ("tensor", (*tensor_args[:6], 0, *tensor_args[7:]))
     assert event == ("event", (0, b"h"))
+
+
+FORKS = """
+import os, sys, time
+made = 0
+for _ in range(int(sys.argv[1])):
+    try:
+        if os.fork() == 0:
+            time.sleep(2)
+            os._exit(0)
+    except OSError:
+        break
+    made += 1
+print("made", made, flush=True)
+"""
+
+
+def sandbox_cgroups() -> set[str]:
+    return {os.path.join(parent, name) for parent in pids._parents() if os.path.isdir(parent)
+            for name in os.listdir(parent) if name.startswith(pids.PREFIX)}
+
+
+def test_code_under_test_starts_no_more_processes_than_its_limit_even_as_root(tmp_path):
+    """RLIMIT_NPROC does not bind the host's root, whatever user namespace it is in: as root a
+    sandbox held 700 processes under a limit of 512, and a fork bomb would have taken every
+    process ID of the host until its timeout. As root each sandbox is now a pids cgroup of its
+    own, gone when the sandbox ends; the isolation line says which holds."""
+    if os.geteuid() == 0 and not pids.available():
+        pytest.skip("root, and no pids cgroup to be had on this host")
+    (tmp_path / "forks.py").write_text(FORKS)
+    before = sandbox_cgroups()
+    policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path)], processes=40)
+    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+                           sys.executable, str(tmp_path / "forks.py"), "100"], capture_output=True, text=True,
+                          timeout=60)
+    made = int(proc.stdout.split()[-1])
+    assert 0 < made < 40, (proc.stdout, proc.stderr)
+    assert sandbox_cgroups() <= before  # its cgroup went with it
+    assert "40 processes" in sandbox.describe(policy)
 
 
 UNIX_PROBE = """

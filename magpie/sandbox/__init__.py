@@ -38,7 +38,7 @@ import sys
 import sysconfig
 import tempfile
 
-from magpie.sandbox import landlock, namespaces, seccomp
+from magpie.sandbox import landlock, namespaces, pids, seccomp
 
 # Exit status of a process whose sandbox could not be set up (nothing of the code under test ran).
 SANDBOX_FAILED = 70
@@ -62,7 +62,7 @@ class Policy:
     network: bool = False
     memory_mb: int = 0  # address space; 0: no limit (CUDA reserves far more than it uses)
     file_mb: int = 1024  # largest file it may write
-    processes: int = 512  # per user inside the namespace (not enforced for root, which the PID namespace bounds)
+    processes: int = 512  # processes and threads: RLIMIT_NPROC, or as root a pids cgroup (`pids`)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -114,10 +114,19 @@ def describe(policy: Policy | None) -> str:
                       else "GPU " + ", ".join(f"/dev/nvidia{m}" for m in policy.gpu_minors) + " only")
     if policy.network:
         layers.append("network sockets allowed")
-    limits = [f"files {policy.file_mb} MiB", f"{policy.processes} processes"]
+    limits = [f"files {policy.file_mb} MiB", _process_limit(policy)]
     if policy.memory_mb:
         limits.insert(0, f"memory {policy.memory_mb} MiB")
     return "; ".join(layers) + "; limits: " + ", ".join(limits)
+
+
+def _process_limit(policy: Policy) -> str:
+    """How many processes the sandbox may hold, and what holds them to it: RLIMIT_NPROC, or as
+    root (which it does not bind) a pids cgroup, where one can be made."""
+    if os.geteuid() != 0:
+        return f"{policy.processes} processes"
+    return f"{policy.processes} processes (pids cgroup)" if pids.available() else \
+        "processes unbounded (root, and no pids cgroup to be had)"
 
 
 def trusted() -> bool:
@@ -285,6 +294,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
     waiter ends as that process does (with its exit status or signal). Raises SandboxError."""
     uid, gid = os.getuid(), os.getgid()
     reads = read_trees(policy)
+    # as root no RLIMIT_NPROC holds: a pids cgroup bounds the processes instead
+    cgroup = pids.bound(policy.processes) if fork and os.geteuid() == 0 else None
     isolate_network = not (policy.network or policy.gpu)
     try:
         # System V IPC of its own: a segment made in the host's namespace outlives the build and
@@ -307,7 +318,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
     except OSError as err:
         raise SandboxError(f"namespaces: {err}") from None
     if fork:
-        _wait_as_parent_of_sandbox(policy)
+        _wait_as_parent_of_sandbox(policy, cgroup)
     try:
         _limits(policy)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
@@ -333,7 +344,7 @@ def _limits(policy: Policy) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
 
-def _wait_as_parent_of_sandbox(policy: Policy) -> None:
+def _wait_as_parent_of_sandbox(policy: Policy, cgroup: str | None) -> None:
     """Fork twice: the first child is the new PID namespace's init, which reaps what is
     orphaned there and says how the second ended; the second returns and runs the code (not
     as PID 1, to which the kernel delivers no signal it sends itself: abort() would end in a
@@ -351,6 +362,8 @@ def _wait_as_parent_of_sandbox(policy: Policy) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: os.kill(init, signal.SIGKILL))
     _, status = os.waitpid(init, 0)
+    if cgroup:  # every process of the namespace has ended with its init
+        pids.release(cgroup)
     with os.fdopen(status_read, "rb") as told:
         reported = told.read()
     if len(reported) == 4:

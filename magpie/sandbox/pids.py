@@ -1,0 +1,97 @@
+"""A pids cgroup of its own for a sandbox run as root. RLIMIT_NPROC does not hold for the host's
+root (the kernel exempts it, whatever user namespace it is in), so as root nothing but a
+cgroup bounds how many processes code under test may start: a fork bomb would take every
+process ID of the host until its timeout. The cgroup is made under the calling process's own
+(cgroup v2 where its pids controller can be had there, else v1's pids hierarchy), holds the
+sandbox's waiter, init and everything they start, and is removed when the sandbox ends;
+what a killed waiter leaves is removed by the next sandbox made beside it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+ROOT = "/sys/fs/cgroup"
+PREFIX = "magpie-sandbox-"
+
+
+def _own_path(controller: str) -> str | None:
+    """This process's cgroup in the v1 hierarchy of `controller`, or in v2 for ""."""
+    try:
+        with open("/proc/self/cgroup") as lines:
+            for line in lines:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                wanted = controller in controllers.split(",") if controller else controllers == ""
+                if wanted:
+                    return path
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _parents() -> list[str]:
+    """Where a pids cgroup can be made for this process: v2, then v1."""
+    found = []
+    v2 = _own_path("")
+    if v2 is not None:
+        parent = os.path.join(ROOT, v2.lstrip("/"))
+        if os.path.isfile(os.path.join(parent, "cgroup.subtree_control")):
+            found.append(parent)
+    v1 = _own_path("pids")
+    if v1 is not None and os.path.isdir(os.path.join(ROOT, "pids")):
+        found.append(os.path.join(ROOT, "pids", v1.lstrip("/")))
+    return found
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _sweep(parent: str) -> None:
+    """Remove what sandboxes whose waiter has died left here: not one another sandbox has just
+    made and not yet entered, nor one with a process in it."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            maker = name.removeprefix(PREFIX)
+            if name.startswith(PREFIX) and maker.isdigit() and not os.path.exists(f"/proc/{maker}"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(parent, name))
+
+
+def bound(limit: int) -> str | None:
+    """Move this process into a new pids cgroup that holds at most `limit` processes and
+    threads; the cgroup's folder, or None where none can be made (not root, no pids
+    controller to be had, a read-only cgroup file system)."""
+    for parent in _parents():
+        _sweep(parent)
+        folder = os.path.join(parent, f"{PREFIX}{os.getpid()}")
+        try:
+            if os.path.isfile(os.path.join(parent, "cgroup.subtree_control")):
+                with open(os.path.join(parent, "cgroup.subtree_control")) as enabled:
+                    if "pids" not in enabled.read().split():
+                        _write(os.path.join(parent, "cgroup.subtree_control"), "+pids")
+            os.mkdir(folder)
+        except OSError:
+            continue
+        try:
+            _write(os.path.join(folder, "pids.max"), str(limit))
+            _write(os.path.join(folder, "cgroup.procs"), str(os.getpid()))
+            return folder
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+    return None
+
+
+def available() -> bool:
+    """Whether `bound` would find a place for a cgroup (as a report says what is in force)."""
+    return any(os.access(parent, os.W_OK) for parent in _parents())
+
+
+def release(folder: str) -> None:
+    """Leave the cgroup (back to its parent) and remove it; once its processes have ended."""
+    with contextlib.suppress(OSError):
+        _write(os.path.join(os.path.dirname(folder), "cgroup.procs"), str(os.getpid()))
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
