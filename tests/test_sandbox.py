@@ -693,6 +693,37 @@ def test_code_under_test_starts_no_more_processes_than_its_limit_even_as_root(tm
     assert "40 processes" in sandbox.describe(policy)
 
 
+FILLS = """
+import sys, time
+for i in range(8):
+    with open(f"{sys.argv[1]}/fill{i}", "wb") as out:
+        out.write(b"x" * (16 << 20))
+    print("wrote", i + 1, flush=True)
+    time.sleep(0.1)
+time.sleep(30)  # the sandbox is to end it well before
+"""
+
+
+def test_code_under_test_that_fills_its_folders_is_ended_and_says_why(tmp_path):
+    """A worker's scratch folder lies in /dev/shm, which is memory, and each file it writes
+    is limited, not how many: code under test wrote 1.5 GiB there in files of 512 MiB. Now the
+    sandbox's init looks at what its write trees hold every 0.1 s and ends the sandbox once
+    they hold more than `written_mb`, with one line and an exit status of its own."""
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    (tmp_path / "fills.py").write_text(FILLS)
+    policy = sandbox.Policy(write=[str(folder)], read=[str(tmp_path)], written_mb=64)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+                           sys.executable, str(tmp_path / "fills.py"), str(folder)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == sandbox.SANDBOX_LIMIT, (proc.returncode, proc.stderr)
+    assert "its folders held more than 64 MiB" in proc.stderr
+    assert int(proc.stdout.split()[-1]) < 8 and time.monotonic() - started < 20
+    from magpie.harness.kinds import failure_kind
+    assert failure_kind(f"exited with code {sandbox.SANDBOX_LIMIT}: sandbox: its folders held") == "sandbox_violation"
+
+
 UNIX_PROBE = """
 import socket, sys
 for family in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_VSOCK"):

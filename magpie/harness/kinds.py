@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from magpie.sandbox import SANDBOX_FAILED
+from magpie.sandbox import SANDBOX_FAILED, SANDBOX_LIMIT
 
 KINDS = (
     # output checks (checks.py)
@@ -38,6 +38,7 @@ MESSAGE_KINDS = (
     (r"crashed \(SIGSYS\b", "sandbox_violation"),  # killed by the seccomp filter
     (r"crashed \(|stopped answering", "crash"),
     (rf"exited with code {SANDBOX_FAILED}\b", "sandbox"),  # its sandbox could not be set up
+    (rf"exited with code {SANDBOX_LIMIT}\b", "sandbox_violation"),  # over what its folders may hold
     (r"exited with code ", "crash"),
     (r"the timer of .* returned no samples", "timer_integrity"),
     (r"testcase spec: ", "spec"),

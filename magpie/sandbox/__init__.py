@@ -30,6 +30,7 @@ import functools
 import os
 import re
 import resource
+import select
 import signal
 import site
 import socket
@@ -42,6 +43,12 @@ from magpie.sandbox import landlock, namespaces, pids, seccomp
 
 # Exit status of a process whose sandbox could not be set up (nothing of the code under test ran).
 SANDBOX_FAILED = 70
+# Exit status of a sandbox whose code went over what its folders may hold: every process of it
+# killed, one line on stderr says so.
+SANDBOX_LIMIT = 71
+# How often the sandbox's init looks at what its folders hold, and how many files they may.
+WATCH_S = 0.1
+MAX_FILES = 100_000
 TRUST_VARIABLE = "MAGPIE_TRUST_CODE"
 
 
@@ -62,6 +69,9 @@ class Policy:
     network: bool = False
     memory_mb: int = 0  # address space; 0: no limit (CUDA reserves far more than it uses)
     file_mb: int = 1024  # largest file it may write
+    # what its write trees may hold together (its scratch folder lies in /dev/shm, which is
+    # memory, where it has room): the init kills the sandbox soon after they hold more
+    written_mb: int = 4096
     processes: int = 512  # processes and threads: RLIMIT_NPROC, or as root a pids cgroup (`pids`)
 
     def to_json(self) -> dict:
@@ -387,11 +397,53 @@ def _serve_as_init(status_write: int, policy: Policy) -> None:
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
         return
     _close_all_but(status_write)
+    ended = os.pidfd_open(code)
     while True:
-        pid, status = os.waitpid(-1, 0)
-        if pid == code:
-            os.write(status_write, status.to_bytes(4, "little"))
+        select.select([ended], [], [], WATCH_S)  # the code's end, or the next look at its folders
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == code:
+                os.write(status_write, status.to_bytes(4, "little"))
+                os._exit(0)
+            if pid == 0:
+                break
+        over = _over_what_its_folders_may_hold(policy)
+        if over:
+            print(f"sandbox: its folders held {over} (the sandbox's limit): every process of it was killed",
+                  file=sys.stderr, flush=True)
+            os.kill(-1, signal.SIGKILL)  # in its PID namespace: every process but this one
+            os.write(status_write, (SANDBOX_LIMIT << 8).to_bytes(4, "little"))
             os._exit(0)
+
+
+def _over_what_its_folders_may_hold(policy: Policy) -> str | None:
+    """What the policy's write trees hold beyond its limits (`written_mb`, MAX_FILES), or None:
+    the blocks their files take, each entry counted once more, however deep."""
+    limit = policy.written_mb << 20
+    total = files = 0
+    todo = [tree for tree in policy.write if os.path.isdir(tree)]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    files += 1
+                    if files > MAX_FILES:
+                        return f"more than {MAX_FILES} files"
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:  # gone since listed
+                        continue
+                    if total > limit:
+                        return f"more than {policy.written_mb} MiB"
+        except OSError:
+            continue
+    return None
 
 
 def _close_all_but(keep: int) -> None:
