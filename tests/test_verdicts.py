@@ -274,3 +274,37 @@ def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(tmp_path):
     batches whose calls it proves by their outputs."""
     report = relu2_report(tmp_path, ["claims_calls_not_made"], shapes="[[33, 65]]")
     assert _speedup(report, "claims_calls_not_made") < 0.25
+
+
+WRITES_TO_ITS_ANSWER_PIPE = '''
+import os
+
+import torch
+
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+            os.write(int(fd), {payload})
+    except OSError:  # the command pipe's read end, or the worker already ended
+        pass
+
+
+def kernel(x):
+    return torch.relu(x) * 2
+'''
+
+
+@pytest.mark.parametrize("payload, said", [
+    ('b"x" * (80 << 20)', "sent more than 64 MiB without ending its answer"),
+    ('b"not an answer\\\\n"', "sent an answer that is not a JSON object"),
+])
+def test_code_that_writes_to_the_workers_answer_pipe_fails_that_worker_only(tmp_path, payload, said):
+    """The candidate's code can write to the pipe its worker answers on: 80 MiB without a line's
+    end went whole into the evaluator's memory, and a line that is no JSON object raised in the
+    evaluator. Now the worker fails, saying so, and the build goes on."""
+    report = relu2_report(tmp_path, ["writes_to_its_answer_pipe"], shapes="[[33, 65]]",
+                          sources={"writes_to_its_answer_pipe": WRITES_TO_ITS_ANSWER_PIPE.replace("{payload}", payload)})
+    rows = {r["implementation"]: r for r in report["results"]}
+    assert rows["good"]["correctness_state"] == "SUCCESS"
+    row = rows["writes_to_its_answer_pipe"]
+    assert row["correctness_state"] == "FAILED" and said in row["verdict"], row["verdict"]

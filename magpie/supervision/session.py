@@ -66,6 +66,9 @@ def all_stopped(pid: int) -> bool:
 
 # What of a worker's output a job keeps: its end. A candidate may print gigabytes.
 LOG_KEPT_BYTES = 256 << 10
+# The longest answer a worker may send (its samples, its kernels): the candidate's code can
+# write to the answer pipe too, and an answer without end would fill the evaluator's memory.
+ANSWER_MAX_BYTES = 64 << 20
 
 
 class Worker:
@@ -116,7 +119,7 @@ class Worker:
             os.close(answer_write)
             if self.scratch:
                 scratch_folders.own(self.scratch, self.proc.pid)
-        self._buffer = b""
+        self._buffer = bytearray()
         self._sent = time.monotonic()
 
     @property
@@ -152,13 +155,24 @@ class Worker:
             ready, _, _ = select.select([self._answer_read], [], [], remaining)
             if not ready:
                 continue
-            chunk = os.read(self._answer_read, 1 << 16)
+            chunk = os.read(self._answer_read, 1 << 20)
             if not chunk:
                 self.failed = True
                 raise WorkerFailure(self._death_verdict())
             self._buffer += chunk
+            if b"\n" not in chunk and len(self._buffer) > ANSWER_MAX_BYTES:
+                self.failed = True
+                self.kill()
+                raise WorkerFailure(f"error: sent more than {ANSWER_MAX_BYTES >> 20} MiB without ending its answer")
         line, self._buffer = self._buffer.split(b"\n", 1)
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            self.failed = True
+            self.kill()
+            raise WorkerFailure(f"error: sent an answer that is not a JSON object: {line[:80]!r}")
         answer["wall_s"] = time.monotonic() - started
         self.failed = self.failed or not answer.get("ok")
         self._pending = False
