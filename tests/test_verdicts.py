@@ -308,3 +308,35 @@ def test_code_that_writes_to_the_workers_answer_pipe_fails_that_worker_only(tmp_
     assert rows["good"]["correctness_state"] == "SUCCESS"
     row = rows["writes_to_its_answer_pipe"]
     assert row["correctness_state"] == "FAILED" and said in row["verdict"], row["verdict"]
+
+
+SPOILS_ITS_OUTPUT_FILE = '''
+import torch
+
+_save = torch.save
+
+
+def _spoiled(obj, f, *args, **kwargs):
+    if isinstance(f, str) and isinstance(obj, dict) and "outputs" in obj:
+        with open(f, "wb") as out:
+            out.write(b"not a file of tensors")
+        return None
+    return _save(obj, f, *args, **kwargs)
+
+
+torch.save = _spoiled
+
+
+def kernel(x):
+    return torch.relu(x) * 2
+'''
+
+
+def test_an_output_file_that_is_no_file_of_tensors_is_the_workers_failure(tmp_path):
+    """The worker writes its outputs with torch.save, which the candidate's module can replace:
+    a file the evaluator cannot read as tensors is that worker's failure, not the evaluator's."""
+    report = relu2_report(tmp_path, ["spoils_its_output_file"], shapes="[[33, 65]]",
+                          sources={"spoils_its_output_file": SPOILS_ITS_OUTPUT_FILE})
+    row = next(r for r in report["results"] if r["implementation"] == "spoils_its_output_file")
+    assert row["correctness_state"] == "FAILED", row
+    assert "evaluator error" not in row["verdict"] and "output file" in row["verdict"], row["verdict"]

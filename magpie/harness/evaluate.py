@@ -267,6 +267,8 @@ class Evaluator:
             if not answer["ok"]:
                 raise WorkerFailure(f"error: {answer['error']}")
             produced = load_left(self.torch, outputs_file)
+            if not produced["outputs"]:
+                raise WorkerFailure("error: its output file holds no outputs")
         record = {"testcase": None, "case": "get_inputs()", "trial": 0, **all_finite(produced["outputs"][0])}
         return _verdict([record], "unverified")
 

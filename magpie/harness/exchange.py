@@ -79,16 +79,26 @@ def loads_shared(payload: str):
 
 
 # -- the evaluator's side ----------------------------------------------------------------
-def load_left(torch, path: str):
-    """Tensors a worker wrote into its scratch folder (`scratch.open_left`: not through a link);
-    a file that is not its own is the worker's failure."""
+def load_left(torch, path: str) -> dict:
+    """What a worker wrote into its scratch folder (`scratch.open_left`: not through a link):
+    {"outputs": [...], "inputs_after": [...]}. A file that is not its own, or not that, is the
+    worker's failure: the candidate's module can replace what writes it (torch.save)."""
+    name = Path(path).name
     try:
         fd = scratch.open_left(Path(path))
     except OSError as err:
-        raise WorkerFailure(f"error: its output file {Path(path).name} is not a regular file of its own "
-                            f"({err.strerror})") from None
+        raise WorkerFailure(f"error: its output file {name} is not a regular file of its own ({err.strerror})") \
+            from None
     with os.fdopen(fd, "rb") as handle:
-        return torch.load(handle, weights_only=True)
+        try:
+            produced = torch.load(handle, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - whatever the file holds, it is the worker's
+            raise WorkerFailure(f"error: its output file {name} holds no tensors magpie can read "
+                                f"({type(err).__name__})") from None
+    if not (isinstance(produced, dict) and set(produced) == {"outputs", "inputs_after"}
+            and all(isinstance(v, list) for v in produced.values())):
+        raise WorkerFailure(f"error: its output file {name} holds something other than its outputs")
+    return produced
 
 
 class FileExchange:
