@@ -66,11 +66,12 @@ def bound(limit: int) -> str | None:
     for parent in _parents():
         _sweep(parent)
         folder = os.path.join(parent, f"{PREFIX}{os.getpid()}")
+        control = os.path.join(parent, "cgroup.subtree_control")  # v2's: its children's controllers
         try:
-            if os.path.isfile(os.path.join(parent, "cgroup.subtree_control")):
-                with open(os.path.join(parent, "cgroup.subtree_control")) as enabled:
+            if os.path.isfile(control):
+                with open(control) as enabled:
                     if "pids" not in enabled.read().split():
-                        _write(os.path.join(parent, "cgroup.subtree_control"), "+pids")
+                        _write(control, "+pids")
             os.mkdir(folder)
         except OSError:
             continue
