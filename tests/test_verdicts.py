@@ -297,11 +297,13 @@ def kernel(x):
 @pytest.mark.parametrize("payload, said", [
     ('b"x" * (80 << 20)', "sent more than 64 MiB without ending its answer"),
     ('b"not an answer\\\\n"', "sent an answer that is not a JSON object"),
+    ('b\'{"ok": true, "steps_s": "fast", "samples_ns": [1, "2"]}\\n\'', "sent an answer of the wrong form"),
 ])
 def test_code_that_writes_to_the_workers_answer_pipe_fails_that_worker_only(tmp_path, payload, said):
     """The candidate's code can write to the pipe its worker answers on: 80 MiB without a line's
     end went whole into the evaluator's memory, and a line that is no JSON object raised in the
-    evaluator. Now the worker fails, saying so, and the build goes on."""
+    evaluator, as did an answer whose fields have the wrong types. Now the worker fails, saying so,
+    and the build goes on."""
     report = relu2_report(tmp_path, ["writes_to_its_answer_pipe"], shapes="[[33, 65]]",
                           sources={"writes_to_its_answer_pipe": WRITES_TO_ITS_ANSWER_PIPE.replace("{payload}", payload)})
     rows = {r["implementation"]: r for r in report["results"]}

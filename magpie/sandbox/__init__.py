@@ -25,6 +25,7 @@ report records as the isolation in force.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -136,7 +137,7 @@ def _process_limit(policy: Policy) -> str:
     if os.geteuid() != 0:
         return f"{policy.processes} processes"
     return f"{policy.processes} processes (pids cgroup)" if pids.available() else \
-        "processes unbounded (root, and no pids cgroup to be had)"
+        f"{policy.processes} processes (counted every {WATCH_S:g} s: root, and no pids cgroup to be had)"
 
 
 def trusted() -> bool:
@@ -328,7 +329,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
     except OSError as err:
         raise SandboxError(f"namespaces: {err}") from None
     if fork:
-        _wait_as_parent_of_sandbox(policy, cgroup)
+        # as root with no pids cgroup, the sandbox's init counts its processes instead
+        _wait_as_parent_of_sandbox(policy, cgroup, count_processes=cgroup is None and os.geteuid() == 0)
     try:
         _limits(policy)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
@@ -354,7 +356,7 @@ def _limits(policy: Policy) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
 
-def _wait_as_parent_of_sandbox(policy: Policy, cgroup: str | None) -> None:
+def _wait_as_parent_of_sandbox(policy: Policy, cgroup: str | None, count_processes: bool) -> None:
     """Fork twice: the first child is the new PID namespace's init, which reaps what is
     orphaned there and says how the second ended; the second returns and runs the code (not
     as PID 1, to which the kernel delivers no signal it sends itself: abort() would end in a
@@ -365,7 +367,7 @@ def _wait_as_parent_of_sandbox(policy: Policy, cgroup: str | None) -> None:
     if init == 0:
         os.close(status_read)
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
-        _serve_as_init(status_write, policy)
+        _serve_as_init(status_write, policy, count_processes)
         return
     os.close(status_write)
     _close_all_but(status_read)
@@ -381,9 +383,11 @@ def _wait_as_parent_of_sandbox(policy: Policy, cgroup: str | None) -> None:
     _end_like(status)
 
 
-def _serve_as_init(status_write: int, policy: Policy) -> None:
+def _serve_as_init(status_write: int, policy: Policy, count_processes: bool) -> None:
     """In the new PID namespace, as its first process: fork the process that returns to run
-    the code; reap every process until that one ends; report its status and exit."""
+    the code; reap every process until that one ends; report its status and exit. Every
+    WATCH_S it looks at what the write trees hold and, with `count_processes`, how many
+    processes and threads the namespace holds: past a limit, it kills them all."""
     try:
         namespaces.mount_proc()
         if policy.gpu:
@@ -412,11 +416,25 @@ def _serve_as_init(status_write: int, policy: Policy) -> None:
                 break
         over = _over_what_its_folders_may_hold(policy)
         if over:
-            print(f"sandbox: its folders held {over} (the sandbox's limit): every process of it was killed",
-                  file=sys.stderr, flush=True)
+            over = f"its folders held {over}"
+        elif count_processes and _tasks() > policy.processes:
+            over = f"it held more than {policy.processes} processes and threads"
+        if over:
+            print(f"sandbox: {over} (the sandbox's limit): every process of it was killed", file=sys.stderr,
+                  flush=True)
             os.kill(-1, signal.SIGKILL)  # in its PID namespace: every process but this one
             os.write(status_write, (SANDBOX_LIMIT << 8).to_bytes(4, "little"))
             os._exit(0)
+
+
+def _tasks() -> int:
+    """The processes and threads of this PID namespace (its own /proc)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):  # ended since listed
+                count += len(os.listdir(f"/proc/{name}/task"))
+    return count
 
 
 def _over_what_its_folders_may_hold(policy: Policy) -> str | None:

@@ -30,13 +30,19 @@ def _own_path(controller: str) -> str | None:
 
 
 def _parents() -> list[str]:
-    """Where a pids cgroup can be made for this process: v2, then v1."""
+    """Where a pids cgroup can be made for this process: v2 where the pids controller is
+    delegated to its cgroup (a container's may have memory alone: a child made there has no
+    pids.max), then v1."""
     found = []
     v2 = _own_path("")
     if v2 is not None:
         parent = os.path.join(ROOT, v2.lstrip("/"))
-        if os.path.isfile(os.path.join(parent, "cgroup.subtree_control")):
-            found.append(parent)
+        try:
+            with open(os.path.join(parent, "cgroup.controllers")) as controllers:
+                if "pids" in controllers.read().split():
+                    found.append(parent)
+        except OSError:
+            pass
     v1 = _own_path("pids")
     if v1 is not None and os.path.isdir(os.path.join(ROOT, "pids")):
         found.append(os.path.join(ROOT, "pids", v1.lstrip("/")))

@@ -26,6 +26,14 @@ class NothingParked(Exception):
     """A worker asked for with fork=False found no parked process of its key."""
 
 
+def _wrong_fields(answer: dict) -> str | None:
+    # imported here: a worker imports this module too, and pydantic need not be within its
+    # sandbox's reach
+    from magpie.supervision.answers import wrong_fields
+
+    return wrong_fields(answer)
+
+
 def signal_verdict(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -92,6 +100,7 @@ class Worker:
         self._pending = False  # a command sent whose answer has not been read
         self.stopped = False
         self.sandboxed = sandbox is not None
+        self._answers_checked = module == "magpie.harness.worker"  # its process runs the code under test
         found = zygote.adopt(key, env) if key else None
         if found is None and not fork:
             raise NothingParked(key)
@@ -173,6 +182,11 @@ class Worker:
             self.failed = True
             self.kill()
             raise WorkerFailure(f"error: sent an answer that is not a JSON object: {line[:80]!r}")
+        wrong = _wrong_fields(answer) if self._answers_checked else None
+        if wrong:
+            self.failed = True
+            self.kill()
+            raise WorkerFailure(f"error: sent an answer of the wrong form ({wrong[:160]})")
         answer["wall_s"] = time.monotonic() - started
         self.failed = self.failed or not answer.get("ok")
         self._pending = False
