@@ -167,6 +167,7 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
     seconds = {"correctness": 0.0, "timing": 0.0}
     phases: dict[str, float] = {}
     steps: dict[str, float] = {}  # of the timing tasks' vouched measurements, summed
+    round_parts: dict[str, float] = {}  # the same of their rounds
     tasks: dict[str, dict] = {}
     for result in (root / out_name / "workspace/store").glob("*/*/result.json"):
         data = json.loads(result.read_text())
@@ -176,7 +177,7 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
         if rule not in seconds or data["task_started_unix"] < start_unix:
             continue
         seconds[rule] += data["task_seconds"]
-        tasks[data["task"]] = {k: data.get(k) for k in ("task_seconds", "phases_s", "measurement_steps_s",
+        tasks[data["task"]] = {k: data.get(k) for k in ("task_seconds", "phases_s", "measurement_steps_s", "round_parts_s",
                                                         "first_call_steps_s", "worker_steps_s", "evaluator_start_s",
                                                         "workers_adopted", "device_held_s")}
         began = data["task_started_unix"] - start_unix
@@ -186,6 +187,8 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
                 phases[phase] = phases.get(phase, 0.0) + value
             for step, value in (data.get("measurement_steps_s") or {}).items():
                 steps[step] = steps.get(step, 0.0) + value
+            for part, value in (data.get("round_parts_s") or {}).items():
+                round_parts[part] = round_parts.get(part, 0.0) + value
     timed = len([r for r in report["results"] if r["performance_result"]])
     # Each candidate is timed with the baseline beside it (2 budgets), the baseline alone once.
     budgets_s = (2 * (timed - 1) + 1) * budget_ms / 1000
@@ -198,7 +201,8 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
                 "last_timing_end": max(s[1] for s in spans["timing"]), "exit": wall}
     return {"wall_s": wall, "timeline_s": timeline, "timing_tasks_s": seconds["timing"],
             "correctness_tasks_s": seconds["correctness"],
-            "timing_phases_s": phases, "timing_measurement_steps_s": steps, "timing_budgets_s": budgets_s, "device_held_alone_s": held,
+            "timing_phases_s": phases, "timing_measurement_steps_s": steps,
+            "timing_round_parts_s": round_parts, "timing_budgets_s": budgets_s, "device_held_alone_s": held,
             "timed": timed, "ranking": report["ranking"][:3], "tasks": tasks,
             "rows": {r["implementation"]: {"speedup": r.get("speedup"), "performance_state": r["performance_state"],
                                            "median_us": (r.get("performance_result") or {}).get("median_us"),

@@ -31,6 +31,9 @@ for step in "$@"; do
              timeout 120 python3 bench/sandbox_layers.py > /tmp/s/sandbox_layers.txt 2>&1
              timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sandbox.py \
                --basetemp=/tmp/gpu_pytest > /tmp/s/gpu_tests.txt 2>&1; status=$? ;;
+    sandbox_cpu) # the sandbox's CPU-side limits (pids cgroup, write quota, device nodes) on this host
+             timeout ${SANDBOX_CPU_S:-200} python3 -m pytest -q -p no:cacheprovider -m "not gpu" tests/test_sandbox.py \
+               --basetemp=/tmp/cpu_pytest > /tmp/s/sandbox_cpu.txt 2>&1 ;;
     example) (cd examples/gpu && timeout 240 python3 -m magpie build --plain > /tmp/s/example_build.txt 2>&1;
               cp -r workspaces/reports /tmp/s/example_reports;
               find workspaces/store -name ncu.csv -exec sh -c 'cp "$1" /tmp/s/ncu_$(basename $(dirname "$1")).csv' _ {} \; ) ;;
@@ -76,6 +79,6 @@ for step in "$@"; do
   esac
 done
 tar czf "$OUT/gpu_session.tar.gz" -C /tmp s || { echo "gpu_session: no archive written" >&2; [ "$status" -ne 0 ] || status=1; }
-cat /tmp/s/env.txt; cat /tmp/s/sandbox_layers.txt 2>/dev/null; cat /tmp/s/ipc.txt /tmp/s/vouched.txt 2>/dev/null | grep -v '^ *[{}"]' | cut -c1-400; tail -15 /tmp/s/gpu_tests.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
+cat /tmp/s/env.txt; cat /tmp/s/sandbox_layers.txt 2>/dev/null; cat /tmp/s/ipc.txt /tmp/s/vouched.txt 2>/dev/null | grep -v '^ *[{}"]' | cut -c1-400; tail -15 /tmp/s/gpu_tests.txt 2>/dev/null; tail -8 /tmp/s/sandbox_cpu.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
 grep -E "FAILED|build exit" /tmp/s/sweep.txt /tmp/s/sweep_swap.txt /tmp/s/sweep_vouched.txt 2>/dev/null | cut -c1-220; tail -14 /tmp/s/coverage.txt 2>/dev/null; cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; grep -E '"(ncu_median_us|do_bench_median_us|magpie_median_us|magpie_repeat_cv)"|gemm' /tmp/s/gemms.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
 exit $status

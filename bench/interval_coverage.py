@@ -78,7 +78,8 @@ def main() -> int:
             print(run["error"])
             return 1
         runs.append({k: run[k] for k in ("wall_s", "rows", "timeline_s", "timing_phases_s",
-                                         "timing_measurement_steps_s", "device_held_alone_s", "tasks")})
+                                         "timing_measurement_steps_s", "timing_round_parts_s", "device_held_alone_s",
+                                         "tasks")})
         print(f"run {i}: {run['wall_s']:.1f} s", flush=True)
         write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"))
     edited = root / files[3]
@@ -111,7 +112,9 @@ def main() -> int:
         print(f"{name:>18} medians {' '.join(f'{v:.1f}' for v in values)}")
     steps = runs[-1]["timing_measurement_steps_s"]
     print("the last run's timing jobs, summed (s): "
-          + ", ".join(f"{step} {seconds:.2f}" for step, seconds in steps.items()))
+          + ", ".join(f"{step} {seconds:.2f}" for step, seconds in steps.items())
+          + "; the rounds: " + ", ".join(f"{part} {seconds:.2f}"
+                                        for part, seconds in runs[-1]["timing_round_parts_s"].items()))
     e = result["edit_to_verdict"]
     print(f"edit to verdict {e['wall_s']:.2f} s, median of {' '.join(f'{w:.2f}' for w in e['walls_s'])} (budget {budget_s:.1f} s, target {e['target_s']:.1f} s), "
           f"ran: {', '.join(e['tasks_run'])}")

@@ -177,7 +177,8 @@ def reference(x, dims):
 
 def test_a_vouched_measurement_says_where_its_wall_time_went(tmp_path):
     """The timing result splits a vouched measurement's wall time into its steps (regions,
-    pricing the harness, sizing the batches, the rounds, unmapping): what a GPU run needs to
+    pricing the harness, sizing the batches, the rounds, unmapping), and the rounds into their
+    parts (drawing input sets, writing them, the requests, the checks): what a GPU run needs to
     tell the evaluator's own costs from the budget's."""
     relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()})
     timing = next(json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
@@ -185,6 +186,9 @@ def test_a_vouched_measurement_says_where_its_wall_time_went(tmp_path):
     steps = timing["measurement_steps_s"]
     assert set(steps) == {"regions", "harness_price", "sizing", "rounds", "unmap"}, steps
     assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= timing["phases_s"]["timed"] + 1e-3
+    parts = timing["round_parts_s"]
+    assert set(parts) == {"draw", "write", "request", "check"}, parts
+    assert all(v >= 0 for v in parts.values()) and sum(parts.values()) <= steps["rounds"] + 1e-3
 
 
 def test_inputs_a_region_cannot_hold_are_timed_by_the_worker_and_say_so(tmp_path):
@@ -312,3 +316,41 @@ def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_t
     measured.settle_device_batches()
     # the sizing batch is no sample; each round's batch is (ns - 20 µs) / its calls
     assert measured.samples == {"baseline": [10_000, 10_000], "candidate": [20_000]}
+
+
+def test_a_baseline_that_reads_off_its_own_timing_has_the_measurement_taken_again(tmp_path):
+    """Each candidate's timing measures the baseline beside it; where the baseline reads more
+    than `timing.disturbed_fraction` off its own timing job, something else ran on the device:
+    the measurement is taken again (new input sets), and flagged if it still reads off. With
+    the fraction 0 every difference counts, so both steps show."""
+    relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()},
+                 timing="warmup_ms = 5\nbudget_ms = 60\nrounds = 3\ndisturbed_fraction = 0")
+    timing = next(json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+                  if json.loads(p.read_text()).get("task") == "timing:relu2/twin")
+    assert timing["performance_state"] == "SUCCESS", timing["errors"]
+    assert "the baseline read" in timing["remeasured"]["first"] and "the baseline read" in timing["remeasured"]["again"]
+    assert "remeasured" in timing["phases_s"]
+    assert any(w.startswith("measured again: ") for w in timing["warnings"])
+    assert [f["kind"] for f in timing["flags"]] == ["disturbed_measurement"]
+
+
+def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
+    """What `_disturbed` compares: the baseline's median here against its own timing job's,
+    for the same case; 1.5% between jobs is the H200's ordinary spread, 67% is what one
+    disturbed job read."""
+    from types import SimpleNamespace
+
+    from magpie.harness.evaluate import Evaluator, Rounds
+
+    measured = Rounds(["candidate", "baseline"])
+    measured.samples["baseline"] = [141_000] * 20
+    case = SimpleNamespace(label="16777216")
+    settings = {"disturbed_fraction": 0.10}
+
+    def disturbed(alone_us, shape="16777216"):
+        judge = SimpleNamespace(baseline_alone={"shape": shape, "median_us": alone_us})
+        return Evaluator._disturbed(judge, measured, case, settings)
+
+    assert "(1.67x)" in disturbed(84.5)
+    assert disturbed(139.0) is None and disturbed(155.0) is None
+    assert disturbed(84.5, shape="1024") is None and disturbed(None) is None

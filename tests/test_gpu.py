@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, build_json, magpie, relu2_report
+from conftest import FIXTURES, REPO, build_json, magpie, relu2_report
 from test_verdicts import EXPECTED, check_candidate_thread_is_stopped
 
 pytestmark = pytest.mark.gpu
@@ -164,3 +164,18 @@ def test_kernelbench_models_are_judged_and_timed_on_the_gpu(tmp_path):
     results = [json.loads(p.read_text()) for p in (tmp_path / "kb/workspace/store").glob("*/*/result.json")]
     timing = next(r for r in results if r.get("task", "").startswith("timing:") and r["task"].endswith("/copy"))
     assert timing["workers_adopted"]["candidate"] is True
+
+
+@pytest.mark.gpu
+def test_a_disturbed_baseline_is_measured_again_on_the_gpu(tmp_path):
+    """`timing.disturbed_fraction` on the GPU's vouched batches: at 0 every difference between
+    the baseline beside a candidate and in its own timing counts, so the measurement is taken
+    again and flagged, and the row still stands."""
+    relu2_report(tmp_path, ["twin"], shapes="[[4096, 4096]]", jobs=1, defaults="timeout_s = 60", device="cuda",
+                 sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()},
+                 timing=VOUCHED + "\ndisturbed_fraction = 0")
+    timing = next(json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+                  if json.loads(p.read_text()).get("task") == "timing:relu2/twin")
+    assert timing["performance_state"] == "SUCCESS", timing["errors"]
+    assert "the baseline read" in timing["remeasured"]["again"]
+    assert [f["kind"] for f in timing["flags"] if f["kind"] == "disturbed_measurement"] == ["disturbed_measurement"]

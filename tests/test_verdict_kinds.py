@@ -153,3 +153,42 @@ def test_output_checks_leave_out_only_the_references_non_finite_elements():
         assert masked[key] == pytest.approx(alone[key], rel=1e-12), key
     got_inf[0] = 1.0
     assert not compare_outputs(got_inf, with_inf, 1e-5, 1e-6)["passed"]
+
+
+def test_the_quick_output_check_passes_nothing_the_full_one_fails():
+    """A timed batch's sampled outputs are checked first in float32 (`surely_close`), the full
+    float64 check deciding whatever that does not pass: over outputs at, near and past the
+    tolerance, of four float types, with NaN, Inf and zero references, no output the full
+    check fails is passed by the quick one, and honest outputs do pass it."""
+    import torch
+
+    from magpie.harness.checks import compare_outputs, surely_close
+
+    generator = torch.Generator().manual_seed(0)
+    quick_passes = 0
+    for trial in range(2000):
+        dtype = (torch.float32, torch.float64, torch.bfloat16, torch.float16)[trial % 4]
+        rtol, atol = ((1e-5, 1e-8), (1e-2, 1e-2), (1e-3, 1e-5))[trial % 3]
+        shape = (int(torch.randint(1, 300, (1,), generator=generator)),)
+        expected = (torch.randn(shape, generator=generator, dtype=torch.float64)
+                    * 10.0 ** float(torch.randint(-3, 3, (1,), generator=generator))).to(dtype)
+        off_by = 10.0 ** float(torch.rand(1, generator=generator) * 6 - 7)
+        got = (expected.double() + torch.randn(shape, generator=generator, dtype=torch.float64) * off_by
+               * (expected.double().abs() + 1)).to(dtype)
+        spoil = trial % 10
+        if spoil == 1:
+            got[0] = float("nan")
+        elif spoil == 2:
+            expected[0] = float("inf")
+        elif spoil == 3:
+            expected.zero_()
+        elif spoil == 4:
+            got[-1] = float("inf")
+        quick = surely_close(got, expected, rtol, atol)
+        assert not quick or compare_outputs(got, expected, rtol, atol)["passed"], (trial, dtype, rtol, atol, spoil)
+        quick_passes += quick
+    assert quick_passes > 300
+    honest = torch.randn(1 << 16, generator=generator)
+    assert surely_close(honest * 1.0000001, honest, 1e-5, 1e-8)
+    assert surely_close((honest.clone(), honest[:7].clone()), (honest, honest[:7]), 1e-5, 1e-8)
+    assert not surely_close(honest[:7], honest, 1e-5, 1e-8)

@@ -245,10 +245,6 @@ class Region:
         stride = self.layout.in_stride
         got = os.preadv(self.fd, [self._bytes[call * stride:(call + 1) * stride]], call * stride)
         self._bytes[call * stride + got:(call + 1) * stride] = bytes(stride - got)  # past the end of a shrunk file
-        return self._input_values(call)
-
-    def _input_values(self, call: int) -> tuple:
-        """Copies of the input set of `call` as the evaluator's copy of the region holds it."""
         return self.layout.arguments([view.clone() for view in self._inputs[call]])
 
     def unwritten(self, calls: int) -> int | None:
@@ -406,7 +402,9 @@ class DeviceRegion(Region):
         """The outputs are read in place."""
 
     def inputs(self, call: int) -> tuple:
-        return self._input_values(call)
+        """The input set of `call` as the worker left it, in place (no copy: what the checks
+        compare them with is read at once)."""
+        return self.layout.arguments(list(self._inputs[call]))
 
     def picks(self, calls: int) -> list[int]:
         return self._taken["picks"]

@@ -40,6 +40,9 @@ class TimingSettings(Strict):
                                 "an H200 by bench/interval_coverage.py; measure yours with it")
     implausible_speedup: float = Field(10.0, gt=1, description="a speedup above this is timed again on fresh "
                                        "inputs: labelled if it holds, the timing failed if it does not")
+    disturbed_fraction: float = Field(0.10, ge=0, description="a baseline that reads more than this fraction off "
+                                      "its own timing beside a candidate has that measurement taken again (flagged "
+                                      "if it still does): one job in 80 on an H200 read it 67% slow")
 
 
 class ProfileSettings(Strict):
