@@ -45,6 +45,7 @@ for step in "$@"; do
     gemms) timeout 400 python3 bench/gpu_fidelity.py --parts timers --only "gemm" --out /tmp/s/gemms > /tmp/s/gemms.txt 2>&1 ;;
     short) timeout 200 python3 bench/gpu_fidelity.py --parts timers --only "one element" --out /tmp/s/short > /tmp/s/short.txt 2>&1 ;;
     gemm) timeout 120 python3 bench/gemm_timer_variants.py /tmp/s/gemm_variants.json > /tmp/s/gemm.txt 2>&1 ;;
+    triton_first) timeout 200 python3 bench/triton_first_call.py /tmp/s/triton_first_call.json > /tmp/s/triton_first.txt 2>&1 ;;
     startup) timeout 200 python3 bench/cuda_startup.py /tmp/s/cuda_startup.json > /tmp/s/startup.txt 2>&1 ;;
     traces) timeout 150 python3 bench/capture_traces.py /tmp/s/traces ${CAPTURES:-serving_steps,llama_unannotated,conv_net,fp8_scaled_mm} > /tmp/s/traces.txt 2>&1 ;;
     nccl) timeout 120 python3 bench/capture_traces.py /tmp/s/traces tp2_collectives >> /tmp/s/traces.txt 2>&1 ;;
@@ -80,5 +81,5 @@ for step in "$@"; do
 done
 tar czf "$OUT/gpu_session.tar.gz" -C /tmp s || { echo "gpu_session: no archive written" >&2; [ "$status" -ne 0 ] || status=1; }
 cat /tmp/s/env.txt; cat /tmp/s/sandbox_layers.txt 2>/dev/null; cat /tmp/s/ipc.txt /tmp/s/vouched.txt 2>/dev/null | grep -v '^ *[{}"]' | cut -c1-400; tail -15 /tmp/s/gpu_tests.txt 2>/dev/null; tail -8 /tmp/s/sandbox_cpu.txt 2>/dev/null; tail -20 /tmp/s/example_build.txt 2>/dev/null
-grep -E "FAILED|build exit" /tmp/s/sweep.txt /tmp/s/sweep_swap.txt /tmp/s/sweep_vouched.txt 2>/dev/null | cut -c1-220; tail -14 /tmp/s/coverage.txt 2>/dev/null; cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; grep -E '"(ncu_median_us|do_bench_median_us|magpie_median_us|magpie_repeat_cv)"|gemm' /tmp/s/gemms.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
+grep -E "FAILED|build exit" /tmp/s/sweep.txt /tmp/s/sweep_swap.txt /tmp/s/sweep_vouched.txt 2>/dev/null | cut -c1-220; tail -14 /tmp/s/coverage.txt 2>/dev/null; cat /tmp/s/gemm.txt 2>/dev/null; cat /tmp/s/startup.txt /tmp/s/triton_first.txt 2>/dev/null; cat /tmp/s/traces.txt 2>/dev/null; tail -30 /tmp/s/throughput.txt 2>/dev/null; tail -30 /tmp/s/fidelity.txt 2>/dev/null; grep -E '"(ncu_median_us|do_bench_median_us|magpie_median_us|magpie_repeat_cv)"|gemm' /tmp/s/gemms.txt 2>/dev/null; tail -25 /tmp/s/short.txt 2>/dev/null; head -c 600 /tmp/s/calibration.json 2>/dev/null
 exit $status
