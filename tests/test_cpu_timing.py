@@ -334,6 +334,40 @@ def test_a_baseline_that_reads_off_its_own_timing_has_the_measurement_taken_agai
     assert [f["kind"] for f in timing["flags"]] == ["disturbed_measurement"]
 
 
+WRONG_FOR_A_WHILE = """
+import time
+
+import torch
+
+_seen = {"last": 0.0, "bursts": 0}
+
+
+def kernel(x):
+    # wrong in its 10th to 14th run of calls (a pause of 0.5 ms starts a run: the worker is
+    # stopped between batches): inside the first measurement, right in a second one
+    now = time.perf_counter()
+    if now - _seen["last"] > 0.0005:
+        _seen["bursts"] += 1
+    _seen["last"] = now
+    if 10 <= _seen["bursts"] <= 14:
+        return torch.zeros_like(x)
+    return torch.relu(x) * 2.0
+"""
+
+
+def test_a_measurement_that_failed_a_check_is_not_taken_again(tmp_path):
+    """A disturbed baseline has the measurement taken again, and the second replaces the
+    first: were a failed first one replaced too, a candidate wrong for a while, caught in the
+    first, would go free in the second. With every difference counted as disturbed, it fails."""
+    report = relu2_report(tmp_path, ["wrong_for_a_while"], shapes="[[33, 65]]",
+                          sources={"wrong_for_a_while": WRONG_FOR_A_WHILE},
+                          timing="warmup_ms = 5\nbudget_ms = 60\nrounds = 3\ndisturbed_fraction = 0")
+    row = next(r for r in report["results"] if r["implementation"] == "wrong_for_a_while")
+    assert row["correctness_state"] == "SUCCESS", row["errors"]
+    assert row["performance_state"] == "FAILED", row
+    assert any("timed call" in e for e in row["errors"]), row["errors"]
+
+
 def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     """What `_disturbed` compares: the baseline's median here against its own timing job's,
     for the same case; 1.5% between jobs is the H200's ordinary spread, 67% is what one

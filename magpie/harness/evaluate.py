@@ -407,7 +407,8 @@ class Evaluator:
                     if pair and mode != "graph" and not measured.vouched:  # a graph replay runs no Python
                         first_use = self._first_use(turns.give("candidate"), spec, case, inputs, out_specs, mode, t)
                         phases.mark("first_use")
-                    disturbed = self._disturbed(measured, case, t) if pair else None
+                    # a measurement that failed a check stands failed: it is not taken again
+                    disturbed = self._disturbed(measured, case, t) if pair and not measured.failed else None
                     if disturbed:  # measured again, on new input sets, the device still held
                         measured = self._retime(turns, spec, case, inputs, expected, out_specs, mode, t, testcase,
                                                 "remeasure")
