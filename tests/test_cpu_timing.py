@@ -233,7 +233,7 @@ def test_a_process_that_left_the_workers_group_fails_the_timing(tmp_path):
 def test_vouched_gpu_timing_is_the_default_and_only_for_tensors_on_the_projects_device():
     """On a GPU too the evaluator's batches time by default (the worker's own timer can be
     forged); where they run, every argument and output lies on the device."""
-    from magpie.harness.evaluate import vouched_inputs
+    from magpie.harness.measurement import vouched_inputs
     from magpie.manifest.models import TimingSettings
 
     assert TimingSettings().vouched is True
@@ -244,7 +244,7 @@ def test_vouched_gpu_timing_is_the_default_and_only_for_tensors_on_the_projects_
 
 
 def test_gpu_batch_phases_are_medians_that_skip_what_a_worker_did_not_say():
-    from magpie.harness.evaluate import batch_phases
+    from magpie.harness.measurement import batch_phases
 
     records = [{"calls": 16, "clock_ns": 1_700_000, "answer_ns": 2_000_000, "stop_ns": 300_000,
                 "worker_loop_ns": 500_000},
@@ -280,7 +280,7 @@ def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_t
     zero calls at what a batch costs besides them; the common cost is the least role's
     intercept, within 0 and the least calibration, and that calibration where no batches vary
     in size."""
-    from magpie.harness.evaluate import Rounds, fixed_cost, other_size
+    from magpie.harness.measurement import Rounds, fixed_cost, other_size
 
     # every other batch: half, or two where a batch is one call and two fit the region
     assert [other_size(10, 1024), other_size(1, 4), other_size(1, 1)] == [5, 2, 1]
@@ -374,7 +374,8 @@ def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     disturbed job read."""
     from types import SimpleNamespace
 
-    from magpie.harness.evaluate import Evaluator, Rounds
+    from magpie.harness.evaluate import Evaluator
+    from magpie.harness.measurement import Rounds
 
     measured = Rounds(["candidate", "baseline"])
     measured.samples["baseline"] = [141_000] * 20

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import SPIN_SOURCE, build_json, relu2_report
-from magpie.harness.evaluate import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
+from magpie.harness.measurement import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
 
 # The baseline does 2 ms of work a call more: an honest candidate is 20x+ faster.
 SLOW_BASELINE = SPIN_SOURCE + """

@@ -6,8 +6,9 @@ from statistics import median
 
 import pytest
 
-from magpie.harness.evaluate import (
-    UNEXPLAINED_ALLOWANCE, UNEXPLAINED_FRACTION, Evaluator, Rounds, few_samples, request_account, timer_inconsistency, wall_check)
+from magpie.harness.evaluate import Evaluator
+from magpie.harness.measurement import (
+    UNEXPLAINED_ALLOWANCE, UNEXPLAINED_FRACTION, Rounds, few_samples, request_account, timer_inconsistency, wall_check)
 from magpie.harness.timing import CpuWallTimer, calibrate
 
 # Costs of the order calibrate() measures on the H200 (per sample: events pays an L2 flush of
@@ -130,7 +131,7 @@ def test_no_worker_is_carried_from_one_build_to_the_next(tmp_path):
 
 
 def test_host_wall_warnings_are_for_untimed_device_work_not_launch_cost():
-    from magpie.harness.evaluate import host_wall_gap
+    from magpie.harness.measurement import host_wall_gap
 
     def summary(mode, median_us, wall_us):
         return {"median_us": median_us, "timer_info": {"mode": mode, "host_wall_median_us": wall_us}}

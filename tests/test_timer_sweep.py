@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from magpie.compare.stats import widen_for_runs
-from magpie.harness.evaluate import timer_inconsistency, wall_check
+from magpie.harness.measurement import timer_inconsistency, wall_check
 from magpie.manifest.models import TimingSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200"

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import SPIN_SOURCE, relu2_report
 from magpie.compare.stats import bootstrap_speedup
-from magpie.harness.evaluate import (
+from magpie.harness.measurement import (
     SPEEDUP_METHOD_MEAN,
     UNEVEN_CALLS_FACTOR,
     Rounds,

@@ -26,23 +26,24 @@ from pathlib import Path
 from statistics import fmean, median
 
 from magpie import sandbox
-from magpie.compare.stats import bootstrap_speedup, summarize_ns, thin_rounds
+from magpie.compare.stats import summarize_ns
 from magpie.harness import batches
 from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs, surely_close
 from magpie.harness.exchange import exchange_for, load_left
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
-from magpie.harness.timing import GRAPH_THRESHOLD_US, CudaTimer, calibrate, nvml_snapshot, sample_cap, timer_for
+from magpie.harness.measurement import (Batch, Rounds, batch_phases, few_samples, first_use_verdict, host_wall_gap,
+                                        implausible_speedup, other_size, paired_speedup, roofline_floor,
+                                        timer_inconsistency, uneven_calls, uneven_line, vouched_inputs,
+                                        vouched_method, wall_check)
+from magpie.harness.timing import GRAPH_THRESHOLD_US, calibrate, nvml_snapshot, sample_cap, timer_for
 from magpie.paths import subprocess_env
 from magpie.sandbox import namespaces
 from magpie.supervision import device_lock, zygote
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision.process import log_to, release_memory, serve_pipes
 from magpie.supervision.session import NothingParked, Worker, WorkerFailure, signal_verdict
-
-KEPT_SAMPLES = 2000
-
 
 class Evaluator:
     def __init__(self, request: dict):
@@ -1004,7 +1005,6 @@ class Evaluator:
         lines before each call) the outputs, which a call may leave in the L2 unwritten."""
         if self.device == "cpu" or not min_bytes:
             return None
-        from magpie.harness.checks import as_tuple
         from magpie.roofline.specs import detect_current
 
         arch = detect_current()
@@ -1085,338 +1085,20 @@ class Evaluator:
         return summary
 
 
+TIMER_COSTS: dict[str, dict] = {}  # per device, measured once per evaluator process
 # What the summary keeps of each round: the mode, the timer's own clock around its loop and the
 # evaluator's around the request.
 ROUND_INFO = ("mode", "loop_wall_ms", "request_wall_ms")
 # An honest timer stops at its sample cap or once its budget has passed, never well before.
 EARLY_FRACTION = 0.9
-# What one timing request costs outside the timer: the pipe round trip, reading the input file
-# on first use, encoding the samples.
-REQUEST_OVERHEAD_MS = 5.0
-# The first-use check (`_first_use`): this many input sets never seen before, at most this many
-# bytes of them, one timed call each within this budget; a median over FIRST_USE_FACTOR times the
-# measured mean (what a call costs on average, uneven work included) and FIRST_USE_MARGIN_US more
-# fails the timing. Honest calls on new tensors cost about what calls on rotated ones do, but
-# for the first touch of each new tensor: up to ~40 µs more on the CPU for a 6 µs kernel; a
-# lookup of kept results saves the whole computation.
+# The first-use check (`_first_use`, judged by `measurement.first_use_verdict`): this many
+# input sets never seen before, at most this many bytes of them, one timed call each within
+# this budget.
 FIRST_USE_SETS = 8
 FIRST_USE_BYTES = 1 << 30
 FIRST_USE_BUDGET_MS = 10_000.0
-FIRST_USE_FACTOR = 2.0
-FIRST_USE_MARGIN_US = 100.0
-# Fewer samples than this in a round: the kernel is slow for its budget (a note, not a failure).
-FEW_SAMPLES_PER_ROUND = 5
 # Host-synchronised calls that cross-check the event time, after the rounds.
 HOST_CHECK_CALLS = 5
-# The wall time an honest timer leaves unexplained per call: the timer's own measured cost per
-# call (times UNEXPLAINED_ALLOWANCE) for what the candidate's host work adds between calls
-# that its events do not see, plus UNEXPLAINED_FRACTION of the median for the device idling
-# while the host is held up (in the H200 sweeps, tests/fixtures/h200/timer_sweep*.json, honest
-# kernels of 0.3-100 ms left up to 11% of the median beyond the first when their host thread
-# shared the CPU with the build's other jobs; graph replays and kernels under 0.3 ms stayed
-# within the first). A timer in the implementation's process that under-reports by less goes
-# unseen: what this check can promise (docs/security.md).
-UNEXPLAINED_ALLOWANCE = 1.0
-UNEXPLAINED_FRACTION = 0.25
-TIMER_COSTS: dict[str, dict] = {}  # per device, measured once per evaluator process
-
-
-def request_account(samples_ns: list[int], calls_per_sample: int, costs: dict, mode: str | None) -> dict:
-    """What one timing request's wall time should hold, from its samples and what the
-    evaluator asked for, priced by the timer's calibrated costs (`timing.calibrate`): the
-    calls its samples stand for (a graph-mode sample is one call of a replay of
-    `calls_per_sample`) and the timer's own cost per sample and per request.
-    `allowance_ns`: what may stay unexplained."""
-    cost = costs[mode or next(k for k in costs if k != "host_check_ns")]
-    n = len(samples_ns)
-    calls = n * calls_per_sample
-    explained = (sum(samples_ns) * calls_per_sample + n * cost["per_sample_ns"] + cost["per_request_ns"]
-                 + REQUEST_OVERHEAD_MS * 1e6)
-    return {"calls": calls, "explained_ns": explained, "timed_ns": sum(samples_ns) * calls_per_sample,
-            "allowance_ns": UNEXPLAINED_ALLOWANCE * n * cost["per_sample_ns"]}
-
-
-def wall_check(wall_s: float, account: dict, median_us: float) -> dict:
-    """The summary's cross-check figures: the share of the wall time the samples cover, and
-    the time per call that neither they nor the timer's own costs explain, with its limit."""
-    calls = max(account["calls"], 1)
-    unexplained_us = max(0.0, wall_s * 1e9 - account["explained_ns"]) / calls / 1000
-    return {"wall_coverage": account["timed_ns"] / 1e9 / wall_s if wall_s > 0 else 0.0,
-            "unexplained_us_per_call": unexplained_us,
-            "unexplained_limit_us": account["allowance_ns"] / calls / 1000 + UNEXPLAINED_FRACTION * median_us}
-
-
-def first_use_verdict(samples_ns: list[int], measured_mean_us: float) -> dict:
-    """The first-use record: its median against the measurement's mean, and the failing line
-    where calls on unseen inputs were far slower than the measured ones."""
-    first_us = median(samples_ns) / 1000
-    ratio = first_us / measured_mean_us if measured_mean_us > 0 else float("inf")
-    line = None
-    if first_us > FIRST_USE_FACTOR * measured_mean_us + FIRST_USE_MARGIN_US:
-        line = (f"calls on {len(samples_ns)} input sets it had not seen took {first_us:.3g} µs (median), {ratio:.2g}x "
-                f"its measured mean of {measured_mean_us:.3g} µs: results kept from earlier calls?")
-    return {"sets": len(samples_ns), "median_us": first_us, "ratio": ratio, "line": line}
-
-
-def few_samples(summary: dict, round_sizes: list[int], budget_ms: float) -> str | None:
-    """A kernel too slow for its budget is measured on what the budget allows, and says so."""
-    if min(round_sizes) >= FEW_SAMPLES_PER_ROUND:
-        return None
-    return (f"{summary['n']} samples of {summary['median_us'] / 1000:.3g} ms in {len(round_sizes)} rounds "
-            f"(timing.budget_ms = {budget_ms:g}): the interval is wide; raise budget_ms for a tighter one")
-
-
-def timer_inconsistency(summary: dict, device: str = "cpu") -> str | None:
-    """The in-process timer is checked against the evaluator's own wall clock."""
-    if summary.get("early_rounds_ms"):
-        return (f"timer returned after {summary['early_rounds_ms'][0]:g} ms with fewer samples than its cap, before "
-                "its budget had passed: the timer in the implementation's process was replaced")
-    if summary["wall_coverage"] > 1.05:
-        return (f"timer reported {summary['wall_coverage']:.0%} of the wall time the evaluator measured: "
-                "the in-process clock was tampered with")
-    limit = summary["unexplained_limit_us"]
-    if summary["unexplained_us_per_call"] > limit:
-        return (f"timer inconsistent with the evaluator's wall clock: {summary['unexplained_us_per_call']:.1f} µs "
-                f"per call unaccounted for (limit {limit:.1f} µs); samples cover "
-                f"{summary['wall_coverage']:.0%} of the wall time")
-    return None
-
-
-def host_wall_gap(summary: dict, host_check_us: float = 0.0) -> str | None:
-    """Event time far under host-synchronised wall time: work the events did not see (side
-    streams). What a host-synchronised call costs beside its device time (a launch, two
-    synchronisations: `host_check_us`, calibrated) is not counted as a gap; a launch-bound
-    call (host time over device time) may leave some more, so the gap must also be half the
-    event time and 30 µs. Events mode only: a graph replay holds every stream its calls used
-    (work left on a stream the capture did not join fails the capture, and the timing falls
-    back to events), and what a sub-10 µs call's host wall adds is its launch, not hidden work
-    (Triton's launcher alone: 40-90 µs against 1-5 µs replays in the H200 sweep)."""
-    wall = (summary.get("timer_info") or {}).get("host_wall_median_us")
-    if wall is None or summary["timer_info"].get("mode") != "events":
-        return None
-    gap = wall - host_check_us - summary["median_us"]
-    if gap >= 0.5 * summary["median_us"] and gap > 30:
-        return (f"host-synchronised wall time {wall:.1f} µs is {wall / summary['median_us']:.1f}x the event time "
-                f"{summary['median_us']:.1f} µs: work outside the timed stream?")
-    return None
-
-
-# The roofline floor's tolerance. The floor is the time moving the bytes once at peak
-# bandwidth takes: the datasheet's peak, which kernels reach 85-93% of, so an honest time lies
-# well above that floor; or the peak `magpie calibrate` measured (roofline/specs.py puts it in
-# the datasheet's place), what one copy kernel reached, which another access pattern may beat
-# by a few percent. 10% under either, and a CUDA event's resolution (about 0.5 µs) under that,
-# is no honest measurement.
-FLOOR_TOLERANCE = 0.9
-EVENT_RESOLUTION_US = 0.5
-
-
-def roofline_floor(median_us: float, min_bytes: int, peak_tbps: float, device_name: str, *,
-                   cached_bytes: int = 0, measured: bool = False) -> tuple[str, str] | None:
-    """A median under the time moving `min_bytes` once at `peak_tbps` takes: ("impossible",
-    line) where it is under that floor less what the L2 may have held (`cached_bytes`) and
-    the tolerance above; ("flag", line) where only those allowances explain it; else None."""
-    if not min_bytes or peak_tbps <= 0:
-        return None
-    floor_us = min_bytes / (peak_tbps * 1e12) * 1e6
-    if median_us >= floor_us:
-        return None
-    must_move = max(0, min_bytes - cached_bytes)
-    hbm_us = must_move / (peak_tbps * 1e12) * 1e6
-    peak = f"{peak_tbps:g} TB/s ({device_name}{', measured by magpie calibrate' if measured else ''})"
-    if median_us < FLOOR_TOLERANCE * hbm_us - EVENT_RESOLUTION_US:
-        moved = f"its {min_bytes / 1e6:.1f} MB of inputs and outputs"
-        if must_move < min_bytes:
-            moved = f"{must_move / 1e6:.1f} MB of {moved} (the L2 may hold the rest)"
-        return "impossible", f"{median_us:.2f} µs is below the {hbm_us:.2f} µs it takes to move {moved} once at {peak}"
-    return "flag", (f"faster than the memory roofline floor: {median_us:.2f} µs < {floor_us:.2f} µs to move "
-                    f"{min_bytes / 1e6:.1f} MB at {peak}; the L2 may hold up to {cached_bytes / 1e6:.1f} MB of it, "
-                    "check the measurement")
-
-
-def implausible_speedup(first: dict, second: dict, threshold: float) -> tuple[dict, str]:
-    """A speedup above `threshold` (`first`) and its re-timing on fresh inputs (`second`):
-    the label for `speedup["implausible"]` and the line that says it. Confirmed when the
-    second is above the threshold too, or its interval meets the first's (the same speedup
-    within the noise of the two); otherwise not reproducible. Meeting intervals, not the first
-    estimate inside the second's interval: two honest measurements' estimates each fall
-    outside the other's 95% interval about one time in six, their intervals miss each other
-    about one time in 180."""
-    meet = second["ci_low"] <= first["ci_high"] and first["ci_low"] <= second["ci_high"]
-    confirmed = second["value"] > threshold or meet
-    label = {"threshold": threshold, "retimed": second["value"], "retimed_ci_low": second["ci_low"],
-             "retimed_ci_high": second["ci_high"], "confirmed": confirmed}
-    if confirmed:
-        line = (f"speedup {_times(first['value'])} is above the implausible_speedup threshold of {threshold:g}x; "
-                f"re-timed on fresh inputs: {_times(second['value'])} "
-                f"[{second['ci_low']:.3g}, {second['ci_high']:.3g}], confirmed: check the baseline")
-    else:
-        line = (f"speedup not reproducible: {_times(first['value'])} then {_times(second['value'])} "
-                f"(re-timed on fresh inputs, being above the implausible_speedup threshold of {threshold:g}x; "
-                f"intervals [{first['ci_low']:.3g}, {first['ci_high']:.3g}] and "
-                f"[{second['ci_low']:.3g}, {second['ci_high']:.3g}] do not meet)")
-    return label, line
-
-
-def _times(value: float) -> str:
-    return f"{value:.3g}x"
-
-
-# Per-call times whose mean is more than this many times their median are uneven: the median
-# then says little of what the calls cost (a candidate that does all its work in one call of
-# every four, computing ahead for the input sets to come or sleeping on some calls only, keeps
-# its total honest and its median tiny), and the comparison uses means, whose sum the
-# evaluator's wall clock vouches for (`timer_inconsistency`). Honest kernels stay well under
-# it: their tails (clock changes, interrupts, an allocator call, a preempted host thread) put
-# the mean at 1.0-1.3x the median; the H200 softmax comparison (tests/fixtures/h200/
-# compare_report_softmax.json, 2000 samples per role, events with the L2 flushed) shows
-# 1.0004-1.0085 (the other H200 fixtures keep medians only). Under the factor a median is at
-# least half the mean: uneven calls gain at most that factor over a ranking by means.
-UNEVEN_CALLS_FACTOR = 2.0
-
-
-def uneven_calls(mean_us: float, median_us: float) -> bool:
-    """Per-call times whose mean is over UNEVEN_CALLS_FACTOR times their median."""
-    return mean_us > UNEVEN_CALLS_FACTOR * median_us
-
-
-def uneven_line(mean_us: float, median_us: float, paired: bool) -> str:
-    consequence = "ranked by means" if paired else "the median understates what a call costs"
-    return f"per-call times uneven (mean {mean_us:.3g} µs, median {median_us:.3g} µs): {consequence}"
-
-
-_INTERVAL = ("block bootstrap over the rounds (paired), few-rounds t correction, centred on the estimate, "
-             "widened by the spread between runs (timing.between_runs)")
-SPEEDUP_METHOD = f"median(baseline)/median(candidate) over all samples, timed in interleaved rounds; {_INTERVAL}"
-SPEEDUP_METHOD_MEAN = ("mean(baseline)/mean(candidate) over all samples (per-call times uneven: mean over "
-                       f"{UNEVEN_CALLS_FACTOR:g}x the median), timed in interleaved rounds; {_INTERVAL}")
-
-
-def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "median",
-                   between_runs: float = 0.0) -> dict:
-    """The speedup of one measurement, from its samples (ns) and their rounds: the kept ones
-    for the median, every one for the mean (`Rounds.for_speedup`)."""
-    (base, base_rounds), (cand, cand_rounds) = kept["baseline"], kept["candidate"]
-    return {**bootstrap_speedup([s / 1000 for s in base], [s / 1000 for s in cand],
-                                baseline_rounds=base_rounds, candidate_rounds=cand_rounds, statistic=statistic,
-                                between_runs=between_runs),
-            "baseline_median_us": baseline_median_us,
-            "method": SPEEDUP_METHOD_MEAN if statistic == "mean" else SPEEDUP_METHOD}
-
-
-class Rounds:
-    """One interleaved measurement, per role: its samples in time order (ns), how many each
-    round took (the bootstrap's blocks), the wall time the evaluator measured around its
-    requests, the rounds that came back early, the timer's info per round and its method. A
-    vouched one (the CPU's batches) has a sample per batch and no timer of the worker's."""
-
-    def __init__(self, roles: list[str], vouched: bool = False):
-        # vouched: samples are the evaluator's own clock over batches (`Evaluator._vouched`), one
-        # per batch, per call; `calls` per round, outputs `checked`, the first failed check
-        self.vouched = vouched
-        self.calls: dict[str, list[int]] = {role: [] for role in roles}
-        self.checked: dict[str, int] = {}
-        self.failed: dict[str, dict] = {}
-        self.harness_ns = 0.0
-        self.fixed_ns = 0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
-        self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`Evaluator._calibrate`)
-        # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
-        self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
-        self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
-        self.phases: dict[str, list[dict]] = {role: [] for role in roles}  # on a GPU, per batch (`batch_phases`)
-        self.calibration_phases: dict | None = None  # the same for the batches that measured it
-        # where a vouched measurement's wall time went: mapping the regions, pricing the copies,
-        # calibrating, sizing the batches, the rounds (`Evaluator._vouched`)
-        self.steps_s: dict[str, float] = {}
-        self.round_laps: Laps | None = None  # the rounds' parts, while they run (`lap`)
-        self.round_parts_s: dict[str, float] = {}
-        self.by_cpu_time = False  # samples from CPU time, not wall time (`Evaluator._batch`)
-        self.set_ns = 0.0  # how long the evaluator took to make one input set, lately
-        self.last_wall_ns = 0.0  # the last batch's wall time
-        self.samples: dict[str, list[int]] = {role: [] for role in roles}
-        self.sizes: dict[str, list[int]] = {role: [] for role in roles}
-        self.wall: dict[str, float] = {role: 0.0 for role in roles}
-        self.early: dict[str, list[float]] = {role: [] for role in roles}
-        self.infos: dict[str, list[dict]] = {role: [] for role in roles}
-        self.methods: dict[str, str] = {}
-        self.host_wall: dict[str, float | None] = {}  # µs, of the host-synchronised calls after the rounds
-        self.account: dict[str, dict] = {role: {"calls": 0, "explained_ns": 0.0, "timed_ns": 0, "allowance_ns": 0.0}
-                                         for role in roles}
-
-    def lap(self, part: str) -> None:
-        """The time since the last part of a round went to `part` (drawing input sets, writing
-        them, the requests, the checks, the probes): where the rounds' wall time goes beyond
-        the budget."""
-        if self.round_laps is not None:
-            self.round_laps.mark(part)
-
-    def add(self, role: str, answer: dict, mode: str | None, costs: dict) -> None:
-        """One timing request's answer. Its samples stand for GRAPH_CALLS calls each only where
-        the evaluator asked for graph mode and the timer says it used it."""
-        samples, info = answer["samples_ns"], answer["info"]
-        self.samples[role].extend(samples)
-        self.sizes[role].append(len(samples))
-        self.wall[role] += answer["wall_s"]
-        self.infos[role].append({**info, "request_wall_ms": round(answer["wall_s"] * 1000, 3)})
-        self.methods[role] = answer["method"]
-        used = "graph" if mode == "graph" and info.get("mode") == "graph" else ("events" if mode else None)
-        per_sample = CudaTimer.GRAPH_CALLS if used == "graph" else 1
-        account = request_account(samples, per_sample, costs, used)
-        for key, value in account.items():
-            self.account[role][key] += value
-
-    def add_batch(self, role: str, round_index: int, taken_ns: float, calls: int, wall_s: float) -> None:
-        """One vouched batch that took `taken_ns`: less what a batch costs besides its calls (the
-        GPU's; none on the CPU) and the harness's cost per call, its per-call time is one sample of
-        round `round_index`."""
-        while len(self.sizes[role]) <= round_index:
-            self.sizes[role].append(0)
-            self.calls[role].append(0)
-        self.samples[role].append(max(1, round((taken_ns - self.fixed_ns) / calls - self.harness_ns)))
-        self.sizes[role][round_index] += 1
-        self.calls[role][round_index] += calls
-        self.wall[role] += wall_s
-
-    def settle_device_batches(self) -> None:
-        """On a GPU, once every batch is in: what a batch costs besides its calls
-        (`fixed_cost`), then each round's batch a sample (`add_batch`)."""
-        self.fixed_ns = fixed_cost(self.device_batches, self.calibration_ns)
-        for role, records in self.device_batches.items():
-            for round_index, taken_ns, calls, wall_s in records:
-                if round_index is not None:
-                    self.add_batch(role, round_index, taken_ns, calls, wall_s)
-
-    def speedup(self, statistic: str = "median") -> float:
-        """The point estimate, median(baseline) / median(candidate), or the means' ratio."""
-        centre = fmean if statistic == "mean" else median
-        return centre(self.samples["baseline"]) / max(centre(self.samples["candidate"]), 1)
-
-    def uneven(self) -> dict[str, tuple[float, float]]:
-        """The roles whose per-call times are uneven (`uneven_calls`), with their mean and median (µs)."""
-        out = {}
-        for role, samples in self.samples.items():
-            mean_us, median_us = fmean(samples) / 1000, median(samples) / 1000
-            if uneven_calls(mean_us, median_us):
-                out[role] = (mean_us, median_us)
-        return out
-
-    def statistic(self) -> str:
-        """What this measurement's speedup is the ratio of: means where a role's calls are uneven."""
-        return "mean" if self.uneven() else "median"
-
-    def kept(self) -> dict[str, tuple[list[int], list[int]]]:
-        """Thinned in time order: the kept samples of a round stay together, counted per round."""
-        return {role: thin_rounds(self.samples[role], self.sizes[role], KEPT_SAMPLES) for role in self.samples}
-
-    def for_speedup(self, statistic: str) -> dict[str, tuple[list[int], list[int]]]:
-        """What `paired_speedup` takes: the kept samples for the median (what the result
-        shows), every sample for the mean (every-k-th thinning could fall in step with a
-        pattern of slow calls and leave them out)."""
-        if statistic == "mean":
-            return {role: (self.samples[role], self.sizes[role]) for role in self.samples}
-        return self.kept()
-
-
 # A vouched round is BATCHES_PER_ROUND batches; the sizing ones aim at a round's budget over
 # that, within these bounds.
 BATCHES_PER_ROUND = 4
@@ -1436,98 +1118,6 @@ LATE_PROBE_MIN_NS = 500_000
 CALIBRATION_BATCHES = 7
 COPY_CALIBRATION_CALLS = 16
 WALL_SHARE = 4.0
-
-
-class Batch:
-    """One batch's input sets, and the references of the calls the checks pick."""
-
-    def __init__(self, sets: list, spec: ReferenceSpec, init_seed: int):
-        self.sets = sets
-        self.spec = spec
-        self.init_seed = init_seed
-        self._references: dict[int, object] = {}
-
-    def reference(self, call: int):
-        if call not in self._references:
-            self._references[call] = self.spec.reference(self.sets[call], self.init_seed)
-        return self._references[call]
-
-
-def fixed_cost(device_batches: dict[str, list[tuple]], calibration_ns: dict[str, float]) -> float:
-    """What a GPU batch costs besides its calls, the same for every role: per role, the
-    intercept of a least-squares line through its rounds' batches' times against their calls
-    (batches of two sizes in turn; the sizing batches left out: a worker's first calls run
-    slower, which tilts a line through them); the least of the roles', no less than 0 and no
-    more than the least role's calibration (`Evaluator._calibrate`); that calibration where no
-    role's batches vary in size (calls so slow that a round holds one). A worker that pads its
-    short batches raises only its own intercept, which the least leaves out; the ceiling
-    bounds what any line can take off. On the H200 the intercepts of 58 sweep rows lay within
-    15 µs of their calibration (282-286 µs) but for six below it; not taken off batches of one
-    call of a 1 GiB scale-add, the 0.28 ms made them read 1.08 ms where the worker's timer
-    read 0.80."""
-    intercepts = []
-    for records in device_batches.values():
-        points = [(calls, taken_ns) for round_index, taken_ns, calls, _ in records
-                  if calls and round_index is not None]
-        if len({calls for calls, _ in points}) < 2:
-            continue
-        mean_n = fmean(n for n, _ in points)
-        mean_t = fmean(t for _, t in points)
-        slope = (sum((n - mean_n) * (t - mean_t) for n, t in points)
-                 / sum((n - mean_n) ** 2 for n, _ in points))
-        if slope > 0:
-            intercepts.append(max(0.0, mean_t - slope * mean_n))
-    ceiling = min(calibration_ns.values(), default=0.0)
-    return min(min(intercepts), ceiling) if intercepts else ceiling
-
-
-def other_size(calls: int, limit: int) -> int:
-    """The size of every other GPU batch: half, or two where a batch is one call (if two fit)."""
-    return calls // 2 if calls > 1 else min(2, limit)
-
-
-def batch_phases(records: list[dict]) -> dict:
-    """Where GPU batches' time went, medians in µs: the evaluator's events (the sample's
-    source), its host clock from the request until the answer and on until the worker had
-    stopped; the worker's own account of its loop (it could say anything: a diagnostic of the
-    method, never a sample); calls a batch."""
-    out = {}
-    for key in ("calls", "clock_ns", "answer_ns", "stop_ns", "worker_loop_ns"):
-        values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
-        if values:
-            out[key.replace("_ns", "_us")] = median(values) / (1 if key == "calls" else 1000)
-    if records:
-        out["opened_early"] = sum(1 for r in records if r.get("opened_early"))
-        out["batches"] = len(records)
-    return out
-
-
-def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -> str:
-    if device.startswith("cuda"):
-        clock = ("the evaluator's own CUDA events, one recorded as a gate the worker's calls wait on opens (their "
-                 "input sets copied in just before), one behind an event the worker records after its calls")
-        if measured.graph:
-            clock += " (each batch one replay of a CUDA graph of its calls)"
-        less = (f"what a batch costs besides its calls ({measured.fixed_ns / 1000:.3g} µs) and the copies of its "
-                f"outputs into their slots ({measured.harness_ns / 1000:.2g} µs of GPU time a call)")
-    else:
-        clock = ("the CPU time the kernel counted for all the worker's threads and processes" if measured.by_cpu_time
-                 else "the evaluator's clock less the scheduler's waits")
-        less = f"the harness loop's {measured.harness_ns / 1000:.2g} µs"
-    return (f"batches of up to {calls} calls timed from outside the worker by {clock}, over its calls, less "
-            f"{less}; each call on an input set of new seeds written "
-            f"while the worker was stopped, every output slot checked for writes and {batches.CHECKED_PER_BATCH} "
-            f"calls a batch, chosen after the answer, against the reference; warm-up {t['warmup_ms']:g} ms, torch "
-            f"threads={t['threads']}, {t['rounds']} rounds interleaved with the baseline")
-
-
-def vouched_inputs(torch, args: tuple, expected, device: str = "cpu") -> bool:
-    """Whether a measurement can be a vouched one (`batches`): tensors on `device` and plain
-    values in, tensors on `device` out."""
-    plain = (int, float, bool, str, type(None))
-    kind = torch.device(device).type
-    return (all((torch.is_tensor(x) and x.device.type == kind) or type(x) in plain for x in args)
-            and all(torch.is_tensor(e) and e.device.type == kind for e in as_tuple(expected)))
 
 
 def _rotation(case, salt: str, count: int) -> list:
