@@ -63,8 +63,10 @@ class Evaluator:
         self.hide = list(request.get("hide") or [])
         self.snapshots: dict[str, str] = request.get("snapshots") or {}
         self.set_method: dict | None = request.get("timing_method")  # chosen by the baseline's timing
-        # the baseline's shape and median in its own timing job (`_disturbed`)
+        # the baseline's shape and median in its own timing job (`_disturbed`), and whether that
+        # job ran in this build (its worker is then parked for the candidates, or in use)
         self.baseline_alone: dict = request.get("baseline_alone") or {}
+        self.baseline_timed_in_this_build = bool(self.baseline_alone.get("this_build", True))
         # what this build's parked workers are keyed under (a one-way tag of its secret)
         self.build_tag = zygote.BUILD_PREFIX + hashlib.sha256(self.input_secret.encode()).hexdigest()[:12] \
             if self.input_secret else None
@@ -333,7 +335,8 @@ class Evaluator:
         the device: one baseline worker serves them all. A job takes it where it is parked;
         if it is not (another job has it), the job asks again once it holds the device, when
         the last measurement has parked it, and gives it back before letting the device go.
-        A speedup above `implausible_speedup` is measured a second time, with the device still
+        Where no job of this build timed the baseline (an edit's rebuild), none is around:
+        the job starts one beside its candidate's. A speedup above `implausible_speedup` is measured a second time, with the device still
         held: warm-up and interleaved rounds again, on input sets of new seeds."""
         phases = Laps()
         spec = self._spec(spec_index, testcase)
@@ -353,6 +356,10 @@ class Evaluator:
                 init_file = self._init_file(spec)
                 workers["candidate"] = self.start(self.impl, init_file, wait=False)
                 baseline = self.start(self.baseline, init_file, fork=False, wait=False) if pair else None
+                if pair and baseline is None and not self.baseline_timed_in_this_build:
+                    # no job of this build has one (an edit's rebuild): it starts and makes its
+                    # first calls now, beside the candidate's, not with the device held alone
+                    baseline = self.start(self.baseline, init_file, wait=False)
                 if baseline is not None:
                     workers["baseline"] = baseline
                 phases.mark("start")
