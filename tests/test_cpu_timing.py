@@ -383,7 +383,7 @@ def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     settings = {"disturbed_fraction": 0.10}
 
     def disturbed(alone_us, shape="16777216"):
-        judge = SimpleNamespace(baseline_alone={"shape": shape, "median_us": alone_us})
+        judge = SimpleNamespace(baseline_own_timing={"shape": shape, "median_us": alone_us})
         return Evaluator._disturbed(judge, measured, case, settings)
 
     assert "(1.67x)" in disturbed(84.5)

@@ -134,14 +134,14 @@ def workspace_of(job) -> list[str]:
 
 
 def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | None = None,
-              baseline_alone: dict | None = None) -> dict:
+              baseline_own_timing: dict | None = None) -> dict:
     spec = job.spec
     settings = spec.params["settings"]
     request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
                "impl": with_library(job, spec.params["impl"]), "baseline": with_library(job, baseline),
                "settings": settings, "input_secret": os.environ.get(SECRET_VARIABLE, ""),
                "hide": workspace_of(job), "snapshots": snapshots_of(job), "timing_method": timing_method,
-               "baseline_alone": baseline_alone}
+               "baseline_own_timing": baseline_own_timing}
     limit = float(settings["correctness"]["timeout_s"])
     testcases = max(1, len(settings["correctness"]["testcases"]))
     # warm-up and budget for the candidate and the baseline, twice where an implausible speedup is re-timed
@@ -205,14 +205,15 @@ def timing(job, out_dir: Path) -> dict:
         if base_ok.get("correctness_state") != "SUCCESS":
             warnings.append(f"baseline {baseline['id']} is not correct ({base_ok.get('verdict')}): timed alone")
             baseline = None
-    set_method = alone = None
+    set_method = own = None
     if baseline is not None:  # the baseline's timing chose the method for its kernel's set
-        own_timing = job.dep_results.get(f"timing:{spec.kernel}/{baseline['id']}", {})
-        set_method = own_timing.get("timing_method")
-        # what it read alone: what it reads beside this candidate is checked against it
-        alone = {k: (own_timing.get("performance_result") or {}).get(k) for k in ("shape", "median_us")}
-        alone["this_build"] = own_timing.get("input_secret") == os.environ.get(SECRET_VARIABLE, "")
-    result = _evaluate("timing", job, out_dir, baseline=baseline, timing_method=set_method, baseline_alone=alone)
+        its_timing = job.dep_results.get(f"timing:{spec.kernel}/{baseline['id']}", {})
+        set_method = its_timing.get("timing_method")
+        # what it read alone (what it reads beside this candidate is checked against it), and
+        # whether that ran in this build (its worker is then around)
+        own = {k: (its_timing.get("performance_result") or {}).get(k) for k in ("shape", "median_us")}
+        own["this_build"] = its_timing.get("input_secret") == os.environ.get(SECRET_VARIABLE, "")
+    result = _evaluate("timing", job, out_dir, baseline=baseline, timing_method=set_method, baseline_own_timing=own)
     result.setdefault("warnings", []).extend(warnings)
     return result
 

@@ -65,8 +65,8 @@ class Evaluator:
         self.set_method: dict | None = request.get("timing_method")  # chosen by the baseline's timing
         # the baseline's shape and median in its own timing job (`_disturbed`), and whether that
         # job ran in this build (its worker is then parked for the candidates, or in use)
-        self.baseline_alone: dict = request.get("baseline_alone") or {}
-        self.baseline_timed_in_this_build = bool(self.baseline_alone.get("this_build", True))
+        self.baseline_own_timing: dict = request.get("baseline_own_timing") or {}
+        self.baseline_timed_in_this_build = bool(self.baseline_own_timing.get("this_build", True))
         # what this build's parked workers are keyed under (a one-way tag of its secret)
         self.build_tag = zygote.BUILD_PREFIX + hashlib.sha256(self.input_secret.encode()).hexdigest()[:12] \
             if self.input_secret else None
@@ -967,14 +967,14 @@ class Evaluator:
         Jobs of one build read one baseline within 1.5% on the H200; one of 80 read it 67%
         slow (and its candidate 22%) and credited 2.32x where the other runs said 1.71x: the
         device was not the measurement's alone."""
-        alone = self.baseline_alone
-        if alone.get("shape") != case.label or not alone.get("median_us") or not measured.samples.get("baseline"):
+        own = self.baseline_own_timing
+        if own.get("shape") != case.label or not own.get("median_us") or not measured.samples.get("baseline"):
             return None
         here = summarize_ns(measured.samples["baseline"])["median_us"]
-        ratio = here / alone["median_us"]
+        ratio = here / own["median_us"]
         if abs(math.log(ratio)) <= math.log1p(float(t.get("disturbed_fraction", 0.10))):
             return None
-        return (f"the baseline read {here:.4g} µs beside this candidate and {alone['median_us']:.4g} µs in its own "
+        return (f"the baseline read {here:.4g} µs beside this candidate and {own['median_us']:.4g} µs in its own "
                 f"timing ({ratio:.2f}x): something else ran on the device")
 
     def _judge_retiming(self, result: dict, retimed: Rounds, threshold: float, case, spec_index: int,

@@ -414,17 +414,23 @@ def _serve_as_init(status_write: int, policy: Policy, count_processes: bool) -> 
                 os._exit(0)
             if pid == 0:
                 break
-        over = _over_what_its_folders_may_hold(policy)
-        if over:
-            over = f"its folders held {over}"
-        elif count_processes and _tasks() > policy.processes:
-            over = f"it held more than {policy.processes} processes and threads"
+        over = _over_its_limits(policy, count_processes)
         if over:
             print(f"sandbox: {over} (the sandbox's limit): every process of it was killed", file=sys.stderr,
                   flush=True)
             os.kill(-1, signal.SIGKILL)  # in its PID namespace: every process but this one
             os.write(status_write, (SANDBOX_LIMIT << 8).to_bytes(4, "little"))
             os._exit(0)
+
+
+def _over_its_limits(policy: Policy, count_processes: bool) -> str | None:
+    """What the sandbox holds beyond its policy's limits, in words; None where nothing is."""
+    held = _over_what_its_folders_may_hold(policy)
+    if held:
+        return f"its folders held {held}"
+    if count_processes and _tasks() > policy.processes:
+        return f"it held more than {policy.processes} processes and threads"
+    return None
 
 
 def _tasks() -> int:

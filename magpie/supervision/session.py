@@ -158,9 +158,7 @@ class Worker:
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self.failed = True
-                self.kill()
-                raise WorkerFailure(f"timeout after {timeout_s:g} s")
+                raise self._ended(f"timeout after {timeout_s:g} s")
             ready, _, _ = select.select([self._answer_read], [], [], remaining)
             if not ready:
                 continue
@@ -170,27 +168,27 @@ class Worker:
                 raise WorkerFailure(self._death_verdict())
             self._buffer += chunk
             if b"\n" not in chunk and len(self._buffer) > ANSWER_MAX_BYTES:
-                self.failed = True
-                self.kill()
-                raise WorkerFailure(f"error: sent more than {ANSWER_MAX_BYTES >> 20} MiB without ending its answer")
+                raise self._ended(f"error: sent more than {ANSWER_MAX_BYTES >> 20} MiB without ending its answer")
         line, self._buffer = self._buffer.split(b"\n", 1)
         try:
             answer = json.loads(line)
         except ValueError:
             answer = None
         if not isinstance(answer, dict):
-            self.failed = True
-            self.kill()
-            raise WorkerFailure(f"error: sent an answer that is not a JSON object: {line[:80]!r}")
+            raise self._ended(f"error: sent an answer that is not a JSON object: {line[:80]!r}")
         wrong = _wrong_fields(answer) if self._answers_checked else None
         if wrong:
-            self.failed = True
-            self.kill()
-            raise WorkerFailure(f"error: sent an answer of the wrong form ({wrong[:160]})")
+            raise self._ended(f"error: sent an answer of the wrong form ({wrong[:160]})")
         answer["wall_s"] = time.monotonic() - started
         self.failed = self.failed or not answer.get("ok")
         self._pending = False
         return answer
+
+    def _ended(self, verdict: str) -> WorkerFailure:
+        """Kill a worker that broke the protocol or its deadline: the failure to raise."""
+        self.failed = True
+        self.kill()
+        return WorkerFailure(verdict)
 
     def _death_verdict(self) -> str:
         try:
