@@ -395,20 +395,27 @@ def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(tmp_path):
     """An edit rebuilds one candidate's timing but not the baseline's, so no job of the build
     has a baseline worker to hand on: the job starts one with its candidate's, before it holds
     the device alone (on the H200 a late start took 0.24 s of an edit's 4.1 s with the device
-    held). Where the baseline's own timing ran in the build, its worker is handed on as before."""
+    held). Where the baseline's own timing ran in the build, its worker is handed on as before,
+    and what that job measured of the baseline alone (its time per call from sizing) is not
+    measured again; an earlier build's figures are never taken."""
     good = (FIXTURES / "adversarial" / "good.py").read_text()
     relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": good})
 
-    def twin_timing() -> dict:
+    def twin_timing(task: str = "timing:relu2/twin") -> dict:
         return max((json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
-                    if json.loads(p.read_text()).get("task") == "timing:relu2/twin"),
+                    if json.loads(p.read_text()).get("task") == task),
                    key=lambda r: r["task_started_unix"])
 
     first = twin_timing()
     assert first["workers_adopted"]["baseline"] is True, first["workers_adopted"]  # the baseline's own job's
+    own = twin_timing("timing:relu2/good")["performance_result"]
+    assert first["baseline_result"]["from_own_timing"] == ["sizing_us_per_call"]
+    assert first["baseline_result"]["sizing_us_per_call"] == own["sizing_us_per_call"] > 0
+    assert first["performance_result"]["from_own_timing"] is None
     (tmp_path / "twin.py").write_text(good + "# edited\n")
     assert build_json(tmp_path, "-j", "2")["failed"] == []
     edited = twin_timing()
     assert edited["task_started_unix"] > first["task_started_unix"]
     assert edited["performance_state"] == "SUCCESS", edited["errors"]
     assert edited["workers_adopted"]["baseline"] is False and "start_baseline" not in edited["phases_s"], edited
+    assert edited["baseline_result"]["from_own_timing"] is None

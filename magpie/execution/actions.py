@@ -211,7 +211,10 @@ def timing(job, out_dir: Path) -> dict:
         set_method = its_timing.get("timing_method")
         # what it read alone (what it reads beside this candidate is checked against it), and
         # whether that ran in this build (its worker is then around)
-        own = {k: (its_timing.get("performance_result") or {}).get(k) for k in ("shape", "median_us")}
+        own = {k: (its_timing.get("performance_result") or {}).get(k)
+               for k in ("shape", "median_us", "harness_us_per_call", "calibration_us", "sizing_us_per_call",
+                         "kernel_us", "kernels")}
+        own["mode"] = (set_method or {}).get("mode")
         own["this_build"] = its_timing.get("input_secret") == os.environ.get(SECRET_VARIABLE, "")
     result = _evaluate("timing", job, out_dir, baseline=baseline, timing_method=set_method, baseline_own_timing=own)
     result.setdefault("warnings", []).extend(warnings)

@@ -245,6 +245,9 @@ class Rounds:
         self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
         self.phases: dict[str, list[dict]] = {role: [] for role in roles}  # on a GPU, per batch (`batch_phases`)
         self.calibration_phases: dict | None = None  # the same for the batches that measured it
+        self.per_call_ns: dict[str, float] = {}  # ns a call per role, from its sizing batches
+        # per role, what was taken from its own timing job, not measured here (`Evaluator._known_of_baseline`)
+        self.reused: dict[str, list[str]] = {}
         # where a vouched measurement's wall time went: mapping the regions, pricing the copies,
         # calibrating, sizing the batches, the rounds (`Evaluator._vouched`)
         self.steps_s: dict[str, float] = {}
