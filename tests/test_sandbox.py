@@ -20,6 +20,7 @@ import pytest
 from conftest import REPO, build_json, relu2_project, relu2_report
 
 from magpie import sandbox
+from magpie.harness.compiler_caches import cache_root
 from magpie.sandbox import pids
 
 pytestmark = pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason="no sandbox on this host")
@@ -32,6 +33,7 @@ import torch
 TOKEN = "{token}"
 ROOT = "{root}"
 SECRET = "{secret}"
+CACHES = "{caches}"
 
 
 def attempt(name, action):
@@ -85,6 +87,15 @@ def read_a_home_secret():
 def read_password_hashes():
     if not open("/etc/shadow").read():
         raise PermissionError("/etc/shadow shows empty")
+
+
+def poison_compiler_caches():
+    """What magpie compiled for every Triton worker (its driver utilities) and another
+    implementation's cache: each next worker would load what this one left."""
+    for folder in (CACHES + "/triton-driver/" + TOKEN, CACHES + "/compiled/other-" + TOKEN):
+        os.makedirs(folder)
+        with open(folder + "/cuda_utils.so", "wb") as out:
+            out.write(b"x")
 
 
 def write_temporary_folder():
@@ -161,7 +172,8 @@ def ptrace_the_evaluator():
 
 
 for name in ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory", "leave_system_v_memory",
-             "write_temporary_folder", "leave_processes", "see_other_processes", "read_parent_memory", "connect_out",
+             "poison_compiler_caches", "write_temporary_folder", "leave_processes", "see_other_processes",
+             "read_parent_memory", "connect_out",
              "talk_to_a_daemon", "reach_the_host_by_another_family", "see_the_daemons_sockets", "read_a_home_secret",
              "read_password_hashes", "ptrace_the_evaluator", "stop_everyone"]:
     attempt(name, globals()[name])
@@ -177,7 +189,7 @@ def attacked(tmp_path_factory):
     root = tmp_path_factory.mktemp("attacked")
     token = uuid.uuid4().hex
     secret = Path.home() / f".magpie-test-secret-{token}"
-    (root / "attacker.py").write_text(ATTACKER.format(token=token, root=root, secret=secret))
+    (root / "attacker.py").write_text(ATTACKER.format(token=token, root=root, secret=secret, caches=cache_root()))
     relu2_project(root, ["attacker"], shapes="[[33, 65]]", defaults="timeout_s = 60")
     spec_before = (root / "spec.py").read_text()
     secret.write_text(f"key-{token}")
@@ -206,7 +218,8 @@ def test_the_wrong_candidate_is_judged_wrong_and_the_build_goes_on(attacked):
 
 
 @pytest.mark.parametrize("attack", ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory",
-                                    "write_temporary_folder", "see_other_processes", "read_parent_memory",
+                                    "poison_compiler_caches", "write_temporary_folder", "see_other_processes",
+                                    "read_parent_memory",
                                     "connect_out", "talk_to_a_daemon", "reach_the_host_by_another_family",
                                     "read_a_home_secret", "read_password_hashes", "ptrace_the_evaluator"]
                          + (["see_the_daemons_sockets"] if os.listdir("/run") else []))
@@ -225,6 +238,7 @@ def test_nothing_it_touched_changed(attacked):
         assert token not in path.read_text(), path
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
     assert not os.path.exists(f"/tmp/magpie-attack-{token}")
+    assert not (cache_root() / "triton-driver" / token).exists()
     assert not system_v_segment_left(token)
 
 
@@ -817,3 +831,26 @@ def test_an_output_file_that_is_a_link_is_the_workers_failure(tmp_path):
     assert row["correctness_state"] == "FAILED"
     assert any("is not a regular file of its own" in e and "evaluator error" not in e for e in row["errors"]), \
         row["errors"]
+
+
+def test_a_new_triton_cache_is_seeded_with_magpies_driver_utilities_and_a_changed_copy_put_right(tmp_path):
+    """What magpie compiled itself (Triton's driver utilities) is copied into each
+    implementation's cache, so no worker compiles it (0.3-0.4 s of a first call on the H200);
+    a copy that code under test changed in its own cache is replaced whole for the next
+    worker, and a file Triton was still writing into the template is not copied."""
+    from magpie.harness.compiler_caches import seed_from
+
+    template, cache = tmp_path / "template", tmp_path / "cache"
+    (template / "KEY").mkdir(parents=True)
+    (template / "KEY" / "cuda_utils.so").write_bytes(b"compiled by magpie")
+    (template / "KEY" / "tmp.pid_7_1").mkdir()
+    (template / "KEY" / "tmp.pid_7_1" / "cuda_utils.so").write_bytes(b"half")
+    seed_from(template, cache)
+    assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file()) == ["KEY/cuda_utils.so"]
+    (cache / "KEY" / "cuda_utils.so").write_bytes(b"changed by a candidate")
+    (cache / "KERNEL").mkdir()
+    (cache / "KERNEL" / "scale.cubin").write_bytes(b"the candidate's own")
+    seed_from(template, cache)
+    assert (cache / "KEY" / "cuda_utils.so").read_bytes() == b"compiled by magpie"
+    assert (cache / "KERNEL" / "scale.cubin").read_bytes() == b"the candidate's own"
+    assert sorted(p.name for p in (cache / "KEY").iterdir()) == ["cuda_utils.so"]  # no part left

@@ -56,6 +56,8 @@ FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUN
 # Imported before forking (torch.multiprocessing: the reducers that lend CUDA tensors).
 PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpie.harness.worker",
            "magpie.harness.evaluate")
+# Then called (module:function), for what every child would otherwise compute for itself.
+WARM_UPS = ("magpie.harness.compiler_caches:warm_triton",)
 
 START_TIMEOUT_S = 120.0
 # Idle children kept for adoption at once. Each holds its process and, on a GPU, its CUDA
@@ -377,6 +379,9 @@ def serve(socket_path: str, owner_pid: int, idle_s: float = 0.0) -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    for name in WARM_UPS:
+        module, _, function = name.partition(":")
+        getattr(importlib.import_module(module), function)()
     # What the imports made lives as long as any child: out of the collector's sight, a child's
     # collections (a parked process empties itself between jobs) walk only its own objects, and
     # do not write to pages it shares with the zygote.
