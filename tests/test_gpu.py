@@ -41,6 +41,20 @@ def test_gpu_timings_say_how_they_were_taken(gpu_example):
     assert all(r["speedup"]["verdict"] in ("faster", "slower", "within noise") for r in candidates)
 
 
+def test_a_candidates_timing_takes_what_the_baselines_own_measured_of_it_alone(gpu_example):
+    """Each candidate's job times the baseline beside it, but takes the harness's copy price,
+    the baseline worker's calibration, its time per call and its kernels from the baseline's
+    own timing job of the build, and says so (0.2 s of device time a job on the H200)."""
+    _, report = gpu_example
+    own = next(r for r in report["results"] if r["is_baseline"])["performance_result"]
+    for row in (r for r in report["results"] if not r["is_baseline"]):
+        beside = row["baseline_result"]
+        assert beside["from_own_timing"] == ["calibration_us", "harness_us_per_call", "kernels", "sizing_us_per_call"]
+        assert [beside[k] for k in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")] == \
+            [own[k] for k in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")]
+        assert row["performance_result"]["from_own_timing"] is None
+
+
 def test_counters_and_roofline_from_ncu(gpu_example):
     _, report = gpu_example
     for row in report["results"]:
