@@ -158,7 +158,7 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "magpie", "compare", "torch_ref.py", *files, "--type", "triton",
                            "--entry", "f", "--spec", "spec.py", "--shapes", shape, "--budget-ms", str(budget_ms),
-                           "--device", device, "--no-profile", "-j", "8", "--json", "-o", out_name], cwd=root,
+                           "--device", device, "--no-profile", "--json", "-o", out_name], cwd=root,
                           capture_output=True, text=True, timeout=1200, env=env)
     wall = time.monotonic() - start
     if proc.returncode != 0:

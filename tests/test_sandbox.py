@@ -338,7 +338,8 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     is a whole allocator segment, and wiping it must reach nothing but the worker's own copies."""
     token = uuid.uuid4().hex
     secret = Path.home() / f".magpie-test-secret-{token}"
-    (tmp_path / "attacker.py").write_text(ATTACKER.format(token=token, root=tmp_path, secret=secret))
+    (tmp_path / "attacker.py").write_text(ATTACKER.format(token=token, root=tmp_path, secret=secret,
+                                                          caches=cache_root()))
     secret.write_text(f"key-{token}")
     (tmp_path / "wiper.py").write_text(SEGMENT_WIPER)
     relu2_project(tmp_path, ["attacker", "wiper"], shapes="[[33, 65], [256, 1024]]", defaults="timeout_s = 120",
@@ -364,6 +365,7 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     assert not system_v_segment_left(token)  # made in the sandbox's own IPC namespace, gone with it
     assert survivors(token) == []
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
+    assert not (cache_root() / "triton-driver" / token).exists()
 
 
 OTHER_GPU = '''

@@ -102,6 +102,24 @@ def test_compare_bad_baseline_index_is_one_line(kernels):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--baseline" in proc.stderr
 
 
+def test_compare_runs_a_job_per_implementation_within_the_cpus_by_default(monkeypatch):
+    """Each implementation's correctness and timing jobs mostly wait for the device: with fewer
+    slots than implementations the last one's check starts only when another ends."""
+    from magpie.cli.oneshot import default_jobs
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert [default_jobs(n) for n in (1, 9, 40)] == [2, 9, 16]
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert default_jobs(9) == 2
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert default_jobs(9) == 1
+
+
+def test_compare_refuses_no_jobs_in_one_line(kernels):
+    proc = magpie("compare", "good.py", "nan.py", "--type", "pytorch", "-j", "0", cwd=kernels, check=2)
+    assert proc.stderr.count("\n") == 1 and "--jobs" in proc.stderr
+
+
 def test_gpu_info_on_a_cpu_machine():
     proc = magpie("--gpu-info", cwd=REPO, check=0)
     assert "GPU: none found" in proc.stdout and "CPU:" in proc.stdout and "torch" in proc.stdout

@@ -12,6 +12,18 @@ from pathlib import Path
 from magpie.errors import UserError
 
 
+# Jobs at once by default, at most: each holds an evaluator and a worker, on a GPU each with
+# its CUDA context (about half a GiB of device memory).
+JOBS_CAP = 16
+
+
+def default_jobs(implementations: int) -> int:
+    """A job slot per implementation: its correctness job, then its timing, which mostly wait
+    for the device (nine Triton workers' CUDA contexts are made together on the H200, and with
+    eight slots the ninth implementation's check started when the first ended, 1 s later)."""
+    return max(1, min(os.cpu_count() or 1, JOBS_CAP, max(2, implementations)))
+
+
 def add_common(p, paths_help: str) -> None:
     p.add_argument("paths", nargs="*", help=paths_help)
     p.add_argument("--kernel-config", metavar="YAML", help="Magpie-style YAML (kernel: or kernels:)")
@@ -31,9 +43,9 @@ def add_common(p, paths_help: str) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per evaluation step")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("-o", "--output-dir", default="magpie_results", help="reports and artifact store go here")
-    p.add_argument("-j", "--jobs", type=int, default=min(8, os.cpu_count() or 1),
-                   help="independent tasks in parallel (default: the CPU count, at most 8); checks share the "
-                        "device, measurements hold it alone")
+    p.add_argument("-j", "--jobs", type=int,
+                   help=f"independent tasks in parallel (default: one per implementation, at least 2, at most "
+                        f"the CPU count and {JOBS_CAP}); checks share the device, measurements hold it alone")
 
 
 def _shapes(text: str) -> list[list[int]]:
@@ -181,9 +193,11 @@ def _binds_a_model_class(source: Path) -> bool:
     return False
 
 
-def run_and_collect(project, jobs: int, verb: str, trust_code: bool = False) -> dict:
+def run_and_collect(project, jobs: int | None, verb: str, trust_code: bool = False) -> dict:
     from magpie.cli.build import build
 
+    if jobs is None:
+        jobs = default_jobs(sum(1 for spec in project.tasks.values() if spec.rule == "correctness"))
     if jobs < 1:
         raise UserError("--jobs: must be at least 1")
     if trust_code:
