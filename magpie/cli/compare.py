@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from magpie.cli.oneshot import add_common, build_project, default_jobs, run_and_collect, write_json
+from magpie.cli.oneshot import add_common, build_project, run_and_collect, start_pool, write_json
 
 
 def add_parser(sub) -> None:
@@ -18,11 +18,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from magpie.execution import pool  # not at import: every verb's module loads for --help
-
-    # The job pool's server imports the job code, and the zygote torch, while the project is
-    # set up: these verbs always evaluate.
-    pool.prestart(args.jobs or default_jobs(len(args.paths)))
+    start_pool(args)  # these verbs always evaluate
     from magpie.supervision import zygote
 
     with zygote.session(prestart=True):

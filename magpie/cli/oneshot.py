@@ -24,6 +24,16 @@ def default_jobs(implementations: int) -> int:
     return max(1, min(os.cpu_count() or 1, JOBS_CAP, max(2, implementations)))
 
 
+def start_pool(args) -> None:
+    """--jobs checked before any work; the job pool's server started where jobs will run in it:
+    it imports the job code, as the zygote torch, while the project is set up."""
+    from magpie.execution import pool  # not at import: every verb's module loads for --help
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError("--jobs: must be at least 1")
+    pool.prestart(args.jobs or default_jobs(len(args.paths)))
+
+
 def add_common(p, paths_help: str) -> None:
     p.add_argument("paths", nargs="*", help=paths_help)
     p.add_argument("--kernel-config", metavar="YAML", help="Magpie-style YAML (kernel: or kernels:)")
@@ -198,8 +208,6 @@ def run_and_collect(project, jobs: int | None, verb: str, trust_code: bool = Fal
 
     if jobs is None:
         jobs = default_jobs(sum(1 for spec in project.tasks.values() if spec.rule == "correctness"))
-    if jobs < 1:
-        raise UserError("--jobs: must be at least 1")
     if trust_code:
         from magpie import sandbox
 

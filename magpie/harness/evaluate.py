@@ -77,6 +77,8 @@ class Evaluator:
         self.laps = Laps()
         self.worker_steps: list[dict | None] = []
         self._loading: set[Worker] = set()  # started with a load whose answer is still due
+        self._asked: dict[Worker, float] = {}  # when each new worker was asked for (`_load_record`)
+        self.worker_loads: list[dict] = []
         self.isolation: str | None = None  # of the workers that ran code under test
 
     @property
@@ -138,11 +140,13 @@ class Evaluator:
         self.isolation = sandbox.describe(policy)
         if policy is not None:
             policy.write += list(caches.values())
+        asked = time.time()
         try:
             worker = Worker(label=impl["id"], cwd=str(cwd), env=env, memory_mb=memory_mb, log_path=log_path, key=key,
                             fork=fork, sandbox=policy.to_json() if policy else None)
         except NothingParked:
             return None
+        self._asked[worker] = asked
         if worker.adopted:
             worker.send({"op": "relog", "log": str(worker.live_log)})
         else:
@@ -183,7 +187,20 @@ class Evaluator:
             if not answer["ok"]:
                 worker.close()
                 raise WorkerFailure(f"error while loading: {answer['error']}")
+            self._load_record(worker, answer)
         return worker
+
+    def _load_record(self, worker: Worker, answer: dict) -> None:
+        """Where a new worker's load went: from the evaluator's asking to the worker's first
+        line (fork, sandbox), its CUDA context, its module, then until its answer was read
+        (the evaluator busy elsewhere meanwhile); nothing for an adopted one."""
+        asked, now = self._asked.pop(worker, None), time.time()
+        steps = answer.get("steps_s") or {}
+        if asked is None or not answer.get("started_unix"):
+            return
+        began = answer["started_unix"] - asked
+        self.worker_loads.append({"label": worker.label, "start": round(began, 4), **steps,
+                                  "until_read": round(now - asked - began - sum(steps.values()), 4)})
 
     def _save(self, name: str, value) -> str:
         path = self.work / name
@@ -268,7 +285,8 @@ class Evaluator:
             return {"correctness_state": "FAILED", "numerics": numerics, "verdict": str(err),
                     "checks": checks, "errors": [str(err)],
                     "failures": [failure(failure_kind(str(err)), "correctness", str(err), {"testcase": index})]}
-        return {**_verdict(checks, numerics), "phases_s": self.laps.seconds, "worker_steps_s": self.worker_steps}
+        return {**_verdict(checks, numerics), "phases_s": self.laps.seconds, "worker_steps_s": self.worker_steps,
+                "worker_loads_s": self.worker_loads}
 
     def _unverified(self) -> dict:
         """No testcase: the implementation runs on its own get_inputs() (inside its worker) and
@@ -479,6 +497,7 @@ class Evaluator:
             "phases_s": phases.seconds,
             "device_held_s": round(device_held_s, 4),
             "first_call_steps_s": first_steps,
+            "worker_loads_s": self.worker_loads,
             "workers_adopted": {**adopted, **{role: worker.adopted for role, worker in workers.items()}},
             "timing_method": method,
             "measurement_steps_s": measured.steps_s or None,

@@ -25,9 +25,10 @@ from magpie.harness.timing import collector_paused, timer_for
 
 
 class Implementation:
-    def __init__(self, request: dict):
+    def __init__(self, request: dict, laps: Laps | None = None):
         import torch
 
+        laps = laps or Laps()
         self.torch = torch
         self.device = request["device"]
         torch.set_num_threads(int(request.get("threads", 1)))
@@ -35,6 +36,7 @@ class Implementation:
             torch.cuda.set_device(torch.device(self.device))  # for what names no device: streams, events, graphs
         if self.device.startswith("cuda"):
             torch.cuda.synchronize(self.device)  # the context now, while the evaluator makes the inputs
+        laps.mark("context")
         source = request["source"]
         module = None
         if not request.get("library"):
@@ -50,6 +52,7 @@ class Implementation:
             self.fn = NativeEntry(torch, request["library"], request.get("entry") or request["id"], self.device)
         else:
             self.fn = self._entry(module, request)
+        laps.mark("module")
 
     def _entry(self, module, request):
         entry = request.get("entry")
@@ -350,8 +353,9 @@ def serve(commands, answers) -> None:
             break
         try:
             if op == "load":
-                impl = Implementation(request)
-                reply = {}
+                laps = Laps()
+                impl = Implementation(request, laps)
+                reply = {"steps_s": laps.seconds, "started_unix": STARTED_UNIX}
             elif op == "relog":  # adopted by a new job: what it prints goes to that job's log
                 log_to(request["log"])
                 reply = {}
@@ -371,7 +375,13 @@ def serve(commands, answers) -> None:
         answers.flush()
 
 
+# When this process began to serve (its sandbox entered): where a worker's load went.
+STARTED_UNIX = 0.0
+
+
 def main(argv: list[str]) -> int:
+    global STARTED_UNIX
+    STARTED_UNIX = time.time()
     return serve_pipes(argv, serve)
 
 

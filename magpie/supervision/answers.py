@@ -20,6 +20,7 @@ class WorkerAnswer(BaseModel):
     error: str | None = None
     traceback: str | None = None
     steps_s: dict[str, float] | None = None
+    started_unix: float | None = None
     outputs_in_file: bool | None = None
     index: int | None = None
     threads: int | None = None
