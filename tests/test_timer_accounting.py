@@ -121,7 +121,7 @@ def test_no_worker_is_carried_from_one_build_to_the_next(tmp_path):
     """Worker keys hold the seed, which each build's input secret changes: a kept-warm zygote
     serves the next build's evaluators, not the workers that timed the last one (adopted
     across builds, memory-bound candidates read 10-50% slow on the H200)."""
-    from magpie.harness.evaluate import worker_key
+    from magpie.harness.keys import worker_key
 
     (tmp_path / "impl.py").write_text("def f(x):\n    return x\n")
     load = {"op": "load", "id": "impl", "library": None, "init_inputs_file": None, "seed": 1}

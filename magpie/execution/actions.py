@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from magpie import sandbox
 from magpie.graph.expand import snapshot_path
-from magpie.harness.evaluate import code_reads, evaluator_key
+from magpie.harness.keys import code_reads, evaluator_key
 from magpie.harness.kinds import command_kind
 from magpie.harness.kinds import failure as failed
 from magpie.harness.spec import SECRET_VARIABLE

@@ -26,7 +26,7 @@ from pathlib import Path
 from magpie import sandbox
 from magpie.execution.actions import with_library, workspace_of
 from magpie.harness.compiler_caches import compiler_caches
-from magpie.harness.evaluate import code_reads
+from magpie.harness.keys import code_reads
 from magpie.harness.profile import RANGE
 from magpie.paths import subprocess_env
 from magpie.supervision import device_lock

@@ -31,6 +31,7 @@ from magpie.harness import batches
 from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs, surely_close
 from magpie.harness.compiler_caches import compiler_caches, implementation_caches, seed_triton_cache
 from magpie.harness.exchange import exchange_for, load_left
+from magpie.harness.keys import code_reads, worker_key
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
@@ -1227,32 +1228,6 @@ class Turns:
         self.current = None
 
 
-def worker_key(load: dict, impl: dict, root: Path, **process) -> str:
-    """What a parked worker must share with a new job's to stand in for it: the load request
-    (its seed too, which the build's input secret makes differ from build to build: no worker
-    is carried from one build to the next; on the H200, workers adopted by the next build
-    timed memory-bound Triton candidates 10-50% slow in a third of repeated compares, cause not
-    established, docs/benchmarks.md), the bytes of every file it loaded, and how its process
-    was started."""
-    digest = hashlib.sha256(json.dumps({**load, "init_inputs_file": None, **process}, sort_keys=True).encode())
-    files = [root / impl["source"], *(root / f for f in impl.get("source_files") or []),
-             *(Path(p) for p in (load["library"], load["init_inputs_file"]) if p)]
-    for path in files:
-        digest.update(path.read_bytes() if path.is_file() else b"-")
-    return digest.hexdigest()[:24]
-
-
-def code_reads(root: Path, impl: dict, cwd: Path) -> list[str]:
-    """What a sandboxed process running impl reads besides the system: the project, its working
-    folder, the folders of its sources (which may lie outside the project) and of its compiled
-    library (in the store, which is otherwise hidden)."""
-    files = [root / impl["source"], *(root / f for f in impl.get("source_files") or [])]
-    read = [str(root), str(cwd), *sorted({str(f.parent) for f in files})]
-    if impl.get("library"):
-        read.append(str(Path(impl["library"]).parent))
-    return read
-
-
 def _skipped(reason: str) -> dict:
     return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"skipped: {reason}",
             "checks": [], "errors": [reason], "failures": [failure("skipped", "correctness", reason)]}
@@ -1360,11 +1335,6 @@ def _library_roots() -> tuple[str, ...]:
     places = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(), site.getusersitepackages(),
               *pythonpath, str(magpie)}
     return tuple(os.path.realpath(p).rstrip(os.sep) + os.sep for p in places)
-
-
-def evaluator_key(env: dict) -> str:
-    """Evaluators started alike are alike: one may take any job of the build."""
-    return "evaluator-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def serve(commands, answers) -> None:

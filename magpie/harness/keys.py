@@ -1,0 +1,40 @@
+"""What makes two processes alike, so that a parked one may serve a job in place of a new one
+(the keys they are parked and adopted by), and what a process running an implementation reads.
+Light on imports: the build's own process computes them too."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+
+def worker_key(load: dict, impl: dict, root: Path, **process) -> str:
+    """What a parked worker must share with a new job's to stand in for it: the load request
+    (its seed too, which the build's input secret makes differ from build to build: no worker
+    is carried from one build to the next; on the H200, workers adopted by the next build
+    timed memory-bound Triton candidates 10-50% slow in a third of repeated compares, cause not
+    established, docs/benchmarks.md), the bytes of every file it loaded, and how its process
+    was started."""
+    digest = hashlib.sha256(json.dumps({**load, "init_inputs_file": None, **process}, sort_keys=True).encode())
+    files = [root / impl["source"], *(root / f for f in impl.get("source_files") or []),
+             *(Path(p) for p in (load["library"], load["init_inputs_file"]) if p)]
+    for path in files:
+        digest.update(path.read_bytes() if path.is_file() else b"-")
+    return digest.hexdigest()[:24]
+
+
+def code_reads(root: Path, impl: dict, cwd: Path) -> list[str]:
+    """What a sandboxed process running impl reads besides the system: the project, its working
+    folder, the folders of its sources (which may lie outside the project) and of its compiled
+    library (in the store, which is otherwise hidden)."""
+    files = [root / impl["source"], *(root / f for f in impl.get("source_files") or [])]
+    read = [str(root), str(cwd), *sorted({str(f.parent) for f in files})]
+    if impl.get("library"):
+        read.append(str(Path(impl["library"]).parent))
+    return read
+
+
+def evaluator_key(env: dict) -> str:
+    """Evaluators started alike are alike: one may take any job of the build."""
+    return "evaluator-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:24]
