@@ -491,3 +491,24 @@ def test_a_command_only_kernel_gets_labelled_profiler_durations(gpu_profiles):
     assert timed["method"] == profile_action.PROFILER_TIME_METHOD and timed["kernel_us"] > 0
     assert 1 <= timed["launches"] <= profile["launch_cap"]["total"]
     assert all(k["duration_us"] > 0 for k in profile["kernels"])
+
+
+def test_a_profiled_process_opens_the_gpu_its_timing_ran_on_alone(tmp_path, monkeypatch):
+    """On a host of several GPUs the evaluator's sandboxes open its GPU's node alone and record
+    which (`gpu_minors`); the profile of the same code, and of a command testcase, opens that
+    node alone too, and the profiled process then names its GPU device 0. Without a record
+    (one GPU, an older result) the sandbox opens every GPU's node, as before."""
+    monkeypatch.delenv("MAGPIE_TRUST_CODE", raising=False)
+    job = fake_job(tmp_path, testcases=SPEC)
+    job.dep_results["timing:k/cand"]["gpu_minors"] = [1]
+    work = tmp_path / "work"
+    work.mkdir()
+    target = profile_action.implementation_target(job, work, BOUNDS)
+    assert target.policy.gpu_minors == [1]
+    assert json.loads((work / "request.json").read_text())["device"] == "cuda:0"
+    command = {"command": "true", "working_dir": None, "env": {}}
+    job.dep_results["correctness:k/cand"]["gpu_minors"] = [1]
+    assert profile_action.command_target(job, work, BOUNDS, 0, command).policy.gpu_minors == [1]
+    older = fake_job(tmp_path, testcases=SPEC)
+    assert profile_action.implementation_target(older, work, BOUNDS).policy.gpu_minors is None
+    assert json.loads((work / "request.json").read_text())["device"] is None

@@ -131,10 +131,12 @@ def implementation_target(job, work: Path, bounds: dict, profiler_start: bool = 
     spec = job.spec
     root = Path(spec.params["root"])
     impl = with_library(job, spec.params["impl"])
-    request = {"root": str(root), "kernel": spec.kernel, "impl": impl, "settings": spec.params["settings"],
-               "reps": 1, "profiler_start": profiler_start}
-    (work / "request.json").write_text(json.dumps(request))
     timing = job.dep_results.get(f"timing:{spec.kernel}/{spec.impl}", {})
+    minors = timing.get("gpu_minors")
+    # a sandbox that opens one GPU's node shows CUDA that GPU alone, as its device 0
+    request = {"root": str(root), "kernel": spec.kernel, "impl": impl, "settings": spec.params["settings"],
+               "reps": 1, "profiler_start": profiler_start, "device": "cuda:0" if minors else None}
+    (work / "request.json").write_text(json.dumps(request))
     median_us = ((timing.get("performance_result") or {}).get("median_us")) or 0.0
     correct = job.dep_results.get(f"correctness:{spec.kernel}/{spec.impl}", {})
     timeout, basis = profile_timeout(bounds, call_s=median_us / 1e6, launches=int(bounds["max_launches"]),
@@ -142,7 +144,7 @@ def implementation_target(job, work: Path, bounds: dict, profiler_start: bool = 
     basis["median_us"] = median_us
     policy = None if sandbox.trusted() else sandbox.Policy(
         write=[str(work), "/tmp"], read=code_reads(root, impl, root / (impl.get("working_dir") or ".")),
-        hide=workspace_of(job), gpu=True, network=True)
+        hide=workspace_of(job), gpu=True, network=True, gpu_minors=minors)
     return Target(argv=[sys.executable, "-m", "magpie.harness.profile", str(work / "request.json")],
                   cwd=os.getcwd(), env=subprocess_env({**os.environ, **_private_caches(work)}), policy=policy,
                   timeout_s=timeout, timeout_basis=basis, nvtx_range=RANGE, expects_kernels=_timed_kernels(timing))
@@ -166,7 +168,8 @@ def command_target(job, work: Path, bounds: dict, index: int, testcase: dict) ->
                                      fixed_s=3 * wall_s)
     basis["command_wall_s"] = round(wall_s, 3)
     policy = None if sandbox.trusted() else sandbox.Policy(
-        write=[str(work), "/tmp"], read=code_reads(root, impl, cwd), hide=workspace_of(job), gpu=True, network=True)
+        write=[str(work), "/tmp"], read=code_reads(root, impl, cwd), hide=workspace_of(job), gpu=True, network=True,
+        gpu_minors=correct.get("gpu_minors"))
     return Target(argv=["/bin/sh", "-c", testcase["command"]], cwd=str(cwd), env=env, policy=policy,
                   timeout_s=timeout, timeout_basis=basis, nvtx_range=None, expects_kernels=None,
                   extra={"testcase": index, "command": testcase["command"]})

@@ -181,6 +181,10 @@ class Evaluator:
         minor = sandbox.nvidia_minor(str(uuid)) if uuid else None
         return None if minor is None else [minor]
 
+    def sandboxed_gpu_minors(self) -> list[int] | None:
+        """The GPU nodes this job's sandboxes open where they open one alone; else None."""
+        return self._gpu_minors if self.device != "cpu" and not sandbox.trusted() else None
+
     def loaded(self, worker: Worker) -> Worker:
         if worker in self._loading:
             self._loading.discard(worker)
@@ -1300,6 +1304,8 @@ def evaluate(request_path: str) -> dict:
         result = evaluator.timing()
     result["isolation"] = evaluator.isolation
     result["input_secret"] = evaluator.input_secret
+    # the one GPU node its sandboxed processes opened, for the profile of the same code
+    result["gpu_minors"] = evaluator.sandboxed_gpu_minors()
     return result
 
 

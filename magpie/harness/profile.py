@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
 
     request = json.loads(Path(argv[0]).read_text())
     root, impl, settings = Path(request["root"]), request["impl"], request["settings"]
-    device = settings["project"]["device"]
+    device = request.get("device") or settings["project"]["device"]
     testcase = next(tc for tc in settings["correctness"]["testcases"] if tc.get("spec"))
     spec = ReferenceSpec(root / testcase["spec"], testcase, device)
     seed = int(settings["correctness"]["seed"])
