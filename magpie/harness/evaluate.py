@@ -147,7 +147,6 @@ class Evaluator:
                             fork=fork, sandbox=policy.to_json() if policy else None)
         except NothingParked:
             return None
-        self._asked[worker] = asked
         if worker.adopted:
             worker.send({"op": "relog", "log": str(worker.live_log)})
         else:
@@ -157,6 +156,7 @@ class Evaluator:
                     shutil.copyfileobj(source, out)
                 load["init_inputs_file"] = str(copy)
             worker.send(load)
+            self._asked[worker] = asked
         self._loading.add(worker)
         return self.loaded(worker) if wait else worker
 
@@ -199,7 +199,7 @@ class Evaluator:
         """Where a new worker's load went: from the evaluator's asking to the worker's first
         line (fork, sandbox), its CUDA context, its module, then until its answer was read
         (the evaluator busy elsewhere meanwhile); nothing for an adopted one."""
-        asked, now = self._asked.pop(worker, None), time.time()
+        asked, now = self._asked.pop(worker, None), time.time()  # None: adopted, its answer a relog's
         steps = answer.get("steps_s") or {}
         if asked is None or not answer.get("started_unix"):
             return
