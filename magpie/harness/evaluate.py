@@ -464,7 +464,7 @@ class Evaluator:
                             known = self._known_of_baseline(case, mode) if role == "baseline" else {}
                             if "kernels" in known:  # the same code on the same inputs as in its own timing
                                 kernels[role] = {"kernel_us": self.baseline_own_timing.get("kernel_us"),
-                                                 "kernels": known["kernels"]}
+                                                 "kernels": known["kernels"], "from_own_timing": True}
                                 continue
                             reply = turns.give(role).request({"op": "kernels", "inputs": offers[role],
                                                               "out_specs": out_specs}, self.timeout)
@@ -719,8 +719,10 @@ class Evaluator:
                 regions[role].caller = batches.process_named(turns.workers[role].proc.pid, int(answer.get("pid", 0)))
             steps.mark("regions")
             known = self._known_of_baseline(case, mode) if "baseline" in roles else {}
-            if not on_gpu:  # the harness's price and a calibration are a GPU's
-                known = {key: value for key, value in known.items() if key == "sizing_us_per_call"}
+            # what this measurement takes (the kernel list is the timing job's): on the CPU only
+            # the sizing, the harness's price and a calibration being a GPU's
+            known = {key: value for key, value in known.items()
+                     if key == "sizing_us_per_call" or (on_gpu and key != "kernels")}
             measured.reused = {"baseline": sorted(known)} if known else {}
             if on_gpu:
                 if "harness_us_per_call" in known:
@@ -1017,6 +1019,8 @@ class Evaluator:
                 summary["kernels"] = kernels[role].get("kernels")
                 if summary["kernel_us"]:
                     summary["dispatch_overhead_us"] = summary["median_us"] - summary["kernel_us"]
+                if kernels[role].get("from_own_timing"):  # also where the worker's timer measured
+                    summary["from_own_timing"] = sorted({*(summary.get("from_own_timing") or []), "kernels"})
         return summaries
 
     def _known_of_baseline(self, case, mode: str | None) -> dict:
