@@ -35,8 +35,8 @@ from magpie.harness.keys import code_reads, worker_key
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
-from magpie.harness.measurement import (Batch, Rounds, batch_phases, few_samples, first_use_verdict, host_wall_gap,
-                                        implausible_speedup, other_size, paired_speedup, roofline_floor,
+from magpie.harness.measurement import (Batch, Rounds, batch_phases, between_runs_of, few_samples, first_use_verdict,
+                                        host_wall_gap, implausible_speedup, other_size, paired_speedup, roofline_floor,
                                         timer_inconsistency, uneven_calls, uneven_line, vouched_inputs,
                                         vouched_method, wall_check)
 from magpie.harness.timing import GRAPH_THRESHOLD_US, calibrate, nvml_snapshot, sample_cap, timer_for
@@ -370,8 +370,9 @@ class Evaluator:
         if it is not (another job has it), the job asks again once it holds the device, when
         the last measurement has parked it, and gives it back before letting the device go.
         Where no job of this build timed the baseline (an edit's rebuild), none is around:
-        the job starts one beside its candidate's. A speedup above `implausible_speedup` is measured a second time, with the device still
-        held: warm-up and interleaved rounds again, on input sets of new seeds."""
+        the job starts one beside its candidate's. A speedup above `implausible_speedup` is
+        measured a second time, with the device still held: warm-up and interleaved rounds
+        again, on input sets of new seeds."""
         phases = Laps()
         spec = self._spec(spec_index, testcase)
         cases = spec.cases(self.seed, self.kernel_id, spec_index, 1, salt="timing")
@@ -566,7 +567,7 @@ class Evaluator:
             detail = f"after timing: {recheck['detail']}"
             result.setdefault("failures", []).append(failure(recheck["kind"], "timing", detail,
                                                              {**recheck, "testcase": spec_index}))
-        between_runs = float(t.get("between_runs", 0.0))
+        between_runs = between_runs_of(t.get("between_runs"), self.device)
         if pair and result["performance_state"] == "SUCCESS":
             # Here, in the timing job, not in the comparison: the timing jobs finish one by one
             # while others measure, the comparison waits for the last of them. Means where a

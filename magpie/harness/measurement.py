@@ -212,6 +212,22 @@ SPEEDUP_METHOD_MEAN = ("mean(baseline)/mean(candidate) over all samples (per-cal
                        f"{UNEVEN_CALLS_FACTOR:g}x the median), timed in interleaved rounds; {_INTERVAL}")
 
 
+# How much a speedup varies between runs of one comparison (a relative standard deviation),
+# where the manifest does not say (`timing.between_runs`): bench/interval_coverage.py, 10
+# repeats of the 8-candidate Triton compare. On an H200 the log speedups spread 0.9% between
+# runs, a run's own intervals 0.1-0.5%. On the 2-core CPU VM (a 10 µs baseline, interpreted
+# Triton candidates) they spread 4.6-8.5% (6.5% pooled): with 1% the intervals held the other
+# runs' median in 50 of 80 cases, with 6.5% in 78.
+DEFAULT_BETWEEN_RUNS = {"gpu": 0.01, "cpu": 0.065}
+
+
+def between_runs_of(configured: float | None, device: str) -> float:
+    """The between-runs spread a speedup's interval is widened by: the manifest's, else the device's."""
+    if configured is not None:
+        return float(configured)
+    return DEFAULT_BETWEEN_RUNS["cpu" if device == "cpu" else "gpu"]
+
+
 def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "median",
                    between_runs: float = 0.0) -> dict:
     """The speedup of one measurement, from its samples (ns) and their rounds: the kept ones

@@ -35,9 +35,10 @@ class TimingSettings(Strict):
                           "evaluator's own clock and proven by their outputs, as the CPU always is; false: CUDA "
                           "events or graph replays timed in the worker's process, which code under test can forge "
                           "(docs/security.md)")
-    between_runs: float = Field(0.01, ge=0, description="how much a speedup varies between runs of the same "
-                                "comparison (relative standard deviation), added to each interval: 0.9% measured on "
-                                "an H200 by bench/interval_coverage.py; measure yours with it")
+    between_runs: Optional[float] = Field(None, ge=0, description="how much a speedup varies between runs of the "
+                                          "same comparison (relative standard deviation), added to each interval; "
+                                          "default: the device's, as measured by bench/interval_coverage.py (a GPU "
+                                          "1%, an H200's 0.9%; the CPU 6.5%, a 2-core VM's); measure yours with it")
     implausible_speedup: float = Field(10.0, gt=1, description="a speedup above this is timed again on fresh "
                                        "inputs: labelled if it holds, the timing failed if it does not")
     disturbed_fraction: float = Field(0.10, ge=0, description="a baseline that reads more than this fraction off "
