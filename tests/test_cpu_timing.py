@@ -373,8 +373,9 @@ def test_a_measurement_that_failed_a_check_is_not_taken_again(tmp_path):
 
 def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     """What `_disturbed` compares: the baseline's median here against its own timing job's,
-    for the same case; 1.5% between jobs is the H200's ordinary spread, 67% is what one
-    disturbed job read."""
+    for the same case, past the device's fraction unless the manifest gives one: on a GPU 10%
+    (1.5% between jobs is the H200's ordinary spread, 67% is what one disturbed job read), on
+    the CPU 25% (jobs of one build read a 10 µs baseline up to 23.5% apart there)."""
     from types import SimpleNamespace
 
     from magpie.harness.evaluate import Evaluator
@@ -383,14 +384,15 @@ def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     measured = Rounds(["candidate", "baseline"])
     measured.samples["baseline"] = [141_000] * 20
     case = SimpleNamespace(label="16777216")
-    settings = {"disturbed_fraction": 0.10}
 
-    def disturbed(alone_us, shape="16777216"):
-        judge = SimpleNamespace(baseline_own_timing={"shape": shape, "median_us": alone_us})
-        return Evaluator._disturbed(judge, measured, case, settings)
+    def disturbed(alone_us, shape="16777216", device="cuda", settings=None):
+        judge = SimpleNamespace(baseline_own_timing={"shape": shape, "median_us": alone_us}, device=device)
+        return Evaluator._disturbed(judge, measured, case, settings or {})
 
-    assert "(1.67x)" in disturbed(84.5)
+    assert "(1.67x)" in disturbed(84.5) and "(1.67x)" in disturbed(84.5, device="cpu")
     assert disturbed(139.0) is None and disturbed(155.0) is None
+    assert "(1.18x)" in disturbed(120.0) and disturbed(120.0, device="cpu") is None
+    assert "(1.18x)" in disturbed(120.0, device="cpu", settings={"disturbed_fraction": 0.10})
     assert disturbed(84.5, shape="1024") is None and disturbed(None) is None
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from magpie.compare.stats import widen_for_runs
-from magpie.harness.measurement import between_runs_of, timer_inconsistency, wall_check
+from magpie.harness.measurement import DEFAULT_BETWEEN_RUNS, for_device, timer_inconsistency, wall_check
 from magpie.manifest.models import TimingSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200"
@@ -65,7 +65,8 @@ def coverage(part: dict, widen: float | None) -> float:
 def test_speedup_intervals_hold_the_other_runs_median_in_at_least_90_percent_of_cases():
     part = json.loads((FIXTURES / "interval_coverage.json").read_text())["workers_per_build"]
     assert coverage(part, None) >= 0.9  # as measured, with the default between-runs spread
-    assert coverage(part, between_runs_of(TimingSettings().between_runs, "cuda")) >= 0.9  # today's GPU default
+    gpu_default = for_device(TimingSettings().between_runs, DEFAULT_BETWEEN_RUNS, "cuda")
+    assert coverage(part, gpu_default) >= 0.9  # recomputed with today's GPU default
     assert coverage(part, 0.0) < 0.5  # a run's own bootstrap alone: far too narrow
 
 
@@ -76,7 +77,7 @@ def test_on_the_cpu_intervals_hold_only_widened_by_the_cpus_own_spread_between_r
     The CPU's default, 6.5%, held 80 of 80 in a third set and 78 of 80 in each of the first two,
     recomputed from their own intervals."""
     data = json.loads((FIXTURES.parent / "interval_coverage_cpu.json").read_text())
-    cpu = between_runs_of(TimingSettings().between_runs, "cpu")
+    cpu = for_device(TimingSettings().between_runs, DEFAULT_BETWEEN_RUNS, "cpu")
     for name in ("between_runs_1_percent_a", "between_runs_1_percent_b"):
         part = data[name]
         assert {row["speedup"]["between_runs"] for run in part["runs"] for row in run["rows"].values()

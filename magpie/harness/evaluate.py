@@ -35,8 +35,9 @@ from magpie.harness.keys import code_reads, worker_key
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
-from magpie.harness.measurement import (Batch, Rounds, batch_phases, between_runs_of, few_samples, first_use_verdict,
-                                        host_wall_gap, implausible_speedup, other_size, paired_speedup, roofline_floor,
+from magpie.harness.measurement import (DEFAULT_BETWEEN_RUNS, DEFAULT_DISTURBED_FRACTION, Batch, Rounds,
+                                        batch_phases, few_samples, first_use_verdict, for_device, host_wall_gap,
+                                        implausible_speedup, other_size, paired_speedup, roofline_floor,
                                         timer_inconsistency, uneven_calls, uneven_line, vouched_inputs,
                                         vouched_method, wall_check)
 from magpie.harness.timing import GRAPH_THRESHOLD_US, calibrate, nvml_snapshot, sample_cap, timer_for
@@ -567,7 +568,7 @@ class Evaluator:
             detail = f"after timing: {recheck['detail']}"
             result.setdefault("failures", []).append(failure(recheck["kind"], "timing", detail,
                                                              {**recheck, "testcase": spec_index}))
-        between_runs = between_runs_of(t.get("between_runs"), self.device)
+        between_runs = for_device(t.get("between_runs"), DEFAULT_BETWEEN_RUNS, self.device)
         if pair and result["performance_state"] == "SUCCESS":
             # Here, in the timing job, not in the comparison: the timing jobs finish one by one
             # while others measure, the comparison waits for the last of them. Means where a
@@ -1048,7 +1049,8 @@ class Evaluator:
             return None
         here = summarize_ns(measured.samples["baseline"])["median_us"]
         ratio = here / own["median_us"]
-        if abs(math.log(ratio)) <= math.log1p(float(t.get("disturbed_fraction", 0.10))):
+        if abs(math.log(ratio)) <= math.log1p(for_device(t.get("disturbed_fraction"), DEFAULT_DISTURBED_FRACTION,
+                                                         self.device)):
             return None
         return (f"the baseline read {here:.4g} µs beside this candidate and {own['median_us']:.4g} µs in its own "
                 f"timing ({ratio:.2f}x): something else ran on the device")

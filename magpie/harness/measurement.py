@@ -219,13 +219,17 @@ SPEEDUP_METHOD_MEAN = ("mean(baseline)/mean(candidate) over all samples (per-cal
 # Triton candidates) they spread 4.6-8.5% (6.5% pooled): with 1% the intervals held the other
 # runs' median in 50 of 80 cases, with 6.5% in 78.
 DEFAULT_BETWEEN_RUNS = {"gpu": 0.01, "cpu": 0.065}
+# How far the baseline may read from its own timing job beside a candidate before that
+# measurement is taken again (`timing.disturbed_fraction`): over 80 jobs of 10 H200 builds it
+# read at most 3% apart (median 0.3%) where one disturbed job read 67% apart; over 240 jobs on
+# the 2-core CPU machine a 10 µs baseline read up to 23.5% apart (95th percentile 14%), and 10%
+# took the measurement again in 3-4 of 6 builds there.
+DEFAULT_DISTURBED_FRACTION = {"gpu": 0.10, "cpu": 0.25}
 
 
-def between_runs_of(configured: float | None, device: str) -> float:
-    """The between-runs spread a speedup's interval is widened by: the manifest's, else the device's."""
-    if configured is not None:
-        return float(configured)
-    return DEFAULT_BETWEEN_RUNS["cpu" if device == "cpu" else "gpu"]
+def for_device(configured: float | None, defaults: dict[str, float], device: str) -> float:
+    """A timing setting the manifest may give: its value, else the default of the device's kind."""
+    return float(configured) if configured is not None else defaults["cpu" if device == "cpu" else "gpu"]
 
 
 def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "median",
