@@ -94,6 +94,7 @@ def test_compare_uses_the_explicit_baseline_and_gates_correctness(kernels):
     assert slow["speedup"]["baseline_median_us"] > 0
     # slow and its baseline each measured for the 60 ms budget while the job held the device
     assert slow["time_s"]["device_held"] >= 0.12 and slow["time_s"]["first_calls"] is not None
+    assert slow["time_s"]["worker_starts"] > 0  # its correctness job's new worker, at least
     assert report["time_s"]["device_held"] >= slow["time_s"]["device_held"] + 0.06  # good's own timing too
 
 

@@ -271,16 +271,21 @@ def profile_warnings(profile: dict | None) -> list[str]:
     return [f"profile failed, no counters or roofline: {'; '.join(profile.get('errors') or ['no reason given'])}"]
 
 
-TIME_KEYS = ("compile", "first_calls", "correctness", "timing", "device_held")
+TIME_KEYS = ("compile", "worker_starts", "first_calls", "correctness", "timing", "device_held")
 
 
 def time_spent(compiled: dict, checked: dict, timed: dict) -> dict:
-    """Where an implementation's evaluation time went, in seconds: its compile job; the first
-    calls of its correctness workers (JIT compile or cache load, autotuning, lazy loading: what
-    a parked worker has done already); its correctness and timing jobs (waits included); and
-    how long its timing job held the device alone (warm-up, measurement, kernel list)."""
+    """Where an implementation's evaluation time went, in seconds: its compile job; the
+    start-up of the new workers its jobs loaded (fork, sandbox, CUDA context, module: on the
+    H200 nine CUDA contexts made at once took 2 s each); the first calls of its correctness
+    workers (JIT compile or cache load, autotuning, lazy loading: what a parked worker has
+    done already); its correctness and timing jobs (waits included); and how long its timing
+    job held the device alone (warm-up, measurement, kernel list)."""
     first_calls = [steps.get("first_call", 0.0) for steps in checked.get("worker_steps_s") or [] if steps]
+    starts = [load.get("start", 0.0) + load.get("context", 0.0) + load.get("module", 0.0)
+              for job in (checked, timed) for load in job.get("worker_loads_s") or []]
     return {"compile": compiled.get("task_seconds"),
+            "worker_starts": round(sum(starts), 4) if starts else None,
             "first_calls": round(sum(first_calls), 4) if first_calls else None,
             "correctness": checked.get("task_seconds"), "timing": timed.get("task_seconds"),
             "device_held": timed.get("device_held_s")}

@@ -14,7 +14,8 @@ from magpie.report.plots import roofline_chart, roofline_plot, speedup_bars, tim
 
 def time_spent_text(spent: dict) -> str:
     """A comparison's `time_s` in one sentence (the compare table, the HTML and Markdown reports)."""
-    return (f"compile {spent['compile']:.1f} s; first calls in new workers (JIT, autotuning) "
+    return (f"compile {spent['compile']:.1f} s; new workers' start (sandbox, CUDA context) "
+            f"{spent.get('worker_starts') or 0.0:.1f} s; first calls in new workers (JIT, autotuning) "
             f"{spent['first_calls']:.1f} s; device held alone {spent['device_held']:.1f} s; job time summed: "
             f"correctness {spent['correctness']:.1f} s, timing {spent['timing']:.1f} s")
 
