@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -67,6 +68,13 @@ def main() -> int:
     parser.add_argument("--edits", type=int, default=1, help="edits of the candidate, each timed (the median reported)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="magpie-coverage-"))
+    try:
+        return measure(args, root)
+    finally:  # the runs' stores and Triton caches: hundreds of MB a set
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def measure(args, root: Path) -> int:
     files = write_compare8(root)
     env = {**os.environ, "TRITON_CACHE_DIR": str(root / "triton_cache"), "MAGPIE_KEEP_WARM_S": "120"}
     shape = SHAPE if args.device.startswith("cuda") else "4096"
