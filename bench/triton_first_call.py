@@ -16,7 +16,6 @@ Usage: python bench/triton_first_call.py OUT.json
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -29,20 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
+from magpie.harness.compiler_caches import triton_key_function
+
 
 @triton.jit
 def scale(x, o, n, B: tl.constexpr):
     off = tl.program_id(0) * B + tl.arange(0, B)
     tl.store(o + off, tl.load(x + off, mask=off < n) * 2, mask=off < n)
-
-
-def triton_key_function():
-    """Triton's lru-cached key of its own compiler (where this version keeps it), or None."""
-    for name in ("triton.runtime.cache", "triton.compiler.compiler"):
-        with_key = getattr(importlib.import_module(name), "triton_key", None)
-        if callable(with_key):
-            return with_key
-    return None
 
 
 def contexts_at_once(count: int) -> dict:

@@ -45,14 +45,22 @@ def warm_triton() -> None:
     (it compiles nothing) or where there is no GPU to compile for."""
     if "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") or not _gpu_nodes():
         return
-    for name in ("triton.runtime.cache", "triton.compiler.compiler"):  # where versions keep it
+    key = triton_key_function()
+    if key is not None:
+        key()
+
+
+def triton_key_function():
+    """Triton's function (lru-cached) for the key of its own compiler, where this version keeps
+    it; None where it keeps none."""
+    for name in ("triton.runtime.cache", "triton.compiler.compiler"):
         try:
             key = getattr(importlib.import_module(name), "triton_key", None)
         except ImportError:
             continue
         if callable(key):
-            key()
-            return
+            return key
+    return None
 
 
 def _gpu_nodes() -> bool:
