@@ -178,10 +178,10 @@ def reference(x, dims):
 def test_a_vouched_measurement_says_where_its_wall_time_went(tmp_path):
     """The timing result splits a vouched measurement's wall time into its steps (regions,
     pricing the harness, sizing the batches, the rounds, unmapping), and the rounds into their
-    parts (drawing input sets, writing them, the requests, the checks): what a GPU run needs to
-    tell the evaluator's own costs from the budget's. Where the measurement was taken again
-    (a baseline read off its own timing, `timing.disturbed_fraction`), the steps are the kept
-    measurement's."""
+    parts (drawing input sets, writing them, the requests, the checks, the calls made alone):
+    what a GPU run needs to tell the evaluator's own costs from the budget's. Where the
+    measurement was taken again (a baseline read off its own timing,
+    `timing.disturbed_fraction`), the steps are the kept measurement's."""
     relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()})
     timing = next(json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
                   if json.loads(p.read_text()).get("task") == "timing:relu2/twin")
@@ -190,7 +190,7 @@ def test_a_vouched_measurement_says_where_its_wall_time_went(tmp_path):
     kept = timing["phases_s"]["remeasured" if timing.get("remeasured") else "timed"]
     assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= kept + 1e-3
     parts = timing["round_parts_s"]
-    assert set(parts) == {"draw", "write", "request", "check"}, parts
+    assert set(parts) == {"draw", "write", "request", "check", "alone"}, parts
     assert all(v >= 0 for v in parts.values()) and sum(parts.values()) <= steps["rounds"] + 1e-3
 
 
@@ -319,6 +319,81 @@ def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_t
     measured.settle_device_batches()
     # the sizing batch is no sample; each round's batch is (ns - 20 µs) / its calls
     assert measured.samples == {"baseline": [10_000, 10_000], "candidate": [20_000]}
+
+
+def test_a_handed_over_batch_shows_each_set_only_after_the_last_call_said_it_was_done(pair):
+    """The worker's side of a batch handed over one call at a time, on a thread: it sees set
+    k + 1 only once call k said it was done, and its outputs are taken as they were then; what
+    it writes into a slot later is never seen."""
+    import threading
+
+    region, views = pair
+    sets = [(torch.randn(5, 7), 3) for _ in range(4)]
+    region.write([(torch.zeros(5, 7), 3)] * 4)  # the last batch's sets, still in the slots
+    region.start_handover(sets)
+    seen = []
+
+    def kernel(x, k):
+        seen.append([bool(torch.equal(v[0], s[0])) for v, s in zip(views.inputs[:4], sets)])
+        return torch.relu(x) * 2
+
+    worker = threading.Thread(target=batches.run_handed_over,
+                              args=(torch, kernel, views.inputs[:4], views.outputs[:4], views.control))
+    worker.start()
+    while region.calls_done() < 0:  # not yet waiting for its first set
+        pass
+    for call in range(4):
+        region.hand_over(call)
+        while region.calls_done() < call + 1:
+            pass
+        region.take_output(call)
+        views.outputs[call][0].fill_(7.0)  # written after it said it was done: never seen
+    worker.join()
+    assert seen == [[True, False, False, False], [True, True, False, False], [True, True, True, False],
+                    [True, True, True, True]]
+    assert region.unwritten(4) is None
+    assert all(torch.equal(region.outputs(i)[0], torch.relu(sets[i][0]) * 2) for i in range(4))
+
+
+def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_done_together():
+    """The candidate's calls handed over one at a time cost what the baseline's do plus what its
+    calls differ by: batches of two sizes, their difference a call's own (the first call and
+    the stops drop out). Batches whose calls were done together read far below that bound and
+    fail; honest ones, faster or slower or noisy, stay within it."""
+    from magpie.harness.measurement import ALONE_FAIL, alone_bound
+
+    def entries(fixed_us, call_us, sizes=(8, 64) * 6, wobble_us=30.0):
+        return [(n, (fixed_us + wobble_us * (-1) ** (i // 2) + call_us * n) * 1000) for i, n in enumerate(sizes)]
+
+    baseline = entries(200, 17)  # a 9 µs call and the hand-over's 8 µs
+    # the same relu with the batch loop replaced: its calls made alone as slow as the baseline's,
+    # its batches at 1.2 µs a call
+    fused = alone_bound({"candidate": entries(260, 17), "baseline": baseline},
+                        {"baseline": 9_000, "candidate": 1_200})
+    assert fused["failed"] and fused["ratio"] > ALONE_FAIL and abs(fused["difference_us"]) < 0.5
+    assert fused["sizes"] == [8, 64] and abs(fused["baseline_alone_us"] - 17) < 0.5
+    # an honest candidate twice as fast, one three times slower, and the baseline's own copy
+    for call_us, batched_ns in ((12.5, 4_500), (35, 27_000), (17, 9_000)):
+        bound = alone_bound({"candidate": entries(230, call_us), "baseline": baseline},
+                            {"baseline": 9_000, "candidate": batched_ns})
+        assert not bound["failed"] and bound["ratio"] < 1.1, (call_us, bound)
+    # noise as large as a call widens the margin, never fails honest batches
+    noisy = alone_bound({"candidate": entries(200, 17, wobble_us=600), "baseline": entries(200, 17, wobble_us=-600)},
+                        {"baseline": 9_000, "candidate": 9_000})
+    assert not noisy["failed"] and noisy["margin_us"] > 10
+    # a GPU's batches of one call: the fixed cost drops out of the pairs' differences
+    gpu = alone_bound({"candidate": [(1, 283_000 + 20_000)] * 6, "baseline": [(1, 282_000 + 20_000)] * 6},
+                      {"baseline": 20_000, "candidate": 2_000}, fixed_ns=282_000)
+    assert gpu["failed"] and abs(gpu["lower_us"] - 19) < 1
+    # a GPU batch's call under a quarter of the kernel that copies its outputs was not launched alone
+    from magpie.harness.measurement import launch_floor
+
+    assert "done together" in launch_floor(1, 1_300) and launch_floor(900, 1_300) is None
+    assert launch_floor(1, 0.0) is None  # nothing priced: nothing to say
+    # too few pairs say nothing
+    assert alone_bound({"candidate": baseline[:2], "baseline": baseline[:2]}, {"baseline": 1, "candidate": 1}) is None
+    assert alone_bound({"candidate": [(8, 1e5), (64, 1e6), (64, 1e6)], "baseline": [(8, 1e5), (64, 1e6), (64, 1e6)]},
+                       {"baseline": 1, "candidate": 1}) is None
 
 
 def test_a_baseline_that_reads_off_its_own_timing_has_the_measurement_taken_again(tmp_path):

@@ -32,6 +32,7 @@ handling of the request (tens of µs) stays in, spread over a batch of milliseco
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -62,6 +63,11 @@ GATE_MAX_NS = 50_000_000
 COPY_RUNS = 10
 # Output slots checked against the reference per batch, chosen after the worker answered.
 CHECKED_PER_BATCH = 3
+# A batch handed over one call at a time (`run_handed_over`): the control file holds two
+# counters, the sets released and the calls done; a worker that sees no set released for this
+# long gives up.
+CONTROL_BYTES = 16
+HANDOVER_WAIT_S = 60.0
 
 
 class BatchOutputError(RuntimeError):
@@ -202,6 +208,9 @@ class Region:
         self.path = folder / "batch-region"
         self.fd = scratch.create(self.path)
         os.ftruncate(self.fd, layout.size)
+        self.control_path = folder / "batch-control"
+        self.control_fd = scratch.create(self.control_path)
+        os.ftruncate(self.control_fd, CONTROL_BYTES)
         self.caller = 0  # the pid of the worker process that runs the calls, once it is known
         self.copy = torch.zeros(layout.size, dtype=torch.uint8)
         self._bytes = memoryview((ctypes.c_char * layout.size).from_address(self.copy.data_ptr())).cast("B")
@@ -214,7 +223,7 @@ class Region:
         self._poison = ctypes.string_at(one.data_ptr(), layout.out_stride) * layout.calls
 
     def offer(self) -> dict:
-        return {"file": str(self.path), "layout": self.layout.to_json()}
+        return {"file": str(self.path), "control": str(self.control_path), "layout": self.layout.to_json()}
 
     def write(self, input_sets: list) -> None:
         """This batch's input sets, and the pre-batch fill of their calls' output slots."""
@@ -232,6 +241,39 @@ class Region:
         got = os.preadv(self.fd, [self._bytes[layout.out_base:layout.out_base + outputs]], layout.out_base)
         # what is missing reads as the fill it had before the batch, byte for byte: unwritten
         self._bytes[layout.out_base + got:layout.out_base + outputs] = self._poison[got:outputs]
+
+    def start_handover(self, input_sets: list) -> None:
+        """Before a batch handed over one call at a time (`run_handed_over`): no set released,
+        the worker not yet waiting for one, its sets ready in the evaluator's copy (`hand_over`
+        writes each out), its output slots filled (in the file and in the evaluator's copy, which
+        keeps what each call left when it said it was done)."""
+        layout = self.layout
+        calls = len(input_sets)
+        _copy_sets(self.torch, input_sets, self._inputs)
+        os.pwrite(self.control_fd, (0).to_bytes(8, "little") + (-1).to_bytes(8, "little", signed=True), 0)
+        os.pwrite(self.fd, self._poison[:calls * layout.out_stride], layout.out_base)
+        self._bytes[layout.out_base:layout.out_base + calls * layout.out_stride] = \
+            self._poison[:calls * layout.out_stride]
+
+    def hand_over(self, call: int) -> None:
+        """Input set `call` into its slot, then released: until now the slot held the last batch's."""
+        stride = self.layout.in_stride
+        os.pwrite(self.fd, self._bytes[call * stride:(call + 1) * stride], call * stride)
+        os.pwrite(self.control_fd, (call + 1).to_bytes(8, "little"), 0)
+
+    def calls_done(self) -> int:
+        """How many calls of a handed-over batch the worker says are done (-1: it has not yet
+        said it waits for the first set)."""
+        said = os.pread(self.control_fd, 8, 8)
+        return int.from_bytes(said, "little", signed=True) if len(said) == 8 else -1
+
+    def take_output(self, call: int) -> None:
+        """Call `call`'s output slots as they are now, into the evaluator's copy: what the checks
+        of a handed-over batch read (what the worker writes there later is never seen)."""
+        layout = self.layout
+        start = layout.out_base + call * layout.out_stride
+        got = os.preadv(self.fd, [self._bytes[start:start + layout.out_stride]], start)
+        self._bytes[start + got:start + layout.out_stride] = self._poison[got:layout.out_stride]
 
     def picks(self, calls: int) -> list[int]:
         """The calls whose outputs are checked against the reference, chosen now."""
@@ -270,7 +312,9 @@ class Region:
 
     def close(self) -> None:
         os.close(self.fd)
-        self.path.unlink(missing_ok=True)
+        os.close(self.control_fd)
+        for path in (self.path, self.control_path):
+            path.unlink(missing_ok=True)
 
 
 class DeviceRegion(Region):
@@ -448,7 +492,7 @@ class WorkerViews:
     """The worker's side: tensors that are views of the region it mapped once."""
 
     def __init__(self, torch, offer: dict):
-        self.done = self.gate = self.mark = None
+        self.done = self.gate = self.mark = self.control = None
         layout = Layout.from_json(offer["layout"])
         if "ipc" in offer:
             from magpie.harness.exchange import loads_shared
@@ -459,6 +503,9 @@ class WorkerViews:
             self.mark = torch.zeros(1, device=region.device)  # the kernel of a calibration batch's own
         else:
             region = torch.from_file(offer["file"], shared=True, size=int(layout.size), dtype=torch.uint8)
+            # [sets released, calls done] of a batch handed over one call at a time (`run_handed_over`)
+            self._control = torch.from_file(offer["control"], shared=True, size=2, dtype=torch.int64)
+            self.control = (ctypes.c_int64 * 2).from_address(self._control.data_ptr())
         tensors, slots = layout.input_views(torch, region), layout.output_views(torch, region)
         self.inputs = CallViews(layout.calls, lambda call: layout.arguments(tensors[call]))
         self.outputs = CallViews(layout.calls, lambda call: tuple(slots[call]))
@@ -476,6 +523,54 @@ def run_batch(torch, fn, inputs: list, outputs: list) -> None:
                 raise BatchOutputError("a timed call returned an output that is not a plain tensor of the "
                                        "reference's shape and dtype")
             slot.copy_(value)
+
+
+def run_handed_over(torch, fn, inputs: list, outputs: list, control) -> None:
+    """`run_batch` one call at a time, as the evaluator writes each input set and releases it
+    (`control[0]`, the sets released) once the last call said it was done (`control[1]`, the
+    calls done), taking that call's outputs as they were then (`Region.take_output`): calls that
+    see their sets one by one cannot be done together. The worker looks for each release without
+    sleeping, on a CPU of its own (`apart`): a call after a sleep runs from cold caches, which
+    would cost handed-over calls more than batched ones, by how much depending on the code."""
+    deadline = time.monotonic() + HANDOVER_WAIT_S
+    control[1] = 0  # waiting for the first set
+    for call in range(len(inputs)):
+        looked = 0
+        while control[0] <= call:
+            looked += 1
+            if not looked % 4096 and time.monotonic() > deadline:
+                raise TimeoutError(f"no input set released in {HANDOVER_WAIT_S:g} s")
+        run_batch(torch, fn, inputs[call:call + 1], outputs[call:call + 1])
+        control[1] = call + 1
+
+
+@contextlib.contextmanager
+def apart(pids: list[int]):
+    """While batches are handed over one call at a time: the calling thread on one allowed CPU,
+    every thread of the processes `pids` and their descendants on another, their CPU masks
+    restored after. Each side looks for the other's word without sleeping; on one CPU, or on
+    CPUs the scheduler lets them share, each would wait out the other's time slice (on the
+    2-CPU machine, 4-11 ms in one batch of four, instead of 10 µs). Yields False, changing
+    nothing, where fewer than two CPUs are allowed."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        yield False
+        return
+    masks = {0: os.sched_getaffinity(0)}
+    for pid in pids:
+        for process in [pid, *_descendants(pid)]:
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{process}/task"):
+                    with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                        masks[int(tid)] = os.sched_getaffinity(int(tid))
+                        os.sched_setaffinity(int(tid), {allowed[1]})
+    os.sched_setaffinity(0, {allowed[0]})
+    try:
+        yield True
+    finally:
+        for tid, mask in masks.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, mask)
 
 
 def copy_ns_per_call(torch, reference, sets: list, example_outputs, graph: bool) -> float:

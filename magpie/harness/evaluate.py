@@ -35,11 +35,12 @@ from magpie.harness.keys import code_reads, worker_key
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
-from magpie.harness.measurement import (DEFAULT_BETWEEN_RUNS, DEFAULT_DISTURBED_FRACTION, Batch, Rounds,
-                                        batch_phases, few_samples, first_use_verdict, for_device, host_wall_gap,
-                                        implausible_speedup, other_size, paired_speedup, roofline_floor,
-                                        timer_inconsistency, uneven_calls, uneven_line, vouched_inputs,
-                                        vouched_method, wall_check)
+from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, DEFAULT_BETWEEN_RUNS, DEFAULT_DISTURBED_FRACTION,
+                                        HANDOVER_CALLS, HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE, Batch, Rounds,
+                                        alone_line, batch_phases, few_samples, first_use_verdict, for_device,
+                                        host_wall_gap, implausible_speedup, launch_floor, other_size,
+                                        paired_speedup, roofline_floor, timer_inconsistency, uneven_calls,
+                                        uneven_line, vouched_inputs, vouched_method, wall_check)
 from magpie.harness.timing import GRAPH_THRESHOLD_US, calibrate, nvml_snapshot, sample_cap, timer_for
 from magpie.paths import subprocess_env
 from magpie.sandbox import namespaces
@@ -543,6 +544,8 @@ class Evaluator:
                                t["budget_ms"])
             if note:
                 result["warnings"].append(f"{role}: {note}")
+        if measured.alone_bound and measured.alone_bound["failed"]:
+            _fail(result, "calls_done_together", f"candidate: {alone_line(measured.alone_bound)}", case, spec_index)
         for role, summary in summaries.items():
             verdict = self._roofline(summary, floor, expected)
             if verdict is None:
@@ -774,6 +777,8 @@ class Evaluator:
                                         20 * due[role] * per_call[role] / 1e9)
                             made[role] += due[role]
                     b += 1
+                if len(roles) == 2 and (on_gpu or measured.by_cpu_time):
+                    self._alone(turns, regions, spec, case, testcase, salt, r, measured, per_call, limit, round_ns)
             steps.mark("rounds")
             measured.round_parts_s = measured.round_laps.seconds
             measured.round_laps = None
@@ -789,8 +794,113 @@ class Evaluator:
         measured.steps_s = steps.seconds
         if on_gpu:
             measured.settle_device_batches()
+            for role in roles:
+                floor = launch_floor(median(measured.samples[role]), measured.harness_ns) \
+                    if measured.samples[role] else None
+                if floor and role not in measured.failed:
+                    measured.failed[role] = {"passed": False, "check": "launch_floor", "kind": "calls_done_together",
+                                             "where": "its batches", "detail": floor}
+        measured.judge_calls_alone()
         measured.methods = {role: vouched_method(calls[role], measured, t, self.device) for role in roles}
         return measured
+
+    def _alone(self, turns: Turns, regions: dict, spec: ReferenceSpec, case, testcase: dict, salt: str,
+               round_index: int, measured: Rounds, per_call: dict[str, float], limit: int, round_ns: float) -> None:
+        """A round's calls made alone (`alone_bound`), not samples but checked like any batch:
+        both roles on the same input sets of new seeds, back to back, the order flipped every
+        two pairs. On the CPU (one torch thread, timed by CPU time), batches handed over one call
+        at a time (`_handover_batch`), of two sizes in turn (what the first call and the stops
+        cost drops out of their difference), the evaluator and the workers on CPUs apart (none
+        where one CPU is allowed); on a GPU, batches of one call, whose cost besides the call is
+        the GPU's, not the worker's."""
+        roles = list(turns.workers)
+        on_gpu = self.device.startswith("cuda")
+        share_ns = ALONE_SHARE * round_ns
+        slowest = max(max(per_call.values()), 1.0)
+        most = ALONE_PAIRS["gpu" if on_gpu else "cpu"]
+        large = 1 if on_gpu else max(2, min(limit, HANDOVER_CALLS, int(share_ns / most / slowest)))
+        sizes = (1,) if on_gpu else (max(1, large // 8), large)
+        pairs = max(1, min(most, int(share_ns / (2 * slowest * fmean(sizes)))))
+        with contextlib.nullcontext(True) if on_gpu else \
+                batches.apart([worker.proc.pid for worker in turns.workers.values()]) as apart:
+            for k in range(pairs if apart else 0):
+                calls = sizes[k % len(sizes)]
+                batch = Batch(self._fresh_sets(spec, case, f"{salt} {round_index} alone {k}", calls, measured),
+                              spec, self.init_seed)
+                taken, disturbed = {}, False
+                for role in roles if k // 2 % 2 == 0 else reversed(roles):
+                    allowed_s = 20 * calls * per_call[role] / 1e9 + 1.0
+                    if on_gpu:
+                        taken[role] = self._batch(turns, role, regions[role], batch, 1, testcase, None, measured,
+                                                  allowed_s)
+                    else:
+                        taken[role], role_waited = self._handover_batch(turns, role, regions[role], batch, calls,
+                                                                        testcase, measured, allowed_s)
+                        disturbed |= role_waited > HANDOVER_WAIT_NS + HANDOVER_WAIT_SHARE * taken[role]
+                if disturbed:  # a busy CPU beside it: the pair is noise, not a measurement
+                    measured.alone_disturbed += 1
+                else:
+                    for role in roles:
+                        measured.alone[role].append((calls, taken[role]))
+                measured.lap("alone")
+
+    def _handover_batch(self, turns: Turns, role: str, region: batches.Region, batch: Batch, calls: int,
+                        testcase: dict, measured: Rounds, allowed_s: float) -> tuple[float, float]:
+        """A CPU batch whose input sets the worker sees one at a time (`batches.run_handed_over`):
+        each written and released once the last call said it was done, that call's outputs
+        taken as they were then. The CPU time of the worker's processes from its first set's
+        release until it was stopped after its last call (the request's handling left out: it
+        would be most of the noise), taken as `_batch` takes it, and how long the worker's
+        calling thread and the evaluator waited for a CPU meanwhile (both look for the other's
+        word without sleeping: a wait of either is time the other spent looking)."""
+        worker = turns.workers[role]
+        if not worker.stopped:
+            self._hold(worker)
+        region.start_handover(batch.sets[:calls])
+        turns.give(role)
+        worker.send({"op": "batch_handover", "calls": calls})
+        limit_s = self.timeout + allowed_s
+        deadline = time.monotonic() + limit_s
+        before = after = None
+        if self._await_calls(worker, region, 0, deadline, limit_s):  # waiting for its first set
+            self._hold(worker)
+            before = batches.TreeTimes(worker.proc.pid, region.caller)
+            waited = batches.own_wait()
+            worker.resume()
+            for call in range(calls):
+                region.hand_over(call)
+                if not self._await_calls(worker, region, call + 1, deadline, limit_s):
+                    break
+                region.take_output(call)
+            else:
+                waited = batches.own_wait() - waited
+                self._hold(worker)
+                after = batches.TreeTimes(worker.proc.pid, region.caller)
+                worker.resume()
+        answer = worker.receive(max(0.0, deadline - time.monotonic()))
+        self._hold(worker)
+        if not answer["ok"]:
+            raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
+        if before is None or after is None:
+            raise WorkerFailure(f"error while timing {worker.label}: it answered a batch handed over one call at a "
+                                "time before its calls were done")
+        _note_processes(measured, role, calls, before, after)
+        self._judge_batch(role, region, batch, calls, testcase, measured, taken=True)
+        return after.cpu_since(before), waited + after.waiting - before.waiting
+
+    @staticmethod
+    def _await_calls(worker: Worker, region: batches.Region, count: int, deadline: float, limit_s: float) -> bool:
+        """Until the worker says `count` calls of a handed-over batch are done (0: it waits for
+        its first set); False where it answered instead (an error, which its answer says)."""
+        polls = 0
+        while region.calls_done() < count:
+            polls += 1
+            if polls % 256 == 0:
+                if worker.answering():  # done just now, or it gave up
+                    return region.calls_done() >= count
+                if time.monotonic() > deadline:
+                    raise worker.overdue(f"timeout after {limit_s:g} s")
+        return True
 
     def _size_batches(self, turns: Turns, role: str, region: batches.Region, spec: ReferenceSpec, case, salt: str,
                       limit: int, target_ns: float, testcase: dict, measured: Rounds) -> float:
@@ -859,11 +969,7 @@ class Evaluator:
         cpu_ns = after.cpu_since(before)
         taken_ns = cpu_ns if measured.by_cpu_time else \
             batches.busy_wall_ns(wall_ns, cpu_ns, after.waiting - before.waiting + waited)
-        if after.processes_changed(before) and role not in measured.failed:
-            measured.failed[role] = {
-                "passed": False, "check": "processes", "kind": "timer_integrity", "where": f"a batch of {calls}",
-                "detail": "a process of the worker started or ended during a timed batch: what an ended process "
-                          "spent is known only in clock ticks, so its time cannot be vouched for"}
+        _note_processes(measured, role, calls, before, after)
         measured.last_wall_ns = wall_ns
         if round_index is not None:
             measured.add_batch(role, round_index, taken_ns, calls, wall_ns / 1e9)
@@ -946,9 +1052,10 @@ class Evaluator:
         return {role: median(times) for role, times in taken.items()}, batch_phases(trips)
 
     def _judge_batch(self, role: str, region: batches.Region, batch: Batch, calls: int, testcase: dict,
-                     measured: Rounds) -> None:
+                     measured: Rounds, taken: bool = False) -> None:
+        """`taken`: the outputs are already in the evaluator's copy (a handed-over batch's)."""
         if role not in measured.failed:
-            record = self._check_batch(region, batch, calls, testcase)
+            record = self._check_batch(region, batch, calls, testcase, taken)
             measured.checked[role] = measured.checked.get(role, 0) + record.pop("checked")
             if not record["passed"]:
                 measured.failed[role] = record
@@ -961,10 +1068,12 @@ class Evaluator:
             raise WorkerFailure(f"error while timing {worker.label}: a process it started kept running while it "
                                 "was stopped (it left its process group): its time cannot be vouched for")
 
-    def _check_batch(self, region: batches.Region, batch: Batch, calls: int, testcase: dict) -> dict:
+    def _check_batch(self, region: batches.Region, batch: Batch, calls: int, testcase: dict,
+                     taken: bool = False) -> dict:
         """Every output slot written, and a few calls, chosen after the answer, right with their
         inputs unchanged."""
-        region.read(calls)
+        if not taken:
+            region.read(calls)
         unwritten = region.unwritten(calls)
         if unwritten is not None:
             return {"passed": False, "check": "finite", "kind": "finite", "checked": calls,
@@ -1006,7 +1115,8 @@ class Evaluator:
                                    # `fixed_cost` drew its line through
                                    "device_batches": [[r, n, round(ns / 1000, 3)] for r, ns, n, _
                                                       in measured.device_batches[role]] or None,
-                                   "outputs_checked": measured.checked.get(role, 0)}
+                                   "outputs_checked": measured.checked.get(role, 0),
+                                   "alone_bound": measured.alone_bound if role == "candidate" else None}
             else:
                 infos = measured.infos[role]
                 summaries[role] = self._summary(measured.samples[role], measured.wall[role], measured.account[role],
@@ -1237,6 +1347,16 @@ class Turns:
             if worker.stopped:
                 worker.resume()
         self.current = None
+
+
+def _note_processes(measured: Rounds, role: str, calls: int, before: batches.TreeTimes,
+                    after: batches.TreeTimes) -> None:
+    """A batch in which a process of the worker started or ended fails the role's timing."""
+    if after.processes_changed(before) and role not in measured.failed:
+        measured.failed[role] = {
+            "passed": False, "check": "processes", "kind": "timer_integrity", "where": f"a batch of {calls}",
+            "detail": "a process of the worker started or ended during a timed batch: what an ended process "
+                      "spent is known only in clock ticks, so its time cannot be vouched for"}
 
 
 def _skipped(reason: str) -> dict:

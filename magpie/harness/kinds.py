@@ -18,8 +18,10 @@ KINDS = (
     "allclose", "error_norm", "exact", "value", "type", "output_count", "shape", "dtype", "finite", "mutation",
     # the process that ran the code under test
     "crash", "timeout", "out_of_memory", "error", "load_error", "sandbox", "sandbox_violation",
-    # measurement, build steps, and what was not run because of an earlier failure
-    "timer_integrity", "compile", "testcase_command", "spec", "evaluator", "skipped", "not_compiled", "not_correct",
+    # measurement (calls_done_together: batches faster than the calls made alone allow), build
+    # steps, and what was not run because of an earlier failure
+    "timer_integrity", "calls_done_together", "compile", "testcase_command", "spec", "evaluator", "skipped",
+    "not_compiled", "not_correct",
     # a time under the roofline floor: a failure; where the L2 may explain it, a flag
     "impossible_time",
     # flags: a timing that stands but needs a look (uneven_calls: mean over twice the median,

@@ -6,9 +6,10 @@ measurements; nothing here runs code under test or holds a process."""
 
 from __future__ import annotations
 
+import math
 from statistics import fmean, median
 
-from magpie.compare.stats import bootstrap_speedup, thin_rounds
+from magpie.compare.stats import bootstrap_speedup, quantile, thin_rounds
 from magpie.harness import batches
 from magpie.harness.checks import as_tuple
 from magpie.harness.laps import Laps
@@ -244,6 +245,101 @@ def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "medi
             "method": SPEEDUP_METHOD_MEAN if statistic == "mean" else SPEEDUP_METHOD}
 
 
+# A vouched round's calls made alone (`alone_bound`), beside its batches: each role's on the same
+# input sets, back to back, up to ALONE_PAIRS pairs a round (at least one), in at most
+# ALONE_SHARE of the round's budget; on the CPU up to HANDOVER_CALLS calls a batch, handed over
+# one at a time. A GPU's batch of one call costs its fixed cost too (about 0.3 ms on the H200).
+ALONE_PAIRS = {"cpu": 4, "gpu": 2}
+ALONE_SHARE = 0.2
+HANDOVER_CALLS = 64
+# A pair of handed-over batches in which the evaluator or a worker waited for a CPU longer than
+# HANDOVER_WAIT_NS and this share of the batch's CPU time is left out: on a machine busy beside
+# the build, each side waits out another process's time slice (milliseconds) while the other
+# looks for its word. A worker's wake after it was stopped waits tens of µs on a quiet one.
+HANDOVER_WAIT_SHARE = 0.05
+HANDOVER_WAIT_NS = 200_000
+# How the bound allows for noise: this many standard errors of the pairs' differences, plus
+# ALONE_ALLOWANCE of what a call alone costs the baseline besides a batch's fixed cost (two
+# workers' hand-overs of the same code differed by up to 8% a call on the CPU machine).
+ALONE_STANDARD_ERRORS = 2.5
+ALONE_ALLOWANCE = 0.1
+# A bound this many times the candidate's time a call in batches fails its timing (honest
+# candidates read at most 0.9 on the CPU machine: bench/calls_alone.py).
+ALONE_FAIL = 1.25
+
+
+def alone_bound(alone: dict[str, list[tuple[int, float]]], batched_ns: dict[str, float],
+                fixed_ns: float = 0.0) -> dict | None:
+    """What the candidate's calls made alone say its calls cost, against the baseline's.
+
+    Each entry of `alone` is a batch whose calls could not be done together, (calls, ns): on
+    the CPU, input sets handed over one at a time, in batches of two sizes (a call's cost is
+    the difference of the two over the difference of their calls: what the first call and the
+    stops around the batch cost drops out); on a GPU, one call. A call so made costs what the
+    call costs plus the hand-over (the evaluator writing the next set; the GPU's switch between
+    the processes), the same for both roles, whose batches, on the same input sets back to
+    back, differ by what their calls differ by. So the candidate's calls take at least the
+    baseline's per-call time in batches (`batched_ns`) plus that difference, less the noise
+    (ALONE_STANDARD_ERRORS of the difference, from a robust spread of the pairs, and
+    ALONE_ALLOWANCE of what a call made alone costs the baseline beyond `fixed_ns`, a GPU
+    batch's fixed cost). `ratio`: that bound over the candidate's per-call time in batches;
+    over ALONE_FAIL, its batches' calls were not made one by one but done together (which a
+    worker's replaced batch loop can do over the input sets it is given all at once):
+    `failed`. None with fewer than three pairs (or two of each size)."""
+    pairs = list(zip(alone.get("candidate", []), alone.get("baseline", [])))
+    by_size: dict[int, list[tuple[float, float]]] = {}
+    for (calls, cand), (_, base) in pairs:
+        by_size.setdefault(calls, []).append((cand, base))
+    if len(pairs) < 3 or (len(by_size) > 1 and min(len(v) for v in by_size.values()) < 2):
+        return None
+
+    def centre(size: int, pick) -> tuple[float, float]:
+        """Median and its standard error (from the MAD) of `pick(cand, base)` over one size's pairs."""
+        values = [pick(c, b) for c, b in by_size[size]]
+        mid = median(values)
+        return mid, 1.4826 * median(abs(v - mid) for v in values) / math.sqrt(len(values))
+
+    small, large = min(by_size), max(by_size)
+    span = large - small if large > small else large
+    difference, spread = centre(large, lambda c, b: c - b)
+    baseline_alone, _ = centre(large, lambda c, b: b)
+    if large > small:  # the two sizes' difference: a call's own
+        low, low_spread = centre(small, lambda c, b: c - b)
+        difference, spread = difference - low, math.hypot(spread, low_spread)
+        baseline_alone -= centre(small, lambda c, b: b)[0]
+    difference, spread, baseline_alone = difference / span, spread / span, baseline_alone / span
+    margin = ALONE_STANDARD_ERRORS * spread + ALONE_ALLOWANCE * max(0.0, baseline_alone - fixed_ns)
+    lower = batched_ns["baseline"] + difference - margin
+    ratio = lower / max(batched_ns["candidate"], 1.0)
+    return {"pairs": len(pairs), "sizes": sorted(by_size), "baseline_alone_us": baseline_alone / 1000,
+            "difference_us": difference / 1000, "margin_us": margin / 1000, "lower_us": lower / 1000,
+            "batched_us": batched_ns["candidate"] / 1000, "ratio": ratio, "failed": ratio > ALONE_FAIL}
+
+
+# On a GPU, a call that reads under this share of what the copy of its outputs into their slots
+# costs (`Rounds.harness_ns`: one kernel, writing what the call must write at least once) was not
+# run as a call of its own (`launch_floor`).
+LAUNCH_FLOOR = 0.25
+
+
+def launch_floor(per_call_ns: float, harness_ns: float) -> str | None:
+    """Why a GPU batch's per-call time (its copies taken off) cannot be calls each launched on
+    their own, or None: every call runs at least one kernel and writes its outputs, which take
+    about what one kernel copying them takes. Calls done together, a launch over all of a
+    batch's input sets, read a thousandth of that on the H200."""
+    if harness_ns <= 0 or per_call_ns >= LAUNCH_FLOOR * harness_ns:
+        return None
+    return (f"a call read {per_call_ns / 1000:.3g} µs, under {LAUNCH_FLOOR:g} of one kernel that copies its outputs "
+            f"({harness_ns / 1000:.3g} µs): its batches' calls were not each launched, but done together")
+
+
+def alone_line(bound: dict) -> str:
+    return (f"its calls made alone took {bound['difference_us']:+.3g} µs a call against the baseline's, so at least "
+            f"{bound['lower_us']:.3g} µs a call, {bound['ratio']:.2g}x what its batches read "
+            f"({bound['batched_us']:.3g} µs a call): their calls were not made one by one, so their time cannot be "
+            f"vouched for")
+
+
 class Rounds:
     """One interleaved measurement, per role: its samples in time order (ns), how many each
     round took (the bootstrap's blocks), the wall time the evaluator measured around its
@@ -262,6 +358,10 @@ class Rounds:
         self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`Evaluator._calibrate`)
         # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
         self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
+        # per role, its batches of calls made alone in the rounds, (calls, ns) (`alone_bound`), and the bound
+        self.alone: dict[str, list[tuple[int, float]]] = {role: [] for role in roles}
+        self.alone_disturbed = 0  # pairs left out: a CPU was busy beside them (HANDOVER_WAIT_SHARE)
+        self.alone_bound: dict | None = None
         self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
         self.phases: dict[str, list[dict]] = {role: [] for role in roles}  # on a GPU, per batch (`batch_phases`)
         self.calibration_phases: dict | None = None  # the same for the batches that measured it
@@ -328,6 +428,14 @@ class Rounds:
             for round_index, taken_ns, calls, wall_s in records:
                 if round_index is not None:
                     self.add_batch(role, round_index, taken_ns, calls, wall_s)
+
+    def judge_calls_alone(self) -> None:
+        """The candidate's calls made alone against its batches (`alone_bound`)."""
+        if self.samples.get("candidate") and self.samples.get("baseline"):
+            self.alone_bound = alone_bound(self.alone, {role: median(self.samples[role]) for role in self.samples},
+                                           self.fixed_ns)
+            if self.alone_bound is not None:
+                self.alone_bound["left_out"] = self.alone_disturbed
 
     def speedup(self, statistic: str = "median") -> float:
         """The point estimate, median(baseline) / median(candidate), or the means' ratio."""

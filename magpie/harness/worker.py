@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from magpie.harness.batches import WorkerViews, run_batch
+from magpie.harness.batches import WorkerViews, run_batch, run_handed_over
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
 from magpie.supervision.process import log_to, release_memory, serve_pipes
@@ -235,6 +235,17 @@ class Implementation:
             views.done.record()
         # the worker's own account of where a batch's time went: a diagnostic, never a sample
         return {"loop_ns": time.perf_counter_ns() - started}
+
+    def batch_handover(self, request: dict) -> dict:
+        """One call on each of the region's first `calls` input sets, each as the evaluator
+        releases it (`run_handed_over`): the evaluator's bound on what a batch's calls may be
+        credited (`measurement.alone_bound`)."""
+        views = self._batch_views
+        self._poison(False)
+        with collector_paused():
+            run_handed_over(self.torch, self.fn, views.inputs[:int(request["calls"])],
+                            views.outputs[:int(request["calls"])], views.control)
+        return {}
 
     def batch_unmap(self, request: dict) -> dict:
         """Let go of the region (and the graphs that read it): on a GPU the evaluator's memory."""

@@ -184,6 +184,14 @@ class Worker:
         self._pending = False
         return answer
 
+    def answering(self) -> bool:
+        """Whether an answer, or the end of the pipe, waits to be read."""
+        return b"\n" in self._buffer or bool(select.select([self._answer_read], [], [], 0)[0])
+
+    def overdue(self, verdict: str) -> WorkerFailure:
+        """Kill a worker that missed a deadline the caller keeps: the failure to raise."""
+        return self._ended(verdict)
+
     def _ended(self, verdict: str) -> WorkerFailure:
         """Kill a worker that broke the protocol or its deadline: the failure to raise."""
         self.failed = True
