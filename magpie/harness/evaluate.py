@@ -777,7 +777,9 @@ class Evaluator:
                                         20 * due[role] * per_call[role] / 1e9)
                             made[role] += due[role]
                     b += 1
-                if len(roles) == 2 and (on_gpu or measured.by_cpu_time):
+                # batches of one call cannot be done together; on the CPU the bound is drawn from CPU
+                # times (one torch thread)
+                if len(roles) == 2 and limit > 1 and (on_gpu or measured.by_cpu_time):
                     self._alone(turns, regions, spec, case, testcase, salt, r, measured, per_call, limit, round_ns)
             steps.mark("rounds")
             measured.round_parts_s = measured.round_laps.seconds
