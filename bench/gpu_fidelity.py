@@ -177,9 +177,9 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
         if rule not in seconds or data["task_started_unix"] < start_unix:
             continue
         seconds[rule] += data["task_seconds"]
-        tasks[data["task"]] = {k: data.get(k) for k in ("task_seconds", "phases_s", "measurement_steps_s", "round_parts_s",
-                                                        "first_call_steps_s", "worker_steps_s", "worker_loads_s", "evaluator_start_s",
-                                                        "workers_adopted", "device_held_s")}
+        tasks[data["task"]] = {k: data.get(k) for k in (
+            "task_seconds", "phases_s", "measurement_steps_s", "round_parts_s", "first_call_steps_s", "worker_steps_s",
+            "worker_loads_s", "evaluator_start_s", "evaluator_park_s", "workers_adopted", "device_held_s")}
         began = data["task_started_unix"] - start_unix
         tasks[data["task"]]["span_s"] = [round(began, 3), round(began + data["task_seconds"], 3)]
         if rule == "timing":

@@ -166,13 +166,16 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
         except WorkerFailure as err:
             failure = f"evaluator {err}"
         finally:
+            answered = time.monotonic()
             evaluator.release()
+            parked = time.monotonic()
         for log in work.glob("worker-*.log"):
             shutil.copy(log, out_dir / log.name)
         if failure is None:
             result = answer["result"]
             # a build's first evaluators wait here for the zygote's imports
             result["evaluator_start_s"] = round(started - asked, 3)
+            result["evaluator_park_s"] = round(parked - answered, 3)
             return result
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -283,6 +283,7 @@ class Evaluator:
                     self.laps.mark("start")
                     records = self._run_cases(worker, spec, cases, f"tc{index}", testcase["rtol"], testcase["atol"],
                                               self.laps)
+                self.laps.mark("park")  # the worker reset and parked for the timing job (or ended)
                 checks.extend({"testcase": index, **r} for r in records)
         except SpecError as err:
             return {"correctness_state": "FAILED", "numerics": numerics, "verdict": f"testcase spec: {err}",
