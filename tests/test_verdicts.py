@@ -290,6 +290,18 @@ def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_fast
     assert rows["good"]["speedup"]["value"] > 2
 
 
+def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fails_its_timing(tmp_path):
+    """The loop that takes input sets one at a time replaced by one that says each call is done
+    as soon as its set comes, then makes every call after the last: the evaluator took each
+    call's outputs when it was said to be done, and they still held the NaN they were filled
+    with."""
+    report = relu2_report(tmp_path, ["claims_handed_over_calls"], shapes="[[33, 65]]")
+    row = next(r for r in report["results"] if r["implementation"] == "claims_handed_over_calls")
+    assert row["correctness_state"] == "SUCCESS", row["errors"]
+    assert row["performance_state"] == "FAILED", row.get("speedup")
+    assert any("still held the NaN" in e for e in row["errors"]), row["errors"]
+
+
 def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(tmp_path):
     """A 200 µs candidate whose replaced timer claims its whole sample cap at 1 µs a call after
     one real call, spinning until the wall time matches its claims: with the timer in the worker
