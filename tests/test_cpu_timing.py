@@ -390,6 +390,16 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
 
     assert "done together" in launch_floor(1, 1_300) and launch_floor(900, 1_300) is None
     assert launch_floor(1, 0.0) is None  # nothing priced: nothing to say
+    # no bound because threads of the candidate's own held its calling thread in most pairs: said
+    from magpie.harness.measurement import Rounds, unbounded_line
+
+    measured = Rounds(["baseline", "candidate"], vouched=True)
+    measured.alone_disturbed, measured.alone_held_by_own_threads["candidate"] = 14, 14
+    assert "threads of its own" in unbounded_line(measured)
+    measured.alone_held_by_own_threads["candidate"] = 3  # mostly a busy machine's waits: nothing to say
+    assert unbounded_line(measured) is None
+    measured.alone_held_by_own_threads["candidate"], measured.alone_bound = 14, {"failed": False}
+    assert unbounded_line(measured) is None  # a bound was drawn from the pairs kept
     # too few pairs say nothing
     assert alone_bound({"candidate": baseline[:2], "baseline": baseline[:2]}, {"baseline": 1, "candidate": 1}) is None
     assert alone_bound({"candidate": [(8, 1e5), (64, 1e6), (64, 1e6)], "baseline": [(8, 1e5), (64, 1e6), (64, 1e6)]},

@@ -302,6 +302,34 @@ def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fa
     assert any("still held the NaN" in e for e in row["errors"]), row["errors"]
 
 
+THREADED_RELU = """
+import torch
+
+torch.set_num_threads(2)  # its own threads, beside the one the timing runs it with
+
+
+def kernel(x):
+    return torch.relu(x) * 2.0
+"""
+
+
+def test_a_worker_that_moves_its_threads_during_calls_made_alone_fails_and_one_with_threads_of_its_own_stands(tmp_path):
+    """While its calls are handed over one at a time, a worker that moves itself onto the
+    evaluator's CPU could hold the evaluator up and have those calls left out (then no bound is
+    drawn and a batch done together goes unseen): its timing fails. An honest candidate that
+    runs threads of its own keeps its calling thread waiting on the CPU it was given, so its
+    calls made alone are left out too (`unbounded_calls` says so where most were): it stands.
+    Counted as they were, they read 46 ms a call against 0.6 ms in batches and failed it."""
+    report = relu2_report(tmp_path, ["batches_and_moves", "threaded"], shapes="[[512, 512]]",
+                          sources={"threaded": THREADED_RELU})
+    rows = {r["implementation"]: r for r in report["results"]}
+    moved = rows["batches_and_moves"]
+    assert moved["performance_state"] == "FAILED"
+    assert any("left the CPU its calls made alone were given" in e for e in moved["errors"]), moved["errors"]
+    threaded = rows["threaded"]
+    assert threaded["performance_state"] == "SUCCESS", threaded["errors"]
+
+
 def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(tmp_path):
     """A 200 µs candidate whose replaced timer claims its whole sample cap at 1 µs a call after
     one real call, spinning until the wall time matches its claims: with the timer in the worker

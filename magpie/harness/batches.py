@@ -544,33 +544,50 @@ def run_handed_over(torch, fn, inputs: list, outputs: list, control) -> None:
         control[1] = call + 1
 
 
+def _threads(pid: int) -> list[int]:
+    """Every thread of `pid` and of its descendants."""
+    found = []
+    for process in [pid, *_descendants(pid)]:
+        with contextlib.suppress(OSError):  # it ended meanwhile
+            found.extend(int(tid) for tid in os.listdir(f"/proc/{process}/task"))
+    return found
+
+
 @contextlib.contextmanager
 def apart(pids: list[int]):
     """While batches are handed over one call at a time: the calling thread on one allowed CPU,
     every thread of the processes `pids` and their descendants on another, their CPU masks
     restored after. Each side looks for the other's word without sleeping; on one CPU, or on
     CPUs the scheduler lets them share, each would wait out the other's time slice (on the
-    2-CPU machine, 4-11 ms in one batch of four, instead of 10 µs). Yields False, changing
-    nothing, where fewer than two CPUs are allowed."""
+    2-CPU machine, 4-11 ms in one batch of four, instead of 10 µs). Yields the workers' CPU,
+    or None, changing nothing, where fewer than two CPUs are allowed."""
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
-        yield False
+        yield None
         return
     masks = {0: os.sched_getaffinity(0)}
     for pid in pids:
-        for process in [pid, *_descendants(pid)]:
-            with contextlib.suppress(OSError):
-                for tid in os.listdir(f"/proc/{process}/task"):
-                    with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                        masks[int(tid)] = os.sched_getaffinity(int(tid))
-                        os.sched_setaffinity(int(tid), {allowed[1]})
+        for tid in _threads(pid):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                masks[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, {allowed[1]})
     os.sched_setaffinity(0, {allowed[0]})
     try:
-        yield True
+        yield allowed[1]
     finally:
         for tid, mask in masks.items():
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(tid, mask)
+
+
+def moved_threads(pid: int, cpu: int) -> list[int]:
+    """The threads of `pid` and its descendants whose CPU mask is no longer {cpu} (`apart`)."""
+    moved = []
+    for tid in _threads(pid):
+        with contextlib.suppress(OSError):
+            if os.sched_getaffinity(tid) != {cpu}:
+                moved.append(tid)
+    return moved
 
 
 def copy_ns_per_call(torch, reference, sets: list, example_outputs, graph: bool) -> float:
@@ -732,12 +749,12 @@ def _process_cpu(pid: int) -> tuple[tuple[int, str], int, int] | None:
 
 
 class TreeTimes:
-    """A snapshot of scheduler times: the waits of the thread that runs the calls (the
-    worker's main thread, `main`), and the CPU time of every process of the worker's tree
-    (`_process_cpu`), by process (a pid and its start time)."""
+    """A snapshot of scheduler times: the CPU time and the waits of the thread that runs the
+    calls (the worker's main thread, `main`), and the CPU time of every process of the
+    worker's tree (`_process_cpu`), by process (a pid and its start time)."""
 
     def __init__(self, root: int, main: int):
-        self.waiting = _schedstat(f"/proc/{main}/task/{main}/schedstat")[1]
+        self.main_cpu, self.waiting = _schedstat(f"/proc/{main}/task/{main}/schedstat")
         self.cpu: dict[tuple[int, str], int] = {}
         self.reaped_ticks = 0
         for pid in _descendants(root):

@@ -39,8 +39,8 @@ from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, DEFAULT_BETWEE
                                         HANDOVER_CALLS, HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE, Batch, Rounds,
                                         alone_line, batch_phases, few_samples, first_use_verdict, for_device,
                                         host_wall_gap, implausible_speedup, launch_floor, other_size,
-                                        paired_speedup, roofline_floor, timer_inconsistency, uneven_calls,
-                                        uneven_line, vouched_inputs, vouched_method, wall_check)
+                                        paired_speedup, roofline_floor, timer_inconsistency, unbounded_line,
+                                        uneven_calls, uneven_line, vouched_inputs, vouched_method, wall_check)
 from magpie.harness.timing import GRAPH_THRESHOLD_US, calibrate, nvml_snapshot, sample_cap, timer_for
 from magpie.paths import subprocess_env
 from magpie.sandbox import namespaces
@@ -547,6 +547,11 @@ class Evaluator:
                 result["warnings"].append(f"{role}: {note}")
         if measured.alone_bound and measured.alone_bound["failed"]:
             _fail(result, "calls_done_together", f"candidate: {alone_line(measured.alone_bound)}", case, spec_index)
+        held = unbounded_line(measured)
+        if held:
+            summaries["candidate"].setdefault("flags", []).append(held)
+            result["warnings"].append(f"candidate: {held}")
+            _record(result, "flags", "unbounded_calls", f"candidate: {held}", case, spec_index)
         for role, summary in summaries.items():
             verdict = self._roofline(summary, floor, expected)
             if verdict is None:
@@ -824,9 +829,9 @@ class Evaluator:
         large = 1 if on_gpu else max(2, min(limit, HANDOVER_CALLS, int(share_ns / most / slowest)))
         sizes = (1,) if on_gpu else (max(1, large // 8), large)
         pairs = max(1, min(most, int(share_ns / (2 * slowest * fmean(sizes)))))
-        with contextlib.nullcontext(True) if on_gpu else \
-                batches.apart([worker.proc.pid for worker in turns.workers.values()]) as apart:
-            for k in range(pairs if apart else 0):
+        with contextlib.nullcontext(-1) if on_gpu else \
+                batches.apart([worker.proc.pid for worker in turns.workers.values()]) as workers_cpu:
+            for k in range(pairs if workers_cpu is not None else 0):
                 calls = sizes[k % len(sizes)]
                 batch = Batch(self._fresh_sets(spec, case, f"{salt} {round_index} alone {k}", calls, measured),
                               spec, self.init_seed)
@@ -837,9 +842,12 @@ class Evaluator:
                         taken[role] = self._batch(turns, role, regions[role], batch, 1, testcase, None, measured,
                                                   allowed_s)
                     else:
-                        taken[role], role_waited = self._handover_batch(turns, role, regions[role], batch, calls,
-                                                                        testcase, measured, allowed_s)
-                        disturbed |= role_waited > HANDOVER_WAIT_NS + HANDOVER_WAIT_SHARE * taken[role]
+                        taken[role], waits, own_threads = self._handover_batch(
+                            turns, role, regions[role], batch, calls, testcase, measured, allowed_s, workers_cpu)
+                        waited = [wait > HANDOVER_WAIT_NS + HANDOVER_WAIT_SHARE * taken[role] for wait in waits]
+                        disturbed |= any(waited)
+                        if waited == [False, True] and own_threads:
+                            measured.alone_held_by_own_threads[role] += 1
                 if disturbed:  # a busy CPU beside it: the pair is noise, not a measurement
                     measured.alone_disturbed += 1
                 else:
@@ -848,14 +856,18 @@ class Evaluator:
                 measured.lap("alone")
 
     def _handover_batch(self, turns: Turns, role: str, region: batches.Region, batch: Batch, calls: int,
-                        testcase: dict, measured: Rounds, allowed_s: float) -> tuple[float, float]:
+                        testcase: dict, measured: Rounds, allowed_s: float,
+                        workers_cpu: int) -> tuple[float, tuple[float, float], bool]:
         """A CPU batch whose input sets the worker sees one at a time (`batches.run_handed_over`):
         each written and released once the last call said it was done, that call's outputs
         taken as they were then. The CPU time of the worker's processes from its first set's
         release until it was stopped after its last call (the request's handling left out: it
-        would be most of the noise), taken as `_batch` takes it, and how long the worker's
-        calling thread and the evaluator waited for a CPU meanwhile (both look for the other's
-        word without sleeping: a wait of either is time the other spent looking)."""
+        would be most of the noise), taken as `_batch` takes it; how long the evaluator and the
+        worker's calling thread waited for a CPU meanwhile (both look for the other's word
+        without sleeping: a wait of either is time the other spent looking; `_alone` leaves out
+        pairs that waited); and whether other threads of the worker ran meanwhile (which keep
+        its calling thread waiting on the CPU it was given). A worker whose threads left
+        `workers_cpu` (`batches.apart`) could make the evaluator wait: its timing fails."""
         worker = turns.workers[role]
         if not worker.stopped:
             self._hold(worker)
@@ -888,8 +900,16 @@ class Evaluator:
             raise WorkerFailure(f"error while timing {worker.label}: it answered a batch handed over one call at a "
                                 "time before its calls were done")
         _note_processes(measured, role, calls, before, after)
+        moved = batches.moved_threads(worker.proc.pid, workers_cpu)
+        if moved and role not in measured.failed:
+            measured.failed[role] = {
+                "passed": False, "check": "affinity", "kind": "timer_integrity", "where": f"a batch of {calls} calls "
+                "made alone", "detail": f"{len(moved)} thread(s) of the worker left the CPU its calls made alone were "
+                "given: on the evaluator's it could hold the evaluator up and have those calls left out"}
         self._judge_batch(role, region, batch, calls, testcase, measured, taken=True)
-        return after.cpu_since(before), waited + after.waiting - before.waiting
+        cpu_ns = after.cpu_since(before)
+        own_threads = cpu_ns - (after.main_cpu - before.main_cpu) > HANDOVER_WAIT_NS
+        return cpu_ns, (waited, after.waiting - before.waiting), own_threads
 
     @staticmethod
     def _await_calls(worker: Worker, region: batches.Region, count: int, deadline: float, limit_s: float) -> bool:

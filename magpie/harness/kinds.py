@@ -25,8 +25,9 @@ KINDS = (
     # a time under the roofline floor: a failure; where the L2 may explain it, a flag
     "impossible_time",
     # flags: a timing that stands but needs a look (uneven_calls: mean over twice the median,
-    # compared by means; disturbed_measurement: the baseline read far from its own timing, twice)
-    "untimed_work", "implausible_speedup", "uneven_calls", "disturbed_measurement",
+    # compared by means; disturbed_measurement: the baseline read far from its own timing, twice;
+    # unbounded_calls: threads of its own kept its calls made alone from bounding its batches)
+    "untimed_work", "implausible_speedup", "uneven_calls", "disturbed_measurement", "unbounded_calls",
 )
 STAGES = ("compile", "correctness", "timing")
 

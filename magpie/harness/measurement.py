@@ -333,6 +333,18 @@ def launch_floor(per_call_ns: float, harness_ns: float) -> str | None:
             f"({harness_ns / 1000:.3g} µs): its batches' calls were not each launched, but done together")
 
 
+def unbounded_line(measured: Rounds) -> str | None:
+    """Where the candidate's calls made alone drew no bound because threads of its own kept its
+    calling thread waiting in most pairs (an honest candidate that runs threads of its own, or
+    one that hides a batch's calls done together so), what to say; else None."""
+    held = measured.alone_held_by_own_threads.get("candidate", 0)
+    if measured.alone_bound is not None or not held or 2 * held < measured.alone_disturbed:
+        return None
+    return (f"its calls made alone drew no bound on its batches: threads of its own kept its calling thread waiting "
+            f"in {held} of {measured.alone_disturbed + len(measured.alone.get('candidate', []))} pairs, so calls "
+            f"done together in its batches would go unseen")
+
+
 def alone_line(bound: dict) -> str:
     return (f"its calls made alone took {bound['difference_us']:+.3g} µs a call against the baseline's, so at least "
             f"{bound['lower_us']:.3g} µs a call, {bound['ratio']:.2g}x what its batches read "
@@ -361,6 +373,8 @@ class Rounds:
         # per role, its batches of calls made alone in the rounds, (calls, ns) (`alone_bound`), and the bound
         self.alone: dict[str, list[tuple[int, float]]] = {role: [] for role in roles}
         self.alone_disturbed = 0  # pairs left out: a CPU was busy beside them (HANDOVER_WAIT_SHARE)
+        # of those, per role, the ones where only its calling thread waited, while its own threads ran
+        self.alone_held_by_own_threads: dict[str, int] = dict.fromkeys(roles, 0)
         self.alone_bound: dict | None = None
         self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
         self.phases: dict[str, list[dict]] = {role: [] for role in roles}  # on a GPU, per batch (`batch_phases`)
