@@ -338,7 +338,7 @@ def test_a_handed_over_batch_shows_each_set_only_after_the_last_call_said_it_was
         return torch.relu(x) * 2
 
     worker = threading.Thread(target=batches.run_handed_over,
-                              args=(torch, kernel, views.inputs[:4], views.outputs[:4], views.control))
+                              args=(torch, kernel, views.inputs, views.outputs, views.control))
     worker.start()
     while region.calls_done() < 0:  # not yet waiting for its first set
         pass
@@ -348,6 +348,7 @@ def test_a_handed_over_batch_shows_each_set_only_after_the_last_call_said_it_was
             pass
         region.take_output(call)
         views.outputs[call][0].fill_(7.0)  # written after it said it was done: never seen
+    region.end_handover()  # it was never told how many calls the batch holds
     worker.join()
     assert seen == [[True, False, False, False], [True, True, False, False], [True, True, True, False],
                     [True, True, True, True]]

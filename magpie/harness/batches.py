@@ -261,6 +261,10 @@ class Region:
         os.pwrite(self.fd, self._bytes[call * stride:(call + 1) * stride], call * stride)
         os.pwrite(self.control_fd, (call + 1).to_bytes(8, "little"), 0)
 
+    def end_handover(self) -> None:
+        """The handed-over batch has ended (`run_handed_over` returns)."""
+        os.pwrite(self.control_fd, (-1).to_bytes(8, "little", signed=True), 0)
+
     def calls_done(self) -> int:
         """How many calls of a handed-over batch the worker says are done (-1: it has not yet
         said it waits for the first set)."""
@@ -525,23 +529,29 @@ def run_batch(torch, fn, inputs: list, outputs: list) -> None:
             slot.copy_(value)
 
 
-def run_handed_over(torch, fn, inputs: list, outputs: list, control) -> None:
+def run_handed_over(torch, fn, inputs: Sequence, outputs: Sequence, control) -> None:
     """`run_batch` one call at a time, as the evaluator writes each input set and releases it
     (`control[0]`, the sets released) once the last call said it was done (`control[1]`, the
     calls done), taking that call's outputs as they were then (`Region.take_output`): calls that
-    see their sets one by one cannot be done together. The worker looks for each release without
+    see their sets one by one cannot be done together. The worker is not told how many calls a
+    batch holds (batches of two sizes in an order it cannot foresee: it cannot treat one size
+    unlike the other); -1 in `control[0]` ends the batch. It looks for each release without
     sleeping, on a CPU of its own (`apart`): a call after a sleep runs from cold caches, which
     would cost handed-over calls more than batched ones, by how much depending on the code."""
     deadline = time.monotonic() + HANDOVER_WAIT_S
     control[1] = 0  # waiting for the first set
-    for call in range(len(inputs)):
+    call = 0
+    while True:
         looked = 0
-        while control[0] <= call:
+        while 0 <= control[0] <= call:
             looked += 1
             if not looked % 4096 and time.monotonic() > deadline:
                 raise TimeoutError(f"no input set released in {HANDOVER_WAIT_S:g} s")
+        if control[0] < 0:
+            return
         run_batch(torch, fn, inputs[call:call + 1], outputs[call:call + 1])
-        control[1] = call + 1
+        call += 1
+        control[1] = call
 
 
 def _threads(pid: int) -> list[int]:

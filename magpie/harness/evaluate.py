@@ -17,6 +17,7 @@ import importlib.machinery
 import json
 import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -817,8 +818,8 @@ class Evaluator:
         """A round's calls made alone (`alone_bound`), not samples but checked like any batch:
         both roles on the same input sets of new seeds, back to back, the order flipped every
         two pairs. On the CPU (one torch thread, timed by CPU time), batches handed over one call
-        at a time (`_handover_batch`), of two sizes in turn (what the first call and the stops
-        cost drops out of their difference), the evaluator and the workers on CPUs apart (none
+        at a time (`_handover_batch`), of two sizes in a shuffled order (what the first call and
+        the stops cost drops out of their difference), the evaluator and the workers on CPUs apart (none
         where one CPU is allowed); on a GPU, batches of one call, whose cost besides the call is
         the GPU's, not the worker's."""
         roles = list(turns.workers)
@@ -829,10 +830,13 @@ class Evaluator:
         large = 1 if on_gpu else max(2, min(limit, HANDOVER_CALLS, int(share_ns / most / slowest)))
         sizes = (1,) if on_gpu else (max(1, large // 8), large)
         pairs = max(1, min(most, int(share_ns / (2 * slowest * fmean(sizes)))))
+        # in an order the worker cannot foresee, as many of each size as the pairs allow
+        order = [sizes[k % len(sizes)] for k in range(pairs)]
+        random.SystemRandom().shuffle(order)
         with contextlib.nullcontext(-1) if on_gpu else \
                 batches.apart([worker.proc.pid for worker in turns.workers.values()]) as workers_cpu:
             for k in range(pairs if workers_cpu is not None else 0):
-                calls = sizes[k % len(sizes)]
+                calls = order[k]
                 batch = Batch(self._fresh_sets(spec, case, f"{salt} {round_index} alone {k}", calls, measured),
                               spec, self.init_seed)
                 taken, disturbed = {}, False
@@ -873,7 +877,7 @@ class Evaluator:
             self._hold(worker)
         region.start_handover(batch.sets[:calls])
         turns.give(role)
-        worker.send({"op": "batch_handover", "calls": calls})
+        worker.send({"op": "batch_handover"})  # not how many: it cannot treat one size unlike the other
         limit_s = self.timeout + allowed_s
         deadline = time.monotonic() + limit_s
         before = after = None
@@ -892,6 +896,7 @@ class Evaluator:
                 self._hold(worker)
                 after = batches.TreeTimes(worker.proc.pid, region.caller)
                 worker.resume()
+                region.end_handover()
         answer = worker.receive(max(0.0, deadline - time.monotonic()))
         self._hold(worker)
         if not answer["ok"]:

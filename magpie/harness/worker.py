@@ -237,14 +237,13 @@ class Implementation:
         return {"loop_ns": time.perf_counter_ns() - started}
 
     def batch_handover(self, request: dict) -> dict:
-        """One call on each of the region's first `calls` input sets, each as the evaluator
-        releases it (`run_handed_over`): the evaluator's bound on what a batch's calls may be
+        """One call on each of the region's input sets as the evaluator releases it, until it
+        ends the batch (`run_handed_over`): the evaluator's bound on what a batch's calls may be
         credited (`measurement.alone_bound`)."""
         views = self._batch_views
         self._poison(False)
         with collector_paused():
-            run_handed_over(self.torch, self.fn, views.inputs[:int(request["calls"])],
-                            views.outputs[:int(request["calls"])], views.control)
+            run_handed_over(self.torch, self.fn, views.inputs, views.outputs, views.control)
         return {}
 
     def batch_unmap(self, request: dict) -> dict:
