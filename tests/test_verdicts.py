@@ -259,6 +259,12 @@ def test_work_in_a_process_that_ends_within_a_timed_batch_fails_the_timing(tmp_p
     assert any("started or ended during a timed batch" in e for e in row["errors"]), row["errors"]
 
 
+# The default budget: calls made alone take a fifth of it, and at the 60 ms most tests use a
+# build now and then kept too few pairs (a wake that waited for a CPU leaves one out) to draw a
+# bound from.
+DEFAULT_TIMING = "warmup_ms = 5\nbudget_ms = 300\nrounds = 5"
+
+
 def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(tmp_path):
     """The same relu as the baseline, but the worker's batch loop replaced by one operation over
     all the batch's input sets (they lie a fixed stride apart): credited 4.4-6.9x on 33x65 sets
@@ -267,14 +273,14 @@ def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(tmp_
     candidate several times slower, of ten operations a call, stands. (On 33x65 sets at the
     default budget the bound failed it in 5 of 6 builds and credited 2.4x once: a 9 µs call is
     near what the bound can tell, bench/calls_alone.py; on 8x8 sets a call is all dispatch.)"""
-    report = relu2_report(tmp_path, ["batches_its_calls", "many_ops"], shapes="[[8, 8]]")
+    report = relu2_report(tmp_path, ["batches_its_calls", "many_ops"], shapes="[[8, 8]]", timing=DEFAULT_TIMING)
     rows = {r["implementation"]: r for r in report["results"]}
     row = rows["batches_its_calls"]
     assert row["performance_state"] == "FAILED", row.get("speedup")
     assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
     honest = rows["many_ops"]
     assert honest["performance_state"] == "SUCCESS", honest["errors"]
-    assert not honest["performance_result"]["alone_bound"]["failed"]
+    assert not (honest["performance_result"]["alone_bound"] or {}).get("failed")
     assert honest["speedup"]["value"] < 0.5
 
 
@@ -284,7 +290,8 @@ def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_fast
     made alone as slow as the baseline's. The plain relu, honestly several times faster than the
     ten, is credited. (On 33x65 sets the ten done together still move every set's data ten
     times: 10-18 µs a call against 37, a bound 1.3-3x its batches at the default budget.)"""
-    report = relu2_report(tmp_path, ["batches_many_ops", "good"], shapes="[[8, 8]]", baseline="many_ops")
+    report = relu2_report(tmp_path, ["batches_many_ops", "good"], shapes="[[8, 8]]", baseline="many_ops",
+                          timing=DEFAULT_TIMING)
     rows = {r["implementation"]: r for r in report["results"]}
     assert rows["batches_many_ops"]["performance_state"] == "FAILED", rows["batches_many_ops"].get("speedup")
     assert "calls_done_together" in [f["kind"] for f in rows["batches_many_ops"]["failures"]]
@@ -315,20 +322,23 @@ def kernel(x):
 """
 
 
-def test_a_worker_that_moves_its_threads_during_calls_made_alone_fails_and_one_with_threads_of_its_own_stands(tmp_path):
+def test_a_worker_that_moves_its_threads_during_calls_made_alone_fails_its_timing(tmp_path):
     """While its calls are handed over one at a time, a worker that moves itself onto the
     evaluator's CPU could hold the evaluator up and have those calls left out (then no bound is
-    drawn and a batch done together goes unseen): its timing fails. An honest candidate that
-    runs threads of its own keeps its calling thread waiting on the CPU it was given, so its
-    calls made alone are left out too (`unbounded_calls` says so where most were): it stands.
-    Counted as they were, they read 46 ms a call against 0.6 ms in batches and failed it."""
-    report = relu2_report(tmp_path, ["batches_and_moves", "threaded"], shapes="[[512, 512]]",
-                          sources={"threaded": THREADED_RELU})
-    rows = {r["implementation"]: r for r in report["results"]}
-    moved = rows["batches_and_moves"]
+    drawn and a batch done together goes unseen): its timing fails."""
+    report = relu2_report(tmp_path, ["batches_and_moves"], shapes="[[8, 8]]", timing=DEFAULT_TIMING)
+    moved = next(r for r in report["results"] if r["implementation"] == "batches_and_moves")
     assert moved["performance_state"] == "FAILED"
     assert any("left the CPU its calls made alone were given" in e for e in moved["errors"]), moved["errors"]
-    threaded = rows["threaded"]
+
+
+def test_a_candidate_with_threads_of_its_own_stands(tmp_path):
+    """An honest candidate that runs threads of its own keeps its calling thread waiting on the
+    CPU its calls made alone were given, so they are left out (`unbounded_calls` says so where
+    most were): it stands. Counted as they were, they read 46 ms a call against 0.6 ms in
+    batches and failed it."""
+    report = relu2_report(tmp_path, ["threaded"], shapes="[[512, 512]]", sources={"threaded": THREADED_RELU})
+    threaded = next(r for r in report["results"] if r["implementation"] == "threaded")
     assert threaded["performance_state"] == "SUCCESS", threaded["errors"]
 
 

@@ -37,8 +37,9 @@ from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, DEFAULT_BETWEEN_RUNS, DEFAULT_DISTURBED_FRACTION,
-                                        HANDOVER_CALLS, HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE, Batch, Rounds,
-                                        alone_line, batch_phases, few_samples, first_use_verdict, for_device,
+                                        HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE,
+                                        Batch, Rounds, alone_line, batch_phases, few_samples, first_use_verdict,
+                                        for_device,
                                         host_wall_gap, implausible_speedup, launch_floor, other_size,
                                         paired_speedup, roofline_floor, timer_inconsistency, unbounded_line,
                                         uneven_calls, uneven_line, vouched_inputs, vouched_method, wall_check)
@@ -827,7 +828,9 @@ class Evaluator:
         share_ns = ALONE_SHARE * round_ns
         slowest = max(max(per_call.values()), 1.0)
         most = ALONE_PAIRS["gpu" if on_gpu else "cpu"]
-        large = 1 if on_gpu else max(2, min(limit, HANDOVER_CALLS, int(share_ns / most / slowest)))
+        large = 1 if on_gpu else min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
+        if not on_gpu and large < HANDOVER_MIN_CALLS:
+            return  # batches of a few calls would not average out calls of uneven work
         sizes = (1,) if on_gpu else (max(1, large // 8), large)
         pairs = max(1, min(most, int(share_ns / (2 * slowest * fmean(sizes)))))
         # in an order the worker cannot foresee, as many of each size as the pairs allow
