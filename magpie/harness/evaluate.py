@@ -836,6 +836,7 @@ class Evaluator:
         # in an order the worker cannot foresee, as many of each size as the pairs allow
         order = [sizes[k % len(sizes)] for k in range(pairs)]
         random.SystemRandom().shuffle(order)
+        # a GPU's batches of one call need no CPUs apart: -1 stands for "none pinned"
         with contextlib.nullcontext(-1) if on_gpu else \
                 batches.apart([worker.proc.pid for worker in turns.workers.values()]) as workers_cpu:
             for k in range(pairs if workers_cpu is not None else 0):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from statistics import fmean, median
 
-from magpie.compare.stats import bootstrap_speedup, quantile, thin_rounds
+from magpie.compare.stats import bootstrap_speedup, thin_rounds
 from magpie.harness import batches
 from magpie.harness.checks import as_tuple
 from magpie.harness.laps import Laps
