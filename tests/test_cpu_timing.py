@@ -371,7 +371,7 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     # its batches at 1.2 µs a call
     fused = alone_bound({"candidate": entries(260, 17), "baseline": baseline},
                         {"baseline": 9_000, "candidate": 1_200})
-    assert fused["failed"] and fused["ratio"] > ALONE_FAIL and abs(fused["difference_us"]) < 0.5
+    assert fused["failed"] and fused["ratio"] > ALONE_FAIL["cpu"] and abs(fused["difference_us"]) < 0.5
     assert fused["sizes"] == [8, 64] and abs(fused["baseline_alone_us"] - 17) < 0.5
     # an honest candidate twice as fast, one three times slower, and the baseline's own copy
     for call_us, batched_ns in ((12.5, 4_500), (35, 27_000), (17, 9_000)):
@@ -382,10 +382,23 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     noisy = alone_bound({"candidate": entries(200, 17, wobble_us=600), "baseline": entries(200, 17, wobble_us=-600)},
                         {"baseline": 9_000, "candidate": 9_000})
     assert not noisy["failed"] and noisy["margin_us"] > 10
-    # a GPU's batches of one call: the fixed cost drops out of the pairs' differences
-    gpu = alone_bound({"candidate": [(1, 283_000 + 20_000)] * 6, "baseline": [(1, 282_000 + 20_000)] * 6},
-                      {"baseline": 20_000, "candidate": 2_000}, fixed_ns=282_000)
-    assert gpu["failed"] and abs(gpu["lower_us"] - 19) < 1
+    # a GPU's batches handed over a call at a time, each step the GPU's switch between the
+    # processes too: it drops out of the pairs' differences, and the allowance is of the
+    # baseline's call in batches, not of the switch (a tenth of 285 µs would hide a 20 µs call)
+    def steps(call_us, calls=10, switch_us=285.0):
+        return [(calls, (switch_us + call_us + 0.2 * (-1) ** i) * calls * 1000) for i in range(6)]
+
+    gpu = alone_bound({"candidate": steps(23), "baseline": steps(20)}, {"baseline": 20_000, "candidate": 6_000},
+                      on_gpu=True)
+    assert gpu["failed"] and abs(gpu["lower_us"] - 21) < 0.5 and gpu["margin_us"] < 2.5
+    honest = alone_bound({"candidate": steps(5), "baseline": steps(20)}, {"baseline": 20_000, "candidate": 4_000},
+                         on_gpu=True)
+    assert not honest["failed"] and honest["ratio"] < 1
+    # ten small kernels a call against one: launched one by one when alone, twice what they
+    # cost in a graph's batches, read over the CPU's limit and within the GPU's
+    tiny = alone_bound({"candidate": steps(18), "baseline": steps(3)}, {"baseline": 3_000, "candidate": 10_500},
+                       on_gpu=True)
+    assert ALONE_FAIL["cpu"] < tiny["ratio"] < ALONE_FAIL["gpu"] and not tiny["failed"]
     # a GPU batch's call under a quarter of the kernel that copies its outputs was not launched alone
     from magpie.harness.measurement import launch_floor
 

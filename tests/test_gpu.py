@@ -153,6 +153,26 @@ def test_a_worker_that_does_a_batchs_calls_in_one_launch_is_not_credited_on_the_
     assert row["performance_state"] == "FAILED" or row["speedup"]["value"] < 1.2, row["speedup"]
 
 
+def test_calls_done_together_above_the_launch_floor_are_bounded_by_calls_handed_over_on_the_gpu(tmp_path):
+    """Ten operations done once over all of a batch's input sets, then three small kernels a
+    call: above the launch floor, its batches 2.6-3.9 µs a call against the ten's 9-10 made
+    call by call on the H200. Calls handed over one at a time on the GPU
+    (`DeviceRegion.start_handover`) cannot be done together: the bound they set fails its
+    timing (ratios 3.1-4.8 in bench/calls_alone.py). The honest relu beside it, about 3x
+    faster, stands."""
+    report = relu2_report(tmp_path, ["batches_above_floor", "good"], shapes="[[8, 8]]", jobs=1,
+                          defaults="timeout_s = 60", device="cuda", timing=VOUCHED_DEFAULT, baseline="many_ops")
+    rows = {r["implementation"]: r for r in report["results"]}
+    cheat, honest = rows["batches_above_floor"], rows["good"]
+    assert cheat["correctness_state"] == honest["correctness_state"] == "SUCCESS"
+    assert cheat["performance_state"] == "FAILED", cheat["speedup"]
+    assert "calls_done_together" in {f["kind"] for f in cheat["failures"]}, cheat["failures"]
+    assert cheat["performance_result"]["alone_bound"]["pairs"] >= 3
+    assert honest["performance_state"] == "SUCCESS", honest["errors"]
+    assert honest["speedup"]["value"] > 1.5, honest["speedup"]
+    assert honest["performance_result"]["alone_bound"]["ratio"] < 1.0
+
+
 def test_work_that_skips_the_gate_sees_old_inputs_or_is_timed(tmp_path):
     """A candidate whose timed calls run on a stream of their own that skips the wait on the
     gate: queued while the evaluator's stream sleeps, its kernels can run before the batch's

@@ -68,6 +68,13 @@ CHECKED_PER_BATCH = 3
 # long gives up.
 CONTROL_BYTES = 16
 HANDOVER_WAIT_S = 60.0
+# On a GPU its words lie behind the region (`DeviceRegion.start_handover`), set to UNBLOCKED to
+# let every wait go (`release_handover`); its first sleep is this long (a batch's queueing by both
+# processes: about 30 µs a call), and the evaluator looks for its end this often.
+WORDS_BYTES = ALIGN
+UNBLOCKED = 1 << 30
+HANDOVER_SLEEP_NS = 2_000_000
+HANDOVER_POLL_S = 0.0002
 
 
 class BatchOutputError(RuntimeError):
@@ -298,18 +305,21 @@ class Region:
         value each slot held before the batch; None where every slot was written."""
         return _first(self._nan_left(calls))
 
-    def _nan_left(self, calls: int):
+    def _nan_left(self, calls: int, aside=None):
         """Per call of the first `calls`, whether a floating output of it holds NaN (None where
         no output is floating). One look per output of a call, over all the calls' slots of it
-        at once (they lie `out_stride` apart); on a GPU, queued without waiting for it."""
+        at once (they lie `out_stride` apart); on a GPU, queued without waiting for it. `aside`:
+        output slots copied out of the region, the first call's at its start."""
         torch, stride = self.torch, self.layout.out_stride
+        buffer, shift = (self.copy, 0) if aside is None else (aside, self.layout.out_base)
         found = None
         for offset, shape, dtype in self.layout.output_slots(0):
             kind = getattr(torch, dtype)
             numel = math.prod(shape)
             if not kind.is_floating_point or not numel or not calls:
                 continue
-            span = self.copy[offset:offset + (calls - 1) * stride + numel * kind.itemsize].view(kind)
+            offset -= shift
+            span = buffer[offset:offset + (calls - 1) * stride + numel * kind.itemsize].view(kind)
             rows = span.as_strided((calls, numel), (stride // kind.itemsize, 1)).isnan().any(dim=1)
             found = rows if found is None else found | rows
         return found
@@ -354,7 +364,14 @@ class DeviceRegion(Region):
         self.captured: set[int] = set()  # the batch sizes the worker has a graph of
         self._pool = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(self._pool):
-            self.copy = torch.empty(layout.size, dtype=torch.uint8, device=device)
+            # behind the calls' sets and slots, two words of a batch handed over one call at a
+            # time (`start_handover`): [sets released, calls done]
+            self.copy = torch.empty(layout.size + WORDS_BYTES, dtype=torch.uint8, device=device)
+        self._words = self.copy[layout.size:layout.size + 8].view(torch.int32)
+        self._unblock = torch.full((2,), UNBLOCKED, dtype=torch.int32).pin_memory()
+        self._aside = None  # a handed-over batch's outputs, copied out as each call said it was done
+        self._handover: tuple | None = None  # its clock's events and its first release's
+        self.handover_sleep_ns = HANDOVER_SLEEP_NS
         self._inputs = layout.input_views(torch, self.copy)
         self._outputs = layout.output_views(torch, self.copy)
         self._lent = dumps_shared(self.copy)
@@ -374,7 +391,7 @@ class DeviceRegion(Region):
         self.idle_probe_ns = min(self.probe_ns() for _ in range(5))
 
     def offer(self) -> dict:
-        return {"ipc": self._lent, **self._lent_events, "layout": self.layout.to_json()}
+        return {"ipc": self._lent, **self._lent_events, "layout": self.layout.to_json(), "words_at": self.layout.size}
 
     def write(self, input_sets: list) -> None:
         """The output slots filled with NaN now; the input sets staged, copied in as one range
@@ -384,8 +401,80 @@ class DeviceRegion(Region):
         for outs in self._outputs[:len(input_sets)]:
             for slot in outs:
                 slot.fill_(float("nan") if slot.is_floating_point() else 0)
+        self._words.zero_()
         self._taken = {}
         self.torch.cuda.synchronize()
+
+    def start_handover(self, calls: int) -> None:
+        """Queued before a batch handed over one call at a time is asked for: the sleep, the
+        clock's first event, then per call its input set copied into its slot and released (the
+        word the worker's stream waits on, `stream_words`), the wait for the worker's word that
+        the call is done, and the call's outputs copied aside as they were then; the clock's
+        last event. The worker cannot see a set before the call ahead of it said it was done,
+        nor finish a call after: calls that cannot be done together, whose steps each cost the
+        GPU's switch between the processes both ways too (`Evaluator._alone`)."""
+        from magpie.harness import stream_words
+
+        torch, layout = self.torch, self.layout
+        cuda = torch.cuda
+        in_stride, out_stride, out_base = layout.in_stride, layout.out_stride, layout.out_base
+        if self._aside is None or self._aside.numel() < calls * out_stride:
+            self._aside = torch.empty(calls * out_stride, dtype=torch.uint8, device=self.copy.device)
+        stream = cuda.current_stream()
+        released, done = self._words.data_ptr(), self._words.data_ptr() + 4
+        clock = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
+        first_release = cuda.Event()
+        cuda._sleep(int(self.handover_sleep_ns * self._cycles_per_ns))
+        clock[0].record()
+        for call in range(calls):
+            self.copy[call * in_stride:(call + 1) * in_stride].copy_(
+                self._staging[call * in_stride:(call + 1) * in_stride])
+            stream_words.write(stream, released, call + 1)
+            if not call:
+                first_release.record()
+            stream_words.wait_at_least(stream, done, call + 1)
+            self._aside[call * out_stride:(call + 1) * out_stride].copy_(
+                self.copy[out_base + call * out_stride:out_base + (call + 1) * out_stride])
+        clock[1].record()
+        self._handover = (clock, first_release, calls)
+
+    def handover_answered(self, answer_ns: int) -> bool:
+        """Once the worker answered that its calls are queued, `answer_ns` after
+        `start_handover` began: whether the first set was released before (its queueing was
+        timed too); the next sleep (`next_sleep_ns`)."""
+        opened_early = self._handover[1].query()
+        self.handover_sleep_ns = next_sleep_ns(answer_ns, opened_early, False, self.handover_sleep_ns)
+        return opened_early
+
+    def end_handover(self, deadline: float) -> float:
+        """GPU ns of the batch handed over (`start_handover`) once its last event has run; what
+        the checks read taken from the outputs copied aside. Past the monotonic `deadline`, the
+        words are set so that nothing waits on them any more (a worker that never says its call
+        is done would hold the evaluator's stream for good) and TimeoutError is raised."""
+        clock, _, calls = self._handover
+        while not clock[1].query():
+            if time.monotonic() > deadline:
+                self.release_handover()
+                raise TimeoutError("a call handed over was not said to be done in time")
+            time.sleep(HANDOVER_POLL_S)
+        stride = self.layout.out_stride
+        picks = _sample_calls(calls)
+        self._taken = {"nan_left": self._nan_left(calls, self._aside), "picks": picks,
+                       "outputs": {c: tuple(_views(self.torch, self._aside, [(o[0] + c * stride, o[1], o[2])
+                                                                              for o in self.layout.outs]))
+                                   for c in picks}}
+        return clock[0].elapsed_time(clock[1]) * 1e6
+
+    def release_handover(self) -> None:
+        """Every wait of a batch handed over, the evaluator's and the worker's, let go: the words
+        written from a stream of their own, by a copy (no kernel: its first launch could wait
+        on the stream that waits on the words)."""
+        torch = self.torch
+        side = torch.cuda.Stream(self.copy.device)
+        with torch.cuda.stream(side):
+            self._words.copy_(self._unblock, non_blocking=True)
+        side.synchronize()
+        torch.cuda.synchronize()
 
     def start(self) -> None:
         """Queued before the batch's request is sent: the sleep, the input sets' copy, the
@@ -464,7 +553,7 @@ class DeviceRegion(Region):
         return _first(self._taken["nan_left"])
 
     def close(self) -> None:
-        del self._inputs, self._outputs, self.copy, self._taken, self._staged, self._staging
+        del self._inputs, self._outputs, self.copy, self._taken, self._staged, self._staging, self._words, self._aside
         self.torch.cuda.synchronize()
         del self._pool
 
@@ -496,12 +585,14 @@ class WorkerViews:
     """The worker's side: tensors that are views of the region it mapped once."""
 
     def __init__(self, torch, offer: dict):
-        self.done = self.gate = self.mark = self.control = None
+        self.done = self.gate = self.mark = self.control = self.words = None
         layout = Layout.from_json(offer["layout"])
         if "ipc" in offer:
             from magpie.harness.exchange import loads_shared
 
             region = loads_shared(offer["ipc"])
+            # [sets released, calls done] of a batch handed over one call at a time (`run_handed_over_on_gpu`)
+            self.words = region[offer["words_at"]:offer["words_at"] + 8].view(torch.int32)
             self.done = loads_shared(offer["done_event"])  # recorded behind each batch's calls
             self.gate = loads_shared(offer["gate_event"])  # waited on before them
             self.mark = torch.zeros(1, device=region.device)  # the kernel of a calibration batch's own
@@ -552,6 +643,21 @@ def run_handed_over(torch, fn, inputs: Sequence, outputs: Sequence, control) -> 
         run_batch(torch, fn, inputs[call:call + 1], outputs[call:call + 1])
         call += 1
         control[1] = call
+
+
+def run_handed_over_on_gpu(torch, fn, inputs: Sequence, outputs: Sequence, words, calls: int) -> None:
+    """`run_batch`'s calls queued one by one, each behind a wait for its input set's release
+    and followed by the word that it is done (`DeviceRegion.start_handover`): the GPU runs a call
+    once the evaluator's stream has put its set in place, and the evaluator's stream takes its
+    outputs once it is done."""
+    from magpie.harness import stream_words
+
+    stream = torch.cuda.current_stream()
+    released, done = words.data_ptr(), words.data_ptr() + 4
+    for call in range(calls):
+        stream_words.wait_at_least(stream, released, call + 1)
+        run_batch(torch, fn, inputs[call:call + 1], outputs[call:call + 1])
+        stream_words.write(stream, done, call + 1)
 
 
 def _threads(pid: int) -> list[int]:

@@ -28,7 +28,7 @@ from statistics import fmean, median
 
 from magpie import sandbox
 from magpie.compare.stats import summarize_ns
-from magpie.harness import batches
+from magpie.harness import batches, stream_words
 from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs, surely_close
 from magpie.harness.compiler_caches import compiler_caches, implementation_caches, seed_triton_cache
 from magpie.harness.exchange import exchange_for, load_left
@@ -810,7 +810,7 @@ class Evaluator:
                 if floor and role not in measured.failed:
                     measured.failed[role] = {"passed": False, "check": "launch_floor", "kind": "calls_done_together",
                                              "where": "its batches", "detail": floor}
-        measured.judge_calls_alone()
+        measured.judge_calls_alone(self.device.startswith("cuda"))
         measured.methods = {role: vouched_method(calls[role], measured, t, self.device) for role in roles}
         return measured
 
@@ -821,22 +821,33 @@ class Evaluator:
         two pairs. On the CPU (one torch thread, timed by CPU time), batches handed over one call
         at a time (`_handover_batch`), of two sizes in a shuffled order (what the first call and
         the stops cost drops out of their difference), the evaluator and the workers on CPUs apart (none
-        where one CPU is allowed); on a GPU, batches of one call, whose cost besides the call is
-        the GPU's, not the worker's."""
+        where one CPU is allowed); on a GPU, batches of one size handed over one call at a time
+        on the GPU itself (`_device_handover_batch`), none where a call and the GPU's switch
+        between the processes would not fit."""
         roles = list(turns.workers)
         on_gpu = self.device.startswith("cuda")
         share_ns = ALONE_SHARE * round_ns
         slowest = max(max(per_call.values()), 1.0)
         most = ALONE_PAIRS["gpu" if on_gpu else "cpu"]
-        large = 1 if on_gpu else min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
-        if not on_gpu and large < HANDOVER_MIN_CALLS:
-            return  # batches of a few calls would not average out calls of uneven work
-        sizes = (1,) if on_gpu else (max(1, large // 8), large)
-        pairs = max(1, min(most, int(share_ns / (2 * slowest * fmean(sizes)))))
+        if on_gpu:
+            # a call handed over costs the GPU's switch between the processes both ways too: about
+            # a batch's fixed cost (`_calibrate`)
+            step_ns = slowest + max(measured.calibration_ns.values(), default=0.0)
+            large = min(limit, HANDOVER_CALLS, int(share_ns / most / 2 / step_ns))
+            if large < 1 or not stream_words.available():
+                return
+            sizes = (large,)
+            pairs = max(1, min(most, int(share_ns / (2 * step_ns * large))))
+        else:
+            large = min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
+            if large < HANDOVER_MIN_CALLS:
+                return  # batches of a few calls would not average out calls of uneven work
+            sizes = (max(1, large // 8), large)
+            pairs = max(1, min(most, int(share_ns / (2 * slowest * fmean(sizes)))))
         # in an order the worker cannot foresee, as many of each size as the pairs allow
         order = [sizes[k % len(sizes)] for k in range(pairs)]
         random.SystemRandom().shuffle(order)
-        # a GPU's batches of one call need no CPUs apart: -1 stands for "none pinned"
+        # a GPU's batches run with no host taking part, on no CPUs apart: -1 stands for "none pinned"
         with contextlib.nullcontext(-1) if on_gpu else \
                 batches.apart([worker.proc.pid for worker in turns.workers.values()]) as workers_cpu:
             for k in range(pairs if workers_cpu is not None else 0):
@@ -847,8 +858,9 @@ class Evaluator:
                 for role in roles if k // 2 % 2 == 0 else reversed(roles):
                     allowed_s = 20 * calls * per_call[role] / 1e9 + 1.0
                     if on_gpu:
-                        taken[role] = self._batch(turns, role, regions[role], batch, 1, testcase, None, measured,
-                                                  allowed_s)
+                        taken[role], early = self._device_handover_batch(turns, role, regions[role], batch, calls,
+                                                                         testcase, measured, allowed_s)
+                        disturbed |= early
                     else:
                         taken[role], waits, own_threads = self._handover_batch(
                             turns, role, regions[role], batch, calls, testcase, measured, allowed_s, workers_cpu)
@@ -856,7 +868,9 @@ class Evaluator:
                         disturbed |= any(waited)
                         if waited == [False, True] and own_threads:
                             measured.alone_held_by_own_threads[role] += 1
-                if disturbed:  # a busy CPU beside it: the pair is noise, not a measurement
+                # a busy CPU beside it, or a GPU batch that began before the worker had queued its
+                # calls: the pair is noise, not a measurement
+                if disturbed:
                     measured.alone_disturbed += 1
                 else:
                     for role in roles:
@@ -919,6 +933,37 @@ class Evaluator:
         cpu_ns = after.cpu_since(before)
         own_threads = cpu_ns - (after.main_cpu - before.main_cpu) > HANDOVER_WAIT_NS
         return cpu_ns, (waited, after.waiting - before.waiting), own_threads
+
+    def _device_handover_batch(self, turns: Turns, role: str, region: batches.DeviceRegion, batch: Batch,
+                               calls: int, testcase: dict, measured: Rounds, allowed_s: float) -> tuple[float, bool]:
+        """A GPU batch handed over one call at a time (`DeviceRegion.start_handover`), checked
+        like any batch: its GPU time in ns, and whether its first set was released before the
+        worker had queued its calls (its queueing timed too)."""
+        worker = turns.workers[role]
+        if not worker.stopped:
+            self._hold(worker)
+        region.write(batch.sets[:calls])
+        started = time.perf_counter_ns()
+        region.start_handover(calls)
+        limit_s = self.timeout + allowed_s
+        try:
+            turns.give(role)
+            worker.send({"op": "batch_handover", "calls": calls})
+            answer = worker.receive(limit_s)
+            early = region.handover_answered(time.perf_counter_ns() - started)
+            if not answer["ok"]:
+                raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
+            taken_ns = region.end_handover(time.monotonic() + limit_s)
+        except TimeoutError:
+            raise worker.overdue(f"timeout after {limit_s:g} s: a call handed over was never said to be done")
+        except BaseException:
+            region.release_handover()  # its stream would wait on the worker's word for good
+            raise
+        self._hold(worker)
+        measured.lap("alone")
+        self._judge_batch(role, region, batch, calls, testcase, measured, taken=True)
+        self._late_work(role, region, f"after a batch of {calls} handed over one at a time", measured)
+        return taken_ns, early
 
     @staticmethod
     def _await_calls(worker: Worker, region: batches.Region, count: int, deadline: float, limit_s: float) -> bool:
@@ -1033,16 +1078,20 @@ class Evaluator:
         measured.lap("request")
         self._judge_batch(role, region, batch, calls, testcase, measured)
         measured.lap("check")
+        self._late_work(role, region, f"after a batch of {calls}", measured)
+        return taken_ns
+
+    @staticmethod
+    def _late_work(role: str, region: batches.DeviceRegion, where: str, measured: Rounds) -> None:
+        """A probe after a batch's checks that still waits on the worker's work fails the batch."""
         late_ns = region.probe_ns()
         measured.lap("probe")
         if late_ns > max(LATE_PROBE_FACTOR * region.idle_probe_ns, LATE_PROBE_MIN_NS) and role not in measured.failed:
             measured.failed[role] = {
-                "passed": False, "check": "gpu_idle", "kind": "timer_integrity",
-                "where": f"after a batch of {calls}",
+                "passed": False, "check": "gpu_idle", "kind": "timer_integrity", "where": where,
                 "detail": f"the GPU was still busy with the worker's work after it answered and its outputs were "
                           f"read (a probe took {late_ns / 1000:.0f} µs, {region.idle_probe_ns / 1000:.0f} µs idle): "
                           f"its time cannot be vouched for"}
-        return taken_ns
 
     def _device_request(self, turns: Turns, role: str, region: batches.DeviceRegion, calls: int,
                         allowed_s: float, phases: list | None = None, own_kernel: bool = False) -> tuple[float, int]:

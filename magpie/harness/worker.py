@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from magpie.harness.batches import WorkerViews, run_batch, run_handed_over
+from magpie.harness.batches import WorkerViews, run_batch, run_handed_over, run_handed_over_on_gpu
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
 from magpie.supervision.process import log_to, release_memory, serve_pipes
@@ -237,13 +237,18 @@ class Implementation:
         return {"loop_ns": time.perf_counter_ns() - started}
 
     def batch_handover(self, request: dict) -> dict:
-        """One call on each of the region's input sets as the evaluator releases it, until it
-        ends the batch (`run_handed_over`): the evaluator's bound on what a batch's calls may be
+        """One call on each of the region's input sets as the evaluator releases it: on the CPU
+        until it ends the batch (`run_handed_over`), on a GPU `calls` calls queued, each behind its
+        release (`run_handed_over_on_gpu`). The evaluator's bound on what a batch's calls may be
         credited (`measurement.alone_bound`)."""
         views = self._batch_views
         self._poison(False)
         with collector_paused():
-            run_handed_over(self.torch, self.fn, views.inputs, views.outputs, views.control)
+            if views.words is not None:  # on a GPU: queued, each call behind its set's release
+                run_handed_over_on_gpu(self.torch, self.fn, views.inputs, views.outputs, views.words,
+                                       int(request["calls"]))
+            else:
+                run_handed_over(self.torch, self.fn, views.inputs, views.outputs, views.control)
         return {}
 
     def batch_unmap(self, request: dict) -> dict:
