@@ -8,15 +8,17 @@ at the default timing (300 ms budget, 5 rounds), on 33x65 fp32 sets unless said:
   operation over all of a batch's input sets), and honest ones: an identical copy, `many_ops`
   (the same relu in ten operations, about 4x slower), a TorchScript one, one through a lookup
   table and, with --compiled, a torch.compile'd one (its first call compiles for ~30 s);
-- baseline `many_ops`: `batches_many_ops` (its ten operations done once over a whole batch)
-  and the plain relu, honestly about 4x faster; again on 8x8 sets, where a call is all
-  dispatch and doing a batch's calls together saves nearly all of it.
+- baseline `many_ops`: `batches_many_ops` (its ten operations done once over a whole batch),
+  `batches_above_floor` (the same, then three small kernels a call into its slot, which a
+  GPU's launch floor does not catch) and the plain relu, honestly about 4x faster; again on
+  8x8 sets, where a call is all dispatch and doing a batch's calls together saves nearly all
+  of it.
 
 Per build and candidate: the timing's state, the bound's ratio to the batches' time (over 1.5
 fails), its margin, how many pairs it drew on and left out. On a GPU (--device cuda) the same,
-with batches of one call and the launch floor.
+with batches handed over one call at a time on the GPU, and the launch floor.
 
-Usage: python bench/calls_alone.py [--repeats 3] [--device cpu] [--compiled] [--json out.json]
+Usage: python bench/calls_alone.py [--repeats 3] [--device cpu] [--compiled] [--projects a,b] [--json out.json]
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ HONEST = {
 }
 PROJECTS = {  # name: baseline, shape, candidates
     "good": ("good", "[33, 65]", ["batches_its_calls", "same", "many_ops", "scripted", "table"]),
-    "many_ops": ("many_ops", "[33, 65]", ["batches_many_ops", "good"]),
-    "many_ops_8x8": ("many_ops", "[8, 8]", ["batches_many_ops", "good"]),
+    "many_ops": ("many_ops", "[33, 65]", ["batches_many_ops", "batches_above_floor", "good"]),
+    "many_ops_8x8": ("many_ops", "[8, 8]", ["batches_many_ops", "batches_above_floor", "good"]),
 }
 
 
@@ -89,10 +91,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compiled", action="store_true", help="also a torch.compile'd relu (slow first call)")
+    parser.add_argument("--projects", default=",".join(PROJECTS), help="which of " + ", ".join(PROJECTS))
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "device": args.device, "projects": {}}
-    for project, (baseline, shape, candidates) in PROJECTS.items():
+    for project in args.projects.split(","):
+        baseline, shape, candidates = PROJECTS[project]
         candidates = candidates + (["compiled"] if args.compiled and project == "good" else [])
         root = Path(tempfile.mkdtemp(prefix="magpie-calls-alone-"))
         try:
@@ -107,7 +111,8 @@ def main() -> int:
         for name in names:
             rows = [b["rows"].get(name, {}) for b in builds]
             cells = [f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or []) or '-'} "
-                     f"ratio {r['ratio']:.2f} margin {r['margin_us']:.1f} pairs {r['pairs']}+{r['left_out']} out"
+                     f"{r['median_us']} µs ratio {r['ratio']:.2f} margin {r['margin_us']:.2f} "
+                     f"pairs {r['pairs']}+{r['left_out']} out"
                      if r.get("ratio") is not None else f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or [])}"
                      for r in rows]
             print(f"  {name:18s} " + " | ".join(cells))
