@@ -805,6 +805,52 @@ def test_a_gpu_sandbox_makes_only_unix_sockets_and_finds_no_socket_in_a_home(tmp
     assert lines[5] == "connect failed 2", lines  # no such file: the home folder shows empty
 
 
+SHARED_MEMORY_PROBE = r"""
+import os, sys
+own, *theirs = sys.argv[1:]
+with open(os.path.join(own, "mine"), "wb") as f:
+    f.write(b"mine")
+print("own written")
+print("scratch folders seen:", sorted(os.listdir(os.path.dirname(own))))
+for path in theirs:
+    try:
+        with open(path, "r+b") as f:
+            f.write(b"mine")
+        print("written", path)
+    except OSError as err:
+        print("refused", err.errno)
+"""
+
+
+def test_a_gpu_sandbox_reaches_no_folder_in_shared_memory_but_its_own(tmp_path):
+    """A GPU sandbox may read and write shared memory (CUDA IPC keeps its reference counts in
+    files made there as tensors are lent, after the sandbox began). Every folder there is
+    covered, its own scratch folder kept: another job's scratch folder (its inputs, its
+    outputs, a command's log) and another program's were both writable to it before."""
+    from magpie.supervision import scratch as scratch_folders
+
+    if not os.path.isdir(sandbox.SHARED_MEMORY):
+        pytest.skip("no shared memory folder on this host")
+    own, other = scratch_folders.make("own-"), scratch_folders.make("other-")
+    foreign = Path(tempfile.mkdtemp(prefix="magpie-test-foreign-", dir=sandbox.SHARED_MEMORY))
+    try:
+        (other / "outputs.pt").write_bytes(b"theirs")
+        (foreign / "segment").write_bytes(b"theirs")
+        (own / "probe.py").write_text(SHARED_MEMORY_PROBE)
+        policy = sandbox.Policy(write=[str(own)], read=[], gpu=True)
+        proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+                               sys.executable, str(own / "probe.py"), str(own), str(other / "outputs.pt"),
+                               str(foreign / "segment")], capture_output=True, text=True, timeout=60)
+        lines = proc.stdout.splitlines()
+        assert lines[:2] == ["own written", f"scratch folders seen: {[own.name]}"], (proc.stdout, proc.stderr)
+        assert lines[2:] == ["refused 2", "refused 2"], lines  # no such file: the folders show empty
+        assert (other / "outputs.pt").read_bytes() == (foreign / "segment").read_bytes() == b"theirs"
+        assert (own / "mine").read_bytes() == b"mine"
+    finally:
+        for folder in (own, other, foreign):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_links_planted_in_a_workers_scratch_are_not_followed(tmp_path):
     """The evaluator writes a worker's inputs into, and reads its log from, the worker's own
     scratch folder, where code under test may plant links: followed, the inputs overwrote a

@@ -222,6 +222,22 @@ def read_trees(policy: Policy) -> list[str]:
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
 
+# Shared memory, which a GPU sandbox may read and write (CUDA IPC's reference counts are files
+# there, made as tensors are lent, after the sandbox began).
+SHARED_MEMORY = "/dev/shm"
+
+
+def shared_memory_folders() -> list[str]:
+    """The folders in shared memory: other jobs' scratch folders (magpie's own among them, its
+    inputs and outputs), other programs'. A GPU sandbox covers each (its own folders beneath
+    kept), so what stays within its reach there is the files that lie in shared memory itself."""
+    try:
+        with os.scandir(SHARED_MEMORY) as entries:
+            return [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
 def device_files(policy: Policy) -> list[str]:
     """The device nodes the sandbox may use (DEVICES); for a GPU project also the GPU's nodes
     and /dev/shm (CUDA IPC keeps its reference counts there, beside other processes' files):
@@ -234,7 +250,7 @@ def device_files(policy: Policy) -> list[str]:
              if (n in DEVICES or (policy.gpu and _is_gpu_node(n) and _one_of_its_gpus(n, policy.gpu_minors)))
              and _is_device(os.path.join("/dev", n))]
     if policy.gpu:
-        found.append("/dev/shm")
+        found.append(SHARED_MEMORY)
     return found
 
 
@@ -319,10 +335,13 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # checkout of magpie, or a project, under /tmp)
         usable = [p for p in (*policy.write, *reads) if os.path.exists(p)]
         system = [f for f in (*SOCKET_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
-        hidden = [*policy.hide, *policy.temporary, *system]
+        hidden = [*policy.hide, *policy.temporary, *system, *(shared_memory_folders() if policy.gpu else [])]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
-            namespaces.cover(folder, [p for p in usable if os.path.realpath(p).startswith(beneath)])
+            try:
+                namespaces.cover(folder, [p for p in usable if os.path.realpath(p).startswith(beneath)])
+            except FileNotFoundError:
+                continue  # removed since it was listed: nothing left to hide
         for path in SECRET_FILES:
             if os.path.isfile(path):
                 namespaces.blank(path)
