@@ -414,6 +414,23 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     assert unbounded_line(measured) is None
     measured.alone_held_by_own_threads["candidate"], measured.alone_bound = 14, {"failed": False}
     assert unbounded_line(measured) is None  # a bound was drawn from the pairs kept
+    # a candidate faster beyond the noise whose pairs were nearly all left out is not credited,
+    # unless a re-timing drew a bound; one no faster than the baseline needs none
+    from magpie.harness.measurement import unvouched_speedup_line
+
+    unbounded = Rounds(["baseline", "candidate"], vouched=True)
+    unbounded.alone_disturbed, unbounded.alone["candidate"] = 9, [(8, 1e5)]
+    faster, level = {"ci_low": 3.2}, {"ci_low": 0.97}
+    assert "9 of 10 pairs left out" in unvouched_speedup_line(faster, unbounded)
+    assert unvouched_speedup_line(level, unbounded) is None
+    assert unvouched_speedup_line(faster, unbounded, again=measured) is None  # the re-timing's bound holds
+    assert unvouched_speedup_line(faster, measured) is None
+    too_few = Rounds(["baseline", "candidate"], vouched=True)
+    too_few.alone_disturbed = 1  # one pair made: no bound either way, nothing left out that could bound
+    assert unvouched_speedup_line(faster, too_few) is None
+    by_chance = Rounds(["baseline", "candidate"], vouched=True)  # a few left out left a size short
+    by_chance.alone_disturbed, by_chance.alone["candidate"] = 2, [(8, 1e5)] + [(64, 1e6)] * 3
+    assert unvouched_speedup_line(faster, by_chance) is None
     # too few pairs say nothing
     assert alone_bound({"candidate": baseline[:2], "baseline": baseline[:2]}, {"baseline": 1, "candidate": 1}) is None
     assert alone_bound({"candidate": [(8, 1e5), (64, 1e6), (64, 1e6)], "baseline": [(8, 1e5), (64, 1e6), (64, 1e6)]},

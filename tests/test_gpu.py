@@ -173,6 +173,24 @@ def test_calls_done_together_above_the_launch_floor_are_bounded_by_calls_handed_
     assert honest["performance_result"]["alone_bound"]["ratio"] < 1.0
 
 
+def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_one_at_a_time(tmp_path):
+    """A baseline of about 4 ms a call, too slow for a handed-over batch of several calls in
+    the share of a round calls made alone may take: a candidate that does its slow,
+    under-occupied part once a batch has its batches bounded by batches of one call, and
+    fails; the same code made call by call stands."""
+    (tmp_path / "same_slow_call.py").write_text((FIXTURES / "adversarial" / "slow_call.py").read_text())
+    report = relu2_report(tmp_path, ["batches_slow_call", "same_slow_call"], shapes="[[33, 65]]", jobs=1,
+                          defaults="timeout_s = 60", device="cuda", timing=VOUCHED_DEFAULT, baseline="slow_call")
+    rows = {r["implementation"]: r for r in report["results"]}
+    cheat, honest = rows["batches_slow_call"], rows["same_slow_call"]
+    assert cheat["correctness_state"] == honest["correctness_state"] == "SUCCESS"
+    assert cheat["performance_state"] == "FAILED", cheat["speedup"]
+    bound = cheat["performance_result"]["alone_bound"]
+    assert bound["sizes"] == [1] and bound["pairs"] >= 3 and bound["failed"], bound
+    assert honest["performance_state"] == "SUCCESS", honest["errors"]
+    assert not honest["performance_result"]["alone_bound"]["failed"]
+
+
 def test_work_that_skips_the_gate_sees_old_inputs_or_is_timed(tmp_path):
     """A candidate whose timed calls run on a stream of their own that skips the wait on the
     gate: queued while the evaluator's stream sleeps, its kernels can run before the batch's

@@ -284,6 +284,30 @@ def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(tmp_
     assert honest["speedup"]["value"] < 0.5
 
 
+def test_a_batch_done_together_is_not_credited_when_a_busy_machine_leaves_its_calls_made_alone_out(tmp_path):
+    """With every CPU busy beside the build, most pairs of calls made alone are left out (each
+    side waited for a CPU) and where none are left no bound is drawn: the one-operation relu
+    on 8x8 sets was credited 109x so on a loaded 2-core machine. Whatever the pairs kept, it is
+    not credited: a bound drawn fails it, and an implausible speedup that neither measurement
+    could bound fails its timing."""
+    import os
+    import subprocess
+    import sys
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        report = relu2_report(tmp_path, ["batches_its_calls"], shapes="[[8, 8]]", timing=DEFAULT_TIMING)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    row = next(r for r in report["results"] if r["implementation"] == "batches_its_calls")
+    assert row["correctness_state"] == "SUCCESS", row["errors"]
+    assert row["performance_state"] == "FAILED", row.get("speedup")
+    kinds = {f["kind"] for f in row["failures"]}
+    assert kinds & {"calls_done_together", "timer_integrity"}, row["failures"]
+
+
 def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_faster_candidate_stands(tmp_path):
     """A call of ten small operations on 8x8 floats (all of it dispatching them) against the same
     ten done once over all of a batch's input sets: credited many times in batches, its calls

@@ -42,7 +42,8 @@ from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, DEFAULT_BETWEE
                                         for_device,
                                         host_wall_gap, implausible_speedup, launch_floor, other_size,
                                         paired_speedup, roofline_floor, timer_inconsistency, unbounded_line,
-                                        uneven_calls, uneven_line, vouched_inputs, vouched_method, wall_check)
+                                        uneven_calls, uneven_line, unvouched_speedup_line, vouched_inputs,
+                                        vouched_method, wall_check)
 from magpie.harness.timing import GRAPH_THRESHOLD_US, calibrate, nvml_snapshot, sample_cap, timer_for
 from magpie.paths import subprocess_env
 from magpie.sandbox import namespaces
@@ -595,6 +596,9 @@ class Evaluator:
                                                result["baseline_result"]["median_us"], statistic, between_runs)
             if retimed is not None:
                 self._judge_retiming(result, retimed, float(threshold), case, spec_index, statistic, between_runs)
+            unvouched = unvouched_speedup_line(result["speedup"], measured, retimed)
+            if unvouched and result["performance_state"] == "SUCCESS":
+                _fail(result, "timer_integrity", f"candidate: {unvouched}", case, spec_index)
         return result
 
     def _rounds(self, turns: Turns, offers: dict, out_specs: list, mode: str | None, t: dict) -> Rounds:
@@ -793,7 +797,8 @@ class Evaluator:
                 # batches of one call cannot be done together; on the CPU the bound is drawn from CPU
                 # times (one torch thread)
                 if len(roles) == 2 and limit > 1 and (on_gpu or measured.by_cpu_time):
-                    self._alone(turns, regions, spec, case, testcase, salt, r, measured, per_call, limit, round_ns)
+                    self._alone(turns, regions, spec, case, testcase, salt, r, measured, per_call, limit, round_ns,
+                                calls["candidate"])
             steps.mark("rounds")
             measured.round_parts_s = measured.round_laps.seconds
             measured.round_laps = None
@@ -809,26 +814,28 @@ class Evaluator:
         measured.steps_s = steps.seconds
         if on_gpu:
             measured.settle_device_batches()
-            for role in roles:
-                floor = launch_floor(median(measured.samples[role]), measured.harness_ns) \
-                    if measured.samples[role] else None
-                if floor and role not in measured.failed:
-                    measured.failed[role] = {"passed": False, "check": "launch_floor", "kind": "calls_done_together",
-                                             "where": "its batches", "detail": floor}
+        for role in roles:
+            floor = launch_floor(median(measured.samples[role]), measured.harness_ns) \
+                if measured.samples[role] else None
+            if floor and role not in measured.failed:
+                measured.failed[role] = {"passed": False, "check": "launch_floor", "kind": "calls_done_together",
+                                         "where": "its batches", "detail": floor}
         measured.judge_calls_alone(self.device.startswith("cuda"))
         measured.methods = {role: vouched_method(calls[role], measured, t, self.device) for role in roles}
         return measured
 
     def _alone(self, turns: Turns, regions: dict, spec: ReferenceSpec, case, testcase: dict, salt: str,
-               round_index: int, measured: Rounds, per_call: dict[str, float], limit: int, round_ns: float) -> None:
+               round_index: int, measured: Rounds, per_call: dict[str, float], limit: int, round_ns: float,
+               candidate_calls: int) -> None:
         """A round's calls made alone (`alone_bound`), not samples but checked like any batch:
         both roles on the same input sets of new seeds, back to back, the order flipped every
         two pairs. On the CPU (one torch thread, timed by CPU time), batches handed over one call
         at a time (`_handover_batch`), of two sizes in a shuffled order (what the first call and
         the stops cost drops out of their difference), the evaluator and the workers on CPUs apart (none
         where one CPU is allowed); on a GPU, batches of one size handed over one call at a time
-        on the GPU itself (`_device_handover_batch`), none where a call and the GPU's switch
-        between the processes would not fit."""
+        on the GPU itself (`_device_handover_batch`), of one call where more would not fit (the
+        candidate's batches holding more than one: a slow baseline beside a fast candidate would
+        otherwise leave its batches unbounded)."""
         roles = list(turns.workers)
         on_gpu = self.device.startswith("cuda")
         share_ns = ALONE_SHARE * round_ns
@@ -839,6 +846,8 @@ class Evaluator:
             # a batch's fixed cost (`_calibrate`)
             step_ns = slowest + max(measured.calibration_ns.values(), default=0.0)
             large = min(limit, HANDOVER_CALLS, int(share_ns / most / 2 / step_ns))
+            if candidate_calls > 1:
+                large = max(1, large)
             if large < 1 or not stream_words.available():
                 return
             sizes = (large,)
@@ -1253,9 +1262,9 @@ class Evaluator:
 
     def _judge_retiming(self, result: dict, retimed: Rounds, threshold: float, case, spec_index: int,
                         statistic: str = "median", between_runs: float = 0.0) -> None:
-        """The second measurement of an implausible speedup: checked like the first, then
-        either a label on the first (`speedup["implausible"]`, a flag) or the timing's failure.
-        Its speedup is the ratio of the same statistic as the first's."""
+        """The second measurement of an implausible speedup: checked like the first (its calls
+        made alone too), then either a label on the first (`speedup["implausible"]`, a flag) or
+        the timing's failure. Its speedup is the ratio of the same statistic as the first's."""
         again = self._summaries(retimed, case, {})
         result["retiming"] = {"performance_result": again["candidate"], "baseline_result": again["baseline"]}
         flagged = {f["detail"].split(":", 1)[0] for f in result.get("flags", []) if f["kind"] == "uneven_calls"}
@@ -1268,6 +1277,9 @@ class Evaluator:
                 _fail(result, "timer_integrity", f"{role}, re-timed: {problem}", case, spec_index)
             if role not in flagged and uneven_calls(summary["mean_us"], summary["median_us"]):
                 _flag_uneven(result, summary, f"{role}, re-timed", True, case, spec_index)
+        if retimed.alone_bound and retimed.alone_bound["failed"]:
+            _fail(result, "calls_done_together", f"candidate, re-timed: {alone_line(retimed.alone_bound)}", case,
+                  spec_index)
         if result["performance_state"] != "SUCCESS":
             return
         second = paired_speedup(retimed.for_speedup(statistic), again["baseline"]["median_us"], statistic, between_runs)
