@@ -363,8 +363,7 @@ def unbounded_line(measured: Rounds) -> str | None:
     if measured.alone_bound is not None or not held or 2 * held < measured.alone_disturbed:
         return None
     return (f"its calls made alone drew no bound on its batches: threads of its own kept its calling thread waiting "
-            f"in {held} of {measured.alone_disturbed + len(measured.alone.get('candidate', []))} pairs, so calls "
-            f"done together in its batches would go unseen")
+            f"in {held} of {measured.alone_pairs_made()} pairs, so calls done together in its batches would go unseen")
 
 
 def unvouched_speedup_line(speedup: dict, first: Rounds, again: Rounds | None = None) -> str | None:
@@ -376,11 +375,9 @@ def unvouched_speedup_line(speedup: dict, first: Rounds, again: Rounds | None = 
     busy beside the build, 109x on a CI run beside other tests."""
     if speedup["ci_low"] <= 1 or not first.alone_left_out() or (again is not None and again.alone_bound is not None):
         return None
-    left = first.alone_disturbed
-    made = left + len(first.alone.get("candidate", []))
-    return (f"its calls made alone drew no bound on its batches ({left} of {made} pairs left out: a CPU busy beside "
-            f"them, or threads of its own that kept its calling thread waiting), so its speedup cannot be vouched "
-            f"for: time it on a quieter machine")
+    return (f"its calls made alone drew no bound on its batches ({first.alone_disturbed} of {first.alone_pairs_made()} "
+            f"pairs left out: a CPU busy beside them, or threads of its own that kept its calling thread waiting), so "
+            f"its speedup cannot be vouched for: time it on a quieter machine")
 
 
 def alone_line(bound: dict) -> str:
@@ -507,10 +504,14 @@ class Rounds:
         """What this measurement's speedup is the ratio of: means where a role's calls are uneven."""
         return "mean" if self.uneven() else "median"
 
+    def alone_pairs_made(self) -> int:
+        """The pairs of calls made alone, kept or left out."""
+        return self.alone_disturbed + len(self.alone.get("candidate", []))
+
     def alone_left_out(self) -> bool:
         """Whether enough pairs of calls made alone were made for a bound (`alone_bound`), none
         was drawn, and most of them were left out (not a few that left a size short by chance)."""
-        made = self.alone_disturbed + len(self.alone.get("candidate", []))
+        made = self.alone_pairs_made()
         return self.alone_bound is None and made >= 3 and 2 * self.alone_disturbed > made
 
     def kept(self) -> dict[str, tuple[list[int], list[int]]]:
