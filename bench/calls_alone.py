@@ -1,13 +1,14 @@
 """Does the bound that calls made alone set on a batch's calls (`measurement.alone_bound`)
 fail batches done together and leave honest ones alone?
 
-Three projects on `relu(x) * 2` (the adversarial fixtures' spec), built `--repeats` times each
+Four projects on `relu(x) * 2` (the adversarial fixtures' spec), built `--repeats` times each
 at the default timing (300 ms budget, 5 rounds), on 33x65 fp32 sets unless said:
 
 - baseline `good` (eager relu): `batches_its_calls` (the worker's batch loop replaced by one
   operation over all of a batch's input sets), and honest ones: an identical copy, `many_ops`
   (the same relu in ten operations, about 4x slower), a TorchScript one, one through a lookup
-  table and, with --compiled, a torch.compile'd one (its first call compiles for ~30 s);
+  table and, with --compiled, a torch.compile'd one (its first call compiles for ~30 s); again
+  on 8x8 sets (`good_8x8`: the one-operation relu, the copy and the ten operations);
 - baseline `many_ops`: `batches_many_ops` (its ten operations done once over a whole batch),
   `batches_above_floor` (the same, then three small kernels a call into its slot, which a
   GPU's launch floor does not catch) and the plain relu, honestly about 4x faster; again on
@@ -45,6 +46,7 @@ HONEST = {
 }
 PROJECTS = {  # name: baseline, shape, candidates
     "good": ("good", "[33, 65]", ["batches_its_calls", "same", "many_ops", "scripted", "table"]),
+    "good_8x8": ("good", "[8, 8]", ["batches_its_calls", "same", "many_ops"]),
     "many_ops": ("many_ops", "[33, 65]", ["batches_many_ops", "batches_above_floor", "good"]),
     "many_ops_8x8": ("many_ops", "[8, 8]", ["batches_many_ops", "batches_above_floor", "good"]),
 }
@@ -81,7 +83,7 @@ def build(root: Path) -> dict:
             "kinds": sorted({f["kind"] for f in row.get("failures") or [] if f.get("stage") == "timing"}),
             "median_us": result.get("median_us"),
             "speedup": (row.get("speedup") or {}).get("value"),
-            **{key: bound.get(key) for key in ("ratio", "lower_us", "margin_us", "difference_us", "pairs",
+            **{key: bound.get(key) for key in ("ratio", "lower_us", "margin_us", "difference_us", "baseline_alone_us", "pairs",
                                                 "left_out", "sizes")}}
     return {"build_s": round(wall, 2), "rows": rows}
 

@@ -262,10 +262,13 @@ class Region:
         self._bytes[layout.out_base:layout.out_base + calls * layout.out_stride] = \
             self._poison[:calls * layout.out_stride]
 
-    def hand_over(self, call: int) -> None:
-        """Input set `call` into its slot, then released: until now the slot held the last batch's."""
+    def put(self, call: int) -> None:
+        """Input set `call` into its slot: until now the slot held the last batch's."""
         stride = self.layout.in_stride
         os.pwrite(self.fd, self._bytes[call * stride:(call + 1) * stride], call * stride)
+
+    def release(self, call: int) -> None:
+        """Input set `call`, put in its slot, released to the worker."""
         os.pwrite(self.control_fd, (call + 1).to_bytes(8, "little"), 0)
 
     def end_handover(self) -> None:
@@ -625,8 +628,7 @@ def run_handed_over(torch, fn, inputs: Sequence, outputs: Sequence, control) -> 
     (`control[0]`, the sets released) once the last call said it was done (`control[1]`, the
     calls done), taking that call's outputs as they were then (`Region.take_output`): calls that
     see their sets one by one cannot be done together. The worker is not told how many calls a
-    batch holds (batches of two sizes in an order it cannot foresee: it cannot treat one size
-    unlike the other); -1 in `control[0]` ends the batch. It looks for each release without
+    batch holds; -1 in `control[0]` ends the batch. It looks for each release without
     sleeping, on a CPU of its own (`apart`): a call after a sleep runs from cold caches, which
     would cost handed-over calls more than batched ones, by how much depending on the code."""
     deadline = time.monotonic() + HANDOVER_WAIT_S

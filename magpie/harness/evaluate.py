@@ -17,7 +17,6 @@ import importlib.machinery
 import json
 import math
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, DEFAULT_BETWEEN_RUNS, DEFAULT_DISTURBED_FRACTION,
-                                        HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE,
+                                        HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_TRIM, HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE,
                                         Batch, Rounds, alone_line, batch_phases, few_samples, first_use_verdict,
                                         for_device,
                                         host_wall_gap, implausible_speedup, launch_floor, other_size,
@@ -830,12 +829,11 @@ class Evaluator:
         """A round's calls made alone (`alone_bound`), not samples but checked like any batch:
         both roles on the same input sets of new seeds, back to back, the order flipped every
         two pairs. On the CPU (one torch thread, timed by CPU time), batches handed over one call
-        at a time (`_handover_batch`), of two sizes in a shuffled order (what the first call and
-        the stops cost drops out of their difference), the evaluator and the workers on CPUs apart (none
-        where one CPU is allowed); on a GPU, batches of one size handed over one call at a time
-        on the GPU itself (`_device_handover_batch`), of one call where more would not fit (the
-        candidate's batches holding more than one: a slow baseline beside a fast candidate would
-        otherwise leave its batches unbounded)."""
+        at a time, each call timed on its own (`_handover_batch`), the evaluator and the workers
+        on CPUs apart (none where one CPU is allowed); on a GPU, batches handed over one call at
+        a time on the GPU itself (`_device_handover_batch`), of one call where more would not
+        fit (the candidate's batches holding more than one: a slow baseline beside a fast
+        candidate would otherwise leave its batches unbounded)."""
         roles = list(turns.workers)
         on_gpu = self.device.startswith("cuda")
         share_ns = ALONE_SHARE * round_ns
@@ -850,35 +848,31 @@ class Evaluator:
                 large = max(1, large)
             if large < 1 or not stream_words.available():
                 return
-            sizes = (large,)
-            pairs = max(1, min(most, int(share_ns / (2 * step_ns * large))))
+            calls = large
+            pairs = max(1, min(most, int(share_ns / (2 * step_ns * calls))))
         else:
-            large = min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
-            if large < HANDOVER_MIN_CALLS:
-                return  # batches of a few calls would not average out calls of uneven work
-            sizes = (max(1, large // 8), large)
-            pairs = max(1, min(most, int(share_ns / (2 * slowest * fmean(sizes)))))
-        # in an order the worker cannot foresee, as many of each size as the pairs allow
-        order = [sizes[k % len(sizes)] for k in range(pairs)]
-        random.SystemRandom().shuffle(order)
+            calls = min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
+            if calls < HANDOVER_MIN_CALLS:
+                return  # a batch's median call would not be its typical one
+            pairs = max(1, min(most, int(share_ns / (2 * slowest * calls))))
         # a GPU's batches run with no host taking part, on no CPUs apart: -1 stands for "none pinned"
         with contextlib.nullcontext(-1) if on_gpu else \
                 batches.apart([worker.proc.pid for worker in turns.workers.values()]) as workers_cpu:
             for k in range(pairs if workers_cpu is not None else 0):
-                calls = order[k]
                 batch = Batch(self._fresh_sets(spec, case, f"{salt} {round_index} alone {k}", calls, measured),
                               spec, self.init_seed)
                 taken, disturbed = {}, False
                 for role in roles if k // 2 % 2 == 0 else reversed(roles):
                     allowed_s = 20 * calls * per_call[role] / 1e9 + 1.0
                     if on_gpu:
-                        taken[role], early = self._device_handover_batch(turns, role, regions[role], batch, calls,
-                                                                         testcase, measured, allowed_s)
+                        batch_ns, early = self._device_handover_batch(turns, role, regions[role], batch, calls,
+                                                                      testcase, measured, allowed_s)
+                        taken[role] = batch_ns / calls
                         disturbed |= early
                     else:
-                        taken[role], waits, own_threads = self._handover_batch(
+                        taken[role], batch_ns, waits, own_threads = self._handover_batch(
                             turns, role, regions[role], batch, calls, testcase, measured, allowed_s, workers_cpu)
-                        waited = [wait > HANDOVER_WAIT_NS + HANDOVER_WAIT_SHARE * taken[role] for wait in waits]
+                        waited = [wait > HANDOVER_WAIT_NS + HANDOVER_WAIT_SHARE * batch_ns for wait in waits]
                         disturbed |= any(waited)
                         if waited == [False, True] and own_threads:
                             measured.alone_held_by_own_threads[role] += 1
@@ -888,18 +882,23 @@ class Evaluator:
                     measured.alone_disturbed += 1
                 else:
                     for role in roles:
-                        measured.alone[role].append((calls, taken[role]))
+                        measured.alone[role].append(taken[role])
                 measured.lap("alone")
 
     def _handover_batch(self, turns: Turns, role: str, region: batches.Region, batch: Batch, calls: int,
                         testcase: dict, measured: Rounds, allowed_s: float,
-                        workers_cpu: int) -> tuple[float, tuple[float, float], bool]:
+                        workers_cpu: int) -> tuple[float, float, tuple[float, float], bool]:
         """A CPU batch whose input sets the worker sees one at a time (`batches.run_handed_over`):
         each written and released once the last call said it was done, that call's outputs
-        taken as they were then. The CPU time of the worker's processes from its first set's
-        release until it was stopped after its last call (the request's handling left out: it
-        would be most of the noise), taken as `_batch` takes it; how long the evaluator and the
-        worker's calling thread waited for a CPU meanwhile (both look for the other's word
+        taken as they were then. Returns what a call cost: the evaluator's clock from each
+        release to the call's word that it is done, the mean of the batch's calls, its first (cold
+        after the worker was stopped) and its slowest HANDOVER_TRIM left out. The worker's CPU is its own (`batches.apart`) and its calls have nothing to wait
+        for, so that is their CPU time, however the worker waits between them (a process's CPU
+        clock, read while it runs, lags by up to a tick; the batch's CPU time holds the worker's
+        waits for each set too, which a worker that sleeps for them spends less of); also the
+        CPU time of the worker's processes from its first set's release until it was stopped
+        after its last call, taken as `_batch` takes it; how long the evaluator and
+        the worker's calling thread waited for a CPU meanwhile (both look for the other's word
         without sleeping: a wait of either is time the other spent looking; `_alone` leaves out
         pairs that waited); and whether other threads of the worker ran meanwhile (which keep
         its calling thread waiting on the CPU it was given). A worker whose threads left
@@ -913,15 +912,19 @@ class Evaluator:
         limit_s = self.timeout + allowed_s
         deadline = time.monotonic() + limit_s
         before = after = None
+        call_ns = []
         if self._await_calls(worker, region, 0, deadline, limit_s):  # waiting for its first set
             self._hold(worker)
             before = batches.TreeTimes(worker.proc.pid, region.caller)
             waited = batches.own_wait()
             worker.resume()
             for call in range(calls):
-                region.hand_over(call)
+                region.put(call)
+                released = time.perf_counter_ns()
+                region.release(call)
                 if not self._await_calls(worker, region, call + 1, deadline, limit_s):
                     break
+                call_ns.append(time.perf_counter_ns() - released)
                 region.take_output(call)
             else:
                 waited = batches.own_wait() - waited
@@ -946,7 +949,9 @@ class Evaluator:
         self._judge_batch(role, region, batch, calls, testcase, measured, taken=True)
         cpu_ns = after.cpu_since(before)
         own_threads = cpu_ns - (after.main_cpu - before.main_cpu) > HANDOVER_WAIT_NS
-        return cpu_ns, (waited, after.waiting - before.waiting), own_threads
+        kept = sorted(call_ns[1:] or call_ns)
+        kept = kept[:len(kept) - int(HANDOVER_TRIM * len(kept))]
+        return fmean(kept), cpu_ns, (waited, after.waiting - before.waiting), own_threads
 
     def _device_handover_batch(self, turns: Turns, role: str, region: batches.DeviceRegion, batch: Batch,
                                calls: int, testcase: dict, measured: Rounds, allowed_s: float) -> tuple[float, bool]:

@@ -253,10 +253,20 @@ def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "medi
 ALONE_PAIRS = {"cpu": 4, "gpu": 2}
 ALONE_SHARE = 0.2
 HANDOVER_CALLS = 64
-# Fewer calls than this in the larger handed-over batch (calls slow for the budget) draw no
-# bound: a call of four doing the four's work landed in some batches of one or two calls and
-# not in others, and failed an honest pair. Where a call is that slow beside the budget,
-# doing a batch's calls together saves little of it on the CPU.
+# What a call handed over costs on the CPU: the mean of a batch's calls, each timed on its own,
+# its slowest HANDOVER_TRIM left out (an interrupt or a wait for the CPU in a few calls: 60 µs
+# to milliseconds against 8-40 µs). The median or a low quantile would be steadier, but miss
+# the costs that come now and then (a sixth of the relu's calls on 8x8 sets took 12 µs more),
+# the more the longer a call: ten operations a call read 22 µs over one by the tenth quantile,
+# 29 by this mean, 30 in batches, and the honest relu beside that slower baseline failed.
+# Calls that must each make their outputs from a set they first see when it is released,
+# their outputs taken and checked as they say they are done, cannot be made faster than they are.
+HANDOVER_TRIM = 0.1
+# Fewer calls than this in a CPU batch handed over (calls slow for the budget) draw no bound:
+# a batch's trimmed mean is its typical call only where it holds several (all the work in one
+# call of four, honest work however uneven, would read as the batch's call in a batch of two).
+# Where a call is that slow beside the budget, doing a batch's calls together saves little of
+# it on the CPU.
 HANDOVER_MIN_CALLS = 8
 # A pair of handed-over batches in which the evaluator or a worker waited for a CPU longer than
 # HANDOVER_WAIT_NS and this share of the batch's CPU time is left out: on a machine busy beside
@@ -280,54 +290,37 @@ ALONE_ALLOWANCE = 0.1
 ALONE_FAIL = {"cpu": 1.5, "gpu": 2.5}
 
 
-def alone_bound(alone: dict[str, list[tuple[int, float]]], batched_ns: dict[str, float],
-                on_gpu: bool = False) -> dict | None:
+def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float], on_gpu: bool = False) -> dict | None:
     """What the candidate's calls made alone say its calls cost, against the baseline's.
 
-    Each entry of `alone` is a batch whose calls could not be done together, (calls, ns): on
-    the CPU, input sets handed over one at a time, in batches of two sizes (a call's cost is
-    the difference of the two over the difference of their calls: what the first call and the
-    stops around the batch cost drops out); on a GPU, in batches of one size, each step of which
-    costs the same (a batch is timed from its first release to its last call's outputs taken
-    aside). A call so made costs what the
-    call costs plus the hand-over (the evaluator writing the next set; the GPU's switch between
-    the processes), the same for both roles, whose batches, on the same input sets back to
-    back, differ by what their calls differ by. So the candidate's calls take at least the
-    baseline's per-call time in batches (`batched_ns`) plus that difference, less the noise
-    (ALONE_STANDARD_ERRORS of the difference, from a robust spread of the pairs, and
-    ALONE_ALLOWANCE of what a call costs the baseline: made alone on the CPU; in batches on a
-    GPU, whose switch between the processes a step costs is the same for both and would
-    dwarf a small call). `ratio`: that bound over the candidate's per-call time in batches;
-    over ALONE_FAIL, its batches' calls were not made one by one but done together (which a
-    worker's replaced batch loop can do over the input sets it is given all at once):
-    `failed`. None with fewer than three pairs (or two of each size)."""
+    Each entry of `alone` is what a call cost in one batch whose calls could not be done
+    together: on the CPU, input sets handed over one at a time, each call timed on its own by
+    the evaluator's clock (the mean of a batch's calls, its first, cold after the worker was
+    stopped, and its slowest HANDOVER_TRIM left out; `Evaluator._handover_batch`); on a GPU, a batch of steps that each cost
+    the same, over its calls (a batch is timed from its first release to its last call's
+    outputs taken aside). A call so made costs what the call costs plus the hand-over (the
+    evaluator writing the next set; the GPU's switch between the processes), the same for
+    both roles, whose batches, on the same input sets back to back, differ by what their calls
+    differ by. So the candidate's calls take at least the baseline's per-call time in batches
+    (`batched_ns`) plus that difference, less the noise (ALONE_STANDARD_ERRORS of the
+    difference, from a robust spread of the pairs, and ALONE_ALLOWANCE of what a call costs
+    the baseline in batches: not made alone, whose hand-over, the same for both, would dwarf
+    a small call: on the H200 a GPU's switch between the processes, 285 µs a step; on the CPU
+    machine the evaluator's writes and looks, about 12 µs). `ratio`: that
+    bound over the candidate's per-call time in batches; over ALONE_FAIL, its batches' calls
+    were not made one by one but done together (which a worker's replaced batch loop can do
+    over the input sets it is given all at once): `failed`. None with fewer than three pairs."""
     pairs = list(zip(alone.get("candidate", []), alone.get("baseline", [])))
-    by_size: dict[int, list[tuple[float, float]]] = {}
-    for (calls, cand), (_, base) in pairs:
-        by_size.setdefault(calls, []).append((cand, base))
-    if len(pairs) < 3 or (len(by_size) > 1 and min(len(v) for v in by_size.values()) < 2):
+    if len(pairs) < 3:
         return None
-
-    def centre(size: int, pick) -> tuple[float, float]:
-        """Median and its standard error (from the MAD) of `pick(cand, base)` over one size's pairs."""
-        values = [pick(c, b) for c, b in by_size[size]]
-        mid = median(values)
-        return mid, 1.4826 * median(abs(v - mid) for v in values) / math.sqrt(len(values))
-
-    small, large = min(by_size), max(by_size)
-    span = large - small if large > small else large
-    difference, spread = centre(large, lambda c, b: c - b)
-    baseline_alone, _ = centre(large, lambda c, b: b)
-    if large > small:  # the two sizes' difference: a call's own
-        low, low_spread = centre(small, lambda c, b: c - b)
-        difference, spread = difference - low, math.hypot(spread, low_spread)
-        baseline_alone -= centre(small, lambda c, b: b)[0]
-    difference, spread, baseline_alone = difference / span, spread / span, baseline_alone / span
-    call_ns = batched_ns["baseline"] if on_gpu else baseline_alone
-    margin = ALONE_STANDARD_ERRORS * spread + ALONE_ALLOWANCE * max(0.0, call_ns)
+    differences = [cand - base for cand, base in pairs]
+    difference = median(differences)
+    spread = 1.4826 * median(abs(d - difference) for d in differences) / math.sqrt(len(pairs))
+    baseline_alone = median(base for _, base in pairs)
+    margin = ALONE_STANDARD_ERRORS * spread + ALONE_ALLOWANCE * batched_ns["baseline"]
     lower = batched_ns["baseline"] + difference - margin
     ratio = lower / max(batched_ns["candidate"], 1.0)
-    return {"pairs": len(pairs), "sizes": sorted(by_size), "baseline_alone_us": baseline_alone / 1000,
+    return {"pairs": len(pairs), "baseline_alone_us": baseline_alone / 1000,
             "difference_us": difference / 1000, "margin_us": margin / 1000, "lower_us": lower / 1000,
             "batched_us": batched_ns["candidate"] / 1000, "ratio": ratio,
             "failed": ratio > ALONE_FAIL["gpu" if on_gpu else "cpu"]}
@@ -405,8 +398,8 @@ class Rounds:
         self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`Evaluator._calibrate`)
         # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
         self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
-        # per role, its batches of calls made alone in the rounds, (calls, ns) (`alone_bound`), and the bound
-        self.alone: dict[str, list[tuple[int, float]]] = {role: [] for role in roles}
+        # per role, what a call cost in each batch of calls made alone in the rounds (`alone_bound`), and the bound
+        self.alone: dict[str, list[float]] = {role: [] for role in roles}
         self.alone_disturbed = 0  # pairs left out: a CPU was busy beside them (HANDOVER_WAIT_SHARE)
         # of those, per role, the ones where only its calling thread waited, while its own threads ran
         self.alone_held_by_own_threads: dict[str, int] = dict.fromkeys(roles, 0)
