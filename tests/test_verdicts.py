@@ -335,6 +335,18 @@ def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fa
     assert any("still held the NaN" in e for e in row["errors"]), row["errors"]
 
 
+def test_a_worker_that_sleeps_between_its_handed_over_calls_gains_nothing(tmp_path):
+    """Its batches done in one operation, its calls handed over made one by one but each wait
+    for a set slept through: a call handed over is timed from its set's release to its word,
+    so the sleep is the worker's own time and its bound fails its batches."""
+    report = relu2_report(tmp_path, ["batches_and_sleeps"], shapes="[[33, 65]]", timing=DEFAULT_TIMING)
+    row = next(r for r in report["results"] if r["implementation"] == "batches_and_sleeps")
+    assert row["correctness_state"] == "SUCCESS", row["errors"]
+    assert row["performance_state"] == "FAILED", row.get("speedup")
+    assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
+    assert row["performance_result"]["alone_bound"]["ratio"] > 1.5
+
+
 THREADED_RELU = """
 import torch
 
