@@ -773,7 +773,14 @@ class Evaluator:
             steps.mark("sizing")
             sets_a_round = int(GENERATION_FACTOR * t["budget_ms"] * 1e6 / max(measured.set_ns, 1.0) / rounds)
             cap = min(max(1, int(t["max_reps"]) // rounds), max(BATCHES_PER_ROUND, sets_a_round))
-            a_round = {role: max(1, min(cap, int(round_ns / max(per_call[role], 1.0)))) for role in roles}
+            # batches of one call cannot be done together; on the CPU the bound is drawn from CPU
+            # times (one torch thread)
+            alone = len(roles) == 2 and limit > 1 and (on_gpu or measured.by_cpu_time)
+            # the calls made alone take their share of each round out of the roles' batches: a
+            # round keeps to its budget (the H200's compare of eight Triton candidates held the
+            # device 0.65-0.76 s for each candidate's 0.6 s when they came on top)
+            batches_ns = round_ns * (1 - ALONE_SHARE / len(roles)) if alone else round_ns
+            a_round = {role: max(1, min(cap, int(batches_ns / max(per_call[role], 1.0)))) for role in roles}
             calls = {role: min(limit, -(-a_round[role] // BATCHES_PER_ROUND)) for role in roles}
             measured.round_laps = Laps()
             for r in range(rounds):
@@ -793,9 +800,7 @@ class Evaluator:
                                         20 * due[role] * per_call[role] / 1e9)
                             made[role] += due[role]
                     b += 1
-                # batches of one call cannot be done together; on the CPU the bound is drawn from CPU
-                # times (one torch thread)
-                if len(roles) == 2 and limit > 1 and (on_gpu or measured.by_cpu_time):
+                if alone:
                     self._alone(turns, regions, spec, case, testcase, salt, r, measured, per_call, limit, round_ns,
                                 calls["candidate"])
             steps.mark("rounds")
@@ -855,6 +860,7 @@ class Evaluator:
             if calls < HANDOVER_MIN_CALLS:
                 return  # a batch's median call would not be its typical one
             pairs = max(1, min(most, int(share_ns / (2 * slowest * calls))))
+        measured.alone_calls = calls
         # a GPU's batches run with no host taking part, on no CPUs apart: -1 stands for "none pinned"
         with contextlib.nullcontext(-1) if on_gpu else \
                 batches.apart([worker.proc.pid for worker in turns.workers.values()]) as workers_cpu:

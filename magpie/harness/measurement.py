@@ -400,6 +400,7 @@ class Rounds:
         self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
         # per role, what a call cost in each batch of calls made alone in the rounds (`alone_bound`), and the bound
         self.alone: dict[str, list[float]] = {role: [] for role in roles}
+        self.alone_calls = 0  # the calls of each batch handed over
         self.alone_disturbed = 0  # pairs left out: a CPU was busy beside them (HANDOVER_WAIT_SHARE)
         # of those, per role, the ones where only its calling thread waited, while its own threads ran
         self.alone_held_by_own_threads: dict[str, int] = dict.fromkeys(roles, 0)
@@ -478,6 +479,7 @@ class Rounds:
                                            on_gpu)
             if self.alone_bound is not None:
                 self.alone_bound["left_out"] = self.alone_disturbed
+                self.alone_bound["calls_a_batch"] = self.alone_calls
 
     def speedup(self, statistic: str = "median") -> float:
         """The point estimate, median(baseline) / median(candidate), or the means' ratio."""
