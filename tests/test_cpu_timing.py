@@ -411,7 +411,7 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     measured = Rounds(["baseline", "candidate"], vouched=True)
     measured.alone_disturbed, measured.alone_held_by_own_threads["candidate"] = 14, 14
     assert "threads of its own" in unbounded_line(measured)
-    measured.alone_held_by_own_threads["candidate"] = 3  # mostly a busy machine's waits: nothing to say
+    measured.alone_held_by_own_threads["candidate"] = 3  # mostly left out for another reason: nothing to say
     assert unbounded_line(measured) is None
     measured.alone_held_by_own_threads["candidate"], measured.alone_bound = 14, {"failed": False}
     assert unbounded_line(measured) is None  # a bound was drawn from the pairs kept

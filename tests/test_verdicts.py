@@ -284,28 +284,33 @@ def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(tmp_
     assert honest["speedup"]["value"] < 0.5
 
 
-def test_a_batch_done_together_is_not_credited_when_a_busy_machine_leaves_its_calls_made_alone_out(tmp_path):
-    """With every CPU busy beside the build, most pairs of calls made alone are left out (each
-    side waited for a CPU) and where none are left no bound is drawn: the one-operation relu
-    on 8x8 sets was credited 109x so on a loaded 2-core machine. Whatever the pairs kept, it is
-    not credited: a bound drawn fails it, and an implausible speedup that neither measurement
-    could bound fails its timing."""
+def test_on_a_busy_machine_a_batch_done_together_fails_and_an_honest_faster_candidate_stands(tmp_path):
+    """With every CPU busy beside the build, another process's time slices land in a few of
+    the calls made alone, which the trimmed mean leaves out: a bound is drawn. The one
+    operation over a batch's sets, on 8x8 sets (credited 109x on a loaded 2-core machine
+    while such pairs were left out and no bound drawn), fails; the plain relu, honestly
+    several times faster than ten operations a call, stands (while busy pairs were left out,
+    it failed as unvouched in 1 of 2 builds)."""
     import os
     import subprocess
     import sys
 
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
-        report = relu2_report(tmp_path, ["batches_its_calls"], shapes="[[8, 8]]", timing=DEFAULT_TIMING)
+        report = relu2_report(tmp_path, ["batches_many_ops", "good"], shapes="[[8, 8]]", timing=DEFAULT_TIMING,
+                              baseline="many_ops")
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    row = next(r for r in report["results"] if r["implementation"] == "batches_its_calls")
-    assert row["correctness_state"] == "SUCCESS", row["errors"]
-    assert row["performance_state"] == "FAILED", row.get("speedup")
-    kinds = {f["kind"] for f in row["failures"]}
-    assert kinds & {"calls_done_together", "timer_integrity"}, row["failures"]
+    rows = {r["implementation"]: r for r in report["results"]}
+    cheat, honest = rows["batches_many_ops"], rows["good"]
+    assert cheat["correctness_state"] == "SUCCESS", cheat["errors"]
+    assert cheat["performance_state"] == "FAILED", cheat.get("speedup")
+    assert "calls_done_together" in {f["kind"] for f in cheat["failures"]}, cheat["failures"]
+    assert honest["performance_state"] == "SUCCESS", honest["errors"]
+    assert honest["speedup"]["verdict"] == "faster"
+    assert honest["performance_result"]["alone_bound"]["pairs"] >= 3
 
 
 def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_faster_candidate_stands(tmp_path):

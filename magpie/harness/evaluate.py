@@ -876,14 +876,14 @@ class Evaluator:
                         taken[role] = batch_ns / calls
                         disturbed |= early
                     else:
-                        taken[role], batch_ns, waits, own_threads = self._handover_batch(
+                        taken[role], batch_ns, waited_ns, own_threads = self._handover_batch(
                             turns, role, regions[role], batch, calls, testcase, measured, allowed_s, workers_cpu)
-                        waited = [wait > HANDOVER_WAIT_NS + HANDOVER_WAIT_SHARE * batch_ns for wait in waits]
-                        disturbed |= any(waited)
-                        if waited == [False, True] and own_threads:
+                        if own_threads and waited_ns > HANDOVER_WAIT_NS + HANDOVER_WAIT_SHARE * batch_ns:
                             measured.alone_held_by_own_threads[role] += 1
-                # a busy CPU beside it, or a GPU batch that began before the worker had queued its
-                # calls: the pair is noise, not a measurement
+                            disturbed = True
+                # threads of the worker's own that kept its calling thread waiting, or a GPU batch
+                # that began before the worker had queued its calls: the pair is noise, not a
+                # measurement
                 if disturbed:
                     measured.alone_disturbed += 1
                 else:
@@ -893,22 +893,23 @@ class Evaluator:
 
     def _handover_batch(self, turns: Turns, role: str, region: batches.Region, batch: Batch, calls: int,
                         testcase: dict, measured: Rounds, allowed_s: float,
-                        workers_cpu: int) -> tuple[float, float, tuple[float, float], bool]:
+                        workers_cpu: int) -> tuple[float, float, int, bool]:
         """A CPU batch whose input sets the worker sees one at a time (`batches.run_handed_over`):
         each written and released once the last call said it was done, that call's outputs
         taken as they were then. Returns what a call cost: the evaluator's clock from each
-        release to the call's word that it is done, the mean of the batch's calls, its first (cold
-        after the worker was stopped) and its slowest HANDOVER_TRIM left out. The worker's CPU is its own (`batches.apart`) and its calls have nothing to wait
-        for, so that is their CPU time, however the worker waits between them (a process's CPU
-        clock, read while it runs, lags by up to a tick; the batch's CPU time holds the worker's
-        waits for each set too, which a worker that sleeps for them spends less of); also the
-        CPU time of the worker's processes from its first set's release until it was stopped
-        after its last call, taken as `_batch` takes it; how long the evaluator and
-        the worker's calling thread waited for a CPU meanwhile (both look for the other's word
-        without sleeping: a wait of either is time the other spent looking; `_alone` leaves out
-        pairs that waited); and whether other threads of the worker ran meanwhile (which keep
-        its calling thread waiting on the CPU it was given). A worker whose threads left
-        `workers_cpu` (`batches.apart`) could make the evaluator wait: its timing fails."""
+        release to the call's word that it is done, the mean of the batch's calls, its first
+        (cold after the worker was stopped) and its slowest HANDOVER_TRIM (one at least) left out. The worker's
+        CPU is its own (`batches.apart`) and its calls have nothing to wait for, so that is
+        their CPU time, however the worker waits between them (a process's CPU clock, read
+        while it runs, lags by up to a tick; the batch's CPU time holds the worker's waits for
+        each set too, which a worker that sleeps for them spends less of), and another
+        process's time slice on either CPU lands in a few calls, which the trim leaves out.
+        Also the CPU time of the worker's processes from its first set's release until it was
+        stopped after its last call, taken as `_batch` takes it; how long the worker's calling
+        thread waited for its CPU meanwhile; and whether other threads of the worker ran
+        meanwhile (which keep its calling thread waiting on the CPU it was given: `_alone`
+        leaves such pairs out). A worker whose threads left `workers_cpu` (`batches.apart`)
+        could make the evaluator wait: its timing fails."""
         worker = turns.workers[role]
         if not worker.stopped:
             self._hold(worker)
@@ -922,7 +923,6 @@ class Evaluator:
         if self._await_calls(worker, region, 0, deadline, limit_s):  # waiting for its first set
             self._hold(worker)
             before = batches.TreeTimes(worker.proc.pid, region.caller)
-            waited = batches.own_wait()
             worker.resume()
             for call in range(calls):
                 region.put(call)
@@ -933,7 +933,6 @@ class Evaluator:
                 call_ns.append(time.perf_counter_ns() - released)
                 region.take_output(call)
             else:
-                waited = batches.own_wait() - waited
                 self._hold(worker)
                 after = batches.TreeTimes(worker.proc.pid, region.caller)
                 worker.resume()
@@ -956,8 +955,8 @@ class Evaluator:
         cpu_ns = after.cpu_since(before)
         own_threads = cpu_ns - (after.main_cpu - before.main_cpu) > HANDOVER_WAIT_NS
         kept = sorted(call_ns[1:] or call_ns)
-        kept = kept[:len(kept) - int(HANDOVER_TRIM * len(kept))]
-        return fmean(kept), cpu_ns, (waited, after.waiting - before.waiting), own_threads
+        kept = kept[:len(kept) - math.ceil(HANDOVER_TRIM * (len(kept) - 1))]
+        return fmean(kept), cpu_ns, after.waiting - before.waiting, own_threads
 
     def _device_handover_batch(self, turns: Turns, role: str, region: batches.DeviceRegion, batch: Batch,
                                calls: int, testcase: dict, measured: Rounds, allowed_s: float) -> tuple[float, bool]:

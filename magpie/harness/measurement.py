@@ -254,24 +254,28 @@ ALONE_PAIRS = {"cpu": 4, "gpu": 2}
 ALONE_SHARE = 0.2
 HANDOVER_CALLS = 64
 # What a call handed over costs on the CPU: the mean of a batch's calls, each timed on its own,
-# its slowest HANDOVER_TRIM left out (an interrupt or a wait for the CPU in a few calls: 60 µs
-# to milliseconds against 8-40 µs). The median or a low quantile would be steadier, but miss
-# the costs that come now and then (a sixth of the relu's calls on 8x8 sets took 12 µs more),
-# the more the longer a call: ten operations a call read 22 µs over one by the tenth quantile,
-# 29 by this mean, 30 in batches, and the honest relu beside that slower baseline failed.
+# its slowest HANDOVER_TRIM (one call at least) left out: an interrupt, or another process's
+# time slice on a busy machine, lands in a few calls (60 µs to milliseconds against 8-40 µs).
+# The median or a low quantile would be steadier, but miss the costs that come now and then
+# (a sixth of the relu's calls on 8x8 sets took 12 µs more), the more the longer a call: the
+# tenth quantile read ten operations a call 22 µs over one relu where batches read 30, and
+# failed the honest relu beside them (1.55-2.18); leaving out the slowest tenth, it read
+# 1.06-1.34 (1.5 fails), the slowest twentieth 0.53-0.70 (bench/calls_alone.py, 2026-12-02).
 # Calls that must each make their outputs from a set they first see when it is released,
 # their outputs taken and checked as they say they are done, cannot be made faster than they are.
-HANDOVER_TRIM = 0.1
+HANDOVER_TRIM = 0.05
 # Fewer calls than this in a CPU batch handed over (calls slow for the budget) draw no bound:
 # a batch's trimmed mean is its typical call only where it holds several (all the work in one
 # call of four, honest work however uneven, would read as the batch's call in a batch of two).
 # Where a call is that slow beside the budget, doing a batch's calls together saves little of
 # it on the CPU.
 HANDOVER_MIN_CALLS = 8
-# A pair of handed-over batches in which the evaluator or a worker waited for a CPU longer than
-# HANDOVER_WAIT_NS and this share of the batch's CPU time is left out: on a machine busy beside
-# the build, each side waits out another process's time slice (milliseconds) while the other
-# looks for its word. A worker's wake after it was stopped waits tens of µs on a quiet one.
+# A pair of handed-over batches in which threads of a worker's own ran and kept its calling
+# thread waiting for its CPU longer than HANDOVER_WAIT_NS and this share of the batch's CPU
+# time is left out: an honest candidate's own threads, on the one CPU its calls alone are
+# given, read 46 ms a call against 0.6 ms in batches. A busy machine's waits leave no pair
+# out: another process's time slice (milliseconds) lands in a few of a batch's calls, which
+# the trim leaves out (HANDOVER_TRIM); a worker's wake after it was stopped waits tens of µs.
 HANDOVER_WAIT_SHARE = 0.05
 HANDOVER_WAIT_NS = 200_000
 # How the bound allows for noise: this many standard errors of the pairs' differences, plus
@@ -365,12 +369,13 @@ def unvouched_speedup_line(speedup: dict, first: Rounds, again: Rounds | None = 
     out, `Rounds.alone_left_out`), in its measurement and in a re-timing's if there was one,
     what to say; else None. Unbounded, a batch's calls done together read as any speedup: the
     one-operation relu on 8x8 sets was credited 5.6x so with every CPU of the 2-core machine
-    busy beside the build, 109x on a CI run beside other tests."""
+    busy beside the build, 109x on a CI run beside other tests, while a busy machine's pairs
+    were left out too."""
     if speedup["ci_low"] <= 1 or not first.alone_left_out() or (again is not None and again.alone_bound is not None):
         return None
     return (f"its calls made alone drew no bound on its batches ({first.alone_disturbed} of {first.alone_pairs_made()} "
-            f"pairs left out: a CPU busy beside them, or threads of its own that kept its calling thread waiting), so "
-            f"its speedup cannot be vouched for: time it on a quieter machine")
+            f"pairs left out: threads of its own kept its calling thread waiting, or on a GPU its calls were queued "
+            f"after their batch began), so its speedup cannot be vouched for")
 
 
 def alone_line(bound: dict) -> str:
@@ -401,7 +406,7 @@ class Rounds:
         # per role, what a call cost in each batch of calls made alone in the rounds (`alone_bound`), and the bound
         self.alone: dict[str, list[float]] = {role: [] for role in roles}
         self.alone_calls = 0  # the calls of each batch handed over
-        self.alone_disturbed = 0  # pairs left out: a CPU was busy beside them (HANDOVER_WAIT_SHARE)
+        self.alone_disturbed = 0  # pairs left out (`Evaluator._alone`)
         # of those, per role, the ones where only its calling thread waited, while its own threads ran
         self.alone_held_by_own_threads: dict[str, int] = dict.fromkeys(roles, 0)
         self.alone_bound: dict | None = None
