@@ -83,8 +83,8 @@ def build(root: Path) -> dict:
             "kinds": sorted({f["kind"] for f in row.get("failures") or [] if f.get("stage") == "timing"}),
             "median_us": result.get("median_us"),
             "speedup": (row.get("speedup") or {}).get("value"),
-            **{key: bound.get(key) for key in ("ratio", "lower_us", "margin_us", "difference_us", "baseline_alone_us", "pairs",
-                                                "left_out", "sizes")}}
+            **{key: bound.get(key) for key in ("ratio", "lower_us", "margin_us", "difference_us",
+                                                "baseline_alone_us", "pairs", "left_out", "calls_a_batch")}}
     return {"build_s": round(wall, 2), "rows": rows}
 
 

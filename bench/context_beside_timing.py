@@ -119,7 +119,8 @@ def main() -> int:
     os.write(commands_write, b"q")
     os.wait()
 
-    result = {"gpu": torch.cuda.get_device_name() if device == "cuda" else device, "torch": torch.__version__, "calls_a_batch": CALLS,
+    result = {"gpu": torch.cuda.get_device_name() if device == "cuda" else device, "torch": torch.__version__,
+              "calls_a_batch": CALLS,
               "context_s": {p: [round(b - a, 3) for a, b in w] for p, w in phases.items() if not p.startswith("quiet")},
               "phases": {}}
     for phase, spans in phases.items():

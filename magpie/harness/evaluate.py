@@ -36,7 +36,8 @@ from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs
 from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, DEFAULT_BETWEEN_RUNS, DEFAULT_DISTURBED_FRACTION,
-                                        HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_TRIM, HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE,
+                                        HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_TRIM, HANDOVER_WAIT_NS,
+                                        HANDOVER_WAIT_SHARE,
                                         Batch, Rounds, alone_line, batch_phases, few_samples, first_use_verdict,
                                         for_device,
                                         host_wall_gap, implausible_speedup, launch_floor, other_size,
@@ -858,7 +859,7 @@ class Evaluator:
         else:
             calls = min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
             if calls < HANDOVER_MIN_CALLS:
-                return  # a batch's median call would not be its typical one
+                return  # a batch's trimmed mean would not be its typical call
             pairs = max(1, min(most, int(share_ns / (2 * slowest * calls))))
         measured.alone_calls = calls
         # a GPU's batches run with no host taking part, on no CPUs apart: -1 stands for "none pinned"
@@ -898,12 +899,13 @@ class Evaluator:
         each written and released once the last call said it was done, that call's outputs
         taken as they were then. Returns what a call cost: the evaluator's clock from each
         release to the call's word that it is done, the mean of the batch's calls, its first
-        (cold after the worker was stopped) and its slowest HANDOVER_TRIM (one at least) left out. The worker's
-        CPU is its own (`batches.apart`) and its calls have nothing to wait for, so that is
-        their CPU time, however the worker waits between them (a process's CPU clock, read
-        while it runs, lags by up to a tick; the batch's CPU time holds the worker's waits for
-        each set too, which a worker that sleeps for them spends less of), and another
-        process's time slice on either CPU lands in a few calls, which the trim leaves out.
+        (cold after the worker was stopped) and its slowest HANDOVER_TRIM (one at least) left
+        out. The worker's CPU is its own (`batches.apart`) and its calls have nothing to wait
+        for, so that is their CPU time, however the worker waits between them (a process's CPU
+        clock, read while it runs, lags by up to a tick; the batch's CPU time holds the
+        worker's waits for each set too, which a worker that sleeps for them spends less of),
+        and another process's time slice on either CPU lands in a few calls, which the trim
+        leaves out.
         Also the CPU time of the worker's processes from its first set's release until it was
         stopped after its last call, taken as `_batch` takes it; how long the worker's calling
         thread waited for its CPU meanwhile; and whether other threads of the worker ran

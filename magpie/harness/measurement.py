@@ -308,8 +308,8 @@ def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float], on_
     together: on the CPU, input sets handed over one at a time, each call timed on its own by
     the evaluator's clock (the mean of a batch's calls, its first, cold after the worker was
     stopped, and its slowest HANDOVER_TRIM left out; `Evaluator._handover_batch`); on a GPU,
-    a batch of steps that each cost the same, over its calls (a batch is timed from its first release to its last call's
-    outputs taken aside). A call so made costs what the call costs plus the hand-over (the
+    a batch of steps that each cost the same, over its calls (a batch is timed from its first
+    release to its last call's outputs taken aside). A call so made costs what the call costs plus the hand-over (the
     evaluator writing the next set; the GPU's switch between the processes), the same for
     both roles, whose batches, on the same input sets back to back, differ by what their calls
     differ by. So the candidate's calls take at least the baseline's per-call time in batches
@@ -416,7 +416,7 @@ class Rounds:
         self.alone: dict[str, list[float]] = {role: [] for role in roles}
         self.alone_calls = 0  # the calls of each batch handed over
         self.alone_disturbed = 0  # pairs left out (`Evaluator._alone`)
-        # of those, per role, the ones where only its calling thread waited, while its own threads ran
+        # of those, per role, the ones its own threads held its calling thread up in
         self.alone_held_by_own_threads: dict[str, int] = dict.fromkeys(roles, 0)
         self.alone_bound: dict | None = None
         self.graph = False  # on a GPU, each batch a replay of a CUDA graph of its calls
