@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import statistics
 import sys
 import time
@@ -85,7 +86,6 @@ def main() -> int:
 
     def answers_ready() -> list:
         nonlocal buffer
-        import select
         got = []
         while select.select([answers_read], [], [], 0)[0]:
             buffer += os.read(answers_read, 4096)

@@ -849,12 +849,11 @@ class Evaluator:
             # a call handed over costs the GPU's switch between the processes both ways too: about
             # a batch's fixed cost (`_calibrate`)
             step_ns = slowest + max(measured.calibration_ns.values(), default=0.0)
-            large = min(limit, HANDOVER_CALLS, int(share_ns / most / 2 / step_ns))
+            calls = min(limit, HANDOVER_CALLS, int(share_ns / most / 2 / step_ns))
             if candidate_calls > 1:
-                large = max(1, large)
-            if large < 1 or not stream_words.available():
+                calls = max(1, calls)
+            if calls < 1 or not stream_words.available():
                 return
-            calls = large
             pairs = max(1, min(most, int(share_ns / (2 * step_ns * calls))))
         else:
             calls = min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
