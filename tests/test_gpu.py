@@ -153,6 +153,18 @@ def test_a_worker_that_does_a_batchs_calls_in_one_launch_is_not_credited_on_the_
     assert row["performance_state"] == "FAILED" or row["speedup"]["value"] < 1.2, row["speedup"]
 
 
+def cheat_beside_honest(tmp_path, cheat: str, honest: str, baseline: str, shapes: str) -> tuple[dict, dict]:
+    """The rows of a cheat and an honest candidate compared with `baseline` at the default
+    budget: both correct, the cheat's timing failed, the honest one's standing."""
+    report = relu2_report(tmp_path, [cheat, honest], shapes=shapes, jobs=1, defaults="timeout_s = 60", device="cuda",
+                          timing=VOUCHED_DEFAULT, baseline=baseline)
+    rows = {r["implementation"]: r for r in report["results"]}
+    assert rows[cheat]["correctness_state"] == rows[honest]["correctness_state"] == "SUCCESS", rows
+    assert rows[cheat]["performance_state"] == "FAILED", rows[cheat]["speedup"]
+    assert rows[honest]["performance_state"] == "SUCCESS", rows[honest]["errors"]
+    return rows[cheat], rows[honest]
+
+
 def test_calls_done_together_above_the_launch_floor_are_bounded_by_calls_handed_over_on_the_gpu(tmp_path):
     """Ten operations done once over all of a batch's input sets, then three small kernels a
     call: above the launch floor, its batches 2.6-3.9 µs a call against the ten's 9-10 made
@@ -160,15 +172,10 @@ def test_calls_done_together_above_the_launch_floor_are_bounded_by_calls_handed_
     (`DeviceRegion.start_handover`) cannot be done together: the bound they set fails its
     timing (ratios 3.1-4.8 in bench/calls_alone.py). The honest relu beside it, about 3x
     faster, stands."""
-    report = relu2_report(tmp_path, ["batches_above_floor", "good"], shapes="[[8, 8]]", jobs=1,
-                          defaults="timeout_s = 60", device="cuda", timing=VOUCHED_DEFAULT, baseline="many_ops")
-    rows = {r["implementation"]: r for r in report["results"]}
-    cheat, honest = rows["batches_above_floor"], rows["good"]
-    assert cheat["correctness_state"] == honest["correctness_state"] == "SUCCESS"
-    assert cheat["performance_state"] == "FAILED", cheat["speedup"]
+    cheat, honest = cheat_beside_honest(tmp_path, "batches_above_floor", "good", baseline="many_ops",
+                                        shapes="[[8, 8]]")
     assert "calls_done_together" in {f["kind"] for f in cheat["failures"]}, cheat["failures"]
     assert cheat["performance_result"]["alone_bound"]["pairs"] >= 3
-    assert honest["performance_state"] == "SUCCESS", honest["errors"]
     assert honest["speedup"]["value"] > 1.5, honest["speedup"]
     assert honest["performance_result"]["alone_bound"]["ratio"] < 1.0
 
@@ -179,16 +186,23 @@ def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_one_at_
     under-occupied part once a batch has its batches bounded by batches of one call, and
     fails; the same code made call by call stands."""
     (tmp_path / "same_slow_call.py").write_text((FIXTURES / "adversarial" / "slow_call.py").read_text())
-    report = relu2_report(tmp_path, ["batches_slow_call", "same_slow_call"], shapes="[[33, 65]]", jobs=1,
-                          defaults="timeout_s = 60", device="cuda", timing=VOUCHED_DEFAULT, baseline="slow_call")
-    rows = {r["implementation"]: r for r in report["results"]}
-    cheat, honest = rows["batches_slow_call"], rows["same_slow_call"]
-    assert cheat["correctness_state"] == honest["correctness_state"] == "SUCCESS"
-    assert cheat["performance_state"] == "FAILED", cheat["speedup"]
+    cheat, honest = cheat_beside_honest(tmp_path, "batches_slow_call", "same_slow_call", baseline="slow_call",
+                                        shapes="[[33, 65]]")
     bound = cheat["performance_result"]["alone_bound"]
     assert bound["calls_a_batch"] == 1 and bound["pairs"] >= 3 and bound["failed"], bound
-    assert honest["performance_state"] == "SUCCESS", honest["errors"]
     assert not honest["performance_result"]["alone_bound"]["failed"]
+
+
+def test_a_worker_that_never_says_its_batch_is_done_fails_in_time(tmp_path):
+    """The evaluator's stream waits for a batch's done word, which the worker's stream writes
+    behind its calls: a worker that never writes it fails once the request's deadline passed,
+    every wait let go, and the build ends."""
+    report = relu2_report(tmp_path, ["never_says_done"], shapes="[[256, 1024]]", jobs=1, defaults="timeout_s = 10",
+                          device="cuda", timing=VOUCHED_DEFAULT)
+    row = next(r for r in report["results"] if r["implementation"] == "never_says_done")
+    assert row["correctness_state"] == "SUCCESS", row["errors"]
+    assert row["performance_state"] == "FAILED", row["speedup"]
+    assert any("never said to be done" in e for e in row["errors"]), row["errors"]
 
 
 def test_work_that_skips_the_gate_sees_old_inputs_or_is_timed(tmp_path):
