@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import build_json, relu2_project, relu2_report
+from conftest import FIXTURES, build_json, relu2_project, relu2_report
 
 EXPECTED = {
     # implementation: (compiling_state, correctness_state, substring of the verdict)
@@ -351,6 +351,24 @@ def test_a_worker_that_sleeps_between_its_handed_over_calls_gains_nothing(tmp_pa
     assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
     bound = row["performance_result"]["alone_bound"]
     assert bound["ratio"] > 1.5 and bound["calls_a_batch"] >= 8, bound
+
+
+def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_on_the_cpu_too(tmp_path):
+    """A baseline of 2 ms a call, too slow for eight calls handed over in the share of a round
+    calls made alone take: a candidate that does its slow part once a batch was credited what
+    that saves, its batches unbounded. Now its calls made alone come in batches of two (the
+    second timed) and fail it; the same code made call by call stands."""
+    (tmp_path / "same_slow_call.py").write_text((FIXTURES / "adversarial" / "slow_cpu_call.py").read_text())
+    report = relu2_report(tmp_path, ["batches_slow_cpu_call", "same_slow_call"], shapes="[[33, 65]]",
+                          timing=DEFAULT_TIMING, baseline="slow_cpu_call")
+    rows = {r["implementation"]: r for r in report["results"]}
+    cheat, honest = rows["batches_slow_cpu_call"], rows["same_slow_call"]
+    assert cheat["correctness_state"] == honest["correctness_state"] == "SUCCESS"
+    assert cheat["performance_state"] == "FAILED", cheat["speedup"]
+    bound = cheat["performance_result"]["alone_bound"]
+    assert bound["failed"] and bound["calls_a_batch"] < 8, bound
+    assert honest["performance_state"] == "SUCCESS", honest["errors"]
+    assert not honest["performance_result"]["alone_bound"]["failed"], honest["performance_result"]["alone_bound"]
 
 
 THREADED_RELU = """

@@ -830,10 +830,11 @@ class Evaluator:
         both roles on the same input sets of new seeds, back to back, the order flipped every
         two pairs. On the CPU (one torch thread, timed by CPU time), batches handed over one call
         at a time, each call timed on its own (`_handover_batch`), the evaluator and the workers
-        on CPUs apart (none where one CPU is allowed); on a GPU, batches handed over one call at
-        a time on the GPU itself (`_device_handover_batch`), of one call where more would not
-        fit (the candidate's batches holding more than one: a slow baseline beside a fast
-        candidate would otherwise leave its batches unbounded)."""
+        on CPUs apart (none where one CPU is allowed), of two calls at least (HANDOVER_MIN_CALLS);
+        on a GPU, batches handed over one call at a time on the GPU itself
+        (`_device_handover_batch`), of one call where more would not fit. Where the candidate's
+        batches hold more than one call, the least is made however long it takes: a slow
+        baseline beside a fast candidate would otherwise leave its batches unbounded."""
         roles = list(turns.workers)
         on_gpu = self.device.startswith("cuda")
         share_ns = ALONE_SHARE * round_ns
@@ -851,8 +852,10 @@ class Evaluator:
             pairs = max(1, min(most, int(share_ns / (2 * step_ns * calls))))
         else:
             calls = min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
+            if candidate_calls > 1:
+                calls = max(min(limit, HANDOVER_MIN_CALLS), calls)
             if calls < HANDOVER_MIN_CALLS:
-                return  # a batch's trimmed mean would not be its typical call
+                return  # its first call, cold after the worker was stopped, is left out: none would be left
             pairs = max(1, min(most, int(share_ns / (2 * slowest * calls))))
         measured.alone_calls = calls
         # a GPU's batches run with no host taking part, on no CPUs apart: -1 stands for "none pinned"

@@ -264,12 +264,13 @@ HANDOVER_CALLS = 64
 # Calls that must each make their outputs from a set they first see when it is released,
 # their outputs taken and checked as they say they are done, cannot be made faster than they are.
 HANDOVER_TRIM = 0.05
-# Fewer calls than this in a CPU batch handed over (calls slow for the budget) draw no bound:
-# a batch's trimmed mean is its typical call only where it holds several (all the work in one
-# call of four, honest work however uneven, would read as the batch's call in a batch of two).
-# Where a call is that slow beside the budget, doing a batch's calls together saves little of
-# it on the CPU.
-HANDOVER_MIN_CALLS = 8
+# A CPU batch handed over holds the calls that fit its share of the round, this many at least
+# where the candidate's batches hold several calls (their first, cold, left out, the second
+# timed): a slow baseline beside a fast candidate fitted fewer than eight, which drew no bound,
+# and a candidate that did its slow part once a batch was credited it. Such calls are slow
+# beside what a time slice or an interrupt adds to one, and the bound takes the median of the
+# pairs; their pairs may take the round over its budget.
+HANDOVER_MIN_CALLS = 2
 # A pair of handed-over batches in which threads of a worker's own ran and kept its calling
 # thread waiting for its CPU longer than HANDOVER_WAIT_NS and this share of the batch's CPU
 # time is left out: an honest candidate's own threads, on the one CPU its calls alone are
