@@ -298,7 +298,7 @@ import torch
 import magpie.harness.exchange as exchange
 
 _cuda = ctypes.CDLL("libcuda.so.1")
-_borrowed = exchange.borrowed
+_loads_shared = exchange.loads_shared
 
 
 def _wipe(value):
@@ -318,13 +318,13 @@ def _wipe(value):
             _wipe(item)
 
 
-def _borrowed_and_wiped(torch_module, payload):
-    value = _borrowed(torch_module, payload)
+def _loads(payload):
+    value = _loads_shared(payload)
     _wipe(value)
     return value
 
 
-exchange.borrowed = _borrowed_and_wiped
+exchange.loads_shared = _loads
 
 
 def kernel(x):
@@ -601,20 +601,22 @@ def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path)
 
 def test_code_under_test_opens_only_byte_devices_and_on_a_gpu_the_gpus_nodes(monkeypatch):
     """As root, sandboxed code could open /dev/loop0, /dev/kvm and /dev/btrfs-control for
-    writing. Now only /dev/null and friends; a GPU project's code also the GPU's nodes, a CPU
-    project's none of them (work sent to a GPU would escape the CPU time that times it); shared
-    memory in neither (its own scratch folder there is one of its write trees)."""
+    writing. Now only /dev/null and friends; a GPU project's code also the GPU's nodes and
+    /dev/shm (CUDA IPC), a CPU project's none of them (work sent to a GPU would escape the CPU
+    time that times it)."""
     listing = ["null", "urandom", "loop0", "kvm", "tty", "pts", "nvidia0", "nvidiactl", "nvidia-uvm", "kfd", "dri",
                "shm"]
     monkeypatch.setattr(sandbox.os, "listdir", lambda path: listing)
     monkeypatch.setattr(sandbox, "_is_device", lambda path: True)
     assert sandbox.device_files(sandbox.Policy(write=[])) == ["/dev/null", "/dev/urandom"]
     assert sandbox.device_files(sandbox.Policy(write=[], gpu=True)) == [
-        "/dev/null", "/dev/urandom", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri"]
+        "/dev/null", "/dev/urandom", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri",
+        "/dev/shm"]
     # a policy that names its GPU: that GPU's own node, not another's; the shared ones stay
     listing.append("nvidia1")
     assert sandbox.device_files(sandbox.Policy(write=[], gpu=True, gpu_minors=[1])) == [
-        "/dev/null", "/dev/urandom", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri", "/dev/nvidia1"]
+        "/dev/null", "/dev/urandom", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri", "/dev/nvidia1",
+        "/dev/shm"]
 
 
 def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
@@ -647,46 +649,29 @@ def test_a_gpus_node_is_found_by_its_uuid_in_the_drivers_own_description(monkeyp
     assert "every GPU of the host" in sandbox.describe(sandbox.Policy(write=[], gpu=True))
 
 
-def test_what_is_lent_to_a_worker_that_sees_one_gpu_is_mapped_on_it(monkeypatch):
+def test_what_is_lent_to_a_worker_that_sees_one_gpu_is_rebuilt_on_it(monkeypatch):
     """A worker whose sandbox opens one GPU's node sees it as device 0, where the evaluator may
-    know it as device 1: the tensors lent to it are mapped on device 0; a worker that sees
-    several GPUs maps them where the evaluator said."""
+    know it as device 1: the tensors and events lent to it are rebuilt on device 0."""
     import pickle
 
-    import torch
+    import torch.multiprocessing.reductions as reductions
 
-    from magpie.harness import lending
+    from magpie.harness.exchange import _OnTheOneGpu
 
-    class Records(pickle.Pickler):
-        def persistent_id(self, obj):
-            return obj if isinstance(obj, tuple) and obj and obj[0] == "tensor" else None
+    class Lent:
+        def __init__(self, rebuild, args):
+            self.rebuild, self.args = rebuild, args
 
-    tensor = ("tensor", 1, b"h" * 64, 4096, 256, "float32", (4, 8), (8, 1))
-    out = io.BytesIO()
-    Records(out).dump({"outputs": [tensor], "scale": 2.0})
-    monkeypatch.setattr(lending._Borrower, "tensor", lambda self, device, *rest: ("tensor", device, rest))
-    for seen, device in ((1, 0), (2, 1)):
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: seen)
-        assert lending._Borrower(out.getvalue(), torch).load() == {"outputs": [("tensor", device, tensor[2:])],
-                                                                   "scale": 2.0}
+        def __reduce__(self):
+            return self.rebuild, self.args
 
-
-def test_a_lent_tensor_is_mapped_only_within_its_allocation():
-    """The bytes a lent tensor spans (its extent by its strides, not its element count) lie
-    within the allocation it was lent from, or nothing is mapped."""
-    import pickle
-
-    import torch
-
-    from magpie.harness import lending
-
-    assert lending.extent((4, 8), (8, 1)) == 32
-    assert lending.extent((8, 4), (1, 8)) == 32  # a transposed view spans the same
-    assert lending.extent((4, 8), (16, 1)) == 56  # rows of a wider one: the last row's tail is not its
-    assert lending.extent((0, 8), (8, 1)) == 0
-    borrower = lending._Borrower(pickle.dumps(None), torch)
-    with pytest.raises(pickle.UnpicklingError, match="outside its allocation"):
-        borrower.tensor(0, b"h" * 64, 1024, 1024 - 64, "float32", (4, 8), (8, 1))
+    tensor_args = ("cls", (4,), (1,), 0, "storage", "float32", 1, b"handle", 16, 0, False, b"ref", 0, b"event", True)
+    payload = pickle.dumps([Lent(reductions.rebuild_cuda_tensor, tensor_args), Lent(reductions.rebuild_event, (1, b"h"))])
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", lambda *args: ("tensor", args))
+    monkeypatch.setattr(reductions, "rebuild_event", lambda *args: ("event", args))
+    tensor, event = _OnTheOneGpu(io.BytesIO(payload)).load()
+    assert tensor == ("tensor", (*tensor_args[:6], 0, *tensor_args[7:]))
+    assert event == ("event", (0, b"h"))
 
 
 FORKS = """
@@ -822,20 +807,11 @@ def test_a_gpu_sandbox_makes_only_unix_sockets_and_finds_no_socket_in_a_home(tmp
 
 SHARED_MEMORY_PROBE = r"""
 import os, sys
-own, planted, *theirs = sys.argv[1:]
+own, *theirs = sys.argv[1:]
 with open(os.path.join(own, "mine"), "wb") as f:
     f.write(b"mine")
 print("own written")
-try:
-    print("scratch folders seen:", sorted(os.listdir(os.path.dirname(own))))
-except OSError as err:
-    print("scratch folders refused", err.errno)
-try:
-    with open(planted, "wb") as f:
-        f.write(b"planted")
-    print("made")
-except OSError as err:
-    print("refused", err.errno)
+print("scratch folders seen:", sorted(os.listdir(os.path.dirname(own))))
 for path in theirs:
     try:
         with open(path, "r+b") as f:
@@ -846,44 +822,33 @@ for path in theirs:
 """
 
 
-@pytest.mark.parametrize("gpu", [False, True])
-def test_a_sandbox_reaches_nothing_in_shared_memory_but_its_own_folder(tmp_path, gpu):
-    """Shared memory is covered in every sandbox, its own scratch folder kept: another job's
-    scratch folder (its inputs, its outputs, a command's log), another program's folder and a
-    file lying in shared memory itself (where torch's CUDA IPC kept its reference counts, and
-    POSIX semaphores lie) were all writable to a GPU sandbox before, and a file it made there
-    outlived it."""
+def test_a_gpu_sandbox_reaches_no_folder_in_shared_memory_but_its_own(tmp_path):
+    """A GPU sandbox may read and write shared memory (CUDA IPC keeps its reference counts in
+    files made there as tensors are lent, after the sandbox began). Every folder there is
+    covered, its own scratch folder kept: another job's scratch folder (its inputs, its
+    outputs, a command's log) and another program's were both writable to it before."""
     from magpie.supervision import scratch as scratch_folders
 
     if not os.path.isdir(sandbox.SHARED_MEMORY):
         pytest.skip("no shared memory folder on this host")
     own, other = scratch_folders.make("own-"), scratch_folders.make("other-")
     foreign = Path(tempfile.mkdtemp(prefix="magpie-test-foreign-", dir=sandbox.SHARED_MEMORY))
-    loose = Path(sandbox.SHARED_MEMORY) / f"magpie-test-loose-{uuid.uuid4().hex}"
-    planted = Path(sandbox.SHARED_MEMORY) / f"magpie-test-planted-{uuid.uuid4().hex}"
     try:
         (other / "outputs.pt").write_bytes(b"theirs")
         (foreign / "segment").write_bytes(b"theirs")
-        loose.write_bytes(b"theirs")
         (own / "probe.py").write_text(SHARED_MEMORY_PROBE)
-        policy = sandbox.Policy(write=[str(own)], read=[], gpu=gpu)
+        policy = sandbox.Policy(write=[str(own)], read=[], gpu=True)
         proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                               sys.executable, str(own / "probe.py"), str(own), str(planted), str(other / "outputs.pt"),
-                               str(foreign / "segment"), str(loose)], capture_output=True, text=True, timeout=60)
+                               sys.executable, str(own / "probe.py"), str(own), str(other / "outputs.pt"),
+                               str(foreign / "segment")], capture_output=True, text=True, timeout=60)
         lines = proc.stdout.splitlines()
-        assert lines[0] == "own written", (proc.stdout, proc.stderr)
-        # the folder of scratch folders cannot be listed
-        assert lines[1] == "scratch folders refused 13", lines
-        assert lines[2] == "refused 13", lines  # nothing may be made there
-        assert lines[3:] == ["refused 2", "refused 2", "refused 2"], lines  # no such file: shown empty
+        assert lines[:2] == ["own written", f"scratch folders seen: {[own.name]}"], (proc.stdout, proc.stderr)
+        assert lines[2:] == ["refused 2", "refused 2"], lines  # no such file: the folders show empty
         assert (other / "outputs.pt").read_bytes() == (foreign / "segment").read_bytes() == b"theirs"
-        assert loose.read_bytes() == b"theirs" and not planted.exists()
         assert (own / "mine").read_bytes() == b"mine"
     finally:
         for folder in (own, other, foreign):
             shutil.rmtree(folder, ignore_errors=True)
-        loose.unlink(missing_ok=True)
-        planted.unlink(missing_ok=True)
 
 
 def test_links_planted_in_a_workers_scratch_are_not_followed(tmp_path):

@@ -68,12 +68,10 @@ CHECKED_PER_BATCH = 3
 # long gives up.
 CONTROL_BYTES = 16
 HANDOVER_WAIT_S = 60.0
-# On a GPU its words lie behind the region (`DeviceRegion.start_handover`), with a batch's gate
-# and done words (`DeviceRegion.start`), all set to UNBLOCKED to let every wait go (`release`);
-# its first sleep is this long (a batch's queueing by both processes: about 30 µs a call), and
-# the evaluator looks for its end this often.
+# On a GPU its words lie behind the region (`DeviceRegion.start_handover`), set to UNBLOCKED to
+# let every wait go (`release_handover`); its first sleep is this long (a batch's queueing by both
+# processes: about 30 µs a call), and the evaluator looks for its end this often.
 WORDS_BYTES = ALIGN
-WORDS = 4  # [sets released, calls done] of a batch handed over; [gate, done] of a batch
 UNBLOCKED = 1 << 30
 HANDOVER_SLEEP_NS = 2_000_000
 HANDOVER_POLL_S = 0.0002
@@ -344,13 +342,11 @@ class DeviceRegion(Region):
 
     A batch runs from a full queue, behind a gate: before the request the evaluator's stream
     sleeps on the GPU (`torch.cuda._sleep`), then copies the batch's input sets into the region
-    (staged in its own memory), then records the clock's first event and writes the batch's
-    number into the region's gate word; the worker's stream waits for that word before its
-    calls and writes the number into the done word behind them, which the evaluator's stream
-    waits for (`stream_words`: no interprocess event, whose state the driver keeps in a file
-    in /dev/shm that a sandbox would have to leave open). So the calls run back to back once
-    the gate opens, whatever the host's launch rate, and the clock is the evaluator's pair of
-    CUDA events around them: the GPU's time, not the two processes' round trip. The input sets are in place
+    (staged in its own memory), then records the clock's first event and an interprocess event
+    (the gate); the worker's stream waits on the gate before its calls and records an
+    interprocess event of its own behind them. So the calls run back to back once the gate
+    opens, whatever the host's launch rate, and the clock is the evaluator's pair of CUDA events
+    around them: the GPU's time, not the two processes' round trip. The input sets are in place
     only once the gate opens: work started early (on a stream that skips the gate) sees the last
     batch's inputs. The sleep is twice how long the worker took to answer (`next_sleep_ns`); a
     worker that answered after the gate opened (it synchronised inside its calls, or its
@@ -362,7 +358,7 @@ class DeviceRegion(Region):
     fails the batch (`Evaluator._device_batch`)."""
 
     def __init__(self, torch, layout: Layout, device: str, graph: bool = False):
-        from magpie.harness.lending import lend
+        from magpie.harness.exchange import dumps_shared
 
         self.torch = torch
         self.layout = layout
@@ -374,21 +370,21 @@ class DeviceRegion(Region):
             # behind the calls' sets and slots, two words of a batch handed over one call at a
             # time (`start_handover`): [sets released, calls done]
             self.copy = torch.empty(layout.size + WORDS_BYTES, dtype=torch.uint8, device=device)
-        self._words = self.copy[layout.size:layout.size + 4 * WORDS].view(torch.int32)
-        self._words.zero_()
-        self._unblock = torch.full((WORDS,), UNBLOCKED, dtype=torch.int32).pin_memory()
-        self.seq = 0  # the last batch's number, in its gate and done words
+        self._words = self.copy[layout.size:layout.size + 8].view(torch.int32)
+        self._unblock = torch.full((2,), UNBLOCKED, dtype=torch.int32).pin_memory()
         self._aside = None  # a handed-over batch's outputs, copied out as each call said it was done
         self._handover: tuple | None = None  # its clock's events and its first release's
         self.handover_sleep_ns = HANDOVER_SLEEP_NS
         self._inputs = layout.input_views(torch, self.copy)
         self._outputs = layout.output_views(torch, self.copy)
-        self._lent = lend(torch, self.copy)
+        self._lent = dumps_shared(self.copy)
         # the input sets wait here, in the evaluator's own memory, until the gate (`start`)
         self._staging = torch.empty(layout.out_base, dtype=torch.uint8, device=device)
         self._staged = layout.input_views(torch, self._staging)
         self._staged_bytes = 0
-        self._gate_opened = torch.cuda.Event()  # recorded behind the gate word's write
+        self._done = torch.cuda.Event(interprocess=True)  # the worker records it behind a batch's calls
+        self._gate = torch.cuda.Event(interprocess=True)  # the worker's calls wait on it
+        self._lent_events = {"done_event": dumps_shared(self._done), "gate_event": dumps_shared(self._gate)}
         self._beacon = torch.zeros(1, device=device)
         self._clock: tuple | None = None
         self._taken: dict = {}
@@ -398,7 +394,7 @@ class DeviceRegion(Region):
         self.idle_probe_ns = min(self.probe_ns() for _ in range(5))
 
     def offer(self) -> dict:
-        return {"ipc": self._lent, "layout": self.layout.to_json(), "words_at": self.layout.size}
+        return {"ipc": self._lent, **self._lent_events, "layout": self.layout.to_json(), "words_at": self.layout.size}
 
     def write(self, input_sets: list) -> None:
         """The output slots filled with NaN now; the input sets staged, copied in as one range
@@ -461,7 +457,7 @@ class DeviceRegion(Region):
         clock, _, calls = self._handover
         while not clock[1].query():
             if time.monotonic() > deadline:
-                self.release()
+                self.release_handover()
                 raise TimeoutError("a call handed over was not said to be done in time")
             time.sleep(HANDOVER_POLL_S)
         stride = self.layout.out_stride
@@ -472,11 +468,10 @@ class DeviceRegion(Region):
                                    for c in picks}}
         return clock[0].elapsed_time(clock[1]) * 1e6
 
-    def release(self) -> None:
-        """Every wait on the region's words, the evaluator's and the worker's, let go: the words
+    def release_handover(self) -> None:
+        """Every wait of a batch handed over, the evaluator's and the worker's, let go: the words
         written from a stream of their own, by a copy (no kernel: its first launch could wait
-        on the stream that waits on the words). They are zeroed before the next batch's sets are
-        written (`write`)."""
+        on the stream that waits on the words)."""
         torch = self.torch
         side = torch.cuda.Stream(self.copy.device)
         with torch.cuda.stream(side):
@@ -484,27 +479,21 @@ class DeviceRegion(Region):
         side.synchronize()
         torch.cuda.synchronize(self.copy.device)
 
-    def start(self) -> int:
+    def start(self) -> None:
         """Queued before the batch's request is sent: the sleep, the input sets' copy, the
         clock's first event, then the gate (the GPU may switch to the worker's process as soon
-        as the gate opens: the clock has started by then). The batch's number, which the
-        worker's stream waits for in the gate word and writes into the done word."""
-        from magpie.harness import stream_words
-
+        as the gate opens: the clock has started by then)."""
         cuda = self.torch.cuda
-        self.seq += 1
         self._clock = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
         cuda._sleep(int(self.sleep_ns * self._cycles_per_ns))
         self.copy[:self._staged_bytes].copy_(self._staging[:self._staged_bytes])
         self._clock[0].record()
-        stream_words.write(cuda.current_stream(), self._words.data_ptr() + 8, self.seq)
-        self._gate_opened.record()
-        return self.seq
+        self._gate.record()
 
     def answered(self, answer_ns: int) -> bool:
         """Once the worker answered, `answer_ns` after `start`: whether the gate had opened
         already (its launches were timed too); the next sleep (`next_sleep_ns`)."""
-        opened_early = self._gate_opened.query()
+        opened_early = self._gate.query()
         self.sleep_ns = next_sleep_ns(answer_ns, opened_early, self._opened_early, self.sleep_ns)
         self._opened_early = opened_early
         return opened_early
@@ -526,24 +515,16 @@ class DeviceRegion(Region):
     def stop_clock(self, calls: int) -> None:
         """Queued once the worker answered: the batch's last event behind the worker's, then
         what the checks read (`unwritten`, `picks`, `outputs`), taken at that point."""
-        from magpie.harness import stream_words
-
         torch = self.torch
-        stream_words.wait_at_least(torch.cuda.current_stream(), self._words.data_ptr() + 12, self.seq)
+        torch.cuda.current_stream().wait_event(self._done)
         self._clock[1].record()
         picks = _sample_calls(calls)
         self._taken = {"nan_left": self._nan_left(calls), "picks": picks,
                        "outputs": {c: tuple(v.clone() for v in self._outputs[c]) for c in picks}}
 
-    def taken_ns(self, deadline: float) -> float:
-        """GPU time between the batch's two events. Past the monotonic `deadline` (a worker
-        whose stream never wrote the done word: it would hold the evaluator's for good) every
-        wait is let go (`release`) and TimeoutError raised."""
-        while not self._clock[1].query():
-            if time.monotonic() > deadline:
-                self.release()
-                raise TimeoutError("the worker's batch never said it was done")
-            time.sleep(HANDOVER_POLL_S)
+    def taken_ns(self) -> float:
+        """GPU time between the batch's two events."""
+        self._clock[1].synchronize()
         return self._clock[0].elapsed_time(self._clock[1]) * 1e6
 
     def finish(self) -> None:
@@ -607,16 +588,16 @@ class WorkerViews:
     """The worker's side: tensors that are views of the region it mapped once."""
 
     def __init__(self, torch, offer: dict):
-        self.mark = self.control = self.words = self.gate_word = self.done_word = None
+        self.done = self.gate = self.mark = self.control = self.words = None
         layout = Layout.from_json(offer["layout"])
         if "ipc" in offer:
-            from magpie.harness.exchange import borrowed
+            from magpie.harness.exchange import loads_shared
 
-            region = borrowed(torch, offer["ipc"])
-            # [sets released, calls done] of a batch handed over one call at a time
-            # (`run_handed_over_on_gpu`), [gate, done] of a batch (`DeviceRegion.start`)
-            self.words = region[offer["words_at"]:offer["words_at"] + 4 * WORDS].view(torch.int32)
-            self.gate_word, self.done_word = self.words.data_ptr() + 8, self.words.data_ptr() + 12
+            region = loads_shared(offer["ipc"])
+            # [sets released, calls done] of a batch handed over one call at a time (`run_handed_over_on_gpu`)
+            self.words = region[offer["words_at"]:offer["words_at"] + 8].view(torch.int32)
+            self.done = loads_shared(offer["done_event"])  # recorded behind each batch's calls
+            self.gate = loads_shared(offer["gate_event"])  # waited on before them
             self.mark = torch.zeros(1, device=region.device)  # the kernel of a calibration batch's own
         else:
             region = torch.from_file(offer["file"], shared=True, size=int(layout.size), dtype=torch.uint8)

@@ -169,8 +169,14 @@ class Evaluator:
         """What a worker of impl may touch: it reads the project, its own sources and its compiled
         library; it writes only its scratch folder (added by the Worker) and its compiler cache."""
         read = code_reads(self.root, impl, cwd)
-        return sandbox.Policy(write=[], read=read, hide=self.hide, gpu=self.device != "cpu",
+        return sandbox.Policy(write=[], read=read, hide=self._hidden, gpu=self.device != "cpu",
                               gpu_minors=self._gpu_minors, memory_mb=memory_mb)
+
+    @property
+    def _hidden(self) -> list[str]:
+        """What a sandbox of this evaluator's hides: the job's own hides; on a GPU, where shared
+        memory is readable and writable, every scratch folder but the sandbox's own too."""
+        return [*self.hide, *([str(scratch_folders.root())] if self.device != "cpu" else [])]
 
     @functools.cached_property
     def _gpu_minors(self) -> list[int] | None:
@@ -323,7 +329,7 @@ class Evaluator:
                "MAGPIE_IMPL_ID": self.impl["id"], "MAGPIE_IMPL_SOURCE": str(self.root / self.impl["source"])}
         # The command runs the implementation: it reads the project, writes only its TMPDIR.
         policy = None if sandbox.trusted() else sandbox.Policy(
-            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self.hide, gpu=self.device != "cpu",
+            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self._hidden, gpu=self.device != "cpu",
             gpu_minors=self._gpu_minors)
         self.isolation = sandbox.describe(policy)
         started = time.monotonic()
@@ -968,7 +974,7 @@ class Evaluator:
         started = time.perf_counter_ns()
         region.start_handover(calls)
         limit_s = self.timeout + allowed_s
-        with _words_let_go_on_failure(worker, region, limit_s, "a call handed over was never said to be done"):
+        try:
             turns.give(role)
             worker.send({"op": "batch_handover", "calls": calls})
             answer = worker.receive(limit_s)
@@ -976,6 +982,11 @@ class Evaluator:
             if not answer["ok"]:
                 raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
             taken_ns = region.end_handover(time.monotonic() + limit_s)
+        except TimeoutError:
+            raise worker.overdue(f"timeout after {limit_s:g} s: a call handed over was never said to be done")
+        except BaseException:
+            region.release_handover()  # its stream would wait on the worker's word for good
+            raise
         self._hold(worker)
         measured.lap("alone")
         self._judge_batch(role, region, batch, calls, testcase, measured, taken=True)
@@ -1125,20 +1136,18 @@ class Evaluator:
         in which the worker runs one small kernel of the harness's."""
         worker = turns.give(role)
         started = time.perf_counter_ns()
-        seq = region.start()
-        limit_s = self.timeout + allowed_s + region.sleep_ns / 1e9
-        with _words_let_go_on_failure(worker, region, limit_s, "its batch was never said to be done on the GPU"):
-            worker.send({"op": "batch", "seq": seq, "calls": calls, "graph": region.graph and not own_kernel,
-                         "own_kernel": own_kernel})
-            answer = worker.receive(limit_s)
-            answered = time.perf_counter_ns()
-            opened_early = region.answered(answered - started)
-            if not answer["ok"]:
-                raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
-            region.stop_clock(calls)
-            self._hold(worker)
-            held = time.perf_counter_ns()
-            taken_ns = region.taken_ns(time.monotonic() + limit_s)
+        region.start()
+        worker.send({"op": "batch", "calls": calls, "graph": region.graph and not own_kernel,
+                     "own_kernel": own_kernel})
+        answer = worker.receive(self.timeout + allowed_s + region.sleep_ns / 1e9)
+        answered = time.perf_counter_ns()
+        opened_early = region.answered(answered - started)
+        region.stop_clock(calls)
+        self._hold(worker)
+        held = time.perf_counter_ns()
+        taken_ns = region.taken_ns()
+        if not answer["ok"]:
+            raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         if phases is not None:
             phases.append({"calls": calls, "clock_ns": taken_ns, "answer_ns": answered - started,
                            "stop_ns": held - answered, "worker_loop_ns": answer.get("loop_ns"),
@@ -1457,21 +1466,6 @@ class Turns:
             if worker.stopped:
                 worker.resume()
         self.current = None
-
-
-@contextlib.contextmanager
-def _words_let_go_on_failure(worker, region: batches.DeviceRegion, limit_s: float, overdue: str):
-    """Around a GPU batch whose end the evaluator's stream waits for in a word the worker's
-    writes: where the request fails, every wait on the region's words is let go (the stream
-    would wait for good); where the wait itself ran past its deadline (TimeoutError, the words
-    let go already), the worker is killed and fails with `overdue`."""
-    try:
-        yield
-    except TimeoutError:
-        raise worker.overdue(f"timeout after {limit_s:.1f} s: {overdue}") from None
-    except BaseException:
-        region.release()
-        raise
 
 
 def _note_processes(measured: Rounds, role: str, calls: int, before: batches.TreeTimes,

@@ -17,14 +17,24 @@ where buffers were lent}).
 
 from __future__ import annotations
 
+import base64
+import io
 import os
+import pickle
 from pathlib import Path
 
 from magpie.harness.checks import as_tuple
-from magpie.harness.lending import LendingError, borrow, lend
 from magpie.harness.spec import to_device as _to
 from magpie.supervision import scratch
 from magpie.supervision.session import WorkerFailure
+
+
+def dumps_shared(value) -> str:
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the reducers that share CUDA tensors)
+
+    return base64.b64encode(bytes(ForkingPickler.dumps(value))).decode()
 
 
 # Where CUDA IPC is not available (processes in different containers, say), inputs and
@@ -37,11 +47,33 @@ class LentMemoryError(RuntimeError):
     implementation; str() says what to do."""
 
 
-def borrowed(torch, payload: str):
-    """What the evaluator lent (`lending.lend`), mapped into this process."""
+class _OnTheOneGpu(pickle.Unpickler):
+    """Rebuilds what was lent on device 0, whatever index the lender gave its device: a worker
+    whose sandbox opens one GPU's node sees that GPU alone, as device 0, where the evaluator
+    may know it as another."""
+
+    def find_class(self, module: str, name: str):
+        found = super().find_class(module, name)
+        at = {"rebuild_cuda_tensor": 6, "rebuild_event": 0}.get(name)
+        if module != "torch.multiprocessing.reductions" or at is None:
+            return found
+
+        def on_device_zero(*args):
+            return found(*args[:at], 0, *args[at + 1:])
+        return on_device_zero
+
+
+def loads_shared(payload: str):
+    """What the evaluator lent (`dumps_shared`), mapped into this process; where it sees one
+    GPU, on that one."""
+    import torch
+
     try:
-        return borrow(torch, payload)
-    except (LendingError, RuntimeError) as err:
+        data = base64.b64decode(payload)
+        if torch.cuda.device_count() == 1:
+            return _OnTheOneGpu(io.BytesIO(data)).load()
+        return pickle.loads(data)
+    except RuntimeError as err:
         raise LentMemoryError(f"could not map memory lent through CUDA IPC ({str(err).splitlines()[0]}); "
                               f"set {SWITCH}=0 to pass inputs and outputs as files") from None
 
@@ -115,7 +147,7 @@ class CudaIpcExchange(FileExchange):
         # and not the evaluator's originals, which the checks compare against.
         copies = self._in_own_memory(
             lambda: [tuple(x.clone() if self.torch.is_tensor(x) else x for x in args) for args in input_sets])
-        return {"key": tag, "ipc": lend(self.torch, copies)}
+        return {"key": tag, "ipc": dumps_shared(copies)}
 
     def offer_outputs(self, tag: str, expected: list | None, input_sets: list, folder: Path) -> dict:
         offer = super().offer_outputs(tag, expected, input_sets, folder)
@@ -129,7 +161,7 @@ class CudaIpcExchange(FileExchange):
                    for e in as_tuple(exp)) for exp in expected],
             [tuple(torch.empty_like(x) if torch.is_tensor(x) else x for x in args) for args in input_sets]))
         self._buffers[tag] = (outputs, after, [isinstance(exp, (tuple, list)) for exp in expected])
-        return {**offer, "ipc": lend(torch, {"outputs": outputs, "inputs_after": after}), "tag": tag}
+        return {**offer, "ipc": dumps_shared({"outputs": outputs, "inputs_after": after}), "tag": tag}
 
     def collect(self, offer: dict, answer: dict) -> dict:
         if answer.get("outputs_in_file") or "ipc" not in offer:
@@ -149,14 +181,14 @@ class CudaIpcExchange(FileExchange):
 
 def exchange_for(torch, device: str) -> FileExchange:
     """Memory is lent only where it can be lent alone (torch's private memory pools)."""
-    lends = device.startswith("cuda") and os.environ.get(SWITCH, "1") != "0" and hasattr(torch.cuda, "MemPool")
-    return (CudaIpcExchange if lends else FileExchange)(torch, device)
+    lend = device.startswith("cuda") and os.environ.get(SWITCH, "1") != "0" and hasattr(torch.cuda, "MemPool")
+    return (CudaIpcExchange if lend else FileExchange)(torch, device)
 
 
 # -- the worker's side -------------------------------------------------------------------
 def receive_inputs(torch, offer: dict, device: str) -> list[tuple]:
     if "ipc" in offer:
-        lent = borrowed(torch, offer["ipc"])
+        lent = loads_shared(offer["ipc"])
         own = [tuple(x.clone() if torch.is_tensor(x) else x for x in args) for args in lent]
         del lent  # unmapped once collected: the candidate never sees the evaluator's memory
         return own
@@ -166,7 +198,7 @@ def receive_inputs(torch, offer: dict, device: str) -> list[tuple]:
 def deliver(torch, offer: dict, outputs: list, inputs_after: list) -> dict:
     """Put what the calls produced where the evaluator reads it; the reply's fields."""
     if "ipc" in offer:
-        buffers = borrowed(torch, offer["ipc"])
+        buffers = loads_shared(offer["ipc"])
         if _fits(torch, outputs, buffers["outputs"]) and _fits(torch, inputs_after, buffers["inputs_after"]):
             for produced, lent in ((outputs, buffers["outputs"]), (inputs_after, buffers["inputs_after"])):
                 for values, targets in zip(produced, lent):

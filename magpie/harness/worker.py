@@ -16,7 +16,6 @@ import time
 import traceback
 from pathlib import Path
 
-from magpie.harness import stream_words
 from magpie.harness.batches import WorkerViews, run_batch, run_handed_over, run_handed_over_on_gpu
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
@@ -218,9 +217,8 @@ class Implementation:
         calls = int(request["calls"])
         self._poison(False)
         started = time.perf_counter_ns()
-        on_gpu = views.words is not None
-        if on_gpu:  # the calls run once the evaluator's gate opens (`DeviceRegion.start`)
-            stream_words.wait_at_least(self.torch.cuda.current_stream(), views.gate_word, int(request["seq"]))
+        if views.gate is not None:  # the calls run once the evaluator's gate opens (harness/batches.py)
+            self.torch.cuda.current_stream().wait_event(views.gate)
         if request.get("graph"):
             if calls:
                 self._batch_graphs[calls].replay()
@@ -231,10 +229,10 @@ class Implementation:
         else:
             with collector_paused():
                 run_batch(self.torch, self.fn, views.inputs[:calls], views.outputs[:calls])
-        if on_gpu:
+        if views.done is not None:
             # the evaluator's clock stops behind it; answering before the GPU is done lets the
             # evaluator's stream wait there, so the host's round trip stays out of the time
-            stream_words.write(self.torch.cuda.current_stream(), views.done_word, int(request["seq"]))
+            views.done.record()
         # the worker's own account of where a batch's time went: a diagnostic, never a sample
         return {"loop_ns": time.perf_counter_ns() - started}
 

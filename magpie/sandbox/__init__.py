@@ -64,7 +64,7 @@ class Policy:
     hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (usable trees beneath kept)
     # hidden the same way: where magpie's sockets and locks are, as seen where the policy is made
     temporary: list[str] = dataclasses.field(default_factory=lambda: temporary_folders())
-    gpu: bool = False  # GPU devices usable
+    gpu: bool = False  # GPU devices usable; /dev/shm writable (CUDA IPC reference counts live there)
     # the minor numbers of the NVIDIA GPUs it may open (/dev/nvidiaN); None: every one's
     gpu_minors: list[int] | None = None
     network: bool = False
@@ -222,22 +222,36 @@ def read_trees(policy: Policy) -> list[str]:
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
 
-# Shared memory: covered in every sandbox (its own scratch folder there kept), so that what
-# other programs keep there (files, POSIX semaphores, other jobs' scratch folders) is out of
-# reach, and nothing written there outlives the sandbox.
+# Shared memory, which a GPU sandbox may read and write (CUDA IPC's reference counts are files
+# there, made as tensors are lent, after the sandbox began).
 SHARED_MEMORY = "/dev/shm"
 
 
+def shared_memory_folders() -> list[str]:
+    """The folders in shared memory: other jobs' scratch folders (magpie's own among them, its
+    inputs and outputs), other programs'. A GPU sandbox covers each (its own folders beneath
+    kept), so what stays within its reach there is the files that lie in shared memory itself."""
+    try:
+        with os.scandir(SHARED_MEMORY) as entries:
+            return [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
 def device_files(policy: Policy) -> list[str]:
-    """The device nodes the sandbox may use (DEVICES); for a GPU project also the GPU's nodes:
+    """The device nodes the sandbox may use (DEVICES); for a GPU project also the GPU's nodes
+    and /dev/shm (CUDA IPC keeps its reference counts there, beside other processes' files):
     work a CPU project's code sent to a GPU would escape the CPU time that times it."""
     try:
         names = os.listdir("/dev")
     except OSError:
         return []
-    return [os.path.join("/dev", n) for n in names
-            if (n in DEVICES or (policy.gpu and _is_gpu_node(n) and _one_of_its_gpus(n, policy.gpu_minors)))
-            and _is_device(os.path.join("/dev", n))]
+    found = [os.path.join("/dev", n) for n in names
+             if (n in DEVICES or (policy.gpu and _is_gpu_node(n) and _one_of_its_gpus(n, policy.gpu_minors)))
+             and _is_device(os.path.join("/dev", n))]
+    if policy.gpu:
+        found.append(SHARED_MEMORY)
+    return found
 
 
 def _is_gpu_node(name: str) -> bool:
@@ -321,7 +335,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # checkout of magpie, or a project, under /tmp)
         usable = [p for p in (*policy.write, *reads) if os.path.exists(p)]
         system = [f for f in (*SOCKET_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
-        hidden = [*policy.hide, *policy.temporary, *system, SHARED_MEMORY]
+        hidden = [*policy.hide, *policy.temporary, *system, *(shared_memory_folders() if policy.gpu else [])]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
             try:

@@ -53,8 +53,8 @@ FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUN
                        "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR", "TMPDIR", "PYTHONPATH",
                        "MAGPIE_IMPL_ID", "MAGPIE_IMPL_SOURCE", "MAGPIE_CUDA_IPC", "MAGPIE_TRUST_CODE",
                        FOLDER_VARIABLE, OWNER_VARIABLE, KEEP_WARM_VARIABLE}
-# Imported before forking.
-PRELOAD = ("torch", "triton", "triton.language", "magpie.harness.worker",
+# Imported before forking (torch.multiprocessing: the reducers that lend CUDA tensors).
+PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpie.harness.worker",
            "magpie.harness.evaluate")
 # Then called (module:function), for what every child would otherwise compute for itself.
 WARM_UPS = ("magpie.harness.compiler_caches:warm_triton",)
