@@ -357,6 +357,30 @@ def test_a_handed_over_batch_shows_each_set_only_after_the_last_call_said_it_was
     assert all(torch.equal(region.outputs(i)[0], torch.relu(sets[i][0]) * 2) for i in range(4))
 
 
+def test_a_call_handed_over_has_the_cpu_waits_of_a_busy_machine_taken_off():
+    """A call handed over is timed by the evaluator's wall clock; another process's time slice
+    on the worker's CPU or the evaluator's lands in it whole (with two CPU hogs beside the build
+    a 2 ms call read up to twice that, and a candidate that did its slow part once a batch was
+    credited 202x). What either thread waited for a CPU is taken off, never below what the
+    worker's process ran meanwhile; a wake-up's few µs stay in."""
+    call = batches.handed_over_call_ns
+    # (waited, ran) before and after: a 2 ms call that waited 1.5 ms for its CPU
+    assert call(3_500_000, (1_000, 50_000), (1_501_000, 2_040_000)) == 2_000_000
+    # the waits read include one that began before the release: never below the CPU it ran
+    assert call(1_000_000, (0, 0), (900_000, 400_000)) == 400_000
+    # a wake-up's 5 µs stays in: a quiet machine's calls read their wall time
+    assert call(12_000, (0, 0), (5_000, 14_000)) == 12_000
+    # the clocks it reads, on this process: waits and CPU time only grow
+    clocks = batches.CallClocks(os.getpid())
+    try:
+        first = clocks.read()
+        sum(range(200_000))
+        second = clocks.read()
+    finally:
+        clocks.close()
+    assert second[1] > first[1] and second[0] >= first[0]
+
+
 def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_done_together():
     """The candidate's calls handed over one at a time cost what the baseline's do plus what its
     calls differ by (each entry a batch's median call: on the CPU each call is timed alone, on a

@@ -900,14 +900,14 @@ class Evaluator:
         """A CPU batch whose input sets the worker sees one at a time (`batches.run_handed_over`):
         each written and released once the last call said it was done, that call's outputs
         taken as they were then. Returns what a call cost: the evaluator's clock from each
-        release to the call's word that it is done, the mean of the batch's calls, its first
-        (cold after the worker was stopped) and its slowest HANDOVER_TRIM (one at least) left
-        out. The worker's CPU is its own (`batches.apart`) and its calls have nothing to wait
-        for, so that is their CPU time, however the worker waits between them (a process's CPU
-        clock, read while it runs, lags by up to a tick; the batch's CPU time holds the
-        worker's waits for each set too, which a worker that sleeps for them spends less of),
-        and another process's time slice on either CPU lands in a few calls, which the trim
-        leaves out.
+        release to the call's word that it is done, less what the worker's calling thread and
+        the evaluator waited for a CPU meanwhile (`batches.handed_over_call_ns`), the mean of the
+        batch's calls, its first (cold after the worker was stopped) and its slowest
+        HANDOVER_TRIM (one at least) left out. The worker's CPU is its own (`batches.apart`) and
+        its calls have nothing to wait for, so that is their CPU time, however the worker waits
+        between them (the batch's CPU time holds the worker's waits for each set too, which a
+        worker that sleeps for them spends less of); another process's time slice on either CPU
+        is taken off the call it lands in, and what is left of it the trim leaves out.
         Also the CPU time of the worker's processes from its first set's release until it was
         stopped after its last call, taken as `_batch` takes it; how long the worker's calling
         thread waited for its CPU meanwhile; and whether other threads of the worker ran
@@ -928,15 +928,18 @@ class Evaluator:
             self._hold(worker)
             before = batches.TreeTimes(worker.proc.pid, region.caller)
             worker.resume()
-            for call in range(calls):
-                region.put(call)
-                released = time.perf_counter_ns()
-                region.release(call)
-                if not self._await_calls(worker, region, call + 1, deadline, limit_s):
-                    break
-                call_ns.append(time.perf_counter_ns() - released)
-                region.take_output(call)
-            else:
+            with contextlib.closing(batches.CallClocks(region.caller)) as clocks:
+                for call in range(calls):
+                    region.put(call)
+                    read = clocks.read()
+                    released = time.perf_counter_ns()
+                    region.release(call)
+                    if not self._await_calls(worker, region, call + 1, deadline, limit_s):
+                        break
+                    wall_ns = time.perf_counter_ns() - released
+                    call_ns.append(batches.handed_over_call_ns(wall_ns, read, clocks.read()))
+                    region.take_output(call)
+            if len(call_ns) == calls:
                 self._hold(worker)
                 after = batches.TreeTimes(worker.proc.pid, region.caller)
                 worker.resume()
