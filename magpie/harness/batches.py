@@ -895,28 +895,22 @@ class TreeTimes:
         return self.cpu.keys() != before.cpu.keys() or self.reaped_ticks != before.reaped_ticks
 
 
-class CallClocks:
-    """What a call handed over is timed by besides the wall clock (`Evaluator._handover_batch`):
-    how long the worker's calling thread and the evaluator's own have waited for a CPU, and
-    the worker process's CPU time, through descriptors kept open (a read of one costs about
-    0.5 µs, an open and read 7 µs)."""
+class CallWaits:
+    """How long the worker's calling thread and the evaluator's own have waited for a CPU, from
+    the kernel's scheduler statistics, read around each call handed over
+    (`Evaluator._handover_batch`) through descriptors kept open (a read costs about 0.5 µs, an
+    open and read 7 µs)."""
 
     def __init__(self, worker: int):
-        self._clock = ((~worker) << 3) | _CPUCLOCK_SCHED
         paths = (f"/proc/{worker}/task/{worker}/schedstat", "/proc/thread-self/schedstat") if SCHEDSTAT else ()
         self._fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in paths]
 
-    def read(self) -> tuple[int, int]:
-        """(ns both threads have waited for a CPU, ns the worker's process has run)."""
+    def read(self) -> int:
         waited = 0
         for fd in self._fds:
             with contextlib.suppress(OSError, ValueError, IndexError):  # the worker ended meanwhile
                 waited += int(os.pread(fd, 128, 0).split()[1])
-        try:
-            ran = time.clock_gettime_ns(self._clock)
-        except OSError:
-            ran = 0
-        return waited, ran
+        return waited
 
     def close(self) -> None:
         for fd in self._fds:
@@ -927,16 +921,26 @@ class CallClocks:
 CALL_WAIT_NS = 20_000
 
 
-def handed_over_call_ns(wall_ns: int, before: tuple[int, int], after: tuple[int, int]) -> int:
-    """A call handed over (`CallClocks` read around it): its wall time, less what the worker's
-    calling thread and the evaluator waited for a CPU meanwhile where that is CALL_WAIT_NS or
-    more (another process's time slice on either CPU: on a machine whose CPUs were all busy a
-    2 ms call read up to twice that), but never less than the CPU time the worker's process
-    spent meanwhile (which also holds its wait for the set around the call, a few µs: the
-    reads' own). A wait its own threads or children cause is the worker's doing: such pairs
-    are left out (`Evaluator._alone`)."""
-    waited, ran = after[0] - before[0], after[1] - before[1]
-    return wall_ns if waited < CALL_WAIT_NS else max(ran, wall_ns - waited)
+def handed_over_call_ns(wall_ns: int, waited_ns: int) -> int:
+    """A call handed over: its wall time, less what the worker's calling thread and the
+    evaluator waited for a CPU meanwhile (`CallWaits`) where that is CALL_WAIT_NS or more:
+    another process's time slice on either CPU (with two CPU hogs beside the build a 2 ms call
+    read up to 9 ms). The kernel counts a wait when the thread runs again, so one that began
+    before the set's release is taken off whole: such a call reads short (a tenth of the 2 ms
+    calls read 0 there), for either role, never long. Both sides spin between calls, so the
+    worker's CPU time over the call is no floor: it holds its wait for the evaluator to see its
+    word."""
+    return wall_ns if waited_ns < CALL_WAIT_NS else max(0, wall_ns - waited_ns)
+
+
+def calls_handed_over_ns(walls: list[int], less_waits: list[int], others_ns: int) -> list[int]:
+    """A batch's calls handed over, each with its waits for a CPU taken off (`less_waits`,
+    `handed_over_call_ns`), unless the worker's own other threads and processes ran (`others_ns`
+    of CPU time) for half of what was taken off or more: then the waits may be its own doing (a
+    child that makes the call on the calling thread's CPU while that thread waits for it), and
+    the calls keep their wall times (`walls`)."""
+    taken_off = sum(walls) - sum(less_waits)
+    return less_waits if taken_off > 0 and others_ns < taken_off / 2 else walls
 
 
 def own_wait() -> int:

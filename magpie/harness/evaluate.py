@@ -909,9 +909,11 @@ class Evaluator:
         worker that sleeps for them spends less of); another process's time slice on either CPU
         is taken off the call it lands in, and what is left of it the trim leaves out.
         Also the CPU time of the worker's processes from its first set's release until it was
-        stopped after its last call, taken as `_batch` takes it; how long the worker's calling
-        thread waited for its CPU meanwhile; and whether other threads of the worker ran
-        meanwhile (which keep its calling thread waiting on the CPU it was given: `_alone`
+        stopped after its last call, taken as `_batch` takes it but for the sandbox's own waiter
+        and init (whose look at the sandbox's folders every 0.1 s read as threads of the
+        worker's own on a busy machine, which left its pairs out or kept its calls' wall
+        times); how long the worker's calling thread waited for its CPU meanwhile; and whether
+        other threads or processes of the worker ran meanwhile (which keep its calling thread waiting on the CPU it was given: `_alone`
         leaves such pairs out). A worker whose threads left `workers_cpu` (`batches.apart`)
         could make the evaluator wait: its timing fails."""
         worker = turns.workers[role]
@@ -923,25 +925,25 @@ class Evaluator:
         limit_s = self.timeout + allowed_s
         deadline = time.monotonic() + limit_s
         before = after = None
-        call_ns = []
+        walls, call_ns = [], []
         if self._await_calls(worker, region, 0, deadline, limit_s):  # waiting for its first set
             self._hold(worker)
-            before = batches.TreeTimes(worker.proc.pid, region.caller)
+            before = batches.TreeTimes(region.caller, region.caller)
             worker.resume()
-            with contextlib.closing(batches.CallClocks(region.caller)) as clocks:
+            with contextlib.closing(batches.CallWaits(region.caller)) as waits:
                 for call in range(calls):
                     region.put(call)
-                    read = clocks.read()
+                    waited = waits.read()
                     released = time.perf_counter_ns()
                     region.release(call)
                     if not self._await_calls(worker, region, call + 1, deadline, limit_s):
                         break
-                    wall_ns = time.perf_counter_ns() - released
-                    call_ns.append(batches.handed_over_call_ns(wall_ns, read, clocks.read()))
+                    walls.append(time.perf_counter_ns() - released)
+                    call_ns.append(batches.handed_over_call_ns(walls[-1], waits.read() - waited))
                     region.take_output(call)
             if len(call_ns) == calls:
                 self._hold(worker)
-                after = batches.TreeTimes(worker.proc.pid, region.caller)
+                after = batches.TreeTimes(region.caller, region.caller)
                 worker.resume()
                 region.end_handover()
         answer = worker.receive(max(0.0, deadline - time.monotonic()))
@@ -960,7 +962,9 @@ class Evaluator:
                 "given: on the evaluator's it could hold the evaluator up and have those calls left out"}
         self._judge_batch(role, region, batch, calls, testcase, measured, taken=True)
         cpu_ns = after.cpu_since(before)
-        own_threads = cpu_ns - (after.main_cpu - before.main_cpu) > HANDOVER_WAIT_NS
+        others_ns = cpu_ns - (after.main_cpu - before.main_cpu)
+        own_threads = others_ns > HANDOVER_WAIT_NS
+        call_ns = batches.calls_handed_over_ns(walls, call_ns, others_ns)
         kept = sorted(call_ns[1:] or call_ns)
         kept = kept[:len(kept) - math.ceil(HANDOVER_TRIM * (len(kept) - 1))]
         return fmean(kept), cpu_ns, after.waiting - before.waiting, own_threads
