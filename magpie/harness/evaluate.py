@@ -913,9 +913,9 @@ class Evaluator:
         and init (whose look at the sandbox's folders every 0.1 s read as threads of the
         worker's own on a busy machine, which left its pairs out or kept its calls' wall
         times); how long the worker's calling thread waited for its CPU meanwhile; and whether
-        other threads or processes of the worker ran meanwhile (which keep its calling thread waiting on the CPU it was given: `_alone`
-        leaves such pairs out). A worker whose threads left `workers_cpu` (`batches.apart`)
-        could make the evaluator wait: its timing fails."""
+        other threads or processes of the worker ran meanwhile (which keep its calling thread
+        waiting on the CPU it was given: `_alone` leaves such pairs out). A worker whose threads
+        left `workers_cpu` (`batches.apart`) could make the evaluator wait: its timing fails."""
         worker = turns.workers[role]
         if not worker.stopped:
             self._hold(worker)

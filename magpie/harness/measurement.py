@@ -254,8 +254,9 @@ ALONE_PAIRS = {"cpu": 4, "gpu": 2}
 ALONE_SHARE = 0.2
 HANDOVER_CALLS = 64
 # What a call handed over costs on the CPU: the mean of a batch's calls, each timed on its own,
-# its slowest HANDOVER_TRIM (one call at least) left out: an interrupt, or another process's
-# time slice on a busy machine, lands in a few calls (60 µs to milliseconds against 8-40 µs).
+# its slowest HANDOVER_TRIM (one call at least) left out: an interrupt, or what is left in a
+# few calls of another process's time slice on a busy machine once the waits for a CPU are
+# taken off (`batches.handed_over_call_ns`), costs 60 µs to milliseconds against 8-40 µs.
 # The median or a low quantile would be steadier, but miss the costs that come now and then
 # (a sixth of the relu's calls on 8x8 sets took 12 µs more), the more the longer a call: the
 # tenth quantile read ten operations a call 22 µs over one relu where batches read 30, and
@@ -275,8 +276,8 @@ HANDOVER_MIN_CALLS = 2
 # thread waiting for its CPU longer than HANDOVER_WAIT_NS and this share of the batch's CPU
 # time is left out: an honest candidate's own threads, on the one CPU its calls alone are
 # given, read 46 ms a call against 0.6 ms in batches. A busy machine's waits leave no pair
-# out: another process's time slice (milliseconds) lands in a few of a batch's calls, which
-# the trim leaves out (HANDOVER_TRIM); a worker's wake after it was stopped waits tens of µs.
+# out: another process's time slice (milliseconds) is taken off the calls it lands in
+# (`batches.handed_over_call_ns`); a worker's wake after it was stopped waits tens of µs.
 HANDOVER_WAIT_SHARE = 0.05
 HANDOVER_WAIT_NS = 200_000
 # How the bound allows for noise: this many standard errors of the pairs' differences, plus
