@@ -16,7 +16,9 @@ at the default timing (300 ms budget, 5 rounds), on 33x65 fp32 sets unless said:
   of it.
 
 Per build and candidate: the timing's state, the bound's ratio to the batches' time (over 1.5
-fails), its margin, how many pairs it drew on and left out. On a GPU (--device cuda) the same,
+fails; between 1 and 1.5 the candidate is credited at the bound), its margin, how many pairs
+it drew on and left out, the speedup credited and, where the bound lowered it, what its
+batches alone read. On a GPU (--device cuda) the same,
 with batches handed over one call at a time on the GPU, and the launch floor.
 
 Usage: python bench/calls_alone.py [--repeats 3] [--device cpu] [--compiled] [--projects a,b] [--json out.json]
@@ -83,6 +85,9 @@ def build(root: Path) -> dict:
             "kinds": sorted({f["kind"] for f in row.get("failures") or [] if f.get("stage") == "timing"}),
             "median_us": result.get("median_us"),
             "speedup": (row.get("speedup") or {}).get("value"),
+            "verdict": (row.get("speedup") or {}).get("verdict"),
+            # where its calls alone bound it above its batches, what the batches alone would credit
+            "batches_speedup": ((row.get("speedup") or {}).get("bounded_by_calls_alone") or {}).get("batches_value"),
             **{key: bound.get(key) for key in ("ratio", "lower_us", "margin_us", "difference_us",
                                                 "baseline_alone_us", "pairs", "left_out", "calls_a_batch")}}
     return {"build_s": round(wall, 2), "rows": rows}
@@ -115,6 +120,8 @@ def main() -> int:
             cells = [f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or []) or '-'} "
                      f"{r['median_us']} µs ratio {r['ratio']:.2f} margin {r['margin_us']:.2f} "
                      f"pairs {r['pairs']}+{r['left_out']} out"
+                     + (f" credited {r['speedup']:.2f}x {r['verdict']}" if r.get("speedup") is not None else "")
+                     + (f" (batches {r['batches_speedup']:.2f}x)" if r.get("batches_speedup") else "")
                      if r.get("ratio") is not None else f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or [])}"
                      for r in rows]
             print(f"  {name:18s} " + " | ".join(cells))

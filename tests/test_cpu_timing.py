@@ -469,6 +469,45 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     assert alone_bound({"candidate": baseline[:2], "baseline": baseline[:2]}, {"baseline": 1, "candidate": 1}) is None
 
 
+def test_a_bound_over_the_batches_is_what_the_candidate_is_credited_on_the_cpu():
+    """Calls done together that save less than ALONE_FAIL are not failed, but their speedup is
+    the baseline's time over the bound, not over the batches: the point and the interval scale
+    down together and the verdict is read again. Within the bound, or on a GPU (where a graph's
+    batches honestly beat calls launched alone), the speedup is the batches'."""
+    from magpie.compare.stats import bootstrap_speedup
+    from magpie.harness.measurement import Rounds, credit_within_calls_alone
+
+    def measured(lower_us, failed=False):
+        rounds = Rounds(["baseline", "candidate"], vouched=True)
+        rounds.samples = {"baseline": [30_000 + 100 * (i % 3) for i in range(30)],
+                          "candidate": [20_000 + 100 * (i % 3) for i in range(30)]}
+        rounds.sizes = {role: [6] * 5 for role in rounds.samples}
+        rounds.alone_bound = {"lower_us": lower_us, "failed": failed, "ratio": lower_us / 20.1}
+        return rounds
+
+    def speedup(rounds):
+        kept = rounds.for_speedup("median")
+        return bootstrap_speedup([s / 1000 for s in kept["baseline"][0]], [s / 1000 for s in kept["candidate"][0]],
+                                 baseline_rounds=kept["baseline"][1], candidate_rounds=kept["candidate"][1])
+
+    together = measured(27.0)
+    credited = speedup(together)
+    line = credit_within_calls_alone(credited, together, "median", on_gpu=False)
+    assert "credited at that" in line and credited["verdict"] == "faster"
+    assert credited["value"] * 27.0 == pytest.approx(30.1, rel=1e-3)  # the baseline's median over the bound
+    assert credited["ci_low"] <= credited["value"] <= credited["ci_high"]
+    bounded = credited["bounded_by_calls_alone"]
+    assert bounded["batches_value"] == pytest.approx(30.1 / 20.1, rel=1e-3) and bounded["factor"] > 1.3
+    level = measured(30.5)  # its calls alone as slow as the baseline's: no speedup left
+    credited = speedup(level)
+    credit_within_calls_alone(credited, level, "median", on_gpu=False)
+    assert credited["value"] < 1 and credited["verdict"] != "faster"
+    for rounds, on_gpu in ((measured(15.0), False), (measured(27.0), True), (measured(40.0, failed=True), False)):
+        untouched = speedup(rounds)
+        assert credit_within_calls_alone(untouched, rounds, "median", on_gpu) is None
+        assert untouched == speedup(rounds)
+
+
 def test_a_baseline_that_reads_off_its_own_timing_has_the_measurement_taken_again(tmp_path):
     """Each candidate's timing measures the baseline beside it; where the baseline reads more
     than `timing.disturbed_fraction` off its own timing job, something else ran on the device:

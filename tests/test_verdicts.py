@@ -328,6 +328,27 @@ def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_fast
     assert rows["good"]["speedup"]["value"] > 2
 
 
+def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than_their_calls_alone(tmp_path):
+    """Ten operations on 33x65 sets done together over a batch's sets, against the same ten
+    made call by call: they move every set's data ten times still, so their batches read 12-29
+    µs a call against 30-33, a bound 1.2-1.5 times that, under ALONE_FAIL, and were credited up
+    to 1.67x. Failed, or credited no more than the baseline's time over their bound."""
+    report = relu2_report(tmp_path, ["batches_many_ops", "batches_above_floor"], shapes="[[33, 65]]",
+                          baseline="many_ops", timing=DEFAULT_TIMING)
+    rows = {r["implementation"]: r for r in report["results"]}
+    for name in ("batches_many_ops", "batches_above_floor"):
+        row = rows[name]
+        assert row["correctness_state"] == "SUCCESS", row["errors"]
+        if row["performance_state"] == "FAILED":
+            assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
+            continue
+        bound = row["performance_result"]["alone_bound"]
+        allowed = row["baseline_result"]["median_us"] / bound["lower_us"]
+        assert row["speedup"]["value"] <= allowed * 1.01, (name, row["speedup"], bound)
+        if bound["ratio"] > 1:
+            assert "bounded_by_calls_alone" in [f["kind"] for f in row["flags"]], row["warnings"]
+
+
 def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fails_its_timing(tmp_path):
     """The loop that takes input sets one at a time replaced by one that says each call is done
     as soon as its set comes, then makes every call after the last: the evaluator took each

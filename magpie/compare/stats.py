@@ -111,6 +111,13 @@ def widen_for_runs(point: float, low: float, high: float, between_runs: float,
 STATISTICS = ("median", "mean")
 
 
+def speedup_verdict(low: float, high: float) -> str:
+    """What an interval of a speedup says: "within noise" where it holds 1.0."""
+    if low <= 1.0 <= high:
+        return "within noise"
+    return "faster" if low > 1.0 else "slower"
+
+
 def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
                       baseline_rounds: list[int] | None = None, candidate_rounds: list[int] | None = None,
                       resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
@@ -220,11 +227,7 @@ def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
     within_low = point * math.exp(scale * (quantile(stats, alpha) - centre))
     within_high = point * math.exp(scale * (quantile(stats, 1 - alpha) - centre))
     low, high = widen_for_runs(point, within_low, within_high, between_runs, confidence)
-    if low <= 1.0 <= high:
-        verdict = "within noise"
-    else:
-        verdict = "faster" if low > 1.0 else "slower"
     return {"value": point, "ci_low": low, "ci_high": high, "confidence": confidence,
-            "resamples": resamples, "verdict": verdict, "rounds": blocks, "resampling": resampling,
+            "resamples": resamples, "verdict": speedup_verdict(low, high), "rounds": blocks, "resampling": resampling,
             "few_rounds_factor": scale, "bootstrap_median": math.exp(centre), "statistic": statistic,
             "between_runs": between_runs, "ci_within_run": [within_low, within_high]}

@@ -38,8 +38,8 @@ from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_sp
 from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, DEFAULT_BETWEEN_RUNS, DEFAULT_DISTURBED_FRACTION,
                                         HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_TRIM, HANDOVER_WAIT_NS,
                                         HANDOVER_WAIT_SHARE,
-                                        Batch, Rounds, alone_line, batch_phases, few_samples, first_use_verdict,
-                                        for_device,
+                                        Batch, Rounds, alone_line, batch_phases, credit_within_calls_alone,
+                                        few_samples, first_use_verdict, for_device,
                                         host_wall_gap, implausible_speedup, launch_floor, other_size,
                                         paired_speedup, roofline_floor, timer_inconsistency, unbounded_line,
                                         uneven_calls, uneven_line, unvouched_speedup_line, vouched_inputs,
@@ -599,6 +599,10 @@ class Evaluator:
             unvouched = unvouched_speedup_line(result["speedup"], measured, retimed)
             if unvouched and result["performance_state"] == "SUCCESS":
                 _fail(result, "timer_integrity", f"candidate: {unvouched}", case, spec_index)
+            bounded = credit_within_calls_alone(result["speedup"], measured, statistic, self.device != "cpu")
+            if bounded:
+                result["warnings"].append(f"candidate: {bounded}")
+                _record(result, "flags", "bounded_by_calls_alone", f"candidate: {bounded}", case, spec_index)
         return result
 
     def _rounds(self, turns: Turns, offers: dict, out_specs: list, mode: str | None, t: dict) -> Rounds:
