@@ -86,6 +86,11 @@ def build(root: Path) -> dict:
             "median_us": result.get("median_us"),
             "speedup": (row.get("speedup") or {}).get("value"),
             "verdict": (row.get("speedup") or {}).get("verdict"),
+            "mode": (row.get("timing_method") or {}).get("mode"),  # on a GPU: events or graph
+            # what the speedup took: the statistic, and the baseline's median beside this candidate
+            "statistic": (row.get("speedup") or {}).get("statistic"),
+            "baseline_median_us": (row.get("baseline_result") or {}).get("median_us"),
+            "flags": sorted({f["kind"] for f in row.get("flags") or []}),
             # where its calls alone bound it above its batches, what the batches alone would credit
             "batches_speedup": ((row.get("speedup") or {}).get("bounded_by_calls_alone") or {}).get("batches_value"),
             **{key: bound.get(key) for key in ("ratio", "lower_us", "margin_us", "difference_us",
@@ -119,8 +124,10 @@ def main() -> int:
             rows = [b["rows"].get(name, {}) for b in builds]
             cells = [f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or []) or '-'} "
                      f"{r['median_us']} µs ratio {r['ratio']:.2f} margin {r['margin_us']:.2f} "
-                     f"pairs {r['pairs']}+{r['left_out']} out"
-                     + (f" credited {r['speedup']:.2f}x {r['verdict']}" if r.get("speedup") is not None else "")
+                     f"pairs {r['pairs']}+{r['left_out']} out" + (f" {r['mode']}" if r.get("mode") else "")
+                     + (f" credited {r['speedup']:.2f}x {r['verdict']} by the {r['statistic']}, the baseline "
+                        f"{r['baseline_median_us']:.3g} µs beside it" if r.get("speedup") is not None else "")
+                     + (f" flags {','.join(r['flags'])}" if r.get("flags") else "")
                      + (f" (batches {r['batches_speedup']:.2f}x)" if r.get("batches_speedup") else "")
                      if r.get("ratio") is not None else f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or [])}"
                      for r in rows]

@@ -397,7 +397,7 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     # its batches at 1.2 µs a call
     fused = alone_bound({"candidate": entries(9, wobble_us=-0.3), "baseline": baseline},
                         {"baseline": 9_000, "candidate": 1_200})
-    assert fused["failed"] and fused["ratio"] > ALONE_FAIL["cpu"] and abs(fused["difference_us"]) < 0.7
+    assert fused["failed"] and fused["ratio"] > ALONE_FAIL and abs(fused["difference_us"]) < 0.7
     assert fused["pairs"] == 12 and abs(fused["baseline_alone_us"] - 17) < 0.5
     # an honest candidate twice as fast, one three times slower, and the baseline's own copy
     for call_us, batched_ns in ((4.5, 4_500), (27, 27_000), (9, 9_000)):
@@ -422,17 +422,14 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     def steps(call_us, switch_us=285.0):
         return [switch_us * 1000 + call_us * 1000 + 200 * (-1) ** i for i in range(6)]
 
-    gpu = alone_bound({"candidate": steps(23), "baseline": steps(20)}, {"baseline": 20_000, "candidate": 6_000},
-                      on_gpu=True)
+    gpu = alone_bound({"candidate": steps(23), "baseline": steps(20)}, {"baseline": 20_000, "candidate": 6_000})
     assert gpu["failed"] and abs(gpu["lower_us"] - 21) < 0.5 and gpu["margin_us"] < 2.5
-    honest = alone_bound({"candidate": steps(5), "baseline": steps(20)}, {"baseline": 20_000, "candidate": 4_000},
-                         on_gpu=True)
+    honest = alone_bound({"candidate": steps(5), "baseline": steps(20)}, {"baseline": 20_000, "candidate": 4_000})
     assert not honest["failed"] and honest["ratio"] < 1
-    # ten small kernels a call against one: launched one by one when alone, twice what they
-    # cost in a graph's batches, read over the CPU's limit and within the GPU's
-    tiny = alone_bound({"candidate": steps(18), "baseline": steps(3)}, {"baseline": 3_000, "candidate": 10_500},
-                       on_gpu=True)
-    assert ALONE_FAIL["cpu"] < tiny["ratio"] < ALONE_FAIL["gpu"] and not tiny["failed"]
+    # ten small kernels a call against one, a batch handed over replayed as a graph where the
+    # batches are: alone they differ by what the batches do (on the H200 7.6-8.0 µs against 7.7)
+    tiny = alone_bound({"candidate": steps(10.6), "baseline": steps(3)}, {"baseline": 2_300, "candidate": 9_900})
+    assert not tiny["failed"] and tiny["ratio"] < 1
     # a GPU batch's call under a quarter of the kernel that copies its outputs was not launched alone
     from magpie.harness.measurement import launch_floor
 
@@ -469,11 +466,11 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     assert alone_bound({"candidate": baseline[:2], "baseline": baseline[:2]}, {"baseline": 1, "candidate": 1}) is None
 
 
-def test_a_bound_over_the_batches_is_what_the_candidate_is_credited_on_the_cpu():
+def test_a_bound_over_the_batches_is_what_the_candidate_is_credited():
     """Calls done together that save less than ALONE_FAIL are not failed, but their speedup is
     the baseline's time over the bound, not over the batches: the point and the interval scale
-    down together and the verdict is read again. Within the bound, or on a GPU (where a graph's
-    batches honestly beat calls launched alone), the speedup is the batches'."""
+    down together (by the median's or, where calls are uneven, the mean's ratio) and the
+    verdict is read again. Within the bound, or failed by it, the speedup is the batches'."""
     from magpie.compare.stats import bootstrap_speedup
     from magpie.harness.measurement import Rounds, credit_within_calls_alone
 
@@ -485,26 +482,28 @@ def test_a_bound_over_the_batches_is_what_the_candidate_is_credited_on_the_cpu()
         rounds.alone_bound = {"lower_us": lower_us, "failed": failed, "ratio": lower_us / 20.1}
         return rounds
 
-    def speedup(rounds):
-        kept = rounds.for_speedup("median")
+    def speedup(rounds, statistic="median"):
+        kept = rounds.for_speedup(statistic)
         return bootstrap_speedup([s / 1000 for s in kept["baseline"][0]], [s / 1000 for s in kept["candidate"][0]],
-                                 baseline_rounds=kept["baseline"][1], candidate_rounds=kept["candidate"][1])
+                                 baseline_rounds=kept["baseline"][1], candidate_rounds=kept["candidate"][1],
+                                 statistic=statistic)
 
-    together = measured(27.0)
-    credited = speedup(together)
-    line = credit_within_calls_alone(credited, together, "median", on_gpu=False)
-    assert "credited at that" in line and credited["verdict"] == "faster"
-    assert credited["value"] * 27.0 == pytest.approx(30.1, rel=1e-3)  # the baseline's median over the bound
-    assert credited["ci_low"] <= credited["value"] <= credited["ci_high"]
-    bounded = credited["bounded_by_calls_alone"]
-    assert bounded["batches_value"] == pytest.approx(30.1 / 20.1, rel=1e-3) and bounded["factor"] > 1.3
+    for statistic in ("median", "mean"):
+        together = measured(27.0)
+        credited = speedup(together, statistic)
+        line = credit_within_calls_alone(credited, together, statistic)
+        assert "credited at that" in line and credited["verdict"] == "faster"
+        assert credited["value"] * 27.0 == pytest.approx(30.1, rel=1e-3)  # the baseline's time over the bound
+        assert credited["ci_low"] <= credited["value"] <= credited["ci_high"]
+        bounded = credited["bounded_by_calls_alone"]
+        assert bounded["batches_value"] == pytest.approx(30.1 / 20.1, rel=1e-3) and bounded["factor"] > 1.3
     level = measured(30.5)  # its calls alone as slow as the baseline's: no speedup left
     credited = speedup(level)
-    credit_within_calls_alone(credited, level, "median", on_gpu=False)
+    credit_within_calls_alone(credited, level, "median")
     assert credited["value"] < 1 and credited["verdict"] != "faster"
-    for rounds, on_gpu in ((measured(15.0), False), (measured(27.0), True), (measured(40.0, failed=True), False)):
+    for rounds in (measured(15.0), measured(40.0, failed=True)):
         untouched = speedup(rounds)
-        assert credit_within_calls_alone(untouched, rounds, "median", on_gpu) is None
+        assert credit_within_calls_alone(untouched, rounds, "median") is None
         assert untouched == speedup(rounds)
 
 

@@ -365,6 +365,7 @@ class DeviceRegion(Region):
         self.caller = 0
         self.graph = graph  # each batch one replay of a CUDA graph of its calls (`Worker.batch_graph`)
         self.captured: set[int] = set()  # the batch sizes the worker has a graph of
+        self.captured_handed_over: set[int] = set()  # and of batches handed over one call at a time
         self._pool = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(self._pool):
             # behind the calls' sets and slots, two words of a batch handed over one call at a

@@ -599,7 +599,7 @@ class Evaluator:
             unvouched = unvouched_speedup_line(result["speedup"], measured, retimed)
             if unvouched and result["performance_state"] == "SUCCESS":
                 _fail(result, "timer_integrity", f"candidate: {unvouched}", case, spec_index)
-            bounded = credit_within_calls_alone(result["speedup"], measured, statistic, self.device != "cpu")
+            bounded = credit_within_calls_alone(result["speedup"], measured, statistic)
             if bounded:
                 result["warnings"].append(f"candidate: {bounded}")
                 _record(result, "flags", "bounded_by_calls_alone", f"candidate: {bounded}", case, spec_index)
@@ -829,7 +829,7 @@ class Evaluator:
             if floor and role not in measured.failed:
                 measured.failed[role] = {"passed": False, "check": "launch_floor", "kind": "calls_done_together",
                                          "where": "its batches", "detail": floor}
-        measured.judge_calls_alone(self.device.startswith("cuda"))
+        measured.judge_calls_alone()
         measured.methods = {role: vouched_method(calls[role], measured, t, self.device) for role in roles}
         return measured
 
@@ -975,9 +975,11 @@ class Evaluator:
 
     def _device_handover_batch(self, turns: Turns, role: str, region: batches.DeviceRegion, batch: Batch,
                                calls: int, testcase: dict, measured: Rounds, allowed_s: float) -> tuple[float, bool]:
-        """A GPU batch handed over one call at a time (`DeviceRegion.start_handover`), checked
-        like any batch: its GPU time in ns, and whether its first set was released before the
-        worker had queued its calls (its queueing timed too)."""
+        """A GPU batch handed over one call at a time (`DeviceRegion.start_handover`; in graph
+        mode one replay of the worker's graph of such a batch, `_capture`), checked like any
+        batch: its GPU time in ns, and whether its first set was released before the worker had
+        queued its calls (its queueing timed too)."""
+        self._capture(turns, role, region, calls, allowed_s, handed_over=True)
         worker = turns.workers[role]
         if not worker.stopped:
             self._hold(worker)
@@ -1101,15 +1103,22 @@ class Evaluator:
         measured.lap("check")
         return taken_ns
 
-    def _capture(self, turns: Turns, role: str, region: batches.Region, calls: int, allowed_s: float) -> None:
-        """In graph mode, the worker's CUDA graph of a batch of `calls` calls, once per size:
-        captured on the last batch's input sets, before the next one's are written."""
-        if isinstance(region, batches.DeviceRegion) and region.graph and calls not in region.captured:
-            answer = turns.give(role).request({"op": "batch_graph", "calls": calls}, self.timeout + 2 * allowed_s)
+    def _capture(self, turns: Turns, role: str, region: batches.Region, calls: int, allowed_s: float,
+                 handed_over: bool = False) -> None:
+        """In graph mode, the worker's CUDA graph of a batch of `calls` calls (`handed_over`: of
+        one handed over one call at a time, whose calls' kernels then cost what a batch's do),
+        once per size: captured on the last batch's input sets, before the next one's are written."""
+        if not (isinstance(region, batches.DeviceRegion) and region.graph):
+            return
+        captured = region.captured_handed_over if handed_over else region.captured
+        if calls not in captured:
+            op = "handover_graph" if handed_over else "batch_graph"
+            answer = turns.give(role).request({"op": op, "calls": calls}, self.timeout + 2 * allowed_s)
             if not answer["ok"]:
-                raise WorkerFailure(f"error while timing {turns.workers[role].label}: capturing a batch's CUDA "
-                                    f"graph: {answer['error']}")
-            region.captured.add(calls)
+                what = "a batch handed over one call at a time" if handed_over else "a batch"
+                raise WorkerFailure(f"error while timing {turns.workers[role].label}: capturing the CUDA graph of "
+                                    f"{what}: {answer['error']}")
+            captured.add(calls)
 
     def _device_batch(self, turns: Turns, role: str, region: batches.DeviceRegion, batch: Batch, calls: int,
                       testcase: dict, round_index: int | None, measured: Rounds, allowed_s: float) -> float:

@@ -46,6 +46,7 @@ class Implementation:
         self._input_cache: dict[str, list] = {}
         self._batch_views: WorkerViews | None = None
         self._batch_graphs: dict = {}  # calls: the CUDA graph of a batch of that many (`batch_graph`)
+        self._handover_graphs: dict = {}  # calls: the CUDA graph of a batch handed over (`handover_graph`)
         self._timer = None
         self._build = None  # how a KernelBench model was built: a parked worker rebuilds it
         if request.get("library"):
@@ -208,6 +209,7 @@ class Implementation:
         """Map the region each batch's input sets are written into (harness/batches.py)."""
         self._batch_views = WorkerViews(self.torch, request["region"])
         self._batch_graphs.clear()
+        self._handover_graphs.clear()
         return {"pid": os.getpid()}  # the evaluator reads this process's scheduler statistics
 
     def batch(self, request: dict) -> dict:
@@ -239,14 +241,17 @@ class Implementation:
     def batch_handover(self, request: dict) -> dict:
         """One call on each of the region's input sets as the evaluator releases it: on the CPU
         until it ends the batch (`run_handed_over`), on a GPU `calls` calls queued, each behind its
-        release (`run_handed_over_on_gpu`). The evaluator's bound on what a batch's calls may be
-        credited (`measurement.alone_bound`)."""
+        release (`run_handed_over_on_gpu`), in graph mode as one replay of their graph
+        (`handover_graph`). The evaluator's bound on what a batch's calls may be credited
+        (`measurement.alone_bound`)."""
         views = self._batch_views
         self._poison(False)
         with collector_paused():
-            if views.words is not None:  # on a GPU: queued, each call behind its set's release
-                run_handed_over_on_gpu(self.torch, self.fn, views.inputs, views.outputs, views.words,
-                                       int(request["calls"]))
+            calls = int(request.get("calls", 0))
+            if calls in self._handover_graphs:
+                self._handover_graphs[calls].replay()
+            elif views.words is not None:  # on a GPU: queued, each call behind its set's release
+                run_handed_over_on_gpu(self.torch, self.fn, views.inputs, views.outputs, views.words, calls)
             else:
                 run_handed_over(self.torch, self.fn, views.inputs, views.outputs, views.control)
         return {}
@@ -255,6 +260,7 @@ class Implementation:
         """Let go of the region (and the graphs that read it): on a GPU the evaluator's memory."""
         self._batch_views = None
         self._batch_graphs.clear()
+        self._handover_graphs.clear()
         return {}
 
     def batch_graph(self, request: dict) -> dict:
@@ -279,6 +285,26 @@ class Implementation:
             run_batch(torch, self.fn, views.inputs[:calls], views.outputs[:calls])
         torch.cuda.synchronize(self.device)
         self._batch_graphs[calls] = graph
+        return {}
+
+    def handover_graph(self, request: dict) -> dict:
+        """Graph mode: a batch of `calls` handed over one call at a time on the GPU
+        (`run_handed_over_on_gpu`: each call behind its set's release, its word behind it)
+        captured once as one CUDA graph that each such batch replays. A graph's kernels cost
+        less than the same launched one by one (on the H200 ten small operations 8.8 µs a call
+        more than one in such a graph, 18 launched alone, 11.6 in the graph of a batch): calls
+        made alone then cost what the batches' calls do."""
+        torch = self.torch
+        calls = int(request["calls"])
+        if calls not in self._handover_graphs:
+            views = self._batch_views
+            self._poison(False)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run_handed_over_on_gpu(torch, self.fn, views.inputs, views.outputs, views.words, calls)
+            torch.cuda.synchronize(self.device)
+            self._handover_graphs[calls] = graph
         return {}
 
     def kernels(self, request: dict) -> dict:
