@@ -27,7 +27,7 @@ KINDS = (
     # flags: a timing that stands but needs a look (uneven_calls: mean over twice the median,
     # compared by means; disturbed_measurement: the baseline read far from its own timing, twice;
     # unbounded_calls: threads of its own kept its calls made alone from bounding its batches;
-    # bounded_by_calls_alone: on the CPU, credited at what its calls made alone cost, above its batches)
+    # bounded_by_calls_alone: credited at what its calls made alone cost, above what its batches read)
     "untimed_work", "implausible_speedup", "uneven_calls", "disturbed_measurement", "unbounded_calls",
     "bounded_by_calls_alone",
 )

@@ -279,12 +279,8 @@ class Implementation:
         with torch.cuda.stream(side):  # the first calls outside a capture: lazy initialisation, autotuning
             run_batch(torch, self.fn, views.inputs[:calls], views.outputs[:calls])
         torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run_batch(torch, self.fn, views.inputs[:calls], views.outputs[:calls])
-        torch.cuda.synchronize(self.device)
-        self._batch_graphs[calls] = graph
+        self._batch_graphs[calls] = self._captured(lambda: run_batch(torch, self.fn, views.inputs[:calls],
+                                                                     views.outputs[:calls]))
         return {}
 
     def handover_graph(self, request: dict) -> dict:
@@ -294,18 +290,23 @@ class Implementation:
         less than the same launched one by one (on the H200 ten small operations 8.8 µs a call
         more than one in such a graph, 18 launched alone, 11.6 in the graph of a batch): calls
         made alone then cost what the batches' calls do."""
-        torch = self.torch
         calls = int(request["calls"])
         if calls not in self._handover_graphs:
             views = self._batch_views
             self._poison(False)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run_handed_over_on_gpu(torch, self.fn, views.inputs, views.outputs, views.words, calls)
-            torch.cuda.synchronize(self.device)
-            self._handover_graphs[calls] = graph
+            self._handover_graphs[calls] = self._captured(lambda: run_handed_over_on_gpu(
+                self.torch, self.fn, views.inputs, views.outputs, views.words, calls))
         return {}
+
+    def _captured(self, calls):
+        """`calls()` captured as one CUDA graph, the device idle before and after."""
+        torch = self.torch
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            calls()
+        torch.cuda.synchronize(self.device)
+        return graph
 
     def kernels(self, request: dict) -> dict:
         """Device kernels of one call, from the profiler: names and summed device time. The
