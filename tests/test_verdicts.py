@@ -347,6 +347,10 @@ def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than
         assert row["speedup"]["value"] <= allowed * 1.01, (name, row["speedup"], bound)
         if bound["ratio"] > 1:
             assert "bounded_by_calls_alone" in [f["kind"] for f in row["flags"]], row["warnings"]
+            # the tables people read say so beside the interval
+            from magpie.cli.compare import table
+
+            assert f"{name}" in table(report) and "credited at its calls made alone" in table(report)
 
 
 def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fails_its_timing(tmp_path):

@@ -42,6 +42,10 @@ def table(report: dict) -> str:
             f"{s['value']:.2f}x [{s['ci_low']:.2f},{s['ci_high']:.2f}] {s['verdict']}" if s else "-")
         if s and s.get("implausible"):
             speed += f" (implausible: re-timed {s['implausible']['retimed']:.2f}x)"
+        if s and s.get("bounded_by_calls_alone"):
+            from magpie.report.render import bounded_text
+
+            speed += bounded_text(s)
         median = f"{perf['median_us']:.2f}" if perf else "-"
         lines.append(f"{row['implementation']:24} {row['correctness_state']:12} {median:>12} {speed:>28}")
     for item in report["excluded"]:

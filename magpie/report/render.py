@@ -20,6 +20,13 @@ def time_spent_text(spent: dict) -> str:
             f"correctness {spent['correctness']:.1f} s, timing {spent['timing']:.1f} s")
 
 
+def bounded_text(speedup: dict | None) -> str:
+    """What a speedup credited at its candidate's calls made alone says beside its interval
+    (the compare table, the HTML and Markdown reports); "" for any other."""
+    bounded = (speedup or {}).get("bounded_by_calls_alone")
+    return f" (credited at its calls made alone; its batches read {bounded['batches_value']:.3g}x)" if bounded else ""
+
+
 def spread_text(perf: dict) -> str:
     """The headline spread of a timing: ±half the p20-p80 range over the median (robust to
     the tails that inflate the CV, which stays in the JSON)."""
@@ -60,7 +67,7 @@ def template_environment() -> Environment:
     env.filters["spread"] = lambda p: "—" if not p else spread_text(p)
     env.filters["x"] = lambda s: "—" if not s else (
         "baseline" if s.get("verdict") == "baseline" else
-        f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}")
+        f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}{bounded_text(s)}")
     return env
 
 
