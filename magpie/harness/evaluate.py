@@ -859,6 +859,8 @@ class Evaluator:
                 calls = max(1, calls)
             if calls < 1 or not stream_words.available():
                 return
+            measured.alone_launched_apart = measured.graph and not stream_words.capturable(
+                regions[roles[0]].copy.device.index)
             pairs = max(1, min(most, int(share_ns / (2 * step_ns * calls))))
         else:
             calls = min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
@@ -979,7 +981,8 @@ class Evaluator:
         mode one replay of the worker's graph of such a batch, `_capture`), checked like any
         batch: its GPU time in ns, and whether its first set was released before the worker had
         queued its calls (its queueing timed too)."""
-        self._capture(turns, role, region, calls, allowed_s, handed_over=True)
+        if not measured.alone_launched_apart:
+            self._capture(turns, role, region, calls, allowed_s, handed_over=True)
         worker = turns.workers[role]
         if not worker.stopped:
             self._hold(worker)

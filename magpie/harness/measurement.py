@@ -300,9 +300,15 @@ ALONE_SHORTFALL = 0.3
 # batch's do: on the H200 an honest ten operations against one relu read 0.95-1.00 so, 1.63-1.67
 # while calls alone were launched kernel by kernel (2026-12-02); calls done together 2.8 and over.
 ALONE_FAIL = 1.5
+# Where a driver cannot capture those words in a graph (`stream_words.capturable`), a graph-mode
+# batch handed over is launched call by call beside batches that replay graphs: this limit, and
+# no credit at the bound (the honest ten operations read 1.63-1.67 so on the H200; calls done
+# together 3.1 and over).
+ALONE_FAIL_LAUNCHED_APART = 2.5
 
 
-def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float]) -> dict | None:
+def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float],
+                launched_apart: bool = False) -> dict | None:
     """What the candidate's calls made alone say its calls cost, against the baseline's.
 
     Each entry of `alone` is what a call cost in one batch whose calls could not be done
@@ -322,7 +328,9 @@ def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float]) -> 
     candidate's calls alone save against the baseline's). `ratio`: that
     bound over the candidate's per-call time in batches; over ALONE_FAIL, its batches' calls
     were not made one by one but done together (which a worker's replaced batch loop can do
-    over the input sets it is given all at once): `failed`. None with fewer than three pairs."""
+    over the input sets it is given all at once): `failed` (over ALONE_FAIL_LAUNCHED_APART where
+    calls made alone were `launched_apart`, beside batches replaying graphs). None with fewer
+    than three pairs."""
     pairs = list(zip(alone.get("candidate", []), alone.get("baseline", [])))
     if len(pairs) < 3:
         return None
@@ -336,8 +344,8 @@ def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float]) -> 
     ratio = lower / max(batched_ns["candidate"], 1.0)
     return {"pairs": len(pairs), "baseline_alone_us": baseline_alone / 1000,
             "difference_us": difference / 1000, "margin_us": margin / 1000, "lower_us": lower / 1000,
-            "batched_us": batched_ns["candidate"] / 1000, "ratio": ratio,
-            "failed": ratio > ALONE_FAIL}
+            "batched_us": batched_ns["candidate"] / 1000, "ratio": ratio, "launched_apart": launched_apart,
+            "failed": ratio > (ALONE_FAIL_LAUNCHED_APART if launched_apart else ALONE_FAIL)}
 
 
 # A call that reads under this share of what the copy of its outputs into their slots costs
@@ -406,7 +414,7 @@ def credit_within_calls_alone(speedup: dict, measured: Rounds, statistic: str) -
     over on the CPU, where ten operations on 33x65 sets done together, below 1.5, were credited
     up to 1.67x."""
     bound = measured.alone_bound
-    if not bound or bound["failed"]:
+    if not bound or bound["failed"] or bound.get("launched_apart"):
         return None
     candidate = measured.for_speedup(statistic)["candidate"][0]
     centre_us = (fmean(candidate) if statistic == "mean" else median(candidate)) / 1000 if candidate else 0.0
@@ -449,6 +457,9 @@ class Rounds:
         # per role, what a call cost in each batch of calls made alone in the rounds (`alone_bound`), and the bound
         self.alone: dict[str, list[float]] = {role: [] for role in roles}
         self.alone_calls = 0  # the calls of each batch handed over
+        # on a GPU in graph mode, calls handed over launched one by one: the driver cannot capture
+        # their words in a graph (`stream_words.capturable`)
+        self.alone_launched_apart = False
         self.alone_disturbed = 0  # pairs left out (`Evaluator._alone`)
         # of those, per role, the ones its own threads held its calling thread up in
         self.alone_held_by_own_threads: dict[str, int] = dict.fromkeys(roles, 0)
@@ -523,7 +534,8 @@ class Rounds:
     def judge_calls_alone(self) -> None:
         """The candidate's calls made alone against its batches (`alone_bound`)."""
         if self.samples.get("candidate") and self.samples.get("baseline"):
-            self.alone_bound = alone_bound(self.alone, {role: median(self.samples[role]) for role in self.samples})
+            self.alone_bound = alone_bound(self.alone, {role: median(self.samples[role]) for role in self.samples},
+                                           self.alone_launched_apart)
             if self.alone_bound is not None:
                 self.alone_bound["left_out"] = self.alone_disturbed
                 self.alone_bound["calls_a_batch"] = self.alone_calls

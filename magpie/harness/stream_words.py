@@ -49,3 +49,23 @@ def wait_at_least(stream, address: int, value: int) -> None:
 def write(stream, address: int, value: int) -> None:
     """`stream` writes `value` into the 32-bit word at `address`, after everything queued before it."""
     _check(_driver().cuStreamWriteValue32_v2(stream.cuda_stream, address, value, _WRITE_FENCED), "word's write")
+
+
+@functools.cache
+def capturable(device_index: int) -> bool:
+    """Whether this driver captures a wait on a word and a word's write in a CUDA graph (a GPU
+    batch handed over one call at a time is then one replay of a graph, as a batch is in graph
+    mode: `Worker.handover_graph`). Tried once per process and device, in a graph of its own."""
+    import torch
+
+    try:
+        word = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", device_index))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            stream = torch.cuda.current_stream()
+            write(stream, word.data_ptr(), 1)
+            wait_at_least(stream, word.data_ptr(), 1)
+        graph.replay()
+        return int(word.item()) == 1
+    except RuntimeError:
+        return False
