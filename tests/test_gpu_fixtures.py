@@ -144,3 +144,23 @@ def test_h200_memory_lent_through_cuda_ipc_is_no_slower_and_the_evaluators_event
         assert abs(row["evaluator_us_per_call"] / row["worker_events_us_per_call"] - 1) < 0.01
     probe = clock["large eager, probe"]
     assert probe["evaluator_us_per_call"] / probe["worker_events_us_per_call"] > 1.03
+
+
+def test_h200_calls_made_alone_fail_every_batch_done_together_and_leave_honest_graph_rows_under_the_limit():
+    """What docs/benchmarks.md and docs/security.md say of calls made alone on the H200
+    (`bench/calls_alone.py`, every row timed as graph replays, batches handed over replayed as
+    graphs): every candidate whose batches' calls were done together failed its timing, and
+    every honest one read a bound no more than its batches' time, under ALONE_FAIL."""
+    from magpie.harness.measurement import ALONE_FAIL
+
+    projects = json.loads((H200 / "calls_alone.json").read_text())["projects"]
+    honest = []
+    for builds in projects.values():
+        for build in builds:
+            for name, row in build["rows"].items():
+                if name.startswith("batches_"):
+                    assert row["performance_state"] == "FAILED", (name, row)
+                elif row["ratio"] is not None:
+                    assert row["mode"] == "graph" and row["performance_state"] == "SUCCESS", (name, row)
+                    honest.append(row["ratio"])
+    assert len(honest) == 14 and max(honest) <= 1.0 < ALONE_FAIL
