@@ -339,10 +339,13 @@ def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than
     for name in ("batches_many_ops", "batches_above_floor"):
         row = rows[name]
         assert row["correctness_state"] == "SUCCESS", row["errors"]
-        if row["performance_state"] == "FAILED":
-            assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
+        if row["performance_state"] == "FAILED":  # by its bound, or (its pairs left out) as unvouched
+            assert {f["kind"] for f in row["failures"]} & {"calls_done_together", "timer_integrity"}, row["errors"]
             continue
         bound = row["performance_result"]["alone_bound"]
+        if bound is None:  # its pairs left out on a busy machine: standing only within the noise
+            assert row["speedup"]["ci_low"] <= 1, row["speedup"]
+            continue
         allowed = row["baseline_result"]["median_us"] / bound["lower_us"]
         assert row["speedup"]["value"] <= allowed * 1.01, (name, row["speedup"], bound)
         if bound["ratio"] > 1:
