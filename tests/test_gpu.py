@@ -194,7 +194,7 @@ def test_honest_small_kernels_timed_as_graph_replays_stand_beside_their_calls_ma
     assert row["performance_state"] == "SUCCESS", row["errors"]
     bound = row["performance_result"]["alone_bound"]
     assert bound["pairs"] >= 3 and bound["ratio"] < 1.25, bound
-    assert row["speedup"]["value"] < 0.5, row["speedup"]  # ten operations to the baseline's two
+    assert row["speedup"]["value"] < 1, row["speedup"]  # ten operations to the baseline's two
 
 
 def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_one_at_a_time(tmp_path):
