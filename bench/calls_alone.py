@@ -19,7 +19,9 @@ Per build and candidate: the timing's state, the bound's ratio to the batches' t
 fails; between 1 and 1.5 the candidate is credited at the bound), its margin, how many pairs
 it drew on and left out, the speedup credited and, where the bound lowered it, what its
 batches alone read. On a GPU (--device cuda) the same,
-with batches handed over one call at a time on the GPU, and the launch floor.
+with batches handed over one call at a time on the GPU, and the launch floor; the JSON keeps
+each row's GPU batches and the baseline's beside it (what a baseline that reads slower beside
+a candidate than in its own timing is made of).
 
 Usage: python bench/calls_alone.py [--repeats 3] [--device cpu] [--compiled] [--projects a,b] [--json out.json]
 """
@@ -91,6 +93,10 @@ def build(root: Path) -> dict:
             "statistic": (row.get("speedup") or {}).get("statistic"),
             "baseline_median_us": (row.get("baseline_result") or {}).get("median_us"),
             "flags": sorted({f["kind"] for f in row.get("flags") or []}),
+            # on a GPU, every batch (round, calls, µs) and what a batch costs besides its calls: where
+            # a baseline reads slower beside a candidate than in its own timing, which batches did
+            "device_batches": result.get("device_batches"), "round_trip_us": result.get("round_trip_us"),
+            "baseline_device_batches": (row.get("baseline_result") or {}).get("device_batches"),
             # where its calls alone bound it above its batches, what the batches alone would credit
             "batches_speedup": ((row.get("speedup") or {}).get("bounded_by_calls_alone") or {}).get("batches_value"),
             **{key: bound.get(key) for key in ("ratio", "lower_us", "margin_us", "difference_us",
