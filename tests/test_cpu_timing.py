@@ -497,7 +497,8 @@ def test_a_bound_over_the_batches_is_what_the_candidate_is_credited():
     for statistic in ("median", "mean"):
         together = measured(27.0)
         credited = speedup(together, statistic)
-        line = credit_within_calls_alone(credited, together, statistic)
+        line = credit_within_calls_alone(credited, together.alone_bound,
+                                         together.for_speedup(statistic)["candidate"][0], statistic)
         assert "credited at that" in line and credited["verdict"] == "faster"
         assert credited["value"] * 27.0 == pytest.approx(30.1, rel=1e-3)  # the baseline's time over the bound
         assert credited["ci_low"] <= credited["value"] <= credited["ci_high"]
@@ -505,13 +506,14 @@ def test_a_bound_over_the_batches_is_what_the_candidate_is_credited():
         assert bounded["batches_value"] == pytest.approx(30.1 / 20.1, rel=1e-3) and bounded["factor"] > 1.3
     level = measured(30.5)  # its calls alone as slow as the baseline's: no speedup left
     credited = speedup(level)
-    credit_within_calls_alone(credited, level, "median")
+    credit_within_calls_alone(credited, level.alone_bound, level.for_speedup("median")["candidate"][0], "median")
     assert credited["value"] < 1 and credited["verdict"] != "faster"
     apart = measured(27.0)  # its calls alone launched one by one beside graph batches: no credit from them
     apart.alone_bound["launched_apart"] = True
     for rounds in (measured(15.0), measured(40.0, failed=True), apart):
         untouched = speedup(rounds)
-        assert credit_within_calls_alone(untouched, rounds, "median") is None
+        assert credit_within_calls_alone(untouched, rounds.alone_bound, rounds.for_speedup("median")["candidate"][0],
+                                         "median") is None
         assert untouched == speedup(rounds)
 
 

@@ -592,14 +592,16 @@ class Evaluator:
             # role's calls are uneven, in either measurement; the re-timing uses the same.
             uneven = measured.uneven() or (retimed.uneven() if retimed is not None else {})
             statistic = "mean" if uneven else "median"
-            result["speedup"] = paired_speedup(measured.for_speedup(statistic),
-                                               result["baseline_result"]["median_us"], statistic, between_runs)
+            samples = measured.for_speedup(statistic)
+            result["speedup"] = paired_speedup(samples, result["baseline_result"]["median_us"], statistic,
+                                               between_runs)
             if retimed is not None:
                 self._judge_retiming(result, retimed, float(threshold), case, spec_index, statistic, between_runs)
             unvouched = unvouched_speedup_line(result["speedup"], measured, retimed)
             if unvouched and result["performance_state"] == "SUCCESS":
                 _fail(result, "timer_integrity", f"candidate: {unvouched}", case, spec_index)
-            bounded = credit_within_calls_alone(result["speedup"], measured, statistic)
+            bounded = credit_within_calls_alone(result["speedup"], measured.alone_bound, samples["candidate"][0],
+                                                statistic)
             if bounded:
                 result["warnings"].append(f"candidate: {bounded}")
                 _record(result, "flags", "bounded_by_calls_alone", f"candidate: {bounded}", case, spec_index)

@@ -403,21 +403,20 @@ def alone_line(bound: dict) -> str:
             f"vouched for")
 
 
-def credit_within_calls_alone(speedup: dict, measured: Rounds, statistic: str) -> str | None:
+def credit_within_calls_alone(speedup: dict, bound: dict | None, candidate_ns: list[float],
+                              statistic: str) -> str | None:
     """Where a candidate's calls made alone bound its calls above what its batches read
-    (`alone_bound` over 1, not over ALONE_FAIL), its speedup is credited at that bound: the
-    point and interval divided by the bound over its batches' time a call (the statistic's, of
-    the samples the speedup took), the verdict read again, what the batches read kept in
+    (`bound`, from `alone_bound`, over 1, not over ALONE_FAIL), its speedup is credited at that
+    bound: the point and interval divided by the bound over its batches' time a call (the
+    statistic's, of the samples the speedup took: `candidate_ns`), the verdict read again, what the batches read kept in
     `bounded_by_calls_alone`; the line that says so, or None where nothing changed. Honest
     candidates read 0.93 at most on the CPU machine in bench/calls_alone.py (quiet and with two
     CPU hogs beside the builds), 1.00 on the H200 (2026-12-02); calls done together 1.19 and
     over on the CPU, where ten operations on 33x65 sets done together, below 1.5, were credited
     up to 1.67x."""
-    bound = measured.alone_bound
     if not bound or bound["failed"] or bound.get("launched_apart"):
         return None
-    candidate = measured.for_speedup(statistic)["candidate"][0]
-    centre_us = (fmean(candidate) if statistic == "mean" else median(candidate)) / 1000 if candidate else 0.0
+    centre_us = (fmean(candidate_ns) if statistic == "mean" else median(candidate_ns)) / 1000 if candidate_ns else 0.0
     if centre_us <= 0 or bound["lower_us"] <= centre_us:
         return None
     factor = bound["lower_us"] / centre_us
