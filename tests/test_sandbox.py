@@ -69,6 +69,12 @@ def fill_shared_memory():
         out.write(b"x" * (1 << 20))
 
 
+def spoil_shared_memory():
+    """A file in the host's /dev/shm (another program's segment, an evaluator's reference counts)."""
+    with open("/dev/shm/magpie-victim-" + TOKEN, "r+b") as victim:
+        victim.write(b"spoilt")
+
+
 def leave_system_v_memory():
     """Made in the sandbox's own IPC namespace, it goes with it; in the host's it would outlive
     the build, and other candidates could find it by its key."""
@@ -171,7 +177,8 @@ def ptrace_the_evaluator():
         raise PermissionError(os.strerror(ctypes.get_errno()))
 
 
-for name in ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory", "leave_system_v_memory",
+for name in ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory", "spoil_shared_memory",
+             "leave_system_v_memory",
              "poison_compiler_caches", "write_temporary_folder", "leave_processes", "see_other_processes",
              "read_parent_memory", "connect_out",
              "talk_to_a_daemon", "reach_the_host_by_another_family", "see_the_daemons_sockets", "read_a_home_secret",
@@ -193,6 +200,7 @@ def attacked(tmp_path_factory):
     relu2_project(root, ["attacker"], shapes="[[33, 65]]", defaults="timeout_s = 60")
     spec_before = (root / "spec.py").read_text()
     secret.write_text(f"key-{token}")
+    victim = shared_memory_victim(token)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
             daemon.bind(str(root / "daemon.sock"))
@@ -200,7 +208,20 @@ def attacked(tmp_path_factory):
             result = build_json(root, "-j", "1")
     finally:
         secret.unlink()
+        spoilt = victim is not None and victim.read_bytes() != b"theirs"
+        if victim is not None:
+            victim.unlink()
+    assert not spoilt
     return root, token, result, spec_before
+
+
+def shared_memory_victim(token: str) -> Path | None:
+    """A file in the host's /dev/shm for `spoil_shared_memory` to try; None where there is none."""
+    if not os.path.isdir(sandbox.SHARED_MEMORY):
+        return None
+    victim = Path(sandbox.SHARED_MEMORY) / f"magpie-victim-{token}"
+    victim.write_bytes(b"theirs")
+    return victim
 
 
 def attempts(root) -> dict[str, str]:
@@ -218,7 +239,7 @@ def test_the_wrong_candidate_is_judged_wrong_and_the_build_goes_on(attacked):
 
 
 @pytest.mark.parametrize("attack", ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory",
-                                    "poison_compiler_caches", "write_temporary_folder", "see_other_processes",
+                                    "spoil_shared_memory", "poison_compiler_caches", "write_temporary_folder", "see_other_processes",
                                     "read_parent_memory",
                                     "connect_out", "talk_to_a_daemon", "reach_the_host_by_another_family",
                                     "read_a_home_secret", "read_password_hashes", "ptrace_the_evaluator"]
@@ -344,10 +365,14 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     (tmp_path / "wiper.py").write_text(SEGMENT_WIPER)
     relu2_project(tmp_path, ["attacker", "wiper"], shapes="[[33, 65], [256, 1024]]", defaults="timeout_s = 120",
                   device="cuda")
+    victim = shared_memory_victim(token)
     try:
         assert build_json(tmp_path, "-j", "2")["failed"] == []
     finally:
         secret.unlink()
+        spoilt = victim.read_bytes() != b"theirs"
+        victim.unlink()
+    assert not spoilt  # out of its view: its /dev/shm is its own
     report = json.loads((tmp_path / "workspaces/reports/relu2/compare_report.json").read_text())
     rows = {r["implementation"]: r for r in report["results"]}
     assert rows["good"]["correctness_state"] == "SUCCESS"
@@ -358,9 +383,10 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     wiped = "".join(p.read_text() for p in (tmp_path / "workspaces/store").glob("*/*/worker-wiper.log"))
     assert "wiped" in wiped  # the attack ran
     tried = attempts(tmp_path)
+    # a GPU sandbox writes its own /dev/shm (counted with its scratch folder), never the host's
     succeeded = {name: line for name, line in tried.items()
                  if not line.startswith("failed")
-                 and name not in ("stop_everyone", "leave_processes", "leave_system_v_memory")}
+                 and name not in ("stop_everyone", "leave_processes", "leave_system_v_memory", "fill_shared_memory")}
     assert tried and succeeded == {}, succeeded
     assert not system_v_segment_left(token)  # made in the sandbox's own IPC namespace, gone with it
     assert survivors(token) == []
@@ -601,22 +627,19 @@ def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path)
 
 def test_code_under_test_opens_only_byte_devices_and_on_a_gpu_the_gpus_nodes(monkeypatch):
     """As root, sandboxed code could open /dev/loop0, /dev/kvm and /dev/btrfs-control for
-    writing. Now only /dev/null and friends; a GPU project's code also the GPU's nodes and
-    /dev/shm (CUDA IPC), a CPU project's none of them (work sent to a GPU would escape the CPU
-    time that times it)."""
+    writing. Now only /dev/null and friends; a GPU project's code also the GPU's nodes, a CPU
+    project's none of them (work sent to a GPU would escape the CPU time that times it)."""
     listing = ["null", "urandom", "loop0", "kvm", "tty", "pts", "nvidia0", "nvidiactl", "nvidia-uvm", "kfd", "dri",
                "shm"]
     monkeypatch.setattr(sandbox.os, "listdir", lambda path: listing)
     monkeypatch.setattr(sandbox, "_is_device", lambda path: True)
     assert sandbox.device_files(sandbox.Policy(write=[])) == ["/dev/null", "/dev/urandom"]
     assert sandbox.device_files(sandbox.Policy(write=[], gpu=True)) == [
-        "/dev/null", "/dev/urandom", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri",
-        "/dev/shm"]
+        "/dev/null", "/dev/urandom", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri"]
     # a policy that names its GPU: that GPU's own node, not another's; the shared ones stay
     listing.append("nvidia1")
     assert sandbox.device_files(sandbox.Policy(write=[], gpu=True, gpu_minors=[1])) == [
-        "/dev/null", "/dev/urandom", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri", "/dev/nvidia1",
-        "/dev/shm"]
+        "/dev/null", "/dev/urandom", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri", "/dev/nvidia1"]
 
 
 def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
@@ -807,11 +830,19 @@ def test_a_gpu_sandbox_makes_only_unix_sockets_and_finds_no_socket_in_a_home(tmp
 
 SHARED_MEMORY_PROBE = r"""
 import os, sys
-own, *theirs = sys.argv[1:]
+own, lent, *theirs = sys.argv[1:]
+sys.stdin.readline()  # once the evaluator has lent what it lends
 with open(os.path.join(own, "mine"), "wb") as f:
     f.write(b"mine")
-print("own written")
+with open("/dev/shm/made-inside", "wb") as f:
+    f.write(b"inside")
+print("seen:", sorted(n for n in os.listdir("/dev/shm") if n != "made-inside"))
 print("scratch folders seen:", sorted(os.listdir(os.path.dirname(own))))
+if lent:
+    with open(os.path.join("/dev/shm", lent), "r+b") as f:
+        print("lent reads", f.read().decode())
+        f.seek(0)
+        f.write(b"mapped")
 for path in theirs:
     try:
         with open(path, "r+b") as f:
@@ -822,33 +853,136 @@ for path in theirs:
 """
 
 
-def test_a_gpu_sandbox_reaches_no_folder_in_shared_memory_but_its_own(tmp_path):
-    """A GPU sandbox may read and write shared memory (CUDA IPC keeps its reference counts in
-    files made there as tensors are lent, after the sandbox began). Every folder there is
-    covered, its own scratch folder kept: another job's scratch folder (its inputs, its
-    outputs, a command's log) and another program's were both writable to it before."""
+@pytest.mark.parametrize("lent", [False, True], ids=["its own empty one", "a folder files are lent into"])
+def test_a_gpu_sandbox_has_a_shared_memory_of_its_own(tmp_path, lent):
+    """CUDA needs /dev/shm (the driver keeps the state of interprocess events in files there;
+    torch the reference counts of lent memory), where other jobs' scratch folders, other
+    programs' segments and the evaluators' own files lay within reach: a GPU sandbox read and
+    wrote them, and what it wrote there was counted nowhere. Now it sees a /dev/shm of its own,
+    its scratch folder bound back: an empty tmpfs, or for a worker a folder of its own, into
+    which the evaluator links, after the sandbox began, the files of what it lends
+    (`supervision.shared_memory`)."""
     from magpie.supervision import scratch as scratch_folders
+    from magpie.supervision import shared_memory
 
     if not os.path.isdir(sandbox.SHARED_MEMORY):
         pytest.skip("no shared memory folder on this host")
     own, other = scratch_folders.make("own-"), scratch_folders.make("other-")
-    foreign = Path(tempfile.mkdtemp(prefix="magpie-test-foreign-", dir=sandbox.SHARED_MEMORY))
+    token = uuid.uuid4().hex[:12]
+    host_file = Path(sandbox.SHARED_MEMORY) / f"magpie-test-{token}"
+    evaluators = Path(sandbox.SHARED_MEMORY) / f"torch_{os.getpid()}_{uuid.uuid4().int % 10**9}_0"
+    folder = scratch_folders.lent_folder(own, make=True)
     try:
         (other / "outputs.pt").write_bytes(b"theirs")
-        (foreign / "segment").write_bytes(b"theirs")
+        host_file.write_bytes(b"theirs")
+        evaluators.write_bytes(b"counts")
         (own / "probe.py").write_text(SHARED_MEMORY_PROBE)
-        policy = sandbox.Policy(write=[str(own)], read=[], gpu=True)
-        proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                               sys.executable, str(own / "probe.py"), str(own), str(other / "outputs.pt"),
-                               str(foreign / "segment")], capture_output=True, text=True, timeout=60)
-        lines = proc.stdout.splitlines()
-        assert lines[:2] == ["own written", f"scratch folders seen: {[own.name]}"], (proc.stdout, proc.stderr)
-        assert lines[2:] == ["refused 2", "refused 2"], lines  # no such file: the folders show empty
-        assert (other / "outputs.pt").read_bytes() == (foreign / "segment").read_bytes() == b"theirs"
+        policy = sandbox.Policy(write=[str(own)], read=[], gpu=True, shared_memory=str(folder) if lent else None)
+        argv = [sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--", sys.executable,
+                str(own / "probe.py"), str(own), evaluators.name if lent else "", str(other / "outputs.pt"),
+                str(host_file)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE,
+                                text=True)
+        if lent:  # made after the sandbox began, as an evaluator's are: linked in before its request goes
+            shared_memory.made()
+            shared_memory.Lending(folder).sync()
+        out, err = proc.communicate("go\n", timeout=60)
+        lines = out.splitlines()
+        seen = [own.parent.name] + ([evaluators.name] if lent else [])
+        assert lines[:2] == [f"seen: {sorted(seen)}", f"scratch folders seen: {[own.name]}"], (out, err)
+        if lent:
+            assert lines[2] == "lent reads counts"
+            assert evaluators.read_bytes() == b"mapped"  # the evaluator's own file, not a copy
+        assert lines[-2:] == ["refused 2", "refused 2"], lines  # no such file: out of its view
+        assert (other / "outputs.pt").read_bytes() == host_file.read_bytes() == b"theirs"
         assert (own / "mine").read_bytes() == b"mine"
+        assert not (Path(sandbox.SHARED_MEMORY) / "made-inside").exists()
+        assert (folder / "made-inside").exists() == lent  # where it is counted with its scratch folder
     finally:
-        for folder in (own, other, foreign):
-            shutil.rmtree(folder, ignore_errors=True)
+        for path in (host_file, evaluators):
+            path.unlink(missing_ok=True)
+        for path in (own, other):
+            scratch_folders.remove(path)
+    assert not folder.exists()
+
+
+def test_only_the_files_of_what_this_process_lends_are_linked_into_a_workers_shared_memory(tmp_path):
+    """The evaluator links its own CUDA IPC files (named by its pid, regular, its user's), not
+    another process's; a file the worker planted under a name the evaluator's driver will use
+    is replaced, and a link already in place is left as it is."""
+    from magpie.supervision import shared_memory
+
+    if not os.path.isdir(sandbox.SHARED_MEMORY):
+        pytest.skip("no shared memory folder on this host")
+    pid = os.getpid()
+    shm = Path(sandbox.SHARED_MEMORY)
+    own = [shm / f"torch_{pid}_{uuid.uuid4().int % 10**9}_0", shm / f"cuda.shm.0.{pid:x}.{uuid.uuid4().int % 1000}"]
+    foreign = [shm / f"torch_{pid + 1}_{uuid.uuid4().int % 10**9}_0", shm / f"cuda.shm.0.{pid + 1:x}.7"]
+    planted_link = shm / f"torch_{pid}_{uuid.uuid4().int % 10**9}_1"
+    folder = shm / f"magpie-test-lent-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
+    try:
+        for path in (*own, *foreign):
+            path.write_bytes(path.name.encode())
+        planted_link.symlink_to(own[0])
+        (folder / own[1].name).write_bytes(b"planted")
+        assert sorted(shared_memory.own_files()) >= sorted(p.name for p in own)
+        assert not {p.name for p in (*foreign, planted_link)} & set(shared_memory.own_files())
+        lending = shared_memory.Lending(folder)
+        shared_memory.made()
+        lending.sync()
+        for path in own:
+            assert (folder / path.name).stat().st_ino == path.stat().st_ino
+        assert not any((folder / p.name).exists() for p in (*foreign, planted_link))
+        assert sorted(os.listdir(folder)) == sorted(p.name for p in own)  # no staged name left
+        (folder / own[0].name).unlink()
+        lending.sync()  # nothing lent since: not looked at again
+        assert not (folder / own[0].name).exists()
+    finally:
+        for path in (*own, *foreign, planted_link):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_folder_lent_to_a_worker_whose_scratch_folder_is_gone_is_swept():
+    """What a killed build leaves: its workers' scratch folders go with the next build's sweep,
+    and with them the folders they saw as /dev/shm; a live worker's stays."""
+    from magpie.supervision import scratch as scratch_folders
+
+    if not os.path.isdir(sandbox.SHARED_MEMORY):
+        pytest.skip("no shared memory folder on this host")
+    live = scratch_folders.make("live-")
+    dead = scratch_folders.make("dead-", owner=2 ** 22 + 1)  # no such process
+    orphan = scratch_folders.lent_folder(Path(f"w-{uuid.uuid4().hex[:8]}"), make=True)  # its scratch never was
+    lent = [scratch_folders.lent_folder(folder, make=True) for folder in (live, dead)]
+    try:
+        scratch_folders.sweep()
+        assert lent[0].is_dir() and live.is_dir()
+        assert not dead.exists() and not lent[1].exists() and not orphan.exists()
+    finally:
+        scratch_folders.remove(live)
+        shutil.rmtree(orphan, ignore_errors=True)
+
+
+def test_what_a_gpu_sandbox_writes_in_its_shared_memory_counts_against_its_limit(tmp_path):
+    """Its /dev/shm lies in the host's, which is memory: what it writes there is counted with
+    its scratch folder, and the sandbox is ended once they hold more than `written_mb`."""
+    from magpie.supervision import scratch as scratch_folders
+
+    if not os.path.isdir(sandbox.SHARED_MEMORY):
+        pytest.skip("no shared memory folder on this host")
+    own = scratch_folders.make("own-")
+    try:
+        (tmp_path / "fills.py").write_text(FILLS)
+        policy = sandbox.Policy(write=[str(own)], read=[str(tmp_path)], gpu=True, written_mb=64,
+                                shared_memory=str(scratch_folders.lent_folder(own, make=True)))
+        proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+                               sys.executable, str(tmp_path / "fills.py"), sandbox.SHARED_MEMORY],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == sandbox.SANDBOX_LIMIT, (proc.returncode, proc.stderr)
+        assert "its folders held more than 64 MiB" in proc.stderr
+    finally:
+        scratch_folders.remove(own)
 
 
 def test_links_planted_in_a_workers_scratch_are_not_followed(tmp_path):

@@ -169,14 +169,8 @@ class Evaluator:
         """What a worker of impl may touch: it reads the project, its own sources and its compiled
         library; it writes only its scratch folder (added by the Worker) and its compiler cache."""
         read = code_reads(self.root, impl, cwd)
-        return sandbox.Policy(write=[], read=read, hide=self._hidden, gpu=self.device != "cpu",
+        return sandbox.Policy(write=[], read=read, hide=self.hide, gpu=self.device != "cpu",
                               gpu_minors=self._gpu_minors, memory_mb=memory_mb)
-
-    @property
-    def _hidden(self) -> list[str]:
-        """What a sandbox of this evaluator's hides: the job's own hides; on a GPU, where shared
-        memory is readable and writable, every scratch folder but the sandbox's own too."""
-        return [*self.hide, *([str(scratch_folders.root())] if self.device != "cpu" else [])]
 
     @functools.cached_property
     def _gpu_minors(self) -> list[int] | None:
@@ -329,7 +323,7 @@ class Evaluator:
                "MAGPIE_IMPL_ID": self.impl["id"], "MAGPIE_IMPL_SOURCE": str(self.root / self.impl["source"])}
         # The command runs the implementation: it reads the project, writes only its TMPDIR.
         policy = None if sandbox.trusted() else sandbox.Policy(
-            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self._hidden, gpu=self.device != "cpu",
+            write=[str(scratch)], read=[str(self.root), str(cwd)], hide=self.hide, gpu=self.device != "cpu",
             gpu_minors=self._gpu_minors)
         self.isolation = sandbox.describe(policy)
         started = time.monotonic()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from magpie.harness.checks import as_tuple
 from magpie.harness.spec import to_device as _to
-from magpie.supervision import scratch
+from magpie.supervision import scratch, shared_memory
 from magpie.supervision.session import WorkerFailure
 
 
@@ -34,7 +34,9 @@ def dumps_shared(value) -> str:
 
     import torch.multiprocessing  # noqa: F401  (registers the reducers that share CUDA tensors)
 
-    return base64.b64encode(bytes(ForkingPickler.dumps(value))).decode()
+    payload = base64.b64encode(bytes(ForkingPickler.dumps(value))).decode()
+    shared_memory.made()  # the files a sandboxed worker opens to map it: linked into its /dev/shm
+    return payload
 
 
 # Where CUDA IPC is not available (processes in different containers, say), inputs and

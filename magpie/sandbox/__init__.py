@@ -12,7 +12,9 @@ needed, a network namespace of its own, which has nothing but a loopback that is
 - Landlock lets it write only its policy's `write` trees and read only the system's trees,
   the interpreter's and the policy's `read` trees: not the temporary folder (other jobs'
   scratch, magpie's locks and zygote sockets), nor the store unless it lies in the project,
-  which is then read-only like everything else; no TCP unless the policy allows network;
+  which is then read-only like everything else; no TCP unless the policy allows network; on
+  a GPU, where CUDA needs /dev/shm, a /dev/shm of its own (empty, or the folder an evaluator
+  links what it lends into), its own trees beneath the host's bound back;
 - a seccomp filter makes the calls that reach into other processes or change the mount
   table fail, and without network, every socket (on a GPU, every one but a Unix socket,
   which CUDA needs); the folders where sockets live (`/run`, `/tmp`, homes) are covered;
@@ -64,7 +66,10 @@ class Policy:
     hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (usable trees beneath kept)
     # hidden the same way: where magpie's sockets and locks are, as seen where the policy is made
     temporary: list[str] = dataclasses.field(default_factory=lambda: temporary_folders())
-    gpu: bool = False  # GPU devices usable; /dev/shm writable (CUDA IPC reference counts live there)
+    gpu: bool = False  # GPU devices usable; a /dev/shm of its own (`shared_memory`, or an empty one)
+    # on a GPU, the folder (in /dev/shm) it sees as /dev/shm: what CUDA IPC needs of the memory an
+    # evaluator lends it is linked there (`supervision.shared_memory`); None: an empty tmpfs
+    shared_memory: str | None = None
     # the minor numbers of the NVIDIA GPUs it may open (/dev/nvidiaN); None: every one's
     gpu_minors: list[int] | None = None
     network: bool = False
@@ -123,6 +128,7 @@ def describe(policy: Policy | None) -> str:
     if policy.gpu:
         layers.append("every GPU of the host" if policy.gpu_minors is None
                       else "GPU " + ", ".join(f"/dev/nvidia{m}" for m in policy.gpu_minors) + " only")
+        layers.append("a /dev/shm of its own" + (" (what is lent to it linked there)" if policy.shared_memory else ""))
     if policy.network:
         layers.append("network sockets allowed")
     limits = [f"files {policy.file_mb} MiB", _process_limit(policy)]
@@ -222,25 +228,19 @@ def read_trees(policy: Policy) -> list[str]:
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
 
-# Shared memory, which a GPU sandbox may read and write (CUDA IPC's reference counts are files
-# there, made as tensors are lent, after the sandbox began).
+# Shared memory: on a GPU, where CUDA and torch keep files there, the sandbox has one of its own
+# (its policy's `shared_memory` folder, or an empty tmpfs), which it may write; its own trees
+# beneath the host's are bound back. Elsewhere it is out of reach.
 SHARED_MEMORY = "/dev/shm"
 
 
-def shared_memory_folders() -> list[str]:
-    """The folders in shared memory: other jobs' scratch folders (magpie's own among them, its
-    inputs and outputs), other programs'. A GPU sandbox covers each (its own folders beneath
-    kept), so what stays within its reach there is the files that lie in shared memory itself."""
-    try:
-        with os.scandir(SHARED_MEMORY) as entries:
-            return [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
+def write_trees(policy: Policy) -> list[str]:
+    """What the sandbox may change, and what its init counts against `written_mb`."""
+    return [*policy.write, *([SHARED_MEMORY] if policy.gpu and os.path.isdir(SHARED_MEMORY) else [])]
 
 
 def device_files(policy: Policy) -> list[str]:
-    """The device nodes the sandbox may use (DEVICES); for a GPU project also the GPU's nodes
-    and /dev/shm (CUDA IPC keeps its reference counts there, beside other processes' files):
+    """The device nodes the sandbox may use (DEVICES); for a GPU project also the GPU's nodes:
     work a CPU project's code sent to a GPU would escape the CPU time that times it."""
     try:
         names = os.listdir("/dev")
@@ -249,8 +249,6 @@ def device_files(policy: Policy) -> list[str]:
     found = [os.path.join("/dev", n) for n in names
              if (n in DEVICES or (policy.gpu and _is_gpu_node(n) and _one_of_its_gpus(n, policy.gpu_minors)))
              and _is_device(os.path.join("/dev", n))]
-    if policy.gpu:
-        found.append(SHARED_MEMORY)
     return found
 
 
@@ -335,7 +333,11 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # checkout of magpie, or a project, under /tmp)
         usable = [p for p in (*policy.write, *reads) if os.path.exists(p)]
         system = [f for f in (*SOCKET_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
-        hidden = [*policy.hide, *policy.temporary, *system, *(shared_memory_folders() if policy.gpu else [])]
+        if policy.gpu and os.path.isdir(SHARED_MEMORY):
+            shared = os.path.realpath(SHARED_MEMORY)
+            namespaces.cover(shared, [p for p in usable if os.path.realpath(p).startswith(shared + os.sep)],
+                             backing=policy.shared_memory, size_mb=policy.written_mb)
+        hidden = [*policy.hide, *policy.temporary, *system]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
             try:
@@ -356,7 +358,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # The CUDA driver names its threads (it writes /proc/PID/task/*/comm, of whichever process
         # starts it: a profiler's child too); what the host's root may write there stays read-only.
         proc = ["/proc"] if policy.gpu else []
-        landlock.restrict(read=reads, write=[*policy.write, *proc], devices=device_files(policy),
+        landlock.restrict(read=reads, write=[*write_trees(policy), *proc], devices=device_files(policy),
                           network=policy.network)
         if seccomp.supported():
             seccomp.install(policy.network, GPU_SOCKET_FAMILIES if policy.gpu else ())
@@ -467,7 +469,8 @@ def _over_what_its_folders_may_hold(policy: Policy) -> str | None:
     the blocks their files take, each entry counted once more, however deep."""
     limit = policy.written_mb << 20
     total = files = 0
-    todo = [tree for tree in policy.write if os.path.isdir(tree)]
+    trees = write_trees(policy)
+    todo = [tree for tree in trees if os.path.isdir(tree)]
     while todo:
         try:
             with os.scandir(todo.pop()) as entries:
@@ -476,6 +479,8 @@ def _over_what_its_folders_may_hold(policy: Policy) -> str | None:
                     if files > MAX_FILES:
                         return f"more than {MAX_FILES} files"
                     try:
+                        if entry.path in trees:  # a tree bound back beneath another: counted as itself
+                            continue
                         if entry.is_dir(follow_symlinks=False):
                             todo.append(entry.path)
                         else:

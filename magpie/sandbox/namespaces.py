@@ -48,18 +48,33 @@ def make_private() -> None:
     mount(None, "/", None, MS_REC | MS_PRIVATE)
 
 
-def cover(folder: str, keep: list[str]) -> None:
-    """Hide everything under folder behind an empty tmpfs, except the folders in keep (each
-    beneath folder), which are bound back where they were."""
+def cover(folder: str, keep: list[str], backing: str | None = None, size_mb: int = 0) -> None:
+    """Hide everything under folder behind an empty tmpfs (of at most size_mb, where given), or
+    the folder `backing` bound there, except the folders in keep (each beneath folder), which
+    are bound back where they were."""
     kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in keep]
     try:
-        mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        if backing is None:
+            options = "mode=1777" + (f",size={size_mb}m" if size_mb else "")
+            mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        else:
+            _bind(backing, folder)
         for path, fd in kept:
             os.makedirs(path, exist_ok=True)
             mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
     finally:
         for _, fd in kept:
             os.close(fd)
+
+
+def _bind(source: str, target: str) -> None:
+    """In a mount namespace of a user namespace a bind must take the source's mounts with it
+    (or it would show what they cover) and name it by a descriptor opened there."""
+    fd = os.open(source, os.O_PATH | os.O_CLOEXEC)
+    try:
+        mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+    finally:
+        os.close(fd)
 
 
 def blank(path: str) -> None:

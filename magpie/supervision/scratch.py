@@ -33,6 +33,23 @@ def root() -> Path:
     return folder
 
 
+def lent_folder(scratch: Path, make: bool = False) -> Path:
+    """What a GPU worker whose scratch folder this is sees as /dev/shm (`shared_memory`):
+    always in /dev/shm, wherever the scratch folder lies, since the files linked into it are
+    there; it goes with the scratch folder (`remove`)."""
+    folder = SHARED_MEMORY / f"magpie-{os.getuid()}-lent" / scratch.name
+    if make:
+        folder.parent.mkdir(mode=0o700, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def remove(scratch: Path | str) -> None:
+    """A scratch folder and what its process saw as /dev/shm, if it had one."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(lent_folder(Path(scratch)), ignore_errors=True)
+
+
 def make(prefix: str, owner: int | None = None) -> Path:
     """A new folder, owned by the process `owner` (this one by default) until it is removed."""
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root()))
@@ -72,9 +89,24 @@ def sweep() -> int:
         except (OSError, ValueError):
             alive = False
         if not alive:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove(folder)
             removed += 1
-    return removed
+    return removed + _sweep_lent()
+
+
+def _sweep_lent() -> int:
+    """Remove the folders lent to workers whose scratch folder is gone."""
+    lent = SHARED_MEMORY / f"magpie-{os.getuid()}-lent"
+    try:
+        folders = list(lent.iterdir())
+    except OSError:
+        return 0
+    # either root a scratch folder may be in (which one depends on the room when it was made)
+    roots = [base / f"magpie-{os.getuid()}" for base in (SHARED_MEMORY, Path(tempfile.gettempdir()))]
+    gone = [f for f in folders if not any((r / f.name).exists() for r in roots)]
+    for folder in gone:
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(gone)
 
 
 def _alive(pid: int) -> bool:

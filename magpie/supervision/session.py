@@ -8,14 +8,13 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 from magpie.supervision import scratch as scratch_folders
-from magpie.supervision import zygote
+from magpie.supervision import shared_memory, zygote
 
 
 class WorkerFailure(Exception):
@@ -110,6 +109,9 @@ class Worker:
             self.scratch = Path(scratch) if scratch else None
         else:
             self.scratch = scratch_folders.make("w-") if self.sandboxed else None
+        # a GPU sandbox's /dev/shm: a folder of its own that what this process lends is linked into
+        lends = self.sandboxed and sandbox.get("gpu") and os.path.isdir(shared_memory.SHARED_MEMORY)
+        self.lending = shared_memory.Lending(scratch_folders.lent_folder(self.scratch, make=True)) if lends else None
         # a new, empty log: an adopted worker's lies in the folder it writes, where a link would
         # have this truncate whatever it names
         os.close(scratch_folders.create(self.live_log))
@@ -117,6 +119,8 @@ class Worker:
             if self.sandboxed:
                 env = {**env, "TMPDIR": str(self.scratch)}
                 sandbox = {**sandbox, "write": [*sandbox["write"], str(self.scratch)]}
+                if self.lending:
+                    sandbox["shared_memory"] = str(self.lending.folder)
             command_read, self._command_write = os.pipe()
             self._answer_read, answer_write = os.pipe()
             self.proc = zygote.launch(module, [str(command_read), str(answer_write)], cwd=cwd, env=env,
@@ -143,6 +147,8 @@ class Worker:
 
     def send(self, message: dict) -> None:
         """Send a command without waiting, so that several workers can work at once."""
+        if self.lending:
+            self.lending.sync()
         self._sent = time.monotonic()
         self._pending = True
         try:
@@ -285,7 +291,7 @@ class Worker:
             except OSError:
                 pass
         if self.scratch and not isinstance(self.proc, zygote.ForkedProcess):
-            shutil.rmtree(self.scratch, ignore_errors=True)  # a zygote's child's folder goes when it is reaped
+            scratch_folders.remove(self.scratch)  # a zygote's child's folder goes when it is reaped
 
     def __enter__(self):
         return self

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from magpie.sandbox import namespaces
+from magpie.supervision import scratch as scratch_folders
 from magpie.supervision.process import limits, log_to
 
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
@@ -109,9 +110,7 @@ def session(prestart: bool = False):
     if os.environ.get(FOLDER_VARIABLE):
         yield
         return
-    from magpie.supervision import scratch
-
-    scratch.sweep()  # what builds killed before they could clean up left
+    scratch_folders.sweep()  # what builds killed before they could clean up left
     folder = _warm_folder() if keep_warm_s() else None
     if folder is None:
         folder = Path(tempfile.mkdtemp(prefix="magpie-zygote-"))
@@ -438,7 +437,7 @@ class Children:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
             if scratch:
-                shutil.rmtree(scratch, ignore_errors=True)
+                scratch_folders.remove(scratch)
 
     def reap(self, pidfd: int) -> None:
         pid, conn, scratch = self.running.pop(pidfd)
@@ -446,7 +445,7 @@ class Children:
         _, status = os.waitpid(pid, 0)
         os.close(pidfd)
         if scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
+            scratch_folders.remove(scratch)
         if conn is not None:
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
