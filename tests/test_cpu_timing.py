@@ -299,6 +299,10 @@ def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_t
     calibration = {"baseline": 282_000, "candidate": 282_000}
     honest = batches(30_000, 1_000_000, [2, 1] * 6)
     assert abs(fixed_cost({"baseline": honest}, calibration) - 30_000) < 2_000
+    # a first batch that read 2.4x the others (on the H200, a baseline's first beside a candidate)
+    # leaves the line where it was; a least-squares line met zero calls below zero (nothing taken off)
+    slow_first = [*honest[:2], (0, honest[2][1] * 2.4, *honest[2][2:]), *honest[3:]]
+    assert abs(fixed_cost({"baseline": slow_first}, calibration) - 30_000) < 2_000
     # a candidate that pads its short batches (to have more taken off every call) raises its own
     # intercept only: the baseline's stands
     padded = batches(30_000, 100_000, [40, 20] * 6, short_extra_ns=250_000)

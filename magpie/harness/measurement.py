@@ -597,30 +597,39 @@ class Batch:
 
 def fixed_cost(device_batches: dict[str, list[tuple]], calibration_ns: dict[str, float]) -> float:
     """What a GPU batch costs besides its calls, the same for every role: per role, the
-    intercept of a least-squares line through its rounds' batches' times against their calls
-    (batches of two sizes in turn; the sizing batches left out: a worker's first calls run
-    slower, which tilts a line through them); the least of the roles', no less than 0 and no
-    more than the least role's calibration (`Evaluator._calibrate`); that calibration where no
-    role's batches vary in size (calls so slow that a round holds one). A worker that pads its
-    short batches raises only its own intercept, which the least leaves out; the ceiling
-    bounds what any line can take off. On the H200 the intercepts of 58 sweep rows lay within
-    15 µs of their calibration (282-286 µs) but for six below it; not taken off batches of one
-    call of a 1 GiB scale-add, the 0.28 ms made them read 1.08 ms where the worker's timer
+    intercept of a line through its rounds' batches' times against their calls (batches of two
+    sizes in turn; the sizing batches left out: a worker's first calls run slower, which tilts a
+    line through them); the least of the roles', no less than 0 and no more than the least
+    role's calibration (`Evaluator._calibrate`); that calibration where no role's batches vary
+    in size (calls so slow that a round holds one). A worker that pads its short batches raises
+    only its own intercept, which the least leaves out; the ceiling bounds what any line can
+    take off. The line is Theil-Sen's (`robust_line`), which one slow batch does not tilt: on
+    the H200 a launch-bound relu's first batch beside a candidate read up to 2.4x its others, a
+    least-squares line through its batches met zero calls 40-60 µs low, and its per-call median
+    read 7-15% over its own timing job's (a `disturbed_measurement` for 13 of 16 rows), 1-5%
+    along Theil-Sen's (tests/fixtures/h200/calls_alone_batches.json). Not taken off batches of
+    one call of a 1 GiB scale-add, the 0.28 ms made them read 1.08 ms where the worker's timer
     read 0.80."""
     intercepts = []
     for records in device_batches.values():
         points = [(calls, taken_ns) for round_index, taken_ns, calls, _ in records
                   if calls and round_index is not None]
-        if len({calls for calls, _ in points}) < 2:
-            continue
-        mean_n = fmean(n for n, _ in points)
-        mean_t = fmean(t for _, t in points)
-        slope = (sum((n - mean_n) * (t - mean_t) for n, t in points)
-                 / sum((n - mean_n) ** 2 for n, _ in points))
-        if slope > 0:
-            intercepts.append(max(0.0, mean_t - slope * mean_n))
+        line = robust_line(points)
+        if line is not None and line[0] > 0:
+            intercepts.append(max(0.0, line[1]))
     ceiling = min(calibration_ns.values(), default=0.0)
     return min(min(intercepts), ceiling) if intercepts else ceiling
+
+
+def robust_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Theil-Sen's line through (x, y) points: the median of the slopes between points of
+    different x, and the median of what each point leaves at x = 0 along it; None where no two
+    points differ in x."""
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:] if x2 != x1]
+    if not slopes:
+        return None
+    slope = median(slopes)
+    return slope, median(y - slope * x for x, y in points)
 
 
 def other_size(calls: int, limit: int) -> int:
