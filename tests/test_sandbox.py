@@ -909,7 +909,8 @@ def test_a_gpu_sandbox_has_a_shared_memory_of_its_own(tmp_path, lent):
 def test_only_the_files_of_what_this_process_lends_are_linked_into_a_workers_shared_memory(tmp_path):
     """The evaluator links its own CUDA IPC files (named by its pid, regular, its user's), not
     another process's; a file the worker planted under a name the evaluator's driver will use
-    is replaced, and a link already in place is left as it is."""
+    is replaced, and a link already in place is left as it is. Once a process has ended, the
+    zygote that reaps it removes its files."""
     from magpie.supervision import shared_memory
 
     if not os.path.isdir(sandbox.SHARED_MEMORY):
@@ -938,6 +939,9 @@ def test_only_the_files_of_what_this_process_lends_are_linked_into_a_workers_sha
         (folder / own[0].name).unlink()
         lending.sync()  # nothing lent since: not looked at again
         assert not (folder / own[0].name).exists()
+        # a process that has ended: what was made for it goes (the driver leaves its event pool)
+        shared_memory.forget(pid + 1)
+        assert not any(p.exists() for p in foreign) and all(p.exists() for p in own)
     finally:
         for path in (*own, *foreign, planted_link):
             path.unlink(missing_ok=True)

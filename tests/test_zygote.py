@@ -1,6 +1,7 @@
 """The zygote forks evaluators and workers with torch already imported; what a child sees
 (folder, environment, descriptors, exit status) must be what a fresh process would see."""
 
+import contextlib
 import json
 import os
 import signal
@@ -17,9 +18,16 @@ from magpie.supervision.session import Worker, all_stopped
 from magpie.paths import subprocess_env
 
 PROBE = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, os, signal, sys, time
 
     def main(argv):
+        if argv[0] == "shm":  # what CUDA IPC makes there for a process that lends (its pid in the names)
+            for name in (f"cuda.shm.0.{os.getpid():x}.1", f"torch_{os.getpid()}_1_0"):
+                open(os.path.join("/dev/shm", name), "wb").close()
+            print(os.getpid(), flush=True)
+            if argv[1] == "stay":
+                time.sleep(60)
+            return 0
         if argv[0] == "report":
             print(json.dumps({"torch_preloaded": "torch" in sys.modules, "cwd": os.getcwd(),
                               "var": os.environ.get("PROBE_VAR"), "own_session": os.getsid(0) == os.getpid(),
@@ -289,3 +297,38 @@ def test_the_parked_cap_fits_the_device_memory():
     assert zygote.parked_cap([]) == zygote.MAX_PARKED  # no GPU
     assert zygote.parked_cap([141 << 30]) == zygote.MAX_PARKED  # an H200's eighth holds more
     assert zygote.parked_cap([141 << 30, 24 << 30]) == 6  # the 24 GiB card's eighth: six contexts
+
+
+def test_what_cuda_ipc_made_in_shared_memory_for_a_child_goes_with_it(tmp_path, probe_env):
+    """The driver leaves an evaluator's pool of interprocess events in /dev/shm when it ends
+    (80 KiB each; 38 such files after one run of the GPU tests on the H200): the zygote
+    removes a child's as it reaps it, and those of children still running when it stops."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+
+    def files(pid: int) -> list[Path]:
+        return [Path(f"/dev/shm/cuda.shm.0.{pid:x}.1"), Path(f"/dev/shm/torch_{pid}_1_0")]
+
+    staying = None
+    try:
+        with zygote.session():
+            _, code, log = run_probe(tmp_path, probe_env, "shm", "end")
+            ended = int(log.read_text())
+            assert code == 0 and not any(f.exists() for f in files(ended))
+            staying_log = tmp_path / "stay.log"
+            zygote.launch("zygote_probe", ["shm", "stay"], cwd=str(tmp_path), env=probe_env, log_path=staying_log)
+            deadline = time.monotonic() + 60
+            while not (staying_log.exists() and staying_log.read_text().strip()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            staying = int(staying_log.read_text())
+            assert all(f.exists() for f in files(staying))
+        deadline = time.monotonic() + 10
+        while any(f.exists() for f in files(staying)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(f.exists() for f in files(staying))
+    finally:
+        if staying is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(staying, signal.SIGKILL)
+            for f in files(staying):
+                f.unlink(missing_ok=True)

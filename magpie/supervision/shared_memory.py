@@ -54,6 +54,15 @@ def own_files(pid: int | None = None) -> list[str]:
     return kept
 
 
+def forget(pid: int) -> None:
+    """Remove what CUDA IPC made in /dev/shm for a process that has ended: the driver leaves
+    its event pool there (80 KiB an evaluator on the H200, never removed). Called as it is
+    reaped, before its pid can name another process; a worker that mapped a file keeps it."""
+    for name in own_files(pid):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(SHARED_MEMORY, name))
+
+
 class Lending:
     """The files a worker's /dev/shm must hold for what this process lends it."""
 

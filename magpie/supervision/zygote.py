@@ -38,6 +38,7 @@ from pathlib import Path
 
 from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
+from magpie.supervision import shared_memory
 from magpie.supervision.process import limits, log_to
 
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
@@ -393,6 +394,15 @@ def serve(socket_path: str, owner_pid: int, idle_s: float = 0.0) -> None:
     owner = [os.pidfd_open(owner_pid)] if owner_pid else []
     state = Children()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        _serve_children(listener, socket_path, owner, state, idle_s)
+    finally:  # its children end with it (their pipes close), unreaped here
+        for pid, _, _ in state.running.values():
+            shared_memory.forget(pid)
+
+
+def _serve_children(listener: socket.socket, socket_path: str, owner: list[int], state: Children,
+                    idle_s: float) -> None:
     last_activity = time.monotonic()
     while True:
         timeout = max(0.0, last_activity + idle_s - time.monotonic()) if idle_s else None
@@ -442,6 +452,7 @@ class Children:
     def reap(self, pidfd: int) -> None:
         pid, conn, scratch = self.running.pop(pidfd)
         self._unpark(pidfd, close=True)
+        shared_memory.forget(pid)  # before it is reaped, while its pid is still its own
         _, status = os.waitpid(pid, 0)
         os.close(pidfd)
         if scratch:
