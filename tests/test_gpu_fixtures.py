@@ -209,3 +209,26 @@ def test_h200_a_launch_bound_baseline_reads_beside_candidates_what_it_read_alone
     assert len(off) == 6 and max(abs(x) for x in off) < 0.05
     # what the line it replaced read: 2-18% slow, 10% on average
     assert min(off_least_squares) > 0 and sum(off_least_squares) / len(off_least_squares) > 0.07
+
+
+def test_h200_after_theil_sen_no_honest_row_reads_its_baseline_disturbed():
+    """Run again on that code (2026-12-02 10:57, two builds each of the relu and the ten
+    operations as baselines, `calls_alone_theil_sen.json`): no row flagged
+    `disturbed_measurement` (13 of 16 before), the baseline beside each candidate within 7% of
+    its own job's, an identical copy credited within noise, and every batch done together failed."""
+    projects = json.loads((H200 / "calls_alone_theil_sen.json").read_text())["projects"]
+    rows = 0
+    for baseline, builds in projects.items():
+        for build in builds:
+            own = build["rows"][baseline]["median_us"]
+            for name, row in build["rows"].items():
+                if not row.get("baseline_median_us"):
+                    continue
+                rows += 1
+                assert "disturbed_measurement" not in row["flags"], (name, row["flags"])
+                assert abs(row["baseline_median_us"] / own - 1) < 0.07, (name, row["baseline_median_us"], own)
+                if name.startswith("batches_"):
+                    assert row["performance_state"] == "FAILED"
+                if name == "same":
+                    assert row["verdict"] == "within noise"
+    assert rows == 14
