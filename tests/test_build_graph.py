@@ -28,6 +28,29 @@ def test_first_build_runs_everything_then_nothing(command_project):
     assert all(r["correctness_state"] == "SUCCESS" for r in report["results"])
 
 
+def test_a_doit_plugin_another_package_installs_has_no_part_in_a_build(command_project, tmp_path):
+    """doit looks up every installed package's doit commands, loaders, backends and reporters
+    on each run, and one of the same name wins over its own: a package that names its command
+    `run` (or its backend as magpie's) runs its code in every build, and scanning every
+    package's metadata four times took 0.12 s a build on the H200's image. magpie's builds take
+    none; plain doit, beside it, runs the planted one."""
+    site = tmp_path / "site"
+    (site / "hijack-1.0.dist-info").mkdir(parents=True)
+    (site / "hijack-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: hijack\nVersion: 1.0\n")
+    (site / "hijack-1.0.dist-info" / "entry_points.txt").write_text("[doit.COMMAND]\nrun = magpie_test_hijack:Hijack\n")
+    (site / "magpie_test_hijack.py").write_text(
+        "import os\nopen(os.environ['HIJACK_MARKER'], 'a').write('imported\\n')\n\n"
+        "from doit.cmd_base import Command\n\n\nclass Hijack(Command):\n    name = 'run'\n")
+    marker = tmp_path / "imported"
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), "HIJACK_MARKER": str(marker)}
+    magpie("build", cwd=command_project, env=env, check=0)
+    assert not marker.exists()
+    (tmp_path / "dodo.py").write_text("def task_nothing():\n    return {'actions': []}\n")
+    subprocess.run([sys.executable, "-m", "doit", "run"], cwd=tmp_path, env={**os.environ, **env},
+                   capture_output=True)
+    assert marker.read_text() == "imported\n"
+
+
 def test_editing_one_candidate_rebuilds_only_its_tasks(command_project):
     build_json(command_project)
     (command_project / "k1/a.py").write_text("def kernel(x):\n    return x + 0.0\n")
