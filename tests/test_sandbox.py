@@ -968,6 +968,17 @@ def test_a_folder_lent_to_a_worker_whose_scratch_folder_is_gone_is_swept():
         shutil.rmtree(orphan, ignore_errors=True)
 
 
+def test_a_host_without_shared_memory_to_lend_in_starts_gpu_workers_all_the_same(tmp_path, monkeypatch):
+    """Where no folder can be made in /dev/shm (none, or not writable), a GPU worker's sandbox
+    gets an empty tmpfs there: the worker starts, and memory lent to it fails to map in one
+    line that says to pass inputs as files, instead of the evaluator failing to start it."""
+    from magpie.supervision import scratch as scratch_folders
+    from magpie.supervision import shared_memory
+
+    monkeypatch.setattr(scratch_folders, "SHARED_MEMORY", tmp_path / "no-such-folder")
+    assert shared_memory.Lending.for_worker(tmp_path / "w-scratch") is None
+
+
 def test_what_a_gpu_sandbox_writes_in_its_shared_memory_counts_against_its_limit(tmp_path):
     """Its /dev/shm lies in the host's, which is memory: what it writes there is counted with
     its scratch folder, and the sandbox is ended once they hold more than `written_mb`."""

@@ -110,8 +110,7 @@ class Worker:
         else:
             self.scratch = scratch_folders.make("w-") if self.sandboxed else None
         # a GPU sandbox's /dev/shm: a folder of its own that what this process lends is linked into
-        lends = self.sandboxed and sandbox.get("gpu") and os.path.isdir(shared_memory.SHARED_MEMORY)
-        self.lending = shared_memory.Lending(scratch_folders.lent_folder(self.scratch, make=True)) if lends else None
+        self.lending = shared_memory.Lending.for_worker(self.scratch) if self.sandboxed and sandbox.get("gpu") else None
         # a new, empty log: an adopted worker's lies in the folder it writes, where a link would
         # have this truncate whatever it names
         os.close(scratch_folders.create(self.live_log))

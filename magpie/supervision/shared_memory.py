@@ -21,6 +21,8 @@ import stat
 import uuid
 from pathlib import Path
 
+from magpie.supervision.scratch import lent_folder
+
 SHARED_MEMORY = "/dev/shm"
 
 # How many times this process has lent memory or events (`made`): a worker's folder is synced
@@ -69,6 +71,16 @@ class Lending:
     def __init__(self, folder: Path):
         self.folder = folder
         self._synced = -1
+
+    @classmethod
+    def for_worker(cls, scratch: Path) -> Lending | None:
+        """The folder a worker with this scratch folder sees as /dev/shm, made if it is not yet;
+        None where there is no /dev/shm to make it in (its sandbox's /dev/shm is then an empty
+        tmpfs, and memory lent to it fails to map in one line that says what to do)."""
+        try:
+            return cls(lent_folder(scratch, make=True))
+        except OSError:
+            return None
 
     def sync(self) -> None:
         if self._synced == _lent:
