@@ -28,16 +28,26 @@ def root() -> Path:
         base = SHARED_MEMORY if stats.f_bavail * stats.f_frsize >= SHARED_MEMORY_MIN_FREE else None
     except OSError:
         base = None
-    folder = Path(base or tempfile.gettempdir()) / f"magpie-{os.getuid()}"
+    folder = Path(base or tempfile.gettempdir()) / _root_name()
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder
+
+
+def _root_name() -> str:
+    """The private root's name, in /dev/shm or the temporary folder (`root`)."""
+    return f"magpie-{os.getuid()}"
+
+
+def _lent_root() -> Path:
+    """Where the folders GPU workers see as /dev/shm lie (`lent_folder`)."""
+    return SHARED_MEMORY / f"{_root_name()}-lent"
 
 
 def lent_folder(scratch: Path, make: bool = False) -> Path:
     """What a GPU worker whose scratch folder this is sees as /dev/shm (`shared_memory`):
     always in /dev/shm, wherever the scratch folder lies, since the files linked into it are
     there; it goes with the scratch folder (`remove`)."""
-    folder = SHARED_MEMORY / f"magpie-{os.getuid()}-lent" / scratch.name
+    folder = _lent_root() / scratch.name
     if make:
         folder.parent.mkdir(mode=0o700, exist_ok=True)
         folder.mkdir(mode=0o700, exist_ok=True)
@@ -96,13 +106,12 @@ def sweep() -> int:
 
 def _sweep_lent() -> int:
     """Remove the folders lent to workers whose scratch folder is gone."""
-    lent = SHARED_MEMORY / f"magpie-{os.getuid()}-lent"
     try:
-        folders = list(lent.iterdir())
+        folders = list(_lent_root().iterdir())
     except OSError:
         return 0
     # either root a scratch folder may be in (which one depends on the room when it was made)
-    roots = [base / f"magpie-{os.getuid()}" for base in (SHARED_MEMORY, Path(tempfile.gettempdir()))]
+    roots = [base / _root_name() for base in (SHARED_MEMORY, Path(tempfile.gettempdir()))]
     gone = [f for f in folders if not any((r / f.name).exists() for r in roots)]
     for folder in gone:
         shutil.rmtree(folder, ignore_errors=True)
