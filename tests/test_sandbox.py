@@ -522,23 +522,36 @@ def _world_readable(path) -> bool:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become another user")
-def test_the_sandbox_works_for_an_unprivileged_user():
-    """As nobody (no capability, no mapping but its own): the same namespaces and rules."""
+@pytest.mark.parametrize("shared_memory", [None, "tmpfs", "lent"])
+def test_the_sandbox_works_for_an_unprivileged_user(shared_memory):
+    """As nobody (no capability, no mapping but its own): the same namespaces and rules; on a
+    GPU its own /dev/shm, an empty tmpfs or a worker's folder, mounts there too."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))
     # the sandbox needs only the standard library: the system's interpreter will do
     python = next((p for p in ("/usr/bin/python3", sys.executable) if os.path.exists(p) and _world_readable(p)), None)
     if not _world_readable(repo) or python is None:
         pytest.skip("magpie or an interpreter is not readable by another user here")
+    if shared_memory and not os.path.isdir(sandbox.SHARED_MEMORY):
+        pytest.skip("no shared memory folder on this host")
     scratch = tempfile.mkdtemp()  # pytest's own folders are root's alone
-    os.chown(scratch, 65534, 65534)
-    policy = sandbox.Policy(write=[str(scratch)])
+    lent = tempfile.mkdtemp(prefix="magpie-test-lent-", dir=sandbox.SHARED_MEMORY) if shared_memory == "lent" else None
+    for folder in filter(None, (scratch, lent)):
+        os.chown(folder, 65534, 65534)
+    policy = sandbox.Policy(write=[str(scratch)], gpu=shared_memory is not None, shared_memory=lent)
     script = f"id -u; echo $$; touch {scratch}/ok && echo wrote; touch /tmp/unprivileged-$$ || echo denied"
+    if shared_memory:
+        script += "; touch /dev/shm/own && echo shm"
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-m",
                            "magpie.sandbox", json.dumps(policy.to_json()), "--", "sh", "-c", script],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": repo})
     shutil.rmtree(scratch)
+    in_lent = lent is not None and os.path.exists(os.path.join(lent, "own"))
+    if lent:
+        shutil.rmtree(lent)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["65534", "2", "wrote", "denied"], proc.stdout
+    assert proc.stdout.split() == ["65534", "2", "wrote", "denied", *(["shm"] if shared_memory else [])], proc.stdout
+    assert in_lent == (shared_memory == "lent")
+    assert not os.path.exists("/dev/shm/own")
 
 
 def test_a_build_in_another_pid_namespace_leaves_this_ones_scratch_alone():
