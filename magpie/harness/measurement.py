@@ -408,8 +408,9 @@ def credit_within_calls_alone(speedup: dict, bound: dict | None, candidate_ns: l
     """Where a candidate's calls made alone bound its calls above what its batches read
     (`bound`, from `alone_bound`, over 1, not over ALONE_FAIL), its speedup is credited at that
     bound: the point and interval divided by the bound over its batches' time a call (the
-    statistic's, of the samples the speedup took: `candidate_ns`), the verdict read again, what the batches read kept in
-    `bounded_by_calls_alone`; the line that says so, or None where nothing changed. Honest
+    statistic's, of the samples the speedup took: `candidate_ns`), the verdict read again, what
+    the batches read kept in `bounded_by_calls_alone`; the line that says so, or None where
+    nothing changed. Honest
     candidates read 0.93 at most on the CPU machine in bench/calls_alone.py (quiet and with two
     CPU hogs beside the builds), 1.00 on the H200 (2026-12-02); calls done together 1.19 and
     over on the CPU, where ten operations on 33x65 sets done together, below 1.5, were credited

@@ -21,9 +21,7 @@ import stat
 import uuid
 from pathlib import Path
 
-from magpie.supervision.scratch import lent_folder
-
-SHARED_MEMORY = "/dev/shm"
+from magpie.supervision.scratch import SHARED_MEMORY, lent_folder
 
 # How many times this process has lent memory or events (`made`): a worker's folder is synced
 # only when it changed.
