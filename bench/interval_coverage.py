@@ -2,7 +2,8 @@
 (run on a GPU)
 
 The 8-candidate Triton compare of bench/gpu_fidelity.py, repeated N times with the zygote
-kept warm, each run into a fresh artifact store (every candidate timed again). For each run
+kept warm, each run into an emptied artifact store (every candidate timed again, by the
+workers the run before parked). For each run
 and candidate: does the run's 95% interval contain the median of the other runs' point
 estimates? Honest intervals do so in about 90% or more of the cases. The same runs show
 whether a kept-warm repeat inflates any candidate's median (its medians across runs).
@@ -78,10 +79,13 @@ def measure(args, root: Path) -> int:
     files = write_compare8(root)
     env = {**os.environ, "TRITON_CACHE_DIR": str(root / "triton_cache"), "MAGPIE_KEEP_WARM_S": "120"}
     shape = SHAPE if args.device.startswith("cuda") else "4096"
-    warm_up = compare_run(root, files, BUDGET_MS, "out_start", env, args.device, shape)  # zygote, JIT caches
+    warm_up = compare_run(root, files, BUDGET_MS, "out", env, args.device, shape)  # zygote, JIT caches
     runs = []
     for i in range(args.runs):
-        run = compare_run(root, files, BUDGET_MS, f"out_{i}", env, args.device, shape)
+        # every artifact built again, into the same workspace: its workers, whose sandboxes
+        # hide that workspace, serve the next run
+        shutil.rmtree(root / "out" / "workspace" / "store")
+        run = compare_run(root, files, BUDGET_MS, "out", env, args.device, shape)
         if "error" in run:
             print(run["error"])
             return 1
@@ -95,7 +99,7 @@ def measure(args, root: Path) -> int:
     for edit in range(args.edits):
         started = time.monotonic()
         edited.write_text(edited.read_text() + f"# edit {edit}: the kernel is the same\n")
-        again = compare_run(root, files, BUDGET_MS, f"out_{args.runs - 1}", env, args.device, shape)
+        again = compare_run(root, files, BUDGET_MS, "out", env, args.device, shape)
         walls.append(time.monotonic() - started)
         write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"), edit_walls_s=walls)
     edit_to_verdict = statistics.median(walls)

@@ -624,3 +624,26 @@ def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(tmp_path):
     assert edited["performance_state"] == "SUCCESS", edited["errors"]
     assert edited["workers_adopted"]["baseline"] is False and "start_baseline" not in edited["phases_s"], edited
     assert edited["baseline_result"]["from_own_timing"] is None
+
+
+def test_kept_warm_an_edits_rebuild_takes_the_baseline_worker_the_build_before_parked(tmp_path, monkeypatch):
+    """Workers are keyed by what they load and how they run, not by their build: with the
+    zygote kept warm, the edit's rebuild adopts the baseline's worker (no new process, load or
+    first calls before its timing), still times every call on input sets of this build's seeds,
+    and the edited candidate gets a worker of its own (its earlier content's is never adopted)."""
+    monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "20")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a warm zygote of this test's own
+    (tmp_path / "tmp").mkdir()
+    good = (FIXTURES / "adversarial" / "good.py").read_text()
+    relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": good})
+    (tmp_path / "twin.py").write_text(good + "# edited\n")
+    assert build_json(tmp_path, "-j", "2")["failed"] == []
+    results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
+    first, edited = sorted((r for r in results if r.get("task") == "timing:relu2/twin"),
+                           key=lambda r: r["task_started_unix"])
+    assert edited["workers_adopted"] == {"candidate": True, "baseline": True}, edited["workers_adopted"]
+    assert edited["performance_state"] == "SUCCESS", edited["errors"]
+    assert edited["input_secret"] != first["input_secret"]
+    correctness = max((r for r in results if r.get("task") == "correctness:relu2/twin"),
+                      key=lambda r: r["task_started_unix"])
+    assert correctness["worker_loads_s"], "the edited candidate's earlier worker was adopted"

@@ -303,6 +303,31 @@ def test_the_sandbox_runs_a_command_as_the_first_process_of_its_namespace(tmp_pa
     assert (tmp_path / "ok").exists()
 
 
+def test_a_folder_made_again_outside_is_no_longer_hidden_from_a_sandbox_started_before(tmp_path):
+    """A kept-warm worker may serve a later build only while its sandbox still hides that
+    build's store: removing a covered folder outside takes the cover with it, and the folder
+    made again in its place would be in sight (`namespaces.still_hidden`, checked on adoption)."""
+    from magpie.sandbox.namespaces import still_hidden
+
+    store, scratch = tmp_path / "store", tmp_path / "scratch"
+    store.mkdir()
+    scratch.mkdir()
+    (store / "secret").write_text("input secret")
+    policy = sandbox.Policy(write=[str(scratch)], read=[str(tmp_path)], hide=[str(store)])
+    proc = subprocess.Popen([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
+                             "sh", "-c", f"ls {store}; echo ready; sleep 60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"  # nothing listed: the store is covered
+        assert still_hidden(proc.pid, [str(store), str(tmp_path / "absent")])
+        shutil.rmtree(store)
+        store.mkdir()
+        (store / "secret").write_text("the next build's secret")
+        assert not still_hidden(proc.pid, [str(store)])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_signal_the_code_sends_itself_ends_it_with_that_signal(tmp_path):
     """The code does not run as PID 1 (which ignores signals it sends itself): abort() is SIGABRT."""
     policy = sandbox.Policy(write=[str(tmp_path)])

@@ -117,17 +117,35 @@ def test_the_baselines_timing_chooses_the_method_for_every_candidate(tmp_path):
     assert alone._probed_method({"candidate": 30.0, "baseline": 40.0})["mode"] == "events"
 
 
-def test_no_worker_is_carried_from_one_build_to_the_next(tmp_path):
-    """Worker keys hold the seed, which each build's input secret changes: a kept-warm zygote
-    serves the next build's evaluators, not the workers that timed the last one (adopted
-    across builds, memory-bound candidates read 10-50% slow on the H200)."""
+def test_a_worker_serves_later_builds_unless_it_times_itself_on_a_gpu(tmp_path):
+    """Worker keys hold what a worker loaded and how it runs, not the build's secret (a model's
+    weights are drawn from the manifest's seed): a kept-warm worker serves the next build. A
+    GPU worker that times itself (`timing.vouched = false`) serves its own build only (adopted
+    across builds, memory-bound candidates read 30-120% slow in a third of the rows on the
+    H200), and the build sits in its content part, so the next build's parking ends it."""
     from magpie.harness.keys import worker_key
+    from magpie.supervision import zygote
+
+    def judge(secret: str, device: str = "cuda", vouched: bool = True) -> Evaluator:
+        return Evaluator({"root": str(tmp_path), "kernel": "k", "impl": {"id": "impl"}, "work_dir": str(tmp_path),
+                          "input_secret": secret,
+                          "settings": {"correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
+                                       "project": {"device": device}, "timing": {"vouched": vouched}}})
+
+    assert judge("a").seed != judge("b").seed and judge("a").init_seed == judge("b").init_seed
+    assert judge("a")._build_of_workers is None and judge("a", device="cpu", vouched=False)._build_of_workers is None
+    assert judge("a", vouched=False)._build_of_workers != judge("b", vouched=False)._build_of_workers
 
     (tmp_path / "impl.py").write_text("def f(x):\n    return x\n")
-    load = {"op": "load", "id": "impl", "library": None, "init_inputs_file": None, "seed": 1}
+    load = {"op": "load", "id": "impl", "library": None, "init_inputs_file": None, "seed": 1, "code": "ZGVm"}
     impl = {"source": "impl.py"}
-    assert worker_key(load, impl, tmp_path) == worker_key(dict(load), impl, tmp_path)
-    assert worker_key(load, impl, tmp_path) != worker_key({**load, "seed": 2}, impl, tmp_path)
+    key = worker_key(load, impl, tmp_path)
+    assert key == worker_key(dict(load), impl, tmp_path)
+    assert zygote.slot(key) != zygote.slot(worker_key({**load, "seed": 2}, impl, tmp_path))
+    assert zygote.slot(key) != zygote.slot(worker_key(load, impl, tmp_path, sandbox={"hide": ["/other/store"]}))
+    edited, own_build = worker_key({**load, "code": "ZWRpdA=="}, impl, tmp_path), worker_key(load, impl, tmp_path, "b1")
+    for other in (edited, own_build):  # the same slot, other content: the earlier one is stale
+        assert zygote.slot(other) == zygote.slot(key) and other != key
 
 
 def test_host_wall_warnings_are_for_untimed_device_work_not_launch_cost():
@@ -171,3 +189,18 @@ def test_a_launch_bound_baseline_is_timed_as_graph_replays(tmp_path):
     device_bound = baseline._probed_method({"candidate": 180.0}, {"candidate": 12.0})
     assert device_bound["mode"] == "events" and "launched in 12 µs" in device_bound["why"]
     assert baseline._probed_method({"candidate": 180.0}, {"candidate": None})["mode"] == "events"
+
+
+def test_a_measurement_whose_only_failure_is_a_probe_that_waited_is_taken_again():
+    """A probe after a batch is timed by the host's clock: one after an honest baseline's batch
+    on the H200 took 1.2 ms against an idle 24 µs. Such a failure alone measures again (where a
+    worker that leaves work behind fails again); any other failure stands."""
+    from magpie.harness.evaluate import _probe_waited
+    from magpie.harness.measurement import Rounds
+
+    measured = Rounds(["candidate", "baseline"])
+    assert _probe_waited(measured) is None
+    measured.failed["baseline"] = {"check": "gpu_idle", "detail": "the GPU was still busy"}
+    assert _probe_waited(measured) == "baseline: the GPU was still busy"
+    measured.failed["candidate"] = {"check": "allclose", "detail": "timed call 3 of a batch of 9: allclose"}
+    assert _probe_waited(measured) is None

@@ -90,18 +90,33 @@ def test_on_the_cpu_intervals_hold_only_widened_by_the_cpus_own_spread_between_r
     assert coverage(default, None) >= 0.95
 
 
-def test_workers_carried_across_builds_inflated_memory_bound_candidates():
-    """Why no worker outlives its build: carried across builds, the same candidates read up to
-    1.5x slower in some runs; kept per build, every candidate's medians stay within 3%."""
+def test_workers_carried_across_builds_inflate_only_the_workers_own_timer():
+    """Why a GPU worker that times itself serves its own build only, and every other worker
+    later builds too (`Evaluator._build_of_workers`): carried across builds under the worker's
+    timer (the 2026-11-30 set, and again on 2026-12-02), memory-bound candidates read 1.3-2.2x
+    slower in some runs and intervals held in 59-62% of cases; kept per build, every median
+    stayed within 3%. Carried under vouched timing (the default), 10 repeats stayed within 3%,
+    79 of 79 intervals held, and the compare took 8.8-9.8 s (11.9-14.3 s with workers new in
+    each build), under 2x its 5.1 s of budgets."""
     fixture = json.loads((FIXTURES / "interval_coverage.json").read_text())
+    carried = json.loads((FIXTURES / "interval_coverage_carried.json").read_text())
 
     def worst(part):
         return max(max(v) / min(v) for v in part["medians_us"].values())
 
     assert worst(fixture["workers_per_build"]) < 1.03
-    assert worst(fixture["workers_carried_across_builds"]) > 1.3
+    assert worst(fixture["workers_carried_across_builds"]) > 1.3 and worst(carried["worker_timer"]) > 1.3
+    assert coverage(carried["worker_timer"], None) < 0.65
     assert math.isclose(fixture["workers_per_build"]["coverage"]["coverage"], coverage(
         fixture["workers_per_build"], None))
+    vouched = carried["vouched"]
+    assert worst(vouched) < 1.03 and len(vouched["runs"]) == 10
+    assert math.isclose(coverage(vouched, None), 1.0) and vouched["coverage"]["checks"] == 79
+    budgets_s = (2 * 8 + 1) * vouched["budget_ms"] / 1000
+    assert max(run["wall_s"] for run in vouched["runs"]) < 2 * budgets_s
+    adopted = [task["workers_adopted"] for name, task in vouched["runs"][-1]["tasks"].items()
+               if name.startswith("timing:") and name != "timing:compare/torch_ref"]
+    assert adopted == [{"candidate": True, "baseline": True}] * 8
 
 
 def test_the_vouched_sweep_times_every_honest_kernel_and_fails_none():

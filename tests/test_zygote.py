@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import signal
+import shutil
 import tempfile
 import textwrap
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from magpie import sandbox
 from magpie.supervision import zygote
 from magpie.supervision.session import Worker, all_stopped
 from magpie.paths import subprocess_env
@@ -123,10 +125,10 @@ def test_a_child_that_ends_at_once_reports_its_status(tmp_path, probe_env):
 IMPLEMENTATION = "def kernel(x):\n    return x * 2\n"
 
 
-def _worker(tmp_path: Path, key: str, name: str) -> Worker:
+def _worker(tmp_path: Path, key: str, name: str, sandbox: dict | None = None) -> Worker:
     worker = Worker(label="impl", cwd=str(tmp_path), env=subprocess_env(), memory_mb=0,
-                    log_path=tmp_path / f"{name}.log", key=key)
-    message = {"op": "relog", "log": str(tmp_path / f"{name}.log")} if worker.adopted else {
+                    log_path=tmp_path / f"{name}.log", key=key, sandbox=sandbox)
+    message = {"op": "relog", "log": str(worker.live_log)} if worker.adopted else {
         "op": "load", "id": "impl", "source": str(tmp_path / "impl.py"), "entry": "kernel", "device": "cpu",
         "seed": 0, "threads": 1}
     assert worker.request(message, 60)["ok"]
@@ -230,6 +232,31 @@ def test_with_keep_warm_the_zygote_and_its_parked_workers_serve_the_next_build_t
     assert not _running(zygote_pid) and not _running(worker_pid), "idle warm zygote did not end"
 
 
+def test_a_kept_warm_worker_serves_a_later_build_only_while_its_sandbox_hides_the_store(tmp_path, monkeypatch):
+    """Workers are keyed by their content, not their build, so a kept-warm one serves the next
+    build too; but a store removed and made again between builds is no longer covered in its
+    view: it is ended, and the job gets a new process."""
+    store = tmp_path / "workspace"
+    store.mkdir()
+    (tmp_path / "impl.py").write_text(IMPLEMENTATION)
+    # made before the zygote's folder moves under tmp_path: the policy hides the temporary folders
+    policy = sandbox.Policy(write=[], read=[str(tmp_path)], hide=[str(store)]).to_json()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(zygote.KEEP_WARM_VARIABLE, "30")
+    pids = []
+    for build in ("first", "second", "after the store was made again"):
+        if build == "after the store was made again":
+            shutil.rmtree(store)
+            store.mkdir()
+        with zygote.session():
+            worker = _worker(tmp_path, "worker-how/what", build.split()[0], sandbox=policy)
+            pids.append((worker.adopted, worker.proc.pid))
+            worker.release()
+    assert pids[0][0] is False and pids[1] == (True, pids[0][1])
+    assert pids[2][0] is False and pids[2][1] != pids[0][1]
+    assert not _running(pids[0][1])
+
+
 STATEFUL_MODEL = """
 import torch
 
@@ -281,16 +308,17 @@ def test_when_too_many_are_parked_a_second_copy_goes_before_a_unique_one():
 
 
 
-def test_a_builds_parking_ends_the_parked_workers_of_earlier_builds_not_the_evaluators():
-    """Workers are keyed by their build (its seeds): none of an earlier build's can be adopted
-    again, and left parked they pushed the evaluators (duplicate keys, evicted first) out."""
+def test_parking_an_implementations_new_content_ends_its_earlier_contents_workers_not_the_evaluators():
+    """Workers outlive builds where the zygote is kept warm; one of an implementation's earlier
+    content is never adopted again (unless the edit is undone), and left parked such workers
+    pushed the evaluators (duplicate keys, evicted first) out."""
     children = zygote.Children()
-    children.parked = {10: ("build-aaa/candidate", [], 1.0), 11: ("evaluator-1", [], 2.0),
-                       12: ("evaluator-1", [], 3.0), 13: ("build-aaa/baseline", [], 4.0),
-                       14: ("build-bbb/candidate", [], 5.0)}
-    assert sorted(children.stale("build-bbb/candidate")) == [10, 13]
+    children.parked = {10: ("worker-a/old", [], 1.0), 11: ("evaluator-1", [], 2.0),
+                       12: ("evaluator-1", [], 3.0), 13: ("worker-b/other", [], 4.0),
+                       14: ("worker-a/new", [], 5.0), 15: ("worker-a/new", [], 6.0)}
+    assert children.stale("worker-a/new") == [10]  # not its twin, not another implementation's
     assert children.stale("evaluator-1") == []  # an evaluator's parking ends nothing
-    assert zygote.build_tag("build-bbb/x") == "build-bbb" and zygote.build_tag("evaluator-1") is None
+    assert zygote.slot("worker-a/new") == "worker-a" and zygote.slot("evaluator-1") is None
 
 
 def test_the_parked_cap_fits_the_device_memory():

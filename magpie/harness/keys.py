@@ -9,19 +9,22 @@ import json
 from pathlib import Path
 
 
-def worker_key(load: dict, impl: dict, root: Path, **process) -> str:
-    """What a parked worker must share with a new job's to stand in for it: the load request
-    (its seed too, which the build's input secret makes differ from build to build: no worker
-    is carried from one build to the next; on the H200, workers adopted by the next build
-    timed memory-bound Triton candidates 10-50% slow in a third of repeated compares, cause not
-    established, docs/benchmarks.md), the bytes of every file it loaded, and how its process
-    was started."""
-    digest = hashlib.sha256(json.dumps({**load, "init_inputs_file": None, **process}, sort_keys=True).encode())
+def worker_key(load: dict, impl: dict, root: Path, build: str | None = None, **process) -> str:
+    """What a parked worker must share with a new job's to stand in for it, in this build or a
+    later one: "<how>/<what>". How: its load request but for the code, and how its process was
+    started (folder, environment, memory limit, sandbox: what it hides too, so that no worker
+    moves to a build whose store its sandbox leaves in sight). What: the bytes of every file it
+    loaded, and the build where only that build may adopt it. A worker parked under a how with
+    another what is its implementation's earlier content, or an earlier build's
+    (`zygote.Children.stale`)."""
+    how = hashlib.sha256(json.dumps({**load, "code": None, "init_inputs_file": None, **process},
+                                    sort_keys=True).encode())
+    what = hashlib.sha256(f"{build}:{load.get('code') or ''}".encode())
     files = [root / impl["source"], *(root / f for f in impl.get("source_files") or []),
              *(Path(p) for p in (load["library"], load["init_inputs_file"]) if p)]
     for path in files:
-        digest.update(path.read_bytes() if path.is_file() else b"-")
-    return digest.hexdigest()[:24]
+        what.update(path.read_bytes() if path.is_file() else b"-")
+    return f"worker-{how.hexdigest()[:16]}/{what.hexdigest()[:24]}"
 
 
 def code_reads(root: Path, impl: dict, cwd: Path) -> list[str]:

@@ -19,7 +19,7 @@ RANGE = "magpie_profile"
 def main(argv: list[str]) -> int:
     import torch
 
-    from magpie.harness.spec import ReferenceSpec, derive_seed, output_specs
+    from magpie.harness.spec import ReferenceSpec, output_specs, weights_seed
     from magpie.harness.worker import Implementation
 
     request = json.loads(Path(argv[0]).read_text())
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     seed = int(settings["correctness"]["seed"])
     case = max(spec.cases(seed, request["kernel"], 0, 1, salt="profile"), key=lambda c: math.prod(c.shape or [0]))
     args = spec.make_inputs(case)
-    init_seed = derive_seed(seed, request["kernel"], "init")
+    init_seed = weights_seed(seed, request["kernel"])
     expected = spec.reference(args, init_seed)  # shapes of what a native entry allocates
     runner = Implementation({"id": impl["id"], "source": str(root / impl["source"]), "entry": impl.get("entry"),
                              "library": impl.get("library"), "device": device, "seed": init_seed,

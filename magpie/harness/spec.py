@@ -42,6 +42,14 @@ def derive_seed(*parts) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")
 
 
+def weights_seed(manifest_seed: int, kernel: str) -> int:
+    """What a KernelBench model's weights are drawn with, in the worker and in the reference
+    alike. It holds no build secret: code under test reads its model's weights once built
+    anyway, and a worker's key holds its load request, so a worker parked by one build can
+    serve the next (`harness/keys.py`)."""
+    return derive_seed(manifest_seed, kernel, "init")
+
+
 def load_module(path: Path, name: str, code: bytes | None = None):
     """A module run from its source, never from a cached .pyc (whose stamp, the source's mtime
     and size, anyone who can write the folder can match): `code`, the bytes its task was keyed

@@ -114,3 +114,24 @@ def drop_capabilities() -> None:
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable, twice: all empty
     _check(_libc.capset(header, data), "capset")
+
+
+def still_hidden(pid: int, folders: list[str]) -> bool:
+    """Whether process pid's view of the files still hides each folder that exists here: what
+    it sees at that path is not the folder itself. A folder removed and made again outside
+    (a store cleaned between builds) takes the cover mounted on the old one with it, so a
+    process kept from before would see the new one. False where its view cannot be read."""
+    for folder in folders:
+        try:
+            here = os.stat(folder)
+        except FileNotFoundError:
+            continue
+        try:
+            seen = os.stat(f"/proc/{pid}/root{os.path.realpath(folder)}")
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        if (seen.st_dev, seen.st_ino) == (here.st_dev, here.st_ino):
+            return False
+    return True

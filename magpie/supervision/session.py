@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory, zygote
 
@@ -78,6 +79,15 @@ LOG_KEPT_BYTES = 256 << 10
 ANSWER_MAX_BYTES = 64 << 20
 
 
+def _end(proc: zygote.ForkedProcess, fds: list[int]) -> None:
+    """An adopted process ended unused."""
+    for fd in fds:
+        os.close(fd)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 class Worker:
     """A process that serves JSON-line commands on two pipes: a worker (`magpie.harness.worker`,
     the default) or an evaluator (`magpie.harness.evaluate`). With a key, it may be one an
@@ -101,6 +111,9 @@ class Worker:
         self.sandboxed = sandbox is not None
         self._answers_checked = module == "magpie.harness.worker"  # its process runs the code under test
         found = zygote.adopt(key, env) if key else None
+        if found is not None and sandbox is not None and not namespaces.still_hidden(found[0].pid, sandbox["hide"]):
+            _end(*found[:2])  # it would see what its sandbox hid when it started: not adopted
+            found = None
         if found is None and not fork:
             raise NothingParked(key)
         self.adopted = found is not None

@@ -69,13 +69,10 @@ MAX_PARKED = 32
 CONTEXT_BYTES = 512 << 20
 
 
-# Keys of processes only their own build can adopt start with this, then the build's tag and a
-# slash: "build-<tag>/<digest>".
-BUILD_PREFIX = "build-"
-
-
-def build_tag(key: str) -> str | None:
-    return key.split("/", 1)[0] if key.startswith(BUILD_PREFIX) and "/" in key else None
+def slot(key: str) -> str | None:
+    """Of a key "<slot>/<content>" (a worker's: how it was started, what it loaded), the slot;
+    None for a key with no slash (an evaluator's)."""
+    return key.split("/", 1)[0] if "/" in key else None
 
 
 def parked_cap(device_bytes: list[int]) -> int:
@@ -197,7 +194,7 @@ def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
 
 
 def adopt(key: str, env: dict) -> tuple[ForkedProcess, list[int], str | None] | None:
-    """A child parked under key by an earlier job of this build, if there is one."""
+    """A child parked under key by an earlier job (of this build, or of an earlier one kept warm), if there is one."""
     folder = os.environ.get(FOLDER_VARIABLE)
     socket_path = _ensure(Path(folder), env) if folder else None
     if socket_path is None:
@@ -486,15 +483,13 @@ class Children:
             os.killpg(self.running[pidfd][0], signal.SIGKILL)
 
     def stale(self, key: str) -> list[int]:
-        """Parked processes of another build than the one parking `key`: a build's workers are
-        keyed by its seeds (`BUILD_PREFIX` and a tag of its input secret), so no later build can
-        adopt them, and left parked they would fill the cap and push out the evaluators, which
-        every build can use (on the H200, kept-warm repeats of one compare slowed from 12 to
-        24 s over four builds)."""
-        tag = build_tag(key)
-        if tag is None:
-            return []
-        return [fd for fd, (other, _, _) in self.parked.items() if build_tag(other) not in (None, tag)]
+        """Parked processes in the slot of the one parking `key` with other content: an
+        implementation's earlier content, which no build adopts again unless the edit is undone.
+        Left parked, such processes filled the cap and pushed out the evaluators (on the H200,
+        kept-warm repeats of one compare slowed from 12 to 24 s over four builds)."""
+        own = slot(key)
+        return [] if own is None else [fd for fd, (other, _, _) in self.parked.items()
+                                       if slot(other) == own and other != key]
 
     def victim(self) -> int:
         """Which parked process goes when too many wait: the longest parked among keys with
