@@ -505,3 +505,44 @@ def test_an_output_file_that_is_no_file_of_tensors_is_the_workers_failure(tmp_pa
     row = next(r for r in report["results"] if r["implementation"] == "spoils_its_output_file")
     assert row["correctness_state"] == "FAILED", row
     assert "evaluator error" not in row["verdict"] and "output file" in row["verdict"], row["verdict"]
+
+
+LEAVES_A_PROCESS = """
+import subprocess, sys
+
+import torch
+
+# started at import, in a session of its own: nothing of the worker waits for it
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "{token}"], start_new_session=True)
+
+
+def kernel(x):
+    return torch.relu(x) * 2.0
+"""
+
+
+def test_a_worker_that_left_a_process_running_is_not_parked(tmp_path, monkeypatch):
+    """What a parked worker's code started could run while other jobs measure, and with the
+    zygote kept warm into later builds: a worker is parked only where, counted from outside (its
+    own answer is the candidate's to forge), no process of its tree runs besides its own. Not
+    parked, the worker's namespace ends, and the process with it."""
+    import shutil
+    import subprocess
+    import time
+    import uuid
+
+    from conftest import magpie
+
+    monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "20")  # a parked worker would outlive the command
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a warm zygote of this test's own
+    (tmp_path / "tmp").mkdir()
+    token = f"magpie-left-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "leaves.py").write_text(LEAVES_A_PROCESS.format(token=token))
+    shutil.copy(FIXTURES / "adversarial" / "spec.py", tmp_path / "spec.py")
+    magpie("analyze", "leaves.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py", "--shapes", "8x8",
+           "--no-perf", "-o", "out", cwd=tmp_path, check=0)
+    assert json.loads((tmp_path / "out/analyze_report.json").read_text())["correctness_state"] == "SUCCESS"
+    deadline = time.monotonic() + 5
+    while subprocess.run(["pgrep", "-f", token], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the worker was parked with the process its code started"
+        time.sleep(0.1)

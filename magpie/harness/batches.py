@@ -44,6 +44,7 @@ from pathlib import Path
 
 from magpie.harness.checks import as_tuple
 from magpie.supervision import scratch
+from magpie.supervision.process import descendants
 
 ALIGN = 64
 # A batch's input sets and outputs fit in this; a set larger than it is timed one call a batch.
@@ -666,7 +667,7 @@ def run_handed_over_on_gpu(torch, fn, inputs: Sequence, outputs: Sequence, words
 def _threads(pid: int) -> list[int]:
     """Every thread of `pid` and of its descendants."""
     found = []
-    for process in [pid, *_descendants(pid)]:
+    for process in descendants(pid):
         with contextlib.suppress(OSError):  # it ended meanwhile
             found.extend(int(tid) for tid in os.listdir(f"/proc/{process}/task"))
     return found
@@ -808,35 +809,12 @@ def _schedstat(path: str) -> tuple[int, int]:
         return 0, 0
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as listed:
-                found += [int(child) for child in listed.read().split()]
-        except OSError:
-            continue
-    return found
-
-
-def _descendants(pid: int) -> list[int]:
-    """pid and every process below it (a sandbox's waiter, its init, the worker, what it started)."""
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        todo += _children(current)
-    return out
 
 
 def process_named(root: int, own_pid: int) -> int:
     """The process below `root` that calls itself `own_pid` in its PID namespace (the worker,
     which says its pid): its pid here; `root` where none does."""
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
             with open(f"/proc/{pid}/status") as status:
                 line = next((x for x in status if x.startswith("NSpid:")), "")
@@ -876,7 +854,7 @@ class TreeTimes:
         self.main_cpu, self.waiting = _schedstat(f"/proc/{main}/task/{main}/schedstat")
         self.cpu: dict[tuple[int, str], int] = {}
         self.reaped_ticks = 0
-        for pid in _descendants(root):
+        for pid in descendants(root):
             if found := _process_cpu(pid):
                 key, own, reaped = found
                 self.cpu[key] = own + round(reaped * CLOCK_TICK_NS)

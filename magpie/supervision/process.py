@@ -17,6 +17,31 @@ def limits(memory_mb: int):
     return apply
 
 
+def children(pid: int) -> list[int]:
+    found = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as listed:
+                found += [int(child) for child in listed.read().split()]
+        except OSError:  # the thread ended, or the kernel keeps no list of children
+            continue
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it (a sandbox's waiter, its init, the worker, what it started)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo += children(current)
+    return out
+
+
 def log_to(path: str) -> None:
     """Point this process's stdout and stderr at a new log (a parked process adopted by a job)."""
     sys.stdout.flush()

@@ -16,6 +16,7 @@ from pathlib import Path
 from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory, zygote
+from magpie.supervision.process import descendants
 
 
 class WorkerFailure(Exception):
@@ -53,23 +54,20 @@ STOP_WAIT_S = 2.0
 
 def all_stopped(pid: int) -> bool:
     """Every thread of pid, and of its children and theirs, is stopped (or gone)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return True
-    children = []
-    for tid in tasks:
+    for process in descendants(pid):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:  # the thread ended
+            tasks = os.listdir(f"/proc/{process}/task")
+        except FileNotFoundError:
             continue
-        if state not in ("T", "t", "Z", "X"):
-            return False
-        # FileNotFoundError: the thread ended, or the kernel keeps no list of children
-        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/children") as listed:
-            children += listed.read().split()
-    return all(all_stopped(int(child)) for child in children)
+        for tid in tasks:
+            try:
+                with open(f"/proc/{process}/task/{tid}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:  # the thread ended
+                continue
+            if state not in ("T", "t", "Z", "X"):
+                return False
+    return True
 
 
 # What of a worker's output a job keeps: its end. A candidate may print gigabytes.
@@ -111,7 +109,8 @@ class Worker:
         self.sandboxed = sandbox is not None
         self._answers_checked = module == "magpie.harness.worker"  # its process runs the code under test
         found = zygote.adopt(key, env) if key else None
-        if found is not None and sandbox is not None and not namespaces.still_hidden(found[0].pid, sandbox["hide"]):
+        if found is not None and sandbox is not None and not namespaces.still_hidden(
+                found[0].pid, [*sandbox["hide"], *sandbox["temporary"]]):
             _end(*found[:2])  # it would see what its sandbox hid when it started: not adopted
             found = None
         if found is None and not fork:
@@ -271,13 +270,13 @@ class Worker:
     def release(self) -> None:
         """Park the worker for a later job with the same key (its caches emptied), or end it.
         Only a zygote's child that failed nothing, owes no answer and runs no thread besides
-        its main one is parked: the next job must find the protocol where a fresh process
+        its main one and no process besides its own is parked: the next job must find the protocol where a fresh process
         would have it, and nothing of it may run while other jobs measure."""
         if (self.key and isinstance(self.proc, zygote.ForkedProcess) and not self.failed and not self._pending
                 and not self._buffer and self.proc.poll() is None):
             try:
                 answer = self.request({"op": "reset"}, 30)
-                reset = answer["ok"] and answer.get("threads", 1) == 1
+                reset = answer["ok"] and answer.get("threads", 1) == 1 and not self._left_processes()
             except WorkerFailure:
                 reset = False
             if reset:
@@ -287,6 +286,12 @@ class Worker:
                         os.close(fd)
                     return
         self.close()
+
+    def _left_processes(self) -> bool:
+        """Whether a process the code under test started still runs, counted from here (what
+        the worker answers, its code may forge): a sandboxed worker's tree is the sandbox's
+        waiter, its init and the worker, another's the worker alone."""
+        return len(descendants(self.proc.pid)) > (3 if self.sandboxed else 1)
 
     def close(self) -> None:
         self.keep_log()
