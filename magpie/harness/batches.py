@@ -809,8 +809,6 @@ def _schedstat(path: str) -> tuple[int, int]:
         return 0, 0
 
 
-
-
 def process_named(root: int, own_pid: int) -> int:
     """The process below `root` that calls itself `own_pid` in its PID namespace (the worker,
     which says its pid): its pid here; `root` where none does."""

@@ -270,8 +270,9 @@ class Worker:
     def release(self) -> None:
         """Park the worker for a later job with the same key (its caches emptied), or end it.
         Only a zygote's child that failed nothing, owes no answer and runs no thread besides
-        its main one and no process besides its own is parked: the next job must find the protocol where a fresh process
-        would have it, and nothing of it may run while other jobs measure."""
+        its main one and no process besides its own is parked: the next job must find the
+        protocol where a fresh process would have it, and nothing of it may run while other
+        jobs measure."""
         if (self.key and isinstance(self.proc, zygote.ForkedProcess) and not self.failed and not self._pending
                 and not self._buffer and self.proc.poll() is None):
             try:
