@@ -8,8 +8,9 @@ and candidate: does the run's 95% interval contain the median of the other runs'
 estimates? Honest intervals do so in about 90% or more of the cases. The same runs show
 whether a kept-warm repeat inflates any candidate's median (its medians across runs).
 
-Then, with the zygote still warm, one candidate's source is edited (a comment: its kernel,
-and Triton's cache of it, stay the same) and the last run's project built again: the wall
+Then, with the zygote still warm, one candidate's source is edited (a comment: its kernel
+stays the same, but its compiler cache, keyed by the file's content, starts empty, and so
+does its worker) and the last run's project built again: the wall
 time from the edit to the new verdict, against that candidate's timing budget (the
 candidate and its baseline, each budget_ms), and the tasks that rebuild ran, with where each
 spent its time.
