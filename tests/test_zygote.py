@@ -16,7 +16,8 @@ import torch
 
 from magpie import sandbox
 from magpie.supervision import zygote
-from magpie.supervision.session import Worker, all_stopped
+from magpie.supervision.process import all_stopped
+from magpie.supervision.session import Worker
 from magpie.paths import subprocess_env
 
 PROBE = textwrap.dedent("""
@@ -255,6 +256,49 @@ def test_a_kept_warm_worker_serves_a_later_build_only_while_its_sandbox_hides_th
     assert pids[0][0] is False and pids[1] == (True, pids[0][1])
     assert pids[2][0] is False and pids[2][1] != pids[0][1]
     assert not _running(pids[0][1])
+
+
+HIDES_A_THREAD = """
+import threading
+
+
+def _spin():
+    while True:
+        pass
+
+
+threading.Thread(target=_spin, daemon=True).start()
+threading.active_count = lambda: 1  # what its worker counts before it is parked
+
+
+def kernel(x):
+    return x * 2
+"""
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime: every thread's
+
+
+def test_a_parked_worker_runs_nothing_not_even_a_thread_its_code_hid(tmp_path):
+    """The worker's own count of its threads is code under test's to forge: a parked process
+    is stopped, every thread of it, so nothing it left behind runs while other jobs measure
+    (or, kept warm, in later builds); adopted, it runs again."""
+    (tmp_path / "impl.py").write_text(HIDES_A_THREAD)
+    with zygote.session():
+        worker = _worker(tmp_path, "key-hides", "hides")
+        pid = worker.proc.pid
+        worker.release()
+        assert all_stopped(pid)
+        before = _cpu_ticks(pid)
+        time.sleep(0.5)
+        assert _cpu_ticks(pid) - before <= 2  # clock ticks: its spinning thread would take 50
+        again = _worker(tmp_path, "key-hides", "again")
+        assert again.adopted and again.proc.pid == pid
+        assert not all_stopped(pid)
+        again.close()
 
 
 STATEFUL_MODEL = """

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import sys
+import time
 
 
 def limits(memory_mb: int):
@@ -40,6 +42,50 @@ def descendants(pid: int) -> list[int]:
         out.append(current)
         todo += children(current)
     return out
+
+
+def all_stopped(pid: int) -> bool:
+    """Every thread of pid, and of its children and theirs, is stopped (or gone)."""
+    for process in descendants(pid):
+        try:
+            tasks = os.listdir(f"/proc/{process}/task")
+        except FileNotFoundError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{process}/task/{tid}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:  # the thread ended
+                continue
+            if state not in ("T", "t", "Z", "X"):
+                return False
+    return True
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    for process in descendants(pid):
+        try:
+            os.kill(process, sig)
+        except ProcessLookupError:
+            continue
+
+
+def stop_tree(pid: int, wait_s: float) -> bool:
+    """SIGSTOP to pid and to every process below it, each on its own (one that left the process
+    group too), again until every thread of them has stopped: True then, False where some
+    have not within wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        _signal_tree(pid, signal.SIGSTOP)
+        if all_stopped(pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0001)
+
+
+def continue_tree(pid: int) -> None:
+    _signal_tree(pid, signal.SIGCONT)
 
 
 def log_to(path: str) -> None:

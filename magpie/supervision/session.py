@@ -16,7 +16,7 @@ from pathlib import Path
 from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory, zygote
-from magpie.supervision.process import descendants
+from magpie.supervision.process import all_stopped, descendants
 
 
 class WorkerFailure(Exception):
@@ -50,24 +50,6 @@ def signal_verdict(returncode: int) -> str:
 # How long stop() waits for a process group to stop; a thread in uninterruptible sleep (disk
 # I/O) stops when that ends.
 STOP_WAIT_S = 2.0
-
-
-def all_stopped(pid: int) -> bool:
-    """Every thread of pid, and of its children and theirs, is stopped (or gone)."""
-    for process in descendants(pid):
-        try:
-            tasks = os.listdir(f"/proc/{process}/task")
-        except FileNotFoundError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{process}/task/{tid}/stat") as stat:
-                    state = stat.read().rsplit(")", 1)[1].split()[0]
-            except FileNotFoundError:  # the thread ended
-                continue
-            if state not in ("T", "t", "Z", "X"):
-                return False
-    return True
 
 
 # What of a worker's output a job keeps: its end. A candidate may print gigabytes.

@@ -39,7 +39,7 @@ from pathlib import Path
 from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory
-from magpie.supervision.process import limits, log_to
+from magpie.supervision.process import continue_tree, limits, log_to, stop_tree
 
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 OWNER_VARIABLE = "MAGPIE_ZYGOTE_OWNER"
@@ -62,6 +62,9 @@ PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpi
 WARM_UPS = ("magpie.harness.compiler_caches:warm_triton",)
 
 START_TIMEOUT_S = 120.0
+# How long parking waits for every thread of a child to stop (milliseconds at most, unless one
+# sleeps where no signal reaches it); one that has not is not parked.
+PARK_STOP_S = 2.0
 # Idle children kept for adoption at once. Each holds its process and, on a GPU, its CUDA
 # context: about half a GiB of device memory, so no more than fit in an eighth of the
 # smallest device's (32 on an H200; a compare of 8 candidates under -j 8 parks about 20).
@@ -393,7 +396,9 @@ def serve(socket_path: str, owner_pid: int, idle_s: float = 0.0) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         _serve_children(listener, socket_path, owner, state, idle_s)
-    finally:  # its children end with it (their pipes close), unreaped here
+    finally:  # its children end with it, unreaped here: their pipes close, and parked ones
+        # (stopped: they would not see it) are killed
+        state.end_parked()
         for pid, _, _ in state.running.values():
             shared_memory.forget(pid)
 
@@ -446,6 +451,10 @@ class Children:
             if scratch:
                 scratch_folders.remove(scratch)
 
+    def end_parked(self) -> None:
+        for pidfd in list(self.parked):
+            self._evict(pidfd)
+
     def reap(self, pidfd: int) -> None:
         pid, conn, scratch = self.running.pop(pidfd)
         self._unpark(pidfd, close=True)
@@ -460,8 +469,14 @@ class Children:
             conn.close()
 
     def park(self, pid: int, key: str, fds: list[int]) -> bool:
+        """Keep a child idle for a later adopt(key), stopped: nothing of it runs while parked,
+        whatever it left behind that its job could not see (a thread of code under test that
+        lied about itself), in this build's measurements or, kept warm, later builds'."""
         pidfd = next((fd for fd, (p, _, _) in self.running.items() if p == pid), None)
         if pidfd is None or pidfd in self.parked:
+            return False
+        if not stop_tree(pid, PARK_STOP_S):
+            continue_tree(pid)  # to end as a job ends an unparked process
             return False
         conn = self.running[pidfd][1]
         if conn is not None:
@@ -504,6 +519,7 @@ class Children:
         if pidfd is None:
             return None
         fds = self._unpark(pidfd, close=False)
+        continue_tree(self.running[pidfd][0])
         self.running[pidfd][1] = conn
         return self.running[pidfd][0], fds, self.running[pidfd][2]
 
