@@ -101,11 +101,14 @@ def test_a_candidate_that_keeps_results_per_input_tensor_earns_nothing_where_eve
     """Right every time in the checks, computing (1 ms) only the first time it sees an input
     tensor, keyed by its address and version: every timed call on the CPU gets values it has
     never seen. Where its key changes with them it computes every time; where it did not, what
-    it kept would be wrong for the new values and a timed call's check would fail it."""
+    it kept would be wrong for the new values and a timed call's check would fail it. A key can
+    also come back for another tensor where the allocator hands the re-check after timing an
+    address an earlier copy of its inputs had (seen in one CI run): that check fails it then."""
     report, _ = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == "memoizes")
     if row["performance_state"] == "FAILED":
-        assert any(re.search(r"timed call \d+ of a batch of \d+: allclose", e) for e in row["errors"]), row["errors"]
+        caught = (r"timed call \d+ of a batch of \d+: allclose", r"^incorrect after timing: allclose")
+        assert any(re.search(pattern, e) for pattern in caught for e in row["errors"]), row["errors"]
     else:
         assert row["speedup"]["value"] < 0.25
 
