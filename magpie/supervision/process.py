@@ -44,6 +44,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+# How long a stop waits for every thread to stop: the kernel stops the other threads of a
+# process only when the one it woke for the signal runs, which on a busy machine can be
+# milliseconds later; one in uninterruptible sleep may not stop in time.
+STOP_WAIT_S = 2.0
+
+
 def all_stopped(pid: int) -> bool:
     """Every thread of pid, and of its children and theirs, is stopped (or gone)."""
     for process in descendants(pid):
@@ -70,18 +76,24 @@ def _signal_tree(pid: int, sig: int) -> None:
             continue
 
 
-def stop_tree(pid: int, wait_s: float) -> bool:
-    """SIGSTOP to pid and to every process below it, each on its own (one that left the process
-    group too), again until every thread of them has stopped: True then, False where some
-    have not within wait_s."""
-    deadline = time.monotonic() + wait_s
+def wait_stopped(pid: int, resend=None) -> bool:
+    """Whether every thread of pid and of the processes below it stops within STOP_WAIT_S
+    (looked at again and again; `resend`, where given, signals before each look)."""
+    deadline = time.monotonic() + STOP_WAIT_S
     while True:
-        _signal_tree(pid, signal.SIGSTOP)
+        if resend is not None:
+            resend()
         if all_stopped(pid):
             return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.0001)
+
+
+def stop_tree(pid: int) -> bool:
+    """SIGSTOP to pid and to every process below it, each on its own (one that left the process
+    group too), again until every thread of them has stopped (`wait_stopped`)."""
+    return wait_stopped(pid, lambda: _signal_tree(pid, signal.SIGSTOP))
 
 
 def continue_tree(pid: int) -> None:

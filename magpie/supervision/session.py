@@ -16,7 +16,7 @@ from pathlib import Path
 from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory, zygote
-from magpie.supervision.process import all_stopped, descendants
+from magpie.supervision.process import descendants, wait_stopped
 
 
 class WorkerFailure(Exception):
@@ -45,11 +45,6 @@ def signal_verdict(returncode: int) -> str:
             return "crashed (SIGKILL: killed, often out of memory)"
         return f"crashed ({name})"
     return f"exited with code {returncode}"
-
-
-# How long stop() waits for a process group to stop; a thread in uninterruptible sleep (disk
-# I/O) stops when that ends.
-STOP_WAIT_S = 2.0
 
 
 # What of a worker's output a job keeps: its end. A candidate may print gigabytes.
@@ -231,15 +226,10 @@ class Worker:
         once every thread of the process and of its children has stopped: the kernel stops
         the other threads only when the one it woke for the signal runs, which on a busy
         machine can be milliseconds after kill() returned. False where some have not within
-        STOP_WAIT_S (a process that left the group, or uninterruptible sleep)."""
+        `process.STOP_WAIT_S` (a process that left the group, or uninterruptible sleep)."""
         self._signal(signal.SIGSTOP)
         self.stopped = True
-        deadline = time.monotonic() + STOP_WAIT_S
-        while not all_stopped(self.proc.pid):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.0001)
-        return True
+        return wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)

@@ -62,9 +62,6 @@ PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpi
 WARM_UPS = ("magpie.harness.compiler_caches:warm_triton",)
 
 START_TIMEOUT_S = 120.0
-# How long parking waits for every thread of a child to stop (milliseconds at most, unless one
-# sleeps where no signal reaches it); one that has not is not parked.
-PARK_STOP_S = 2.0
 # Idle children kept for adoption at once. Each holds its process and, on a GPU, its CUDA
 # context: about half a GiB of device memory, so no more than fit in an eighth of the
 # smallest device's (32 on an H200; a compare of 8 candidates under -j 8 parks about 20).
@@ -475,7 +472,7 @@ class Children:
         pidfd = next((fd for fd, (p, _, _) in self.running.items() if p == pid), None)
         if pidfd is None or pidfd in self.parked:
             return False
-        if not stop_tree(pid, PARK_STOP_S):
+        if not stop_tree(pid):  # a child whose threads have not all stopped is not parked
             continue_tree(pid)  # to end as a job ends an unparked process
             return False
         conn = self.running[pidfd][1]
