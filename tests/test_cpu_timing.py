@@ -629,8 +629,10 @@ def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(tmp_path):
 def test_kept_warm_an_edits_rebuild_takes_the_baseline_worker_the_build_before_parked(tmp_path, monkeypatch):
     """Workers are keyed by what they load and how they run, not by their build: with the
     zygote kept warm, the edit's rebuild adopts the baseline's worker (no new process, load or
-    first calls before its timing), still times every call on input sets of this build's seeds,
-    and the edited candidate gets a worker of its own (its earlier content's is never adopted)."""
+    first calls before its timing) and takes what the baseline's own timing measured of it
+    the build before, still times every call on input sets of this build's seeds, and the
+    edited candidate gets a worker of its own (its earlier content's is never adopted): the
+    spare the build before started."""
     monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "20")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a warm zygote of this test's own
     (tmp_path / "tmp").mkdir()
@@ -644,6 +646,8 @@ def test_kept_warm_an_edits_rebuild_takes_the_baseline_worker_the_build_before_p
     assert edited["workers_adopted"] == {"candidate": True, "baseline": True}, edited["workers_adopted"]
     assert edited["performance_state"] == "SUCCESS", edited["errors"]
     assert edited["input_secret"] != first["input_secret"]
+    assert edited["baseline_result"]["from_own_timing"] == ["sizing_us_per_call"]
     correctness = max((r for r in results if r.get("task") == "correctness:relu2/twin"),
                       key=lambda r: r["task_started_unix"])
     assert correctness["worker_loads_s"], "the edited candidate's earlier worker was adopted"
+    assert [load.get("spare") for load in correctness["worker_loads_s"]] == [True], correctness["worker_loads_s"]

@@ -27,7 +27,7 @@ from statistics import fmean, median
 
 from magpie import sandbox
 from magpie.compare.stats import summarize_ns
-from magpie.harness import batches, stream_words
+from magpie.harness import batches, spares, stream_words
 from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs, surely_close
 from magpie.harness.compiler_caches import compiler_caches, implementation_caches, seed_triton_cache
 from magpie.harness.exchange import exchange_for, load_left
@@ -74,6 +74,8 @@ class Evaluator:
         # job ran in this build (its worker is then parked for the candidates, or in use)
         self.baseline_own_timing: dict = request.get("baseline_own_timing") or {}
         self.baseline_timed_in_this_build = bool(self.baseline_own_timing.get("this_build", True))
+        # its timing an earlier build's, and its worker that build's too, kept warm since
+        self._baseline_kept_warm = False
         self.init_seed = weights_seed(int(self.correctness_settings["seed"]), self.kernel_id)
         self._torch = None
         self._exchange = None
@@ -133,21 +135,29 @@ class Evaluator:
         if code is not None:  # what the task was keyed by, not the file as it may be now
             load["code"] = base64.b64encode(code).decode()
         log_path = self.work / f"worker-{impl['id']}.log"
-        key = worker_key(load, impl, self.root, cwd=str(cwd), env=env, memory_mb=memory_mb,
-                         sandbox=policy.to_json() if policy else None, build=self._build_of_workers)
-        caches = compiler_caches(implementation_caches(key))
-        if impl["type"] == "triton" and self.device != "cpu":
-            seed_triton_cache(Path(caches["TRITON_CACHE_DIR"]))
-        env = {**env, **caches}
+        process = {"cwd": str(cwd), "env": env, "memory_mb": memory_mb, "sandbox": policy.to_json() if policy else None}
+        key = worker_key(load, impl, self.root, build=self._build_of_workers, **process)
+        base = implementation_caches(key)
+        spare = spares.key(load, build=self._build_of_workers, **process) if policy is not None and fork else None
         self.isolation = sandbox.describe(policy)
-        if policy is not None:
-            policy.write += list(caches.values())
         asked = time.time()
-        try:
-            worker = Worker(label=impl["id"], cwd=str(cwd), env=env, memory_mb=memory_mb, log_path=log_path, key=key,
-                            fork=fork, sandbox=policy.to_json() if policy else None)
-        except NothingParked:
-            return None
+        # a spare, where no worker ever loaded this content (its caches would exist)
+        worker = self._adopt_spare(spare, impl, base, log_path, **process) \
+            if spare is not None and not base.exists() else None
+        if worker is not None:
+            load = {**load, "log": str(worker.live_log), "caches": compiler_caches(base)}
+        else:
+            caches = compiler_caches(base)
+            if impl["type"] == "triton" and self.device != "cpu":
+                seed_triton_cache(Path(caches["TRITON_CACHE_DIR"]))
+            if policy is not None:
+                policy.write += list(caches.values())
+            try:
+                worker = Worker(label=impl["id"], cwd=str(cwd), env={**env, **caches}, memory_mb=memory_mb,
+                                log_path=log_path, key=key, fork=fork, sandbox=policy.to_json() if policy else None)
+            except NothingParked:
+                return None
+        worker.key = key
         if worker.adopted:
             worker.send({"op": "relog", "log": str(worker.live_log)})
         else:
@@ -158,8 +168,48 @@ class Evaluator:
                 load["init_inputs_file"] = str(copy)
             worker.send(load)
             self._asked[worker] = asked
+            if spare is not None and zygote.reserve(spare, env):
+                self._start_spare(spare, impl, device, **process)
         self._loading.add(worker)
         return self.loaded(worker) if wait else worker
+
+    def _adopt_spare(self, spare: str, impl: dict, base: Path, log_path: Path, **process) -> Worker | None:
+        """A spare started like impl's worker, its caches made impl's (`harness.spares`); None if
+        none is parked or its caches could not be taken."""
+        try:
+            worker = Worker(label=impl["id"], log_path=log_path, key=spare, fork=False, **process)
+        except NothingParked:
+            return None
+        if not spares.take_caches(worker.scratch, base):
+            worker.close()
+            return None
+        worker.adopted = False  # a new process to its job: it loads the code, makes the first calls
+        return worker
+
+    def _start_spare(self, spare: str, impl: dict, device: str, **process) -> None:
+        """Start the spare that the next new worker started like this one takes, and park it
+        while it makes its context, under a share of the device lock it holds until then."""
+        held = device_lock.share_held(self.device)
+        if held is None:
+            return
+        spares.sweep_caches()
+        scratch = scratch_folders.make("w-")
+        caches = compiler_caches(spares.caches_folder(scratch))
+        if impl["type"] == "triton" and self.device != "cpu":
+            seed_triton_cache(Path(caches["TRITON_CACHE_DIR"]))
+        policy = {**process["sandbox"], "write": [*process["sandbox"]["write"], *caches.values()]}
+        try:
+            worker = Worker(label="spare", cwd=process["cwd"], env={**process["env"], **caches},
+                            memory_mb=process["memory_mb"], log_path=self.work / "worker-spare.log", sandbox=policy,
+                            scratch=scratch, held_fd=held)
+        finally:
+            os.close(held)
+        try:
+            worker.send({"op": "prepare", "device": device})
+        except WorkerFailure:
+            worker.close()
+            return
+        worker.park_spare(spare)
 
     @functools.cached_property
     def _build_of_workers(self) -> str | None:
@@ -209,10 +259,15 @@ class Evaluator:
     def _load_record(self, worker: Worker, answer: dict) -> None:
         """Where a new worker's load went: from the evaluator's asking to the worker's first
         line (fork, sandbox), its CUDA context, its module, then until its answer was read
-        (the evaluator busy elsewhere meanwhile); nothing for an adopted one."""
+        (the evaluator busy elsewhere meanwhile); for a spare (`spare`), its context made
+        before it was asked for; nothing for a parked worker adopted."""
         asked, now = self._asked.pop(worker, None), time.time()  # None: adopted, its answer a relog's
         steps = answer.get("steps_s") or {}
         if asked is None or not answer.get("started_unix"):
+            return
+        if answer.get("prepared"):
+            self.worker_loads.append({"label": worker.label, "spare": True, **steps,
+                                      "until_read": round(now - asked - sum(steps.values()), 4)})
             return
         began = answer["started_unix"] - asked
         self.worker_loads.append({"label": worker.label, "start": round(began, 4), **steps,
@@ -403,6 +458,7 @@ class Evaluator:
                 init_file = self._init_file(spec)
                 workers["candidate"] = self.start(self.impl, init_file, wait=False)
                 baseline = self.start(self.baseline, init_file, fork=False, wait=False) if pair else None
+                self._baseline_kept_warm = baseline is not None and not self.baseline_timed_in_this_build
                 if pair and baseline is None and not self.baseline_timed_in_this_build:
                     # no job of this build has one (an edit's rebuild): it starts and makes its
                     # first calls now, beside the candidate's, not with the device held alone
@@ -1286,10 +1342,13 @@ class Evaluator:
         changes: the harness's copy price (the reference's outputs, a device's copy engine), its
         worker's calibration and time per call from its sizing batches (its code, its inputs),
         its kernels. Taken from there, a candidate's job spends its time held alone on the
-        candidate (0.2 s of each 1 s job in the H200's 8-candidate compare). Nothing from an
-        earlier build, another case or another method."""
+        candidate (0.2 s of each 1 s job in the H200's 8-candidate compare). From an earlier
+        build only where this job adopted the baseline's worker parked since (the zygote, the
+        device and the process that build measured, kept warm: an edit's rebuild); never from
+        another case or another method."""
         own = self.baseline_own_timing
-        if not own.get("this_build") or own.get("shape") != case.label or own.get("mode") != mode:
+        if not (own.get("this_build") or self._baseline_kept_warm) or own.get("shape") != case.label \
+                or own.get("mode") != mode:
             return {}
         return {key: own[key] for key in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")
                 if own.get(key) is not None}

@@ -386,6 +386,36 @@ def _describe(err: BaseException) -> str:
     return text.splitlines()[0][:500] if text else type(err).__name__
 
 
+def prepare(request: dict) -> None:
+    """A spare's start (no answer: a job that adopts it sends the load, answered once both are
+    done): what a load would make before the code, its CUDA context, while no job waits for
+    it, under the share of the device lock it was started with, which it then lets go."""
+    global PREPARED
+    try:
+        import torch
+
+        device = request["device"]
+        if device.startswith("cuda"):
+            if device.startswith("cuda:"):
+                torch.cuda.set_device(torch.device(device))
+            torch.cuda.synchronize(device)
+        PREPARED = True
+    except Exception:  # the load makes it again, and answers for it
+        traceback.print_exc()
+    finally:
+        if HELD_FD is not None:
+            os.close(HELD_FD)
+
+
+def use_caches(folders: dict[str, str]) -> None:
+    """A spare's compiler caches, made its implementation's: where this process sees the
+    folders by their new names (no sandbox, or one that does not cover them), it uses those;
+    in a sandbox that binds them back under a covered folder, the old names still lead there."""
+    for name, folder in folders.items():
+        if os.path.isdir(folder):
+            os.environ[name] = folder
+
+
 def serve(commands, answers) -> None:
     impl = None
     for line in commands:
@@ -393,11 +423,17 @@ def serve(commands, answers) -> None:
         op = request.pop("op")
         if op == "exit":
             break
+        if op == "prepare":
+            prepare(request)
+            continue
         try:
             if op == "load":
                 laps = Laps()
+                if request.get("log"):  # a spare, adopted: its output goes to the adopting job's log
+                    log_to(request["log"])
+                use_caches(request.get("caches") or {})
                 impl = Implementation(request, laps)
-                reply = {"steps_s": laps.seconds, "started_unix": STARTED_UNIX}
+                reply = {"steps_s": laps.seconds, "started_unix": STARTED_UNIX, "prepared": PREPARED}
             elif op == "relog":  # adopted by a new job: what it prints goes to that job's log
                 log_to(request["log"])
                 reply = {}
@@ -419,11 +455,15 @@ def serve(commands, answers) -> None:
 
 # When this process began to serve (its sandbox entered): where a worker's load went.
 STARTED_UNIX = 0.0
+# A spare's share of the device lock (its third argument), closed once it has prepared.
+HELD_FD: int | None = None
+PREPARED = False  # a spare whose context was made before its load
 
 
 def main(argv: list[str]) -> int:
-    global STARTED_UNIX
+    global STARTED_UNIX, HELD_FD
     STARTED_UNIX = time.time()
+    HELD_FD = int(argv[2]) if len(argv) > 2 else None
     return serve_pipes(argv, serve)
 
 

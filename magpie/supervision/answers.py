@@ -21,6 +21,7 @@ class WorkerAnswer(BaseModel):
     traceback: str | None = None
     steps_s: dict[str, float] | None = None
     started_unix: float | None = None
+    prepared: bool | None = None
     outputs_in_file: bool | None = None
     index: int | None = None
     threads: int | None = None

@@ -187,6 +187,20 @@ def shared(device: str):
         yield
 
 
+def share_held(device: str) -> int | None:
+    """A descriptor of its own holding the device shared, for a process that starts its use of
+    the device after its starter's job may have ended (a spare worker making its CUDA context):
+    the lock lasts until every copy of the descriptor is closed. Taken only beside a sharer
+    (under `shared`, where no measurement holds the device); None if it could not be."""
+    fd = os.open(_path(device, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 @contextmanager
 def exclusive(device: str):
     """Hold the device alone: every sharer has left, and none enters until the block ends."""

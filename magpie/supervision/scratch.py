@@ -110,9 +110,7 @@ def _sweep_lent() -> int:
         folders = list(_lent_root().iterdir())
     except OSError:
         return 0
-    # either root a scratch folder may be in (which one depends on the room when it was made)
-    roots = [base / _root_name() for base in (SHARED_MEMORY, Path(tempfile.gettempdir()))]
-    gone = [f for f in folders if not any((r / f.name).exists() for r in roots)]
+    gone = [f for f in folders if not exists(f.name)]
     for folder in gone:
         shutil.rmtree(folder, ignore_errors=True)
     return len(gone)
@@ -167,3 +165,9 @@ def tail(path: Path, limit: int) -> tuple[bytes, int]:
             return handle.read(limit), size
     except OSError:
         return b"", 0
+
+
+def exists(name: str) -> bool:
+    """Whether a scratch folder of this name is there, in either root it may be in (which one
+    depends on the room when it was made)."""
+    return any((base / _root_name() / name).exists() for base in (SHARED_MEMORY, Path(tempfile.gettempdir())))

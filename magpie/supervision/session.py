@@ -73,10 +73,14 @@ class Worker:
     With a sandbox policy (code under test), the process gets a scratch folder of its own,
     the only place it may write: its log lives there (the job's `log_path` receives its end
     when the job is done with it), as do the files the evaluator exchanges with it, and its
-    TMPDIR. The folder goes when the process does."""
+    TMPDIR. The folder goes when the process does (`scratch`: one made for it already).
+    `held_fd`: a descriptor a new process gets as its third argument (a spare's share of the
+    device lock, which it closes once its context is made).
+    """
 
     def __init__(self, *, label: str, cwd: str, env: dict, memory_mb: int, log_path: Path, key: str | None = None,
-                 module: str = "magpie.harness.worker", fork: bool = True, sandbox: dict | None = None):
+                 module: str = "magpie.harness.worker", fork: bool = True, sandbox: dict | None = None,
+                 scratch: Path | None = None, held_fd: int | None = None):
         self.label = label
         self.log_path = log_path
         self.key = key
@@ -97,7 +101,7 @@ class Worker:
             self.proc, (self._command_write, self._answer_read), scratch = found
             self.scratch = Path(scratch) if scratch else None
         else:
-            self.scratch = scratch_folders.make("w-") if self.sandboxed else None
+            self.scratch = (scratch or scratch_folders.make("w-")) if self.sandboxed else None
         # a GPU sandbox's /dev/shm: a folder of its own that what this process lends is linked into
         self.lending = shared_memory.Lending.for_worker(self.scratch) if self.sandboxed and sandbox.get("gpu") else None
         # a new, empty log: an adopted worker's lies in the folder it writes, where a link would
@@ -111,9 +115,10 @@ class Worker:
                     sandbox["shared_memory"] = str(self.lending.folder)
             command_read, self._command_write = os.pipe()
             self._answer_read, answer_write = os.pipe()
-            self.proc = zygote.launch(module, [str(command_read), str(answer_write)], cwd=cwd, env=env,
-                                      log_path=self.live_log, memory_mb=memory_mb,
-                                      pass_fds=(command_read, answer_write), sandbox=sandbox,
+            held = () if held_fd is None else (held_fd,)
+            self.proc = zygote.launch(module, [str(command_read), str(answer_write), *map(str, held)], cwd=cwd,
+                                      env=env, log_path=self.live_log, memory_mb=memory_mb,
+                                      pass_fds=(command_read, answer_write, *held), sandbox=sandbox,
                                       scratch=str(self.scratch) if self.scratch else None,
                                       cwd_on_path=module == "magpie.harness.worker")
             os.close(command_read)
@@ -259,6 +264,18 @@ class Worker:
                         os.close(fd)
                     return
         self.close()
+
+    def park_spare(self, key: str) -> bool:
+        """Park a spare (started, told to prepare, no code under test loaded) as it is, still
+        preparing: none of the checks `release` makes, whose subject is what code under test
+        left. False (and it is ended) where it cannot be parked."""
+        if isinstance(self.proc, zygote.ForkedProcess) and self.proc.park(
+                key, [self._command_write, self._answer_read], stop=False):
+            for fd in (self._command_write, self._answer_read):
+                os.close(fd)
+            return True
+        self.close()
+        return False
 
     def _left_processes(self) -> bool:
         """Whether a process the code under test started still runs, counted from here (what

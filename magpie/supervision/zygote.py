@@ -67,6 +67,8 @@ START_TIMEOUT_S = 120.0
 # smallest device's (32 on an H200; a compare of 8 candidates under -j 8 parks about 20).
 MAX_PARKED = 32
 CONTEXT_BYTES = 512 << 20
+# How long a reservation to park a spare (`Children.reserve`) holds without the spare coming.
+RESERVATION_S = 60.0
 
 
 def slot(key: str) -> str | None:
@@ -205,6 +207,23 @@ def adopt(key: str, env: dict) -> tuple[ForkedProcess, list[int], str | None] | 
         return None
 
 
+def reserve(key: str, env: dict) -> bool:
+    """Whether this job is to start the spare parked under key: none is parked and no other job
+    is starting one (`Children.reserve`). False without a zygote (nothing could park it)."""
+    folder = os.environ.get(FOLDER_VARIABLE)
+    socket_path = _ensure(Path(folder), env) if folder else None
+    if socket_path is None:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.settimeout(30)
+            conn.connect(str(socket_path))
+            conn.sendall(json.dumps({"op": "reserve", "key": key}).encode() + b"\n")
+            return conn.recv(64).startswith(b'{"reserved": true')
+        except OSError:
+            return False
+
+
 def _ensure(folder: Path, env: dict) -> Path | None:
     """The socket of the zygote for this environment (one per set of variables that imports
     read), starting it if no job has yet; None if it cannot start."""
@@ -312,14 +331,17 @@ class ForkedProcess:
         proc.pid = reply["pid"]
         return proc, fds, reply.get("scratch")
 
-    def park(self, key: str, fds: list[int]) -> bool:
+    def park(self, key: str, fds: list[int], stop: bool = True) -> bool:
         """Hand this live child and the descriptors that talk to it to the zygote, for a later
-        adopt(key); this side keeps nothing. False if the zygote refused it."""
+        adopt(key); this side keeps nothing. False if the zygote refused it. stop=False: it
+        runs on while parked (a spare that has run no code under test, still making its
+        context)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             try:
                 conn.settimeout(30)
                 conn.connect(str(self.socket_path))
-                socket.send_fds(conn, [json.dumps({"op": "park", "pid": self.pid, "key": key}).encode() + b"\n"], fds)
+                message = {"op": "park", "pid": self.pid, "key": key, "stop": stop}
+                socket.send_fds(conn, [json.dumps(message).encode() + b"\n"], fds)
                 parked = conn.recv(64).startswith(b'{"parked": true')
             except OSError:
                 parked = False
@@ -433,6 +455,7 @@ class Children:
     def __init__(self):
         self.running: dict[int, list] = {}  # pidfd -> [pid, requester's connection or None, scratch folder]
         self.parked: dict[int, tuple[str, list[int], float]] = {}  # pidfd -> (key, descriptors, since)
+        self.reserved: dict[str, float] = {}  # spare's key -> when a job said it would park one
         self.cap: int | None = None  # looked up at the first park, off the zygote's start
 
     def descriptors(self) -> list[int]:
@@ -465,14 +488,27 @@ class Children:
                 conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
             conn.close()
 
-    def park(self, pid: int, key: str, fds: list[int]) -> bool:
+    def reserve(self, key: str) -> bool:
+        """Whether the asking job is to start a spare for key: one at most is parked or on its
+        way (a cold build's first jobs all start new workers at once, and each spare holds a
+        CUDA context)."""
+        now = time.monotonic()
+        on_its_way = key in self.reserved and now - self.reserved[key] < RESERVATION_S
+        if on_its_way or any(k == key for k, _, _ in self.parked.values()):
+            return False
+        self.reserved[key] = now
+        return True
+
+    def park(self, pid: int, key: str, fds: list[int], stop: bool = True) -> bool:
         """Keep a child idle for a later adopt(key), stopped: nothing of it runs while parked,
         whatever it left behind that its job could not see (a thread of code under test that
-        lied about itself), in this build's measurements or, kept warm, later builds'."""
+        lied about itself), in this build's measurements or, kept warm, later builds'. With
+        stop=False it runs on (a spare, which has run only magpie's code)."""
         pidfd = next((fd for fd, (p, _, _) in self.running.items() if p == pid), None)
         if pidfd is None or pidfd in self.parked:
             return False
-        if not stop_tree(pid):  # a child whose threads have not all stopped is not parked
+        self.reserved.pop(key, None)
+        if stop and not stop_tree(pid):  # a child whose threads have not all stopped is not parked
             continue_tree(pid)  # to end as a job ends an unparked process
             return False
         conn = self.running[pidfd][1]
@@ -529,7 +565,7 @@ class Children:
 
 
 def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bool:
-    """One request on a new connection: a ping, a fork, a park or an adopt. True when the
+    """One request on a new connection: a ping, a fork, a park, a reservation or an adopt. True when the
     connection stays open to carry a child's exit status."""
     if not _same_pid_namespace(conn):
         return False  # code under test (in a sandbox's PID namespace) that found the socket
@@ -549,11 +585,14 @@ def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bo
         conn.sendall(b'{"pong": true}\n')
         return False
     if op == "park":
-        parked = state.park(int(request["pid"]), request["key"], fds)
+        parked = state.park(int(request["pid"]), request["key"], fds, stop=request.get("stop", True))
         if not parked:
             for fd in fds:
                 os.close(fd)
         conn.sendall(json.dumps({"parked": parked}).encode() + b"\n")
+        return False
+    if op == "reserve":
+        conn.sendall(json.dumps({"reserved": state.reserve(request["key"])}).encode() + b"\n")
         return False
     if op == "adopt":
         found = state.adopt(request["key"], conn)
