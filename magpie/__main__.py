@@ -1,6 +1,4 @@
-import sys
-
-from magpie.cli import main
+from magpie.cli import command
 
 if __name__ == "__main__":  # process-pool workers re-import this module; they must not run the CLI
-    sys.exit(main())
+    command()

@@ -2,6 +2,9 @@
 
 import json
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -226,3 +229,26 @@ def test_inputs_are_the_seeds_whether_or_not_the_factory_takes_a_generator(tmp_p
         first, again, other = (spec.make_inputs(Case("c", [5, 7], "float32", 0, seed)) for seed in (11, 11, 12))
         assert all(a.equal(b) for a, b in zip(first, again)), name
         assert not first[0].equal(other[0]), name
+
+
+def test_the_command_leaves_without_teardown_yet_keeps_its_exit_code_output_atexit_and_threads(tmp_path):
+    """`magpie` ends with os._exit after main (the interpreter's teardown cost 0.1 s a build):
+    what a normal exit would have done must still happen."""
+    script = textwrap.dedent(f"""
+        import atexit, sys, threading, time
+        from magpie import cli
+        atexit.register(lambda: open({str(tmp_path / "atexit")!r}, "w").write("ran"))
+        def late():
+            time.sleep(0.3)
+            open({str(tmp_path / "thread")!r}, "w").write("done")
+        def main():
+            threading.Thread(target=late).start()
+            sys.stdout.write("x" * (1 << 20))  # more than a pipe holds: flushed, not lost
+            return 3
+        cli.main = main
+        cli.command()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert len(proc.stdout) == 1 << 20
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"

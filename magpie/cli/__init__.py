@@ -45,3 +45,26 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("magpie: interrupted; finished artifacts are kept", file=sys.stderr)
         return 130
+
+
+def command() -> None:
+    """The `magpie` process (its console script, `python -m magpie`): main(), then out without
+    the interpreter's teardown, which freed its modules one by one for 0.09-0.12 s after every
+    build on the CPU machine (memory the system takes back whole at exit). What a normal exit
+    does first is done: threads that are not daemons are waited for, atexit's functions run
+    (the logging, multiprocessing's children), the output is flushed."""
+    import atexit
+    import os
+    import threading
+
+    code = main()
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away, a stream closed
+            pass
+    os._exit(code)
