@@ -52,12 +52,15 @@ def command() -> None:
     the interpreter's teardown, which freed its modules one by one for 0.09-0.12 s after every
     build on the CPU machine (memory the system takes back whole at exit). What a normal exit
     does first is done: threads that are not daemons are waited for, atexit's functions run
-    (the logging, multiprocessing's children), the output is flushed."""
+    (the logging, multiprocessing's children), the output is flushed. Under a profiler or a
+    debugger (`python -m cProfile -m magpie ...`), the usual exit."""
     import atexit
     import os
     import threading
 
     code = main()
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)  # a profiler or debugger around the command writes its findings after it
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()

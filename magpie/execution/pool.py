@@ -7,9 +7,7 @@ from __future__ import annotations
 import multiprocessing
 from multiprocessing import forkserver
 
-# The report's renderer too: Jinja's import (0.06 s) came in every build's report job, last
-# on the path from an edit to its verdict.
-PRELOAD = ["magpie.execution.job", "magpie.execution.actions", "magpie.report.render"]
+PRELOAD = ["magpie.execution.job", "magpie.execution.actions"]
 
 
 def executor_name(jobs: int, name: str | None = None) -> str:
