@@ -7,7 +7,6 @@ Also how a build stops what it started: `stop_descendants`.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import select
 import signal
@@ -55,15 +54,6 @@ def _start_job_process(environment: dict, build_pid: int) -> None:
 
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
     threading.Thread(target=_end_with, args=(build_pid,), name="magpie-end-with-build", daemon=True).start()
-    threading.Thread(target=_import_later, name="magpie-import-later", daemon=True).start()
-
-
-def _import_later() -> None:
-    """What a build's last job needs (the report's renderer: Jinja, 0.06 s), imported beside
-    the process's first job: in that job it lay on the path from an edit to its verdict, and
-    in the forkserver's preload on the path to the first job."""
-    with contextlib.suppress(ImportError):
-        importlib.import_module("magpie.report.render")
 
 
 def _end_with(pid: int) -> None:
