@@ -268,8 +268,8 @@ class Evaluator:
     def _load_record(self, worker: Worker, answer: dict) -> None:
         """Where a new worker's load went: from the evaluator's asking to the worker's first
         line (fork, sandbox), its CUDA context, its module, then until its answer was read
-        (the evaluator busy elsewhere meanwhile); for a spare (`spare`), its context made
-        before it was asked for; nothing for a parked worker adopted."""
+        (the evaluator busy elsewhere meanwhile); for a spare (`spare`), started before it was
+        asked for, its load alone; nothing for a parked worker adopted."""
         asked, now = self._asked.pop(worker, None), time.time()  # None: adopted, its answer a relog's
         steps = answer.get("steps_s") or {}
         if asked is None or not answer.get("started_unix"):

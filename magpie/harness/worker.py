@@ -391,6 +391,7 @@ def prepare(request: dict) -> None:
     done): what a load would make before the code, its CUDA context, while no job waits for
     it, under the share of the device lock it was started with, which it then lets go."""
     global PREPARED, TIMER
+    PREPARED = True
     try:
         import torch
 
@@ -400,7 +401,6 @@ def prepare(request: dict) -> None:
                 torch.cuda.set_device(torch.device(device))
             torch.cuda.synchronize(device)
         TIMER = (device, timer_for(device))  # its flush buffer allocated and filled: 0.06-0.1 s on the H200
-        PREPARED = True
     except Exception:  # the load makes it again, and answers for it
         traceback.print_exc()
     finally:
@@ -465,7 +465,7 @@ def serve(commands, answers) -> None:
 STARTED_UNIX = 0.0
 # A spare's share of the device lock (its third argument), closed once it has prepared.
 HELD_FD: int | None = None
-PREPARED = False  # a spare whose context was made before its load
+PREPARED = False  # a spare: told to prepare before its load
 TIMER: tuple | None = None  # (device, the timer a spare made for it)
 
 
