@@ -148,9 +148,7 @@ class Evaluator:
         if worker is not None:
             load = {**load, "log": str(worker.live_log), "caches": compiler_caches(base)}
         else:
-            caches = compiler_caches(base)
-            if impl["type"] == "triton" and self.device != "cpu":
-                seed_triton_cache(Path(caches["TRITON_CACHE_DIR"]))
+            caches = self._new_caches(impl, base)
             if policy is not None:
                 policy.write += list(caches.values())
             try:
@@ -203,9 +201,7 @@ class Evaluator:
             return
         spares.sweep_caches()
         scratch = scratch_folders.make("w-")
-        caches = compiler_caches(spares.caches_folder(scratch))
-        if impl["type"] == "triton" and self.device != "cpu":
-            seed_triton_cache(Path(caches["TRITON_CACHE_DIR"]))
+        caches = self._new_caches(impl, spares.caches_folder(scratch))
         policy = {**process["sandbox"], "write": [*process["sandbox"]["write"], *caches.values()]}
         try:
             worker = Worker(label="spare", cwd=process["cwd"], env={**process["env"], **caches},
@@ -219,6 +215,14 @@ class Evaluator:
             worker.close()
             return
         worker.park_spare(spare)
+
+    def _new_caches(self, impl: dict, base: Path) -> dict[str, str]:
+        """Compiler caches under base for a new process of impl's, a Triton cache seeded with
+        the driver utilities this evaluator compiled (`seed_triton_cache`)."""
+        caches = compiler_caches(base)
+        if impl["type"] == "triton" and self.device != "cpu":
+            seed_triton_cache(Path(caches["TRITON_CACHE_DIR"]))
+        return caches
 
     @functools.cached_property
     def _build_of_workers(self) -> str | None:

@@ -32,10 +32,7 @@ class Implementation:
         self.torch = torch
         self.device = request["device"]
         torch.set_num_threads(int(request.get("threads", 1)))
-        if self.device.startswith("cuda:"):
-            torch.cuda.set_device(torch.device(self.device))  # for what names no device: streams, events, graphs
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize(self.device)  # the context now, while the evaluator makes the inputs
+        make_context(torch, self.device)  # now, while the evaluator makes the inputs
         laps.mark("context")
         source = request["source"]
         module = None
@@ -386,20 +383,27 @@ def _describe(err: BaseException) -> str:
     return text.splitlines()[0][:500] if text else type(err).__name__
 
 
+def make_context(torch, device: str) -> None:
+    """The device's CUDA context, made (nothing on the CPU); a device named by its number is
+    also the current one, for what names no device: streams, events, graphs."""
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(torch.device(device))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
 def prepare(request: dict) -> None:
     """A spare's start (no answer: a job that adopts it sends the load, answered once both are
-    done): what a load would make before the code, its CUDA context, while no job waits for
-    it, under the share of the device lock it was started with, which it then lets go."""
+    done): what a load and its first timing would make before the code, its CUDA context and
+    timer, while no job waits for it, under the share of the device lock it was started
+    with, which it then lets go."""
     global PREPARED, TIMER
     PREPARED = True
     try:
         import torch
 
         device = request["device"]
-        if device.startswith("cuda"):
-            if device.startswith("cuda:"):
-                torch.cuda.set_device(torch.device(device))
-            torch.cuda.synchronize(device)
+        make_context(torch, device)
         TIMER = (device, timer_for(device))  # its flush buffer allocated and filled: 0.06-0.1 s on the H200
     except Exception:  # the load makes it again, and answers for it
         traceback.print_exc()

@@ -259,9 +259,7 @@ class Worker:
                 reset = False
             if reset:
                 self.keep_log()  # before another job may adopt it and start its log anew
-                if self.proc.park(self.key, [self._command_write, self._answer_read]):
-                    for fd in (self._command_write, self._answer_read):
-                        os.close(fd)
+                if self._parked(self.key, stop=True):
                     return
         self.close()
 
@@ -269,13 +267,18 @@ class Worker:
         """Park a spare (started, told to prepare, no code under test loaded) as it is, still
         preparing: none of the checks `release` makes, whose subject is what code under test
         left. False (and it is ended) where it cannot be parked."""
-        if isinstance(self.proc, zygote.ForkedProcess) and self.proc.park(
-                key, [self._command_write, self._answer_read], stop=False):
-            for fd in (self._command_write, self._answer_read):
-                os.close(fd)
+        if isinstance(self.proc, zygote.ForkedProcess) and self._parked(key, stop=False):
             return True
         self.close()
         return False
+
+    def _parked(self, key: str, stop: bool) -> bool:
+        """Whether the zygote took this process under key (this side then keeps nothing of it)."""
+        if not self.proc.park(key, [self._command_write, self._answer_read], stop=stop):
+            return False
+        for fd in (self._command_write, self._answer_read):
+            os.close(fd)
+        return True
 
     def _left_processes(self) -> bool:
         """Whether a process the code under test started still runs, counted from here (what

@@ -212,16 +212,21 @@ def reserve(key: str, env: dict) -> bool:
     is starting one (`Children.reserve`). False without a zygote (nothing could park it)."""
     folder = os.environ.get(FOLDER_VARIABLE)
     socket_path = _ensure(Path(folder), env) if folder else None
-    if socket_path is None:
-        return False
+    return socket_path is not None and _ask(socket_path, {"op": "reserve", "key": key}).startswith(
+        b'{"reserved": true')
+
+
+def _ask(socket_path: Path, message: dict, fds: list[int] = ()) -> bytes:
+    """One request that takes no child's connection (a park, a reservation): the start of its
+    answer, or b"" where the zygote did not answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         try:
             conn.settimeout(30)
             conn.connect(str(socket_path))
-            conn.sendall(json.dumps({"op": "reserve", "key": key}).encode() + b"\n")
-            return conn.recv(64).startswith(b'{"reserved": true')
+            socket.send_fds(conn, [json.dumps(message).encode() + b"\n"], list(fds))
+            return conn.recv(64)
         except OSError:
-            return False
+            return b""
 
 
 def _ensure(folder: Path, env: dict) -> Path | None:
@@ -336,15 +341,8 @@ class ForkedProcess:
         adopt(key); this side keeps nothing. False if the zygote refused it. stop=False: it
         runs on while parked (a spare that has run no code under test, still making its
         context)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            try:
-                conn.settimeout(30)
-                conn.connect(str(self.socket_path))
-                message = {"op": "park", "pid": self.pid, "key": key, "stop": stop}
-                socket.send_fds(conn, [json.dumps(message).encode() + b"\n"], fds)
-                parked = conn.recv(64).startswith(b'{"parked": true')
-            except OSError:
-                parked = False
+        message = {"op": "park", "pid": self.pid, "key": key, "stop": stop}
+        parked = _ask(self.socket_path, message, fds).startswith(b'{"parked": true')
         if parked:
             self._conn.close()
             self.returncode = 0  # no longer this side's child
