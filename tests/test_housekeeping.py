@@ -139,3 +139,18 @@ def test_sigkill_leaves_no_pool_forkserver_resource_tracker_or_zygote(tmp_path):
         assert not survivors, [jobs[p] for p in survivors]
     finally:
         _kill(tree)
+
+
+def test_a_finished_build_holds_no_reader_of_its_output_waiting():
+    """A caller that reads a build's output through a pipe (`subprocess.run`, `| jq`) waits
+    for every process holding it: the job pool's server leaves without the interpreter's
+    teardown (nothing registered before its exit runs), and the resource tracker, which
+    outlives the build by a moment, holds the null device, not the build's output."""
+    teardown = subprocess.run([sys.executable, "-c", "import atexit; atexit.register(print, 'torn down'); "
+                               "import magpie.execution.server_exit"], capture_output=True, text=True, timeout=60)
+    assert teardown.returncode == 0 and "torn down" not in teardown.stdout
+    streams = subprocess.run([sys.executable, "-c", "import os; from magpie.execution import pool; pool.prestart(2); "
+                              "from multiprocessing import resource_tracker as tracker; pid = tracker._resource_tracker._pid; "
+                              "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'))"],
+                             capture_output=True, text=True, timeout=60)
+    assert streams.stdout.split() == [os.devnull, os.devnull], streams.stderr
