@@ -20,6 +20,14 @@ def templates_dir() -> Path:
     return _resource_dir("templates")
 
 
+def cache_root() -> Path:
+    """magpie's folder of things made once and reused (compiler caches, compiled templates):
+    out of code under test's reach (its sandbox shows no home folder)."""
+    import os
+
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "magpie"
+
+
 def subprocess_env(base: dict | None = None) -> dict:
     """An environment in which `python -m magpie...` finds this magpie, installed or not, and
     which never carries the build's input secret (code under test reads its environment)."""

@@ -132,3 +132,31 @@ def test_reports_are_checked_against_their_models():
     broken["results"][1]["speedup"]["verdict"] = "probably faster"
     with pytest.raises(ValidationError, match="verdict"):
         CompareReport.model_validate(broken)
+
+
+def test_templates_compiled_once_render_the_same_report(tmp_path, monkeypatch):
+    """The report's templates are compiled into magpie's cache folder once and loaded from it
+    after; the pages are the same, and where that folder cannot be made they are compiled
+    where they are used."""
+    import json
+    import re
+
+    from conftest import FIXTURES
+    from magpie.report.render import render
+
+    comparison = json.loads((FIXTURES / "h200" / "compare_report_softmax.json").read_text())
+    comparison["results"][0]["implementation"] = "a<b>&c"  # escaped in the page, not in the Markdown
+
+    def pages():
+        rendered = render([comparison], "softmax")
+        return {name: re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "", text) for name, text in rendered.items()}
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = pages()
+    compiled = sorted(p.parent.name for p in (tmp_path / "cache/magpie/templates").rglob("*.cache"))
+    assert compiled and {name.rsplit("-", 1)[1] for name in compiled} == {"html", "markdown"}
+    assert pages() == first
+    assert "a<b>&c" in first["summary.md"] and "a&lt;b&gt;&amp;c" in first["report.html"]
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    assert pages() == first

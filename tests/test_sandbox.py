@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, build_json, relu2_project, relu2_report
 
 from magpie import sandbox
-from magpie.harness.compiler_caches import cache_root
+from magpie.paths import cache_root
 from magpie.sandbox import pids
 
 pytestmark = pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason="no sandbox on this host")
@@ -96,9 +96,11 @@ def read_password_hashes():
 
 
 def poison_compiler_caches():
-    """What magpie compiled for every Triton worker (its driver utilities) and another
-    implementation's cache: each next worker would load what this one left."""
-    for folder in (CACHES + "/triton-driver/" + TOKEN, CACHES + "/compiled/other-" + TOKEN):
+    """What magpie compiled for every Triton worker (its driver utilities), another
+    implementation's cache, the report's compiled templates: each next worker, or the
+    report job, would load what this one left."""
+    for folder in (CACHES + "/triton-driver/" + TOKEN, CACHES + "/compiled/other-" + TOKEN,
+                   CACHES + "/templates/" + TOKEN):
         os.makedirs(folder)
         with open(folder + "/cuda_utils.so", "wb") as out:
             out.write(b"x")
@@ -260,6 +262,7 @@ def test_nothing_it_touched_changed(attacked):
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
     assert not os.path.exists(f"/tmp/magpie-attack-{token}")
     assert not (cache_root() / "triton-driver" / token).exists()
+    assert not (cache_root() / "templates" / token).exists()
     assert not system_v_segment_left(token)
 
 
@@ -417,6 +420,7 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     assert survivors(token) == []
     assert not os.path.exists(f"/dev/shm/magpie-attack-{token}")
     assert not (cache_root() / "triton-driver" / token).exists()
+    assert not (cache_root() / "templates" / token).exists()
 
 
 OTHER_GPU = '''

@@ -19,9 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "magpie"
+from magpie.paths import cache_root
 
 
 def implementation_caches(key: str) -> Path:

@@ -21,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-from magpie.harness.compiler_caches import cache_root
+from magpie.paths import cache_root
 from magpie.supervision import scratch as scratch_folders
 
 PREFIX = "spare-"
