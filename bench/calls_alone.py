@@ -119,7 +119,11 @@ def main() -> int:
         root = Path(tempfile.mkdtemp(prefix="magpie-calls-alone-"))
         try:
             write_project(root, baseline, shape, candidates, args.device)
-            out["projects"][project] = [build(root) for _ in range(args.repeats)]
+            out["projects"][project] = []
+            for _ in range(args.repeats):
+                out["projects"][project].append(build(root))
+                if args.json:  # what is measured so far, should a time limit cut the rest
+                    Path(args.json).write_text(json.dumps(out, indent=1))
         finally:
             shutil.rmtree(root, ignore_errors=True)
     for project, builds in out["projects"].items():

@@ -149,21 +149,22 @@ def test_h200_memory_lent_through_cuda_ipc_is_no_slower_and_the_evaluators_event
 def test_h200_calls_made_alone_fail_every_batch_done_together_and_leave_honest_graph_rows_under_the_limit():
     """What docs/benchmarks.md and docs/security.md say of calls made alone on the H200
     (`bench/calls_alone.py`, every row timed as graph replays, batches handed over replayed as
-    graphs): every candidate whose batches' calls were done together failed its timing, and
-    every honest one read a bound no more than its batches' time, under ALONE_FAIL."""
+    graphs, on two leases a day apart): every candidate whose batches' calls were done
+    together failed its timing, and every honest one read a bound at most 2% over its
+    batches' time (credited at the bound), far under ALONE_FAIL."""
     from magpie.harness.measurement import ALONE_FAIL
 
-    projects = json.loads((H200 / "calls_alone.json").read_text())["projects"]
     honest = []
-    for builds in projects.values():
-        for build in builds:
-            for name, row in build["rows"].items():
-                if name.startswith("batches_"):
-                    assert row["performance_state"] == "FAILED", (name, row)
-                elif row["ratio"] is not None:
-                    assert row["mode"] == "graph" and row["performance_state"] == "SUCCESS", (name, row)
-                    honest.append(row["ratio"])
-    assert len(honest) == 14 and max(honest) <= 1.0 < ALONE_FAIL
+    for lease in ("calls_alone.json", "calls_alone_second_lease.json"):
+        for builds in json.loads((H200 / lease).read_text())["projects"].values():
+            for build in builds:
+                for name, row in build["rows"].items():
+                    if name.startswith("batches_"):
+                        assert row["performance_state"] == "FAILED", (name, row)
+                    elif row["ratio"] is not None:
+                        assert row["mode"] == "graph" and row["performance_state"] == "SUCCESS", (name, row)
+                        honest.append(row["ratio"])
+    assert len(honest) == 26 and max(honest) < 1.03 and ALONE_FAIL >= 1.5
 
 
 def test_h200_a_launch_bound_baseline_reads_beside_candidates_what_it_read_alone():
