@@ -27,7 +27,7 @@ from statistics import fmean, median
 
 from magpie import sandbox
 from magpie.compare.stats import summarize_ns
-from magpie.harness import batches, spares, stream_words
+from magpie.harness import batches, spares, stream_words, triton_warmup
 from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs, surely_close
 from magpie.harness.compiler_caches import compiler_caches, implementation_caches, seed_triton_cache
 from magpie.harness.exchange import exchange_for, load_left
@@ -185,17 +185,26 @@ class Evaluator:
         worker.adopted = False  # a new process to its job: it loads the code, makes the first calls
         return worker
 
-    def start_spare(self, impl: dict) -> None:
+    def start_spare(self, impl: dict, worker: Worker) -> None:
         """Start the spare that the next new worker started like impl's takes, if none is
         parked or on its way, and park it while it makes its context, under a share of the
-        device lock it holds until then. Called after a measurement: started beside the first
-        calls of a candidate's new worker, it made them 0.17 s slower on the H200 (a new
-        module's load waits behind the driver's making of another context)."""
+        device lock it holds until then, and then, for Triton on a GPU, starts the compiler
+        and builds the launchers of the kernels impl's `worker` compiled (`triton_warmup`).
+        Called after a measurement: started beside the first calls of a candidate's new
+        worker, it made them 0.17 s slower on the H200 (a new module's load waits behind the
+        driver's making of another context)."""
         if impl["id"] not in self._spare_of:
             return
         spare, impl, device, process = self._spare_of[impl["id"]]
         if not zygote.reserve(spare, process["env"]):
             return
+        prepare = {"op": "prepare", "device": device}
+        if impl["type"] == "triton" and self.device != "cpu":
+            try:  # the worker's word, checked: launchers of no kernel of its are wasted, nothing more
+                answer = worker.request({"op": "triton_signatures"}, self.timeout)
+            except WorkerFailure:  # its failure is the recheck's to report
+                answer = {}
+            prepare["triton_signatures"] = triton_warmup.signatures(answer.get("signatures"))
         held = device_lock.share_held(self.device)
         if held is None:
             return
@@ -210,7 +219,7 @@ class Evaluator:
         finally:
             os.close(held)
         try:
-            worker.send({"op": "prepare", "device": device})
+            worker.send(prepare)
         except WorkerFailure:
             worker.close()
             return
@@ -564,7 +573,7 @@ class Evaluator:
             device_held_s = time.monotonic() - held_from
             with device_lock.shared(self.device):
                 phases.mark("wait_shared")
-                self.start_spare(self.impl)
+                self.start_spare(self.impl, workers["candidate"])
                 phases.mark("start_spare")
                 recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
                 recheck = self._run_cases(workers["candidate"], spec, recheck_cases, "recheck",

@@ -16,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
+from magpie.harness import triton_warmup
 from magpie.harness.batches import WorkerViews, run_batch, run_handed_over, run_handed_over_on_gpu
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
@@ -305,6 +306,10 @@ class Implementation:
         torch.cuda.synchronize(self.device)
         return graph
 
+    def triton_signatures(self, request: dict) -> dict:
+        """The signatures of the Triton kernels compiled in this process (for a spare's launchers)."""
+        return {"signatures": SIGNATURES.signatures}
+
     def kernels(self, request: dict) -> dict:
         """Device kernels of one call, from the profiler: names and summed device time. The
         autograd profiler is torch.profiler's engine without its set-up, which imports torch's
@@ -396,7 +401,8 @@ def prepare(request: dict) -> None:
     """A spare's start (no answer: a job that adopts it sends the load, answered once both are
     done): what a load and its first timing would make before the code, its CUDA context and
     timer, while no job waits for it, under the share of the device lock it was started
-    with, which it then lets go."""
+    with, which it then lets go; then, for Triton on a GPU, what a first call makes once per
+    process or per cache (`triton_warmup`)."""
     global PREPARED, TIMER
     PREPARED = True
     try:
@@ -410,6 +416,8 @@ def prepare(request: dict) -> None:
     finally:
         if HELD_FD is not None:
             os.close(HELD_FD)
+    if request.get("triton_signatures") is not None:  # C and Triton compiles, on the host's CPU: the lock let go
+        triton_warmup.warm(request["triton_signatures"])
 
 
 def prepared_timer(device: str):
@@ -444,6 +452,7 @@ def serve(commands, answers) -> None:
                 if request.get("log"):  # a spare, adopted: its output goes to the adopting job's log
                     log_to(request["log"])
                 use_caches(request.get("caches") or {})
+                SIGNATURES.install()  # after a spare's own warm-up compile, before the code's
                 impl = Implementation(request, laps)
                 reply = {"steps_s": laps.seconds, "started_unix": STARTED_UNIX, "prepared": PREPARED}
             elif op == "relog":  # adopted by a new job: what it prints goes to that job's log
@@ -471,6 +480,7 @@ STARTED_UNIX = 0.0
 HELD_FD: int | None = None
 PREPARED = False  # a spare: told to prepare before its load
 TIMER: tuple | None = None  # (device, the timer a spare made for it)
+SIGNATURES = triton_warmup.Recorder()  # the Triton kernels' signatures this process compiled
 
 
 def main(argv: list[str]) -> int:
