@@ -153,10 +153,17 @@ def throughput(out: Path, device: str = "cuda") -> dict:
 
 
 def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env: dict, device: str,
-                shape: str) -> dict:
-    start_unix = time.time()
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "magpie", "compare", "torch_ref.py", *files, "--type", "triton",
+                shape: str, start_unix: float | None = None, main_timeline: Path | None = None) -> dict:
+    """One `magpie compare` of the files; `start_unix`: when the wait for its verdict began
+    (an edit's), else now; `main_timeline`: where bench/main_timeline.py writes the command
+    process's own timeline."""
+    start_unix = start_unix or time.time()
+    start = time.monotonic() - (time.time() - start_unix)
+    command = [sys.executable, "-m", "magpie"]
+    if main_timeline is not None:
+        command = [sys.executable, str(Path(__file__).with_name("main_timeline.py")), str(main_timeline), "--"]
+        env = {**env, "MAGPIE_TIMELINE_T0": repr(start_unix)}
+    proc = subprocess.run([*command, "compare", "torch_ref.py", *files, "--type", "triton",
                            "--entry", "f", "--spec", "spec.py", "--shapes", shape, "--budget-ms", str(budget_ms),
                            "--device", device, "--no-profile", "--json", "-o", out_name], cwd=root,
                           capture_output=True, text=True, timeout=1200, env=env)
@@ -165,6 +172,7 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
         return {"error": proc.stderr[-1500:]}
     report = json.loads(proc.stdout)
     seconds = {"correctness": 0.0, "timing": 0.0}
+    others: dict[str, list[float]] = {}  # every other task this command ran: its span
     phases: dict[str, float] = {}
     steps: dict[str, float] = {}  # of the timing tasks' vouched measurements, summed
     round_parts: dict[str, float] = {}  # the same of their rounds
@@ -174,7 +182,11 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
         rule = data.get("task", "").split(":")[0]
         # A store built into before (an edit's rebuild) holds earlier builds' artifacts too:
         # only what this command ran counts.
-        if rule not in seconds or data["task_started_unix"] < start_unix:
+        if data.get("task_started_unix", 0) < start_unix:
+            continue
+        if rule not in seconds:
+            began = data["task_started_unix"] - start_unix
+            others[data["task"]] = [round(began, 3), round(began + data["task_seconds"], 3)]
             continue
         seconds[rule] += data["task_seconds"]
         tasks[data["task"]] = {k: data.get(k) for k in (
@@ -198,7 +210,8 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
     timeline = {"first_correctness_start": min(s[0] for s in spans["correctness"]),
                 "last_correctness_end": max(s[1] for s in spans["correctness"]),
                 "first_timing_start": min(s[0] for s in spans["timing"]),
-                "last_timing_end": max(s[1] for s in spans["timing"]), "exit": wall}
+                "last_timing_end": max(s[1] for s in spans["timing"]), "exit": wall,
+                **{f"{task}_span": span for task, span in others.items()}}
     return {"wall_s": wall, "timeline_s": timeline, "timing_tasks_s": seconds["timing"],
             "correctness_tasks_s": seconds["correctness"],
             "timing_phases_s": phases, "timing_measurement_steps_s": steps,

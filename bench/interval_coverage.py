@@ -57,6 +57,20 @@ def coverage(runs: list[dict]) -> dict:
     return {"checks": checks, "held": held, "coverage": held / checks if checks else None, "misses": misses}
 
 
+def compiled_since(unix: float) -> list[dict]:
+    """The files written into implementations' compiler caches since `unix` (the edited
+    candidate's new cache: its driver utilities seeded, its kernel and launcher compiled),
+    each with when, from then."""
+    from magpie.paths import cache_root
+
+    found = []
+    for path in (cache_root() / "compiled").glob("*/*/**/*"):
+        if path.is_file() and path.stat().st_mtime >= unix:
+            found.append({"file": path.relative_to(cache_root() / "compiled").as_posix()[-90:],
+                          "t": round(path.stat().st_mtime - unix, 3), "bytes": path.stat().st_size})
+    return sorted(found, key=lambda f: f["t"])[:80]
+
+
 def write_partial(out: str, **parts) -> None:
     """What is measured so far, so that a run cut off by a time limit leaves its figures."""
     Path(out).write_text(json.dumps({"budget_ms": BUDGET_MS, "partial": True, **parts}, indent=1))
@@ -96,13 +110,24 @@ def measure(args, root: Path) -> int:
         print(f"run {i}: {run['wall_s']:.1f} s", flush=True)
         write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"))
     edited = root / files[3]
-    walls = []
+    walls, traced = [], []
     for edit in range(args.edits):
+        # every other edit with the command's own timeline (bench/main_timeline.py), not counted
+        trace = root / f"main_timeline_{edit}.json" if edit % 2 else None
+        started_unix = time.time()
         started = time.monotonic()
         edited.write_text(edited.read_text() + f"# edit {edit}: the kernel is the same\n")
-        again = compare_run(root, files, BUDGET_MS, "out", env, args.device, shape)
-        walls.append(time.monotonic() - started)
-        write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"), edit_walls_s=walls)
+        run = compare_run(root, files, BUDGET_MS, "out", env, args.device, shape, started_unix, trace)
+        wall = time.monotonic() - started
+        if trace is None:
+            walls.append(wall)
+            again = run
+        else:
+            traced.append({"wall_s": wall, "timeline_s": run.get("timeline_s"), "error": run.get("error"),
+                           "main": json.loads(trace.read_text()) if trace.exists() else None,
+                           "compiled": compiled_since(started_unix)})
+        write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"), edit_walls_s=walls,
+                      traced_edits=traced)
     edit_to_verdict = statistics.median(walls)
     budget_s = 2 * BUDGET_MS / 1000
     medians = {name: [run["rows"][name]["median_us"] for run in runs] for name in runs[0]["rows"]}
@@ -115,7 +140,8 @@ def measure(args, root: Path) -> int:
                             "timing_budget_s": budget_s,
                             "ratio": edit_to_verdict / budget_s, "target_s": 1.5 * budget_s + 1,
                             "tasks_run": sorted(again.get("tasks", {})), "tasks": again.get("tasks"),
-                            "timeline_s": again.get("timeline_s"), "error": again.get("error")},
+                            "timeline_s": again.get("timeline_s"), "error": again.get("error"),
+                            "traced": traced},
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     cov = result["coverage"]
