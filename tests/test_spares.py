@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, build_json, magpie, relu2_report
+from conftest import FIXTURES, build_json, relu2_report
 from magpie.harness import spares, triton_warmup
 from magpie.supervision import device_lock, zygote
 from magpie.supervision import scratch as scratch_folders
@@ -99,45 +99,3 @@ def test_a_workers_recorder_keeps_each_compiled_kernels_signature_once():
                  already_compiled=False)
     assert recorder.signatures == [["*fp32", "i32", "constexpr"], ["*fp16"]]
 
-
-TRITON_CANDIDATE = """
-import torch, triton, triton.language as tl
-@triton.jit
-def _k(x, o, n, B: tl.constexpr):
-    off = tl.program_id(0) * B + tl.arange(0, B)
-    tl.store(o + off, tl.maximum(tl.load(x + off, mask=off < n), 0) * 2, mask=off < n)
-def kernel(x):
-    o = torch.empty_like(x)
-    _k[(triton.cdiv(x.numel(), 256),)](x, o, x.numel(), B=256)
-    return o
-"""
-
-
-@pytest.mark.gpu
-def test_an_edited_triton_candidate_finds_its_launcher_built_by_the_spare(tmp_path, monkeypatch):
-    """The spare a Triton candidate's timing starts compiles magpie's warm-up kernel and the
-    launcher of the candidate's kernel signature into its cache; the candidate edited again,
-    loaded into it, finds that launcher there (built before the candidate was loaded) and
-    compiles only its kernel."""
-    monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "30")
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
-    (tmp_path / "spec.py").write_text((FIXTURES / "adversarial" / "spec.py").read_text())
-    (tmp_path / "good.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
-    (tmp_path / "tri.py").write_text(TRITON_CANDIDATE)
-    args = ["compare", "good.py", "tri.py", "--type", "triton", "--entry", "kernel", "--spec", "spec.py",
-            "--shapes", "33x65", "--budget-ms", "60", "--device", "cuda", "--no-profile", "-o", "out"]
-    magpie(*args, cwd=tmp_path, check=0)  # its spare started by the baseline's timing, which compiled no kernel
-    for edit in range(2):  # the second finds the spare the first edit's timing started
-        (tmp_path / "tri.py").write_text(TRITON_CANDIDATE + f"# edit {edit}\n")
-        edited_at = time.time()
-        magpie(*args, cwd=tmp_path, check=0)
-    compiled = tmp_path / "cache" / "magpie" / "compiled"
-    edited = [folder for folder in compiled.glob("worker-*/*")  # how the workers start / what they loaded
-              if any(p.stat().st_mtime > edited_at for p in folder.rglob("_k.cubin"))]
-    assert len(edited) == 1, sorted(compiled.rglob("*.cubin"))
-    assert list(edited[0].rglob("magpie_warmup.cubin"))  # a spare's cache, now the edited content's
-    launchers = list(edited[0].rglob("__triton_launcher*.so"))
-    kernel = min(p.stat().st_mtime for p in edited[0].rglob("_k.*"))
-    assert len(launchers) == 1 and launchers[0].stat().st_mtime < kernel, launchers  # built before the load
