@@ -1093,3 +1093,34 @@ def test_a_new_triton_cache_is_seeded_with_magpies_driver_utilities_and_a_change
     assert (cache / "KEY" / "cuda_utils.so").read_bytes() == b"compiled by magpie"
     assert (cache / "KERNEL" / "scale.cubin").read_bytes() == b"the candidate's own"
     assert sorted(p.name for p in (cache / "KEY").iterdir()) == ["cuda_utils.so"]  # no part left
+
+
+def test_a_host_found_to_allow_a_sandbox_is_not_tried_again_until_it_changes(tmp_path, monkeypatch):
+    """The fork that sets a sandbox up runs once; later builds of the user read its word in
+    the private lock folder, until what the answer depends on changes (here a user-namespace
+    switch); a host that allows none leaves no word."""
+    import tempfile
+
+    switch = tmp_path / "unprivileged_userns_clone"
+    switch.write_text("1\n")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(sandbox, "USER_NAMESPACE_SWITCHES", (str(switch),))
+    tried = []
+    real = sandbox._tried
+
+    def counted():
+        tried.append(1)
+        return real()
+
+    monkeypatch.setattr(sandbox, "_tried", counted)
+    for _ in range(3):
+        sandbox.unavailable_reason.cache_clear()
+        assert sandbox.unavailable_reason() is None
+    assert len(tried) == 1
+    switch.write_text("0\n")
+    sandbox.unavailable_reason.cache_clear()
+    monkeypatch.setattr(sandbox, "_tried", lambda: tried.append(1) or "namespaces: not allowed")
+    assert sandbox.unavailable_reason() == "namespaces: not allowed" and len(tried) == 2
+    sandbox.unavailable_reason.cache_clear()
+    assert sandbox.unavailable_reason() == "namespaces: not allowed" and len(tried) == 3  # no word left of it
+    sandbox.unavailable_reason.cache_clear()

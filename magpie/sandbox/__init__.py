@@ -41,6 +41,7 @@ import stat
 import sys
 import sysconfig
 import tempfile
+from pathlib import Path
 
 from magpie.sandbox import landlock, namespaces, pids, seccomp
 
@@ -153,11 +154,63 @@ def trusted() -> bool:
 @functools.lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
     """Why no sandbox can be set up on this host (None: it can). Tried once per process, in
-    a fork that sets one up and exits."""
+    a fork that sets one up and exits, unless one of this user's builds found it could since
+    the host last changed what it allows (`_proof`)."""
     if sys.platform != "linux":
         return f"no sandbox on {sys.platform} (Linux namespaces and Landlock are needed)"
     if landlock.abi_version() < 1:
         return "the kernel has no Landlock (Linux 5.13+ with landlock in the enabled LSMs)"
+    proof = _proof()
+    with contextlib.suppress(OSError):
+        if proof is not None and proof[0].read_text() == proof[1]:
+            return None
+    reason = _tried()
+    if reason is None and proof is not None:
+        with contextlib.suppress(OSError):
+            part = proof[0].with_name(f".{proof[0].name}.{os.getpid()}")
+            part.write_text(proof[1])
+            os.replace(part, proof[0])
+    return reason
+
+
+# What a host's answer to "can a sandbox be set up" depends on besides the kernel and its boot:
+# the switches that allow or forbid unprivileged user namespaces.
+USER_NAMESPACE_SWITCHES = ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces",
+                           "/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+
+
+def _proof() -> tuple[Path, str] | None:
+    """Where a build that set a sandbox up leaves word of it, and the word: the boot, the
+    kernel, the user and its namespaces, Landlock's ABI, the user-namespace switches, seccomp
+    and no_new_privs, magpie's sandbox code, as they were (the fork that sets a sandbox up took
+    25-35 ms on the CPU machine, before every build's first job; reading the word, 1 ms). In
+    the user's private lock folder, out of code under test's sight; None where there is none."""
+    from magpie.supervision import device_lock
+
+    try:
+        folder = device_lock.folder()
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            parts = [boot.read().strip(), os.uname().release, str(os.geteuid()), str(landlock.abi_version())]
+        # the namespaces this build runs in, and its seccomp and no_new_privs (a build inside a
+        # sandbox or a container of its own is another host)
+        parts += [os.readlink(f"/proc/self/ns/{kind}") for kind in ("user", "pid", "mnt")]
+        with open("/proc/self/status") as status:
+            parts += [line.strip() for line in status if line.startswith(("Seccomp:", "NoNewPrivs:"))]
+    except (OSError, device_lock.DeviceLockError):
+        return None
+    for switch in USER_NAMESPACE_SWITCHES:
+        try:
+            with open(switch) as value:
+                parts.append(value.read().strip())
+        except OSError:
+            parts.append("-")
+    code = Path(__file__).resolve().parent
+    parts += [f"{f.name}:{f.stat().st_mtime_ns}:{f.stat().st_size}" for f in sorted(code.glob("*.py"))]
+    return folder / "sandbox-set-up", "\n".join(parts)
+
+
+def _tried() -> str | None:
+    """Why a fork could not set a sandbox up (None: it did)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the whole set-up, the init's /proc included; what fails says so on the pipe
