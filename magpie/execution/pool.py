@@ -5,7 +5,9 @@ start the server before it imports and loads anything itself."""
 from __future__ import annotations
 
 import multiprocessing
-from multiprocessing import forkserver
+import os
+import sys
+from multiprocessing import forkserver, resource_tracker
 
 PRELOAD = ["magpie.execution.server_exit", "magpie.execution.job", "magpie.execution.actions"]
 
@@ -42,10 +44,6 @@ def start_resource_tracker() -> None:
     that reads the build's output through a pipe waits for every holder of that pipe: 8 ms
     after every build on the CPU machine. What it prints, warnings about semaphores left
     behind by a build that was killed, has no reader."""
-    import os
-    import sys
-    from multiprocessing import resource_tracker
-
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved = [os.dup(1), os.dup(2)]

@@ -18,6 +18,7 @@ has no per-signature launcher (3.9 has one for every kernel), only the compiler 
 from __future__ import annotations
 
 import re
+import sys
 import traceback
 
 # How many signatures a spare builds launchers for, of how many arguments at most.
@@ -52,8 +53,6 @@ class Recorder:
         self.signatures: list[list[str]] = []
 
     def install(self) -> None:
-        import sys
-
         if "triton" not in sys.modules:  # not imported by the zygote: no Triton here
             return
         runtime = getattr(getattr(sys.modules["triton"], "knobs", None), "runtime", None)
