@@ -63,11 +63,15 @@ def compiled_since(unix: float) -> list[dict]:
     each with when, from then."""
     from magpie.paths import cache_root
 
+    compiled = cache_root() / "compiled"
     found = []
-    for path in (cache_root() / "compiled").glob("*/*/**/*"):
-        if path.is_file() and path.stat().st_mtime >= unix:
-            found.append({"file": path.relative_to(cache_root() / "compiled").as_posix()[-90:],
-                          "t": round(path.stat().st_mtime - unix, 3), "bytes": path.stat().st_size})
+    for path in compiled.glob("*/*/**/*"):
+        if not path.is_file():
+            continue
+        info = path.stat()
+        if info.st_mtime >= unix:
+            found.append({"file": path.relative_to(compiled).as_posix()[-90:], "t": round(info.st_mtime - unix, 3),
+                          "bytes": info.st_size})
     return sorted(found, key=lambda f: f["t"])[:80]
 
 

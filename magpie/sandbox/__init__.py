@@ -166,10 +166,10 @@ def unavailable_reason() -> str | None:
             return None
     reason = _tried()
     if reason is None and proof is not None:
+        from magpie.store import atomic_write
+
         with contextlib.suppress(OSError):
-            part = proof[0].with_name(f".{proof[0].name}.{os.getpid()}")
-            part.write_text(proof[1])
-            os.replace(part, proof[0])
+            atomic_write(proof[0], proof[1])
     return reason
 
 
