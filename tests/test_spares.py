@@ -6,11 +6,12 @@ Triton spare starts the compiler and builds its implementation's launchers befor
 
 import json
 import os
+import threading
 import time
 
 import pytest
 
-from conftest import FIXTURES, build_json, relu2_report
+from conftest import FIXTURES, build_json, magpie, relu2_report
 from magpie.harness import spares, triton_warmup
 from magpie.supervision import device_lock, zygote
 from magpie.supervision import scratch as scratch_folders
@@ -99,3 +100,75 @@ def test_a_workers_recorder_keeps_each_compiled_kernels_signature_once():
                  already_compiled=False)
     assert recorder.signatures == [["*fp32", "i32", "constexpr"], ["*fp16"]]
 
+
+
+def test_a_spares_triton_warm_up_runs_beside_its_preparing_and_the_load_waits_for_it(monkeypatch):
+    """The warm-up's compiles need neither the context nor the device lock: they run on a
+    thread while the spare makes its context, and the load of the code starts only once they
+    are done (Triton's compiles are not made to run side by side)."""
+    from magpie.harness import worker
+    from magpie.harness.laps import Laps
+
+    prepared, done = threading.Event(), []
+    # the warm-up finishes only once preparing has: were it waited for there, it would time out
+    monkeypatch.setattr(triton_warmup, "warm", lambda given: done.append((prepared.wait(10), given)))
+    monkeypatch.setattr(worker, "HELD_FD", None)
+    worker.prepare({"device": "cpu", "triton_signatures": [["*fp32", "i32"]]})
+    prepared.set()
+    laps = Laps()
+    worker.await_warmup(laps)
+    assert done == [(True, [["*fp32", "i32"]])] and "triton_warmup_wait" in laps.seconds
+    assert worker.WARMUP is None
+    worker.await_warmup(laps)  # a second load (or one without a warm-up) waits for nothing
+    monkeypatch.setattr(worker, "PREPARED", False)
+    monkeypatch.setattr(worker, "TIMER", None)
+
+
+TRITON_CANDIDATE = """
+import torch, triton, triton.language as tl
+@triton.jit
+def _k(x, o, n, B: tl.constexpr):
+    off = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(o + off, tl.maximum(tl.load(x + off, mask=off < n), 0) * 2, mask=off < n)
+def kernel(x):
+    o = torch.empty_like(x)
+    _k[(triton.cdiv(x.numel(), 256),)](x, o, x.numel(), B=256)
+    return o
+"""
+
+
+def _listing(folder, since: float) -> str:
+    """Every file under folder, with its age against `since`: what a failure shows."""
+    return "\n".join(f"{p.relative_to(folder)}  {p.stat().st_mtime - since:+.3f} s"
+                     for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+@pytest.mark.gpu
+def test_an_edited_triton_candidate_finds_its_launcher_built_by_the_spare(tmp_path, monkeypatch):
+    """The spare a Triton candidate's timing starts compiles magpie's warm-up kernel and the
+    launcher of the candidate's kernel signature into its cache; the candidate edited again,
+    loaded into it, finds that launcher there (built before its kernel was compiled) and
+    compiles only its kernel."""
+    monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "30")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "spec.py").write_text((FIXTURES / "adversarial" / "spec.py").read_text())
+    (tmp_path / "good.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
+    (tmp_path / "tri.py").write_text(TRITON_CANDIDATE)
+    args = ["compare", "good.py", "tri.py", "--type", "triton", "--entry", "kernel", "--spec", "spec.py",
+            "--shapes", "33x65", "--budget-ms", "60", "--device", "cuda", "--no-profile", "-o", "out"]
+    compiled = tmp_path / "cache" / "magpie" / "compiled"
+    magpie(*args, cwd=tmp_path, check=0)
+    for edit in range(2):  # the second finds the spare the first edit's timing started
+        (tmp_path / "tri.py").write_text(TRITON_CANDIDATE + f"# edit {edit}\n")
+        edited_at = time.time()
+        magpie(*args, cwd=tmp_path, check=0)
+    # how the workers start / what they loaded: the caches the last edit's kernel was compiled into
+    edited = [folder for folder in compiled.glob("*/*")
+              if any(p.stat().st_mtime > edited_at for p in folder.rglob("_k.cubin"))]
+    assert len(edited) == 1, _listing(compiled, edited_at)
+    assert list(edited[0].rglob("magpie_warmup.cubin")), _listing(edited[0], edited_at)  # a spare's cache
+    launchers = list(edited[0].rglob("__triton_launcher*.so"))
+    kernel = min(p.stat().st_mtime for p in edited[0].rglob("_k.*"))
+    assert len(launchers) == 1 and launchers[0].stat().st_mtime < kernel, _listing(edited[0], edited_at)

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -401,10 +402,16 @@ def prepare(request: dict) -> None:
     """A spare's start (no answer: a job that adopts it sends the load, answered once both are
     done): what a load and its first timing would make before the code, its CUDA context and
     timer, while no job waits for it, under the share of the device lock it was started
-    with, which it then lets go; then, for Triton on a GPU, what a first call makes once per
-    process or per cache (`triton_warmup`)."""
-    global PREPARED, TIMER
+    with, which it then lets go. For Triton on a GPU, what a first call makes once per process
+    or per cache (`triton_warmup`) is made meanwhile on a thread, which the load waits for: an
+    edit that comes right after the verdict before found the spare still warming up, the load
+    waiting up to 0.14 s on the H200 for compiles that had waited for the context."""
+    global PREPARED, TIMER, WARMUP
     PREPARED = True
+    if request.get("triton_signatures") is not None:  # C and Triton compiles, on the host's CPU
+        WARMUP = threading.Thread(target=triton_warmup.warm, args=(request["triton_signatures"],),
+                                  name="magpie-triton-warmup", daemon=True)
+        WARMUP.start()
     try:
         import torch
 
@@ -416,8 +423,16 @@ def prepare(request: dict) -> None:
     finally:
         if HELD_FD is not None:
             os.close(HELD_FD)
-    if request.get("triton_signatures") is not None:  # C and Triton compiles, on the host's CPU: the lock let go
-        triton_warmup.warm(request["triton_signatures"])
+
+
+def await_warmup(laps: Laps) -> None:
+    """The spare's Triton warm-up done before the code loads (Triton's compiles are not made to
+    run side by side, and the warm-up's own kernel is not the code's to record)."""
+    global WARMUP
+    if WARMUP is not None:
+        WARMUP.join()
+        WARMUP = None
+        laps.mark("triton_warmup_wait")
 
 
 def prepared_timer(device: str):
@@ -452,6 +467,7 @@ def serve(commands, answers) -> None:
                 if request.get("log"):  # a spare, adopted: its output goes to the adopting job's log
                     log_to(request["log"])
                 use_caches(request.get("caches") or {})
+                await_warmup(laps)
                 SIGNATURES.install()  # after a spare's own warm-up compile, before the code's
                 impl = Implementation(request, laps)
                 reply = {"steps_s": laps.seconds, "started_unix": STARTED_UNIX, "prepared": PREPARED}
@@ -480,6 +496,7 @@ STARTED_UNIX = 0.0
 HELD_FD: int | None = None
 PREPARED = False  # a spare: told to prepare before its load
 TIMER: tuple | None = None  # (device, the timer a spare made for it)
+WARMUP: threading.Thread | None = None  # a spare's Triton warm-up, until the load has waited for it
 SIGNATURES = triton_warmup.Recorder()  # the Triton kernels' signatures this process compiled
 
 
