@@ -12,7 +12,8 @@ import time
 import uuid
 
 import pytest
-from conftest import COMMAND_PROJECT, magpie, write
+from conftest import COMMAND_PROJECT, FIXTURES, build_json, magpie, relu2_project, write
+from magpie.supervision import scratch as scratch_folders
 
 
 def _hanging_project(root, token: str) -> None:
@@ -130,6 +131,8 @@ def test_sigkill_leaves_no_pool_forkserver_resource_tracker_or_zygote(tmp_path):
     assert all(kinds.values()), own  # there were all of them to end
     assert len(kinds["multiprocessing.forkserver"]) >= 3  # the server and the pool's two processes
     jobs = {p: c for p, c in tree.items() if p not in own}
+    folders = _scratch_folders_of({proc.pid, *(pid for pid, _ in tree)})
+    assert {f.name.split("-")[0] for f in folders} >= {"zygote", "job"}, folders
     try:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -137,8 +140,24 @@ def test_sigkill_leaves_no_pool_forkserver_resource_tracker_or_zygote(tmp_path):
         assert not left, [own[p] for p in left]
         survivors = _gone_within(jobs, 5)  # the zygote ends its children, the commands die with them
         assert not survivors, [jobs[p] for p in survivors]
+        scratch_folders.sweep()  # what the next build does first
+        assert not [f for f in folders if f.exists()]
     finally:
         _kill(tree)
+
+
+def _scratch_folders_of(pids: set[int]) -> list:
+    """The scratch folders (`magpie.supervision.scratch`) these processes own: the build's
+    zygote's, its jobs' and its workers'."""
+    owned = []
+    for folder in scratch_folders.root().iterdir():
+        try:
+            pid = int((folder / scratch_folders.OWNER).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pid in pids:
+            owned.append(folder)
+    return owned
 
 
 def test_a_finished_build_holds_no_reader_of_its_output_waiting():
@@ -154,3 +173,57 @@ def test_a_finished_build_holds_no_reader_of_its_output_waiting():
                               "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'))"],
                              capture_output=True, text=True, timeout=60)
     assert streams.stdout.split() == [os.devnull, os.devnull], streams.stderr
+
+
+LEAVE_PROCESSES = """
+import os, subprocess
+subprocess.Popen(["sleep", "300", "{token}"], start_new_session=True)
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.setsid()
+        os.execvp("sleep", ["sleep", "301", "{token}"])
+    os._exit(0)
+"""
+
+
+def _left_with(token: str) -> list[str]:
+    return [command for _, _, _, command in _processes().values() if token in command and "pytest" not in command]
+
+
+def test_trusted_code_leaves_no_process_behind(tmp_path):
+    """With --trust-code there is no sandbox whose PID namespace ends everything: a candidate
+    that starts processes in a new session, or double-forks out of its process group, and a
+    command testcase that does the same, leave nothing once the build is done (each ran below
+    a keeper, `magpie.supervision.keeper`)."""
+    _trusted_build_leaves_nothing(tmp_path, "cpu", commands=True)
+
+
+@pytest.mark.gpu
+def test_trusted_code_on_the_gpu_leaves_no_process_behind(tmp_path):
+    """The same on a GPU: the candidate's worker makes its CUDA context below its keeper."""
+    _trusted_build_leaves_nothing(tmp_path, "cuda", commands=False)
+
+
+def _trusted_build_leaves_nothing(tmp_path, device: str, commands: bool) -> None:
+    token = f"0.000{uuid.uuid4().int % 10 ** 12:012d}"  # sleep adds it to its time: in its command line
+    candidate = (FIXTURES / "adversarial" / "good.py").read_text() + LEAVE_PROCESSES.format(token=token)
+    (tmp_path / "leaver.py").write_text(candidate)
+    relu2_project(tmp_path, ["leaver"], shapes="[[8, 16]]", device=device)
+    try:
+        assert build_json(tmp_path, "--trust-code")["failed"] == []
+        rows = json.loads((tmp_path / "workspaces/reports/relu2/compare_report.json").read_text())["results"]
+        assert {r["implementation"]: r["correctness_state"] for r in rows} == {"good": "SUCCESS", "leaver": "SUCCESS"}
+        assert not _left_with(token)
+        if not commands:
+            return
+        commands = tmp_path / "commands"
+        write(commands, COMMAND_PROJECT)
+        manifest = commands / "magpie.toml"
+        manifest.write_text(manifest.read_text().replace(
+            "python -c 'import sys; sys.exit(0)'", f'sh -c \\"(setsid sleep 302 {token} &); sleep 303 {token} & exit 0\\"'))
+        assert build_json(commands, "--trust-code")["failed"] == []
+        assert not _left_with(token)
+    finally:
+        for pid, (_, _, _, command) in _processes().items():
+            if token in command and "pytest" not in command:
+                os.kill(pid, signal.SIGKILL)

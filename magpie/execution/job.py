@@ -8,12 +8,12 @@ store is written only by the process that owns it.
 from __future__ import annotations
 
 import importlib
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from magpie.graph.expand import TaskSpec
+from magpie.supervision import scratch as scratch_folders
 
 # Built-in actions by name, imported only when a task of theirs runs.
 ACTIONS = {
@@ -57,10 +57,14 @@ def run_job(job: Job) -> JobOutput:
     started_unix = time.time()  # where the task sat in the build's timeline
     started = time.monotonic()
     action = resolve_action(job.spec)
-    with tempfile.TemporaryDirectory(prefix="magpie-job-") as tmp:
-        out_dir = Path(tmp)
+    folder = scratch_folders.make("job-")  # the next build's sweep removes it if this process is killed
+    try:
+        out_dir = folder / "out"
+        out_dir.mkdir()
         result = action(job, out_dir)
         files = {p.relative_to(out_dir).as_posix(): p.read_bytes() for p in sorted(out_dir.rglob("*")) if p.is_file()}
+    finally:
+        scratch_folders.remove(folder)
     seconds = time.monotonic() - started
     result.setdefault("task", job.spec.name)
     result["task_seconds"] = round(seconds, 3)

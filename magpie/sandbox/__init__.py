@@ -44,6 +44,7 @@ import tempfile
 from pathlib import Path
 
 from magpie.sandbox import landlock, namespaces, pids, seccomp
+from magpie.supervision.process import close_all_but, end_like
 
 # Exit status of a process whose sandbox could not be set up (nothing of the code under test ran).
 SANDBOX_FAILED = 70
@@ -444,7 +445,7 @@ def _wait_as_parent_of_sandbox(policy: Policy, cgroup: str | None, count_process
         _serve_as_init(status_write, policy, count_processes)
         return
     os.close(status_write)
-    _close_all_but(status_read)
+    close_all_but(status_read)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: os.kill(init, signal.SIGKILL))
     _, status = os.waitpid(init, 0)
@@ -454,7 +455,7 @@ def _wait_as_parent_of_sandbox(policy: Policy, cgroup: str | None, count_process
         reported = told.read()
     if len(reported) == 4:
         status = int.from_bytes(reported, "little")
-    _end_like(status)
+    end_like(status)
 
 
 def _serve_as_init(status_write: int, policy: Policy, count_processes: bool) -> None:
@@ -474,7 +475,7 @@ def _serve_as_init(status_write: int, policy: Policy, count_processes: bool) -> 
         os.close(status_write)
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
         return
-    _close_all_but(status_write)
+    close_all_but(status_write)
     ended = os.pidfd_open(code)
     while True:
         select.select([ended], [], [], WATCH_S)  # the code's end, or the next look at its folders
@@ -547,35 +548,24 @@ def _over_what_its_folders_may_hold(policy: Policy) -> str | None:
     return None
 
 
-def _close_all_but(keep: int) -> None:
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-
-
-def _end_like(status: int) -> None:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
-
-
 def command(argv: list[str], policy: Policy | None) -> list[str]:
-    """argv as run inside the sandbox (a launcher contains itself, then executes it), or as it
-    is when the code is trusted (no policy)."""
-    if policy is None:
-        return argv
+    """argv as run inside the sandbox (a launcher contains itself, then executes it), or, when
+    the code is trusted (no policy), below a keeper (`enter_or_exit`)."""
     import json
 
     from magpie.paths import python_module_command
 
-    return python_module_command("magpie.sandbox") + [json.dumps(policy.to_json()), "--", *argv]
+    return python_module_command("magpie.sandbox") + [json.dumps(policy.to_json() if policy else None), "--", *argv]
 
 
 def enter_or_exit(policy: Policy | None) -> None:
     """For a process about to run code under test: contain it, or end it with SANDBOX_FAILED
-    and one line on stderr saying why."""
+    and one line on stderr saying why. Trusted code (no policy) runs below a keeper, which
+    ends what it leaves (`supervision.keeper`)."""
     if policy is None:
+        from magpie.supervision import keeper
+
+        keeper.keep()
         return
     try:
         contain(policy)

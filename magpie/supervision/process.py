@@ -90,6 +90,66 @@ def wait_stopped(pid: int, resend=None) -> bool:
         time.sleep(0.0001)
 
 
+def runs(pid: int) -> bool:
+    """Whether the process lives: one ended but not yet reaped (a zombie) does not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return stat_file.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# How long a kill of a tree goes on finding processes below it: each round kills every one found.
+KILL_TREE_S = 1.0
+
+
+def kill_below(pid: int) -> None:
+    """SIGKILL to every process below pid, again until none runs. One that left pid's process
+    group (a new session) ends too, and one orphaned meanwhile is found again below a keeper
+    (`keeper`), whose living children they become: a process killed can fork no more."""
+    deadline = time.monotonic() + KILL_TREE_S
+    while (living := [p for p in descendants(pid)[1:] if runs(p)]) and time.monotonic() < deadline:
+        for process in living:
+            try:
+                os.kill(process, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        time.sleep(0.001)
+
+
+def kill_tree(pid: int) -> None:
+    """Every process below pid (`kill_below`), then pid's process group."""
+    kill_below(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def close_all_but(keep: int) -> None:
+    """Every descriptor above stderr but `keep`."""
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def end_like(status: int) -> None:
+    """End this process as the one whose wait status this is ended."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
 def stop_tree(pid: int) -> bool:
     """SIGSTOP to pid and to every process below it, each on its own (one that left the process
     group too), again until every thread of them has stopped (`wait_stopped`)."""

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from magpie.supervision import process
+
 SHARED_MEMORY = Path("/dev/shm")
 SHARED_MEMORY_MIN_FREE = 4 << 30
 OWNER = ".owner"
@@ -93,7 +95,7 @@ def sweep() -> int:
         try:
             with os.fdopen(open_left(folder / OWNER)) as owner:  # not a fifo left to stall the build
                 pid, namespace = (int(field) for field in owner.read().split())
-            alive = namespace != here or _alive(pid)
+            alive = namespace != here or process.runs(pid)
         except FileNotFoundError:
             alive = time.time() - folder.stat().st_mtime < UNOWNED_GRACE_S
         except (OSError, ValueError):
@@ -114,16 +116,6 @@ def _sweep_lent() -> int:
     for folder in gone:
         shutil.rmtree(folder, ignore_errors=True)
     return len(gone)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def create(path: Path) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory, zygote
-from magpie.supervision.process import descendants, wait_stopped
+from magpie.supervision.process import descendants, kill_tree, wait_stopped
 
 
 class WorkerFailure(Exception):
@@ -58,8 +58,7 @@ def _end(proc: zygote.ForkedProcess, fds: list[int]) -> None:
     """An adopted process ended unused."""
     for fd in fds:
         os.close(fd)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc.pid)
     proc.wait()
 
 
@@ -88,7 +87,8 @@ class Worker:
         self._pending = False  # a command sent whose answer has not been read
         self.stopped = False
         self.sandboxed = sandbox is not None
-        self._answers_checked = module == "magpie.harness.worker"  # its process runs the code under test
+        self.under_test = module == "magpie.harness.worker"  # its process runs the code under test
+        self._answers_checked = self.under_test
         found = zygote.adopt(key, env) if key else None
         if found is not None and sandbox is not None and not namespaces.still_hidden(
                 found[0].pid, [*sandbox["hide"], *sandbox["temporary"]]):
@@ -120,7 +120,7 @@ class Worker:
                                       env=env, log_path=self.live_log, memory_mb=memory_mb,
                                       pass_fds=(command_read, answer_write, *held), sandbox=sandbox,
                                       scratch=str(self.scratch) if self.scratch else None,
-                                      cwd_on_path=module == "magpie.harness.worker")
+                                      under_test=self.under_test)
             os.close(command_read)
             os.close(answer_write)
             if self.scratch:
@@ -222,7 +222,7 @@ class Worker:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            self._signal(signal.SIGKILL)
+            kill_tree(self.proc.pid)
             self.proc.wait()
 
     def stop(self) -> bool:
@@ -283,8 +283,9 @@ class Worker:
     def _left_processes(self) -> bool:
         """Whether a process the code under test started still runs, counted from here (what
         the worker answers, its code may forge): a sandboxed worker's tree is the sandbox's
-        waiter, its init and the worker, another's the worker alone."""
-        return len(descendants(self.proc.pid)) > (3 if self.sandboxed else 1)
+        waiter, its init and the worker, a trusted one's its keeper and the worker, magpie's
+        own process alone."""
+        return len(descendants(self.proc.pid)) > (3 if self.sandboxed else 2 if self.under_test else 1)
 
     def close(self) -> None:
         self.keep_log()

@@ -25,7 +25,6 @@ import gc
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import struct
@@ -39,7 +38,7 @@ from pathlib import Path
 from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory
-from magpie.supervision.process import continue_tree, limits, log_to, stop_tree
+from magpie.supervision.process import continue_tree, kill_tree, limits, log_to, stop_tree
 
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 OWNER_VARIABLE = "MAGPIE_ZYGOTE_OWNER"
@@ -113,7 +112,7 @@ def session(prestart: bool = False):
     scratch_folders.sweep()  # what builds killed before they could clean up left
     folder = _warm_folder() if keep_warm_s() else None
     if folder is None:
-        folder = Path(tempfile.mkdtemp(prefix="magpie-zygote-"))
+        folder = scratch_folders.make("zygote-")  # the next build's sweep removes it if this one is killed
         os.environ[OWNER_VARIABLE] = str(os.getpid())
     os.environ[FOLDER_VARIABLE] = str(folder)
     if prestart:
@@ -126,7 +125,7 @@ def session(prestart: bool = False):
         del os.environ[FOLDER_VARIABLE]
         if os.environ.pop(OWNER_VARIABLE, None):
             _stop(folder)
-            shutil.rmtree(folder, ignore_errors=True)
+            scratch_folders.remove(folder)
 
 
 def keep_warm_s() -> float:
@@ -168,26 +167,27 @@ def _code_version() -> str:
 
 def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path, memory_mb: int = 0,
            pass_fds: tuple[int, ...] = (), sandbox: dict | None = None, scratch: str | None = None,
-           cwd_on_path: bool = False):
+           under_test: bool = False):
     """Start `module.main(args)` in a process of its own; returns an object with pid, poll()
     and wait(timeout) like subprocess.Popen. Arguments equal to a passed descriptor's number
     are rewritten to that descriptor's number in the child. With a sandbox policy (code under
     test) the process starts inside it; the zygote removes its scratch folder when it ends.
-    cwd_on_path: the module path starts with the working folder (code under test imports
-    what lies beside it; magpie's own processes never do)."""
+    under_test: the module runs code under test, which imports what lies beside it (the
+    module path starts with the working folder; magpie's own processes never look there)
+    and, trusted (no sandbox), runs below a keeper (`keeper`)."""
     folder = os.environ.get(FOLDER_VARIABLE)
     socket_path = _ensure(Path(folder), env) if folder else None
     if socket_path is not None:
         try:
             return ForkedProcess(socket_path, module, args, cwd=cwd, env=env, log_path=log_path,
                                  memory_mb=memory_mb, pass_fds=pass_fds, sandbox=sandbox, scratch=scratch,
-                                 cwd_on_path=cwd_on_path)
+                                 under_test=under_test)
         except OSError:
             pass  # the zygote went away: a fresh process does the same work
     from magpie.paths import python_module_command
 
     command = python_module_command(module) + list(args)
-    if sandbox is not None:
+    if sandbox is not None or under_test:
         command = python_module_command("magpie.sandbox") + [json.dumps(sandbox), "--module", module, *args]
     with open(log_path, "ab") as log:
         return subprocess.Popen(command, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -292,11 +292,11 @@ class ForkedProcess:
 
     def __init__(self, socket_path: Path, module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
                  memory_mb: int, pass_fds: tuple[int, ...], sandbox: dict | None = None, scratch: str | None = None,
-                 cwd_on_path: bool = False):
+                 under_test: bool = False):
         self.args = [module, *args]
         message = {"op": "fork", "module": module, "args": list(args), "cwd": cwd, "env": env,
                    "log": str(log_path), "memory_mb": memory_mb, "fds": list(pass_fds), "sandbox": sandbox,
-                   "scratch": scratch, "cwd_on_path": cwd_on_path}
+                   "scratch": scratch, "under_test": under_test}
         reply, _ = self._connect(socket_path, message, list(pass_fds))
         if reply is None or "pid" not in reply:
             self._conn.close()
@@ -371,7 +371,7 @@ class ForkedProcess:
             self.returncode = reply["exit"] if reply else -signal.SIGKILL
             if reply is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.pid, signal.SIGKILL)
+                    kill_tree(self.pid)
             self._conn.close()
         return self.returncode
 
@@ -385,7 +385,7 @@ class ForkedProcess:
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
+            kill_tree(self.pid)
 
 
 # -- the zygote's side -------------------------------------------------------------------
@@ -465,7 +465,7 @@ class Children:
         would run on to its own timeout), their folders removed."""
         for pid, _, scratch in self.running.values():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+                kill_tree(pid)
             if scratch:
                 scratch_folders.remove(scratch)
 
@@ -526,7 +526,7 @@ class Children:
         """A parked process ended (it is reaped when it has)."""
         self._unpark(pidfd, close=True)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.running[pidfd][0], signal.SIGKILL)
+            kill_tree(self.running[pidfd][0])
 
     def stale(self, key: str) -> list[int]:
         """Parked processes in the slot of the one parking `key` with other content: an
@@ -655,7 +655,7 @@ def _become_child(request: dict, args: list[str], sockets: list, descriptors: li
         extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
         # Code under test finds modules beside it as `python -m` would; magpie's own processes
         # never look in the folder they run in.
-        sys.path[:0] = [request["cwd"], *extra] if request.get("cwd_on_path") else extra
+        sys.path[:0] = [request["cwd"], *extra] if request.get("under_test") else extra
         sys.argv = [request["module"], *args]
         if sandboxed:
             for name in (FOLDER_VARIABLE, OWNER_VARIABLE):  # where the zygote listens: none of its business
@@ -663,6 +663,8 @@ def _become_child(request: dict, args: list[str], sockets: list, descriptors: li
             # the zygote is not dumpable (its memory is nobody's to read); the child may map its ids
             namespaces.prctl(namespaces.PR_SET_DUMPABLE, 1)
             sandbox.enter_or_exit(sandbox.Policy.from_json(sandboxed))
+        elif request.get("under_test"):
+            sandbox.enter_or_exit(None)  # trusted: below a keeper
         import importlib
 
         module = importlib.import_module(request["module"])
