@@ -222,3 +222,29 @@ def test_a_triton_spares_warm_up_is_what_the_docs_say():
     assert all(any("magpie_warmup" in f["file"] for f in t["compiled"]) for t in warm["traced"])
     assert before["traced"] and not any(launcher_before_kernel(t) for t in before["traced"])
     assert all(s["coverage"]["held"] == s["coverage"]["checks"] == 16 for s in sets.values() if isinstance(s, dict))
+
+
+def test_a_triton_spare_warming_up_beside_its_context_is_what_the_docs_say():
+    """docs/benchmarks.md: with the spare's warm-up on a thread beside its context (the load
+    waiting for it), an edit right after the verdict no longer waits for the spare: on the
+    H200 the edited candidate's correctness job took 0.14-0.16 s (0.25-0.40 s when the warm-up
+    followed the context), its launcher built before its kernel's compile in every traced
+    edit, and edits 1.71-2.03 s, median 1.76 s (1.71-2.03 s, median 1.79 s, the traced ones
+    counted too): under the 1.9 s target."""
+    sets = json.loads((FIXTURES / "edit_to_verdict_warmup.json").read_text())
+    after, before = (sets[name]["edit_to_verdict"] for name in ("threaded_warmup", "warmup"))
+
+    def correctness_s(edit):
+        return edit["timeline_s"]["last_correctness_end"] - edit["timeline_s"]["first_correctness_start"]
+
+    assert max(map(correctness_s, [after, *after["traced"]])) < 0.17
+    assert min(map(correctness_s, [before, *before["traced"]])) > 0.24
+    walls = after["walls_s"]
+    assert 1.75 < statistics.median(walls) < 1.76 and 1.70 < min(walls) and max(walls) < 2.04
+    every = after["walls_s"] + [t["wall_s"] for t in after["traced"]]
+    assert 1.79 < statistics.median(every) < 1.80 < 1.9 == after["target_s"]
+    assert after["tasks"]["correctness:compare/triton_b1024"]["worker_loads_s"][0]["triton_warmup_wait"] < 0.001
+    for traced in after["traced"]:
+        launcher = min(f["t"] for f in traced["compiled"] if "__triton_launcher" in f["file"])
+        assert launcher < min(f["t"] for f in traced["compiled"] if f["file"].endswith("_k.source"))
+    assert sets["threaded_warmup"]["coverage"] == {"checks": 16, "held": 16}
