@@ -227,3 +227,38 @@ def _trusted_build_leaves_nothing(tmp_path, device: str, commands: bool) -> None
         for pid, (_, _, _, command) in _processes().items():
             if token in command and "pytest" not in command:
                 os.kill(pid, signal.SIGKILL)
+
+
+# A profiler as ncu is: what its target leaves is reparented to it, and it waits for all of it.
+WAITING_PROFILER = """
+import ctypes, os, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+if os.fork() == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+while True:
+    try:
+        os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+"""
+
+
+def test_a_profile_of_trusted_code_that_left_a_process_ends_at_its_timeout_with_all_of_it():
+    """A profiler that waits for every process of its target waits forever for one the code
+    left; at the profile's timeout everything below the command is killed, not the keeper
+    alone (which left the profiler and the process to run on, holding the output pipes)."""
+    from magpie import sandbox
+    from magpie.supervision.process import run_tree
+
+    token = f"0.000{uuid.uuid4().int % 10 ** 12:012d}"
+    target = ["/bin/sh", "-c", f"(setsid sleep 302 {token} &); exit 0"]
+    started = time.monotonic()
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            run_tree(sandbox.command([sys.executable, "-c", WAITING_PROFILER, *target], None), timeout=2)
+        assert time.monotonic() - started < 10
+        assert not _left_with(token)
+    finally:
+        for pid, (_, _, _, command) in _processes().items():
+            if token in command and "pytest" not in command:
+                os.kill(pid, signal.SIGKILL)

@@ -21,6 +21,7 @@ from magpie.harness.kinds import failure as failed
 from magpie.harness.spec import SECRET_VARIABLE
 from magpie.paths import subprocess_env
 from magpie.supervision import scratch as scratch_folders
+from magpie.supervision.process import run_tree
 from magpie.supervision.session import Worker, WorkerFailure, signal_verdict
 
 
@@ -82,8 +83,7 @@ def command(job, out_dir: Path) -> dict:
     env = subprocess_env({**os.environ, **(settings.get("env") or {}), "TMPDIR": str(scratch)})
     started = time.monotonic()
     try:
-        proc = subprocess.run(sandbox.command(["/bin/sh", "-c", line], policy), cwd=cwd, env=env,
-                              capture_output=True, timeout=3600)
+        proc = run_tree(sandbox.command(["/bin/sh", "-c", line], policy), cwd=cwd, env=env, timeout=3600)
     except subprocess.TimeoutExpired:
         return _command_result(spec, False, ["timeout after 3600 s"], line)
     finally:

@@ -31,6 +31,7 @@ from magpie.harness.profile import RANGE
 from magpie.paths import subprocess_env
 from magpie.supervision import device_lock
 from magpie.supervision import scratch as scratch_folders
+from magpie.supervision.process import run_tree
 
 # The timeout of one profile: start-up + the first call again (its caches are empty) + the calls
 # outside ncu's replays + per profiled launch, ncu's own set-up and its replays of the kernel.
@@ -206,8 +207,8 @@ def _run_ncu(target: Target, per_kernel: int, total: int) -> NcuRun:
     mode, which, attempts, notes = KERNEL_ID, 0, [], []
     while True:
         argv = ncu_command(metric_sets[which], per_kernel, total, mode, target.nvtx_range)
-        proc = subprocess.run(sandbox.command([*argv, *target.argv], target.policy), cwd=target.cwd, env=target.env,
-                              capture_output=True, text=True, timeout=max(deadline - time.monotonic(), 1.0))
+        proc = run_tree(sandbox.command([*argv, *target.argv], target.policy), cwd=target.cwd, env=target.env,
+                        text=True, timeout=max(deadline - time.monotonic(), 1.0))
         outcome = ("profiled" if '"ID"' in proc.stdout
                    else "nothing profiled" if profiled_nothing(proc.stdout, proc.stderr) else "error")
         attempts.append({"filter": mode, "metrics": "roofline" if which == 0 else "basic",
@@ -292,8 +293,7 @@ def _rocprof(job, out_dir: Path) -> dict:
         command = sandbox.command(["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE",
                                    "--output-format", "csv", "-d", str(outdir), "--", *target.argv], target.policy)
         try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=target.timeout_s,
-                                  env=target.env, cwd=target.cwd)
+            proc = run_tree(command, text=True, timeout=target.timeout_s, env=target.env, cwd=target.cwd)
         except subprocess.TimeoutExpired:
             return _result("FAILED", errors=[f"rocprofv3 timeout after {target.timeout_s:g} s"])
         traces = {p.name: p.read_text() for p in outdir.rglob("*.csv")}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import subprocess
 import sys
 import time
 
@@ -133,6 +134,23 @@ def kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def run_tree(argv: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
+    """`subprocess.run(argv, capture_output=True, timeout=timeout, **popen)` for a command that
+    runs code under test (through `magpie.sandbox`: in a sandbox, or below a keeper): past the
+    timeout every process below the one started is killed (`kill_tree`), not that one alone.
+    Killed alone, a keeper left what was below it running, holding the output pipes: a
+    profiler that waits for every process of its target (ncu) never ends on its own while the
+    code left one behind."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def close_all_but(keep: int) -> None:
