@@ -379,11 +379,12 @@ def test_a_call_handed_over_has_the_cpu_waits_of_a_busy_machine_taken_off():
     waits = batches.CallWaits(os.getpid())
     try:
         first = waits.read()
-        time.sleep(0.01)
+        time.sleep(0.1)
         second = waits.read()
     finally:
         waits.close()
-    assert 0 <= second - first < 5_000_000
+    # a sleep counted as a wait would read 100 ms; a busy machine's wake-up may wait a few ms
+    assert 0 <= second - first < 50_000_000
 
 
 def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_done_together():

@@ -667,6 +667,36 @@ def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path)
     assert "PermissionError" in no_socket.stderr and "answer" not in no_socket.stdout
 
 
+def test_a_sandbox_with_sockets_finds_none_in_the_scratch_root(tmp_path):
+    """The scratch root (in /dev/shm where it has room) holds every build's zygote folder, its
+    socket among them: a sandbox that may make sockets (a profiler's, network allowed) finds
+    the root covered but for its own folders, and connects to nothing there."""
+    from magpie.supervision import scratch as scratch_folders
+
+    folder = scratch_folders.make("zygote-")
+    own = scratch_folders.make("w-")
+    listener = folder / "test.sock"
+    probe = "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print('connected')"
+    policy = sandbox.Policy(write=[str(tmp_path), str(own)], read=[str(tmp_path)], network=True)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
+            daemon.bind(str(listener))
+            daemon.listen()
+            reached = subprocess.run([sys.executable, "-c", probe, str(listener)], capture_output=True, text=True,
+                                     timeout=60)
+            inside = subprocess.run(sandbox.command([sys.executable, "-c", probe, str(listener)], policy),
+                                    capture_output=True, text=True, timeout=60)
+            exists = "import os, sys; print(*map(os.path.exists, sys.argv[1:]))"
+            seen = subprocess.run(sandbox.command([sys.executable, "-c", exists, str(folder), str(own)], policy),
+                                  capture_output=True, text=True, timeout=60)
+    finally:
+        scratch_folders.remove(folder)
+        scratch_folders.remove(own)
+    assert "connected" in reached.stdout, reached.stderr
+    assert "connected" not in inside.stdout and "FileNotFoundError" in inside.stderr, (inside.stdout, inside.stderr)
+    assert seen.stdout.split() == ["False", "True"], (seen.stdout, seen.stderr)  # its own folder bound back alone
+
+
 def test_code_under_test_opens_only_byte_devices_and_on_a_gpu_the_gpus_nodes(monkeypatch):
     """As root, sandboxed code could open /dev/loop0, /dev/kvm and /dev/btrfs-control for
     writing. Now only /dev/null and friends; a GPU project's code also the GPU's nodes, a CPU

@@ -69,7 +69,8 @@ def as_sudo_user(monkeypatch):
 
 
 def left(client, workspace: Path) -> list:
-    return client.containers.list(all=True, filters={"label": f"{docker_mode.LABEL}={workspace}"})
+    # one removed between the listing and its inspection (magpie removing it meanwhile) is not left
+    return client.containers.list(all=True, filters={"label": f"{docker_mode.LABEL}={workspace}"}, ignore_removed=True)
 
 
 def not_theirs(workspace: Path) -> list[str]:

@@ -111,11 +111,14 @@ SECRET_FOLDERS = ("/etc/ssh", "/etc/ssl/private")
 
 
 def temporary_folders() -> list[str]:
-    """Where magpie's processes keep their sockets (the zygote's, the job pool's) and locks:
-    hidden from code under test, which Landlock alone would let connect to a socket whose path
-    it learnt (/proc/net/unix lists them). Taken where a policy is made, not in the sandbox
-    (whose TMPDIR is its own folder)."""
-    return sorted({"/tmp", os.path.realpath(tempfile.gettempdir())})
+    """Where magpie's processes keep their sockets (the zygote's, the job pool's), locks and
+    scratch folders (the scratch root, in /dev/shm where it has room): hidden from code under
+    test, which Landlock alone would let connect to a socket whose path it learnt
+    (/proc/net/unix lists them). Taken where a policy is made, not in the sandbox (whose
+    TMPDIR is its own folder)."""
+    from magpie.supervision import scratch as scratch_folders
+
+    return sorted({"/tmp", os.path.realpath(tempfile.gettempdir()), os.path.realpath(scratch_folders.root())})
 
 
 def describe(policy: Policy | None) -> str:
@@ -392,6 +395,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
             namespaces.cover(shared, [p for p in usable if os.path.realpath(p).startswith(shared + os.sep)],
                              backing=policy.shared_memory, size_mb=policy.written_mb)
         hidden = [*policy.hide, *policy.temporary, *system]
+        if policy.gpu and os.path.isdir(SHARED_MEMORY):  # covered whole already
+            hidden = [f for f in hidden if not os.path.realpath(f).startswith(shared + os.sep)]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
             try:
