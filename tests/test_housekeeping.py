@@ -262,3 +262,19 @@ def test_a_profile_of_trusted_code_that_left_a_process_ends_at_its_timeout_with_
         for pid, (_, _, _, command) in _processes().items():
             if token in command and "pytest" not in command:
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_finished_build_leaves_no_workers_folder_behind(tmp_path):
+    """Workers parked when the build ends are ended with its zygote, and their scratch folders
+    (their inputs and outputs, in memory under /dev/shm) go with them, not at the next build's
+    sweep."""
+    started = time.time()
+    (tmp_path / "twin.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
+    relu2_project(tmp_path, ["twin"], shapes="[[33, 65]]")
+    assert build_json(tmp_path, "-j", "2")["failed"] == []
+    folders = [f for f in scratch_folders.root().iterdir() if f.name.startswith("w-") and f.stat().st_mtime >= started]
+    assert folders  # the build's workers had folders (the zygote ends them as the build returns)
+    deadline = time.monotonic() + 10
+    while (left := [f for f in folders if f.exists()]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left

@@ -470,8 +470,13 @@ class Children:
                 scratch_folders.remove(scratch)
 
     def end_parked(self) -> None:
+        """Every parked process ended as the zygote ends, its folder removed: not reaped here,
+        it would have kept its inputs and outputs (megabytes to gigabytes, in memory under
+        /dev/shm) until the next build's sweep."""
         for pidfd in list(self.parked):
             self._evict(pidfd)
+            if scratch := self.running[pidfd][2]:
+                scratch_folders.remove(scratch)
 
     def reap(self, pidfd: int) -> None:
         pid, conn, scratch = self.running.pop(pidfd)
