@@ -1,6 +1,7 @@
 """What the sandbox costs a process: from fork to the first line of code under test, with and
-without the sandbox, in a process that imported torch (as the zygote has). On a GPU also the
-first CUDA call inside it. Prints JSON; figures go to docs/benchmarks.md.
+without the sandbox, in a process that imported torch (as the zygote has): plain, trusted
+(below a keeper, `--trust-code`) and sandboxed. On a GPU also the first CUDA call inside it.
+Prints JSON; figures go to docs/benchmarks.md.
 
 Usage: python bench/sandbox_cost.py [--repeat N] [--cuda]
 """
@@ -24,13 +25,14 @@ import torch  # noqa: E402  (as in the zygote: imported before forking)
 from magpie import sandbox  # noqa: E402
 
 
-def once(policy: sandbox.Policy | None, cuda: bool) -> float:
+def once(policy: sandbox.Policy | str | None, cuda: bool) -> float:
     read, write = os.pipe()
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:
         os.close(read)
-        sandbox.enter_or_exit(policy)
+        if policy != "plain":
+            sandbox.enter_or_exit(policy)  # None: trusted code, below a keeper
         if cuda:
             torch.cuda.synchronize()
         os.write(write, b"x")
@@ -53,7 +55,7 @@ def main() -> int:
     result = {"machine": platform.node(), "kernel": platform.release(), "python": platform.python_version(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "cuda": args.cuda,
               "unavailable": sandbox.unavailable_reason(), "isolation": sandbox.describe(policy)}
-    for name, chosen in (("plain", None), ("sandboxed", policy)):
+    for name, chosen in (("plain", "plain"), ("trusted", None), ("sandboxed", policy)):
         times = [once(chosen, args.cuda) for _ in range(args.repeat)]
         result[f"{name}_ms"] = {"median": round(statistics.median(times) * 1000, 2),
                                 "min": round(min(times) * 1000, 2), "max": round(max(times) * 1000, 2)}
