@@ -26,7 +26,8 @@ python3 -m magpie --gpu-info --json > /tmp/s/gpu_info.json 2>&1
 status=0  # the exit status: the GPU tests' where they ran, else 0 (the summary below may find files missing)
 for step in "$@"; do
   case "$step" in
-    tests) timeout ${TESTS_S:-540} python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_sandbox.py tests/test_profile_bounds.py tests/test_implausible_timing.py --basetemp=/tmp/gpu_pytest > /tmp/s/gpu_tests.txt 2>&1;
+    tests) # every GPU test; each failure written as it happens (a run cut at the call's limit never reaches pytest's summary)
+           MAGPIE_TEST_FAILURES_AT_ONCE=1 timeout ${TESTS_S:-540} python3 -m pytest -m gpu -v -p no:cacheprovider tests/ --basetemp=/tmp/gpu_pytest > /tmp/s/gpu_tests.txt 2>&1;
            status=$?;
            cp -r /tmp/gpu_pytest/gpu0/examples/gpu/workspaces/reports /tmp/s/test_reports 2>/dev/null;
            find /tmp/gpu_pytest -name ncu.csv -exec sh -c 'cp "$1" /tmp/s/ncu_$(basename $(dirname "$1")).csv' _ {} \; ;;

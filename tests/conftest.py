@@ -12,6 +12,14 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def pytest_runtest_logreport(report):
+    """With MAGPIE_TEST_FAILURES_AT_ONCE set, a failure is written out as it happens: a device
+    run cut at its time limit never reaches pytest's summary (`bench/gpu_session.sh tests`)."""
+    if report.failed and os.environ.get("MAGPIE_TEST_FAILURES_AT_ONCE"):
+        sys.stderr.write(f"\n{report.nodeid} failed ({report.when}):\n{report.longreprtext[-6000:]}\n")
+        sys.stderr.flush()
+
+
 def magpie(*args, cwd, check=None, timeout=600, env=None):
     """Run the real CLI in its own process; returns CompletedProcess with text output."""
     proc = subprocess.run([sys.executable, "-m", "magpie", *map(str, args)], cwd=cwd, capture_output=True,
