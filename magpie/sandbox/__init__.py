@@ -390,12 +390,12 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # checkout of magpie, or a project, under /tmp)
         usable = [p for p in (*policy.write, *reads) if os.path.exists(p)]
         system = [f for f in (*SOCKET_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
+        hidden = [*policy.hide, *policy.temporary, *system]
         if policy.gpu and os.path.isdir(SHARED_MEMORY):
             shared = os.path.realpath(SHARED_MEMORY)
             namespaces.cover(shared, [p for p in usable if os.path.realpath(p).startswith(shared + os.sep)],
                              backing=policy.shared_memory, size_mb=policy.written_mb)
-        hidden = [*policy.hide, *policy.temporary, *system]
-        if policy.gpu and os.path.isdir(SHARED_MEMORY):  # covered whole already
+            # what lies beneath (the scratch root) is covered with it
             hidden = [f for f in hidden if not os.path.realpath(f).startswith(shared + os.sep)]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
             beneath = folder + os.sep
