@@ -367,11 +367,10 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             reply = self._read_line(timeout)
-            # A zygote that vanished cannot say how its child ended; the child's group is killed.
+            # A zygote that vanished cannot say how its child ended; the child's tree is killed.
             self.returncode = reply["exit"] if reply else -signal.SIGKILL
             if reply is None:
-                with contextlib.suppress(ProcessLookupError):
-                    kill_tree(self.pid)
+                kill_tree(self.pid)
             self._conn.close()
         return self.returncode
 
@@ -384,8 +383,7 @@ class ForkedProcess:
         return self.returncode
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            kill_tree(self.pid)
+        kill_tree(self.pid)
 
 
 # -- the zygote's side -------------------------------------------------------------------
@@ -461,11 +459,10 @@ class Children:
         return [*self.running, *(fd for _, fds, _ in self.parked.values() for fd in fds)]
 
     def end_all(self) -> None:
-        """Every child's process group killed (what a job was running when its build was killed
+        """Every child's process tree killed (what a job was running when its build was killed
         would run on to its own timeout), their folders removed."""
         for pid, _, scratch in self.running.values():
-            with contextlib.suppress(ProcessLookupError):
-                kill_tree(pid)
+            kill_tree(pid)
             if scratch:
                 scratch_folders.remove(scratch)
 
@@ -530,8 +527,7 @@ class Children:
     def _evict(self, pidfd: int) -> None:
         """A parked process ended (it is reaped when it has)."""
         self._unpark(pidfd, close=True)
-        with contextlib.suppress(ProcessLookupError):
-            kill_tree(self.running[pidfd][0])
+        kill_tree(self.running[pidfd][0])
 
     def stale(self, key: str) -> list[int]:
         """Parked processes in the slot of the one parking `key` with other content: an
