@@ -51,6 +51,16 @@ def descendants(pid: int) -> list[int]:
 STOP_WAIT_S = 2.0
 
 
+def _state(stat_path: str) -> str | None:
+    """The state letter in a /proc stat file (after the name, which may hold ')'); None once
+    the process or thread is gone."""
+    try:
+        with open(stat_path, "rb") as stat_file:
+            return stat_file.read().rsplit(b")", 1)[1].split()[0].decode()
+    except FileNotFoundError:
+        return None
+
+
 def all_stopped(pid: int) -> bool:
     """Every thread of pid, and of its children and theirs, is stopped (or gone)."""
     for process in descendants(pid):
@@ -58,14 +68,8 @@ def all_stopped(pid: int) -> bool:
             tasks = os.listdir(f"/proc/{process}/task")
         except FileNotFoundError:
             continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{process}/task/{tid}/stat") as stat:
-                    state = stat.read().rsplit(")", 1)[1].split()[0]
-            except FileNotFoundError:  # the thread ended
-                continue
-            if state not in ("T", "t", "Z", "X"):
-                return False
+        if any(_state(f"/proc/{process}/task/{tid}/stat") not in (None, "T", "t", "Z", "X") for tid in tasks):
+            return False
     return True
 
 
@@ -94,10 +98,7 @@ def wait_stopped(pid: int, resend=None) -> bool:
 def runs(pid: int) -> bool:
     """Whether the process lives: one ended but not yet reaped (a zombie) does not."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            return stat_file.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
+        return _state(f"/proc/{pid}/stat") not in (None, "Z", "X")
     except (OSError, IndexError):
         pass
     try:
