@@ -47,6 +47,8 @@ def test_ncu_command_caps_launches_per_kernel_and_in_all():
     assert _option(argv, "--profile-from-start") == "off"  # the range's cudaProfilerStart starts the count
     assert _option(argv, "--nvtx-include") == "magpie_profile/" and "--nvtx" in argv
     assert "--filter-mode" not in argv
+    # the implementation's process alone: one its code left would hold ncu until the timeout
+    assert _option(argv, "--target-processes") == "application-only"
 
 
 def test_the_invocation_regex_takes_the_first_n_whole_numbers_only():
@@ -61,6 +63,7 @@ def test_the_fallback_caps_per_launch_configuration():
     assert _option(argv, "--filter-mode") == "per-launch-config" and _option(argv, "--launch-count") == "2"
     assert "--kernel-id" not in argv
     assert "--nvtx" not in argv and "--profile-from-start" not in argv  # a command: every kernel it launches
+    assert _option(argv, "--target-processes") == "all"  # in every process it starts
 
 
 def test_the_metric_set_is_what_the_roofline_uses():

@@ -176,14 +176,6 @@ def command_target(job, work: Path, bounds: dict, index: int, testcase: dict) ->
                   extra={"testcase": index, "command": testcase["command"]})
 
 
-def profiler_command(profiler: list[str], target: Target) -> list[str]:
-    """The profiler around the target, in the target's sandbox, the target below a keeper of its
-    own (`supervision.keeper`): a profiler follows every process of its target and waits for
-    all of them, so a process the code left (a double fork, a new session) would hold it, and
-    the device, until the profile's timeout. The keeper ends it as soon as the target ends."""
-    return sandbox.command([*profiler, *sandbox.command(target.argv, None)], target.policy)
-
-
 def _private_caches(work: Path) -> dict[str, str]:
     """The profiled process's temporary folder and compiler caches, in its own folder (the only
     place it may write): it compiles what it runs once more, outside the measured range."""
@@ -216,7 +208,7 @@ def _run_ncu(target: Target, per_kernel: int, total: int) -> NcuRun:
     while True:
         argv = ncu_command(metric_sets[which], per_kernel, total, mode, target.nvtx_range)
         started = time.monotonic()
-        proc = run_tree(profiler_command(argv, target), cwd=target.cwd, env=target.env,
+        proc = run_tree(sandbox.command([*argv, *target.argv], target.policy), cwd=target.cwd, env=target.env,
                         text=True, timeout=max(deadline - started, 1.0))
         outcome = ("profiled" if '"ID"' in proc.stdout
                    else "nothing profiled" if profiled_nothing(proc.stdout, proc.stderr) else "error")
@@ -300,8 +292,8 @@ def _rocprof(job, out_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="magpie-rocprof-") as tmp:
         outdir = Path(tmp) / "out"
         target = implementation_target(job, Path(tmp), bounds, profiler_start=False)
-        command = profiler_command(["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE",
-                                    "--output-format", "csv", "-d", str(outdir), "--"], target)
+        command = sandbox.command(["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE",
+                                   "--output-format", "csv", "-d", str(outdir), "--", *target.argv], target.policy)
         try:
             proc = run_tree(command, text=True, timeout=target.timeout_s, env=target.env, cwd=target.cwd)
         except subprocess.TimeoutExpired:

@@ -79,8 +79,12 @@ def ncu_command(metric_set: list[str], per_kernel: int, total: int, mode: str = 
                 nvtx_range: str | None = None) -> list[str]:
     """ncu's arguments before the profiled command. With an NVTX range, only kernels inside it
     (and after cudaProfilerStart, which the profiled process calls at the range): the warm-up
-    call before it, and its launches, are not profiled."""
-    argv = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", "all",
+    call before it, and its launches, are not profiled. ncu waits for every process it follows:
+    an implementation's process (the one with the range) is followed alone, so that a process
+    its code left (a double fork, a new session) cannot hold ncu, and the device, until the
+    profile's timeout; a command's kernels run in the processes it starts, all followed."""
+    processes = "application-only" if nvtx_range else "all"
+    argv = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", processes,
             *cap_options(per_kernel, total, mode), "--metrics", ",".join(metric_set)]
     if nvtx_range:
         argv += ["--profile-from-start", "off", "--nvtx", "--nvtx-include", f"{nvtx_range}/"]
