@@ -177,6 +177,8 @@ def test_a_profile_runs_ncu_with_the_cap_the_metrics_and_a_derived_timeout(tmp_p
     assert result["timeout_s"] == expected and result["timeout_basis"]["median_us"] == 23_000.0
     assert len(result["kernels"]) == 1 and result["kernels"][0]["duration_us"] > 0
     assert (out / "ncu.csv").read_text().startswith("==WARNING==")
+    [attempt] = result["attempts"]  # how long ncu took, in seconds (an interpreter's start at least)
+    assert attempt["outcome"] == "profiled" and 0.005 < attempt["wall_s"] < 15
 
 
 def test_a_profile_that_times_out_fails_after_the_derived_timeout(tmp_path, fake_ncu, monkeypatch):
