@@ -110,8 +110,9 @@ def test_a_commands_exit_is_its_own_kind_unless_the_sandbox_stopped_it():
 
 def test_analyze_report_carries_the_kind_of_a_failing_command_testcase(tmp_path):
     shutil.copy(FIXTURES / "adversarial" / "good.py", tmp_path / "good.py")
-    magpie("analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b", cwd=tmp_path,
-           check=1)
+    proc = magpie("analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b",
+                  cwd=tmp_path, check=1)
+    assert (tmp_path / "b/analyze_report.json").exists(), proc.stdout + proc.stderr
     report = json.loads((tmp_path / "b/analyze_report.json").read_text())
     assert "exited with code 3" in report["verdict"]
     first = report["failures"][0]
