@@ -5,6 +5,7 @@ killed with SIGKILL, its process pool, forkserver, resource tracker and zygote n
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,6 +145,34 @@ def test_sigkill_leaves_no_pool_forkserver_resource_tracker_or_zygote(tmp_path):
         assert not [f for f in folders if f.exists()]
     finally:
         _kill(tree)
+
+
+def test_a_sweep_leaves_a_folder_being_made_and_one_its_owner_removes_meanwhile(monkeypatch):
+    """A build's sweep runs while other processes make their folders: one read between its
+    owner file's creation and its write (empty, or half written) is being made, not abandoned;
+    one removed by its owner while the sweep looks at it is no error."""
+    being_made, half_written, abandoned = (scratch_folders.make(prefix) for prefix in ("made-", "half-", "old-"))
+    try:
+        (being_made / scratch_folders.OWNER).write_text("")
+        (half_written / scratch_folders.OWNER).write_text(str(os.getpid()))
+        (abandoned / scratch_folders.OWNER).write_text("")
+        os.utime(abandoned, (0, 0))
+        scratch_folders.sweep()
+        assert being_made.is_dir() and half_written.is_dir() and not abandoned.exists()
+
+        opened = scratch_folders.open_left
+
+        def removed_by_its_owner_first(path):
+            if path.parent == being_made:
+                shutil.rmtree(being_made)
+            return opened(path)
+
+        monkeypatch.setattr(scratch_folders, "open_left", removed_by_its_owner_first)
+        scratch_folders.sweep()
+        assert half_written.is_dir()
+    finally:
+        for folder in (being_made, half_written, abandoned):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _scratch_folders_of(pids: set[int]) -> list:

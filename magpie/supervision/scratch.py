@@ -20,7 +20,8 @@ from magpie.supervision import process
 SHARED_MEMORY = Path("/dev/shm")
 SHARED_MEMORY_MIN_FREE = 4 << 30
 OWNER = ".owner"
-# A folder without an owner file yet is being made; one this old without one was abandoned.
+# A folder without an owner file yet (or with one not yet written: a sweep can read it between
+# its creation and its write) is being made; one this old without one was abandoned.
 UNOWNED_GRACE_S = 3600
 
 
@@ -96,14 +97,22 @@ def sweep() -> int:
             with os.fdopen(open_left(folder / OWNER)) as owner:  # not a fifo left to stall the build
                 pid, namespace = (int(field) for field in owner.read().split())
             alive = namespace != here or process.runs(pid)
-        except FileNotFoundError:
-            alive = time.time() - folder.stat().st_mtime < UNOWNED_GRACE_S
-        except (OSError, ValueError):
+        except (FileNotFoundError, ValueError):  # no owner written yet (or half written): being made
+            alive = _made_lately(folder)
+        except OSError:
             alive = False
         if not alive:
             remove(folder)
             removed += 1
     return removed + _sweep_lent()
+
+
+def _made_lately(folder: Path) -> bool:
+    """Changed within UNOWNED_GRACE_S, or gone already (its owner removed it meanwhile)."""
+    try:
+        return time.time() - folder.stat().st_mtime < UNOWNED_GRACE_S
+    except FileNotFoundError:
+        return True
 
 
 def _sweep_lent() -> int:
