@@ -73,8 +73,8 @@ def all_stopped(pid: int) -> bool:
     return True
 
 
-def _signal_tree(pid: int, sig: int) -> None:
-    for process in descendants(pid):
+def _signal_each(pids: list[int], sig: int) -> None:
+    for process in pids:
         try:
             os.kill(process, sig)
         except ProcessLookupError:
@@ -120,11 +120,7 @@ def kill_below(pid: int) -> None:
     (`keeper`), whose living children they become: a process killed can fork no more."""
     deadline = time.monotonic() + KILL_TREE_S
     while (living := [p for p in descendants(pid)[1:] if runs(p)]) and time.monotonic() < deadline:
-        for process in living:
-            try:
-                os.kill(process, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
+        _signal_each(living, signal.SIGKILL)
         time.sleep(0.001)
 
 
@@ -172,11 +168,11 @@ def end_like(status: int) -> None:
 def stop_tree(pid: int) -> bool:
     """SIGSTOP to pid and to every process below it, each on its own (one that left the process
     group too), again until every thread of them has stopped (`wait_stopped`)."""
-    return wait_stopped(pid, lambda: _signal_tree(pid, signal.SIGSTOP))
+    return wait_stopped(pid, lambda: _signal_each(descendants(pid), signal.SIGSTOP))
 
 
 def continue_tree(pid: int) -> None:
-    _signal_tree(pid, signal.SIGCONT)
+    _signal_each(descendants(pid), signal.SIGCONT)
 
 
 def log_to(path: str) -> None:
