@@ -146,7 +146,7 @@ def test_a_spec_that_makes_zeros_is_refused(kernels):
                   "--shapes", "4x4", "--no-perf", "-o", "z", cwd=kernels)
     assert proc.returncode == 1
     report = json.loads((kernels / "z/analyze_report.json").read_text())
-    assert "all zeros" in report["verdict"] and report["verdict"].startswith("testcase spec:")
+    assert "all zeros" in report["verdict"] and report["verdict"].startswith("not judged: spec error in zeros_spec.py:")
 
 
 def test_a_spec_whose_inputs_or_reference_fail_is_one_line_naming_it(kernels):
@@ -158,7 +158,7 @@ def test_a_spec_whose_inputs_or_reference_fail_is_one_line_naming_it(kernels):
                   "--shapes", "4x4", "--no-perf", "-o", "b", cwd=kernels)
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
     verdict = json.loads((kernels / "b/analyze_report.json").read_text())["verdict"]
-    assert verdict.startswith("testcase spec: broken_spec.py: make_inputs() failed for [4, 4] float32: ")
+    assert verdict.startswith("not judged: spec error in broken_spec.py: make_inputs() failed for [4, 4] float32: ")
     assert "\n" not in verdict and "inputs are made on cpu" in verdict
     (kernels / "broken_reference.py").write_text(
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
@@ -167,7 +167,7 @@ def test_a_spec_whose_inputs_or_reference_fail_is_one_line_naming_it(kernels):
     magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_reference.py",
            "--shapes", "4x4", "--no-perf", "-o", "r", cwd=kernels, check=1)
     verdict = json.loads((kernels / "r/analyze_report.json").read_text())["verdict"]
-    assert verdict.startswith("testcase spec: broken_reference.py: reference() failed: RuntimeError: ")
+    assert verdict.startswith("not judged: spec error in broken_reference.py: reference() failed: RuntimeError: ")
 
 
 def test_only_results_shaped_like_the_reference_go_into_lent_buffers():

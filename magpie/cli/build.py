@@ -25,7 +25,13 @@ def add_parser(sub) -> None:
                                                                     "a local process pool otherwise)")
     p.add_argument("-n", "--dry-run", action="store_true", help="list what would run and why, run nothing")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
-    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout at the end")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary on stdout at the end: per implementation its verdict, failure kinds "
+                        "and speedup, the report paths, the check (the same schema for a no-op)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when an implementation failed (compile, correctness, timing), timed out, was "
+                        "inconclusive or not judged (a spec error), when one declared expect_faster is not faster, "
+                        "or when a task failed (for CI; a no-op build checks the stored verdicts)")
     p.add_argument("--trust-code", action="store_true",
                    help="run code under test without a sandbox where the host allows none (only code you trust)")
     p.add_argument("--verify", action="store_true",
@@ -41,9 +47,10 @@ def run(args) -> int:
         from magpie import sandbox
 
         sandbox.admit(True)
-    if (not args.targets and not args.dry_run and not args.verify
-            and _up_to_date_by_snapshot(Path(args.manifest), args.json)):
-        return 0
+    if not args.targets and not args.dry_run and not args.verify:
+        code = _up_to_date_by_snapshot(Path(args.manifest), args.json, args.check)
+        if code is not None:
+            return code
     if not args.dry_run:
         from magpie.execution import pool
 
@@ -59,7 +66,8 @@ def run(args) -> int:
     try:
         with stopped_by_sigterm(project):
             return build(project, selected, jobs=args.jobs, executor_name=args.executor,
-                         use_rich=sys.stderr.isatty() and not args.plain, as_json=args.json, verify=args.verify)
+                         use_rich=sys.stderr.isatty() and not args.plain, as_json=args.json, verify=args.verify,
+                         check=args.check)
     finally:
         snapshot.save(project, saved)  # with the stamps of the artifacts checked or written
 
@@ -143,7 +151,7 @@ EVALUATING_ACTIONS = ("magpie:correctness", "magpie:timing")
 
 def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | None = None,
           use_rich: bool = False, as_json: bool = False, quiet: bool = False, title: str = "magpie build",
-          verify: bool = False) -> int:
+          verify: bool = False, check: bool = False) -> int:
     from magpie.execution.executors import make_executor
     from magpie.graph.doit_glue import _closure, run_doit
     from magpie.supervision import zygote
@@ -158,11 +166,12 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
     if not stale:
         bad = publish_project(project)
         if not bad:
-            if as_json:
-                print(json.dumps({"executed": [], "failed": [], "up_to_date": len(selected)}))
-            elif not quiet:
-                print(f"magpie: {len(selected)} artifacts up to date")
-            return 0
+            if not (as_json or check):
+                if not quiet:
+                    print(f"magpie: {len(selected)} artifacts up to date")
+                return 0
+            return _finish(_summary(project, selected, [], []), as_json, check, quiet,
+                           f"magpie: {len(selected)} artifacts up to date")
         selected += [name for name in bad if name not in selected]  # modified since checked
         stale = project.stale(selected)
     evaluates = any(project.tasks[name].action in EVALUATING_ACTIONS for name in stale)
@@ -191,12 +200,49 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
                 code = code or more or (1 if publish_project(project) else 0)
         finally:
             executor.shutdown()
+    from magpie.report.verdicts import relative
+
+    line = (f"magpie: ran {len(reporter.executed)} tasks, {len(reporter.failures)} failed; "
+            f"reports in {relative(project.store.workspace / 'reports', project.root)}")
+    if not (as_json or check):
+        if not quiet:
+            print(line)
+        return 0 if code == 0 else 1
+    checked = _finish(_summary(project, selected, reporter.executed, reporter.failures), as_json, check, quiet, line)
+    return 0 if code == 0 and checked == 0 else 1
+
+
+def _summary(project, selected: list[str], executed: list[str], failed: list[tuple[str, str]]) -> dict:
+    """The summary of a build of `selected` (report/verdicts.py), from the stored artifacts."""
+    from magpie.graph.doit_glue import _closure
+    from magpie.report.verdicts import build_summary
+
+    closure = _closure(project, selected)
+    covered = [(name, project.tasks[name].rule, project.tasks[name].kernel, project.tasks[name].key)
+               for name in closure]
+    done = set(executed) | {name for name, _ in failed}
+    up_to_date = sum(1 for name, _, _, key in covered if name not in done and project.store.has(key))
+    expected = {(kernel.id, impl.id) for kernel in project.manifest.kernel for impl in kernel.implementations()
+                if impl.expect_faster}
+    return build_summary(project.root, project.store, covered, expected, executed=executed, failed=failed,
+                         up_to_date=up_to_date)
+
+
+def _finish(summary: dict, as_json: bool, check: bool, quiet: bool, line: str) -> int:
+    """Print the build's summary (JSON, checked against its model, or `line` and, with
+    --check, each problem); 1 where --check fails, else 0."""
     if as_json:
-        print(json.dumps({"executed": reporter.executed, "failed": [f for f, _ in reporter.failures]}))
+        from magpie.report.models import BuildSummary
+
+        print(BuildSummary.model_validate(summary).model_dump_json(indent=1))
     elif not quiet:
-        print(f"magpie: ran {len(reporter.executed)} tasks, {len(reporter.failures)} failed; "
-              f"reports in {project.store.workspace / 'reports'}")
-    return 0 if code == 0 else 1
+        print(line)
+        if check:
+            for problem in summary["check"]["problems"]:
+                print(f"check: {problem}")
+            print("magpie: check passed" if summary["check"]["passed"] else
+                  f"magpie: check failed: {len(summary['check']['problems'])} problem(s)")
+    return 1 if check and not summary["check"]["passed"] else 0
 
 
 def check_artifacts(project, names: list[str], *, trust_stamps: bool = True, remove: bool = True) -> dict[str, str]:
@@ -220,25 +266,35 @@ def check_artifacts(project, names: list[str], *, trust_stamps: bool = True, rem
     return found
 
 
-def _up_to_date_by_snapshot(manifest: Path, as_json: bool) -> bool:
-    """The fast no-op: keys from the snapshot, one stat per artifact file, no manifest validation."""
+def _up_to_date_by_snapshot(manifest: Path, as_json: bool, check: bool = False) -> int | None:
+    """The fast no-op: keys from the snapshot, one stat per artifact file, no manifest validation.
+    Its exit code, or None where the build is not a no-op by the snapshot. With --json or
+    --check the verdicts are read from the stored comparisons."""
     from magpie.graph import snapshot
     from magpie.store import Store
 
     saved = snapshot.load_fresh(manifest)
     if saved is None:
-        return False
+        return None
     store = Store(Path(saved["workspace"]))
     tasks = saved["tasks"]
     if not all(store.unchanged(t["key"], t.get("stamp")) for t in tasks.values()):
-        return False  # missing, or touched since its digest was checked: the full load checks it
-    if publish(store, [(name, t["rule"], t["kernel"], t["key"]) for name, t in tasks.items()]):
-        return False  # one was modified (and is removed now): the full load rebuilds it
-    if as_json:
-        print(json.dumps({"executed": [], "failed": [], "up_to_date": len(tasks)}))
-    else:
-        print(f"magpie: {len(tasks)} artifacts up to date")
-    return True
+        return None  # missing, or touched since its digest was checked: the full load checks it
+    covered = [(name, t["rule"], t["kernel"], t["key"]) for name, t in tasks.items()]
+    if publish(store, covered):
+        return None  # one was modified (and is removed now): the full load rebuilds it
+    line = f"magpie: {len(tasks)} artifacts up to date"
+    if not (as_json or check):
+        print(line)
+        return 0
+    import tomllib
+
+    from magpie.report.verdicts import build_summary, expected_faster_in
+
+    expected = expected_faster_in(tomllib.loads(manifest.read_text()))
+    summary = build_summary(manifest.resolve().parent, store, covered, expected, executed=[], failed=[],
+                            up_to_date=len(tasks))
+    return _finish(summary, as_json, check, False, line)
 
 
 def publish_project(project) -> list[str]:

@@ -258,10 +258,17 @@ def comparison(job, out_dir: Path) -> dict:
             "timing_method": tim.get("timing_method"),
             "_paired_speedup": tim.get("speedup"),
             "time_s": time_spent(comp, corr, tim),
+            "spec_error": corr.get("spec_error") or tim.get("spec_error"),
         })
     from magpie.report.models import CompareReport, checked
 
     report = rank(kernel, rows, job.spec.params.get("baseline"))
+    # one error for the kernel per spec that failed, however many implementations it kept from being judged
+    report["spec_errors"] = list({(e["spec"], e["detail"]): e for e in (r["spec_error"] for r in rows) if e}.values())
+    report["errors"] = [f"spec error in {e['spec']}: {e['detail']}" for e in report["spec_errors"]]
+    # what was timed: the shape and dtype of each timing (the first shape of the first spec testcase)
+    report["timed_shapes"] = sorted({r["performance_result"]["shape"] for r in rows
+                                     if (r["performance_result"] or {}).get("shape")})
     report["time_s"] = {key: round(sum(row["time_s"][key] or 0.0 for row in rows), 3) for key in TIME_KEYS}
     return checked(CompareReport, report)
 
@@ -300,6 +307,10 @@ def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:
     for row in rows:
         row["is_baseline"] = row["implementation"] == baseline_id
         paired = row.pop("_paired_speedup", None)
+        if row.get("spec_error"):
+            excluded.append({"implementation": row["implementation"],
+                             "reason": f"not judged: spec error in {row['spec_error']['spec']}"})
+            continue
         if row["correctness_state"] != "SUCCESS":
             excluded.append({"implementation": row["implementation"],
                              "reason": f"correctness {row['correctness_state']}: {row['verdict']}"})

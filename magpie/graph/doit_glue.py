@@ -56,9 +56,11 @@ class MemoryDB:
 class BuildReporter:
     """Plain lines when not on a terminal; a rich progress bar on one."""
 
-    def __init__(self, *, reasons: dict[str, str], use_rich: bool, title: str = "magpie build"):
+    def __init__(self, *, reasons: dict[str, str], use_rich: bool, title: str = "magpie build",
+                 verdict_of=None):
         self.out = sys.stderr  # stdout stays clean for --json
         self.reasons = reasons
+        self.verdict_of = verdict_of  # task name -> what its result says, for its `done` line
         self.failures: list[tuple[str, str]] = []
         self.executed: list[str] = []
         self._started: dict[str, float] = {}
@@ -114,7 +116,8 @@ class BuildReporter:
         seconds = time.monotonic() - self._started.get(task.name, time.monotonic())
         if self._progress is not None:
             self._progress.advance(self._bar)
-        self._line(f"done  {task.name}  {seconds:.1f}s")
+        verdict = self.verdict_of(task.name) if self.verdict_of else ""
+        self._line(f"done  {task.name}  {verdict + '  ' if verdict else ''}{seconds:.1f}s")
 
     def add_failure(self, task, fail):
         self.failures.append((task.name, fail.get_msg().strip().splitlines()[-1] if fail.get_msg() else ""))
@@ -284,7 +287,8 @@ def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
     why = why or {}
     reasons = {name: why.get(name) or explain(project.tasks[name].parts, project.store.recorded(name))
                for name in project.stale(_closure(project, selected))}
-    reporter = BuildReporter(reasons=reasons, use_rich=use_rich, title=title)
+    reporter = BuildReporter(reasons=reasons, use_rich=use_rich, title=title,
+                             verdict_of=lambda name: stored_verdict(project, name))
     _REPORTER[:] = [reporter]
     _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
     _AFTER_STORING.clear()
@@ -293,6 +297,18 @@ def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
                     extra_config={"BACKEND": {"magpie-memory": "magpie.graph.doit_glue:MemoryDB"}})
     code = main.run(["run", *selected])
     return code, reporter
+
+
+def stored_verdict(project, name: str) -> str:
+    """What the stored result of a task says (report/verdicts.py), "" where it says nothing
+    or cannot be read (the line is the reporter's, never a reason for the build to fail)."""
+    from magpie.report.verdicts import task_line
+
+    spec = project.tasks[name]
+    try:
+        return task_line(spec.rule, project.store.read(spec.key))
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def _closure(project, selected: list[str]) -> list[str]:

@@ -372,9 +372,7 @@ class Evaluator:
                 self.laps.mark("park")  # the worker reset and parked for the timing job (or ended)
                 checks.extend({"testcase": index, **r} for r in records)
         except SpecError as err:
-            return {"correctness_state": "FAILED", "numerics": numerics, "verdict": f"testcase spec: {err}",
-                    "checks": checks, "errors": [f"testcase spec: {err}"],
-                    "failures": [failure("spec", "correctness", str(err), {"testcase": index})]}
+            return _not_judged("correctness", testcases[index]["spec"], err, index)
         except WorkerFailure as err:
             return {"correctness_state": "FAILED", "numerics": numerics, "verdict": str(err),
                     "checks": checks, "errors": [str(err)],
@@ -446,7 +444,7 @@ class Evaluator:
         try:
             return self._timed(spec_index, testcase, t)
         except SpecError as err:
-            return _not_timed("FAILED", "spec", f"testcase spec: {err}", spec_index)
+            return _not_judged("timing", testcase["spec"], err, spec_index)
         except WorkerFailure as err:
             return _not_timed("FAILED", failure_kind(str(err)), str(err), spec_index)
 
@@ -1625,6 +1623,19 @@ def _fail(result: dict, kind: str, detail: str, case, testcase: int) -> None:
     result["performance_state"] = "FAILED"
     result["errors"].append(detail)
     _record(result, "failures", kind, detail, case, testcase)
+
+
+def _not_judged(stage: str, spec: str, err: SpecError, testcase: int | None) -> dict:
+    """The spec (its import, inputs or reference) failed, not the implementation: the result
+    names the spec file in `spec_error`, which the comparison reports once for the kernel, and
+    the implementation is not judged (SKIPPED, not FAILED)."""
+    detail = str(err).removeprefix(f"{Path(spec).name}: ")  # SpecError names the file: here by its path
+    line = f"not judged: spec error in {spec}: {detail}"
+    result = {"verdict": line, "errors": [line], "spec_error": {"spec": spec, "detail": detail},
+              "failures": [failure("spec", stage, detail, {"testcase": testcase})]}
+    if stage == "correctness":
+        return {"correctness_state": "SKIPPED", "numerics": "unverified", "checks": [], **result}
+    return {"performance_state": "SKIPPED", "performance_result": None, **result}
 
 
 def _not_timed(state: str, kind: str, error: str, testcase: int | None = None) -> dict:

@@ -88,6 +88,9 @@ class Implementation(Strict):
     working_dir: Optional[str] = None
     env: dict[str, str] = {}
     compile_command: Optional[str] = None
+    expect_faster: bool = Field(False, description="`magpie build --check` fails unless this implementation is "
+                                "correct and faster than the baseline beyond noise (in no task's key: changing it "
+                                "re-runs nothing)")
 
 
 class Testcase(Strict):

@@ -90,6 +90,14 @@ class Speedup(Open):
     verdict: Literal["faster", "slower", "within noise", "baseline"]
 
 
+class SpecError(Open):
+    """A kernel's spec or reference that failed (its `make_inputs`, its reference, its import):
+    one error for the kernel, naming the spec file; its implementations are not judged."""
+
+    spec: str
+    detail: str
+
+
 class ResultRow(Open):
     implementation: str
     is_baseline: bool
@@ -111,6 +119,7 @@ class ResultRow(Open):
     # implausible_speedup, uneven_calls)
     numerics_margin: Optional[NumericsMargin] = None
     timing_method: Optional[dict] = None  # mode (events, graph; none on the CPU) and why
+    spec_error: Optional[SpecError] = None  # its kernel's spec failed: not judged
 
 
 class Excluded(Open):
@@ -129,6 +138,55 @@ class CompareReport(Open):
     results: list[ResultRow]
     errors: list[str]
     timing_method: Optional[dict] = None
+    spec_errors: list[SpecError] = []
+    timed_shapes: list[str] = []  # the shape and dtype each timing measured, e.g. "[64, 1024] float32"
+
+
+class ImplementationSummary(BaseModel):
+    """One implementation in `magpie build --json`: its comparison row's verdict in Magpie's
+    keys, its outcome (report/verdicts.py's OUTCOMES) and, where `--check` fails on it, why."""
+
+    implementation: str
+    is_baseline: bool
+    outcome: Literal["not_judged", "timed_out", "inconclusive", "failed", "skipped", "passed"]
+    compiling_state: str
+    correctness_state: str
+    performance_state: str
+    numerics: str
+    verdict: str
+    failures: list[dict]
+    performance_result: Optional[dict]
+    speedup: Optional[dict]
+    expect_faster: bool
+    check: Optional[str]
+
+
+class KernelSummary(BaseModel):
+    kernel: str
+    baseline: Optional[str]
+    best: Optional[str]
+    ranking: list[str]
+    compare_report: str = Field(description="the published compare_report.json, relative to magpie.toml's folder")
+    spec_errors: list[SpecError]
+    implementations: list[ImplementationSummary]
+
+
+class BuildCheck(BaseModel):
+    passed: bool
+    problems: list[str]
+
+
+class BuildSummary(BaseModel):
+    """`magpie build --json`: one schema for a build that ran tasks, a no-op and `--check`."""
+
+    executed: list[str]
+    failed: list[str]
+    failures: dict[str, str] = Field(description="each failed task's last error line")
+    up_to_date: int
+    kernels: list[KernelSummary]
+    reports: Optional[dict[str, str]] = Field(description="report.html and summary.md, relative to magpie.toml's "
+                                                          "folder; null where no report was built")
+    check: BuildCheck
 
 
 class AnalyzeReport(Open):

@@ -72,8 +72,27 @@ def template_environment(markup: str = "html") -> Environment:
     env.filters["spread"] = lambda p: "—" if not p else spread_text(p)
     env.filters["x"] = lambda s: "—" if not s else (
         "baseline" if s.get("verdict") == "baseline" else
-        f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}{bounded_text(s)}")
+        f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}{bounded_text(s)}"
+        f"{against_text(s)}")
+    env.filters["md"] = markdown_text
     return env
+
+
+def against_text(speedup: dict) -> str:
+    """The baseline median a speedup was computed from: the baseline timed beside that
+    candidate, not the baseline's own row (timed alone)."""
+    median = speedup.get("baseline_median_us")
+    return f" vs baseline {median:,.2f} µs" if median is not None else ""
+
+
+# What Markdown (and the HTML it allows inline) would read as markup in a line of text
+MARKDOWN_SPECIALS = str.maketrans({c: "\\" + c for c in "\\`*_[]~|#"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;"})
+
+
+def markdown_text(text) -> str:
+    """A line of text (a failure message, code under test's words among them) that a Markdown
+    renderer shows as it is: no emphasis, links, HTML or table cells of its making."""
+    return str(text).replace("\n", " ").translate(MARKDOWN_SPECIALS)
 
 
 def _compiled_templates(markup: str) -> FileSystemBytecodeCache | None:
@@ -96,6 +115,7 @@ def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None 
     for comp in comparisons:
         methods = sorted({r["performance_result"]["method"] for r in comp["results"] if r.get("performance_result")})
         kernels.append({**comp, "methods": methods, "profile_notes": profile_notes(comp["results"]),
+                        "timed_shapes": comp.get("timed_shapes", []),
                         "timing_svg": Markup(timing_boxes(comp["results"])),
                         "speedup_svg": Markup(speedup_bars(comp["results"])),
                         "roofline_svg": Markup(roofline_plot(comp["results"]))})
