@@ -15,6 +15,9 @@ needed, a network namespace of its own, which has nothing but a loopback that is
   which is then read-only like everything else; no TCP unless the policy allows network; on
   a GPU, where CUDA needs /dev/shm, a /dev/shm of its own (empty, or the folder an evaluator
   links what it lends into), its own trees beneath the host's bound back;
+- in a mount namespace of the code's own, every mount is read-only but its write trees:
+  Landlock has no right for a file's metadata, so chmod, chown, utime and setxattr would
+  otherwise work on every file it can see that its user owns (as root, every file);
 - a seccomp filter makes the calls that reach into other processes or change the mount
   table fail, and without network, every socket (on a GPU, every one but a Unix socket,
   which CUDA needs); the folders where sockets live (`/run`, `/tmp`, homes) are covered;
@@ -43,6 +46,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from magpie import paths as magpie_paths
 from magpie.sandbox import landlock, namespaces, pids, seccomp
 from magpie.supervision.process import close_all_but, end_like
 
@@ -64,7 +68,9 @@ class SandboxError(RuntimeError):
 @dataclasses.dataclass
 class Policy:
     write: list[str]  # trees it may change: its scratch folder, its compiler caches
-    read: list[str] = dataclasses.field(default_factory=list)  # trees to read besides the system's
+    read: list[str] = dataclasses.field(default_factory=list)  # trees (or files) to read besides the system's
+    # folders whose entries it may list, not read (where a declared file lies: `harness.declared`)
+    listed: list[str] = dataclasses.field(default_factory=list)
     hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (usable trees beneath kept)
     # hidden the same way: where magpie's sockets and locks are, as seen where the policy is made
     temporary: list[str] = dataclasses.field(default_factory=lambda: temporary_folders())
@@ -264,18 +270,28 @@ def _system_reads() -> list[str]:
     return [os.path.join("/", name) for name in SYSTEM_TREES if os.path.isdir(os.path.join("/", name))]
 
 
+# magpie's package, and the folder it is found in (a source checkout's, which the import system
+# lists to find it, and which may hold a project too: the example's)
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_PARENT = os.path.dirname(PACKAGE)
+
+
 def read_trees(policy: Policy) -> list[str]:
     """The system's trees (SYSTEM_TREES), the interpreter and its libraries, magpie, and the
     policy's trees: not the temporary folder (where other jobs' scratch, magpie's locks and
     sockets live)."""
     paths = sysconfig.get_paths()
-    # magpie's package and the folder it is found in (a source checkout's, which the import
-    # system lists to find it)
-    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     interpreter = [sys.prefix, sys.base_prefix, sys.exec_prefix, paths["stdlib"], paths["platstdlib"],
-                   paths["purelib"], paths["platlib"], package_parent, *site.getsitepackages(),
-                   site.getusersitepackages()]
-    return [*_system_reads(), *interpreter, *policy.read]
+                   paths["purelib"], paths["platlib"], PACKAGE, *site.getsitepackages(), site.getusersitepackages()]
+    # the built-in rules and templates, beside the package in a checkout
+    data = [str(magpie_paths.rules_dir()), str(magpie_paths.templates_dir())]
+    return [*_system_reads(), *interpreter, *data, *policy.read]
+
+
+def listed_folders(policy: Policy) -> list[str]:
+    """Folders whose entries it may list without reading their files: magpie's parent, and the
+    policy's (`listed`)."""
+    return [PACKAGE_PARENT, *policy.listed]
 
 
 # The device nodes code under test may open: the byte sources and sinks; a GPU's nodes only for
@@ -388,7 +404,9 @@ def contain(policy: Policy, fork: bool = True) -> None:
         namespaces.make_private()
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
         # checkout of magpie, or a project, under /tmp)
-        usable = [p for p in (*policy.write, *reads) if os.path.exists(p)]
+        # (a file, by the folder it is in: only a folder can be bound back into an empty tmpfs)
+        usable = list(dict.fromkeys(p if os.path.isdir(p) else os.path.dirname(p)
+                                    for p in (*policy.write, *reads, *listed_folders(policy)) if os.path.exists(p)))
         system = [f for f in (*SOCKET_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
         hidden = [*policy.hide, *policy.temporary, *system]
         if policy.gpu and os.path.isdir(SHARED_MEMORY):
@@ -411,14 +429,23 @@ def contain(policy: Policy, fork: bool = True) -> None:
     if fork:
         # as root with no pids cgroup, the sandbox's init counts its processes instead
         _wait_as_parent_of_sandbox(policy, cgroup, count_processes=cgroup is None and os.geteuid() == 0)
+    # The CUDA driver names its threads (it writes /proc/PID/task/*/comm, of whichever process
+    # starts it: a profiler's child too); what the host's root may write there stays read-only.
+    proc = ["/proc"] if policy.gpu else []
+    try:
+        if fork:  # a mount namespace of the code's own: the waiter still removes its pids cgroup
+            namespaces.unshare(namespaces.CLONE_NEWNS)
+        namespaces.read_only_but([p for p in (*write_trees(policy), *proc) if os.path.isdir(p)])
+        # the working folder again by its path: one of the writable mounts now lies on top of it
+        with contextlib.suppress(OSError):
+            os.chdir(os.getcwd())
+    except OSError as err:
+        raise SandboxError(f"read-only mounts: {err}") from None
     try:
         _limits(policy)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
-        # The CUDA driver names its threads (it writes /proc/PID/task/*/comm, of whichever process
-        # starts it: a profiler's child too); what the host's root may write there stays read-only.
-        proc = ["/proc"] if policy.gpu else []
         landlock.restrict(read=reads, write=[*write_trees(policy), *proc], devices=device_files(policy),
-                          network=policy.network)
+                          network=policy.network, listed=listed_folders(policy))
         if seccomp.supported():
             seccomp.install(policy.network, GPU_SOCKET_FAMILIES if policy.gpu else ())
         namespaces.drop_capabilities()

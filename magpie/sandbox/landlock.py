@@ -47,10 +47,11 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-def restrict(*, read: list[str], write: list[str], devices: list[str], network: bool,
+def restrict(*, read: list[str], write: list[str], devices: list[str], network: bool, listed: list[str] = (),
              scopes: int = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) -> int:
-    """Enforce on this process (and its future children): `read` trees readable and executable,
-    `write` trees fully usable, `devices` readable, writable and ioctl-able, nothing else; no
+    """Enforce on this process (and its future children): `read` trees (or files) readable and
+    executable, `listed` folders' (and their subfolders') entries listable but their files not
+    readable, `write` trees fully usable, `devices` readable, writable and ioctl-able, nothing else; no
     signal to, or abstract socket of, a process outside (`scopes`). no_new_privs must be set.
     Returns the ABI version used."""
     abi = abi_version()
@@ -64,7 +65,7 @@ def restrict(*, read: list[str], write: list[str], devices: list[str], network: 
     ruleset = _check(_libc.syscall(CREATE_RULESET, ctypes.c_char_p(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)),
                      "create_ruleset")
     try:
-        for paths, access in ((read, READ), (devices, DEVICE), (write, handled_fs)):
+        for paths, access in ((listed, READ_DIR), (read, READ), (devices, DEVICE), (write, handled_fs)):
             for path in paths:
                 _allow(ruleset, path, access & handled_fs)
         _check(_libc.syscall(RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)), "restrict_self")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 CLONE_NEWIPC = 0x08000000
@@ -41,6 +42,31 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     enc = (lambda s: None if s is None else s.encode())
     _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            f"mount {target}")
+
+
+# mount_setattr(2) (Linux 5.12; every kernel with Landlock has it): one mount's flags, or a
+# whole tree's, changed without naming the flags it keeps (a remount must repeat the locked ones).
+MOUNT_SETATTR, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, 0x8000, 0x1
+AT_FDCWD = -100
+
+
+def _set_read_only(path: str, read_only: bool, recursive: bool) -> None:
+    attr = struct.pack("=QQQQ", MOUNT_ATTR_RDONLY if read_only else 0, 0 if read_only else MOUNT_ATTR_RDONLY, 0, 0)
+    _check(_libc.syscall(MOUNT_SETATTR, ctypes.c_int(AT_FDCWD), path.encode(),
+                         ctypes.c_uint(AT_RECURSIVE if recursive else 0), ctypes.c_char_p(attr),
+                         ctypes.c_size_t(len(attr))), f"mount_setattr {path}")
+
+
+def read_only_but(writable: list[str]) -> None:
+    """Every mount read-only but the trees in `writable` (each bound onto itself, then made
+    writable alone, what is mounted beneath it staying read-only). Landlock has no right for a
+    file's metadata: where the sandbox's root is the host's root, or the user who owns the
+    project, chmod, utime and setxattr succeeded on every file it could read; on a read-only
+    mount they fail (EROFS) whoever owns the file."""
+    _set_read_only("/", True, recursive=True)
+    for tree in writable:
+        _bind(tree, tree)
+        _set_read_only(tree, False, recursive=False)
 
 
 def make_private() -> None:

@@ -1,5 +1,6 @@
 """A seccomp filter: system calls code under test has no business making fail with EPERM
-(reaching into other processes, changing the mount table, loading kernel code, io_uring,
+(reaching into other processes, changing the mount table or a mount's flags (the read-only
+mounts that keep it from changing files' metadata), loading kernel code, io_uring,
 which seccomp cannot see into), and, without network, every `socket()` (`socketpair`
 stays): a Unix socket's path can name a daemon's, Docker's say, which Landlock does not
 guard, and a VM's vsock reaches its host from any network namespace. System calls of
@@ -20,7 +21,7 @@ ERRNO = 0x00050000
 DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "kexec_load",
           "init_module", "finit_module", "delete_module", "bpf", "keyctl", "add_key", "request_key", "unshare",
           "setns", "userfaultfd", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
-          "io_uring_setup", "io_uring_enter", "io_uring_register")
+          "io_uring_setup", "io_uring_enter", "io_uring_register", "mount_setattr")
 # (audit architecture, syscall numbers, numbers at or above this are another ABI's)
 ARCHES = {
     "x86_64": (0xC000003E, 0x40000000, {
@@ -36,7 +37,7 @@ ARCHES = {
 }
 # Added after the tables were unified: one number everywhere.
 COMMON = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-          "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}
+          "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "mount_setattr": 442}
 
 
 class SeccompError(OSError):
