@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from magpie.errors import UserError, located
-from magpie.manifest.load import describe_validation_error, read_text
+from magpie.manifest.load import describe_validation_error, keep_inside, read_text
 from magpie.manifest.models import Implementation, Testcase
 
 ALLOWED = {
@@ -76,9 +76,12 @@ def _one(path: Path, root: Path, entry, where: str) -> YamlKernel:
     if not sources:
         raise located(path, f"{where}.source_files", "list at least one source file")
     working_dir = entry.get("working_dir")
+    if working_dir:
+        keep_inside(root, str(working_dir), path, where, "working_dir", "working folders")
     base = (root / working_dir) if working_dir else root
     rel_sources = []
     for i, src in enumerate(sources):
+        keep_inside(root, str(base / src), path, where, f"source_files[{i}]", "source files", shown=str(src))
         full = (base / src).resolve()
         if not full.is_file():
             raise located(path, f"{where}.source_files[{i}]", f"file not found: {src}")
@@ -99,6 +102,7 @@ def _one(path: Path, root: Path, entry, where: str) -> YamlKernel:
             testcases.append(Testcase(command=entry["testcase_command"],
                                       working_dir=impl.working_dir, env=impl.env))
         if entry.get("spec"):
+            keep_inside(root, str(base / entry["spec"]), path, where, "spec", "specs", shown=str(entry["spec"]))
             spec = (base / entry["spec"]).resolve()
             if not spec.is_file():
                 raise located(path, f"{where}.spec", f"file not found: {entry['spec']}")
@@ -112,7 +116,5 @@ def _one(path: Path, root: Path, entry, where: str) -> YamlKernel:
 
 
 def _relative(full: Path, root: Path) -> str:
-    try:
-        return full.relative_to(root).as_posix()
-    except ValueError:
-        return full.as_posix()
+    """A path already kept inside the project (`keep_inside`), relative to it."""
+    return full.relative_to(root).as_posix()

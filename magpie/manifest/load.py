@@ -5,6 +5,7 @@ Any problem becomes a single `UserError` line: `<file>: <field path>: <problem>`
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -99,7 +100,104 @@ def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
     return manifest, root
 
 
+def outside(root: Path, name: str) -> Path | None:
+    """Where `name` (relative to `root`, or absolute) really is, every symlink followed, when
+    that is outside `root`; None when it is inside (whether or not it exists)."""
+    real_root = Path(os.path.realpath(root))
+    real = Path(os.path.realpath(real_root / name))
+    return None if real.is_relative_to(real_root) else real
+
+
+def keep_inside(root: Path, name: str, path, where: str, field: str, kept: str, shown: str | None = None) -> None:
+    """One line naming the file and field when `name` (written as `shown`) resolves outside the
+    project: nothing outside it may be read into the store or copied into its snapshots, which
+    a CI cache uploads."""
+    real = outside(root, name)
+    if real is not None:
+        raise located(path, where, f"{field} {_quoted(shown or name)} resolves outside the project ({real}); "
+                                   f"keep {kept} inside {os.path.realpath(root)}")
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '\\"') + '"'
+
+
+def _keep_folder_inside(root: Path, name: str, path, where: str, field: str, kept: str,
+                        folder: Path | None = None) -> None:
+    """The folder (`name` as written, read from `folder` where that is not beside the manifest)
+    and every file in it as a build lists them (rglob) inside the project: a link in a trace or
+    model folder would otherwise bring in a file from elsewhere."""
+    folder = folder or Path(os.path.realpath(root)) / name
+    keep_inside(root, str(folder), path, where, field, kept, shown=name)
+    if not folder.is_dir():
+        return
+    for found in folder.rglob("*"):
+        real = outside(root, str(found))
+        if real is not None:
+            raise located(path, where, f"{field} {_quoted(name)} holds {found.relative_to(folder).as_posix()}, "
+                                       f"which resolves outside the project ({real}); keep {kept} inside "
+                                       f"{os.path.realpath(root)}")
+
+
+def check_paths_inside(manifest: Manifest, root: Path, path) -> None:
+    """Every path the manifest names resolves inside the project root (docs/security.md)."""
+    for kernel in manifest.kernel:
+        for impl in kernel.implementations():
+            where = f"kernel {kernel.id}, implementation {impl.id}"
+            keep_inside(root, impl.source, path, where, "source", "sources")
+            for j, name in enumerate(impl.source_files):
+                keep_inside(root, name, path, where, f"source_files[{j}]", "source files")
+            if impl.working_dir:
+                keep_inside(root, impl.working_dir, path, where, "working_dir", "working folders")
+        for t, testcase in enumerate(kernel.testcases):
+            if testcase.spec:
+                keep_inside(root, testcase.spec, path, f"kernel {kernel.id}", f"testcases[{t}].spec", "specs")
+            if testcase.working_dir:
+                keep_inside(root, testcase.working_dir, path, f"kernel {kernel.id}", f"testcases[{t}].working_dir",
+                            "working folders")
+    for trace in manifest.traces:
+        _keep_folder_inside(root, trace.dir, path, f"traces {trace.id}", "dir", "traces")
+        for j, repo in enumerate(trace.kernel_source_repos):
+            keep_inside(root, repo, path, f"traces {trace.id}", f"kernel_source_repos[{j}]", "source repositories")
+    for bench in manifest.benchmark:
+        folder = _model_folder(root, bench.model)
+        if folder is not None:
+            _keep_folder_inside(root, bench.model, path, f"benchmark {bench.id}", "model", "model folders", folder)
+    for i, table in enumerate(manifest.rule):
+        _check_rule_inputs(root, table, path, i)
+
+
+def _model_folder(root: Path, model: str) -> Path | None:
+    """Where a build reads a benchmark's model from (graph/expand.py): beside the manifest, else
+    as given; None for a hub id."""
+    from magpie.serving.report import local_model_path
+
+    found = local_model_path(str(root / model)) if not Path(model).is_absolute() else None
+    if found is None or not found.exists():
+        found = local_model_path(model)
+    return found
+
+
+def _check_rule_inputs(root: Path, table, path, index: int) -> None:
+    from magpie.paths import templates_dir
+
+    if not isinstance(table, dict) or not isinstance(table.get("inputs"), list):
+        return  # the rule's own validation names what is wrong
+    where = f"rule {table.get('name', index)}"
+    for j, name in enumerate(table["inputs"]):
+        if not isinstance(name, str) or (name.startswith("{") and name.endswith("}")):
+            continue
+        if name.startswith("magpie-templates/"):  # read from magpie's own templates (graph/expand.py)
+            real = outside(templates_dir(), name.split("/", 1)[1])
+            if real is not None:
+                raise located(path, where, f"inputs[{j}] {_quoted(name)} resolves outside magpie's templates "
+                                           f"({real}); name a template, or a file inside the project")
+            continue
+        keep_inside(root, name, path, where, f"inputs[{j}]", "rule inputs")
+
+
 def check_files(manifest: Manifest, root: Path, path) -> None:
+    check_paths_inside(manifest, root, path)
     for k, kernel in enumerate(manifest.kernel):
         impls = ([("baseline", kernel.baseline)] if kernel.baseline else []) + [
             (f"candidates[{i}]", impl) for i, impl in enumerate(kernel.candidates)
