@@ -30,7 +30,8 @@ class Project:
                       workspace: str | Path | None = None) -> "Project":
         _check_trace_folders(manifest, root, manifest_path)
         rules = resolve_rules(manifest.rule, manifest_path)
-        store = Store(Path(workspace) if workspace else root / manifest.project.workspace)
+        store = Store(Path(workspace) if workspace else root / manifest.project.workspace,
+                      trusted_signers=tuple(manifest.store.trusted_signers))
         tasks = expand(manifest, root, rules, snapshots=store.snapshots, digests=store.file_digests)
         return cls(manifest, root, manifest_path, tasks, store)
 

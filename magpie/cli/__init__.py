@@ -8,7 +8,7 @@ import sys
 from magpie import __version__
 from magpie.errors import UserError
 
-VERBS = ("build", "clean", "verify", "analyze", "compare", "benchmark", "calibrate")
+VERBS = ("build", "clean", "verify", "key", "analyze", "compare", "benchmark", "calibrate")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -31,6 +31,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        from magpie.store.signing import take_secret_from_environment
+
+        take_secret_from_environment()  # before any process is started: none inherits the store's key
         if args.gpu_info:
             from magpie.cli.gpu_info import run as gpu_info
 

@@ -1,4 +1,5 @@
-"""magpie verify: check every artifact of the store against the digests recorded when it was written."""
+"""magpie verify: check every artifact of the store against the digests recorded when it was written
+and against its signature (its signer trusted: this machine's key or one configured)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from urllib.parse import unquote
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="check every artifact in the store against its recorded digests",
-                       description="Hash every artifact in the project's store (all keys, current or not) and "
-                                   "compare its files with the sizes and sha256 recorded when it was written. "
-                                   "Prints one line per artifact that was modified, truncated, lost a file or "
-                                   "has no recorded digest, then a summary; exits 1 if there is any.")
+    p = sub.add_parser("verify", help="check every artifact in the store against its recorded digests and signature",
+                       description="Hash every artifact in the project's store (all keys, current or not), "
+                                   "compare its files with the sizes and sha256 recorded when it was written and "
+                                   "check its signature over its task, key and digests. Prints one line per "
+                                   "artifact that was modified, truncated, lost a file, has no recorded digest, is "
+                                   "unsigned, fails its signature or was signed by a signer not trusted here (this "
+                                   "machine's key, `magpie key`, and [store] trusted_signers), then a summary; "
+                                   "exits 1 if there is any.")
     p.add_argument("-m", "--manifest", default="magpie.toml", help="project manifest (default: %(default)s)")
     p.add_argument("--fix", action="store_true", help="remove the bad artifacts, so that the next build rebuilds them")
     p.add_argument("--json", action="store_true", help="print the findings as JSON on stdout")
@@ -57,8 +61,9 @@ def run(args) -> int:
                   f"{'  removed' if args.fix else ''}")
         where = Path(store.objects)
         if bad:
-            print(f"magpie: {len(bad)} of {len(keys)} artifacts in {where} do not match their recorded digests"
+            print(f"magpie: {len(bad)} of {len(keys)} artifacts in {where} do not match their recorded digests "
+                  f"or trusted signature"
                   + ("; removed, the next build rebuilds them" if args.fix else "; magpie verify --fix removes them"))
         else:
-            print(f"magpie: all {len(keys)} artifacts in {where} match their recorded digests")
+            print(f"magpie: all {len(keys)} artifacts in {where} match their recorded digests and trusted signature")
     return 1 if bad else 0

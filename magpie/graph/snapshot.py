@@ -8,6 +8,10 @@ here, and "is the build up to date" is one stat per artifact file, compared with
 it had when its digest was last found right (nothing is hashed). Any doubt means a full load,
 which computes keys from contents, so a stale snapshot can cost time but never a wrong
 answer about what is up to date. Imports nothing heavy on purpose.
+
+The snapshot lies in the workspace, which a CI cache restores, and its stamps let artifacts
+be trusted unread: its first line is a MAC of the rest under a key derived from the store's
+signing secret (`magpie.store.signing`), and a snapshot whose MAC fails is not used at all.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-VERSION = 2  # 2: artifacts' stamps
+VERSION = 3  # 2: artifacts' stamps; 3: MAC'd, the trusted signers recorded
 NAME = "graph-snapshot.json"
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -49,6 +53,7 @@ def environment() -> dict:
 
 def _watched(project) -> list[str]:
     from magpie.paths import rules_dir, templates_dir
+    from magpie.store import signing
 
     paths = {str(project.manifest_path.resolve())}
     for spec in project.tasks.values():
@@ -62,6 +67,7 @@ def _watched(project) -> list[str]:
     paths.update(str(p) for p in rules_dir().glob("*.toml"))
     paths.update(str(p) for p in templates_dir().glob("*.j2"))
     paths.update(str(p) for p in _PACKAGE.rglob("*.py"))
+    paths.add(str(signing.config_dir() / signing.TRUSTED_FILE))  # trusting fewer signers re-checks artifacts
     return sorted(paths)
 
 
@@ -75,17 +81,19 @@ def save(project, data: dict | None = None) -> dict:
     the artifacts' stamps: their files' stat when their digests were last found right. The
     stamps of the snapshot this one replaces are carried over (a stamp holds only while the
     stat does) and given to the store, which then needs to hash only what changed."""
-    from magpie.store import atomic_write
+    from magpie.store import atomic_write, signing
 
     workspace = project.manifest.project.workspace
     store = project.store
     if data is None:
-        for key, stamp in _previous_stamps(path_for(project.manifest_path, workspace), store).items():
+        trusted = _trusted(store)
+        for key, stamp in _previous_stamps(path_for(project.manifest_path, workspace), store, trusted).items():
             store.stamps.setdefault(key, stamp)
         data = {
             "version": VERSION,
             "manifest": str(project.manifest_path.resolve()),
             "workspace": str(store.workspace.resolve()),
+            "trusted_signers": trusted,
             "environment": environment(),
             "stamps": {p: _stat(p) for p in _watched(project)},
             "tasks": {name: {"key": spec.key, "rule": spec.rule, "kernel": spec.kernel}
@@ -93,14 +101,35 @@ def save(project, data: dict | None = None) -> dict:
         }
     for task in data["tasks"].values():
         task["stamp"] = store.stamps.get(task["key"])
-    atomic_write(path_for(project.manifest_path, workspace), json.dumps(data))
+    body = json.dumps(data).encode()
+    atomic_write(path_for(project.manifest_path, workspace), signing.snapshot_mac(body).encode() + b"\n" + body)
     return data
 
 
-def _previous_stamps(path: Path, store) -> dict:
+def _trusted(store) -> list[str]:
+    from magpie.store import signing
+
+    return sorted(store.configured_signers | signing.user_trusted_signers())
+
+
+def _read(path: Path) -> dict | None:
+    """The snapshot at path when its MAC is this secret's; None otherwise."""
+    from magpie.store import signing
+
     try:
-        data = json.loads(path.read_text())
-        if data.get("version") != VERSION or data.get("workspace") != str(store.workspace.resolve()):
+        mac, body = path.read_bytes().split(b"\n", 1)
+    except (OSError, ValueError):
+        return None
+    if not signing.mac_matches(signing.snapshot_mac(body), mac.decode(errors="replace")):
+        return None
+    return json.loads(body)
+
+
+def _previous_stamps(path: Path, store, trusted: list[str]) -> dict:
+    try:
+        data = _read(path)
+        if (data.get("version") != VERSION or data.get("workspace") != str(store.workspace.resolve())
+                or data.get("trusted_signers") != trusted):
             return {}
         return {t["key"]: t["stamp"] for t in data["tasks"].values() if t.get("stamp")}
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
@@ -115,8 +144,10 @@ def load_fresh(manifest_path: Path) -> dict | None:
         import tomli as tomllib
     try:
         workspace = tomllib.loads(manifest_path.read_text()).get("project", {}).get("workspace", "workspaces")
-        data = json.loads(path_for(manifest_path, str(workspace)).read_text())
+        data = _read(path_for(manifest_path, str(workspace)))
     except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(data, dict):
         return None
     if data.get("version") != VERSION or data.get("manifest") != str(manifest_path.resolve()):
         return None

@@ -79,6 +79,23 @@ class ProjectSettings(Strict):
     trust_code: bool = Field(False, description="run code under test without a sandbox, where none can be set up")
 
 
+class StoreSettings(Strict):
+    trusted_signers: list[str] = Field([], description="public keys (`magpie key` on the machine that signed) whose "
+                                                       "artifacts this project uses as its own; an artifact signed "
+                                                       "by any other key is built again here")
+
+    @field_validator("trusted_signers")
+    @classmethod
+    def _signers(cls, value: list[str]) -> list[str]:
+        from magpie.store.signing import well_formed_signer
+
+        for signer in value:
+            if not well_formed_signer(signer):
+                raise ValueError(f"{signer!r} is not a signer: give \"ed25519:\" and 64 lowercase hex digits, as "
+                                 f"`magpie key` prints them")
+        return value
+
+
 class Implementation(Strict):
     id: str = Field(pattern=IDENT)
     source: str
@@ -251,6 +268,7 @@ class BenchmarkSpec(Strict):
 class Manifest(Strict):
     project: ProjectSettings = ProjectSettings()
     defaults: Defaults = Defaults()
+    store: StoreSettings = StoreSettings()
     kernel: list[Kernel] = []
     rule: list[dict] = []
     benchmark: list[BenchmarkSpec] = []

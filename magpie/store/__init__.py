@@ -14,6 +14,14 @@ whose files differ (modified, truncated, missing, added) or that has no recorded
 stat of every file when its digest was last found right (`stamps`) lets a no-op build
 trust an untouched artifact without reading it (a file added to the folder, or a changed
 .digest.json, is found when the artifact is next read, or by `magpie verify`).
+
+Digests alone prove nothing to a reader who did not record them: whoever can rewrite a file
+of the store (a CI cache) can rewrite its digests with it. So every artifact is also signed
+(`.signature.json`, `signing.py`) over its task, key and files' digests, with a key kept
+outside the store, and is used only when that signature holds and its signer is trusted:
+this machine's key, or one configured (`[store] trusted_signers` in magpie.toml, the user's
+`trusted-signers` file). An artifact signed by anyone else is treated as absent (rebuilt,
+so re-judged and re-measured here); one unsigned, or whose signature fails, is rebuilt.
 """
 
 from __future__ import annotations
@@ -28,7 +36,12 @@ from urllib.parse import quote
 
 RESULT = "result.json"
 DIGEST = ".digest.json"  # inside the artifact: its task, key and every other file's [size, sha256]
+SIGNATURE = ".signature.json"  # inside the artifact: signer, signature and MAC of its task, key and digests
 UNRECORDED = "no digest recorded"
+UNSIGNED = "not signed"
+BAD_SIGNATURE = "signature does not match its task, key and files"
+UNTRUSTED = "signed by {signer}, not a trusted signer"
+RESERVED = (DIGEST, SIGNATURE)  # the store's own files in an artifact: never an action's
 
 
 class Modified(Exception):
@@ -43,6 +56,12 @@ def warning(task: str, problem: str) -> str:
     """The one line a build prints before rebuilding an artifact it does not trust."""
     if problem == UNRECORDED:
         return f"store: artifact of {task} has no recorded digest (written by an older magpie); rebuilding it"
+    if problem == UNSIGNED:
+        return f"store: artifact of {task} is not signed (written by an older magpie, or its signature removed); " \
+               f"rebuilding it"
+    if problem.startswith("signed by "):
+        return f"store: artifact of {task} is {problem} (magpie key prints a machine's signer; trust one with " \
+               f"[store] trusted_signers in magpie.toml); rebuilding it"
     return f"store: artifact of {task} was modified after it was written ({problem}); rebuilding it"
 
 
@@ -62,8 +81,10 @@ def _digest(data: bytes) -> list:
 
 
 class Store:
-    def __init__(self, workspace: Path):
+    def __init__(self, workspace: Path, trusted_signers: tuple[str, ...] = ()):
         self.workspace = Path(workspace)
+        self.configured_signers = frozenset(trusted_signers)  # the project's; this machine's and the user's added
+        self._trusted: frozenset[str] | None = None
         self.objects = self.workspace / "store"
         self.snapshots = self.workspace / "snapshots"  # input files' bytes by digest, as their tasks were keyed
         self.index = self.workspace / "index"
@@ -93,8 +114,12 @@ class Store:
         return json.loads((self.path(key) / RESULT).read_text())
 
     def commit(self, key: str, result: dict, files: dict[str, bytes], task: str | None = None) -> Path:
-        if DIGEST in files:
-            raise ValueError(f"an action may not produce a file named {DIGEST} (the store's record of the artifact)")
+        from magpie.store import signing
+
+        for reserved in RESERVED:
+            if reserved in files:
+                raise ValueError(f"an action may not produce a file named {reserved} (the store's record of the "
+                                 f"artifact)")
         final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-", dir=final.parent))
@@ -106,8 +131,10 @@ class Store:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
             (tmp / DIGEST).write_text(json.dumps({"task": task, "key": key, "files": digests}, sort_keys=True))
+            signature = signing.sign(signing.artifact_message(task, key, digests))
+            (tmp / SIGNATURE).write_text(json.dumps(signature, sort_keys=True))
             # stat before the rename (which leaves files' stat alone): a later write shows
-            stamp = [[name, *_file_stamp(str(tmp / name))] for name in sorted(contents)]
+            stamp = [[name, *_file_stamp(str(tmp / name))] for name in sorted([*contents, SIGNATURE])]
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -142,7 +169,8 @@ class Store:
         return files if _well_formed(files) else None
 
     def scan(self, key: str) -> tuple[dict[str, bytes], list]:
-        """Every file of the artifact (.digest.json aside) as bytes, and their stat taken before reading."""
+        """Every file of the artifact (the store's own aside) as bytes, and their stat taken before
+        reading (the signature's among them: a stamp holds only while the signature is the one checked)."""
         contents: dict[str, bytes] = {}
         stamp: list = []
 
@@ -157,6 +185,13 @@ class Store:
                     walk(entry.path, rel + "/")
                     continue
                 if rel == DIGEST:
+                    continue
+                if rel == SIGNATURE:
+                    try:
+                        st = os.stat(entry.path)
+                    except OSError:
+                        continue
+                    stamp.append([rel, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
                     continue
                 try:
                     with open(entry.path, "rb") as handle:
@@ -187,7 +222,44 @@ class Store:
             if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
                 return f"{name} digest mismatch"
         extra = sorted(set(contents) - set(expected))
-        return f"unexpected file {extra[0]}" if extra else None
+        if extra:
+            return f"unexpected file {extra[0]}"
+        return self.signature_problem(key, task, expected)
+
+    def signature_problem(self, key: str, task: str | None, files: dict) -> str | None:
+        """None when the artifact's signature covers this task, key and these files' digests (the
+        ones just found in its folder) and its signer is trusted. What this machine's secret
+        signed is known by its MAC, without loading `cryptography`."""
+        from magpie.store import signing
+
+        try:
+            with open(f"{self.objects}/{key[:2]}/{key}/{SIGNATURE}", "rb") as handle:
+                signed = json.loads(handle.read())
+        except FileNotFoundError:
+            return UNSIGNED
+        except (OSError, ValueError):
+            return BAD_SIGNATURE
+        if not isinstance(signed, dict):
+            return BAD_SIGNATURE
+        message = signing.artifact_message(task, key, files)
+        signer, signature = signed.get("signer"), signed.get("signature")
+        if isinstance(signer, str) and isinstance(signature, str) and signing.mac_matches(
+                signing.artifact_mac(message, signer, signature), signed.get("mac")):
+            return None
+        if not signing.signature_valid(signer, signature, message):
+            return BAD_SIGNATURE
+        if signer not in self.trusted_signers():
+            return UNTRUSTED.format(signer=signer)
+        return None
+
+    def trusted_signers(self) -> frozenset[str]:
+        """This machine's signer, the project's and the user's trusted ones."""
+        if self._trusted is None:
+            from magpie.store import signing
+
+            self._trusted = frozenset({signing.public_key(), *self.configured_signers,
+                                       *signing.user_trusted_signers()})
+        return self._trusted
 
     def unchanged(self, key: str, stamp: list | None) -> bool:
         """Whether every file still has the stat it had when its digest was found right (no reading)."""
