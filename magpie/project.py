@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from magpie.graph.expand import TaskSpec, expand
+from magpie.graph.expand import TaskSpec, expand, resolve_key
 from magpie.graph.rules import resolve_rules
 from magpie.manifest.load import load_manifest
 from magpie.manifest.models import Manifest
@@ -17,8 +19,9 @@ class Project:
     manifest: Manifest
     root: Path
     manifest_path: Path
-    tasks: dict[str, TaskSpec]
+    tasks: dict[str, TaskSpec]  # in run order: a task after its deps
     store: Store
+    forced: set[str] = field(default_factory=set)  # run again even where their artifacts are stored
 
     @classmethod
     def load(cls, manifest_path: str | Path, workspace: str | Path | None = None) -> "Project":
@@ -33,7 +36,23 @@ class Project:
         store = Store(Path(workspace) if workspace else root / manifest.project.workspace,
                       trusted_signers=tuple(manifest.store.trusted_signers))
         tasks = expand(manifest, root, rules, snapshots=store.snapshots, digests=store.file_digests)
-        return cls(manifest, root, manifest_path, tasks, store)
+        project = cls(manifest, root, manifest_path, tasks, store)
+        project.resolve_keys()
+        return project
+
+    def resolve_keys(self) -> None:
+        """Every task's key from the artifacts its dependencies have in the store now."""
+        for spec in self.tasks.values():
+            resolve_key(spec, self.tasks, self.result_digest)
+
+    def resolve(self, name: str) -> str:
+        """One task's key, its dependencies' keys taken as they are (resolved already)."""
+        return resolve_key(self.tasks[name], self.tasks, self.result_digest)
+
+    def result_digest(self, name: str, key: str) -> str | None:
+        """The digest of what the task's artifact holds: of its files' recorded digests; None without one."""
+        files = self.store.expected(key, name) if self.store.has(key) else None
+        return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() if files else None
 
     def select(self, names: list[str]) -> list[str]:
         """Task names for the given kernel ids or task names (all tasks when empty)."""
@@ -57,8 +76,28 @@ class Project:
                                 f"(kernels: {', '.join(sorted(kernel_ids)) or 'none'}; see magpie build --dry-run)")
         return selected
 
+    def with_dependents(self, names: list[str]) -> list[str]:
+        """The tasks named and every task that depends on one of them, in run order."""
+        found = set(names)
+        for name, spec in self.tasks.items():
+            if any(dep in found for dep in spec.deps):
+                found.add(name)
+        return [name for name in self.tasks if name in found]
+
     def stale(self, names: list[str] | None = None) -> list[str]:
-        return [n for n in (names or list(self.tasks)) if not self.store.has(self.tasks[n].key)]
+        """The tasks among `names` and what they depend on that a build of them runs, in run
+        order: forced, without an artifact under their key, or depending on one that runs (its
+        new result gives them a new key)."""
+        wanted = set(names or self.tasks)
+        for name in reversed(list(self.tasks)):
+            if name in wanted:
+                wanted.update(self.tasks[name].deps)
+        runs: set[str] = set()
+        for name, spec in self.tasks.items():
+            if name in wanted and (name in self.forced or not self.store.has(spec.key)
+                                   or any(dep in runs for dep in spec.deps)):
+                runs.add(name)
+        return [name for name in self.tasks if name in runs]
 
 
 def _check_trace_folders(manifest: Manifest, root: Path, manifest_path: Path) -> None:

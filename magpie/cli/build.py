@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--executor", choices=("inline", "local"), help="where jobs run (default: inline for -j 1, "
                                                                     "a local process pool otherwise)")
     p.add_argument("-n", "--dry-run", action="store_true", help="list what would run and why, run nothing")
+    p.add_argument("--force", action="store_true",
+                   help="run the targets (task names or kernel ids) again even where up to date; what depends on "
+                        "their results follows")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary on stdout at the end: per implementation its verdict, failure kinds "
@@ -43,6 +46,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     if args.jobs < 1:
         raise UserError("--jobs: must be at least 1")
+    if args.force and not args.targets:
+        raise UserError("--force: name what to run again (task names such as timing:KERNEL/IMPL, or kernel ids)")
     if args.trust_code:
         from magpie import sandbox
 
@@ -61,6 +66,9 @@ def run(args) -> int:
     project = Project.load(args.manifest)
     saved = snapshot.save(project)
     selected = project.select(args.targets)
+    if args.force:
+        project.forced.update(selected)
+        selected = project.with_dependents(selected)
     if args.dry_run:
         return dry_run(project, selected, args.json)
     try:
@@ -126,15 +134,12 @@ def _stopped(project, signum: int, running: list[str]) -> None:
 
 
 def dry_run(project, selected: list[str], as_json: bool) -> int:
-    from magpie.graph.doit_glue import _closure
-    from magpie.graph.expand import explain
+    from magpie.graph.doit_glue import _closure, stale_reasons
 
-    closure = _closure(project, selected)
     modified = {name: f"modified after it was written: {problem}" for name, problem in
-                check_artifacts(project, closure, remove=False).items()}
-    stale = [name for name in closure if name in modified or not project.store.has(project.tasks[name].key)]
-    rows = [(name, modified.get(name) or explain(project.tasks[name].parts, project.store.recorded(name)))
-            for name in stale]
+                check_artifacts(project, _closure(project, selected), remove=False).items()}
+    project.forced.update(modified)  # a build removes and rebuilds them: so do their dependents
+    rows = list(stale_reasons(project, selected, modified).items())  # in run order
     if as_json:
         print(json.dumps({"would_run": [{"task": n, "why": w} for n, w in rows],
                           "up_to_date": len(project.tasks) - len(rows)}, indent=1))

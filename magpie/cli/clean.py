@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 
@@ -12,11 +13,13 @@ def add_parser(sub) -> None:
                                    "Cleaning a benchmark stops the servers the project's build kept (keep_server).")
     p.add_argument("kernels", nargs="*", help="kernel ids or task names")
     p.add_argument("-m", "--manifest", default="magpie.toml", help="project manifest (default: %(default)s)")
-    p.add_argument("--all", action="store_true", help="remove the whole store, index, kept inputs and published reports")
+    p.add_argument("--all", action="store_true", help="remove the whole store, index, kept inputs, published reports and the graph snapshot")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from magpie.graph import snapshot
+    from magpie.graph.expand import UNKNOWN_KEY
     from magpie.project import Project
 
     project = Project.load(args.manifest)
@@ -36,13 +39,52 @@ def run(args) -> int:
         for folder in (store.objects, store.index, store.snapshots, store.workspace / "reports"):
             shutil.rmtree(folder, ignore_errors=True)
         store.file_digests_path.unlink(missing_ok=True)
+        snapshot.path_for(project.manifest_path, project.manifest.project.workspace).unlink(missing_ok=True)
         print(f"magpie: removed the store under {store.workspace}")
         return 0
     if args.kernels:
         names += [n for n, spec in project.tasks.items() if spec.scope == "project"]
     removed = 0
     for name in names:
-        removed += store.remove(project.tasks[name].key)
+        # under its current key, and under the key of its last build (which a task whose
+        # dependency has no artifact, its key unknown, still has in the store)
+        recorded = store.recorded(name) or {}
+        for key in {project.tasks[name].key, recorded.get("key")} - {None, UNKNOWN_KEY}:
+            removed += store.remove(key)
         store.forget(name)
+    unpublish(project, project.with_dependents(names))
     print(f"magpie: removed {removed} artifacts")
     return 0
+
+
+def unpublish(project, names: list[str]) -> None:
+    """Remove what was published under reports/ from these tasks (a comparison's
+    compare_report.json, the report's html and summary, an analysis's folder): a verdict
+    whose artifact is gone, or is about to be rebuilt from results that are, stays published
+    nowhere. The next build publishes them again."""
+    from magpie.cli.build import LEDGER, PUBLISHED, PUBLISHED_FOLDERS
+    from magpie.store import atomic_write
+
+    out = project.store.workspace / "reports"
+    try:
+        ledger = json.loads((out / LEDGER).read_text())
+    except (OSError, ValueError):
+        ledger = {}
+    ledger = ledger if isinstance(ledger, dict) else {}
+    changed = False
+    for name in names:
+        spec = project.tasks[name]
+        if spec.rule not in PUBLISHED:
+            continue
+        if spec.rule in PUBLISHED_FOLDERS:
+            shutil.rmtree(out / PUBLISHED_FOLDERS[spec.rule] / name.split(":", 1)[1], ignore_errors=True)
+            continue
+        entry = ledger.pop(name, None)
+        changed |= entry is not None
+        published = (entry or {}).get("files") if isinstance(entry, dict) else None
+        files = list(published) if isinstance(published, dict) else (
+            [f"{spec.kernel}/compare_report.json"] if spec.rule == "comparison" else ["report.html", "summary.md"])
+        for rel in files:
+            (out / rel).unlink(missing_ok=True)
+    if changed:
+        atomic_write(out / LEDGER, json.dumps(ledger, sort_keys=True))

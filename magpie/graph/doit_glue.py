@@ -182,10 +182,15 @@ def doit_fields(project, executor, within: set[str] | None = None) -> list[dict]
         "name": name,
         "actions": [(run_task, [project, executor, name])],
         "task_dep": list(spec.deps) + waited(spec),
-        "uptodate": [(store.has, [spec.key])],
+        "uptodate": [(up_to_date, [project, name])],
         "doc": f"{spec.rule}: {spec.params['description']}".rstrip(": "),
         "io": {"capture": False},  # doit's capture swaps sys.stdout, which races across threads
     } for name, spec in project.tasks.items()]
+
+
+def up_to_date(project, name: str) -> bool:
+    """doit asks once the task's deps are done: its key is then the one of the results they left."""
+    return name not in project.forced and project.store.has(project.resolve(name))
 
 
 def run_task(project, executor, name: str) -> bool:
@@ -193,9 +198,9 @@ def run_task(project, executor, name: str) -> bool:
     spec = tasks[name]
     if _STOPPING.is_set():
         raise Stopped(f"{name}: not started, the build is being stopped")
-    job = Job(spec,
-              dep_results={d: read_dependency(project, executor, d) for d in spec.deps},
-              dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
+    dep_results = {d: read_dependency(project, executor, d) for d in spec.deps}
+    project.resolve(name)  # keyed by the results read: one rebuilt by read_dependency has a new digest
+    job = Job(spec, dep_results=dep_results, dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
     output = executor.submit(job).result()
     changed = changed_inputs(project.root, spec.parts, store.file_digests)
     if changed:  # what ran may not be what the key says: an edit during the build is never stored under it
@@ -205,6 +210,8 @@ def run_task(project, executor, name: str) -> bool:
             raise Stopped(f"{name}: not stored, the build is being stopped")
         _STORING_IN[0] = threading.get_ident()
         try:
+            if name in project.forced:  # the new result replaces the stored one
+                store.remove(spec.key)
             store.commit(spec.key, output.result, output.files, task=name)
             store.record(name, spec.key, spec.parts)
         finally:
@@ -284,9 +291,7 @@ _REBUILDING = threading.Lock()
 def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
              title: str = "magpie build", why: dict[str, str] | None = None) -> tuple[int, BuildReporter]:
     """`why`: reasons known beforehand (an artifact found modified), over explain()'s."""
-    why = why or {}
-    reasons = {name: why.get(name) or explain(project.tasks[name].parts, project.store.recorded(name))
-               for name in project.stale(_closure(project, selected))}
+    reasons = stale_reasons(project, selected, why)
     reporter = BuildReporter(reasons=reasons, use_rich=use_rich, title=title,
                              verdict_of=lambda name: stored_verdict(project, name))
     _REPORTER[:] = [reporter]
@@ -309,6 +314,18 @@ def stored_verdict(project, name: str) -> str:
         return task_line(spec.rule, project.store.read(spec.key))
     except (OSError, ValueError, KeyError, TypeError):
         return ""
+
+
+def stale_reasons(project, selected: list[str], why: dict[str, str] | None = None) -> dict[str, str]:
+    """{task: why it runs} for the tasks a build of `selected` runs, in run order. `why`: reasons
+    known beforehand (an artifact found modified), over explain()'s."""
+    why = why or {}
+    stale = project.stale(_closure(project, selected))
+    runs = set(stale)
+    return {name: why.get(name) or explain(project.tasks[name].parts, project.store.recorded(name),
+                                           first=runs.intersection(project.tasks[name].deps),
+                                           forced=name in project.forced)
+            for name in stale}
 
 
 def _closure(project, selected: list[str]) -> list[str]:

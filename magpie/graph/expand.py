@@ -2,8 +2,14 @@
 
 A task's key hashes the rule (and its action and version), the contents of its input
 files, the resolved settings that affect it, the toolchain and device facts it names,
-and the keys of the tasks it depends on. Keys are known before anything runs, so the
-up-to-date check is one `stat` of the store per task.
+and, for each task it depends on, that task's key and the digest of the artifact it
+produced (the result it reads). A result is not a pure function of its key (a timing is
+measured, a correctness check draws fresh inputs), so a dependency re-run under the same
+key (cleaned, forced, found modified) gives its dependents new keys: they rebuild, and a
+re-measured timing reaches its comparison and the report. A task whose dependency has no
+artifact yet has no key until that dependency is built (`UNKNOWN_KEY`); the up-to-date
+check is then one `stat` of the store per task, plus one read of each dependency's
+recorded digests on a full load (`resolve_key`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from magpie.paths import templates_dir
 from magpie.store.digests import FileDigests
 
 
+# Not a hex digest: no artifact is ever stored under it, so a task holding it is stale.
+UNKNOWN_KEY = "unknown"
+
+
 @dataclass
 class TaskSpec:
     """Plain, picklable data: everything an executor needs to run one task."""
@@ -37,7 +47,7 @@ class TaskSpec:
     fingerprint: dict
     deps: list[str]
     params: dict
-    key: str = ""
+    key: str = UNKNOWN_KEY  # resolve_key's
     parts: dict = field(default_factory=dict)
     after: list[str] = field(default_factory=list)  # order only: not in the key, results not read
 
@@ -175,7 +185,8 @@ class Expander:
             "impl.source_files": lambda: list(impl.source_files) if impl else [],
             "baseline.source": lambda: [baseline.source] if baseline else [],
             "baseline.source_files": lambda: list(baseline.source_files) if baseline else [],
-            "testcase.specs": lambda: [tc.spec for tc in kernel.testcases if tc.spec] if kernel else [],
+            "testcase.specs": lambda: [f for tc in kernel.testcases if tc.spec
+                                       for f in (tc.spec, *(tc.spec_files or []))] if kernel else [],
             "templates": lambda: ["magpie-templates/" + p.name for p in sorted(templates_dir().glob("*.j2"))],
         }
         if name not in table:
@@ -241,8 +252,12 @@ class Expander:
         for spec in self.tasks.values():
             spec.deps = [d for d in spec.deps if d in self.tasks]
             spec.after = [d for d in spec.after if d in self.tasks and d not in spec.deps]
+        ordered: dict[str, TaskSpec] = {}
         for name in self.tasks:
-            self._key(name, set())
+            self._in_run_order(name, ordered, set())
+        for spec in ordered.values():
+            spec.parts = self._own_parts(spec)
+        self.tasks = ordered
         return self.tasks
 
     def _add(self, rule: Rule, kernel: Kernel | None, impl: Implementation | None) -> None:
@@ -366,26 +381,47 @@ class Expander:
         self_name = f"{rule.name}:{kernel.id}/{impl.id}" if impl is not None else None
         return [d for d in out if d != self_name]
 
-    def _key(self, name: str, visiting: set) -> str:
-        spec = self.tasks[name]
-        if spec.key:
-            return spec.key
+    def _in_run_order(self, name: str, ordered: dict, visiting: set) -> None:
+        """Add `name` to `ordered` after what it depends on or waits for: the order a build at
+        -j 1 runs them in (doit runs a task's deps first, in the order given)."""
+        if name in ordered:
+            return
         if name in visiting:
             raise UserError(f"rules form a cycle through {name}: check the rules' deps")
         visiting.add(name)
-        parts = {
-            "task": name,
+        spec = self.tasks[name]
+        for dep in spec.deps + spec.after:
+            self._in_run_order(dep, ordered, visiting)
+        visiting.discard(name)
+        ordered[name] = spec
+
+    def _own_parts(self, spec: TaskSpec) -> dict:
+        """What of the key the task's own declaration gives; its deps' part is `resolve_key`'s."""
+        return {
+            "task": spec.name,
             "rule": spec.params["rule_identity"],
             "action": spec.action,
             "inputs": {n: self.hash_file(self._input_path(n)) for n in spec.inputs},
             "config": spec.config,
             "fingerprint": spec.fingerprint,
-            "deps": {d: self._key(d, visiting) for d in spec.deps},
         }
-        visiting.discard(name)
-        spec.parts = parts
-        spec.key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-        return spec.key
+
+
+def resolve_key(spec: TaskSpec, tasks: dict[str, TaskSpec], result_digest) -> str:
+    """Sets and returns the task's key from its own parts and, per dependency, [its key, the
+    digest of its artifact] (`result_digest(name, key)`, None when it has none), as the store
+    holds them now; UNKNOWN_KEY while a dependency has no artifact or no key. Dependencies
+    come first in `tasks` (run order), so resolving in that order resolves everything."""
+    deps = {}
+    for dep in spec.deps:
+        key = tasks[dep].key
+        deps[dep] = [key, None if key == UNKNOWN_KEY else result_digest(dep, key)]
+    parts = {name: value for name, value in spec.parts.items() if name != "deps"}
+    parts["deps"] = deps
+    spec.parts = parts
+    known = all(digest is not None for _, digest in deps.values())
+    spec.key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest() if known else UNKNOWN_KEY
+    return spec.key
 
 
 def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | None = None,
@@ -396,8 +432,12 @@ def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | 
     return tasks
 
 
-def explain(parts: dict, recorded: dict | None) -> str:
-    """Why a task must run, comparing its key's parts with those of its last build."""
+def explain(parts: dict, recorded: dict | None, first: set[str] | frozenset = frozenset(),
+            forced: bool = False) -> str:
+    """Why a task must run, comparing its key's parts with those of its last build; `first`:
+    its dependencies that run before it in this build."""
+    if forced:
+        return "forced (--force)"
     if recorded is None:
         return "never built"
     old = recorded.get("parts", {})
@@ -417,9 +457,18 @@ def explain(parts: dict, recorded: dict | None) -> str:
     for fact, value in parts["fingerprint"].items():
         if value != old.get("fingerprint", {}).get(fact):
             reasons.append(f"{fact} changed")
-    for dep, key in parts["deps"].items():
-        if key != old.get("deps", {}).get(dep):
+    for dep, (key, digest) in parts["deps"].items():
+        before = old.get("deps", {}).get(dep)
+        if not isinstance(before, list) or key in (UNKNOWN_KEY, None) or key != before[0]:
             reasons.append(f"{dep} rebuilt")
+        elif dep in first:  # the same key, run again: its result will be another
+            reasons.append(f"{dep} {_redone(dep)} first")
+        elif digest != before[1]:
+            reasons.append(f"{dep} was {_redone(dep)}")
     if not reasons:
         return "artifact missing from the store"
     return ", ".join(reasons[:4]) + (f" (+{len(reasons) - 4} more)" if len(reasons) > 4 else "")
+
+
+def _redone(task: str) -> str:
+    return "re-measured" if task.startswith("timing:") else "re-run"

@@ -99,6 +99,10 @@ def save(project, data: dict | None = None) -> dict:
             "tasks": {name: {"key": spec.key, "rule": spec.rule, "kernel": spec.kernel}
                       for name, spec in project.tasks.items()},
         }
+    else:  # after the build: a task it re-ran under the same key gave its dependents new keys
+        project.resolve_keys()
+        for name, task in data["tasks"].items():
+            task["key"] = project.tasks[name].key
     for task in data["tasks"].values():
         task["stamp"] = store.stamps.get(task["key"])
     body = json.dumps(data).encode()

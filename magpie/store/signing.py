@@ -37,7 +37,6 @@ TRUSTED_FILE = "trusted-signers"  # one "ed25519:<hex>" a line; '#' starts a com
 
 _secret: list[bytes] = []  # the seed, once read (the environment's is kept here once taken out)
 _from_environment: list[bool] = [False]
-_made: dict = {}  # (seed, what) -> derived MAC keys and the key objects, made once a process
 
 
 def config_dir() -> Path:
@@ -110,10 +109,7 @@ def _make_key_file(path: Path) -> None:
 
 
 def _derived(purpose: bytes) -> bytes:
-    seed = secret()
-    if (seed, purpose) not in _made:
-        _made[seed, purpose] = hmac.new(seed, b"magpie " + purpose, hashlib.sha256).digest()
-    return _made[seed, purpose]
+    return hmac.new(secret(), b"magpie " + purpose, hashlib.sha256).digest()
 
 
 def artifact_message(task: str | None, key: str, files: dict) -> bytes:
@@ -136,22 +132,16 @@ def mac_matches(expected: str, given) -> bool:
 
 
 def _private_key():
-    seed = secret()
-    if (seed, "private") not in _made:
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-        _made[seed, "private"] = Ed25519PrivateKey.from_private_bytes(seed)
-    return _made[seed, "private"]
+    return Ed25519PrivateKey.from_private_bytes(secret())
 
 
 def public_key() -> str:
     """This machine's signer, as configured on others: "ed25519:" and 64 hex digits."""
-    seed = secret()
-    if (seed, "public") not in _made:
-        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-        _made[seed, "public"] = SCHEME + _private_key().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
-    return _made[seed, "public"]
+    return SCHEME + _private_key().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
 
 
 def sign(message: bytes) -> dict:
