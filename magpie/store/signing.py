@@ -37,6 +37,7 @@ TRUSTED_FILE = "trusted-signers"  # one "ed25519:<hex>" a line; '#' starts a com
 
 _secret: list[bytes] = []  # the seed, once read (the environment's is kept here once taken out)
 _from_environment: list[bool] = [False]
+_made: dict = {}  # (seed, what) -> derived MAC keys and the key objects, made once a process
 
 
 def config_dir() -> Path:
@@ -109,7 +110,10 @@ def _make_key_file(path: Path) -> None:
 
 
 def _derived(purpose: bytes) -> bytes:
-    return hmac.new(secret(), b"magpie " + purpose, hashlib.sha256).digest()
+    seed = secret()
+    if (seed, purpose) not in _made:
+        _made[seed, purpose] = hmac.new(seed, b"magpie " + purpose, hashlib.sha256).digest()
+    return _made[seed, purpose]
 
 
 def artifact_message(task: str | None, key: str, files: dict) -> bytes:
@@ -132,16 +136,22 @@ def mac_matches(expected: str, given) -> bool:
 
 
 def _private_key():
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    seed = secret()
+    if (seed, "private") not in _made:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    return Ed25519PrivateKey.from_private_bytes(secret())
+        _made[seed, "private"] = Ed25519PrivateKey.from_private_bytes(seed)
+    return _made[seed, "private"]
 
 
 def public_key() -> str:
     """This machine's signer, as configured on others: "ed25519:" and 64 hex digits."""
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    seed = secret()
+    if (seed, "public") not in _made:
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-    return SCHEME + _private_key().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+        _made[seed, "public"] = SCHEME + _private_key().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    return _made[seed, "public"]
 
 
 def sign(message: bytes) -> dict:
