@@ -10,6 +10,8 @@ import pytest
 
 from conftest import FIXTURES, magpie, relu2_project, write
 from magpie.cli import main
+from magpie.harness.kinds import failure, failure_kind
+from magpie.report import verdicts
 from magpie.report.models import BuildSummary
 from magpie.report.render import render
 
@@ -85,6 +87,34 @@ def test_a_noop_gives_the_same_summary_and_check(mixed, capsys):
     assert code == 1 and "check: relu2/nan: failed: " in out and "magpie: check failed: 2 problem(s)" in out
     code, out = _noop(root, capsys)
     assert code == 0 and out.strip().endswith("artifacts up to date")
+
+
+def test_a_build_of_some_tasks_is_checked_on_their_results(mixed, capsys):
+    """Task names whose kernel's comparison the build does not cover: their stored results
+    are judged as the comparison would judge them (the full load's path, not the snapshot's)."""
+    root, _, summary = mixed
+    code, out = _noop(root, capsys, "correctness:relu2/nan", "--json", "--check")
+    (kernel,) = json.loads(out)["kernels"]
+    assert code == 1 and kernel["compare_report"] is None
+    assert [(r["implementation"], r["outcome"]) for r in kernel["implementations"]] == [("nan", "failed")]
+    code, out = _noop(root, capsys, "timing:relu2/good", "--json", "--check")
+    assert code == 0 and json.loads(out)["check"] == {"passed": True, "problems": []}
+    code, out = _noop(root, capsys, "relu2", "--json", "--check")  # a kernel id: its comparison
+    assert code == 1 and json.loads(out)["kernels"] == summary["kernels"]
+
+
+def test_timeouts_and_inconclusive_timings_fail_the_check():
+    timeout = "timeout after 10 s"
+    timed_out = {"implementation": "x", "compiling_state": "SUCCESS", "correctness_state": "FAILED",
+                 "performance_state": "SKIPPED", "errors": [timeout],
+                 "failures": [failure(failure_kind(timeout), "correctness", timeout)]}
+    busy = "inconclusive: machine busy: its threads waited for a CPU 60% of the time"
+    inconclusive = {"implementation": "y", "compiling_state": "SUCCESS", "correctness_state": "SUCCESS",
+                    "performance_state": "INCONCLUSIVE", "errors": [busy], "failures": []}
+    assert verdicts.outcome(timed_out) == "timed_out" and verdicts.outcome(inconclusive) == "inconclusive"
+    assert verdicts.implementation_summary(timed_out, False)["check"] == "timed out: timeout after 10 s"
+    assert verdicts.implementation_summary(inconclusive, False)["check"] == busy
+    assert verdicts.task_line("timing", inconclusive) == busy
 
 
 def test_the_report_says_what_was_timed_and_against_which_baseline_median(mixed):

@@ -230,7 +230,23 @@ def _summary(project, selected: list[str], executed: list[str], failed: list[tup
     expected = {(kernel.id, impl.id) for kernel in project.manifest.kernel for impl in kernel.implementations()
                 if impl.expect_faster}
     return build_summary(project.root, project.store, covered, expected, executed=executed, failed=failed,
-                         up_to_date=up_to_date)
+                         up_to_date=up_to_date, uncompared=_uncompared(project, closure))
+
+
+def _uncompared(project, closure: list[str]) -> list[dict]:
+    """The comparisons of the kernels whose implementations' tasks `closure` covers but not their
+    comparison (`magpie build timing:k/x`), made of the stored results as the comparison would."""
+    from magpie.execution.actions import compare_results
+
+    compared = {project.tasks[name].kernel for name in closure if project.tasks[name].rule == "comparison"}
+    results: dict[str, dict[str, dict]] = {}
+    for name in closure:
+        spec = project.tasks[name]
+        if spec.kernel not in compared and spec.impl and spec.rule in ("compile", "correctness", "timing", "profile") \
+                and project.store.has(spec.key):
+            results.setdefault(spec.kernel, {})[name] = project.store.read(spec.key)
+    baselines = {project.tasks[name].kernel: project.tasks[name].params["baseline"] for name in closure}
+    return [compare_results(kernel, found, baselines[kernel]) for kernel, found in sorted(results.items())]
 
 
 def _finish(summary: dict, as_json: bool, check: bool, quiet: bool, line: str) -> int:

@@ -226,15 +226,23 @@ def timing(job, out_dir: Path) -> dict:
 
 def comparison(job, out_dir: Path) -> dict:
     """Correctness gate first; then speedups against the explicit baseline."""
-    spec = job.spec
-    kernel = spec.kernel
-    impl_names = sorted({name.split("/", 1)[1] for name in job.dep_results if name.startswith("correctness:")})
+    from magpie.report.models import CompareReport, checked
+
+    return checked(CompareReport, compare_results(job.spec.kernel, job.dep_results, job.spec.params.get("baseline")))
+
+
+def compare_results(kernel: str, results: dict[str, dict], baseline: dict | None) -> dict:
+    """A kernel's comparison from its implementations' results (task name -> result): the
+    comparison's artifact, and what `magpie build --check` judges where a build covered some of
+    a kernel's tasks but not its comparison."""
+    impl_names = sorted({name.split("/", 1)[1] for name in results
+                         if name.split(":", 1)[0] in ("compile", "correctness", "timing")})
     rows = []
     for impl_id in impl_names:
-        comp = job.dep_results.get(f"compile:{kernel}/{impl_id}", {})
-        corr = job.dep_results.get(f"correctness:{kernel}/{impl_id}", {})
-        tim = job.dep_results.get(f"timing:{kernel}/{impl_id}", {})
-        prof = job.dep_results.get(f"profile:{kernel}/{impl_id}")
+        comp = results.get(f"compile:{kernel}/{impl_id}", {})
+        corr = results.get(f"correctness:{kernel}/{impl_id}", {})
+        tim = results.get(f"timing:{kernel}/{impl_id}", {})
+        prof = results.get(f"profile:{kernel}/{impl_id}")
         rows.append({
             "implementation": impl_id,
             "compiling_state": comp.get("compiling_state", "SKIPPED"),
@@ -260,9 +268,7 @@ def comparison(job, out_dir: Path) -> dict:
             "time_s": time_spent(comp, corr, tim),
             "spec_error": corr.get("spec_error") or tim.get("spec_error"),
         })
-    from magpie.report.models import CompareReport, checked
-
-    report = rank(kernel, rows, job.spec.params.get("baseline"))
+    report = rank(kernel, rows, baseline)
     # one error for the kernel per spec that failed, however many implementations it kept from being judged
     report["spec_errors"] = list({(e["spec"], e["detail"]): e for e in (r["spec_error"] for r in rows) if e}.values())
     report["errors"] = [f"spec error in {e['spec']}: {e['detail']}" for e in report["spec_errors"]]
@@ -270,7 +276,7 @@ def comparison(job, out_dir: Path) -> dict:
     report["timed_shapes"] = sorted({r["performance_result"]["shape"] for r in rows
                                      if (r["performance_result"] or {}).get("shape")})
     report["time_s"] = {key: round(sum(row["time_s"][key] or 0.0 for row in rows), 3) for key in TIME_KEYS}
-    return checked(CompareReport, report)
+    return report
 
 
 def profile_warnings(profile: dict | None) -> list[str]:

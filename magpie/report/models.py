@@ -166,7 +166,9 @@ class KernelSummary(BaseModel):
     baseline: Optional[str]
     best: Optional[str]
     ranking: list[str]
-    compare_report: str = Field(description="the published compare_report.json, relative to magpie.toml's folder")
+    compare_report: Optional[str] = Field(description="the published compare_report.json, relative to magpie.toml's "
+                                          "folder; null where the build covered the kernel's tasks but not its "
+                                          "comparison (their results judged as it would)")
     spec_errors: list[SpecError]
     implementations: list[ImplementationSummary]
 

@@ -63,6 +63,12 @@ def speedup_text(speedup: dict | None) -> str:
     return f"{speedup['value']:.3g}× {speedup['verdict']} [{speedup['ci_low']:.3g}, {speedup['ci_high']:.3g}]"
 
 
+def _labelled(label: str, line: str) -> str:
+    """`label: line`, unless the line says it already ("timeout after 10 s" under "timed out"
+    is kept, "inconclusive: machine busy" is not prefixed again)."""
+    return line if line.startswith(label) else f"{label}: {line}"
+
+
 def _first_kind(result: dict, otherwise: str) -> str:
     kinds = _kinds(result)
     return kinds[0] if kinds else otherwise
@@ -103,7 +109,7 @@ def _timing_line(result: dict) -> str:
     if error is not None:
         return f"{NOT_JUDGED}: spec error in {error['spec']}"
     if _inconclusive(result):
-        return "inconclusive: " + "; ".join(result.get("errors") or ["machine busy"])
+        return _labelled("inconclusive", next(iter(result.get("errors") or []), "machine busy"))
     state = result.get("performance_state")
     if state == "FAILED":
         return f"FAILED {_first_kind(result, 'error')}"
@@ -144,7 +150,7 @@ def implementation_summary(row: dict, expect_faster: bool) -> dict:
         # the cause: the first error (what it kept from running follows from it)
         reason = (f"spec error in {row['spec_error']['spec']}" if said == "not_judged" else
                   next(iter(row.get("errors") or []), "") or row.get("verdict") or said)
-        check = f"{said.replace('_', ' ')}: {reason}"
+        check = _labelled(said.replace("_", " "), reason)
     elif expect_faster and said == "passed" and (speedup or {}).get("verdict") != "faster":
         check = (f"expected faster, measured {speedup_text(speedup)}" if speedup
                  else "expected faster, but no speedup was measured")
@@ -170,7 +176,7 @@ def implementation_summary(row: dict, expect_faster: bool) -> dict:
     }
 
 
-def kernel_summary(report: dict, report_path: str, expected_faster: set[str]) -> dict:
+def kernel_summary(report: dict, report_path: str | None, expected_faster: set[str]) -> dict:
     rows = [implementation_summary(row, row["implementation"] in expected_faster) for row in report["results"]]
     return {"kernel": report["kernel"], "baseline": report.get("baseline"), "best": report.get("best"),
             "ranking": list(report.get("ranking") or []), "compare_report": report_path,
@@ -200,11 +206,13 @@ def relative(path: Path, root: Path) -> str:
 
 def build_summary(root: Path, store, tasks: list[tuple[str, str, str | None, str]],
                   expected_faster: set[tuple[str, str]], *, executed: list[str],
-                  failed: list[tuple[str, str]], up_to_date: int) -> dict:
+                  failed: list[tuple[str, str]], up_to_date: int, uncompared: list[dict] = ()) -> dict:
     """The summary of a build over `tasks` ((name, rule, kernel, key) each): the verdicts of
     the kernels whose comparison is stored (read from the store, as a no-op build reads
-    nothing else), the published reports' paths, the check. `expected_faster`: the
-    (kernel, implementation) pairs declared `expect_faster`."""
+    nothing else) and of those in `uncompared` (comparisons made here of the results of a
+    build that covered some of a kernel's tasks but not its comparison: no report path), the
+    published reports' paths, the check. `expected_faster`: the (kernel, implementation) pairs
+    declared `expect_faster`."""
     out = store.workspace / "reports"
     kernels, reports = [], None
     for _name, rule, kernel, key in tasks:
@@ -214,6 +222,8 @@ def build_summary(root: Path, store, tasks: list[tuple[str, str, str | None, str
                                           wanted))
         elif rule == "report" and store.has(key):
             reports = {"html": relative(out / "report.html", root), "summary": relative(out / "summary.md", root)}
+    for report in uncompared:
+        kernels.append(kernel_summary(report, None, {impl for k, impl in expected_faster if k == report["kernel"]}))
     kernels.sort(key=lambda k: k["kernel"])
     return summary(executed=executed, failed=failed, up_to_date=up_to_date, comparisons=kernels, reports=reports)
 
