@@ -31,7 +31,8 @@ from magpie.harness import batches, spares, stream_words, triton_warmup
 from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs, surely_close
 from magpie.harness.compiler_caches import compiler_caches, implementation_caches, seed_triton_cache
 from magpie.harness.exchange import exchange_for, load_left
-from magpie.harness.keys import code_reads, worker_key
+from magpie.harness.declared import SpecImports, code_inputs, undeclared_read
+from magpie.harness.keys import worker_key
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs, weights_seed
@@ -245,10 +246,11 @@ class Evaluator:
         return hashlib.sha256(self.input_secret.encode()).hexdigest()[:12]
 
     def _policy(self, impl: dict, cwd: Path, memory_mb: int) -> sandbox.Policy:
-        """What a worker of impl may touch: it reads the project, its own sources and its compiled
-        library; it writes only its scratch folder (added by the Worker) and its compiler cache."""
-        read = code_reads(self.root, impl, cwd)
-        return sandbox.Policy(write=[], read=read, hide=self.hide, gpu=self.device != "cpu",
+        """What a worker of impl may touch: it reads, of the project, its declared files and its
+        compiled library (it lists their folders); it writes only its scratch folder (added by the
+        Worker) and its compiler cache."""
+        read, listed = code_inputs(self.root, impl, cwd)
+        return sandbox.Policy(write=[], read=read, listed=listed, hide=self.hide, gpu=self.device != "cpu",
                               gpu_minors=self._gpu_minors, memory_mb=memory_mb)
 
     @functools.cached_property
@@ -274,9 +276,15 @@ class Evaluator:
             answer = worker.receive(self.timeout)
             if not answer["ok"]:
                 worker.close()
-                raise WorkerFailure(f"error while loading: {answer['error']}")
+                raise WorkerFailure(f"error while loading: {self._undeclared(worker, answer['error'])}")
             self._load_record(worker, answer)
         return worker
+
+    def _undeclared(self, worker: Worker, error: str) -> str:
+        """A worker's error, or where it came from reading a project file its implementation
+        does not declare, the one line that says where to declare it (`harness.declared`)."""
+        impl = next((i for i in (self.impl, self.baseline) if i and i["id"] == worker.label), None)
+        return (undeclared_read(error, self.root, impl) if impl else None) or error
 
     def _load_record(self, worker: Worker, answer: dict) -> None:
         """Where a new worker's load went: from the evaluator's asking to the worker's first
@@ -313,7 +321,10 @@ class Evaluator:
         return Path(kept).read_bytes() if kept else None
 
     def _spec(self, index: int, testcase: dict) -> ReferenceSpec:
-        return ReferenceSpec(self.root / testcase["spec"], testcase, self.device, self.code(testcase["spec"]))
+        # what it imports from the project, it must declare (`harness.declared`)
+        imports = SpecImports(self.root, testcase, f"testcase {index} of kernel {self.kernel_id}", _library_roots())
+        with imports.guarding():
+            return ReferenceSpec(self.root / testcase["spec"], testcase, self.device, self.code(testcase["spec"]))
 
     def _run_cases(self, worker: Worker, spec: ReferenceSpec, cases: list, tag: str, rtol, atol,
                    laps: Laps | None = None) -> list[dict]:
@@ -330,7 +341,7 @@ class Evaluator:
                                  "outputs": outputs,
                                  "out_specs": [output_specs(e) for e in expected]}, self.timeout)
         if not answer["ok"]:
-            raise WorkerFailure(f"error: {answer['error']}")
+            raise WorkerFailure(f"error: {self._undeclared(worker, answer['error'])}")
         laps.mark("run")
         self.worker_steps.append(answer.get("steps_s"))
         produced = self.exchange.collect(outputs, answer)

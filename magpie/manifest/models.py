@@ -115,6 +115,8 @@ class Testcase(Strict):
 
     command: Optional[str] = None
     spec: Optional[str] = None
+    spec_files: Optional[list[str]] = Field(None, description="the project's files the spec imports besides "
+                                            "itself (its tasks are keyed by them; another is refused)")
     reference: str = "reference"
     inputs: str = "make_inputs"
     shapes: list[list[int]] = []
