@@ -12,6 +12,47 @@ def _fail(check: str, detail: str, kind: str | None = None, **errors) -> dict:
     return {"passed": False, "check": check, "kind": kind or check, "detail": detail, **errors}
 
 
+class UnexpectedOutput(Exception):
+    """An output of a form the checks do not judge (sparse, nested, on another device, of a
+    Tensor subclass), found in the worker before it is handed over: the implementation's
+    failure. `kind` is its failure kind (harness/kinds.py)."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(detail)
+        self.kind = kind
+
+
+def output_form(torch, value, index: int, device=None) -> tuple[str, str] | None:
+    """(kind, detail) when a tensor output is not a plain dense tensor on `device` (where one is
+    given), else None. Its strides are not judged: a transposed or channels_last output holds
+    the same values, and the checks compare values."""
+    if type(value) not in (torch.Tensor, torch.nn.Parameter):
+        return "type", (f"output {index} is a {type(value).__name__} (a subclass of torch.Tensor); a plain "
+                        f"torch.Tensor is expected")
+    if value.is_nested:
+        return "layout", f"output {index} is a nested tensor; a dense tensor is expected"
+    if value.layout != torch.strided:
+        layout = str(value.layout)
+        what = "a sparse tensor" if "sparse" in layout else "a tensor of another layout"
+        return "layout", f"output {index} is {what} ({layout}); a dense tensor is expected"
+    if device is not None and value.device != torch.device(device):
+        return "device", f"output {index} is on {value.device}; the inputs are on {torch.device(device)}"
+    return None
+
+
+def check_output_forms(torch, outputs: list, inputs: list) -> None:
+    """In the worker, before outputs are copied out (which would make a sparse output dense and
+    move one on another device to the evaluator's): each call's tensor outputs plain, dense and
+    on its inputs' device. Raises UnexpectedOutput."""
+    for produced, args in zip(outputs, inputs):
+        device = next((x.device for x in as_tuple(args) if torch.is_tensor(x)), None)
+        for i, value in enumerate(as_tuple(produced)):
+            if torch.is_tensor(value):
+                odd = output_form(torch, value, i, device)
+                if odd is not None:
+                    raise UnexpectedOutput(*odd)
+
+
 def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
     import torch
 
@@ -29,6 +70,9 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
             continue
         if not torch.is_tensor(g):
             return _fail("type", f"{where}got {type(g).__name__}, expected a tensor")
+        odd = output_form(torch, g, i)  # what the worker's own check (check_output_forms) let through
+        if odd is not None:
+            return _fail(odd[0], odd[1])
         if tuple(g.shape) != tuple(e.shape):
             return _fail("shape", f"{where}shape {list(g.shape)}, expected {list(e.shape)} (no broadcasting)")
         if g.dtype != e.dtype:
@@ -94,8 +138,8 @@ def surely_close(got, expected, rtol: float, atol: float) -> bool:
         return False
     verdicts = []
     for g, e in zip(got_t, exp_t):
-        if not (torch.is_tensor(g) and torch.is_tensor(e) and g.shape == e.shape and g.dtype == e.dtype
-                and e.is_floating_point()):
+        if not (torch.is_tensor(g) and torch.is_tensor(e) and output_form(torch, g, 0) is None
+                and g.shape == e.shape and g.dtype == e.dtype and e.is_floating_point()):
             return False
         g32, e32 = (g, e) if e.dtype in (torch.float32, torch.float64) else (g.float(), e.float())
         diff = (g32 - e32).abs_()  # NaN or Inf anywhere fails every comparison below
@@ -126,6 +170,9 @@ def all_finite(got) -> dict:
     for i, g in enumerate(as_tuple(got)):
         if not torch.is_tensor(g):
             return _fail("type", f"output {i} is {type(g).__name__}, expected a tensor")
+        odd = output_form(torch, g, i)
+        if odd is not None:
+            return _fail(odd[0], odd[1])
         if g.is_floating_point() and not torch.isfinite(g).all():
             return _fail("finite", f"output {i} has {int((~torch.isfinite(g)).sum())} NaN/Inf elements")
     return {"passed": True, "check": "finite only", "detail": ""}

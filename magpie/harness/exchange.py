@@ -23,7 +23,7 @@ import os
 import pickle
 from pathlib import Path
 
-from magpie.harness.checks import as_tuple
+from magpie.harness.checks import as_tuple, check_output_forms
 from magpie.harness.spec import to_device as _to
 from magpie.supervision import scratch, shared_memory
 from magpie.supervision.session import WorkerFailure
@@ -199,6 +199,7 @@ def receive_inputs(torch, offer: dict, device: str) -> list[tuple]:
 
 def deliver(torch, offer: dict, outputs: list, inputs_after: list) -> dict:
     """Put what the calls produced where the evaluator reads it; the reply's fields."""
+    check_output_forms(torch, outputs, inputs_after)
     if "ipc" in offer:
         buffers = loads_shared(offer["ipc"])
         if _fits(torch, outputs, buffers["outputs"]) and _fits(torch, inputs_after, buffers["inputs_after"]):

@@ -16,6 +16,8 @@ from magpie.sandbox import SANDBOX_FAILED, SANDBOX_LIMIT
 KINDS = (
     # output checks (checks.py)
     "allclose", "error_norm", "exact", "value", "type", "output_count", "shape", "dtype", "finite", "mutation",
+    # an output the checks do not judge: sparse or nested (layout), on another device than its inputs
+    "layout", "device",
     # the process that ran the code under test
     "crash", "timeout", "out_of_memory", "error", "load_error", "sandbox", "sandbox_violation",
     # measurement (calls_done_together: batches faster than the calls made alone allow), build
@@ -39,6 +41,10 @@ MESSAGE_KINDS = (
     (r"timeout after ", "timeout"),
     (r"(error|error while loading|error while timing [^:]*): out of memory", "out_of_memory"),
     (r"error while loading: ", "load_error"),
+    # raised by the worker's check of its outputs' form (checks.check_output_forms)
+    (r"(error|error while timing [^:]*): UnexpectedOutput: output \d+ is on ", "device"),
+    (r"(error|error while timing [^:]*): UnexpectedOutput: output \d+ is a \w+ \(a subclass", "type"),
+    (r"(error|error while timing [^:]*): UnexpectedOutput: ", "layout"),
     (r"(error|error while timing [^:]*): ", "error"),
     (r"crashed \(SIGSYS\b", "sandbox_violation"),  # killed by the seccomp filter
     (r"crashed \(|stopped answering", "crash"),
