@@ -117,9 +117,11 @@ def roofline_chart(points: list[tuple[str, dict]]) -> str:
         return ""
     roof = points[0][1]
     peak, bandwidth = roof["peak_tflops"] or max(p["achieved_tflops"] for _, p in points), roof["peak_tbps"]
-    x_lo, x_hi = -2.0, 3.0  # log10 FLOP/byte
+    # log10 FLOP/byte and TFLOP/s: five decades or more, as many as the points need
+    x_lo = min(-2.0, math.floor(math.log10(min(p["arithmetic_intensity"] for _, p in points))))
+    x_hi = max(3.0, math.ceil(math.log10(max(p["arithmetic_intensity"] for _, p in points))))
     y_hi = math.log10(peak * 2)
-    y_lo = y_hi - 5
+    y_lo = min(y_hi - 5, math.floor(math.log10(min(p["achieved_tflops"] for _, p in points))))
     width, height, left, bottom = WIDTH, 300, 60, 30
 
     def px(intensity: float) -> float:
@@ -141,17 +143,80 @@ def roofline_chart(points: list[tuple[str, dict]]) -> str:
     ridge = peak / bandwidth
     out.append(f'<polyline fill="none" stroke="#123" stroke-width="2" points="{px(10**x_lo):.1f},'
                f'{py(bandwidth * 10**x_lo):.1f} {px(ridge):.1f},{py(peak):.1f} {px(10**x_hi):.1f},{py(peak):.1f}"/>')
+    roof_text = (f'{peak:.4g} TFLOP/s ({roof["precision"]}), {bandwidth:.3g} TB/s, {roof["arch"]}'
+                 f'{" measured" if roof.get("peaks_measured") else " datasheet"}')
     out.append(f'<text x="{width - 22}" y="{py(peak) - 4:.1f}" font-size="10" text-anchor="end">'
-               f'{peak:.4g} TFLOP/s ({escape(roof["precision"])}), {bandwidth:.3g} TB/s, {escape(roof["arch"])}'
-               f'{" measured" if roof.get("peaks_measured") else " datasheet"}</text>')
-    for i, (name, r) in enumerate(points):
-        x, y = px(r["arithmetic_intensity"]), py(r["achieved_tflops"])
+               f'{escape(roof_text)}</text>')
+    where = [(px(r["arithmetic_intensity"]), py(r["achieved_tflops"])) for _, r in points]
+    labels = Labels(bounds=(left, 0, width, height - bottom),
+                    taken=[(width - 22 - _text_width(roof_text, 10), py(peak) - 14, width - 22, py(peak) - 2)]
+                    + [(x - 4, y - 4, x + 4, y + 4) for x, y in where])
+    legend, hidden = [], 0
+    for n, ((name, r), (x, y)) in enumerate(zip(points, where), start=1):
         pct = "" if r.get("pct_of_roofline") is None else f'{r["pct_of_roofline"]:.0f}%'  # no peak for its precision
-        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#c60"/>'
-                   f'<text x="{x + 6:.1f}" y="{y + 4 + 11 * (i % 2):.1f}" font-size="11">{escape(name)} '
-                   f'{pct}</text>')
+        label = labels.place(x, y, f"{n} {name} {pct}".strip())
+        if not label:
+            hidden += 1
+            label = labels.place(x, y, str(n))
+        tooltip = _point_tooltip(name, r)
+        out.append(f'<g class="point"><title>{n}. {escape(tooltip)}</title>'
+                   f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#c60"/>{label}</g>')
+        legend.append(f"<li>{escape(tooltip)}</li>")
     out.append(f'<text x="{left}" y="{height - 2}" font-size="10">FLOP/byte (log) · TFLOP/s (log)</text></svg>')
+    out.append(f'<p class="note">% beside a point: its achieved TFLOP/s as a share of the roof at its arithmetic '
+               f'intensity (the lower of peak compute and bandwidth × intensity; of bandwidth alone for pure data '
+               f'movement). Points are numbered as listed below; a name that would overlap another is left off '
+               f'its point{f" ({hidden} here)" if hidden else ""}; hover a point for its figures.</p>'
+               f'<ol class="roofline-legend">{"".join(legend)}</ol>')
     return "".join(out)
+
+
+def _point_tooltip(name: str, r: dict) -> str:
+    pct = r.get("pct_of_roofline")
+    share = "no roof for its precision" if pct is None else f"{pct:.0f}% of the roof at its intensity"
+    bound = f", {r['bound']}-bound" if r.get("bound") else ""
+    shapes = f" {r['shapes']}" if r.get("shapes") else ""
+    return (f"{name}{shapes}: {share}{bound}; {r['arithmetic_intensity']:.3g} FLOP/byte, "
+            f"{r['achieved_tflops']:.3g} TFLOP/s")
+
+
+def _text_width(text: str, size: float) -> float:
+    """About how wide a line of the report's sans-serif font is (an average glyph is 0.58 em)."""
+    return len(text) * size * 0.58
+
+
+class Labels:
+    """Labels placed beside their points where they overlap nothing placed before them (other
+    labels, points, the roof's caption) and stay inside the plot: to the right, the left, above or
+    below. The points come most important first, so a crowded plot keeps their names."""
+
+    SIZE = 11
+
+    def __init__(self, bounds: tuple[float, float, float, float], taken: list[tuple[float, float, float, float]]):
+        self.bounds = bounds
+        self.taken = list(taken)
+
+    def place(self, x: float, y: float, text: str) -> str:
+        """The SVG text of the label at the first free place, or "" where there is none."""
+        w, h = _text_width(text, self.SIZE), self.SIZE
+        spots = (("start", x + 6, y + 4), ("end", x - 6, y + 4), ("middle", x, y - 7), ("middle", x, y + 15))
+        for anchor, tx, ty in spots:
+            x0 = {"start": tx, "end": tx - w, "middle": tx - w / 2}[anchor]
+            box = (x0, ty - h + 2, x0 + w, ty + 2)
+            own = (x - 4, y - 4, x + 4, y + 4)
+            if self._inside(box) and not any(_overlap(box, t) for t in self.taken if t != own):
+                self.taken.append(box)
+                return (f'<text x="{tx:.1f}" y="{ty:.1f}" font-size="{self.SIZE}" text-anchor="{anchor}">'
+                        f'{escape(text)}</text>')
+        return ""
+
+    def _inside(self, box) -> bool:
+        left, top, right, bottom = self.bounds
+        return box[0] >= left and box[1] >= top and box[2] <= right and box[3] <= bottom
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 TIMELINE_COLOURS = {"computation_time": "#2a7", "exposed_comm_time": "#c60", "exposed_memcpy_time": "#36c",

@@ -83,7 +83,7 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
                                    rank_label=ranks[i])
                 for i, t in enumerate(traces)}
     timelines = {ranks[i]: gpu_timeline(t) for i, t in enumerate(traces)}
-    top = _combined_top(per_rank, top_k)
+    top = _combined_top(per_rank, top_k, {ranks[i]: Path(t.path).name for i, t in enumerate(traces)})
     columns = list(COLUMNS)
     if source_repos:
         columns += _map_sources(top, source_repos, out)
@@ -172,11 +172,13 @@ def _load_all(trace_dir) -> tuple[list[Trace], list[str], list[dict]]:
     return traces, skipped, bad
 
 
-def _combined_top(per_rank: dict[str, list[dict]], top_k: int) -> list[dict]:
-    """Rows of every rank ranked together, percentages taken over all ranks' kernel time."""
+def _combined_top(per_rank: dict[str, list[dict]], top_k: int, files: dict[str, str]) -> list[dict]:
+    """Rows of every rank ranked together, percentages taken over all ranks' kernel time; each
+    row names its trace's file (`Trace`): a rank label alone may be a trace's place in the folder."""
     rows = [r for rank_rows in per_rank.values() for r in rank_rows]
     total = sum(r["Self CUDA total (us)"] for r in rows) or 1.0
-    rows = [{**r, "% Total": round(100 * r["Self CUDA total (us)"] / total, 3)} for r in rows]
+    rows = [{**r, "% Total": round(100 * r["Self CUDA total (us)"] / total, 3), "Trace": files.get(r["Rank"])}
+            for r in rows]
     rows.sort(key=lambda r: -r["Self CUDA total (us)"])
     return rows[:top_k]
 
@@ -294,10 +296,19 @@ def _roofline_points(unified: list[dict], arch, limit: int = 12) -> list[tuple[s
         if row.get("GFLOPS") and row.get("Data Moved (MB)") and row["Kernel Time (µs)_mean"] > 0:
             r = roofline(row["GFLOPS"] * 1e9, row["Data Moved (MB)"] * MIB, row["Kernel Time (µs)_mean"] / 1e6,
                          arch, row["compute_spec"])
-            points.append((row["name"].removeprefix("aten::"), r))
+            points.append((row["name"].removeprefix("aten::"), {**r, "shapes": _shapes(row.get("Input Dims"))}))
         if len(points) == limit:
             break
     return points
+
+
+def _shapes(dims) -> str:
+    """An op's input dims as the report shows them: the tensors' shapes, not the trailing empty
+    entries of its scalar arguments (a convolution lists six)."""
+    text = str(dims or "")
+    while text.endswith(", []]"):
+        text = text[:-len(", []]")] + "]"
+    return text
 
 
 def trace_analysis_rule(job, out_dir: Path) -> dict:
