@@ -97,6 +97,7 @@ def test_a_source_outside_the_project_is_one_line_and_nothing_is_read(layout, so
     ({"candidate": 'working_dir = "../outside"'}, 'implementation x: working_dir "../outside"'),
     ({"baseline": 'working_dir = "/etc"'}, 'implementation good: working_dir "/etc"'),
     ({"testcase": 'working_dir = "folder_out"'}, 'kernel relu2: testcases[0].working_dir "folder_out"'),
+    ({"testcase": 'spec_files = ["link_out.py"]'}, 'kernel relu2: testcases[0].spec_files[0] "link_out.py"'),
     ({"extra": '[[kernel.testcases]]\nspec = "folder_out/secret.py"\nshapes = [[8, 8]]'},
      'kernel relu2: testcases[1].spec "folder_out/secret.py"'),
     ({"extra": '[[traces]]\nid = "t"\ndir = "folder_out"'}, 'traces t: dir "folder_out"'),

@@ -152,6 +152,8 @@ def check_paths_inside(manifest: Manifest, root: Path, path) -> None:
         for t, testcase in enumerate(kernel.testcases):
             if testcase.spec:
                 keep_inside(root, testcase.spec, path, f"kernel {kernel.id}", f"testcases[{t}].spec", "specs")
+            for j, name in enumerate(testcase.spec_files or []):
+                keep_inside(root, name, path, f"kernel {kernel.id}", f"testcases[{t}].spec_files[{j}]", "spec files")
             if testcase.working_dir:
                 keep_inside(root, testcase.working_dir, path, f"kernel {kernel.id}", f"testcases[{t}].working_dir",
                             "working folders")
