@@ -10,6 +10,7 @@ import pytest
 
 from conftest import FIXTURES, magpie, relu2_project, write
 from magpie.cli import main
+from magpie.cli.compare import table
 from magpie.harness.kinds import failure, failure_kind
 from magpie.report import verdicts
 from magpie.report.models import BuildSummary
@@ -125,6 +126,9 @@ def test_the_report_says_what_was_timed_and_against_which_baseline_median(mixed)
     for name in ("summary.md", "report.html"):
         text = (root / "workspaces/reports" / name).read_text()
         assert "timed on [64, 64] float32" in text.lower() and against in text, name
+    text = table(compare)  # what `magpie compare` prints
+    assert against in next(line for line in text.splitlines() if line.startswith("twin "))
+    assert "timed on [64, 64] float32" in text
 
 
 SPEC_ERROR_PROJECT = {

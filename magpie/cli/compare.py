@@ -46,10 +46,17 @@ def table(report: dict) -> str:
             from magpie.report.render import bounded_text
 
             speed += bounded_text(s)
+        if s and not row.get("is_baseline"):
+            from magpie.report.render import against_text
+
+            speed += against_text(s)  # the baseline timed beside it, not the baseline's own row
         median = f"{perf['median_us']:.2f}" if perf else "-"
         lines.append(f"{row['implementation']:24} {row['correctness_state']:12} {median:>12} {speed:>28}")
     for item in report["excluded"]:
         lines.append(f"excluded {item['implementation']}: {item['reason']}")
+    if report.get("timed_shapes"):
+        lines.append(f"timed on {'; '.join(report['timed_shapes'])}; each speedup against the baseline timed beside "
+                     f"that candidate (its median after the speedup), the baseline's row its own timing")
     if report.get("time_s"):
         from magpie.report.render import time_spent_text
 
