@@ -1,8 +1,10 @@
 """Profiled serving runs (requirement 4): `--torch-profiler` / `profiler: true` make a run diagnostic (never
 reward-eligible); vllm and sglang are profiled through their documented routes and environment (unverified: the
 requests and variables are tested against a recording server here, not the engines); `transformers serve` through
-magpie's torch launcher, end to end on the CPU with the tiny offline model: the trace lands in torch_trace/, the
-trace analysis reads it in inference mode and says that a CPU trace has no GPU kernels."""
+magpie's torch launcher, which follows the server's child processes (transformers 5.25 runs the model in one), end to
+end on the CPU with the tiny offline model: the trace of the model's ops lands in torch_trace/, the trace analysis
+reads it in inference mode and says that a CPU trace has no GPU kernels; a profile without model ops is one error
+line."""
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -76,7 +78,7 @@ def test_endpoint_engines_start_and_stop_through_their_routes(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        profiling.start("vllm", url, pid=None)
+        profiling.start("vllm", url, None, tmp_path / "torch_trace")
         found = profiling.stop("vllm", url, None, tmp_path / "torch_trace", wait_s=10)
         assert _Recorder.paths == ["/start_profile", "/stop_profile"]
         assert [p.name for p in found] == ["rank0.pt.trace.json"]
@@ -91,13 +93,20 @@ def test_stop_without_a_trace_is_a_profiler_error(tmp_path):
         profiling.stop("transformers", "http://unused", None, tmp_path / "torch_trace", wait_s=0.6)
 
 
+def test_stop_while_a_process_still_records_names_it(tmp_path):
+    (tmp_path / "4242.recording").write_text("")
+    (tmp_path / "host_1.1.pt.trace.json").write_text('{"traceEvents": []}')
+    with pytest.raises(profiling.ProfilerError, match=r"process\(es\) 4242 wrote no trace within 1.1 s"):
+        profiling.stop("transformers", "http://unused", None, tmp_path, wait_s=1.1)
+
+
 def test_signalling_a_server_that_is_gone_is_a_profiler_error(tmp_path):
     import subprocess
     import sys
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    for call in (lambda: profiling.start("transformers", "http://unused", proc.pid),
+    for call in (lambda: profiling.start("transformers", "http://unused", proc.pid, tmp_path),
                  lambda: profiling.stop("transformers", "http://unused", proc.pid, tmp_path, wait_s=0.6)):
         with pytest.raises(profiling.ProfilerError, match=f"cannot signal the server \\(pid {proc.pid}\\)"):
             call()
@@ -129,6 +138,84 @@ def test_the_window_opens_after_the_warm_ups_and_before_the_measured_requests():
         assert len(srv.requests) == 6 and len(record.outputs) == 3 and len(record.warmups) == 2
 
 
+# A server that runs its model in a child process, as transformers 5.25's `transformers serve` does: the
+# main process only waits; the child multiplies matrices on its main thread until it is stopped.
+_CHILD_MODEL_SERVER = """
+import multiprocessing, sys, time
+
+def model(stop_after_s):
+    import torch
+    weight = torch.full((32, 32), 0.01)
+    deadline = time.monotonic() + stop_after_s
+    while time.monotonic() < deadline:
+        torch.mm(weight, weight)
+        time.sleep(0.005)
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context(sys.argv[1]).Process(target=model, args=(120.0,), name="model")
+    child.start()
+    print(child.pid, flush=True)
+    child.join()
+"""
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_the_launcher_records_the_model_in_the_child_process_that_runs_it(tmp_path, start_method):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "child_model_server.py").write_text(_CHILD_MODEL_SERVER)
+    trace_dir = tmp_path / "torch_trace"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           profiling.TRACE_DIR_ENV: str(trace_dir)}
+    server = subprocess.Popen([sys.executable, "-m", "magpie.serving.torch_launcher", "--", sys.executable, "-m",
+                               "child_model_server", start_method], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(server.stdout.readline())
+        # a signal sent before the child took its own (it is still importing) waits for it: none is lost
+        profiling.start("transformers", "http://unused", server.pid, trace_dir, wait_s=60)
+        assert {p.name for p in trace_dir.glob("*.recording")} == {f"{server.pid}.recording",
+                                                                    f"{child_pid}.recording"}
+        found = profiling.stop("transformers", "http://unused", server.pid, trace_dir, wait_s=60)
+        # the child that runs the model wrote the trace; the main process, which runs none, wrote none
+        assert [p.name.split(".")[0].rsplit("_", 1)[1] for p in found] == [str(child_pid)]
+        assert not list(trace_dir.glob("*.recording")) and not list(trace_dir.glob("*.tmp"))
+        assert profiling.missing_model_ops(found) is None
+        names = {e["name"] for e in json.loads(found[0].read_text())["traceEvents"] if e.get("cat") == "cpu_op"}
+        assert "aten::mm" in names
+        assert server.poll() is None          # the signals ended no process of the server
+    finally:
+        server.kill()
+        server.wait()
+        subprocess.run(["pkill", "-KILL", "-P", str(server.pid)], check=False)
+
+
+def _real_trace(path: Path, work) -> Path:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        work(torch)
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_a_profile_without_model_ops_is_one_error_line(tmp_path):
+    copies = _real_trace(tmp_path / "api_server.pt.trace.json",
+                         lambda torch: [torch.ones(8).clone().to(torch.float64) for _ in range(5)])
+    line = profiling.missing_model_ops([copies])
+    assert line is not None and "\n" not in line
+    assert line.startswith("the profile holds no model op (no matmul, attention or graph replay in 1 trace(s))")
+    assert "the profiler did not record the process that runs the model" in line and "aten::copy_ x10" in line
+    model = _real_trace(tmp_path / "model.pt.trace.json",
+                        lambda torch: torch.nn.functional.linear(torch.ones(4, 8), torch.ones(16, 8)))
+    assert profiling.missing_model_ops([copies, model]) is None
+    attention = _real_trace(tmp_path / "attention.pt.trace.json", lambda torch: torch.nn.functional.
+                            scaled_dot_product_attention(*(torch.ones(1, 2, 4, 8) for _ in range(3))))
+    assert profiling.missing_model_ops([attention]) is None
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     from magpie.serving.tiny_model import build
@@ -152,6 +239,7 @@ def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
     assert report["server"]["command"][1:3] == ["-m", "magpie.serving.torch_launcher"]
     traces = sorted((out / "torch_trace").glob("*.pt.trace.json"))
     assert len(traces) == 1 and not list((out / "torch_trace").glob("*.tmp"))
+    assert not list((out / "torch_trace").glob("*.recording"))
     events = json.loads(traces[0].read_text())["traceEvents"]
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     # the model's ops run on the server's inference thread, not the one the signal lands on: all threads recorded
@@ -169,3 +257,26 @@ def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
     assert Path(report["gap_analysis"]["outputs"]["gap_analysis"]).is_file()
     assert (out / "gap_analysis" / "gap_analysis.json").is_file()
     assert "no GPU kernels" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_transformers_serve_profiled_on_the_gpu_records_the_models_kernels_by_stage(tiny_model, tmp_path):
+    """The H200 check of the profiled run: the trace holds the model's GEMM kernels (wherever `transformers
+    serve` runs the model: in its own process before 5.25, in a spawned model process since), and the
+    inference-mode analysis splits the steps into prefill and decode."""
+    from magpie.traces.kernels import category
+
+    out = tmp_path / "ws"
+    rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--port", str(free_port()), "--num-prompts", "4",
+               "--concurrency", "2", "--input-len", "16", "--output-len", "8", "--num-warmups", "1", "--timeout", "300",
+               "--torch-profiler", "-o", str(out)])
+    report = json.loads((out / REPORT).read_text())
+    assert rc == 0 and report["success"], report["errors"]
+    traces = sorted((out / "torch_trace").glob("*.pt.trace.json"))
+    assert len(traces) == 1 and not list((out / "torch_trace").glob("*.recording"))
+    kernels = [e["name"] for e in json.loads(traces[0].read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    assert any(category(name) == "gemm" for name in kernels), sorted(set(kernels))[:20]
+    tl = report["tracelens_analysis"]
+    assert tl["errors"] == [] and tl["per_stage"], tl["warnings"]
+    stages = next(iter(tl["per_stage"].values()))
+    assert {"prefill", "decode"} <= set(stages), stages.keys()

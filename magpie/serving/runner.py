@@ -199,7 +199,7 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                 profile = None
                 if config.profiler:
                     pid = server.pid if server is not None else None
-                    profile = (lambda: _profiling.start(engine_name, base_url, pid),
+                    profile = (lambda: _profiling.start(engine_name, base_url, pid, trace_dir),
                                lambda: _profiling.stop(engine_name, base_url, pid, trace_dir,
                                                        wait_s=max(min(remaining(), 300.0), 10.0)))
                 _load(config, engine, base_url, server, remaining, work, report_kw, outputs,
@@ -240,6 +240,10 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
         errors.append(f"{run.failed} of {run.failed + run.completed} requests failed; first: "
                       f"{report_kw.pop('first_error', '')}")
     report_kw.pop("first_error", None)
+    if config.profiler and report_kw.get("traces"):
+        no_model = _profiling.missing_model_ops(report_kw["traces"])
+        if no_model:
+            errors.append(no_model)
     if analyse and config.profiler and report_kw.get("traces"):
         _analyse(report_kw, work, outputs, errors)
     report_kw.pop("traces", None)

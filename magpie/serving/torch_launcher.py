@@ -1,13 +1,28 @@
-"""Runs a Python server CLI inside a torch profiler window started and stopped by signals.
+"""Runs a Python server CLI under torch profiler windows started and stopped by signals.
 
     python -m magpie.serving.torch_launcher -- transformers serve MODEL --port N ...
 
 The command after `--` is run in this process (its first word names a console script, or
-`python -m MODULE`), so the profiler sees the server's own ops. SIGUSR1 starts a
-`torch.profiler.profile` (CPU, plus CUDA where a GPU is there, shapes recorded, every thread: the
-server's model runs on its own inference thread, not on the main one); SIGUSR2 stops it
-and writes a Chrome trace `<host>_<pid>.<n>.pt.trace.json` into `$MAGPIE_TORCH_TRACE_DIR` (written
-under a `.tmp` name, then renamed). Each start/stop pair is one window, one file.
+`python -m MODULE`). SIGUSR1 opens a window, SIGUSR2 closes it. A window is recorded in the processes
+that run the model: this one where the server runs the model in itself (transformers before 5.x), else
+the processes it starts through `multiprocessing` (transformers 5.25 loads the model in a spawned
+"model" process; its own process then only parses HTTP). Each recording process runs a
+`torch.profiler.profile` (CPU, plus CUDA where a GPU is there, shapes recorded, every thread) and on
+the close writes its own Chrome trace `<host>_<pid>.<n>.pt.trace.json` into `$MAGPIE_TORCH_TRACE_DIR`
+(under a `.tmp` name, then renamed).
+
+How the processes are followed: the launcher blocks both signals in its main thread before the
+server starts, so every thread and process the server makes inherits the block (a stray signal can
+kill none of them), and takes them on a thread of its own with `sigwait`, whatever thread the server
+runs on. `multiprocessing.Process.start` is patched so that each child runs `_run_followed` around
+its target: it does the same (its own signal thread, its own children followed) before the target
+runs. The launcher's signal thread forwards each signal to its living children.
+
+`<pid>.recording` in the trace folder says that process's window is open: it is written once the
+process's profiler, or every child it forwarded the opening to, is recording (so the opening of the
+launcher's marker means the whole tree records), and removed once its trace is in place. The client
+(`magpie.serving.profiling`) waits for the launcher's marker after SIGUSR1, and for no marker left
+after SIGUSR2. A process started while a window is open records from the next window.
 """
 from __future__ import annotations
 
@@ -18,54 +33,160 @@ import signal
 import socket
 import sys
 import threading
+import time
 from importlib import metadata
 from pathlib import Path
 
-_state = {"prof": None, "n": 0}
-_lock = threading.Lock()
+from magpie.serving.profiling import MARKER_SUFFIX, START_SIGNAL, STOP_SIGNAL, TRACE_DIR_ENV
+
+SIGNALS = {START_SIGNAL, STOP_SIGNAL}
+CHILD_OPEN_WAIT_S = 60.0
+
+_state: dict = {"prof": None, "open": False, "n": 0}
+_children: list = []          # the multiprocessing children this process started and follows
 
 
-def _start(signum, frame) -> None:
+def _say(message: str) -> None:
+    print(f"magpie torch_launcher [{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+
+
+def _trace_dir() -> Path:
+    return Path(os.environ.get(TRACE_DIR_ENV, "torch_trace"))
+
+
+def _marker(pid: int) -> Path:
+    return _trace_dir() / f"{pid}{MARKER_SUFFIX}"
+
+
+def _live_children() -> list:
+    alive = []
+    for child in _children:
+        try:
+            if child.is_alive():
+                alive.append(child)
+        except ValueError:               # closed by its owner: it is gone
+            pass
+    _children[:] = alive
+    return alive
+
+
+def _forward(children: list, signum: int) -> None:
+    for child in children:
+        try:
+            os.kill(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _open() -> None:
+    if _state["open"]:
+        return
+    children = _live_children()
+    _forward(children, START_SIGNAL)
+    if not children:
+        _state["prof"] = _start_profiler()
+    _state["open"] = True
+    deadline = time.monotonic() + CHILD_OPEN_WAIT_S
+    waiting = list(children)
+    while True:
+        waiting = [c for c in waiting if not _marker(c.pid).exists() and c.is_alive()]
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    if waiting:
+        _say(f"child process(es) {', '.join(str(c.pid) for c in waiting)} did not open their profiler within "
+             f"{CHILD_OPEN_WAIT_S:g} s")
+    marker = _marker(os.getpid())
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("")
+    _say("profiler started" if not children else
+         f"profiler window open in child process(es) {', '.join(str(c.pid) for c in children)}")
+
+
+def _start_profiler():
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with _lock:
-        if _state["prof"] is not None:
-            return
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        prof = profile(activities=activities, record_shapes=True, **_all_threads())
-        prof.start()
-        _state["prof"] = prof
-    print("magpie torch_launcher: profiler started", file=sys.stderr, flush=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    prof = profile(activities=activities, record_shapes=True, **_all_threads())
+    prof.start()
+    return prof
 
 
 def _all_threads() -> dict:
-    """The profiler records every thread's ops (the server's inference thread is not the one the signal
-    lands on) where this torch can (`_ExperimentalConfig(profile_all_threads=True)`, torch >= 2.8)."""
+    """The profiler records every thread's ops (the model does not run on the thread that starts the
+    profiler) where this torch can (`_ExperimentalConfig(profile_all_threads=True)`, torch >= 2.8)."""
     try:
         from torch._C._profiler import _ExperimentalConfig
 
         return {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
     except (ImportError, TypeError):
-        print("magpie torch_launcher: this torch profiles only the thread that starts the profiler",
-              file=sys.stderr, flush=True)
+        _say("this torch profiles only the thread that starts the profiler")
         return {}
 
 
-def _stop(signum, frame) -> None:
-    with _lock:
-        prof, _state["prof"] = _state["prof"], None
-    if prof is None:
+def _close() -> None:
+    if not _state["open"]:
         return
-    prof.stop()
-    folder = Path(os.environ.get("MAGPIE_TORCH_TRACE_DIR", "torch_trace"))
-    folder.mkdir(parents=True, exist_ok=True)
-    _state["n"] += 1
-    final = folder / f"{socket.gethostname()}_{os.getpid()}.{_state['n']}.pt.trace.json"
-    tmp = final.with_name(final.name + ".tmp")
-    prof.export_chrome_trace(str(tmp))
-    tmp.replace(final)
-    print(f"magpie torch_launcher: trace written: {final}", file=sys.stderr, flush=True)
+    _forward(_live_children(), STOP_SIGNAL)
+    prof, _state["prof"] = _state["prof"], None
+    if prof is not None:
+        prof.stop()
+        folder = _trace_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        _state["n"] += 1
+        final = folder / f"{socket.gethostname()}_{os.getpid()}.{_state['n']}.pt.trace.json"
+        tmp = final.with_name(final.name + ".tmp")
+        prof.export_chrome_trace(str(tmp))
+        tmp.replace(final)
+        _say(f"trace written: {final}")
+    _marker(os.getpid()).unlink(missing_ok=True)
+    _state["open"] = False
+
+
+def _watch_signals() -> None:
+    while True:
+        signum = signal.sigwait(SIGNALS)
+        try:
+            _open() if signum == START_SIGNAL else _close()
+        except Exception as exc:        # a failed window must not end the server; the client sees no trace
+            _say(f"profiler window failed: {type(exc).__name__}: {exc}")
+
+
+def _take_signals() -> None:
+    """Blocks the signals in this thread (threads and processes made from here on inherit it) and takes
+    them on a thread of their own."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    threading.Thread(target=_watch_signals, name="magpie-profiler-signals", daemon=True).start()
+
+
+def _follow_children() -> None:
+    """Makes every `multiprocessing` child started from here on run `_run_followed` around its target (a
+    child that overrides `run()` has no target to wrap and is not followed)."""
+    from multiprocessing import process
+
+    original = process.BaseProcess.start
+    if getattr(original, "magpie_follows", False):
+        return
+
+    def start(self) -> None:
+        if self._target is not None:
+            self._target, self._args, self._kwargs = \
+                _run_followed, (self._target, self._args, dict(self._kwargs)), {}
+            _children.append(self)
+        original(self)
+
+    start.magpie_follows = True
+    process.BaseProcess.start = start
+
+
+def _run_followed(target, args: tuple, kwargs: dict):
+    """A followed child's entry: its own signal thread and followed children, then its target."""
+    _state.update(prof=None, open=False, n=0)       # a forked child's copy of its parent's window is not its own
+    _children.clear()
+    _follow_children()
+    _take_signals()
+    return target(*args, **kwargs)
 
 
 def _entry(word: str):
@@ -82,8 +203,8 @@ def main(argv: list[str]) -> None:
         argv = argv[1:]
     if not argv:
         raise SystemExit("usage: python -m magpie.serving.torch_launcher -- COMMAND ...")
-    signal.signal(signal.SIGUSR1, _start)
-    signal.signal(signal.SIGUSR2, _stop)
+    _follow_children()
+    _take_signals()
     if os.path.basename(argv[0]).startswith("python") and argv[1:2] == ["-m"] and len(argv) > 2:
         sys.argv = [argv[2], *argv[3:]]
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
@@ -97,4 +218,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # run from the module by its own name, so that a child's entry (`_run_followed`) pickles by a name the
+    # child can import (as `__main__` it would resolve to the server's main module there)
+    from magpie.serving import torch_launcher
+
+    torch_launcher.main(sys.argv[1:])
