@@ -20,9 +20,11 @@ from magpie.harness.kinds import command_kind
 from magpie.harness.kinds import failure as failed
 from magpie.harness.spec import SECRET_VARIABLE
 from magpie.paths import subprocess_env
+from magpie.supervision import device_lock
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision.process import run_tree
 from magpie.supervision.session import Worker, WorkerFailure, signal_verdict
+from magpie.supervision.step_limit import step_limit_s, timeout_line
 
 
 def compile_python(job, out_dir: Path) -> dict:
@@ -142,11 +144,10 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
                "settings": settings, "input_secret": os.environ.get(SECRET_VARIABLE, ""),
                "hide": workspace_of(job), "snapshots": snapshots_of(job), "timing_method": timing_method,
                "baseline_own_timing": baseline_own_timing}
-    limit = float(settings["correctness"]["timeout_s"])
-    testcases = max(1, len(settings["correctness"]["testcases"]))
-    # warm-up and budget for the candidate and the baseline, twice where an implausible speedup is re-timed
-    overall = limit * (testcases + 3) + (settings["timing"]["warmup_ms"] + settings["timing"]["budget_ms"]) / 250 + 60
+    limit = step_limit_s(mode, settings)
+    kind = "evaluator"
     work = scratch_folders.make(f"{mode}-")
+    waits = work / device_lock.WAITS_FILE  # the evaluator's waits for the device: not counted
     try:
         request["work_dir"] = str(work)
         (work / "request.json").write_text(json.dumps(request))
@@ -157,14 +158,20 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
         evaluator = Worker(label="evaluator", cwd=os.getcwd(), env=env, memory_mb=0, log_path=log_path,
                            key=evaluator_key(env),
                            module="magpie.harness.evaluate")
+        started = None
         try:
             if evaluator.adopted:
                 evaluator.request({"op": "relog", "log": str(log_path)}, 30)
             started = time.monotonic()
-            answer = evaluator.request({"op": "evaluate", "request": str(work / "request.json")}, overall)
+            answer = evaluator.request({"op": "evaluate", "request": str(work / "request.json")}, limit,
+                                       not_counted=lambda: device_lock.waited_s(waits))
             failure = None if answer["ok"] else f"evaluator error: {answer['error']}"
         except WorkerFailure as err:
-            failure = f"evaluator {err}"
+            if started is not None and evaluator.timed_out:
+                waited = device_lock.waited_s(waits)
+                kind, failure = "timeout", timeout_line(mode, limit, waited)
+            else:
+                failure = f"evaluator {err}"
         finally:
             answered = time.monotonic()
             evaluator.release()
@@ -176,12 +183,16 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
             # a build's first evaluators wait here for the zygote's imports
             result["evaluator_start_s"] = round(started - asked, 3)
             result["evaluator_park_s"] = round(parked - answered, 3)
+            result["step_limit"] = {"limit_s": limit, "ran_s": round(answered - started, 3),
+                                    "device_wait_s": round(device_lock.waited_s(waits), 3)}
             return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
     state_key = "correctness_state" if mode == "correctness" else "performance_state"
     return {state_key: "FAILED", "verdict": failure, "errors": [failure], "numerics": "unverified",
-            "performance_result": None, "failures": [failed("evaluator", mode, failure)]}
+            "performance_result": None, "failures": [failed(kind, mode, failure)],
+            **({"step_limit": {"limit_s": limit, "ran_s": round(answered - started, 3),
+                               "device_wait_s": round(waited, 3)}} if kind == "timeout" else {})}
 
 
 def correctness(job, out_dir: Path) -> dict:

@@ -1688,11 +1688,13 @@ def numerics_margin(checks: list[dict]) -> dict | None:
 def evaluate(request_path: str) -> dict:
     request = json.loads(Path(request_path).read_text())
     evaluator = Evaluator(request)
-    if request["mode"] == "correctness":
-        with device_lock.shared(evaluator.device):
-            result = evaluator.correctness()
-    else:
-        result = evaluator.timing()
+    # its job's hard limit counts none of its waits for the device (`supervision.step_limit`)
+    with device_lock.telling_waits(Path(request["work_dir"]) / device_lock.WAITS_FILE):
+        if request["mode"] == "correctness":
+            with device_lock.shared(evaluator.device):
+                result = evaluator.correctness()
+        else:
+            result = evaluator.timing()
     result["isolation"] = evaluator.isolation
     result["input_secret"] = evaluator.input_secret
     # the one GPU node its sandboxed processes opened, for the profile of the same code

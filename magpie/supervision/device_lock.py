@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import struct
 import tempfile
 import time
 from contextlib import contextmanager
@@ -91,8 +92,18 @@ def _acquire(fd: int, path: Path, mode: int, purpose: str, behind: Path | None) 
         return
     except BlockingIOError:
         pass
+    global _last_look
+    started = _last_look = time.monotonic()
+    _tell_waits(polled=started)
+    try:
+        _wait_for(fd, path, mode, purpose, behind, started)
+    finally:
+        _looked(time.monotonic())
+        _tell_waits(polled=0.0)
+
+
+def _wait_for(fd: int, path: Path, mode: int, purpose: str, behind: Path | None, started: float) -> None:
     limit = timeout_s()
-    started = time.monotonic()
     holders = _holders(fd, behind)
     since = started  # when the holders were last seen to change
     look = started + min(LOOK_S, limit / 4)
@@ -104,6 +115,7 @@ def _acquire(fd: int, path: Path, mode: int, purpose: str, behind: Path | None) 
         except BlockingIOError:
             pass
         now = time.monotonic()
+        _looked(now)
         if now >= look or now - since >= limit:
             seen = _holders(fd, behind)
             if seen != holders:
@@ -112,6 +124,61 @@ def _acquire(fd: int, path: Path, mode: int, purpose: str, behind: Path | None) 
         if now - since >= limit:
             raise DeviceLockTimeout(_timeout_line(path, purpose, now - started, now - since,
                                                   None if holders is None else holders[0]))
+
+
+# Where this process tells how long it has waited for locks, for the job that keeps its step's
+# hard limit (`session.Worker.receive`), which counts none of it: under -j N a timing job may
+# wait for the measurements of every other job of the build. Two doubles: the seconds waited
+# so far, and, while a wait is under way, the CLOCK_MONOTONIC second (the same in every
+# process) it last looked at the lock (else 0). A waiter that stops looking (stopped, or stuck)
+# waits no more: no more than POLLED_S after a look counts as waiting, whenever it looks again.
+WAITS_FILE = "device-waits"
+_WAITS = struct.Struct("dd")
+POLLED_S = 1.0
+_told: int | None = None
+_waited_s = 0.0
+_last_look = 0.0
+
+
+@contextmanager
+def telling_waits(path: Path):
+    """While the block runs, this process's waits for locks are told in the file at path."""
+    global _told, _waited_s
+    _told, _waited_s = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600), 0.0
+    try:
+        _tell_waits(polled=0.0)
+        yield
+    finally:
+        os.close(_told)
+        _told = None
+
+
+def _looked(now: float) -> None:
+    """A waiter looked at the lock: the time since its last look waited, up to POLLED_S."""
+    global _waited_s, _last_look
+    _waited_s += min(now - _last_look, POLLED_S)
+    _last_look = now
+    _tell_waits(polled=now)
+
+
+def _tell_waits(polled: float) -> None:
+    if _told is not None:
+        os.pwrite(_told, _WAITS.pack(_waited_s, polled), 0)
+
+
+def waited_s(path: Path) -> float:
+    """How long the process telling its waits at path (`telling_waits`) has waited for locks,
+    the wait under way included, up to POLLED_S after its last look at the lock; 0 where it
+    has told nothing."""
+    try:
+        with open(path, "rb") as told:
+            data = told.read(_WAITS.size)
+    except OSError:
+        return 0.0
+    if len(data) != _WAITS.size:
+        return 0.0
+    waited, polled = _WAITS.unpack(data)
+    return waited + (min(time.monotonic() - polled, POLLED_S) if polled else 0.0)
 
 
 def _timeout_line(path: Path, purpose: str, waited: float, held: float, holders: list[int] | None) -> str:

@@ -36,7 +36,8 @@ def children(pid: int) -> list[int]:
 
 
 def descendants(pid: int) -> list[int]:
-    """pid and every process below it (a sandbox's waiter, its init, the worker, what it started)."""
+    """pid and every process below it (a sandbox's waiter, its init, the worker, what it
+    started), each after its parent."""
     out, todo = [], [pid]
     while todo:
         current = todo.pop()
@@ -115,9 +116,11 @@ KILL_TREE_S = 1.0
 
 
 def kill_below(pid: int) -> None:
-    """SIGKILL to every process below pid, again until none runs. One that left pid's process
-    group (a new session) ends too, and one orphaned meanwhile is found again below a keeper
-    (`keeper`), whose living children they become: a process killed can fork no more."""
+    """SIGKILL to every process below pid, again until none runs, each parent before its
+    children (`descendants` lists them so): a sandbox's init first, whose end kills everything
+    in its PID namespace, stopped or not. One that left pid's process group (a new session)
+    ends too, and one orphaned meanwhile is found again below a keeper (`keeper`), whose living
+    children they become: a process killed can fork no more."""
     deadline = time.monotonic() + KILL_TREE_S
     while (living := [p for p in descendants(pid)[1:] if runs(p)]) and time.monotonic() < deadline:
         _signal_each(living, signal.SIGKILL)

@@ -54,6 +54,10 @@ LOG_KEPT_BYTES = 256 << 10
 ANSWER_MAX_BYTES = 64 << 20
 
 
+# How often a wait whose deadline moves (`Worker.receive`'s not_counted) looks at it again.
+LOOK_S = 1.0
+
+
 def _end(proc: zygote.ForkedProcess, fds: list[int]) -> None:
     """An adopted process ended unused."""
     for fd in fds:
@@ -84,6 +88,7 @@ class Worker:
         self.log_path = log_path
         self.key = key
         self.failed = False
+        self.timed_out = False  # killed at the deadline of a `receive`
         self._pending = False  # a command sent whose answer has not been read
         self.stopped = False
         self.sandboxed = sandbox is not None
@@ -133,10 +138,10 @@ class Worker:
         """Where the process writes: its scratch folder when it has one, else the job's log."""
         return self.scratch / "output.log" if self.scratch else self.log_path
 
-    def request(self, message: dict, timeout_s: float) -> dict:
+    def request(self, message: dict, timeout_s: float, not_counted=None) -> dict:
         """Send one command; return its answer, or raise WorkerFailure with the verdict."""
         self.send(message)
-        return self.receive(timeout_s)
+        return self.receive(timeout_s, not_counted)
 
     def send(self, message: dict) -> None:
         """Send a command without waiting, so that several workers can work at once."""
@@ -150,15 +155,18 @@ class Worker:
             self.failed = True
             raise WorkerFailure(self._death_verdict()) from None
 
-    def receive(self, timeout_s: float) -> dict:
-        """The answer to the last command sent, within timeout_s of sending it."""
+    def receive(self, timeout_s: float, not_counted=None) -> dict:
+        """The answer to the last command sent, within timeout_s of sending it. `not_counted`:
+        a function, asked again at least every LOOK_S, of the seconds since then that do not
+        count (the process's waits for the device lock, `device_lock.waited_s`)."""
         started = self._sent
-        deadline = started + timeout_s
         while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
+            remaining = started + timeout_s + (not_counted() if not_counted else 0.0) - time.monotonic()
             if remaining <= 0:
+                self.timed_out = True
                 raise self._ended(f"timeout after {timeout_s:g} s")
-            ready, _, _ = select.select([self._answer_read], [], [], remaining)
+            ready, _, _ = select.select([self._answer_read], [], [], min(remaining, LOOK_S) if not_counted
+                                        else remaining)
             if not ready:
                 continue
             chunk = os.read(self._answer_read, 1 << 20)

@@ -411,9 +411,11 @@ def serve(socket_path: str, owner_pid: int, idle_s: float = 0.0) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         _serve_children(listener, socket_path, owner, state, idle_s)
-    finally:  # its children end with it, unreaped here: their pipes close, and parked ones
-        # (stopped: they would not see it) are killed
+    finally:  # its children end with it, killed: a parked one is stopped, and so may be one a
+        # job was running (its evaluator stops a worker while another is measured), which
+        # would never see its pipes close
         state.end_parked()
+        state.end_all()
         for pid, _, _ in state.running.values():
             shared_memory.forget(pid)
 
@@ -423,7 +425,8 @@ def _serve_children(listener: socket.socket, socket_path: str, owner: list[int],
     last_activity = time.monotonic()
     while True:
         timeout = max(0.0, last_activity + idle_s - time.monotonic()) if idle_s else None
-        ready, _, _ = select.select([listener, *owner, *state.running], [], [], timeout)
+        requesters = state.requesters()
+        ready, _, _ = select.select([listener, *owner, *state.running, *requesters], [], [], timeout)
         if not ready:  # idle this long, with nothing running but parked processes: done
             if len(state.running) > len(state.parked):
                 last_activity = time.monotonic()
@@ -440,7 +443,9 @@ def _serve_children(listener: socket.socket, socket_path: str, owner: list[int],
             elif item in owner:  # the build ended, killed perhaps: so does all it started here
                 state.end_all()
                 return
-            else:
+            elif item in requesters:
+                state.heard_from(requesters[item], item)
+            elif item in state.running:
                 state.reap(item)
 
 
@@ -454,9 +459,29 @@ class Children:
         self.reserved: dict[str, float] = {}  # spare's key -> when a job said it would park one
         self.cap: int | None = None  # looked up at the first park, off the zygote's start
 
-    def descriptors(self) -> list[int]:
-        """Everything a newly forked child must close: it may talk to no other child."""
-        return [*self.running, *(fd for _, fds, _ in self.parked.values() for fd in fds)]
+    def requesters(self) -> dict[socket.socket, int]:
+        """The connection of each running child's requester (the process that asked for it or
+        adopted it) -> the child's pidfd: it closes when that process ends."""
+        return {conn: pidfd for pidfd, (_, conn, _) in self.running.items() if conn is not None}
+
+    def heard_from(self, pidfd: int, conn: socket.socket) -> None:
+        """A requester's connection became readable. A requester sends nothing after its
+        request, so this is its end (a timed-out evaluator killed by its job, a job killed
+        with its build, a crash): the child's tree is killed, stopped or not, as its requester
+        would have killed it had it lived (an evaluator's workers are the zygote's children, not
+        its own, and a worker it had stopped would wait for ever). Its folder goes as it is
+        reaped."""
+        try:
+            gone = conn.recv(4096, socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return
+        except OSError:
+            gone = True
+        if not gone or self.running.get(pidfd, [None, None])[1] is not conn:
+            return
+        self.running[pidfd][1] = None
+        conn.close()
+        kill_tree(self.running[pidfd][0])
 
     def end_all(self) -> None:
         """Every child's process tree killed (what a job was running when its build was killed
@@ -605,10 +630,11 @@ def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bo
         return True
     renumber = {str(old): str(new) for old, new in zip(request["fds"], fds)}
     args = [renumber.get(a, a) for a in request["args"]]
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
         _become_child(request, args, [listener, conn, *(c for _, c, _ in state.running.values() if c is not None)],
-                      state.descriptors())
+                      fds, zygote)
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -632,13 +658,18 @@ def _same_pid_namespace(conn: socket.socket) -> bool:
     return nspid is None or len(nspid) == 1  # no NSpid (Linux before 4.1): no sandbox there either
 
 
-def _become_child(request: dict, args: list[str], sockets: list, descriptors: list[int]) -> None:
+def _become_child(request: dict, args: list[str], sockets: list, passed: list[int], zygote: int) -> None:
+    """In a new child: hold no descriptor of the zygote's (its socket and connections, its
+    other children's pipes and pidfds, its owner's pidfd) but the ones passed; die with the
+    zygote (a stopped child would not see its pipes close); then run the module."""
     code = 1
     try:
         for sock in sockets:
             sock.close()
-        for fd in descriptors:
-            os.close(fd)
+        _close_all_but(passed)
+        namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != zygote:  # it ended before the line above
+            os._exit(1)
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         from magpie import sandbox
@@ -681,6 +712,16 @@ def _become_child(request: dict, args: list[str], sockets: list, descriptors: li
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _close_all_but(passed: list[int]) -> None:
+    """Every descriptor above stderr but the passed ones."""
+    low = 3
+    for fd in sorted(set(passed)):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
 def main(argv: list[str]) -> int:
