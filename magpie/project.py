@@ -12,6 +12,7 @@ from magpie.graph.rules import resolve_rules
 from magpie.manifest.load import load_manifest
 from magpie.manifest.models import Manifest
 from magpie.store import Store
+from magpie.workspace import writable
 
 
 @dataclass
@@ -35,7 +36,9 @@ class Project:
         rules = resolve_rules(manifest.rule, manifest_path)
         store = Store(Path(workspace) if workspace else root / manifest.project.workspace,
                       trusted_signers=tuple(manifest.store.trusted_signers))
-        tasks = expand(manifest, root, rules, snapshots=store.snapshots, digests=store.file_digests)
+        # the bytes of inputs are kept for the jobs that run; on a read-only workspace none can
+        snapshots = store.snapshots if writable(store.workspace) else None
+        tasks = expand(manifest, root, rules, snapshots=snapshots, digests=store.file_digests)
         project = cls(manifest, root, manifest_path, tasks, store)
         project.resolve_keys()
         return project

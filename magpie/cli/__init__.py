@@ -48,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("magpie: interrupted; finished artifacts are kept", file=sys.stderr)
         return 130
+    except OSError as err:  # a read-only, foreign or full workspace: one line, not a traceback
+        from magpie import workspace
+
+        if not workspace.unwritable(err):
+            raise
+        print(f"magpie: {workspace.describe(err)}", file=sys.stderr)
+        return 2
 
 
 def command() -> None:

@@ -71,6 +71,7 @@ def run(args) -> int:
         selected = project.with_dependents(selected)
     if args.dry_run:
         return dry_run(project, selected, args.json)
+    refuse_on_read_only(project, selected)
     try:
         with stopped_by_sigterm(project):
             return build(project, selected, jobs=args.jobs, executor_name=args.executor,
@@ -78,6 +79,18 @@ def run(args) -> int:
                          check=args.check)
     finally:
         snapshot.save(project, saved)  # with the stamps of the artifacts checked or written
+
+
+def refuse_on_read_only(project, selected: list[str]) -> None:
+    """A build with something to store, on a workspace it cannot write, ends before it starts."""
+    from magpie import workspace
+
+    if workspace.writable(project.store.workspace):
+        return
+    stale = project.stale(selected)
+    if stale:
+        raise UserError(workspace.read_only_line(
+            project.store.workspace, f"{len(stale)} stale tasks would store their artifacts there (first: {stale[0]})"))
 
 
 @contextlib.contextmanager

@@ -214,6 +214,11 @@ def run_task(project, executor, name: str) -> bool:
                 store.remove(spec.key)
             store.commit(spec.key, output.result, output.files, task=name)
             store.record(name, spec.key, spec.parts)
+        except OSError as err:
+            if err.filename is None:  # a write() refused names no file: the artifact it was for
+                err.filename = str(store.path(spec.key))
+            _stop_unwritable(err)
+            raise
         finally:
             _STORING_IN[0] = None
     if _AFTER_STORING and _AFTER_STORING[0][0] == threading.get_ident():  # asked for while this thread stored
@@ -238,6 +243,23 @@ _STORING = threading.RLock()
 _STORING_IN: list[int | None] = [None]  # the thread storing an artifact now
 _AFTER_STORING: list = []
 _REPORTER: list[BuildReporter] = []  # the reporter of the latest run_doit
+
+
+# A write to the workspace refused (read-only, full disk): no task starts or stores after it,
+# and the build ends by raising it, once doit is done (cli/__init__.py says it in one line).
+_UNWRITABLE: list[OSError] = []
+
+
+def _stop_unwritable(err: OSError) -> None:
+    from magpie.workspace import unwritable
+
+    if not unwritable(err):
+        return
+    if not _UNWRITABLE:
+        _UNWRITABLE.append(err)
+    _STOPPING.set()
+    if _REPORTER:
+        _REPORTER[0].silence()
 
 
 def stop_storing(then) -> None:
@@ -297,10 +319,13 @@ def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
     _REPORTER[:] = [reporter]
     _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
     _AFTER_STORING.clear()
+    _UNWRITABLE.clear()
     loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(_closure(project, selected)))
     main = DoitMain(loader, config_filenames=(),
                     extra_config={"BACKEND": {"magpie-memory": "magpie.graph.doit_glue:MemoryDB"}})
     code = main.run(["run", *selected])
+    if _UNWRITABLE:
+        raise _UNWRITABLE[0]
     return code, reporter
 
 

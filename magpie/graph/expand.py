@@ -428,7 +428,13 @@ def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | 
            digests: FileDigests | None = None) -> dict[str, TaskSpec]:
     tasks = Expander(manifest, Path(root), rules, FileHasher(snapshots, digests)).expand()
     if digests is not None:
-        digests.save()
+        try:
+            digests.save()
+        except OSError as err:  # a cache: on a read-only or full workspace the next load hashes again
+            from magpie.workspace import unwritable
+
+            if not unwritable(err):
+                raise
     return tasks
 
 

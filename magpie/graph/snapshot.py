@@ -106,7 +106,13 @@ def save(project, data: dict | None = None) -> dict:
     for task in data["tasks"].values():
         task["stamp"] = store.stamps.get(task["key"])
     body = json.dumps(data).encode()
-    atomic_write(path_for(project.manifest_path, workspace), signing.snapshot_mac(body).encode() + b"\n" + body)
+    try:
+        atomic_write(path_for(project.manifest_path, workspace), signing.snapshot_mac(body).encode() + b"\n" + body)
+    except OSError as err:  # a cache: without it (read-only or full workspace) the next build loads in full
+        from magpie.workspace import unwritable
+
+        if not unwritable(err):
+            raise
     return data
 
 

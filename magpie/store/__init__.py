@@ -349,10 +349,12 @@ def atomic_write(path: Path, text: str | bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(text.encode() if isinstance(text, str) else text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(path)  # a refused write() names no file: say which was being written
         raise
 
