@@ -20,7 +20,7 @@ it asked for, and the calls are proven by their outputs:
   after the answer, must match the reference, with their input sets unchanged.
 
 Per call: what the batch took, over its calls, less what the same loop costs the evaluator
-around a call that does nothing (`harness_ns_per_call`, the copy of one output included).
+around a call that does nothing (`HarnessPrice`, the copy of one output included).
 What it took, with one torch thread (the default): the CPU time the kernel counted for every
 process of the worker, each by its CPU clock (every thread it has had, ended ones included)
 and the children it reaped (`TreeTimes`), which no waiting stretches and no code in the worker
@@ -777,21 +777,42 @@ def copy_ns_per_call(torch, reference, sets: list, example_outputs, graph: bool)
     return min(after_calls, alone)
 
 
-def harness_ns_per_call(torch, example_args: tuple, example_outputs, calls: int) -> float:
+class HarnessPrice:
     """What `run_batch` costs a call beside the call itself, measured here in the evaluator
     around a call that only hands back outputs of the reference's shapes (so the copy into the
-    slot is in), in CPU time (a busy machine's waits would inflate a wall clock's): the least
-    of a few runs, so that what is taken off never exceeds it."""
-    outs = tuple(e.clone() for e in as_tuple(example_outputs))
-    result = outs if isinstance(example_outputs, (tuple, list)) else outs[0]
-    slots = [tuple(torch.empty_like(e) for e in outs) for _ in range(calls)]
-    inputs = [example_args] * calls
-    best = float("inf")
-    for _ in range(3):
-        start = time.thread_time_ns()
-        run_batch(torch, lambda *args: result, inputs, slots)
-        best = min(best, (time.thread_time_ns() - start) / calls)
-    return best
+    slot is in), with the workers' torch threads (`threads`): the least of every run so far
+    (`measure`, once before the rounds and again in each), so that what is taken off never
+    exceeds it and one quiet moment of the measurement finds it. With one thread, in this
+    thread's CPU time (a busy machine's waits would inflate a wall clock's); with more, in wall
+    time: the calling thread of a copy split over threads spins at its end until the others are
+    done, and counts that spin as its CPU time while they wait for a CPU. The evaluator's own
+    default of a thread a CPU so priced a 256 KiB copy at 2.9 ms a call on the 2-core machine
+    with two CPU hogs beside the build, where one thread read 35 µs (the honest calls it was
+    taken off read 0.001 µs and failed the launch floor)."""
+
+    def __init__(self, torch, example_outputs, calls: int, threads: int = 1):
+        self.torch = torch
+        outs = tuple(e.clone() for e in as_tuple(example_outputs))
+        self._result = outs if isinstance(example_outputs, (tuple, list)) else outs[0]
+        self._slots = [tuple(torch.empty_like(e) for e in outs) for _ in range(calls)]
+        self.threads = threads
+        self.runs_ns: list[float] = []  # per call, every run's
+
+    def measure(self, runs: int) -> float:
+        """`runs` more runs; the least per call of all so far."""
+        torch = self.torch
+        clock = time.thread_time_ns if self.threads == 1 else time.perf_counter_ns
+        inputs = [()] * len(self._slots)
+        own_threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            for _ in range(runs):
+                start = clock()
+                run_batch(torch, lambda: self._result, inputs, self._slots)
+                self.runs_ns.append((clock() - start) / len(self._slots))
+        finally:
+            torch.set_num_threads(own_threads)
+        return min(self.runs_ns)
 
 
 # Whether the kernel keeps per-thread scheduler statistics (CONFIG_SCHED_INFO): without them
@@ -918,6 +939,30 @@ def calls_handed_over_ns(walls: list[int], less_waits: list[int], others_ns: int
     the calls keep their wall times (`walls`)."""
     taken_off = sum(walls) - sum(less_waits)
     return less_waits if taken_off > 0 and others_ns < taken_off / 2 else walls
+
+
+class MachineShare:
+    """How busy the machine kept a measurement: of the time the evaluator's thread and the
+    workers' calling threads could run, the share they spent waiting for a CPU (the kernel's
+    scheduler statistics), from its creation until `share`. On the 2-core machine a quiet
+    measurement's threads wait a few percent of it; beside two CPU hogs, about half."""
+
+    def __init__(self, callers: list[int]):
+        self._paths = ["/proc/thread-self/schedstat", *(f"/proc/{pid}/task/{pid}/schedstat" for pid in callers)]
+        self._start = [_schedstat(path) for path in self._paths]
+
+    def share(self) -> float | None:
+        """None where the kernel keeps no scheduler statistics. A thread that ended meanwhile
+        reads (0, 0): left out."""
+        if not SCHEDSTAT:
+            return None
+        on_cpu = waiting = 0
+        for path, (cpu_then, wait_then) in zip(self._paths, self._start):
+            cpu_now, wait_now = _schedstat(path)
+            if cpu_now >= cpu_then and wait_now >= wait_then:
+                on_cpu += cpu_now - cpu_then
+                waiting += wait_now - wait_then
+        return waiting / (on_cpu + waiting) if on_cpu + waiting > 0 else 0.0
 
 
 def own_wait() -> int:

@@ -36,7 +36,8 @@ from magpie.harness.keys import worker_key
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs, weights_seed
-from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, DEFAULT_BETWEEN_RUNS, DEFAULT_DISTURBED_FRACTION,
+from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, BUSY_BACKOFF_S, BUSY_RETRIES, DEFAULT_BETWEEN_RUNS,
+                                        DEFAULT_DISTURBED_FRACTION, INCONCLUSIVE,
                                         HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_TRIM, HANDOVER_WAIT_NS,
                                         HANDOVER_WAIT_SHARE,
                                         Batch, Rounds, alone_line, batch_phases, credit_within_calls_alone,
@@ -483,6 +484,7 @@ class Evaluator:
         adopted: dict[str, bool] = {}
         retimed: Rounds | None = None
         remeasured: dict | None = None
+        busy_shares: list[float] = []  # how busy each measurement a busy machine left in doubt was
         try:
             with device_lock.shared(self.device):
                 phases.mark("wait_shared")
@@ -538,6 +540,13 @@ class Evaluator:
                     mode = method["mode"]
                     clocks = {"before": nvml_snapshot(self._device_index())}
                     measured = self._measure(turns, spec, case, inputs, expected, offers, out_specs, mode, t, testcase)
+                    # a failure a busy machine may have caused is measured again in place, after a
+                    # growing pause (`Rounds.in_doubt`)
+                    while measured.in_doubt() and len(busy_shares) < BUSY_RETRIES:
+                        busy_shares.append(measured.cpu_wait_share)
+                        time.sleep(BUSY_BACKOFF_S * 2 ** (len(busy_shares) - 1))
+                        measured = self._retime(turns, spec, case, inputs, expected, out_specs, mode, t, testcase,
+                                                f"busy {len(busy_shares)}")
                     clocks["after"] = nvml_snapshot(self._device_index())
                     phases.mark("timed")
                     # a vouched measurement checked outputs of its calls on inputs each saw once
@@ -679,6 +688,11 @@ class Evaluator:
             detail = f"after timing: {recheck['detail']}"
             result.setdefault("failures", []).append(failure(recheck["kind"], "timing", detail,
                                                              {**recheck, "testcase": spec_index}))
+        if busy_shares:
+            result["busy_remeasured"] = {"cpu_wait_shares": [*busy_shares, measured.cpu_wait_share]}
+        doubts = measured.in_doubt()
+        if doubts and {f["kind"] for f in result.get("failures", [])} == {"calls_done_together"}:
+            _inconclusive(result, doubts, [*busy_shares, measured.cpu_wait_share], case, spec_index)
         between_runs = for_device(t.get("between_runs"), DEFAULT_BETWEEN_RUNS, self.device)
         if pair and result["performance_state"] == "SUCCESS":
             # Here, in the timing job, not in the comparison: the timing jobs finish one by one
@@ -839,6 +853,7 @@ class Evaluator:
                 # the process that says it runs the calls: a false one makes no batch count less
                 # than its worker's CPU time (`busy_wall_ns`)
                 regions[role].caller = batches.process_named(turns.workers[role].proc.pid, int(answer.get("pid", 0)))
+            machine = None if on_gpu else batches.MachineShare([region.caller for region in regions.values()])
             steps.mark("regions")
             known = self._known_of_baseline(case, mode) if "baseline" in roles else {}
             # what this measurement takes (the kernel list is the timing job's): on the CPU only
@@ -862,7 +877,8 @@ class Evaluator:
                     measured.calibration_ns["baseline"] = known["calibration_us"] * 1000
                 steps.mark("calibration")
             else:
-                measured.harness_ns = batches.harness_ns_per_call(torch, example, expected, min(limit, 64))
+                harness = batches.HarnessPrice(torch, expected, min(limit, 64), int(t["threads"]))
+                measured.harness_ns = harness.measure(3)
                 steps.mark("harness_price")
             shortest_ms = DEVICE_BATCH_MIN_MS if on_gpu else BATCH_MIN_MS
             target_ns = min(BATCH_MAX_MS * 1e6, max(shortest_ms * 1e6, round_ns / BATCHES_PER_ROUND))
@@ -885,6 +901,8 @@ class Evaluator:
             calls = {role: min(limit, -(-a_round[role] // BATCHES_PER_ROUND)) for role in roles}
             measured.round_laps = Laps()
             for r in range(rounds):
+                if not on_gpu:  # priced again in each round (in its "draw" part): the least of all is taken off
+                    measured.harness_ns = harness.measure(1)
                 made = dict.fromkeys(roles, 0)
                 b = 0
                 # on a GPU, batches of two sizes in turn tell what a batch costs besides its calls
@@ -919,12 +937,20 @@ class Evaluator:
         measured.steps_s = steps.seconds
         if on_gpu:
             measured.settle_device_batches()
+        else:
+            measured.harness_runs_ns = harness.runs_ns
+            measured.cpu_wait_share = machine.share()
+            measured.settle_samples(capped=True)
         for role in roles:
-            floor = launch_floor(median(measured.samples[role]), measured.harness_ns) \
-                if measured.samples[role] else None
+            raw_ns = measured.raw_median_ns(role)
+            # the copy's price whole, not what the cap left taken off: the floor is the copy's
+            floor = launch_floor(max(1.0, raw_ns - measured.harness_ns), measured.harness_ns) \
+                if raw_ns is not None else None
             if floor and role not in measured.failed:
+                # a call that read more than its copy may have been read short by a busy machine
                 measured.failed[role] = {"passed": False, "check": "launch_floor", "kind": "calls_done_together",
-                                         "where": "its batches", "detail": floor}
+                                         "where": "its batches", "detail": floor,
+                                         "floor_in_doubt": not on_gpu and raw_ns >= measured.harness_ns}
         measured.judge_calls_alone()
         measured.methods = {role: vouched_method(calls[role], measured, t, self.device) for role in roles}
         return measured
@@ -1337,6 +1363,11 @@ class Evaluator:
                                    "calls_per_round": measured.calls[role],
                                    "wall_per_call_us": measured.wall[role] * 1e6 / max(calls, 1),
                                    "harness_us_per_call": measured.harness_ns / 1000,
+                                   # what was taken off its calls (`harness_taken_off`), and each run that priced it
+                                   "harness_taken_off_us": measured.subtracted_ns.get(role, 0.0) / 1000,
+                                   "harness_runs_us": [round(ns / 1000, 3) for ns in measured.harness_runs_ns]
+                                   or None,
+                                   "cpu_wait_share": measured.cpu_wait_share,
                                    "round_trip_us": measured.fixed_ns / 1000,
                                    "calibration_us": measured.calibration_ns[role] / 1000
                                    if role in measured.calibration_ns else None,
@@ -1634,6 +1665,20 @@ def _fail(result: dict, kind: str, detail: str, case, testcase: int) -> None:
     result["performance_state"] = "FAILED"
     result["errors"].append(detail)
     _record(result, "failures", kind, detail, case, testcase)
+
+
+def _inconclusive(result: dict, doubts: list[str], shares: list[float], case, testcase: int) -> None:
+    """The timing's only failures are ones a busy machine may have caused, in every measurement
+    (`Rounds.in_doubt`): no verdict. What they read stays in the warnings; not stored as final
+    (`INCONCLUSIVE`), the next build measures it again."""
+    waits = ", ".join(f"{share:.0%}" for share in shares)
+    line = (f"inconclusive: machine busy: its threads waited for a CPU {waits} of the time they could run in "
+            f"{len(shares)} measurement(s), each read near a limit a busy machine can cross: {'; '.join(doubts)}")
+    result["performance_state"] = INCONCLUSIVE
+    result["warnings"].extend(f"in doubt: {error}" for error in result["errors"])
+    result["errors"] = [line]
+    result["failures"] = []
+    _record(result, "failures", "inconclusive_machine_busy", line, case, testcase)
 
 
 def _not_judged(stage: str, spec: str, err: SpecError, testcase: int | None) -> dict:

@@ -26,6 +26,8 @@ KINDS = (
     "not_compiled", "not_correct",
     # a time under the roofline floor: a failure; where the L2 may explain it, a flag
     "impossible_time",
+    # no verdict: a busy machine may have caused the only failures, in every measurement
+    "inconclusive_machine_busy",
     # flags: a timing that stands but needs a look (uneven_calls: mean over twice the median,
     # compared by means; disturbed_measurement: the baseline read far from its own timing, twice;
     # unbounded_calls: threads of its own kept its calls made alone from bounding its batches;

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from magpie.harness.kinds import KINDS, STAGES
 
-State = Literal["SUCCESS", "FAILED", "SKIPPED"]
+# INCONCLUSIVE: a timing a busy machine disturbed beyond correction (no verdict; measured again next build)
+State = Literal["SUCCESS", "FAILED", "SKIPPED", "INCONCLUSIVE"]
 # verified: compared with a Python reference; checked by the testcase command: only commands judged
 # it (their exit codes); unverified: it ran on its own inputs, only finiteness checked
 Numerics = Literal["verified", "checked by the testcase command", "unverified"]
