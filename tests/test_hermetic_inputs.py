@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import build_json, relu2_project
+from conftest import build_json, magpie, relu2_project
 
 from magpie import sandbox
 
@@ -147,3 +147,23 @@ shapes = [[8, 16]]
     assert rows["undeclared"]["correctness_state"] != "SUCCESS"
     assert ("spec undeclared/spec.py imported undeclared/common.py, which is not declared: add it to spec_files "
             "of testcase 0 of kernel undeclared in magpie.toml") in rows["undeclared"]["verdict"]
+
+
+@pytest.mark.parametrize("declared", ["../outside.py", "absent.py"])
+def test_a_spec_file_outside_the_project_or_missing_stops_the_build_in_one_line(tmp_path, declared):
+    """What `spec_files` names is read into the store's snapshots: it must be a file of the
+    project (a path out of it, as for every other path of magpie.toml), else one line, exit 2."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "outside.py").write_text("SECRET = 1\n")
+    relu2_project(project, [], shapes="[[8, 16]]")
+    manifest = (project / "magpie.toml").read_text().replace('spec = "spec.py"',
+                                                             f'spec = "spec.py"\nspec_files = ["{declared}"]')
+    (project / "magpie.toml").write_text(manifest)
+    proc = magpie("build", cwd=project, check=2)
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert line.startswith("magpie: magpie.toml: kernel relu2: testcases[0].spec_files[0]"), line
+    assert ("resolves outside the project" if declared.startswith("..") else "file not found") in line
+    snapshots = project / "workspaces" / "snapshots"
+    assert not snapshots.exists() or not any(b"SECRET" in p.read_bytes() for p in snapshots.rglob("*") if p.is_file())

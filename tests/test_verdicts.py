@@ -234,7 +234,8 @@ def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_bot
         (folder / "impl.py").write_text(f"def kernel(x):\n    return x * {factor}\n")
         kernels += (f'[[kernel]]\nid = "{name}"\ntype = "pytorch"\nentry = "kernel"\n\n'
                     f'[kernel.baseline]\nid = "impl"\nsource = "{name}/impl.py"\n\n'
-                    f'[[kernel.testcases]]\nspec = "{name}/spec.py"\nshapes = [[16, 8]]\n\n')
+                    f'[[kernel.testcases]]\nspec = "{name}/spec.py"\nspec_files = ["{name}/common.py"]\n'
+                    f'shapes = [[16, 8]]\n\n')
     (tmp_path / "magpie.toml").write_text(
         '[project]\nname = "helpers"\n\n[defaults.timing]\nwarmup_ms = 1\nbudget_ms = 10\nrounds = 1\n\n' + kernels)
     assert build_json(tmp_path, "-j", "1")["failed"] == []

@@ -23,6 +23,7 @@ from pathlib import Path
 from magpie.errors import UserError
 from magpie.graph.fingerprint import fingerprint, gpu_description
 from magpie.graph.rules import Rule
+from magpie.harness.declared import spec_inputs
 from magpie.manifest.models import BenchmarkSpec, Implementation, Kernel, Manifest, TraceSet
 from magpie.paths import templates_dir
 from magpie.store.digests import FileDigests
@@ -185,8 +186,7 @@ class Expander:
             "impl.source_files": lambda: list(impl.source_files) if impl else [],
             "baseline.source": lambda: [baseline.source] if baseline else [],
             "baseline.source_files": lambda: list(baseline.source_files) if baseline else [],
-            "testcase.specs": lambda: [f for tc in kernel.testcases if tc.spec
-                                       for f in (tc.spec, *(tc.spec_files or []))] if kernel else [],
+            "testcase.specs": lambda: spec_inputs(self.root, kernel) if kernel else [],
             "templates": lambda: ["magpie-templates/" + p.name for p in sorted(templates_dir().glob("*.j2"))],
         }
         if name not in table:

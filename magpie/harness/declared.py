@@ -2,10 +2,12 @@
 (`source`, `source_files`), the files its task's key is computed from. A helper module imported
 from beside the source but not declared was read and judged, and after it changed the build
 said "up to date" and kept the old verdict; a candidate could read its competitors' sources.
-Now the sandbox's Landlock rules name each declared file; the folders they lie in may be
-listed (the import system lists a folder to find a module in it), not read, so importing an
-undeclared module fails on the file it would have read, which `undeclared_read` names in one
-line with the field to add it to.
+Now a worker, before its implementation's code loads, adds a Landlock layer that lets it read
+files everywhere but in the project, and there only those (`sandbox.narrow`); folders stay
+listable (the import system lists a folder to find a module in it), so importing an undeclared
+module fails on the file it would have read, which `undeclared_read` names in one line with the
+field to add it to. The sandbox's own policy reads the project as a whole, the same for every
+implementation of a folder, so a spare started before it knows its implementation serves any.
 
 The spec runs in the evaluator, which is trusted and not sandboxed: while it is loaded, a
 module it imports from the project that it does not declare (`spec_files`) is refused, in one
@@ -26,16 +28,13 @@ def declared_files(root: Path, impl: dict) -> list[Path]:
     return [root / impl["source"], *(root / name for name in impl.get("source_files") or [])]
 
 
-def code_inputs(root: Path, impl: dict, cwd: Path) -> tuple[list[str], list[str]]:
-    """What a worker of impl may read of the project (its declared files, and its compiled
-    library's folder, in the otherwise hidden store) and what it may only list: its working
-    folder and the folders of its declared files (a module's folder goes on the module path)."""
-    files = declared_files(root, impl)
-    read = [str(f) for f in files]
+def readable(root: Path, impl: dict) -> list[str]:
+    """What a worker of impl reads of the project once its load narrowed its sandbox
+    (`sandbox.narrow`): its declared files, and its compiled library's folder (in the store)."""
+    read = [str(f) for f in declared_files(root, impl)]
     if impl.get("library"):
         read.append(str(Path(impl["library"]).parent))
-    listed = [str(cwd), *sorted({str(f.parent) for f in files})]
-    return read, listed
+    return read
 
 
 # How Python names a file it could not open: `[Errno 13] Permission denied: '/path'`.
@@ -58,6 +57,30 @@ def undeclared_read(error: str, root: Path, impl: dict) -> str | None:
     name = path.relative_to(project).as_posix()
     return (f"{role} {impl['id']} read {name}, which is not declared: add it to source_files of implementation "
             f"{impl['id']} in magpie.toml")
+
+
+def spec_inputs(root: Path, kernel) -> list[str]:
+    """The specs of a kernel's testcases and the files each declares (`spec_files`): what its
+    tasks are keyed by, so read into the store's snapshots; a declared file that is no file of
+    the project is one line naming the field (UserError)."""
+    from magpie.errors import UserError
+
+    project = os.path.realpath(root)
+    names = []
+    for t, testcase in enumerate(kernel.testcases):
+        if not testcase.spec:
+            continue
+        names.append(testcase.spec)
+        for j, name in enumerate(testcase.spec_files or []):
+            where = f"magpie.toml: kernel {kernel.id}: testcases[{t}].spec_files[{j}]"
+            real = os.path.realpath(os.path.join(root, name))
+            if not real.startswith(project + os.sep):
+                raise UserError(f"{where}: {name!r} resolves outside the project ({real}); keep spec files inside "
+                                f"{project}")
+            if not os.path.isfile(real):
+                raise UserError(f"{where}: file not found: {name}")
+            names.append(name)
+    return names
 
 
 class SpecImports:

@@ -31,8 +31,8 @@ from magpie.harness import batches, spares, stream_words, triton_warmup
 from magpie.harness.checks import all_finite, as_tuple, compare_inputs, compare_outputs, surely_close
 from magpie.harness.compiler_caches import compiler_caches, implementation_caches, seed_triton_cache
 from magpie.harness.exchange import exchange_for, load_left
-from magpie.harness.declared import SpecImports, code_inputs, undeclared_read
-from magpie.harness.keys import worker_key
+from magpie.harness.declared import SpecImports, readable, undeclared_read
+from magpie.harness.keys import code_reads, worker_key
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs, weights_seed
@@ -134,6 +134,8 @@ class Evaluator:
             "init_inputs_file": init_file, "init_from_module": init_from_module,
             "threads": self.settings.get("timing", {}).get("threads", 1),
         }
+        if policy is not None:
+            load["readable"] = readable(self.root, impl)
         code = None if impl.get("library") else self.code(impl["source"])
         if code is not None:  # what the task was keyed by, not the file as it may be now
             load["code"] = base64.b64encode(code).decode()
@@ -247,12 +249,12 @@ class Evaluator:
         return hashlib.sha256(self.input_secret.encode()).hexdigest()[:12]
 
     def _policy(self, impl: dict, cwd: Path, memory_mb: int) -> sandbox.Policy:
-        """What a worker of impl may touch: it reads, of the project, its declared files and its
-        compiled library (it lists their folders); it writes only its scratch folder (added by the
-        Worker) and its compiler cache."""
-        read, listed = code_inputs(self.root, impl, cwd)
-        return sandbox.Policy(write=[], read=read, listed=listed, hide=self.hide, gpu=self.device != "cpu",
-                              gpu_minors=self._gpu_minors, memory_mb=memory_mb)
+        """What a worker of impl may touch: it reads the project, its own sources and its compiled
+        library, and, once told at its load, of the project its declared files alone (`readable`);
+        it writes only its scratch folder (added by the Worker) and its compiler cache. The same
+        for every implementation in one folder, so that a spare serves any of them."""
+        return sandbox.Policy(write=[], read=code_reads(self.root, impl, cwd), project=str(self.root), hide=self.hide,
+                              gpu=self.device != "cpu", gpu_minors=self._gpu_minors, memory_mb=memory_mb)
 
     @functools.cached_property
     def _gpu_minors(self) -> list[int] | None:

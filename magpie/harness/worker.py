@@ -17,6 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
+from magpie import sandbox
 from magpie.harness import triton_warmup
 from magpie.harness.batches import WorkerViews, run_batch, run_handed_over, run_handed_over_on_gpu
 from magpie.harness.exchange import deliver, receive_inputs
@@ -469,6 +470,8 @@ def serve(commands, answers) -> None:
                 use_caches(request.get("caches") or {})
                 await_warmup(laps)
                 SIGNATURES.install()  # after a spare's own warm-up compile, before the code's
+                # of the project, only its implementation's declared files from now on (`harness.declared`)
+                sandbox.narrow(request.get("readable") or [])
                 impl = Implementation(request, laps)
                 reply = {"steps_s": laps.seconds, "started_unix": STARTED_UNIX, "prepared": PREPARED}
             elif op == "relog":  # adopted by a new job: what it prints goes to that job's log

@@ -69,8 +69,9 @@ class SandboxError(RuntimeError):
 class Policy:
     write: list[str]  # trees it may change: its scratch folder, its compiler caches
     read: list[str] = dataclasses.field(default_factory=list)  # trees (or files) to read besides the system's
-    # folders whose entries it may list, not read (where a declared file lies: `harness.declared`)
-    listed: list[str] = dataclasses.field(default_factory=list)
+    # a tree among `read` (the project) whose files the process reads, once it has been told which
+    # (`narrow`: a worker, its implementation's declared files), only those
+    project: str | None = None
     hide: list[str] = dataclasses.field(default_factory=list)  # covered by an empty tmpfs (usable trees beneath kept)
     # hidden the same way: where magpie's sockets and locks are, as seen where the policy is made
     temporary: list[str] = dataclasses.field(default_factory=lambda: temporary_folders())
@@ -288,10 +289,40 @@ def read_trees(policy: Policy) -> list[str]:
     return [*_system_reads(), *interpreter, *data, *policy.read]
 
 
-def listed_folders(policy: Policy) -> list[str]:
-    """Folders whose entries it may list without reading their files: magpie's parent, and the
-    policy's (`listed`)."""
-    return [PACKAGE_PARENT, *policy.listed]
+def listed_folders() -> list[str]:
+    """Folders whose entries it may list without reading their files: magpie's parent."""
+    return [PACKAGE_PARENT]
+
+
+# What `narrow` keeps readable besides the files it is told of, taken as the sandbox is entered
+# (after its mounts, before Landlock, which would refuse the listings): everything beside the
+# policy's project (every entry of each of its ancestors but the next one down), and the trees
+# of the system, magpie and the process's own folders that lie inside it. None: nothing to narrow.
+_BESIDE_PROJECT: list[str] | None = None
+
+
+def _beside(project: str, inside: list[str]) -> list[str]:
+    """Every path of the file tree but those beneath project, as few as name it all (what could
+    not be listed, left out: narrower), and the trees of `inside` beneath it."""
+    found, folder = [], "/"
+    for part in Path(project).relative_to("/").parts:
+        with contextlib.suppress(OSError):
+            found += [os.path.join(folder, name) for name in os.listdir(folder) if name != part]
+        folder = os.path.join(folder, part)
+    beneath = project.rstrip(os.sep) + os.sep
+    return found + [t for t in inside if os.path.realpath(t).startswith(beneath)]
+
+
+def narrow(readable: list[str]) -> None:
+    """Read, of the policy's project, only `readable` (and what it held of the system's and the
+    process's own trees) from now on: a second Landlock layer that handles reading files alone,
+    allowing it everywhere but in the project. A process not in a sandbox with a project: nothing.
+    Called by a worker before its implementation's code loads, so a spare, started before it
+    knew its implementation, shares its policy with every implementation of the project."""
+    if _BESIDE_PROJECT is None:
+        return
+    landlock.restrict(read=[*_BESIDE_PROJECT, *readable], write=[], devices=[], network=True,
+                      handled=landlock.READ_FILE, scopes=0)
 
 
 # The device nodes code under test may open: the byte sources and sinks; a GPU's nodes only for
@@ -406,7 +437,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         # checkout of magpie, or a project, under /tmp)
         # (a file, by the folder it is in: only a folder can be bound back into an empty tmpfs)
         usable = list(dict.fromkeys(p if os.path.isdir(p) else os.path.dirname(p)
-                                    for p in (*policy.write, *reads, *listed_folders(policy)) if os.path.exists(p)))
+                                    for p in (*policy.write, *reads, *listed_folders()) if os.path.exists(p)))
         system = [f for f in (*SOCKET_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
         hidden = [*policy.hide, *policy.temporary, *system]
         if policy.gpu and os.path.isdir(SHARED_MEMORY):
@@ -441,11 +472,15 @@ def contain(policy: Policy, fork: bool = True) -> None:
             os.chdir(os.getcwd())
     except OSError as err:
         raise SandboxError(f"read-only mounts: {err}") from None
+    if policy.project:
+        global _BESIDE_PROJECT
+        own = [*read_trees(Policy(write=[])), *write_trees(policy), *device_files(policy), *listed_folders()]
+        _BESIDE_PROJECT = _beside(os.path.realpath(policy.project), own)
     try:
         _limits(policy)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
         landlock.restrict(read=reads, write=[*write_trees(policy), *proc], devices=device_files(policy),
-                          network=policy.network, listed=listed_folders(policy))
+                          network=policy.network, listed=listed_folders())
         if seccomp.supported():
             seccomp.install(policy.network, GPU_SOCKET_FAMILIES if policy.gpu else ())
         namespaces.drop_capabilities()

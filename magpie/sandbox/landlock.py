@@ -48,16 +48,17 @@ def _check(result: int, what: str) -> int:
 
 
 def restrict(*, read: list[str], write: list[str], devices: list[str], network: bool, listed: list[str] = (),
-             scopes: int = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) -> int:
+             scopes: int = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL, handled: int | None = None) -> int:
     """Enforce on this process (and its future children): `read` trees (or files) readable and
     executable, `listed` folders' (and their subfolders') entries listable but their files not
     readable, `write` trees fully usable, `devices` readable, writable and ioctl-able, nothing else; no
-    signal to, or abstract socket of, a process outside (`scopes`). no_new_privs must be set.
-    Returns the ABI version used."""
+    signal to, or abstract socket of, a process outside (`scopes`). With `handled`, only those file
+    rights are restricted (a layer on top of an earlier one, which keeps restricting the rest).
+    no_new_privs must be set. Returns the ABI version used."""
     abi = abi_version()
     if abi < 1:
         raise LandlockError(0, "landlock is not available on this kernel")
-    handled_fs = FS_BY_ABI[min(abi, 5)]
+    handled_fs = FS_BY_ABI[min(abi, 5)] & (handled if handled is not None else ~0)
     handled_net = 0 if network or abi < 4 else BIND_TCP | CONNECT_TCP
     scoped = scopes if abi >= 6 else 0
     attr = struct.pack("=QQQ", handled_fs, handled_net, scoped)
