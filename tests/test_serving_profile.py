@@ -138,13 +138,16 @@ def test_the_window_opens_after_the_warm_ups_and_before_the_measured_requests():
         assert len(srv.requests) == 6 and len(record.outputs) == 3 and len(record.warmups) == 2
 
 
-# A server that runs its model in a child process, as transformers 5.25's `transformers serve` does: the
-# main process only waits; the child multiplies matrices on its main thread until it is stopped.
+# A server that runs its model in a child process, as transformers 5.25's `transformers serve` does (the main
+# process only waits; the child multiplies matrices on its main thread), or, given "thread", on a thread of its own
+# process, as transformers did before. Like a server, it is ready (says the pid that runs the model) once the model
+# is loaded (torch imported).
 _CHILD_MODEL_SERVER = """
-import multiprocessing, sys, time
+import multiprocessing, os, sys, threading, time
 
 def model(stop_after_s):
     import torch
+    print(os.getpid(), flush=True)
     weight = torch.full((32, 32), 0.01)
     deadline = time.monotonic() + stop_after_s
     while time.monotonic() < deadline:
@@ -152,16 +155,21 @@ def model(stop_after_s):
         time.sleep(0.005)
 
 if __name__ == "__main__":
-    child = multiprocessing.get_context(sys.argv[1]).Process(target=model, args=(120.0,), name="model")
-    child.start()
-    print(child.pid, flush=True)
-    child.join()
+    if sys.argv[1] == "thread":
+        runner = threading.Thread(target=model, args=(120.0,), name="inference")
+        runner.start()
+        runner.join()
+    else:
+        child = multiprocessing.get_context(sys.argv[1]).Process(target=model, args=(120.0,), name="model")
+        child.start()
+        child.join()
 """
 
 
-@pytest.mark.parametrize("start_method", ["spawn", "fork"])
-def test_the_launcher_records_the_model_in_the_child_process_that_runs_it(tmp_path, start_method):
+@pytest.mark.parametrize("start_method", ["spawn", "fork", "thread"])
+def test_the_launcher_records_the_model_in_the_process_that_runs_it(tmp_path, start_method):
     import os
+    import signal
     import subprocess
     import sys
 
@@ -170,25 +178,29 @@ def test_the_launcher_records_the_model_in_the_child_process_that_runs_it(tmp_pa
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            profiling.TRACE_DIR_ENV: str(trace_dir)}
     server = subprocess.Popen([sys.executable, "-m", "magpie.serving.torch_launcher", "--", sys.executable, "-m",
-                               "child_model_server", start_method], env=env, stdout=subprocess.PIPE, text=True)
+                               "child_model_server", start_method], env=env, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
     try:
-        child_pid = int(server.stdout.readline())
-        # a signal sent before the child took its own (it is still importing) waits for it: none is lost
+        model_pid = int(server.stdout.readline())
+        # the model's process was born with both signals blocked (so one sent before it takes them waits, and kills
+        # nothing); a thread of its own takes them
+        blocked = int(next(line for line in Path(f"/proc/{model_pid}/status").read_text().splitlines()
+                           if line.startswith("SigBlk:")).split()[1], 16)
+        assert all(blocked & (1 << (sig - 1)) for sig in (signal.SIGUSR1, signal.SIGUSR2))
         profiling.start("transformers", "http://unused", server.pid, trace_dir, wait_s=60)
         assert {p.name for p in trace_dir.glob("*.recording")} == {f"{server.pid}.recording",
-                                                                    f"{child_pid}.recording"}
+                                                                    f"{model_pid}.recording"}
         found = profiling.stop("transformers", "http://unused", server.pid, trace_dir, wait_s=60)
-        # the child that runs the model wrote the trace; the main process, which runs none, wrote none
-        assert [p.name.split(".")[0].rsplit("_", 1)[1] for p in found] == [str(child_pid)]
+        # the process that runs the model wrote the trace; a main process that runs none wrote none
+        assert [p.name.split(".")[0].rsplit("_", 1)[1] for p in found] == [str(model_pid)]
         assert not list(trace_dir.glob("*.recording")) and not list(trace_dir.glob("*.tmp"))
         assert profiling.missing_model_ops(found) is None
         names = {e["name"] for e in json.loads(found[0].read_text())["traceEvents"] if e.get("cat") == "cpu_op"}
         assert "aten::mm" in names
         assert server.poll() is None          # the signals ended no process of the server
     finally:
-        server.kill()
+        os.killpg(server.pid, signal.SIGKILL)          # the server and its model process
         server.wait()
-        subprocess.run(["pkill", "-KILL", "-P", str(server.pid)], check=False)
 
 
 def _real_trace(path: Path, work) -> Path:
