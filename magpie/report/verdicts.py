@@ -64,8 +64,8 @@ def speedup_text(speedup: dict | None) -> str:
 
 
 def _labelled(label: str, line: str) -> str:
-    """`label: line`, unless the line says it already ("timeout after 10 s" under "timed out"
-    is kept, "inconclusive: machine busy" is not prefixed again)."""
+    """`label: line` (`timed out: timeout after 10 s`), unless the line starts with the label
+    already (`inconclusive: machine busy: ...` is not prefixed again)."""
     return line if line.startswith(label) else f"{label}: {line}"
 
 
@@ -101,7 +101,8 @@ def _correctness_line(result: dict) -> str:
         return "correct" if result.get("numerics") == "verified" else f"correct ({result.get('numerics')})"
     if state == "FAILED":
         return f"FAILED {_first_kind(result, 'error')}"
-    return f"SKIPPED: {result.get('verdict', '')}".rstrip(": ")
+    reason = result.get("verdict", "").removeprefix("skipped: ")
+    return f"SKIPPED ({reason})" if reason else "SKIPPED"
 
 
 def _timing_line(result: dict) -> str:
