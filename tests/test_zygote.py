@@ -388,7 +388,9 @@ def test_what_cuda_ipc_made_in_shared_memory_for_a_child_goes_with_it(tmp_path, 
             ended = int(log.read_text())
             assert code == 0 and not any(f.exists() for f in files(ended))
             staying_log = tmp_path / "stay.log"
-            zygote.launch("zygote_probe", ["shm", "stay"], cwd=str(tmp_path), env=probe_env, log_path=staying_log)
+            # held: a child whose requester's handle is gone is killed (`Children.heard_from`)
+            _held = zygote.launch("zygote_probe", ["shm", "stay"], cwd=str(tmp_path), env=probe_env,
+                                  log_path=staying_log)
             deadline = time.monotonic() + 60
             while not (staying_log.exists() and staying_log.read_text().strip()) and time.monotonic() < deadline:
                 time.sleep(0.05)
