@@ -176,6 +176,8 @@ def test_artifacts_of_an_untrusted_signer_are_rebuilt_and_of_a_trusted_one_used(
 
     verify = json.loads(magpie("verify", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=1).stdout)
     assert {bad["problem"] for bad in verify["bad"]} == {f"signed by {signer_a}, not a trusted signer"}
+    plan = json.loads(magpie("build", "--dry-run", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=0).stdout)
+    assert {"task": "correctness:k1/a", "why": f"signed by {signer_a}, not a trusted signer"} in plan["would_run"]
     assert len(verify["bad"]) == verify["checked"] == 18
     summary, lines = build(project, env_of(tmp_path, KEY_B))
     assert len(summary["executed"]) == len(lines) == 18 and summary["failed"] == []  # re-judged here

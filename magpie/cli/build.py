@@ -148,8 +148,9 @@ def _stopped(project, signum: int, running: list[str]) -> None:
 
 def dry_run(project, selected: list[str], as_json: bool) -> int:
     from magpie.graph.doit_glue import _closure, stale_reasons
+    from magpie.store import reason
 
-    modified = {name: f"modified after it was written: {problem}" for name, problem in
+    modified = {name: reason(problem) for name, problem in
                 check_artifacts(project, _closure(project, selected), remove=False).items()}
     project.forced.update(modified)  # a build removes and rebuilds them: so do their dependents
     rows = list(stale_reasons(project, selected, modified).items())  # in run order
@@ -172,6 +173,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
           verify: bool = False, check: bool = False) -> int:
     from magpie.execution.executors import make_executor
     from magpie.graph.doit_glue import _closure, run_doit
+    from magpie.store import reason
     from magpie.supervision import zygote
 
     project.store.sweep_temporaries()
@@ -204,7 +206,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
         from magpie import sandbox
 
         sandbox.admit(project.manifest.project.trust_code)  # code under test runs: in a sandbox, or trusted
-    why = {name: f"modified after it was written: {problem}" for name, problem in modified.items()}
+    why = {name: reason(problem) for name, problem in modified.items()}
     # before the executor, so that its job processes find the zygote's folder
     with zygote.session(prestart=evaluates):
         executor = make_executor(jobs, executor_name)

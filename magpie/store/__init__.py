@@ -65,6 +65,13 @@ def warning(task: str, problem: str) -> str:
     return f"store: artifact of {task} was modified after it was written ({problem}); rebuilding it"
 
 
+def reason(problem: str) -> str:
+    """Why a build runs a task again whose artifact it does not trust (as `--dry-run` says it)."""
+    if problem in (UNRECORDED, UNSIGNED) or problem.startswith("signed by "):
+        return problem
+    return f"modified after it was written: {problem}"
+
+
 def _file_stamp(path: str) -> list[int]:
     st = os.stat(path)
     return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
