@@ -153,10 +153,14 @@ def run_tree(argv: list[str], timeout: float, **popen) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def close_all_but(keep: int) -> None:
-    """Every descriptor above stderr but `keep`."""
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+def close_all_but(*keep: int) -> None:
+    """Every descriptor above stderr but those in `keep`."""
+    low = 3
+    for fd in sorted(set(keep)):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
 def end_like(status: int) -> None:

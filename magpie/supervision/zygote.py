@@ -38,7 +38,7 @@ from pathlib import Path
 from magpie.sandbox import namespaces
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory
-from magpie.supervision.process import continue_tree, kill_tree, limits, log_to, stop_tree
+from magpie.supervision.process import close_all_but, continue_tree, kill_tree, limits, log_to, stop_tree
 
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 OWNER_VARIABLE = "MAGPIE_ZYGOTE_OWNER"
@@ -666,7 +666,7 @@ def _become_child(request: dict, args: list[str], sockets: list, passed: list[in
     try:
         for sock in sockets:
             sock.close()
-        _close_all_but(passed)
+        close_all_but(*passed)
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != zygote:  # it ended before the line above
             os._exit(1)
@@ -712,16 +712,6 @@ def _become_child(request: dict, args: list[str], sockets: list, passed: list[in
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
-
-
-def _close_all_but(passed: list[int]) -> None:
-    """Every descriptor above stderr but the passed ones."""
-    low = 3
-    for fd in sorted(set(passed)):
-        if fd >= low:
-            os.closerange(low, fd)
-            low = fd + 1
-    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
 def main(argv: list[str]) -> int:
