@@ -225,3 +225,17 @@ def test_a_bad_trusted_signer_in_the_manifest_is_one_line(command_project, tmp_p
     proc = magpie("build", cwd=command_project, env=env_of(tmp_path), check=2)
     assert "store.trusted_signers" in proc.stderr and "64 lowercase hex digits" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_the_ci_secret_leaves_the_environment_of_a_library_caller_too(monkeypatch, tmp_path):
+    """dodo.py loads a project without the CLI: the store takes the secret before any process starts."""
+    from magpie.store import Store, signing
+
+    monkeypatch.setattr(signing, "_secret", [])  # this process's key, as it was, back after the test
+    monkeypatch.setattr(signing, "_from_environment", [False])
+    monkeypatch.setenv("MAGPIE_SIGNING_KEY", KEY_B)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    Store(tmp_path / "workspaces")
+    assert "MAGPIE_SIGNING_KEY" not in os.environ
+    assert signing.secret() == bytes.fromhex(KEY_B) and signing.secret_from_environment()
+    assert not (tmp_path / "magpie").exists()  # no key file made where the secret was given

@@ -89,6 +89,9 @@ def _digest(data: bytes) -> list:
 
 class Store:
     def __init__(self, workspace: Path, trusted_signers: tuple[str, ...] = ()):
+        from magpie.store import signing
+
+        signing.take_secret_from_environment()  # where no CLI took it (dodo.py): before any process starts
         self.workspace = Path(workspace)
         self.configured_signers = frozenset(trusted_signers)  # the project's; this machine's and the user's added
         self._trusted: frozenset[str] | None = None
