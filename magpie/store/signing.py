@@ -46,10 +46,10 @@ def config_dir() -> Path:
 
 
 def take_secret_from_environment() -> None:
-    """Called first thing by the CLI: the CI secret leaves the environment every process
-    started afterwards inherits, and stays in this process's memory alone."""
+    """Called first thing by the CLI (and by each `Store` made): the CI secret leaves the
+    environment every process started afterwards inherits, and stays in this process's memory alone."""
     value = os.environ.pop(VARIABLE, "").strip()
-    if value:  # set and empty, as CI systems pass a secret that is not defined: this user's key file
+    if value:  # an empty one (how CI passes a secret not defined) is none: this user's key file serves
         _secret[:] = [_parse_seed(value, f"the environment variable {VARIABLE}")]
         _from_environment[0] = True
 
