@@ -398,9 +398,10 @@ def harness_taken_off(harness_ns: float, raw_median_ns: float, capped: bool) -> 
 # timing is inconclusive (`INCONCLUSIVE`, kind `inconclusive_machine_busy`): no verdict, not FAILED.
 # A reading past either limit is a failure on any machine: no honest call reads under the copy
 # of its own outputs (the copy's price is the least of several runs in CPU time on one thread,
-# `batches.HarnessPrice`), and calls done together read bounds of 9 and over beside CPU hogs (one
-# operation over the batch on 8x8 sets 9.3-9.4, ten operations 43, calls that sleep 48; the ten
-# operations on 33x65 sets, which save less, 2.5: in doubt there). Beside three CPU hogs on the 2-core machine a measurement's threads
+# `batches.HarnessPrice`), and calls done together read bounds of 9.6 and over beside CPU hogs and
+# quiet (bench/honest_under_load.py: one operation over the batch on 8x8 sets 9.6-12.5, ten
+# operations 46-50, with sleeps 60-76; the ten on 33x65 sets, which save least, 1.25-1.99: in
+# doubt on a busy machine where over 1.5). Beside three CPU hogs on the 2-core machine a measurement's threads
 # waited 46-81% of the time they could run (tests/test_honest_under_load.py).
 BUSY_WAIT_SHARE = 0.25
 BUSY_DOUBT_ALONE = 4 * ALONE_FAIL
