@@ -393,16 +393,17 @@ def harness_taken_off(harness_ns: float, raw_median_ns: float, capped: bool) -> 
 # BUSY_DOUBT_ALONE times its batches (beside three CPU hogs an honest relu's baseline read 299 µs a
 # call in its batches, 70 in its calls made alone, and its identical candidate 73 in batches: a
 # bound 3.8 times those; with the waits for a CPU taken off a call handed over, a busy machine's
-# calls alone read short too, so neither is a steadier reference than the other). Such a failure is measured again in place, after
-# BUSY_BACKOFF_S, then twice that, and so on BUSY_RETRIES times; still busy and still in doubt, the
-# timing is inconclusive (`INCONCLUSIVE`, kind `inconclusive_machine_busy`): no verdict, not FAILED.
-# A reading past either limit is a failure on any machine: no honest call reads under the copy
-# of its own outputs (the copy's price is the least of several runs in CPU time on one thread,
-# `batches.HarnessPrice`), and calls done together read bounds of 9.6 and over beside CPU hogs and
-# quiet (bench/honest_under_load.py: one operation over the batch on 8x8 sets 9.6-12.5, ten
-# operations 46-50, with sleeps 60-76; the ten on 33x65 sets, which save least, 1.25-1.99: in
-# doubt on a busy machine where over 1.5). Beside three CPU hogs on the 2-core machine a measurement's threads
-# waited 46-81% of the time they could run (tests/test_honest_under_load.py).
+# calls alone read short too, so neither is a steadier reference than the other). Such a failure
+# is measured again in place, after BUSY_BACKOFF_S, then twice that, BUSY_RETRIES times; still
+# busy and still in doubt, the timing is inconclusive (`INCONCLUSIVE`, kind
+# `inconclusive_machine_busy`): no verdict, not FAILED. A reading past either limit is a failure
+# on any machine: no honest call reads under the copy of its own outputs (the copy's price is the
+# least of several runs in CPU time on one thread, `batches.HarnessPrice`), and calls done together
+# read bounds of 9.6 and over beside CPU hogs and quiet (bench/honest_under_load.py: one operation
+# over the batch on 8x8 sets 9.6-12.5, ten operations 46-50, with sleeps 60-76; the ten on 33x65
+# sets, which save least, 1.25-1.99: in doubt on a busy machine where over 1.5). Beside CPU hogs on
+# the 2-core machine a measurement's threads waited 35-82% of the time they could run, in builds of
+# other work alone 1-75% (median 29%).
 BUSY_WAIT_SHARE = 0.25
 BUSY_DOUBT_ALONE = 4 * ALONE_FAIL
 BUSY_RETRIES = 2
