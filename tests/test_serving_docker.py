@@ -12,6 +12,7 @@ Without a reachable Docker engine the tests that need one fail when CI is set, a
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,13 +113,14 @@ def test_declared_docker_benchmark_is_built_and_keyed_by_its_image(client, image
     from magpie.graph.rules import builtin_rules
     from magpie.manifest.load import load_manifest
 
+    shutil.copytree(tiny_model, tmp_path / "models" / "tiny")  # a project reads only files inside it
     (tmp_path / "magpie.toml").write_text(f"""[project]
 name = "docker-serving"
 
 [[benchmark]]
 id = "tiny"
 engine = "transformers"
-model = "{tiny_model}"
+model = "models/tiny"
 run_mode = "docker"
 docker_image = "{image}"
 port = {free_port()}
