@@ -297,8 +297,13 @@ def listed_folders() -> list[str]:
 # What `narrow` keeps readable besides the files it is told of, taken as the sandbox is entered
 # (after its mounts, before Landlock, which would refuse the listings): everything beside the
 # policy's project (every entry of each of its ancestors but the next one down), and the trees
-# of the system, magpie and the process's own folders that lie inside it. None: nothing to narrow.
+# of the system and magpie that lie inside it. None: nothing to narrow.
 _BESIDE_PROJECT: list[str] | None = None
+# The sandbox's write trees, held open (O_PATH) since it was entered, as its first layer holds
+# them: by what they are, not by their paths. An adopted spare's compiler caches are renamed
+# after it entered (`harness.spares`); granted by their old paths, which lead nowhere where the
+# caches lie in the project, they went unreadable at `narrow`.
+_WRITE_TREES: list[int] = []
 
 
 def _beside(project: str, inside: list[str]) -> list[str]:
@@ -315,14 +320,22 @@ def _beside(project: str, inside: list[str]) -> list[str]:
 
 def narrow(readable: list[str]) -> None:
     """Read, of the policy's project, only `readable` (and what it held of the system's and the
-    process's own trees) from now on: a second Landlock layer that handles reading files alone,
-    allowing it everywhere but in the project. A process not in a sandbox with a project: nothing.
-    Called by a worker before its implementation's code loads, so a spare, started before it
-    knew its implementation, shares its policy with every implementation of the project."""
+    process's own trees) from now on: a second Landlock layer that handles reading files (and
+    moving them between folders), allowing it everywhere but in the project, and in its write
+    trees wherever they lie and whatever they are called now. A process not in a sandbox with a
+    project: nothing. Called by a worker before its implementation's code loads, so a spare,
+    started before it knew its implementation, shares its policy with every implementation of
+    the project."""
     if _BESIDE_PROJECT is None:
         return
-    landlock.restrict(read=[*_BESIDE_PROJECT, *readable], write=[], devices=[], network=True,
-                      handled=landlock.READ_FILE, scopes=0)
+    held = [f"/proc/self/fd/{fd}" for fd in _WRITE_TREES]
+    if not all(os.path.isdir(tree) for tree in held):
+        raise SandboxError("narrow: its write trees cannot be reached through /proc/self/fd")
+    # REFER (moving a file from one folder to another: Triton's cache moves each compiled file
+    # out of a folder of its own) is refused by every layer that does not grant it, handled or
+    # not: granted here where the first layer grants it, in the write trees.
+    landlock.restrict(read=[*_BESIDE_PROJECT, *readable], write=held, devices=[], network=True,
+                      handled=landlock.READ_FILE | landlock.REFER, scopes=0)
 
 
 # The device nodes code under test may open: the byte sources and sinks; a GPU's nodes only for
@@ -472,11 +485,13 @@ def contain(policy: Policy, fork: bool = True) -> None:
             os.chdir(os.getcwd())
     except OSError as err:
         raise SandboxError(f"read-only mounts: {err}") from None
-    if policy.project:
-        global _BESIDE_PROJECT
-        own = [*read_trees(Policy(write=[])), *write_trees(policy), *device_files(policy), *listed_folders()]
-        _BESIDE_PROJECT = _beside(os.path.realpath(policy.project), own)
     try:
+        if policy.project:
+            global _BESIDE_PROJECT
+            own = [*read_trees(Policy(write=[])), *device_files(policy), *listed_folders()]
+            _BESIDE_PROJECT = _beside(os.path.realpath(policy.project), own)
+            _WRITE_TREES[:] = [os.open(tree, os.O_PATH | os.O_CLOEXEC) for tree in write_trees(policy)
+                               if os.path.isdir(tree)]
         _limits(policy)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
         landlock.restrict(read=reads, write=[*write_trees(policy), *proc], devices=device_files(policy),
