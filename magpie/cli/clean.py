@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from magpie.graph import snapshot
-    from magpie.graph.expand import UNKNOWN_KEY
+    from magpie.graph.expand import known
     from magpie.project import Project
 
     project = Project.load(args.manifest)
@@ -49,7 +49,8 @@ def run(args) -> int:
         # under its current key, and under the key of its last build (which a task whose
         # dependency has no artifact, its key unknown, still has in the store)
         recorded = store.recorded(name) or {}
-        for key in {project.tasks[name].key, recorded.get("key")} - {None, UNKNOWN_KEY}:
+        keys = {project.tasks[name].key, recorded.get("key")}
+        for key in {key for key in keys if isinstance(key, str) and known(key)}:
             removed += store.remove(key)
         store.forget(name)
     unpublish(project, project.with_dependents(names))

@@ -7,7 +7,7 @@ produced (the result it reads). A result is not a pure function of its key (a ti
 measured, a correctness check draws fresh inputs), so a dependency re-run under the same
 key (cleaned, forced, found modified) gives its dependents new keys: they rebuild, and a
 re-measured timing reaches its comparison and the report. A task whose dependency has no
-artifact yet has no key until that dependency is built (`UNKNOWN_KEY`); the up-to-date
+artifact yet has no artifact key until that dependency is built (`known()` is false); the up-to-date
 check is then one `stat` of the store per task, plus one read of each dependency's
 recorded digests on a full load (`resolve_key`).
 """
@@ -29,8 +29,13 @@ from magpie.paths import templates_dir
 from magpie.store.digests import FileDigests
 
 
-# Not a hex digest: no artifact is ever stored under it, so a task holding it is stale.
-UNKNOWN_KEY = "unknown"
+# The key of a task whose dependency has no artifact yet: its recipe's hash behind a prefix that
+# no stored key has (they are hex digests), so the task is stale, and two recipes still differ.
+UNKNOWN_PREFIX = "unknown-"
+
+
+def known(key: str) -> bool:
+    return not key.startswith(UNKNOWN_PREFIX)
 
 
 @dataclass
@@ -48,7 +53,7 @@ class TaskSpec:
     fingerprint: dict
     deps: list[str]
     params: dict
-    key: str = UNKNOWN_KEY  # resolve_key's
+    key: str = UNKNOWN_PREFIX  # resolve_key's
     parts: dict = field(default_factory=dict)
     after: list[str] = field(default_factory=list)  # order only: not in the key, results not read
 
@@ -410,23 +415,26 @@ class Expander:
 def resolve_key(spec: TaskSpec, tasks: dict[str, TaskSpec], result_digest) -> str:
     """Sets and returns the task's key from its own parts and, per dependency, [its key, the
     digest of its artifact] (`result_digest(name, key)`, None when it has none), as the store
-    holds them now; UNKNOWN_KEY while a dependency has no artifact or no key. Dependencies
+    holds them now; not `known()` while a dependency has no artifact or no key. Dependencies
     come first in `tasks` (run order), so resolving in that order resolves everything."""
     deps = {}
     for dep in spec.deps:
         key = tasks[dep].key
-        deps[dep] = [key, None if key == UNKNOWN_KEY else result_digest(dep, key)]
+        deps[dep] = [key, result_digest(dep, key) if known(key) else None]
     parts = {name: value for name, value in spec.parts.items() if name != "deps"}
     parts["deps"] = deps
     spec.parts = parts
-    known = all(digest is not None for _, digest in deps.values())
-    spec.key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest() if known else UNKNOWN_KEY
+    complete = all(digest is not None for _, digest in deps.values())
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    spec.key = digest if complete else UNKNOWN_PREFIX + digest
     return spec.key
 
 
 def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | None = None,
            digests: FileDigests | None = None) -> dict[str, TaskSpec]:
     tasks = Expander(manifest, Path(root), rules, FileHasher(snapshots, digests)).expand()
+    for spec in tasks.values():  # with no store: the keys of tasks without dependencies (Project's has one)
+        resolve_key(spec, tasks, lambda name, key: None)
     if digests is not None:
         try:
             digests.save()
@@ -465,7 +473,7 @@ def explain(parts: dict, recorded: dict | None, first: set[str] | frozenset = fr
             reasons.append(f"{fact} changed")
     for dep, (key, digest) in parts["deps"].items():
         before = old.get("deps", {}).get(dep)
-        if not isinstance(before, list) or key in (UNKNOWN_KEY, None) or key != before[0]:
+        if not isinstance(before, list) or not known(key) or key != before[0]:
             reasons.append(f"{dep} rebuilt")
         elif dep in first:  # the same key, run again: its result will be another
             reasons.append(f"{dep} {_redone(dep)} first")
