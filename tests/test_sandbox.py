@@ -494,7 +494,8 @@ def test_a_host_without_a_sandbox_is_refused_unless_the_code_is_trusted(command_
                             network=True)
     outer = [sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
              sys.executable, "-m", "magpie", "build", "--json"]
-    env = {**os.environ, "TMPDIR": str(temporary)}
+    # the store's signing key where the build inside may write it
+    env = {**os.environ, "TMPDIR": str(temporary), "XDG_CONFIG_HOME": str(temporary / "config")}
     refused = subprocess.run(outer, cwd=command_project, capture_output=True, text=True, timeout=300, env=env)
     assert refused.returncode == 2
     assert refused.stderr.strip().startswith("magpie: cannot sandbox code under test here: namespaces:")
