@@ -400,8 +400,8 @@ def harness_taken_off(harness_ns: float, raw_median_ns: float, capped: bool) -> 
 # on any machine: no honest call reads under the copy of its own outputs (the copy's price is the
 # least of several runs in CPU time on one thread, `batches.HarnessPrice`), and calls done together
 # read bounds of 9.6 and over beside CPU hogs and quiet (bench/honest_under_load.py: one operation
-# over the batch on 8x8 sets 9.6-12.5, ten operations 46-50, with sleeps 60-76; the ten on 33x65
-# sets, which save least, 1.25-1.99: in doubt on a busy machine where over 1.5). Beside CPU hogs on
+# over the batch on 8x8 sets 9.6-12.5, ten operations 42-50, with sleeps 38-76; the ten on 33x65
+# sets, which save least, 0.98-1.99: in doubt on a busy machine where over 1.5). Beside CPU hogs on
 # the 2-core machine a measurement's threads waited 35-82% of the time they could run, in builds of
 # other work alone 1-75% (median 29%).
 BUSY_WAIT_SHARE = 0.25
