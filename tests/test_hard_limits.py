@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, relu2_project
+from magpie.supervision import device_lock
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision.step_limit import step_limit_s
 
@@ -75,17 +77,18 @@ def _owned_folders(pids: set[int]) -> set[str]:
     return owned
 
 
-def _evaluator_of(pid: int) -> str | None:
-    """The implementation whose timing the process evaluates, if it is an evaluator in a timing
-    job (its output goes to the job's folder, beside the job's request)."""
+def _evaluator_of(pid: int) -> tuple[str, Path] | None:
+    """The implementation whose timing the process evaluates and its job's folder, if it is an
+    evaluator in a timing job (its output goes to the job's folder, beside the job's request)."""
     try:
         log = os.readlink(f"/proc/{pid}/fd/1")
     except OSError:
         return None
-    if not (log.endswith("/evaluator.log") and os.path.basename(os.path.dirname(log)).startswith("timing-")):
+    folder = Path(log).parent
+    if not (log.endswith("/evaluator.log") and folder.name.startswith("timing-")):
         return None
     try:
-        return json.loads(open(os.path.join(os.path.dirname(log), "request.json")).read())["impl"]["id"]
+        return json.loads((folder / "request.json").read_text())["impl"]["id"], folder
     except (OSError, ValueError, KeyError):
         return None
 
@@ -94,7 +97,8 @@ def _watched_build(root, jobs: int, on_evaluator: dict | None = None) -> dict:
     """`magpie build -j jobs` in a process of its own, watched until it ends: its report, its
     tasks' results, how long it took, and what of its processes and folders was left 5 s after
     it ended. `on_evaluator`: implementation -> (seconds, signal): the evaluator of its timing
-    gets the signal once seen that long."""
+    gets the signal once it has run that long, its waits for the device lock (other builds'
+    measurements on this shared machine) not counted, so that its workers are at work."""
     build = subprocess.Popen([sys.executable, "-m", "magpie", "build", "-j", str(jobs), "--plain"], cwd=root,
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen, folders, first_seen, signalled = set(), set(), {}, {}
@@ -103,11 +107,12 @@ def _watched_build(root, jobs: int, on_evaluator: dict | None = None) -> dict:
         seen |= _below(build.pid, _processes())
         folders |= _owned_folders({pid for pid, _ in seen})
         for pid, _, _ in _alive(seen):
-            impl = _evaluator_of(pid)
+            impl, folder = _evaluator_of(pid) or (None, None)
             if impl in (on_evaluator or {}) and impl not in signalled:
                 first_seen.setdefault(impl, time.monotonic())
                 after_s, sig = on_evaluator[impl]
-                if time.monotonic() - first_seen[impl] >= after_s:
+                if time.monotonic() - first_seen[impl] - device_lock.waited_s(folder / device_lock.WAITS_FILE) \
+                        >= after_s:
                     os.kill(pid, sig)
                     signalled[impl] = pid
         time.sleep(0.1)
