@@ -89,8 +89,8 @@ class Project:
 
     def stale(self, names: list[str] | None = None) -> list[str]:
         """The tasks among `names` and what they depend on that a build of them runs, in run
-        order: forced, without an artifact under their key, or depending on one that runs (its
-        new result gives them a new key)."""
+        order: forced, without an artifact under their key, with a provisional one (a result not
+        final, `provisional`), or depending on one that runs (its new result gives them a new key)."""
         wanted = set(names or self.tasks)
         for name in reversed(list(self.tasks)):
             if name in wanted:
@@ -98,9 +98,21 @@ class Project:
         runs: set[str] = set()
         for name, spec in self.tasks.items():
             if name in wanted and (name in self.forced or not self.store.has(spec.key)
+                                   or self.store.provisional(spec.key) is not None
                                    or any(dep in runs for dep in spec.deps)):
                 runs.add(name)
         return [name for name in self.tasks if name in runs]
+
+    def provisional(self, names: list[str]) -> dict[str, str]:
+        """{task: why it runs again} for the tasks among `names` whose stored result is not final
+        (an inconclusive timing): a build runs them again, replacing it, as if forced."""
+        found = {}
+        for name in names:
+            marked = self.store.provisional(self.tasks[name].key)
+            if marked is not None:
+                found[name] = f"was {marked}: measured again" if name.startswith("timing:") \
+                    else f"was {marked}: run again"
+        return found
 
 
 def _check_trace_folders(manifest: Manifest, root: Path, manifest_path: Path) -> None:

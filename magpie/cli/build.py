@@ -153,7 +153,9 @@ def dry_run(project, selected: list[str], as_json: bool) -> int:
     modified = {name: reason(problem) for name, problem in
                 check_artifacts(project, _closure(project, selected), remove=False).items()}
     project.forced.update(modified)  # a build removes and rebuilds them: so do their dependents
-    rows = list(stale_reasons(project, selected, modified).items())  # in run order
+    again = project.provisional(_closure(project, selected))
+    project.forced.update(again)  # results not final (inconclusive): a build runs them again
+    rows = list(stale_reasons(project, selected, {**again, **modified}).items())  # in run order
     if as_json:
         print(json.dumps({"would_run": [{"task": n, "why": w} for n, w in rows],
                           "up_to_date": len(project.tasks) - len(rows)}, indent=1))
@@ -182,6 +184,9 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
     modified = check_artifacts(project, list(dict.fromkeys(_closure(project, selected) + published)),
                                trust_stamps=not verify)
     selected = selected + [name for name in modified if name not in selected]
+    # results stored as not final (an inconclusive timing): run again, and replaced, as if forced
+    again = project.provisional(_closure(project, selected))
+    project.forced.update(again)
     stale = project.stale(selected)
     if not stale:
         bad = publish_project(project)
@@ -206,7 +211,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
         from magpie import sandbox
 
         sandbox.admit(project.manifest.project.trust_code)  # code under test runs: in a sandbox, or trusted
-    why = {name: reason(problem) for name, problem in modified.items()}
+    why = {**again, **{name: reason(problem) for name, problem in modified.items()}}
     # before the executor, so that its job processes find the zygote's folder
     with zygote.session(prestart=evaluates):
         executor = make_executor(jobs, executor_name)
@@ -316,6 +321,8 @@ def _up_to_date_by_snapshot(manifest: Path, as_json: bool, check: bool = False) 
     tasks = saved["tasks"]
     if not all(store.unchanged(t["key"], t.get("stamp")) for t in tasks.values()):
         return None  # missing, or touched since its digest was checked: the full load checks it
+    if any(t.get("provisional") for t in tasks.values()):
+        return None  # a result not final (inconclusive): the full load runs it again
     covered = [(name, t["rule"], t["kernel"], t["key"]) for name, t in tasks.items()]
     if publish(store, covered):
         return None  # one was modified (and is removed now): the full load rebuilds it

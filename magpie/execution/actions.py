@@ -232,7 +232,14 @@ def timing(job, out_dir: Path) -> dict:
         own["this_build"] = its_timing.get("input_secret") == os.environ.get(SECRET_VARIABLE, "")
     result = _evaluate("timing", job, out_dir, baseline=baseline, timing_method=set_method, baseline_own_timing=own)
     result.setdefault("warnings", []).extend(warnings)
+    if result.get("performance_state") == "INCONCLUSIVE":
+        # this build's comparison and report show it; the store keeps it as not final, and the
+        # next build measures it again
+        result["provisional"] = PROVISIONAL_INCONCLUSIVE
     return result
+
+
+PROVISIONAL_INCONCLUSIVE = "inconclusive (machine busy)"
 
 
 def comparison(job, out_dir: Path) -> dict:

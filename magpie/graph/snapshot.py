@@ -105,6 +105,8 @@ def save(project, data: dict | None = None) -> dict:
             task["key"] = project.tasks[name].key
     for task in data["tasks"].values():
         task["stamp"] = store.stamps.get(task["key"])
+        # a result not final (an inconclusive timing): the fast path declines while one is stored
+        task["provisional"] = store.provisional(task["key"]) is not None
     body = json.dumps(data).encode()
     try:
         atomic_write(path_for(project.manifest_path, workspace), signing.snapshot_mac(body).encode() + b"\n" + body)

@@ -41,7 +41,10 @@ UNRECORDED = "no digest recorded"
 UNSIGNED = "not signed"
 BAD_SIGNATURE = "signature does not match its task, key and files"
 UNTRUSTED = "signed by {signer}, not a trusted signer"
-RESERVED = (DIGEST, SIGNATURE)  # the store's own files in an artifact: never an action's
+# inside the artifact of a result that is not final (its `provisional` field: why): the next
+# build runs its task again; a file, so that finding it is one open, not a read of result.json
+PROVISIONAL = ".provisional"
+RESERVED = (DIGEST, SIGNATURE, PROVISIONAL)  # the store's own files in an artifact: never an action's
 
 
 class Modified(Exception):
@@ -134,6 +137,8 @@ class Store:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-", dir=final.parent))
         contents = {**files, RESULT: json.dumps(result, indent=1, sort_keys=True).encode()}
+        if result.get("provisional"):  # among the digests, so signed: a marker removed is a modified artifact
+            contents[PROVISIONAL] = str(result["provisional"]).encode()
         digests = {name: _digest(data) for name, data in sorted(contents.items())}
         try:
             for name, data in contents.items():
@@ -160,6 +165,15 @@ class Store:
         if stamp is not None:
             self.stamps[key] = stamp
         return final
+
+    def provisional(self, key: str) -> str | None:
+        """Why the artifact's result is not final (the next build runs its task again); None when
+        it is. Trusted as far as the artifact is: a build checks it first (`check`)."""
+        try:
+            with open(f"{self.objects}/{key[:2]}/{key}/{PROVISIONAL}", "rb") as handle:
+                return handle.read().decode(errors="replace")
+        except OSError:
+            return None
 
     # Integrity: what was recorded at commit against what the folder holds now.
     def expected(self, key: str, task: str | None = None) -> dict | None:
