@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, build_json, relu2_project, relu2_report
+from conftest import FIXTURES, REPO, build_json, relu2_project, relu2_report
 
 from magpie import sandbox
 from magpie.paths import cache_root
@@ -543,6 +543,25 @@ def test_inputs_come_from_a_secret_that_code_under_test_cannot_read(tmp_path):
         subprocess.run([sys.executable, "-m", "magpie", "clean", "--all"], cwd=tmp_path, check=True,
                        capture_output=True)
     assert seeds[0] != seeds[1]
+
+
+def test_each_build_of_one_process_draws_a_secret_of_its_own(tmp_path, monkeypatch):
+    """A process that builds again (a library caller, a server, this test run) draws a new secret
+    each time: the one a build made is not left in the environment for the next to inherit."""
+    from magpie.cli import main
+    from magpie.harness.spec import SECRET_VARIABLE
+
+    monkeypatch.delenv(SECRET_VARIABLE, raising=False)
+    (tmp_path / "twin.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
+    relu2_project(tmp_path, ["twin"], shapes="[[33, 65]]")
+    secrets = []
+    for _ in range(2):
+        assert main(["build", "-m", str(tmp_path / "magpie.toml"), "--plain"]) == 0
+        assert SECRET_VARIABLE not in os.environ
+        secrets += [json.loads(p.read_text())["input_secret"] for p in (tmp_path / "workspaces/store").glob(
+            "*/*/result.json") if json.loads(p.read_text()).get("task") == "correctness:relu2/twin"]
+        assert main(["clean", "-m", str(tmp_path / "magpie.toml"), "--all"]) == 0
+    assert len(secrets) == 2 and secrets[0] != secrets[1]
 
 
 def _world_readable(path) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -200,20 +201,13 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
         selected += [name for name in bad if name not in selected]  # modified since checked
         stale = project.stale(selected)
     evaluates = any(project.tasks[name].action in EVALUATING_ACTIONS for name in stale)
-    if evaluates:
-        import os
-        import secrets
-
-        from magpie.harness.spec import SECRET_VARIABLE
-
-        os.environ.setdefault(SECRET_VARIABLE, secrets.token_hex(16))
     if evaluates or any(not project.tasks[name].action.startswith("magpie:") for name in stale):
         from magpie import sandbox
 
         sandbox.admit(project.manifest.project.trust_code)  # code under test runs: in a sandbox, or trusted
     why = {**again, **{name: reason(problem) for name, problem in modified.items()}}
     # before the executor, so that its job processes find the zygote's folder
-    with zygote.session(prestart=evaluates):
+    with input_secret(evaluates), zygote.session(prestart=evaluates):
         executor = make_executor(jobs, executor_name)
         try:
             code, reporter = run_doit(project, selected, executor, jobs, use_rich, title, why)
@@ -235,6 +229,24 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
         return 0 if code == 0 else 1
     checked = _finish(_summary(project, selected, reporter.executed, reporter.failures), as_json, check, quiet, line)
     return 0 if code == 0 and checked == 0 else 1
+
+
+@contextlib.contextmanager
+def input_secret(needed: bool):
+    """While the block runs, a secret of this build's own in the environment its jobs inherit,
+    mixed into every input seed (harness/spec.py); one the caller set is used as it is. Taken
+    out afterwards: a process that builds again (a library caller, a server, a test) would
+    otherwise hand every later build the same secret, and their inputs would repeat."""
+    from magpie.harness.spec import SECRET_VARIABLE
+
+    if not needed or SECRET_VARIABLE in os.environ:
+        yield
+        return
+    os.environ[SECRET_VARIABLE] = secrets.token_hex(16)
+    try:
+        yield
+    finally:
+        os.environ.pop(SECRET_VARIABLE, None)
 
 
 def _summary(project, selected: list[str], executed: list[str], failed: list[tuple[str, str]]) -> dict:
