@@ -326,16 +326,24 @@ def narrow(readable: list[str]) -> None:
     project: nothing. Called by a worker before its implementation's code loads, so a spare,
     started before it knew its implementation, shares its policy with every implementation of
     the project."""
+    global _BESIDE_PROJECT
     if _BESIDE_PROJECT is None:
         return
     held = [f"/proc/self/fd/{fd}" for fd in _WRITE_TREES]
-    if not all(os.path.isdir(tree) for tree in held):
-        raise SandboxError("narrow: its write trees cannot be reached through /proc/self/fd")
-    # REFER (moving a file from one folder to another: Triton's cache moves each compiled file
-    # out of a folder of its own) is refused by every layer that does not grant it, handled or
-    # not: granted here where the first layer grants it, in the write trees.
-    landlock.restrict(read=[*_BESIDE_PROJECT, *readable], write=held, devices=[], network=True,
-                      handled=landlock.READ_FILE | landlock.REFER, scopes=0)
+    try:
+        if not all(os.path.isdir(tree) for tree in held):
+            raise SandboxError("narrow: its write trees cannot be reached through /proc/self/fd")
+        # REFER (moving a file from one folder to another: Triton's cache moves each compiled file
+        # out of a folder of its own) is refused by every layer that does not grant it, handled or
+        # not: granted here where the first layer grants it, in the write trees.
+        landlock.restrict(read=[*_BESIDE_PROJECT, *readable], write=held, devices=[], network=True,
+                          handled=landlock.READ_FILE | landlock.REFER, scopes=0)
+    finally:
+        # held for this layer alone: the code that loads next gets no descriptor it does not need
+        for fd in _WRITE_TREES:
+            os.close(fd)
+        _WRITE_TREES.clear()
+        _BESIDE_PROJECT = None  # narrowed once; layers only ever narrow further
 
 
 # The device nodes code under test may open: the byte sources and sinks; a GPU's nodes only for
