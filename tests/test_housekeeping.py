@@ -306,9 +306,20 @@ def test_a_finished_build_leaves_no_workers_folder_behind(tmp_path):
     started = time.time()
     (tmp_path / "twin.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
     relu2_project(tmp_path, ["twin"], shapes="[[33, 65]]")
-    assert build_json(tmp_path, "-j", "2")["failed"] == []
-    folders = [f for f in scratch_folders.root().iterdir() if f.name.startswith("w-") and f.stat().st_mtime >= started]
-    assert folders  # the build's workers had folders (the zygote ends them as the build returns)
+    build = subprocess.Popen([sys.executable, "-m", "magpie", "build", "--json", "-j", "2"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folders = set()  # the workers' folders, seen while the build runs (they may be gone as it returns)
+    while build.poll() is None:
+        for folder in scratch_folders.root().iterdir():
+            try:
+                if folder.name.startswith("w-") and folder.stat().st_mtime >= started:
+                    folders.add(folder)
+            except FileNotFoundError:  # removed as it was listed
+                pass
+        time.sleep(0.05)
+    out, err = build.communicate()
+    assert json.loads(out)["failed"] == [], err
+    assert folders  # the build's workers had folders
     deadline = time.monotonic() + 10
     while (left := [f for f in folders if f.exists()]) and time.monotonic() < deadline:
         time.sleep(0.1)
