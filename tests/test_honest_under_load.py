@@ -21,6 +21,7 @@ from magpie.harness.measurement import (
     Rounds,
     alone_bound,
     harness_taken_off,
+    unvouched_on_a_busy_machine,
 )
 
 HOGS = 3
@@ -128,6 +129,19 @@ def test_a_bound_an_honest_candidate_read_beside_cpu_hogs_is_in_doubt_there():
     assert measured.in_doubt()
     measured.alone_bound = alone_bound(pairs, {"baseline": 299_000, "candidate": 299_000 / 9.3})
     assert measured.in_doubt() == []
+
+
+def test_an_implausible_speedup_whose_calls_alone_drew_no_bound_on_a_busy_machine_is_not_credited():
+    """Beside four CPU hogs the calls made alone of a 2 ms call read short: the once-a-batch
+    cheat's bound came out below zero and it was credited 270x. Such a speedup is inconclusive;
+    one the calls alone vouch for, or one measured on a quiet machine, keeps its verdict."""
+    nothing = {"lower_us": -1376.7}
+    vouched = {"lower_us": 6.4}
+    assert unvouched_on_a_busy_machine(True, True, nothing)
+    assert unvouched_on_a_busy_machine(True, True, None)
+    assert not unvouched_on_a_busy_machine(True, True, vouched)
+    assert not unvouched_on_a_busy_machine(True, False, nothing)  # quiet: the bound's own verdict stands
+    assert not unvouched_on_a_busy_machine(False, True, nothing)  # not reproducible: failed anyway
 
 
 def test_the_harness_is_priced_on_the_workers_one_thread_whatever_the_machine_runs():

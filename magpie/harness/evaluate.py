@@ -44,6 +44,7 @@ from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, BUSY_BACKOFF_S
                                         few_samples, first_use_verdict, for_device,
                                         host_wall_gap, implausible_speedup, launch_floor, other_size,
                                         paired_speedup, roofline_floor, timer_inconsistency, unbounded_line,
+                                        unvouched_on_a_busy_machine,
                                         uneven_calls, uneven_line, unvouched_speedup_line, vouched_inputs,
                                         vouched_method, wall_check)
 from magpie.harness.timing import GRAPH_THRESHOLD_US, calibrate, nvml_snapshot, sample_cap, timer_for
@@ -1461,7 +1462,10 @@ class Evaluator:
         second = paired_speedup(retimed.for_speedup(statistic), again["baseline"]["median_us"], statistic, between_runs)
         label, line = implausible_speedup(result["speedup"], second, threshold)
         result["speedup"]["implausible"] = label
-        if label["confirmed"]:
+        if unvouched_on_a_busy_machine(label["confirmed"], retimed.busy(), retimed.alone_bound):
+            _inconclusive(result, [f"candidate: {line}; its calls made alone drew no bound"],
+                          [retimed.cpu_wait_share], case, spec_index)
+        elif label["confirmed"]:
             result["warnings"].append(f"candidate: {line}")
             _record(result, "flags", "implausible_speedup", f"candidate: {line}", case, spec_index)
         else:

@@ -348,6 +348,15 @@ def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float],
             "failed": ratio > (ALONE_FAIL_LAUNCHED_APART if launched_apart else ALONE_FAIL)}
 
 
+def unvouched_on_a_busy_machine(confirmed: bool, busy: bool, bound: dict | None) -> bool:
+    """Whether a confirmed implausible speedup stands on nothing: measured on a busy machine,
+    where the calls made alone that vouch for a speedup this large drew no bound (none, or a
+    lower bound at or under zero). Beside CPU hogs a slow call's calls made alone read short,
+    and a candidate that did its slow part once a batch was credited 270x: such a speedup is
+    inconclusive, not credited."""
+    return confirmed and busy and (bound is None or bound["lower_us"] <= 0)
+
+
 # A call that reads under this share of what the copy of its outputs into their slots costs
 # (`Rounds.harness_ns`: on a GPU one kernel, on the CPU the batch loop's copy, each writing what
 # the call must write at least once) was not made as a call of its own (`launch_floor`). On the
