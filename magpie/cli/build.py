@@ -151,11 +151,11 @@ def dry_run(project, selected: list[str], as_json: bool) -> int:
     from magpie.graph.doit_glue import _closure, stale_reasons
     from magpie.store import reason
 
+    closure = _closure(project, selected)
     modified = {name: reason(problem) for name, problem in
-                check_artifacts(project, _closure(project, selected), remove=False).items()}
+                check_artifacts(project, closure, remove=False).items()}
     project.forced.update(modified)  # a build removes and rebuilds them: so do their dependents
-    again = project.provisional(_closure(project, selected))
-    project.forced.update(again)  # results not final (inconclusive): a build runs them again
+    again = run_provisional_again(project, closure)
     rows = list(stale_reasons(project, selected, {**again, **modified}).items())  # in run order
     if as_json:
         print(json.dumps({"would_run": [{"task": n, "why": w} for n, w in rows],
@@ -185,9 +185,7 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
     modified = check_artifacts(project, list(dict.fromkeys(_closure(project, selected) + published)),
                                trust_stamps=not verify)
     selected = selected + [name for name in modified if name not in selected]
-    # results stored as not final (an inconclusive timing): run again, and replaced, as if forced
-    again = project.provisional(_closure(project, selected))
-    project.forced.update(again)
+    again = run_provisional_again(project, _closure(project, selected))
     stale = project.stale(selected)
     if not stale:
         bad = publish_project(project)
@@ -229,6 +227,14 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
         return 0 if code == 0 else 1
     checked = _finish(_summary(project, selected, reporter.executed, reporter.failures), as_json, check, quiet, line)
     return 0 if code == 0 and checked == 0 else 1
+
+
+def run_provisional_again(project, closure: list[str]) -> dict[str, str]:
+    """{task: why} for the tasks of `closure` whose stored results are not final (an
+    inconclusive timing), marked forced: a build runs them again and replaces them."""
+    again = project.provisional(closure)
+    project.forced.update(again)
+    return again
 
 
 @contextlib.contextmanager
