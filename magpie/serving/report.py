@@ -141,6 +141,8 @@ class BenchmarkReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     success: bool
+    partial: bool = Field(False, description="the run was interrupted (Ctrl-C, SIGTERM): the figures are those of "
+                                             "the requests completed before it")
     framework: str
     model: str
     throughput: Optional[Throughput] = None
