@@ -7,7 +7,7 @@ order, the same row keys, and every shared cell equal within `RTOL`/`ATOL`.
 
 Every difference found is one record (file, aspect, column, row key). A record is accepted only
 where one entry of one list below explains it:
-- `MAGPIE_IS_RIGHT`: TraceLens's model is wrong and magpie keeps its own (docs/architecture.md,
+- `MAGPIE_IS_RIGHT`: TraceLens's model is wrong and magpie keeps its own (docs/architecture/traces.md,
   "Where magpie and TraceLens differ on purpose");
 - `GAPS`: parity points of issue 11 not done yet. Each has its own strict xfail test asserting
   that none of its differences remain, so fixing one turns its test into an unexpected pass and
@@ -382,7 +382,7 @@ def test_parity_gap_closed(gap, diffs_of):
 
 @pytest.mark.parametrize("known", MAGPIE_IS_RIGHT, ids=lambda k: k.id)
 def test_each_difference_kept_on_purpose_is_documented(known):
-    docs = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    docs = (Path(__file__).parents[1] / "docs" / "architecture" / "traces.md").read_text()
     assert f"`{known.id}`" in docs
 
 
