@@ -24,7 +24,7 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
 
 def test_design_card_layout():
     for name in ("magpie", "rules", "templates", "workspaces", "tests", "dodo.py", "magpie.toml", "pyproject.toml",
-                 "README.md", "docs/architecture/README.md", "docs/compatibility.md", "docs/benchmarks.md"):
+                 "README.md", "docs/architecture/README.md", "docs/compatibility.md", "docs/performance.md"):
         assert (REPO / name).exists(), name
 
 
