@@ -30,6 +30,65 @@ def magpie(*args, cwd, check=None, timeout=600, env=None):
     return proc
 
 
+def magpie_in_process(*args, cwd, check=None, env=None):
+    """The CLI's `main` run in this process, for tests that check only its exit code, output and
+    files (a process costs 0.5-1 s of start and imports): cwd, the environment, signal handlers
+    and the signing secret it took are put back after; its output and that of the processes it
+    starts are captured at the file descriptors, and an exception escaping it is printed as a
+    process would, exit 1. Returns a CompletedProcess as `magpie()` does."""
+    import signal
+    import tempfile
+    import traceback
+
+    from magpie.cli import main
+    from magpie.store import signing
+
+    argv = list(map(str, args))
+    handlers = {sig: signal.getsignal(sig) for sig in signal.valid_signals()
+                if sig not in (signal.SIGKILL, signal.SIGSTOP)}
+    saved_environ, saved_cwd = dict(os.environ), os.getcwd()
+    saved_secret, saved_from_environment = list(signing._secret), list(signing._from_environment)
+    saved_streams, saved_fds = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        for stream in saved_streams:
+            stream.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout, sys.stderr = (open(fd, "w", encoding="utf-8", closefd=False) for fd in (1, 2))
+        try:
+            os.environ.update(env or {})
+            os.chdir(cwd)
+            try:
+                code = main(argv)
+            except SystemExit as exit_:  # argparse: --help, --version, a bad argument
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.close()
+            sys.stdout, sys.stderr = saved_streams
+            for fd, saved in zip((1, 2), saved_fds):
+                os.dup2(saved, fd)
+                os.close(saved)
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_environ)
+            signing._secret[:], signing._from_environment[:] = saved_secret, saved_from_environment
+            for sig, handler in handlers.items():
+                if handler is not None and signal.getsignal(sig) is not handler:
+                    signal.signal(sig, handler)
+        out.seek(0)
+        err.seek(0)
+        proc = subprocess.CompletedProcess(["magpie", *argv], code, out.read().decode("utf-8", "replace"),
+                                           err.read().decode("utf-8", "replace"))
+    if check is not None and proc.returncode != check:
+        raise AssertionError(f"magpie {' '.join(argv)} exited {proc.returncode}, expected {check} (in process)\n"
+                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
 def build_json(cwd, *args) -> dict:
     proc = magpie("build", "--json", *args, cwd=cwd, check=0)
     return json.loads(proc.stdout)
