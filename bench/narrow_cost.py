@@ -1,7 +1,7 @@
 """What a worker's narrowing (`sandbox.narrow`, its second Landlock layer at its load) costs: in
 each of N fresh sandboxes whose project holds its compiler cache and scratch folder (as in
 tests/test_narrowing.py), the seconds of the one call. Prints the median, least and most in ms;
-figures go to docs/benchmarks.md. Run it under two trees alternating to compare them:
+figures go to docs/performance.md. Run it under two trees alternating to compare them:
 
 Usage: PYTHONPATH=TREE python bench/narrow_cost.py [N] [LABEL]
 """

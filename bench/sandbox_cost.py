@@ -1,7 +1,7 @@
 """What the sandbox costs a process: from fork to the first line of code under test, with and
 without the sandbox, in a process that imported torch (as the zygote has): plain, trusted
 (below a keeper, `--trust-code`) and sandboxed. On a GPU also the first CUDA call inside it.
-Prints JSON; figures go to docs/benchmarks.md.
+Prints JSON; figures go to docs/performance.md.
 
 Usage: python bench/sandbox_cost.py [--repeat N] [--cuda]
 """

@@ -117,7 +117,7 @@ def test_one_nvidia_smi_query_feeds_keys_and_gpu_info():
 
 
 def test_h200_vouched_timing_reads_a_large_kernel_as_the_worker_timer_does_and_credits_no_cheat():
-    """What docs/benchmarks.md and docs/security.md say of `timing.vouched` on the H200
+    """What docs/performance.md and docs/security.md say of `timing.vouched` on the H200
     (`bench/gpu_vouched.py`, the gated clock): the 4096x4096 relu reads within 4% of the
     worker's own events, a cache by input address earns nothing and a kernel wrong only while
     timed fails."""
@@ -147,7 +147,7 @@ def test_h200_memory_lent_through_cuda_ipc_is_no_slower_and_the_evaluators_event
 
 
 def test_h200_calls_made_alone_fail_every_batch_done_together_and_leave_honest_graph_rows_under_the_limit():
-    """What docs/benchmarks.md and docs/security.md say of calls made alone on the H200
+    """What docs/performance.md and docs/security.md say of calls made alone on the H200
     (`bench/calls_alone.py`, every row timed as graph replays, batches handed over replayed as
     graphs, on two leases a day apart): every candidate whose batches' calls were done
     together failed its timing, and every honest one read a bound at most 2% over its

@@ -150,7 +150,7 @@ def test_the_vouched_sweep_times_every_honest_kernel_and_fails_none():
 
 
 def test_what_vouched_timing_cost_the_kept_warm_compare_is_what_the_docs_say():
-    """docs/benchmarks.md: with each candidate's job taking the baseline's copy price,
+    """docs/performance.md: with each candidate's job taking the baseline's copy price,
     calibration, sizing and kernels from the baseline's own timing job, and Triton's key and
     driver utilities made once for every worker, the kept-warm compare of 8 Triton candidates
     took 11.9-12.9 s in 10 runs under vouched timing (13.5-14.5 s before; 9-13 s under the
@@ -175,7 +175,7 @@ def test_what_vouched_timing_cost_the_kept_warm_compare_is_what_the_docs_say():
 
 
 def test_an_edit_to_verdict_with_spare_workers_is_what_the_docs_say():
-    """docs/benchmarks.md: with the zygote warm, an edited candidate's correctness job loads it
+    """docs/performance.md: with the zygote warm, an edited candidate's correctness job loads it
     into a spare (its CUDA context and timer made before the edit), its timing job takes the
     baseline's copy price, calibration and sizing from the build before (its worker adopted),
     and the command leaves without the interpreter's teardown: 1.97-2.24 s from the edit to the
@@ -198,7 +198,7 @@ def test_an_edit_to_verdict_with_spare_workers_is_what_the_docs_say():
 
 
 def test_a_triton_spares_warm_up_is_what_the_docs_say():
-    """docs/benchmarks.md: on the H200 a Triton spare that compiled magpie's warm-up kernel
+    """docs/performance.md: on the H200 a Triton spare that compiled magpie's warm-up kernel
     and its candidate's launcher before it was adopted left the edited candidate's first call
     its kernel's compile alone (0.05 s; 0.55 s with the compiler's start and the launcher's C
     compile), the launcher found in the cache the spare handed over, written there before the
@@ -225,7 +225,7 @@ def test_a_triton_spares_warm_up_is_what_the_docs_say():
 
 
 def test_a_triton_spare_warming_up_beside_its_context_is_what_the_docs_say():
-    """docs/benchmarks.md: with the spare's warm-up on a thread beside its context (the load
+    """docs/performance.md: with the spare's warm-up on a thread beside its context (the load
     waiting for it), an edit right after the verdict no longer waits for the spare: on the
     H200 the edited candidate's correctness job took 0.14-0.16 s (0.25-0.40 s when the warm-up
     followed the context), its launcher built before its kernel's compile in every traced

@@ -243,7 +243,7 @@ class Evaluator:
         """The build a worker serves, where only its own build may adopt it: on a GPU timed by
         the worker's own timer (`timing.vouched = false`), where workers kept from an earlier
         build timed memory-bound kernels 30-120% slow in a third of the rows of repeated
-        compares on the H200 (docs/benchmarks.md; cause not established). Elsewhere none: the
+        compares on the H200 (docs/performance.md; cause not established). Elsewhere none: the
         evaluator vouches for the measurement, and workers serve later builds alike."""
         if self.device == "cpu" or self.settings.get("timing", {}).get("vouched", True) or not self.input_secret:
             return None

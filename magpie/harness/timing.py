@@ -216,7 +216,7 @@ class CudaTimer(Timer):
     def _events(self, fn, input_sets, budget_ms, max_reps, offset):
         """Flush, then the call between two events, queued back to back and synchronised in
         batches of about BATCH_US of device time: on the H200 a 4096³ bf16 GEMM that follows
-        idle time (a sync per call leaves some) read 10-30% slower (docs/benchmarks.md)."""
+        idle time (a sync per call leaves some) read 10-30% slower (docs/performance.md)."""
         torch = self.torch
         samples = []
         deadline = _clock_ns() + int(budget_ms * 1e6)
