@@ -1,4 +1,5 @@
-"""Reference styles (function, KernelBench, command, none) and the one-shot verbs."""
+"""Reference styles (function, KernelBench, command, none) and the one-shot verbs. The verbs run
+in this process (`magpie_in_process`) where only their exit code, output and files are checked."""
 
 import json
 import shutil
@@ -8,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import FIXTURES, REPO, SPIN_SOURCE, magpie, write
+from conftest import FIXTURES, REPO, SPIN_SOURCE, magpie, magpie_in_process, write
 
 
 @pytest.fixture
@@ -21,8 +22,8 @@ def kernels(tmp_path):
 
 
 def test_analyze_correct_kernel_writes_magpie_state_keys(kernels):
-    proc = magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
-                  "--shapes", "16x32,5x7", "--budget-ms", "40", "-o", "out", cwd=kernels, check=0)
+    proc = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
+                             "--shapes", "16x32,5x7", "--budget-ms", "40", "-o", "out", cwd=kernels, check=0)
     report = json.loads((kernels / "out/analyze_report.json").read_text())
     for key in ("compiling_state", "correctness_state", "performance_state", "performance_result", "errors",
                 "numerics"):
@@ -33,18 +34,18 @@ def test_analyze_correct_kernel_writes_magpie_state_keys(kernels):
 
 
 def test_analyze_incorrect_kernel_exits_nonzero_and_no_perf_skips_timing(kernels):
-    proc = magpie("analyze", "nan.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
-                  "--shapes", "16x32", "--no-perf", "-o", "out", cwd=kernels)
+    proc = magpie_in_process("analyze", "nan.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
+                             "--shapes", "16x32", "--no-perf", "-o", "out", cwd=kernels)
     assert proc.returncode == 1
     report = json.loads((kernels / "out/analyze_report.json").read_text())
     assert report["correctness_state"] == "FAILED" and report["performance_state"] == "SKIPPED"
 
 
 def test_command_testcase_exit_code_decides(kernels):
-    ok = magpie("analyze", "good.py", "--type", "pytorch", "--testcase", "test -f good.py", "--no-perf",
-                "-o", "a", cwd=kernels)
-    bad = magpie("analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b",
-                 cwd=kernels)
+    ok = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--testcase", "test -f good.py", "--no-perf",
+                           "-o", "a", cwd=kernels)
+    bad = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b",
+                            cwd=kernels)
     assert ok.returncode == 0 and bad.returncode == 1
     report = json.loads((kernels / "b/analyze_report.json").read_text())
     assert "exited with code 3" in report["verdict"]
@@ -53,8 +54,8 @@ def test_command_testcase_exit_code_decides(kernels):
 def test_no_testcase_is_finite_only_and_says_unverified(kernels):
     (kernels / "own_inputs.py").write_text(
         "import torch\n\ndef kernel(x):\n    return x.sin()\n\ndef get_inputs():\n    return [torch.randn(4, 4)]\n")
-    magpie("analyze", "own_inputs.py", "--type", "pytorch", "--entry", "kernel", "--no-perf", "-o", "o",
-           cwd=kernels, check=0)
+    magpie_in_process("analyze", "own_inputs.py", "--type", "pytorch", "--entry", "kernel", "--no-perf", "-o", "o",
+                      cwd=kernels, check=0)
     report = json.loads((kernels / "o/analyze_report.json").read_text())
     assert report["correctness_state"] == "SUCCESS" and report["numerics"] == "unverified"
 
@@ -65,7 +66,7 @@ def test_kernelbench_reference_judges_model_new(kernels):
           - {id: right, type: pytorch, source_files: [model_new.py], spec: reference.py}
           - {id: wrong, type: pytorch, source_files: [model_new_wrong.py], spec: reference.py}
         """})
-    magpie("compare", "--kernel-config", "kb.yaml", "--no-perf", "-o", "kb", cwd=kernels, check=0)
+    magpie_in_process("compare", "--kernel-config", "kb.yaml", "--no-perf", "-o", "kb", cwd=kernels, check=0)
     report = json.loads((kernels / "kb/compare_report.json").read_text())
     states = {r["implementation"]: (r["correctness_state"], r["verdict"]) for r in report["results"]}
     assert states["right"] == ("SUCCESS", "correct")
@@ -77,7 +78,7 @@ def test_a_kernelbench_timing_job_takes_the_worker_its_correctness_job_parked(ke
         kernels:
           - {id: right, type: pytorch, source_files: [model_new.py], spec: reference.py}
         """})
-    magpie("compare", "--kernel-config", "kb.yaml", "--budget-ms", "20", "-o", "kb", cwd=kernels)
+    magpie_in_process("compare", "--kernel-config", "kb.yaml", "--budget-ms", "20", "-o", "kb", cwd=kernels)
     results = [json.loads(p.read_text()) for p in (kernels / "kb/workspace/store").glob("*/*/result.json")]
     timing = next(r for r in results if r.get("task") == "timing:compare/right")
     assert timing["performance_state"] == "SUCCESS" and timing["workers_adopted"] == {"candidate": True}
@@ -86,9 +87,9 @@ def test_a_kernelbench_timing_job_takes_the_worker_its_correctness_job_parked(ke
 def test_compare_uses_the_explicit_baseline_and_gates_correctness(kernels):
     (kernels / "slow.py").write_text(
         SPIN_SOURCE + "\n\ndef kernel(x):\n    spin(0.0005)\n    return torch.relu(x) * 2.0\n")
-    proc = magpie("compare", "slow.py", "good.py", "mutates.py", "--baseline", "1", "--type", "pytorch",
-                  "--entry", "kernel", "--spec", "spec.py", "--shapes", "16x32", "--budget-ms", "60", "-o", "c",
-                  "--json", cwd=kernels, check=0)
+    proc = magpie_in_process("compare", "slow.py", "good.py", "mutates.py", "--baseline", "1", "--type", "pytorch",
+                             "--entry", "kernel", "--spec", "spec.py", "--shapes", "16x32", "--budget-ms", "60",
+                             "-o", "c", "--json", cwd=kernels, check=0)
     report = json.loads(proc.stdout)
     assert report["baseline"] == "good"
     assert [e["implementation"] for e in report["excluded"]] == ["mutates"]
@@ -102,7 +103,7 @@ def test_compare_uses_the_explicit_baseline_and_gates_correctness(kernels):
 
 
 def test_compare_bad_baseline_index_is_one_line(kernels):
-    proc = magpie("compare", "good.py", "nan.py", "--type", "pytorch", "--baseline", "5", cwd=kernels)
+    proc = magpie_in_process("compare", "good.py", "nan.py", "--type", "pytorch", "--baseline", "5", cwd=kernels)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--baseline" in proc.stderr
 
 
@@ -120,30 +121,30 @@ def test_compare_runs_a_job_per_implementation_within_the_cpus_by_default(monkey
 
 
 def test_compare_refuses_no_jobs_in_one_line(kernels):
-    proc = magpie("compare", "good.py", "nan.py", "--type", "pytorch", "-j", "0", cwd=kernels, check=2)
+    proc = magpie_in_process("compare", "good.py", "nan.py", "--type", "pytorch", "-j", "0", cwd=kernels, check=2)
     assert proc.stderr.count("\n") == 1 and "--jobs" in proc.stderr
 
 
 def test_gpu_info_on_a_cpu_machine():
-    proc = magpie("--gpu-info", cwd=REPO, check=0)
+    proc = magpie_in_process("--gpu-info", cwd=REPO, check=0)
     assert "GPU: none found" in proc.stdout and "CPU:" in proc.stdout and "torch" in proc.stdout
-    info = json.loads(magpie("--gpu-info", "--json", cwd=REPO, check=0).stdout)
+    info = json.loads(magpie_in_process("--gpu-info", "--json", cwd=REPO, check=0).stdout)
     assert info["gpus"] == [] and info["cpu"]["cores"] >= 1 and "nvcc" in info["compilers"]
 
 
 def test_help_answers():
-    proc = magpie("--help", cwd=REPO, check=0)
+    proc = magpie("--help", cwd=REPO, check=0)  # a process of its own: the `python -m magpie` entry point answers
     for verb in ("build", "clean", "analyze", "compare", "--gpu-info"):
         assert verb in proc.stdout
-    assert "--kernel-config" in magpie("analyze", "--help", cwd=REPO, check=0).stdout
+    assert "--kernel-config" in magpie_in_process("analyze", "--help", cwd=REPO, check=0).stdout
 
 
 def test_a_spec_that_makes_zeros_is_refused(kernels):
     (kernels / "zeros_spec.py").write_text(
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n    return (torch.zeros(shape, dtype=dtype),)\n"
         "\ndef reference(x):\n    return torch.relu(x) * 2.0\n")
-    proc = magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "zeros_spec.py",
-                  "--shapes", "4x4", "--no-perf", "-o", "z", cwd=kernels)
+    proc = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "zeros_spec.py",
+                             "--shapes", "4x4", "--no-perf", "-o", "z", cwd=kernels)
     assert proc.returncode == 1
     report = json.loads((kernels / "z/analyze_report.json").read_text())
     assert "all zeros" in report["verdict"] and report["verdict"].startswith("not judged: spec error in zeros_spec.py:")
@@ -154,8 +155,8 @@ def test_a_spec_whose_inputs_or_reference_fail_is_one_line_naming_it(kernels):
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
         "    return (torch.randn(shape, generator=generator, device='meta'),)\n"
         "\ndef reference(x):\n    return torch.relu(x) * 2.0\n")
-    proc = magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_spec.py",
-                  "--shapes", "4x4", "--no-perf", "-o", "b", cwd=kernels)
+    proc = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_spec.py",
+                             "--shapes", "4x4", "--no-perf", "-o", "b", cwd=kernels)
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
     verdict = json.loads((kernels / "b/analyze_report.json").read_text())["verdict"]
     assert verdict.startswith("not judged: spec error in broken_spec.py: make_inputs() failed for [4, 4] float32: ")
@@ -164,8 +165,8 @@ def test_a_spec_whose_inputs_or_reference_fail_is_one_line_naming_it(kernels):
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
         "    return (torch.randn(shape, generator=generator),)\n"
         "\ndef reference(x):\n    return x @ torch.ones(3, 3)\n")
-    magpie("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_reference.py",
-           "--shapes", "4x4", "--no-perf", "-o", "r", cwd=kernels, check=1)
+    magpie_in_process("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_reference.py",
+                      "--shapes", "4x4", "--no-perf", "-o", "r", cwd=kernels, check=1)
     verdict = json.loads((kernels / "r/analyze_report.json").read_text())["verdict"]
     assert verdict.startswith("not judged: spec error in broken_reference.py: reference() failed: RuntimeError: ")
 
@@ -200,7 +201,7 @@ def test_a_reused_evaluator_forgets_project_modules_but_keeps_libraries(tmp_path
     import importlib
     import sys
 
-    from magpie.harness.evaluate import fresh_imports
+    from magpie.harness.declared import fresh_imports
 
     (tmp_path / "project_helper.py").write_text("VALUE = 1\n")
     path = list(sys.path)
