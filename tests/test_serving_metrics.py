@@ -93,9 +93,9 @@ def test_scripted_clock_completions_without_usage_counts_chunks_and_crlf_comment
     assert (out.ttft, out.latency) == (0.5, 0.9) and out.itl == pytest.approx([0.4])
 
 
-def test_stream_without_tokens_or_with_error_fails():
-    out = record(ChatCompletions(), chat_stream([], usage=0), [1, 2, 3, 4])
-    assert not out.success and "no token chunk" in out.error
+def test_stream_without_a_chunk_or_with_error_fails():
+    out = record(ChatCompletions(), [sse(b"[DONE]")], [1])
+    assert not out.success and "no chunk arrived" in out.error
     rec = StreamRecorder(Completions(), RequestOutput(), ScriptedClock([1, 2]))
     rec.feed(sse({"choices": [{"text": "a"}]}) + sse({"error": {"message": "engine died"}}))
     out = rec.finish()

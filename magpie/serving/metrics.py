@@ -1,6 +1,8 @@
 """Distributions, throughput and goodput of a run's request records, as vLLM's `bench serve` computes them.
 
-Failed requests are counted and left out of every distribution and total. Per successful request:
+Failed requests are counted and left out of every distribution and total; a successful request with no
+output text (an empty completion, `stream.py`) counts as completed, as vLLM counts it, and is also
+counted in `empty`. Per successful request:
 output tokens from usage (else counted token chunks); TPOT = (E2EL − TTFT)/(n − 1) for n > 1, so
 its distribution weighs requests equally; ITLs pooled over all requests. Statistics are numpy's:
 mean, median, population std, linear-interpolated percentiles; an empty distribution reads 0.
@@ -42,10 +44,7 @@ def compute(outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dic
     import numpy as np
 
     ok = [o for o in outputs if o.success]
-    ttfts = [o.ttft for o in ok]
-    e2els = [o.latency for o in ok]
-    tpots = [tpot(o) for o in ok if o.output_tokens > 1]
-    itls = [gap for o in ok for gap in o.itl]
+    dists = distributions(ok)
     total_in = sum(o.prompt_len for o in ok)
     total_out = sum(o.output_tokens for o in ok)
     good = None
@@ -69,7 +68,6 @@ def compute(outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dic
             level += delta
             peak_concurrency = max(peak_concurrency, level)
     dur = duration_s if duration_s > 0 else math.inf
-    dists = {"ttft": ttfts, "tpot": tpots, "itl": itls, "e2el": e2els}
     blocks = {name: stats_ms(values) for name, values in dists.items()}
     flat = {}
     for name, block in blocks.items():
@@ -77,12 +75,20 @@ def compute(outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dic
             flat[f"{key}_{name}_ms"] = value
     metrics = ServingMetrics(
         duration=duration_s, completed=len(ok), failed=len(outputs) - len(ok),
+        empty=sum(1 for o in ok if not o.generated_text),
         total_input_tokens=total_in, total_output_tokens=total_out, max_concurrent_requests=peak_concurrency,
         latency=Latency(**{name: LatencyStats(**block) for name, block in blocks.items()}),
         throughput=Throughput(request_throughput=len(ok) / dur, request_goodput=None if good is None else good / dur,
                               output_throughput=total_out / dur, total_token_throughput=(total_in + total_out) / dur,
                               max_output_tokens_per_s=peak_tokens))
     return metrics, flat
+
+
+def distributions(ok: Sequence[RequestOutput]) -> dict[str, list[float]]:
+    """Seconds per metric over the successful requests: TTFT, TPOT (requests of more than one token), pooled
+    ITL, E2EL."""
+    return {"ttft": [o.ttft for o in ok], "tpot": [tpot(o) for o in ok if o.output_tokens > 1],
+            "itl": [gap for o in ok for gap in o.itl], "e2el": [o.latency for o in ok]}
 
 
 def _token_times(o: RequestOutput) -> list[float]:

@@ -110,6 +110,7 @@ class ServingMetrics(_Strict):
     duration: float = Field(description="seconds from the first dispatch to the last completion")
     completed: int
     failed: int
+    empty: int = Field(0, description="completed requests whose stream carried no output text")
     total_input_tokens: int
     total_output_tokens: int
     max_concurrent_requests: int

@@ -132,6 +132,8 @@ class RunCounts(_Strict):
     duration_s: float
     completed: int
     failed: int
+    empty: int = Field(0, description="completed requests whose stream carried no output text (vLLM counts them "
+                                      "completed)")
     total_input_tokens: int
     total_output_tokens: int
     max_concurrent_requests: int

@@ -344,6 +344,7 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
     report_kw["throughput"] = metrics.throughput
     report_kw["latency"] = metrics.latency
     report_kw["run"] = RunCounts(duration_s=metrics.duration, completed=metrics.completed, failed=metrics.failed,
+                                 empty=metrics.empty,
                                  total_input_tokens=metrics.total_input_tokens,
                                  total_output_tokens=metrics.total_output_tokens,
                                  max_concurrent_requests=metrics.max_concurrent_requests)

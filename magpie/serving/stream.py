@@ -7,6 +7,11 @@ chunk (`content: ""`), the finish chunk (empty delta) and usage-only chunks are 
 first token chunk minus the send time, E2EL the last token chunk minus the send time, ITLs every
 gap between consecutive token chunks; output tokens come from `usage.completion_tokens` when the
 server sent it, else they are the counted token chunks.
+
+Success is vLLM's: a request succeeds when its stream answered (HTTP 200, at least one chunk decoded)
+and carried no error, even with no output text; such an empty request's TTFT and E2EL are its first
+and last chunk's times. vLLM asks for a chunk with a `choices` entry; a stream whose only chunk is a
+usage chunk is a success here and a failure there.
 """
 from __future__ import annotations
 
@@ -44,7 +49,8 @@ class RequestOutput:
 class StreamRecorder:
     """Parses one SSE body and records its token chunks' times into a `RequestOutput`."""
 
-    __slots__ = ("endpoint", "clock", "out", "_buf", "_texts", "done", "failed")
+    __slots__ = ("endpoint", "clock", "out", "_buf", "_texts", "done", "failed", "first_chunk_at",
+                 "last_chunk_at")
 
     def __init__(self, endpoint, out: RequestOutput, clock: Clock = time.perf_counter) -> None:
         self.endpoint = endpoint
@@ -54,6 +60,8 @@ class StreamRecorder:
         self._texts: list[str] = []
         self.done = False          # `data: [DONE]` seen
         self.failed = ""           # an error payload inside the stream
+        self.first_chunk_at: float | None = None   # any decoded chunk, with or without output text
+        self.last_chunk_at: float | None = None
 
     def feed(self, data: bytes) -> None:
         buf = self._buf + data if self._buf else data
@@ -90,6 +98,9 @@ class StreamRecorder:
         if error:
             self.failed = error
             return
+        if self.first_chunk_at is None:
+            self.first_chunk_at = now
+        self.last_chunk_at = now
         if text:
             self.out.token_times.append(now)
             self._texts.append(text)
@@ -99,7 +110,7 @@ class StreamRecorder:
                 self.out.prompt_len = usage.prompt_tokens
 
     def finish(self, error: str = "") -> RequestOutput:
-        """Closes the record: success needs at least one token chunk and no error."""
+        """Closes the record: success needs an answered stream (a decoded chunk) and no error."""
         out = self.out
         times = out.token_times
         st = out.start_time
@@ -108,12 +119,15 @@ class StreamRecorder:
             out.ttft = times[0] - st
             out.latency = times[-1] - st
             out.itl = [b - a for a, b in zip(times, times[1:])]
+        elif self.first_chunk_at is not None:
+            out.ttft = self.first_chunk_at - st
+            out.latency = self.last_chunk_at - st
         out.output_tokens = out.usage_tokens if out.usage_tokens else len(times)
         error = error or self.failed
         if error:
             out.error = error
-        elif not times:
-            out.error = "no token chunk arrived (the stream carried no output text)"
+        elif self.first_chunk_at is None:
+            out.error = "no chunk arrived (the stream answered nothing)"
         else:
             out.success = True
         return out
