@@ -155,7 +155,7 @@ def test_h200_calls_made_alone_fail_every_batch_done_together_and_leave_honest_g
     from magpie.harness.measurement import ALONE_FAIL
 
     honest = []
-    for lease in ("calls_alone.json", "calls_alone_second_lease.json"):
+    for lease in ("calls_alone.json", "calls_alone_repeat.json"):
         for builds in json.loads((H200 / lease).read_text())["projects"].values():
             for build in builds:
                 for name, row in build["rows"].items():
