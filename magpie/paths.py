@@ -33,10 +33,10 @@ def subprocess_env(base: dict | None = None) -> dict:
     which never carries the build's input secret (code under test reads its environment)."""
     import os
 
-    from magpie.harness.spec import SECRET_VARIABLE
+    from magpie.environment import INPUT_SECRET
 
     env = dict(os.environ if base is None else base)
-    env.pop(SECRET_VARIABLE, None)
+    env.pop(INPUT_SECRET, None)
     parent = str(_PACKAGE.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, env.get("PYTHONPATH")) if p)
     return env

@@ -310,7 +310,7 @@ def test_a_folder_made_again_outside_is_no_longer_hidden_from_a_sandbox_started_
     """A kept-warm worker may serve a later build only while its sandbox still hides that
     build's store: removing a covered folder outside takes the cover with it, and the folder
     made again in its place would be in sight (`namespaces.still_hidden`, checked on adoption)."""
-    from magpie.sandbox.namespaces import still_hidden
+    from magpie.linux.namespaces import still_hidden
 
     store, scratch = tmp_path / "store", tmp_path / "scratch"
     store.mkdir()

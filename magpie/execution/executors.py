@@ -16,6 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 from magpie.execution import pool
 from magpie.execution.job import Job, JobOutput, run_job
+from magpie.linux.procfs import parent_and_state, parents_and_states
 
 
 class InlineExecutor:
@@ -50,7 +51,7 @@ def _start_job_process(environment: dict, build_pid: int) -> None:
     the kernel ends it (PR_SET_PDEATHSIG)."""
     _take_environment(environment)
     with contextlib.suppress(OSError, AttributeError):  # AttributeError: no prctl (not Linux)
-        from magpie.sandbox import namespaces
+        from magpie.linux import namespaces
 
         namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
     threading.Thread(target=_end_with, args=(build_pid,), name="magpie-end-with-build", daemon=True).start()
@@ -117,7 +118,7 @@ def stop_descendants(root: int, spare: frozenset[int] = frozenset()) -> list[int
         while True:
             # looked at before the walk: a process stopped then has forked nothing since
             settled = all(_stopped(pid) for pid in held)
-            table = _process_table()
+            table = parents_and_states()
             found = [pid for pid in _subtree(table, root, spare) if pid not in held]
             for pid in found:
                 try:
@@ -126,7 +127,7 @@ def stop_descendants(root: int, spare: frozenset[int] = frozenset()) -> list[int
                     continue
                 except (AttributeError, OSError):
                     fd = None
-                row = _process_table_row(pid)
+                row = parent_and_state(pid)
                 if row is None or row[0] != table[pid][0]:  # it ended (its pid may be another's now)
                     if fd is not None:
                         os.close(fd)
@@ -144,27 +145,6 @@ def stop_descendants(root: int, spare: frozenset[int] = frozenset()) -> list[int
     return list(held)
 
 
-def _process_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state) of every process /proc shows."""
-    table = {}
-    with contextlib.suppress(OSError):  # no /proc: nothing to walk
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                row = _process_table_row(int(entry.name))
-                if row is not None:
-                    table[int(entry.name)] = row
-    return table
-
-
-def _process_table_row(pid: int) -> tuple[int, str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[0].decode()
-
-
 def _subtree(table: dict[int, tuple[int, str]], root: int, spare: frozenset[int]) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in table.items():
@@ -179,7 +159,7 @@ def _subtree(table: dict[int, tuple[int, str]], root: int, spare: frozenset[int]
 
 
 def _stopped(pid: int) -> bool:
-    row = _process_table_row(pid)
+    row = parent_and_state(pid)
     return row is None or row[1] in ("T", "t", "Z", "X")
 
 

@@ -169,11 +169,17 @@ def check_paths_inside(manifest: Manifest, root: Path, path) -> None:
         _check_rule_inputs(root, table, path, i)
 
 
+def local_model_path(model: str) -> Path | None:
+    """The model as a local path where it names one (exists, or is written as a path), else None (a hub id)."""
+    expanded = os.path.expanduser(model)
+    if os.path.exists(expanded) or model.startswith(("/", "./", "../", "~")) or model.count("/") > 1:
+        return Path(expanded).resolve()
+    return None
+
+
 def _model_folder(root: Path, model: str) -> Path | None:
     """Where a build reads a benchmark's model from (graph/expand.py): beside the manifest, else
     as given; None for a hub id."""
-    from magpie.serving.report import local_model_path
-
     found = local_model_path(str(root / model)) if not Path(model).is_absolute() else None
     if found is None or not found.exists():
         found = local_model_path(model)

@@ -47,8 +47,10 @@ import tempfile
 from pathlib import Path
 
 from magpie import paths as magpie_paths
-from magpie.sandbox import landlock, namespaces, pids, seccomp
-from magpie.supervision.process import close_all_but, end_like
+from magpie.linux import namespaces, procfs
+from magpie.linux.processes import close_all_but, end_like
+from magpie.private_folders import NotPrivate, lock_folder, scratch_root
+from magpie.sandbox import landlock, pids, seccomp
 
 # Exit status of a process whose sandbox could not be set up (nothing of the code under test ran).
 SANDBOX_FAILED = 70
@@ -123,9 +125,7 @@ def temporary_folders() -> list[str]:
     test, which Landlock alone would let connect to a socket whose path it learnt
     (/proc/net/unix lists them). Taken where a policy is made, not in the sandbox (whose
     TMPDIR is its own folder)."""
-    from magpie.supervision import scratch as scratch_folders
-
-    return sorted({"/tmp", os.path.realpath(tempfile.gettempdir()), os.path.realpath(scratch_folders.root())})
+    return sorted({"/tmp", os.path.realpath(tempfile.gettempdir()), os.path.realpath(scratch_root())})
 
 
 def describe(policy: Policy | None) -> str:
@@ -196,18 +196,14 @@ def _proof() -> tuple[Path, str] | None:
     and no_new_privs, magpie's sandbox code, as they were (the fork that sets a sandbox up took
     25-35 ms on the CPU machine, before every build's first job; reading the word, 1 ms). In
     the user's private lock folder, out of code under test's sight; None where there is none."""
-    from magpie.supervision import device_lock
-
     try:
-        folder = device_lock.folder()
-        with open("/proc/sys/kernel/random/boot_id") as boot:
-            parts = [boot.read().strip(), os.uname().release, str(os.geteuid()), str(landlock.abi_version())]
+        folder = lock_folder()
+        parts = [procfs.boot_id(), os.uname().release, str(os.geteuid()), str(landlock.abi_version())]
         # the namespaces this build runs in, and its seccomp and no_new_privs (a build inside a
         # sandbox or a container of its own is another host)
-        parts += [os.readlink(f"/proc/self/ns/{kind}") for kind in ("user", "pid", "mnt")]
-        with open("/proc/self/status") as status:
-            parts += [line.strip() for line in status if line.startswith(("Seccomp:", "NoNewPrivs:"))]
-    except (OSError, device_lock.DeviceLockError):
+        parts += [procfs.namespace_link(kind) for kind in ("user", "pid", "mnt")]
+        parts += procfs.status_lines("self", ("Seccomp:", "NoNewPrivs:"))
+    except (OSError, NotPrivate):
         return None
     for switch in USER_NAMESPACE_SWITCHES:
         try:
@@ -215,8 +211,8 @@ def _proof() -> tuple[Path, str] | None:
                 parts.append(value.read().strip())
         except OSError:
             parts.append("-")
-    code = Path(__file__).resolve().parent
-    parts += [f"{f.name}:{f.stat().st_mtime_ns}:{f.stat().st_size}" for f in sorted(code.glob("*.py"))]
+    code = [Path(__file__).resolve().parent, Path(namespaces.__file__).resolve().parent]
+    parts += [f"{f.name}:{f.stat().st_mtime_ns}:{f.stat().st_size}" for folder in code for f in sorted(folder.glob("*.py"))]
     return folder / "sandbox-set-up", "\n".join(parts)
 
 
@@ -329,7 +325,7 @@ def narrow(readable: list[str]) -> None:
     global _BESIDE_PROJECT
     if _BESIDE_PROJECT is None:
         return
-    held = [f"/proc/self/fd/{fd}" for fd in _WRITE_TREES]
+    held = [procfs.descriptor_path(fd) for fd in _WRITE_TREES]
     try:
         if not all(os.path.isdir(tree) for tree in held):
             raise SandboxError("narrow: its write trees cannot be reached through /proc/self/fd")
@@ -593,19 +589,9 @@ def _over_its_limits(policy: Policy, count_processes: bool) -> str | None:
     held = _over_what_its_folders_may_hold(policy)
     if held:
         return f"its folders held {held}"
-    if count_processes and _tasks() > policy.processes:
+    if count_processes and procfs.tasks_in_namespace() > policy.processes:
         return f"it held more than {policy.processes} processes and threads"
     return None
-
-
-def _tasks() -> int:
-    """The processes and threads of this PID namespace (its own /proc)."""
-    count = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):  # ended since listed
-                count += len(os.listdir(f"/proc/{name}/task"))
-    return count
 
 
 def _over_what_its_folders_may_hold(policy: Policy) -> str | None:
@@ -653,7 +639,7 @@ def enter_or_exit(policy: Policy | None) -> None:
     and one line on stderr saying why. Trusted code (no policy) runs below a keeper, which
     ends what it leaves (`supervision.keeper`)."""
     if policy is None:
-        from magpie.supervision import keeper
+        from magpie.sandbox import keeper
 
         keeper.keep()
         return

@@ -11,22 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 
+from magpie.linux.procfs import exists, own_cgroup
+
 ROOT = "/sys/fs/cgroup"
 PREFIX = "magpie-sandbox-"
-
-
-def _own_path(controller: str) -> str | None:
-    """This process's cgroup in the v1 hierarchy of `controller`, or in v2 for ""."""
-    try:
-        with open("/proc/self/cgroup") as lines:
-            for line in lines:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                wanted = controller in controllers.split(",") if controller else controllers == ""
-                if wanted:
-                    return path
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _parents() -> list[str]:
@@ -34,7 +22,7 @@ def _parents() -> list[str]:
     delegated to its cgroup (a container's may have memory alone: a child made there has no
     pids.max), then v1."""
     found = []
-    v2 = _own_path("")
+    v2 = own_cgroup("")
     if v2 is not None:
         parent = os.path.join(ROOT, v2.lstrip("/"))
         try:
@@ -43,7 +31,7 @@ def _parents() -> list[str]:
                     found.append(parent)
         except OSError:
             pass
-    v1 = _own_path("pids")
+    v1 = own_cgroup("pids")
     if v1 is not None and os.path.isdir(os.path.join(ROOT, "pids")):
         found.append(os.path.join(ROOT, "pids", v1.lstrip("/")))
     return found
@@ -60,7 +48,7 @@ def _sweep(parent: str) -> None:
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
             maker = name.removeprefix(PREFIX)
-            if name.startswith(PREFIX) and maker.isdigit() and not os.path.exists(f"/proc/{maker}"):
+            if name.startswith(PREFIX) and maker.isdigit() and not exists(int(maker)):
                 with contextlib.suppress(OSError):
                     os.rmdir(os.path.join(parent, name))
 

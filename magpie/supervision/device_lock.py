@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import stat
 import struct
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from magpie.linux.procfs import command_words, file_locks
+from magpie.private_folders import NotPrivate, lock_folder
 
 TIMEOUT_VARIABLE = "MAGPIE_DEVICE_LOCK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
@@ -53,16 +54,10 @@ def timeout_s() -> float:
 
 def folder() -> Path:
     """The user's private folder of lock files (made here, mode 0700; refused if not ours alone)."""
-    path = Path(tempfile.gettempdir()) / f"magpie-locks-{os.getuid()}"
     try:
-        path.mkdir(mode=0o700, exist_ok=True)
-        info = os.lstat(path)
-    except OSError as err:
-        raise DeviceLockError(f"device lock: cannot make the lock folder {path}: {err.strerror}") from None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise DeviceLockError(f"device lock: {path} is not a private folder of this user (owner uid "
-                              f"{info.st_uid}, mode {stat.filemode(info.st_mode)}); remove it")
-    return path
+        return lock_folder()
+    except NotPrivate as err:
+        raise DeviceLockError(f"device lock: {err}") from None
 
 
 def _path(device: str, role: str) -> Path:
@@ -200,8 +195,7 @@ def _command_line(pid: int) -> str:
     if pid <= 0:
         return "in a PID namespace this one does not see"
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            words = handle.read(4096).rstrip(b"\0").split(b"\0")
+        words = command_words(pid)
     except (FileNotFoundError, ProcessLookupError):
         return "ended; a process it started holds the file"
     except OSError:
@@ -222,8 +216,7 @@ def _holders(fd: int, behind: Path | None = None) -> list[list[int]] | None:
         except OSError:
             pass
     try:
-        with open("/proc/locks") as handle:
-            lines = handle.read().splitlines()
+        lines = file_locks()
     except OSError:
         return None
     found = [(set(), set()) for _ in files]  # (on the same device, on any device) per file

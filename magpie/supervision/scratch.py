@@ -15,10 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from magpie.supervision import process
+from magpie.linux.procfs import pid_namespace
+from magpie.linux.processes import runs
+from magpie.private_folders import SHARED_MEMORY, scratch_root, scratch_root_name
 
-SHARED_MEMORY = Path("/dev/shm")
-SHARED_MEMORY_MIN_FREE = 4 << 30
 OWNER = ".owner"
 # A folder without an owner file yet (or with one not yet written: a sweep can read it between
 # its creation and its write) is being made; one this old without one was abandoned.
@@ -26,24 +26,15 @@ UNOWNED_GRACE_S = 3600
 
 
 def root() -> Path:
-    try:
-        stats = os.statvfs(SHARED_MEMORY)
-        base = SHARED_MEMORY if stats.f_bavail * stats.f_frsize >= SHARED_MEMORY_MIN_FREE else None
-    except OSError:
-        base = None
-    folder = Path(base or tempfile.gettempdir()) / _root_name()
+    """The private root, made if it is not there (`private_folders.scratch_root`)."""
+    folder = scratch_root()
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder
 
 
-def _root_name() -> str:
-    """The private root's name, in /dev/shm or the temporary folder (`root`)."""
-    return f"magpie-{os.getuid()}"
-
-
 def _lent_root() -> Path:
     """Where the folders GPU workers see as /dev/shm lie (`lent_folder`)."""
-    return SHARED_MEMORY / f"{_root_name()}-lent"
+    return SHARED_MEMORY / f"{scratch_root_name()}-lent"
 
 
 def lent_folder(scratch: Path, make: bool = False) -> Path:
@@ -74,14 +65,7 @@ def own(folder: Path, pid: int) -> None:
     """The owner is a pid of this PID namespace: a build in another (a sandbox's, a
     container's) cannot tell whether it lives, and leaves the folder alone."""
     with os.fdopen(create(folder / OWNER), "w") as out:  # the worker may have put a link there
-        out.write(f"{pid} {_pid_namespace()}")
-
-
-def _pid_namespace() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
+        out.write(f"{pid} {pid_namespace()}")
 
 
 def sweep() -> int:
@@ -91,12 +75,12 @@ def sweep() -> int:
         entries = list(root().iterdir())
     except OSError:
         return 0
-    here = _pid_namespace()
+    here = pid_namespace()
     for folder in entries:
         try:
             with os.fdopen(open_left(folder / OWNER)) as owner:  # not a fifo left to stall the build
                 pid, namespace = (int(field) for field in owner.read().split())
-            alive = namespace != here or process.runs(pid)
+            alive = namespace != here or runs(pid)
         except (FileNotFoundError, ValueError):  # no owner written yet (or half written): being made
             alive = _made_lately(folder)
         except OSError:
@@ -171,4 +155,4 @@ def tail(path: Path, limit: int) -> tuple[bytes, int]:
 def exists(name: str) -> bool:
     """Whether a scratch folder of this name is there, in either root it may be in (which one
     depends on the room when it was made)."""
-    return any((base / _root_name() / name).exists() for base in (SHARED_MEMORY, Path(tempfile.gettempdir())))
+    return any((base / scratch_root_name() / name).exists() for base in (SHARED_MEMORY, Path(tempfile.gettempdir())))

@@ -13,10 +13,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from magpie.sandbox import namespaces
+from magpie.linux import namespaces
+from magpie.linux.procfs import descendants
+from magpie.linux.processes import kill_tree
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory, zygote
-from magpie.supervision.process import descendants, kill_tree, wait_stopped
+from magpie.supervision.process import wait_stopped
 
 
 class WorkerFailure(Exception):

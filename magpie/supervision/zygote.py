@@ -35,10 +35,12 @@ import threading
 import time
 from pathlib import Path
 
-from magpie.sandbox import namespaces
+from magpie.linux import namespaces
+from magpie.linux.procfs import namespace_pids
+from magpie.linux.processes import close_all_but, kill_tree
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory
-from magpie.supervision.process import close_all_but, continue_tree, kill_tree, limits, log_to, stop_tree
+from magpie.supervision.process import continue_tree, limits, log_to, stop_tree
 
 FOLDER_VARIABLE = "MAGPIE_ZYGOTE_DIR"
 OWNER_VARIABLE = "MAGPIE_ZYGOTE_OWNER"
@@ -651,8 +653,7 @@ def _same_pid_namespace(conn: socket.socket) -> bool:
     # (Its /proc/PID/ns link would need ptrace rights over it, which the evaluator, not
     # dumpable, does not give an unprivileged zygote.)
     try:
-        with open(f"/proc/{pid}/status") as status:
-            nspid = next((line.split()[1:] for line in status if line.startswith("NSpid:")), None)
+        nspid = namespace_pids(pid)
     except OSError:
         return False
     return nspid is None or len(nspid) == 1  # no NSpid (Linux before 4.1): no sandbox there either

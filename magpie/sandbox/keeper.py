@@ -6,7 +6,7 @@ fork) outlived the group's kill: a `sleep` started that way was still there afte
 The process about to run the code forks: its child runs the code, and it stays as the
 code's keeper, a child subreaper, to which the kernel reparents whatever the code's processes
 orphan instead of to init. Once the code's process ends, the keeper kills every process still
-below it and ends as the code's process did; a kill from outside (`process.kill_tree`) finds
+below it and ends as the code's process did; a kill from outside (`linux.processes.kill_tree`) finds
 them below it as long as it lives. Trusted code can still end its keeper first: this is
 tidiness for code the user vouched for, not a defence (the sandbox's PID namespace is that).
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import signal
 
-from magpie.sandbox import namespaces
-from magpie.supervision.process import close_all_but, end_like, kill_below
+from magpie.linux import namespaces
+from magpie.linux.processes import close_all_but, end_like, kill_below
 
 
 def keep() -> None:
