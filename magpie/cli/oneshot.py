@@ -19,8 +19,8 @@ JOBS_CAP = 16
 
 def default_jobs(implementations: int) -> int:
     """A job slot per implementation: its correctness job, then its timing, which mostly wait
-    for the device (nine Triton workers' CUDA contexts are made together on the H200, and with
-    eight slots the ninth implementation's check started when the first ended, 1 s later)."""
+    for the device; with fewer slots than implementations the last checks wait for a slot
+    instead of starting beside the others."""
     return max(1, min(os.cpu_count() or 1, JOBS_CAP, max(2, implementations)))
 
 

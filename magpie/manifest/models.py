@@ -44,9 +44,8 @@ class TimingSettings(Strict):
     disturbed_fraction: Optional[float] = Field(None, ge=0, description="a baseline that reads more than this "
                                                 "fraction off its own timing beside a candidate has that measurement "
                                                 "taken again (flagged if it still does); default: the device's, 10% "
-                                                "on a GPU (one job in 80 on an H200 read it 67% slow, the others "
-                                                "within 3%), 25% on the CPU (a 2-core VM's jobs read it up to 23.5% "
-                                                "apart)")
+                                                "on a GPU, 25% on the CPU (above what an undisturbed baseline reads "
+                                                "apart between jobs: docs/performance.md)")
 
 
 class ProfileSettings(Strict):

@@ -4,8 +4,7 @@ job), kept by the job's own process, above the evaluator and its workers.
 The evaluator bounds each of its waits on a worker by `timeout_s`, and more for a batch the
 worker's own sizing said would take long; but it cannot bound itself: a candidate that makes
 its sizing read slow widens every later batch's allowance, a step is many such waits, and an
-evaluator starved of a CPU, or stuck itself, keeps no deadline at all (a timing step with
-`timeout_s = 60` ran past 200 s on the H200 and did not end). So the job that asked for the
+evaluator starved of a CPU, or stuck itself, keeps no deadline at all. So the job that asked for the
 evaluation gives it a limit derived from its settings alone: past it the evaluator is killed
 (`session.Worker.receive`), the zygote kills the workers it had asked for as it sees it gone
 (`zygote.Children.heard_from`), and the verdict is `timeout after N s`. Time the evaluator
@@ -17,7 +16,7 @@ from __future__ import annotations
 
 # What a step may take beside the waits its settings bound: the evaluator's and its workers'
 # start (fork, sandbox, imports its spec makes), inputs, references and checks, on a machine
-# busy with other jobs (load 8 on 2 cores).
+# busy with other jobs (several runnable processes per core).
 ALLOWANCE_S = 30.0
 # How much wall time a timing step may take per millisecond of its warm-up and measured
 # budget: each measurement times the baseline and the candidate, with its sizing, calls made
