@@ -1,5 +1,8 @@
 """The build graph: only stale artifacts rebuild, a killed build loses nothing finished,
-and a copied store is a cache hit in a fresh clone."""
+and a copied store is a cache hit in a fresh clone. The command project is built once for the
+module (`built_command_project`), and the CLI runs in this process, where a test checks only its
+exit code, output and files; a process of its own where that is the point (a kill, a terminal,
+an environment that must reach doit's start, the imports a no-op build makes)."""
 
 import json
 import os
@@ -10,20 +13,40 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, build_json, magpie, relu2_project
+import pytest
+
+from conftest import COMMAND_PROJECT, REPO, magpie, magpie_in_process, relu2_project, write
 
 ALL_K1 = {"compile:k1/a", "correctness:k1/a", "timing:k1/a", "comparison:k1", "report"}
 
 
 def dry_run(cwd) -> dict:
-    return json.loads(magpie("build", "--dry-run", "--json", cwd=cwd, check=0).stdout)
+    return json.loads(magpie_in_process("build", "--dry-run", "--json", cwd=cwd, check=0).stdout)
 
 
-def test_first_build_runs_everything_then_nothing(command_project):
-    first = build_json(command_project)
+def build_json(cwd, *args) -> dict:
+    return json.loads(magpie_in_process("build", "--json", *args, cwd=cwd, check=0).stdout)
+
+
+@pytest.fixture(scope="module")
+def first_build(tmp_path_factory) -> tuple[Path, dict]:
+    """The command project after its first build, and that build's summary."""
+    root = tmp_path_factory.mktemp("built") / "project"
+    write(root, COMMAND_PROJECT)
+    return root, build_json(root)
+
+
+@pytest.fixture
+def built_command_project(first_build, tmp_path) -> Path:
+    """A copy of the built command project (its store and reports) for a test to change."""
+    return Path(shutil.copytree(first_build[0], tmp_path / "project", symlinks=True))
+
+
+def test_first_build_runs_everything_then_nothing(first_build):
+    root, first = first_build
     assert len(first["executed"]) == 3 * 5 + 2 + 1 and first["failed"] == []
-    assert build_json(command_project)["executed"] == []
-    report = json.loads((command_project / "workspaces/reports/k1/compare_report.json").read_text())
+    assert build_json(root)["executed"] == []
+    report = json.loads((root / "workspaces/reports/k1/compare_report.json").read_text())
     assert {r["implementation"] for r in report["results"]} == {"base", "a", "b"}
     assert all(r["correctness_state"] == "SUCCESS" for r in report["results"])
 
@@ -43,6 +66,7 @@ def test_a_doit_plugin_another_package_installs_has_no_part_in_a_build(command_p
         "from doit.cmd_base import Command\n\n\nclass Hijack(Command):\n    name = 'run'\n")
     marker = tmp_path / "imported"
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), "HIJACK_MARKER": str(marker)}
+    # a process of its own: PYTHONPATH must be what the interpreter starts with, where doit looks
     magpie("build", cwd=command_project, env=env, check=0)
     assert not marker.exists()
     (tmp_path / "dodo.py").write_text("def task_nothing():\n    return {'actions': []}\n")
@@ -51,8 +75,8 @@ def test_a_doit_plugin_another_package_installs_has_no_part_in_a_build(command_p
     assert marker.read_text() == "imported\n"
 
 
-def test_editing_one_candidate_rebuilds_only_its_tasks(command_project):
-    build_json(command_project)
+def test_editing_one_candidate_rebuilds_only_its_tasks(built_command_project):
+    command_project = built_command_project
     (command_project / "k1/a.py").write_text("def kernel(x):\n    return x + 0.0\n")
     plan = dry_run(command_project)
     assert {item["task"] for item in plan["would_run"]} == ALL_K1
@@ -87,10 +111,10 @@ def test_compare_again_into_its_folder_reruns_only_the_edited_candidate(tmp_path
         shutil.copy(REPO / "tests/fixtures/adversarial/good.py", tmp_path / f"{name}.py")
     args = ["compare", "good.py", "a.py", "b.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
             "--shapes", "8x16", "--budget-ms", "10", "-j", "2", "-o", "out"]
-    magpie(*args, cwd=tmp_path, check=0)
+    magpie_in_process(*args, cwd=tmp_path, check=0)
     with open(tmp_path / "a.py", "a") as source:
         source.write("# edited: the kernel is the same\n")
-    magpie(*args, cwd=tmp_path, check=0)
+    magpie_in_process(*args, cwd=tmp_path, check=0)
     built: dict[str, int] = {}
     for result in (tmp_path / "out/workspace/store").glob("*/*/result.json"):
         task = json.loads(result.read_text())["task"]
@@ -100,8 +124,8 @@ def test_compare_again_into_its_folder_reruns_only_the_edited_candidate(tmp_path
     assert "timing:compare/good" in built and "timing:compare/b" in built
 
 
-def test_touch_without_change_runs_nothing(command_project):
-    build_json(command_project)
+def test_touch_without_change_runs_nothing(built_command_project):
+    command_project = built_command_project
     time.sleep(0.01)
     for path in command_project.rglob("*.py"):
         os.utime(path)
@@ -109,8 +133,8 @@ def test_touch_without_change_runs_nothing(command_project):
     assert build_json(command_project)["executed"] == []
 
 
-def test_changing_a_kernel_setting_reruns_that_kernel_only(command_project):
-    build_json(command_project)
+def test_changing_a_kernel_setting_reruns_that_kernel_only(built_command_project):
+    command_project = built_command_project
     manifest = command_project / "magpie.toml"
     manifest.write_text(manifest.read_text().replace(
         'id = "k2"\ntype = "pytorch"\n', 'id = "k2"\ntype = "pytorch"\ntimeout_s = 30\n'))
@@ -119,19 +143,19 @@ def test_changing_a_kernel_setting_reruns_that_kernel_only(command_project):
         "comparison:k2", "report"}
 
 
-def test_clean_one_kernel_and_all(command_project):
-    build_json(command_project)
-    magpie("clean", "k2", cwd=command_project, check=0)
+def test_clean_one_kernel_and_all(built_command_project):
+    command_project = built_command_project
+    magpie_in_process("clean", "k2", cwd=command_project, check=0)
     plan = {item["task"] for item in dry_run(command_project)["would_run"]}
     assert plan == {f"{rule}:k2/{impl}" for rule in ("compile", "correctness", "timing")
                     for impl in ("base", "c")} | {"comparison:k2", "report"}
-    magpie("clean", "--all", cwd=command_project, check=0)
+    magpie_in_process("clean", "--all", cwd=command_project, check=0)
     assert not (command_project / "workspaces/store").exists()
     assert len(dry_run(command_project)["would_run"]) == 18
 
 
 def test_unknown_target_is_one_line(command_project):
-    proc = magpie("build", "nope", cwd=command_project)
+    proc = magpie_in_process("build", "nope", cwd=command_project)
     assert proc.returncode == 2 and "no kernel, trace set, benchmark or task named 'nope'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -157,12 +181,12 @@ def test_kill_9_keeps_finished_artifacts(command_project):
     assert not list(store.glob("*/.tmp-*"))
 
 
-def test_fresh_clone_with_copied_store_runs_nothing(command_project, tmp_path_factory):
+def test_fresh_clone_with_copied_store_runs_nothing(built_command_project, tmp_path_factory):
+    command_project = built_command_project
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], cwd=command_project, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=command_project, check=True)
+    subprocess.run([*git, "add", "magpie.toml", "k1", "k2"], cwd=command_project, check=True)
     subprocess.run([*git, "commit", "-qm", "p"], cwd=command_project, check=True)
-    build_json(command_project)
     clone = tmp_path_factory.mktemp("clone") / "project"
     subprocess.run(["git", "clone", "-q", str(command_project), str(clone)], check=True)
     shutil.copytree(command_project / "workspaces/store", clone / "workspaces/store")
@@ -224,8 +248,8 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def test_noop_build_never_imports_torch(command_project):
-    build_json(command_project)
+def test_noop_build_never_imports_torch(built_command_project):
+    command_project = built_command_project
     code = ("import sys; from magpie.cli import main; rc = main(['build']); "
             "heavy = [m for m in ('torch', 'triton', 'numpy') if m in sys.modules]; "
             "print(rc, heavy)")
@@ -276,9 +300,9 @@ def _on_a_terminal(args: list[str], cwd) -> tuple[int, str]:
 
 
 def test_progress_is_a_rich_bar_on_a_terminal_and_plain_lines_otherwise(command_project):
-    plain = magpie("build", cwd=command_project, check=0)
+    plain = magpie_in_process("build", cwd=command_project, check=0)
     assert "run   compile:k1/a  (never built)" in plain.stderr and "━" not in plain.stderr
-    magpie("clean", "--all", cwd=command_project, check=0)
+    magpie_in_process("clean", "--all", cwd=command_project, check=0)
     code, text = _on_a_terminal(["build"], command_project)
     assert code == 0
     assert "magpie build" in text and "━" in text and "18/18" in text
