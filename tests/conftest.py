@@ -7,6 +7,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (a failure in CI reproduces anywhere), keep no
+# example database in the tree, and set no per-example deadline (this machine is shared and busy).
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

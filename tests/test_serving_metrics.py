@@ -2,12 +2,13 @@
 (against a direct computation), arrivals, datasets, config and HTTP framing. No network."""
 import json
 import math
-import random
 import statistics
 import subprocess
 import sys
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from magpie.serving import metrics
 from magpie.serving.datasets import (SampleRequest, custom_dataset, length_range, random_dataset, sharegpt_dataset,
@@ -51,16 +52,16 @@ def completion_stream(texts, usage=None):
     return msgs
 
 
-def record(ep, msgs, times, *, split=None, start=0.0):
-    """Feeds the messages (optionally re-cut at random byte boundaries) with one scripted time per message."""
+def record(ep, msgs, times, *, cuts=None, start=0.0):
+    """Feeds the messages (or, given cuts, their bytes re-cut at those offsets) with one scripted time per message."""
     clock = ScriptedClock(times)
     rec = StreamRecorder(ep, RequestOutput(3, start), clock)
     data = b"".join(msgs)
-    if split is None:
+    if cuts is None:
         for m in msgs:
             rec.feed(m)
     else:
-        cuts = sorted(split.sample(range(1, len(data)), min(len(data) - 1, split.randint(0, 12))))
+        cuts = sorted(c for c in set(cuts) if 0 < c < len(data))
         for a, b in zip([0] + cuts, cuts + [len(data)]):
             rec.feed(data[a:b])
     assert clock.calls == len(msgs) and not clock.times
@@ -102,18 +103,19 @@ def test_stream_without_a_chunk_or_with_error_fails():
     assert not out.success and out.error == "engine died"
 
 
-@pytest.mark.parametrize("seed", range(300))
-def test_property_e2el_minus_ttft_is_sum_of_itl(seed):
-    rng = random.Random(seed)
-    n = rng.randint(1, 40)
-    chat = rng.random() < 0.5
-    usage = rng.choice([None, n, n + rng.randint(0, 5)])
+@settings(max_examples=300)
+@given(n=st.integers(1, 40), chat=st.booleans(), usage_over=st.one_of(st.none(), st.integers(0, 5)),
+       start=st.floats(0, 100), data=st.data())
+def test_property_e2el_minus_ttft_is_sum_of_itl(n, chat, usage_over, start, data):
+    """Any stream, its bytes cut anywhere, its messages arriving at any times after the send."""
+    usage = None if usage_over is None else n + usage_over
     texts = ["t%d " % i for i in range(n)]
     msgs = chat_stream(texts, usage) if chat else completion_stream(texts, usage)
-    start = rng.uniform(0, 100)
-    times = sorted(start + rng.expovariate(50) * 10 for _ in msgs)
+    gaps = data.draw(st.lists(st.floats(0, 1), min_size=len(msgs), max_size=len(msgs)), label="gaps")
+    times = [start + sum(gaps[:i + 1]) for i in range(len(msgs))]
+    cuts = data.draw(st.lists(st.integers(1, len(b"".join(msgs)) - 1), max_size=12), label="cuts")
     token_idx = [i for i in range(len(msgs)) if (1 <= i <= n if chat else i < n)]
-    out = record(ChatCompletions() if chat else Completions(), msgs, times, split=rng, start=start)
+    out = record(ChatCompletions() if chat else Completions(), msgs, times, cuts=cuts, start=start)
     token_times = [times[i] for i in token_idx]
     assert out.success
     assert out.latency - out.ttft == pytest.approx(sum(out.itl), abs=1e-9)
@@ -130,25 +132,25 @@ def _linear_percentile(values, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _recorded_outputs(seed, n_requests=60):
-    rng = random.Random(seed)
-    outs = []
-    for i in range(n_requests):
-        n = rng.randint(1, 20)
-        start = rng.uniform(0, 3)
-        msgs = completion_stream(["w"] * n, usage=rng.choice([None, n]))
-        times = sorted(start + rng.uniform(0.001, 2) for _ in msgs)
-        out = record(Completions(), msgs, times, start=start)
-        out.prompt_len = rng.randint(1, 50)
-        if rng.random() < 0.15:                     # a failure carrying misleading numbers
-            out.success, out.error, out.ttft, out.latency, out.itl = False, "HTTP 500", 99.0, 99.0, [42.0]
-        outs.append(out)
-    return outs
+@st.composite
+def recorded_output(draw, failed: bool) -> RequestOutput:
+    n = draw(st.integers(1, 20))
+    start = draw(st.floats(0, 3))
+    msgs = completion_stream(["w"] * n, usage=draw(st.sampled_from([None, n])))
+    times = sorted(start + t for t in draw(st.lists(st.floats(0.001, 2), min_size=len(msgs), max_size=len(msgs))))
+    out = record(Completions(), msgs, times, start=start)
+    out.prompt_len = draw(st.integers(1, 50))
+    if failed:  # a failure carrying misleading numbers
+        out.success, out.error, out.ttft, out.latency, out.itl = False, "HTTP 500", 99.0, 99.0, [42.0]
+    return out
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_metrics_equal_a_direct_computation(seed):
-    outs = _recorded_outputs(seed)
+@settings(max_examples=25)
+@given(succeeded=st.lists(recorded_output(failed=False), min_size=1, max_size=60),
+       failed=st.lists(recorded_output(failed=True), min_size=1, max_size=10), data=st.data())
+def test_metrics_equal_a_direct_computation(succeeded, failed, data):
+    assume(any(o.output_tokens > 1 for o in succeeded))  # else no request has a time per output token
+    outs = data.draw(st.permutations(succeeded + failed), label="outputs")
     ok = [o for o in outs if o.success]
     duration = 7.5
     m, flat = metrics.compute(outs, duration, goodput={"ttft": 800, "tpot": 150})
