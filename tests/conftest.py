@@ -171,6 +171,11 @@ def spin(seconds):
 """
 
 
+# What most scenario builds time with: small, and large enough that a broken timing rule
+# still shows in the numbers the tests read.
+QUICK_TIMING = "warmup_ms = 5\nbudget_ms = 60\nrounds = 3"
+
+
 def relu2_report(root: Path, candidates: list[str], shapes: str, jobs: int = 2, sources: dict | None = None,
                  **project) -> dict:
     """`relu2_project` (after writing `sources`, name -> code, into root) built with `-j jobs`
@@ -183,36 +188,47 @@ def relu2_report(root: Path, candidates: list[str], shapes: str, jobs: int = 2, 
 
 
 def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str = "", device: str = "cpu",
-                  baseline: str = "good", timing: str = "warmup_ms = 5\nbudget_ms = 60\nrounds = 3") -> None:
+                  baseline: str = "good", timing: str = QUICK_TIMING) -> None:
     """A `relu2` kernel judged by the adversarial fixtures' spec; the baseline and each
     candidate are fixture files of their names (or ones already written into root)."""
-    for name in (baseline, "spec", *candidates):
+    copy_fixtures(root, [baseline, "spec", *candidates])
+    table = kernel_table("relu2", baseline, candidates, shapes=shapes)
+    (root / "magpie.toml").write_text(project_toml(table, name="relu2", device=device, defaults=defaults, timing=timing))
+
+
+def copy_fixtures(root: Path, names) -> None:
+    """The adversarial fixture files of these names into root, where no file of that name was written."""
+    for name in names:
         if not (root / f"{name}.py").exists():
             shutil.copy(FIXTURES / "adversarial" / f"{name}.py", root / f"{name}.py")
-    tables = "".join(f'[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n\n' for n in candidates)
-    (root / "magpie.toml").write_text(f"""[project]
-name = "relu2"
-device = "{device}"
 
-[defaults]
-{defaults}
 
-[defaults.timing]
-{timing}
+def kernel_table(kernel_id: str, baseline: str, candidates=(), *, shapes: str | None = None, spec: str = "spec.py",
+                 command: str | None = None, folder: str = "", settings: str = "", timing: str = "",
+                 testcase: str = "", candidate_settings: dict[str, str] | None = None,
+                 sources: dict[str, str] | None = None) -> str:
+    """One pytorch `[[kernel]]` table of magpie.toml whose implementations are NAME.py files (in
+    `folder`; `sources` names any elsewhere), judged by `spec` on `shapes` or by `command`;
+    `settings` are the kernel's own keys (trials, timeout_s), `candidate_settings` a candidate's,
+    `timing` its `[kernel.timing]` (which replaces the defaults' whole)."""
+    extra, source = candidate_settings or {}, {**{name: f"{folder}{name}.py" for name in (baseline, *candidates)},
+                                               **(sources or {})}
+    lines = [f'[[kernel]]\nid = "{kernel_id}"\ntype = "pytorch"\nentry = "kernel"\n{settings}\n',
+             f'[kernel.baseline]\nid = "{baseline}"\nsource = "{source[baseline]}"\n']
+    lines += [f'[[kernel.candidates]]\nid = "{name}"\nsource = "{source[name]}"\n{extra.get(name, "")}\n'
+              for name in candidates]
+    judged = f'command = "{command}"' if command else f'spec = "{spec}"\nshapes = {shapes}'
+    lines.append(f"[[kernel.testcases]]\n{judged}\n{testcase}\n")
+    if timing:
+        lines.append(f"[kernel.timing]\n{timing}\n")
+    return "\n".join(lines)
 
-[[kernel]]
-id = "relu2"
-type = "pytorch"
-entry = "kernel"
 
-[kernel.baseline]
-id = "{baseline}"
-source = "{baseline}.py"
-
-{tables}[[kernel.testcases]]
-spec = "spec.py"
-shapes = {shapes}
-""")
+def project_toml(*kernels: str, name: str = "relu2", device: str = "cpu", defaults: str = "", timing: str = "",
+                 project: str = "") -> str:
+    """magpie.toml: a project of `kernels` (tables made by `kernel_table`) with these defaults."""
+    return (f'[project]\nname = "{name}"\ndevice = "{device}"\n{project}\n\n[defaults]\n{defaults}\n\n'
+            f"[defaults.timing]\n{timing}\n\n" + "\n".join(kernels))
 
 
 @pytest.fixture
@@ -220,3 +236,52 @@ def command_project(tmp_path) -> Path:
     """A fast project: command testcases decide correctness, nothing imports torch."""
     write(tmp_path, COMMAND_PROJECT)
     return tmp_path
+
+
+# Scenario builds shared by the session: a cold build starts sandboxed workers and times every
+# implementation, so each scenario is built once and the tests that only read it share it; a test
+# that builds again works on its own copy (`copy_project`: a copied store is up to date).
+
+# Every way of being wrong the adversarial fixtures hold, judged as one kernel beside `good`
+# (tests/test_verdicts.py and tests/test_verdict_kinds.py read this one build).
+ADVERSARIAL = ("raises", "aborts", "segfaults", "hangs", "hogs_memory", "nan", "mutates", "unwritten", "stale_cache",
+               "broadcast", "wrong_dtype", "syntax_error", "fakes_clock", "returns_early", "degrades",
+               "lazy_when_timed", "memoizes")
+
+
+@pytest.fixture(scope="session")
+def adversarial_report(tmp_path_factory) -> dict:
+    """compare_report.json of `ADVERSARIAL` on two shapes, 8 s and 4 GiB a process (hangs and
+    hogs_memory reach their limits soon)."""
+    root = tmp_path_factory.mktemp("adversarial")
+    return relu2_report(root, list(ADVERSARIAL), shapes="[[33, 65], [8, 128]]",
+                        defaults="timeout_s = 8\nmemory_mb = 4096")
+
+
+@pytest.fixture(scope="session")
+def timed_pair(tmp_path_factory) -> Path:
+    """The baseline and `fast` (a copy of it) on one small shape, one trial, timed briefly: built
+    once; a test that builds it again works on `copy_project(timed_pair, ...)`."""
+    root = tmp_path_factory.mktemp("timed_pair")
+    shutil.copy(FIXTURES / "adversarial/good.py", root / "fast.py")
+    relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2")
+    assert build_json(root, "-j", "2")["failed"] == []
+    return root
+
+
+def copy_project(built: Path, to: Path) -> Path:
+    """A copy of a built project (a cache restored elsewhere: nothing in it is stale)."""
+    shutil.copytree(built, to, symlinks=True)
+    return to
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """magpie.serving.tiny_model built once, offline, with a Hugging Face cache of its own: read
+    it in place, or copy it where a project must hold it (a project reads only files inside it)."""
+    from magpie.serving.tiny_model import build
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+        return build(tmp_path_factory.mktemp("tiny") / "model")

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from conftest import FIXTURES, magpie, relu2_report
+from conftest import ADVERSARIAL, FIXTURES, magpie
 from magpie.harness.kinds import command_kind, failure_kind
 from magpie.supervision.session import signal_verdict
 from magpie.sandbox import SANDBOX_FAILED
@@ -37,10 +37,9 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kinds")
-    report = relu2_report(root, list(EXPECTED), shapes="[[33, 65], [8, 128]]", defaults="timeout_s = 8\nmemory_mb = 4096")
-    return {row["implementation"]: row for row in report["results"]}
+def rows(adversarial_report):
+    assert set(EXPECTED) <= set(ADVERSARIAL)
+    return {row["implementation"]: row for row in adversarial_report["results"]}
 
 
 @pytest.mark.parametrize("impl", list(EXPECTED))

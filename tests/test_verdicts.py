@@ -6,7 +6,17 @@ import re
 
 import pytest
 
-from conftest import FIXTURES, build_json, relu2_project, relu2_report
+from conftest import (
+    ADVERSARIAL,
+    FIXTURES,
+    QUICK_TIMING,
+    build_json,
+    copy_fixtures,
+    kernel_table,
+    project_toml,
+    relu2_project,
+    relu2_report,
+)
 
 EXPECTED = {
     # implementation: (compiling_state, correctness_state, substring of the verdict)
@@ -35,16 +45,9 @@ EXPECTED = {
 TIMED_ON_THE_CPU = ("fakes_clock", "returns_early")
 
 
-@pytest.fixture(scope="module")
-def adversarial_report(tmp_path_factory):
-    root = tmp_path_factory.mktemp("adversarial")
-    return relu2_report(root, [n for n in EXPECTED if n != "good"], shapes="[[33, 65], [8, 128]]",
-                        defaults="timeout_s = 8\nmemory_mb = 4096"), root
-
-
 @pytest.mark.parametrize("impl", list(EXPECTED))
 def test_verdict(adversarial_report, impl):
-    report, _ = adversarial_report
+    report = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == impl)
     compiling, correctness, verdict = EXPECTED[impl]
     assert row["compiling_state"] == compiling
@@ -53,7 +56,7 @@ def test_verdict(adversarial_report, impl):
 
 
 def test_failures_say_where_and_by_how_much(adversarial_report):
-    report, _ = adversarial_report
+    report = adversarial_report
     stale = next(r for r in report["results"] if r["implementation"] == "stale_cache")
     assert "max abs err" in stale["verdict"] and "max rel err" in stale["verdict"]
 
@@ -68,17 +71,17 @@ def test_a_faked_clock_earns_nothing_on_the_cpu_where_the_evaluator_times_the_ca
     """Its replaced in-process timer claims 1 µs a call for a 200 µs kernel; on the CPU that
     timer is not what ranks: batches timed from outside the worker are (on the GPU the wall-clock
     cross-check fails it: tests/test_gpu.py)."""
-    report, _ = adversarial_report
+    report = adversarial_report
     assert _speedup(report, "fakes_clock") < 0.25
 
 
 def test_a_timer_that_skips_its_budget_earns_nothing_on_the_cpu(adversarial_report):
-    report, _ = adversarial_report
+    report = adversarial_report
     assert _speedup(report, "returns_early") < 2  # an honest relu under a lying timer: the baseline's speed
 
 
 def test_a_candidate_that_goes_wrong_during_timing_is_caught_by_the_recheck(adversarial_report):
-    report, _ = adversarial_report
+    report = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == "degrades")
     assert row["performance_state"] == "FAILED"
     assert any("incorrect after timing" in e for e in row["errors"])
@@ -87,7 +90,7 @@ def test_a_candidate_that_goes_wrong_during_timing_is_caught_by_the_recheck(adve
 def test_a_candidate_wrong_only_while_timed_is_caught_by_the_check_of_its_timed_calls_outputs(adversarial_report):
     """Right in every check and in the re-check after timing, wrong while the timing loop calls
     it: on the CPU, outputs of timed calls, picked after each batch, are checked."""
-    report, _ = adversarial_report
+    report = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == "lazy_when_timed")
     assert row["performance_state"] == "FAILED"
     assert any(re.search(r"timed call \d+ of a batch of \d+: allclose", e) for e in row["errors"]), row["errors"]
@@ -104,7 +107,7 @@ def test_a_candidate_that_keeps_results_per_input_tensor_earns_nothing_where_eve
     it kept would be wrong for the new values and a timed call's check would fail it. A key can
     also come back for another tensor where the allocator hands the re-check after timing an
     address an earlier copy of its inputs had (seen in one CI run): that check fails it then."""
-    report, _ = adversarial_report
+    report = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == "memoizes")
     if row["performance_state"] == "FAILED":
         caught = (r"timed call \d+ of a batch of \d+: allclose", r"^incorrect after timing: allclose")
@@ -114,21 +117,59 @@ def test_a_candidate_that_keeps_results_per_input_tensor_earns_nothing_where_eve
 
 
 def test_only_correct_and_timed_candidates_are_ranked(adversarial_report):
-    report, _ = adversarial_report
+    report = adversarial_report
     assert report["baseline"] == "good"
     ranked = set(report["ranking"])
     assert {"good", *TIMED_ON_THE_CPU} <= ranked <= {"good", "memoizes", *TIMED_ON_THE_CPU}
     excluded = {e["implementation"] for e in report["excluded"]}
     assert excluded == set(EXPECTED) - ranked
+    assert set(EXPECTED) == {"good", *ADVERSARIAL}
 
 
 def test_baseline_timing_says_how_it_was_taken(adversarial_report):
-    report, _ = adversarial_report
+    report = adversarial_report
     perf = next(r for r in report["results"] if r["implementation"] == "good")["performance_result"]
     assert perf["n"] >= 6 and perf["p20_us"] <= perf["median_us"] <= perf["p80_us"] and perf["min_us"] > 0
     assert perf["calls"] > 100 and perf["outputs_checked"] >= perf["calls"] and perf["clock"] == "evaluator"
     assert perf["method"].startswith("batches of up to ") and "new seeds" in perf["method"]
     assert "the CPU time the kernel counted for all the worker's threads and processes" in perf["method"]
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> dict[str, dict]:
+    """One implementation or two against a baseline, each scenario a kernel of its own (its
+    baseline, shape and timing) in one project built once: kernel -> its compare_report.json."""
+    scenarios = {  # kernel: (baseline, candidates, shapes, timing)
+        "plain": ("good", ["works_in_a_passing_process", "claims_handed_over_calls", "claims_calls_not_made",
+                           "spoils_its_output_file", *PIPE_WRITERS], "[[33, 65]]", QUICK_TIMING),
+        "passing_thread": ("works_inline", ["works_on_a_passing_thread"], "[[33, 65]]", QUICK_TIMING),
+        "threaded": ("good", ["threaded"], "[[512, 512]]", QUICK_TIMING),
+        "small": ("good", ["batches_its_calls", "many_ops", "batches_and_moves"], "[[8, 8]]", DEFAULT_TIMING),
+        "small_many_ops": ("many_ops", ["batches_many_ops", "good"], "[[8, 8]]", DEFAULT_TIMING),
+        "wide_many_ops": ("many_ops", ["batches_many_ops", "batches_above_floor"], "[[33, 65]]", DEFAULT_TIMING),
+        "wide": ("good", ["batches_and_sleeps"], "[[33, 65]]", DEFAULT_TIMING),
+        "slow_call": ("slow_cpu_call", ["batches_slow_cpu_call", "same_slow_call"], "[[33, 65]]", DEFAULT_TIMING),
+    }
+    root = tmp_path_factory.mktemp("scenarios")
+    sources = {"threaded": THREADED_RELU, "spoils_its_output_file": SPOILS_ITS_OUTPUT_FILE,
+               "same_slow_call": (FIXTURES / "adversarial" / "slow_cpu_call.py").read_text(),
+               **{name: WRITES_TO_ITS_ANSWER_PIPE.replace("{payload}", payload)
+                  for name, (payload, _) in PIPE_WRITERS.items()}}
+    for name, text in sources.items():
+        (root / f"{name}.py").write_text(text)
+    tables = []
+    for kernel_id, (baseline, candidates, shapes, timing) in scenarios.items():
+        copy_fixtures(root, [baseline, *candidates])
+        tables.append(kernel_table(kernel_id, baseline, candidates, shapes=shapes, timing=timing))
+    copy_fixtures(root, ["spec"])
+    (root / "magpie.toml").write_text(project_toml(*tables, name="scenarios", timing=QUICK_TIMING))
+    assert build_json(root, "-j", "2")["failed"] == []
+    return {kernel_id: json.loads((root / f"workspaces/reports/{kernel_id}/compare_report.json").read_text())
+            for kernel_id in scenarios}
+
+
+def _rows(report: dict) -> dict[str, dict]:
+    return {r["implementation"]: r for r in report["results"]}
 
 
 CHATTER = '''
@@ -244,20 +285,18 @@ def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_bot
         assert [r["correctness_state"] for r in report["results"]] == ["SUCCESS"], name
 
 
-def test_work_done_on_a_thread_that_ends_within_the_call_is_counted(tmp_path):
+def test_work_done_on_a_thread_that_ends_within_the_call_is_counted(scenarios):
     """1 ms of CPU work a call on a thread that has ended before the call returns, against the
     same work done inline: the thread's time stays in its process's CPU clock. Summing the live
     threads' counters credited it 9-10x."""
-    report = relu2_report(tmp_path, ["works_on_a_passing_thread"], shapes="[[33, 65]]", baseline="works_inline")
-    assert _speedup(report, "works_on_a_passing_thread") < 1.2
+    assert _speedup(scenarios["passing_thread"], "works_on_a_passing_thread") < 1.2
 
 
-def test_work_in_a_process_that_ends_within_a_timed_batch_fails_the_timing(tmp_path):
+def test_work_in_a_process_that_ends_within_a_timed_batch_fails_the_timing(scenarios):
     """A child process per call, reaped before the call returns: what it spent is known in
     clock ticks only (in its parent), which most batches' samples would leave out. Such a
     batch is not timed; the numerics still are what they are."""
-    report = relu2_report(tmp_path, ["works_in_a_passing_process"], shapes="[[33, 65]]")
-    row = next(r for r in report["results"] if r["implementation"] == "works_in_a_passing_process")
+    row = _rows(scenarios["plain"])["works_in_a_passing_process"]
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     assert row["performance_state"] == "FAILED"
     assert any("started or ended during a timed batch" in e for e in row["errors"]), row["errors"]
@@ -269,7 +308,7 @@ def test_work_in_a_process_that_ends_within_a_timed_batch_fails_the_timing(tmp_p
 DEFAULT_TIMING = "warmup_ms = 5\nbudget_ms = 300\nrounds = 5"
 
 
-def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(tmp_path):
+def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(scenarios):
     """The same relu as the baseline, but the worker's batch loop replaced by one operation over
     all the batch's input sets (they lie a fixed stride apart): credited 4.4-6.9x on 33x65 sets
     while only batches were timed. Its calls handed over one at a time cost what the
@@ -277,8 +316,7 @@ def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(tmp_
     candidate several times slower, of ten operations a call, stands. (On 33x65 sets at the
     default budget the bound failed it in 5 of 6 builds and credited 2.4x once: a 9 µs call is
     near what the bound can tell, bench/calls_alone.py; on 8x8 sets a call is all dispatch.)"""
-    report = relu2_report(tmp_path, ["batches_its_calls", "many_ops"], shapes="[[8, 8]]", timing=DEFAULT_TIMING)
-    rows = {r["implementation"]: r for r in report["results"]}
+    rows = _rows(scenarios["small"])
     row = rows["batches_its_calls"]
     assert row["performance_state"] == "FAILED", row.get("speedup")
     assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
@@ -317,29 +355,26 @@ def test_on_a_busy_machine_a_batch_done_together_fails_and_an_honest_faster_cand
     assert honest["performance_result"]["alone_bound"]["pairs"] >= 3
 
 
-def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_faster_candidate_stands(tmp_path):
+def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_faster_candidate_stands(scenarios):
     """A call of ten small operations on 8x8 floats (all of it dispatching them) against the same
     ten done once over all of a batch's input sets: credited many times in batches, its calls
     made alone as slow as the baseline's. The plain relu, honestly several times faster than the
     ten, is credited. (On 33x65 sets the ten done together still move every set's data ten
     times: 10-18 µs a call against 37, a bound 1.3-3x its batches at the default budget.)"""
-    report = relu2_report(tmp_path, ["batches_many_ops", "good"], shapes="[[8, 8]]", baseline="many_ops",
-                          timing=DEFAULT_TIMING)
-    rows = {r["implementation"]: r for r in report["results"]}
+    rows = _rows(scenarios["small_many_ops"])
     assert rows["batches_many_ops"]["performance_state"] == "FAILED", rows["batches_many_ops"].get("speedup")
     assert "calls_done_together" in [f["kind"] for f in rows["batches_many_ops"]["failures"]]
     assert rows["good"]["performance_state"] == "SUCCESS", rows["good"]["errors"]
     assert rows["good"]["speedup"]["value"] > 2
 
 
-def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than_their_calls_alone(tmp_path):
+def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than_their_calls_alone(scenarios):
     """Ten operations on 33x65 sets done together over a batch's sets, against the same ten
     made call by call: they move every set's data ten times still, so their batches read 12-29
     µs a call against 30-33, a bound 1.2-1.5 times that, under ALONE_FAIL, and were credited up
     to 1.67x. Failed, or credited no more than the baseline's time over their bound."""
-    report = relu2_report(tmp_path, ["batches_many_ops", "batches_above_floor"], shapes="[[33, 65]]",
-                          baseline="many_ops", timing=DEFAULT_TIMING)
-    rows = {r["implementation"]: r for r in report["results"]}
+    report = scenarios["wide_many_ops"]
+    rows = _rows(report)
     for name in ("batches_many_ops", "batches_above_floor"):
         row = rows[name]
         assert row["correctness_state"] == "SUCCESS", row["errors"]
@@ -360,24 +395,22 @@ def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than
             assert f"{name}" in table(report) and "credited at its calls made alone" in table(report)
 
 
-def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fails_its_timing(tmp_path):
+def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fails_its_timing(scenarios):
     """The loop that takes input sets one at a time replaced by one that says each call is done
     as soon as its set comes, then makes every call after the last: the evaluator took each
     call's outputs when it was said to be done, and they still held the NaN they were filled
     with."""
-    report = relu2_report(tmp_path, ["claims_handed_over_calls"], shapes="[[33, 65]]")
-    row = next(r for r in report["results"] if r["implementation"] == "claims_handed_over_calls")
+    row = _rows(scenarios["plain"])["claims_handed_over_calls"]
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     assert row["performance_state"] == "FAILED", row.get("speedup")
     assert any("still held the NaN" in e for e in row["errors"]), row["errors"]
 
 
-def test_a_worker_that_sleeps_between_its_handed_over_calls_gains_nothing(tmp_path):
+def test_a_worker_that_sleeps_between_its_handed_over_calls_gains_nothing(scenarios):
     """Its batches done in one operation, its calls handed over made one by one but each wait
     for a set slept through: a call handed over is timed from its set's release to its word,
     so the sleep is the worker's own time and its bound fails its batches."""
-    report = relu2_report(tmp_path, ["batches_and_sleeps"], shapes="[[33, 65]]", timing=DEFAULT_TIMING)
-    row = next(r for r in report["results"] if r["implementation"] == "batches_and_sleeps")
+    row = _rows(scenarios["wide"])["batches_and_sleeps"]
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     assert row["performance_state"] == "FAILED", row.get("speedup")
     assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
@@ -385,15 +418,12 @@ def test_a_worker_that_sleeps_between_its_handed_over_calls_gains_nothing(tmp_pa
     assert bound["ratio"] > 1.5 and bound["calls_a_batch"] >= 8, bound
 
 
-def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_on_the_cpu_too(tmp_path):
+def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_on_the_cpu_too(scenarios):
     """A baseline of 2 ms a call, too slow for eight calls handed over in the share of a round
     calls made alone take: a candidate that does its slow part once a batch was credited what
     that saves, its batches unbounded. Now its calls made alone come in batches of two (the
     second timed) and fail it; the same code made call by call stands."""
-    (tmp_path / "same_slow_call.py").write_text((FIXTURES / "adversarial" / "slow_cpu_call.py").read_text())
-    report = relu2_report(tmp_path, ["batches_slow_cpu_call", "same_slow_call"], shapes="[[33, 65]]",
-                          timing=DEFAULT_TIMING, baseline="slow_cpu_call")
-    rows = {r["implementation"]: r for r in report["results"]}
+    rows = _rows(scenarios["slow_call"])
     cheat, honest = rows["batches_slow_cpu_call"], rows["same_slow_call"]
     assert cheat["correctness_state"] == honest["correctness_state"] == "SUCCESS"
     assert cheat["performance_state"] == "FAILED", cheat["speedup"]
@@ -414,33 +444,30 @@ def kernel(x):
 """
 
 
-def test_a_worker_that_moves_its_threads_during_calls_made_alone_fails_its_timing(tmp_path):
+def test_a_worker_that_moves_its_threads_during_calls_made_alone_fails_its_timing(scenarios):
     """While its calls are handed over one at a time, a worker that moves itself onto the
     evaluator's CPU could hold the evaluator up and have those calls left out (then no bound is
     drawn and a batch done together goes unseen): its timing fails."""
-    report = relu2_report(tmp_path, ["batches_and_moves"], shapes="[[8, 8]]", timing=DEFAULT_TIMING)
-    moved = next(r for r in report["results"] if r["implementation"] == "batches_and_moves")
+    moved = _rows(scenarios["small"])["batches_and_moves"]
     assert moved["performance_state"] == "FAILED"
     assert any("left the CPU its calls made alone were given" in e for e in moved["errors"]), moved["errors"]
 
 
-def test_a_candidate_with_threads_of_its_own_stands(tmp_path):
+def test_a_candidate_with_threads_of_its_own_stands(scenarios):
     """An honest candidate that runs threads of its own keeps its calling thread waiting on the
     CPU its calls made alone were given, so they are left out (`unbounded_calls` says so where
     most were): it stands. Counted as they were, they read 46 ms a call against 0.6 ms in
     batches and failed it."""
-    report = relu2_report(tmp_path, ["threaded"], shapes="[[512, 512]]", sources={"threaded": THREADED_RELU})
-    threaded = next(r for r in report["results"] if r["implementation"] == "threaded")
+    threaded = _rows(scenarios["threaded"])["threaded"]
     assert threaded["performance_state"] == "SUCCESS", threaded["errors"]
 
 
-def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(tmp_path):
+def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(scenarios):
     """A 200 µs candidate whose replaced timer claims its whole sample cap at 1 µs a call after
     one real call, spinning until the wall time matches its claims: with the timer in the worker
     it passed the wall-clock check and was ranked first at 15x. On the CPU the evaluator times
     batches whose calls it proves by their outputs."""
-    report = relu2_report(tmp_path, ["claims_calls_not_made"], shapes="[[33, 65]]")
-    assert _speedup(report, "claims_calls_not_made") < 0.25
+    assert _speedup(scenarios["plain"], "claims_calls_not_made") < 0.25
 
 
 WRITES_TO_ITS_ANSWER_PIPE = '''
@@ -461,21 +488,24 @@ def kernel(x):
 '''
 
 
-@pytest.mark.parametrize("payload, said", [
-    ('b"x" * (80 << 20)', "sent more than 64 MiB without ending its answer"),
-    ('b"not an answer\\\\n"', "sent an answer that is not a JSON object"),
-    ('b\'{"ok": true, "steps_s": "fast", "samples_ns": [1, "2"]}\\n\'', "sent an answer of the wrong form"),
-])
-def test_code_that_writes_to_the_workers_answer_pipe_fails_that_worker_only(tmp_path, payload, said):
+# candidate: (what its module writes to every pipe it holds, what its verdict says)
+PIPE_WRITERS = {
+    "writes_too_much": ('b"x" * (80 << 20)', "sent more than 64 MiB without ending its answer"),
+    "writes_no_json": ('b"not an answer\\\\n"', "sent an answer that is not a JSON object"),
+    "writes_wrong_form": ('b\'{"ok": true, "steps_s": "fast", "samples_ns": [1, "2"]}\\n\'',
+                          "sent an answer of the wrong form"),
+}
+
+
+@pytest.mark.parametrize("writer", list(PIPE_WRITERS))
+def test_code_that_writes_to_the_workers_answer_pipe_fails_that_worker_only(scenarios, writer):
     """The candidate's code can write to the pipe its worker answers on: 80 MiB without a line's
     end went whole into the evaluator's memory, and a line that is no JSON object raised in the
     evaluator, as did an answer whose fields have the wrong types. Now the worker fails, saying so,
     and the build goes on."""
-    report = relu2_report(tmp_path, ["writes_to_its_answer_pipe"], shapes="[[33, 65]]",
-                          sources={"writes_to_its_answer_pipe": WRITES_TO_ITS_ANSWER_PIPE.replace("{payload}", payload)})
-    rows = {r["implementation"]: r for r in report["results"]}
+    rows = _rows(scenarios["plain"])
     assert rows["good"]["correctness_state"] == "SUCCESS"
-    row = rows["writes_to_its_answer_pipe"]
+    row, said = rows[writer], PIPE_WRITERS[writer][1]
     assert row["correctness_state"] == "FAILED" and said in row["verdict"], row["verdict"]
 
 
@@ -501,12 +531,10 @@ def kernel(x):
 '''
 
 
-def test_an_output_file_that_is_no_file_of_tensors_is_the_workers_failure(tmp_path):
+def test_an_output_file_that_is_no_file_of_tensors_is_the_workers_failure(scenarios):
     """The worker writes its outputs with torch.save, which the candidate's module can replace:
     a file the evaluator cannot read as tensors is that worker's failure, not the evaluator's."""
-    report = relu2_report(tmp_path, ["spoils_its_output_file"], shapes="[[33, 65]]",
-                          sources={"spoils_its_output_file": SPOILS_ITS_OUTPUT_FILE})
-    row = next(r for r in report["results"] if r["implementation"] == "spoils_its_output_file")
+    row = _rows(scenarios["plain"])["spoils_its_output_file"]
     assert row["correctness_state"] == "FAILED", row
     assert "evaluator error" not in row["verdict"] and "output file" in row["verdict"], row["verdict"]
 
