@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class Project:
     def from_manifest(cls, manifest: Manifest, root: Path, manifest_path: Path,
                       workspace: str | Path | None = None) -> "Project":
         _check_trace_folders(manifest, root, manifest_path)
+        _check_benchmark_models(manifest, root, manifest_path)
         rules = resolve_rules(manifest.rule, manifest_path)
         store = Store(Path(workspace) if workspace else root / manifest.project.workspace,
                       trusted_signers=tuple(manifest.store.trusted_signers))
@@ -113,6 +115,23 @@ class Project:
                 found[name] = f"was {marked}: measured again" if name.startswith("timing:") \
                     else f"was {marked}: run again"
         return found
+
+
+def _check_benchmark_models(manifest: Manifest, root: Path, manifest_path: Path) -> None:
+    """A benchmark's model written as a folder that is not there is refused before any server starts (an engine
+    takes it for a hub id and spends its start failing). Written as a folder: a path (`./`, `/`, `~`, two
+    slashes), or `a/b` whose `a` is a folder next to the manifest."""
+    from magpie.errors import located
+
+    for i, bench in enumerate(manifest.benchmark):
+        model = bench.model
+        if bench.base_url is not None or bench.engine == "external" or (root / os.path.expanduser(model)).exists():
+            continue
+        as_path = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
+        if as_path or ("/" in model and (root / model.split("/", 1)[0]).is_dir()):
+            raise located(manifest_path, f"benchmark[{i}].model",
+                          f"no model folder {model!r} next to the manifest: give the folder holding the model "
+                          f"(config.json, weights), relative to the manifest, or a hub id (org/name)")
 
 
 def _check_trace_folders(manifest: Manifest, root: Path, manifest_path: Path) -> None:

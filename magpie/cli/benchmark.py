@@ -155,6 +155,7 @@ def run_serving(args) -> int:
                                        profiler=args.torch_profiler or None, run_mode=args.run_mode,
                                        docker_image=args.docker_image,
                                        server_lifecycle="reuse" if args.keep_server else None)
+        _refuse_missing_model(config, f"{args.benchmark_config}: benchmark.model")
         return _serve_and_print(config, args)
     if not args.framework:
         raise UserError("benchmark -m MODEL: name the engine first: transformers, vllm, sglang, atom or external")
@@ -178,7 +179,20 @@ def run_serving(args) -> int:
         raise UserError(f"benchmark: {where}: {first['msg']}") from None
     except ValueError as err:
         raise UserError(f"benchmark: {err}") from None
+    _refuse_missing_model(config, "-m")
     return _serve_and_print(config, args)
+
+
+def _refuse_missing_model(config, where: str) -> None:
+    """A model written as a path (`/`, `./`, `~`, two slashes) that is not there: one line before anything starts."""
+    from magpie.manifest.load import local_model_path
+
+    if config.base_url is not None or config.framework == "external":
+        return                               # a running server's model name, not a folder of ours
+    path = local_model_path(config.model)
+    if path is not None and not path.exists():
+        raise UserError(f"{where}: no model folder {config.model}: give the folder holding the model "
+                        f"(config.json, weights) or a hub id (org/name)")
 
 
 def _serve_and_print(config, args) -> int:
@@ -188,8 +202,13 @@ def _serve_and_print(config, args) -> int:
         from magpie.serving.gpus import pin_env
 
         config = config.model_copy(update={"env": {**config.env, **pin_env(args.gpus)}})
-    report = run_benchmark(config)
-    where = Path(report.workspace_dir) / REPORT
+    where = Path(config.output_dir).resolve() / REPORT
+    try:
+        report = run_benchmark(config)
+    except KeyboardInterrupt:
+        print(f"magpie: benchmark interrupted; report (partial where requests had completed): {where}",
+              file=sys.stderr)
+        raise
     if args.json:
         print(json.dumps(report.model_dump(mode="json"), indent=1))
     if not report.success:

@@ -343,6 +343,8 @@ class Expander:
             deps=self._deps(rule, None, None, unit=unit), after=self._deps(rule, None, None, rule.after, unit),
             params={"root": str(self.root), "rule_identity": rule.identity(), "description": rule.description,
                     "impl": None, "baseline": None, "settings": settings, "project": self.manifest.project.name,
+                    # the workspace's (None when read-only): a failed benchmark keeps its run's logs beside it
+                    "snapshots": str(self.hash_file.snapshots) if self.hash_file.snapshots else None,
                     **params},
         )
 

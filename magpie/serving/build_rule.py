@@ -4,7 +4,9 @@ The run's workspace is the artifact's folder: `benchmark_report.json`, `bench_se
 `server.log`, `benchmark_config.json`. The result carries a summary for the build report
 (throughput, TTFT/TPOT/ITL/E2EL medians and p99, counts, errors). A run that fails raises, so
 nothing is stored and the next build runs it again (a server that did not start is not a
-result worth keeping); its one-line reason is the task's error.
+result worth keeping); its one-line reason is the task's error. The failed run's files (its server log and
+report; not its traces) are kept in `<workspace>/failed/<rule>/<id>/`, which that line names, until a run
+of the task succeeds.
 
 A benchmark declared with `profiler = true` has two more nodes: `benchmark_profile` (`profile_rule`: the same
 run, diagnostic, under the engine's torch profiler, its traces in the artifact's `torch_trace/`, left
@@ -68,16 +70,54 @@ def summary(report) -> dict:
     return out
 
 
+def failed_run_folder(job) -> Path | None:
+    """Where a failed run of this task keeps its files (`<workspace>/failed/<rule>/<id>/`); None on a read-only
+    workspace."""
+    snapshots = job.spec.params.get("snapshots")
+    if snapshots is None:
+        return None
+    return Path(snapshots).parent / "failed" / job.spec.rule / job.spec.params["benchmark"]["id"]
+
+
+def _keep_failed_run(out_dir: Path, kept: Path) -> None:
+    """The failed run's files (its traces aside) copied to `kept`, their paths to the run's folder made `kept`'s:
+    the artifact's folder is removed with the failed task, and the error line names the server log."""
+    import shutil
+
+    from magpie.serving.profiling import TRACE_DIR
+
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.copytree(out_dir, kept, ignore=shutil.ignore_patterns(TRACE_DIR))     # traces: too large to keep
+    for path in kept.glob("*.json"):
+        text = path.read_text()
+        for old in {str(out_dir), str(out_dir.resolve())}:
+            text = text.replace(json.dumps(old)[1:-1], json.dumps(str(kept))[1:-1])
+        path.write_text(text)
+
+
 def _run(job, out_dir: Path, profiler: bool):
+    import shutil
+
     from magpie.serving.runner import run_benchmark
 
     bench = job.spec.params["benchmark"]
     root = job.spec.params["root"]
     report = run_benchmark(config_of(bench, Path(root), out_dir, profiler), analyse=False, project=str(root))
+    kept = failed_run_folder(job)
     if not report.success:
         first = report.errors[0] if report.errors else "no request completed"
+        where = ""
+        if kept is not None:
+            try:
+                _keep_failed_run(out_dir, kept)
+                first = first.replace(str(out_dir.resolve()), str(kept)).replace(str(out_dir), str(kept))
+                where = f"; its files are kept in {kept}"
+            except OSError as err:         # a full disk: the failure's own line matters more
+                where = f"; its files could not be kept in {kept}: {err.strerror}"
         raise BenchmarkFailed(f"benchmark {bench['id']!r} ({bench['engine']} {bench['model']}) "
-                              f"{'profiled run ' if profiler else ''}failed: {first}")
+                              f"{'profiled run ' if profiler else ''}failed: {first}{where}")
+    if kept is not None:
+        shutil.rmtree(kept, ignore_errors=True)      # an earlier failure's files, superseded
     return bench, {"state": "SUCCESS", "benchmark": bench["id"], "engine": bench["engine"], "model": bench["model"],
                    "run_kind": report.run_kind, "summary": summary(report), "files": sorted(report.outputs),
                    "errors": []}

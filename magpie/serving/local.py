@@ -3,7 +3,8 @@
 `LocalServer` starts the command in a new session (its own process group, so workers it forks
 are reached too), with stdout and stderr appended to a log file in the workspace. Before the
 start it checks that nothing listens on the port; `wait_ready` polls the engine's health route
-until it answers 200, the process exits (the log's tail is the reason) or the timeout passes.
+until it answers 200, the process exits (the log's tail is the reason, and `error_line` the engine's own words for
+it, put in the message) or the timeout passes.
 `stop` sends SIGTERM to the whole group, waits, then SIGKILLs what is left; it is idempotent
 and runs from `__exit__`, so success, failure, timeout and Ctrl-C (KeyboardInterrupt) all end
 the group. `install_sigterm` turns a SIGTERM of ours into KeyboardInterrupt for the same path.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +21,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# `ValueError: ...`, `torch.OutOfMemoryError: ...`, `RuntimeError` alone: a Python exception as a traceback ends
+EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::\s|\s*$)")
+ERROR_LEVEL = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b")
 
 
 class ServerError(RuntimeError):
@@ -52,15 +59,40 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def tail(path: Path, lines: int = 20, max_bytes: int = 16384) -> str:
+def _end_of(path: Path, max_bytes: int) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - max_bytes))
-            text = f.read().decode("utf-8", "replace")
+            return ANSI.sub("", f.read().decode("utf-8", "replace"))
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+
+
+def error_line(path: Path, max_bytes: int = 262144) -> str:
+    """The engine's own words for why it stopped: the last exception line of the log's end (`ValueError: ...`),
+    else its last line logged at ERROR, CRITICAL or FATAL; "" when there is none. Engines log their shutdown
+    after the exception, so the line is often not among the last few."""
+    lines = _end_of(path, max_bytes).splitlines()
+    for pattern in (EXCEPTION_LINE, ERROR_LEVEL):
+        for line in reversed(lines):
+            if pattern.search(line):
+                line = line.strip()
+                return line if len(line) <= 400 else line[:400] + "..."
+    return ""
+
+
+def tail(path: Path, lines: int = 20, max_bytes: int = 16384) -> str:
+    """The log's last `lines` lines, its error line (`error_line`) put first where it is not among them."""
+    last = "\n".join(_end_of(path, max_bytes).splitlines()[-lines:])
+    error = error_line(path)
+    return f"{error}\n[...]\n{last}" if error and error not in last else last
+
+
+def exit_words(path: Path) -> str:
+    """': <the engine's error line>' for a message about its exit, "" when the log has none."""
+    error = error_line(path)
+    return f": {error}" if error else ""
 
 
 def health_ok(url: str, timeout: float = 2.0) -> bool:
@@ -79,8 +111,9 @@ def wait_healthy(server, timeout_s: float, interval_s: float = 0.25, who: str = 
     deadline = time.monotonic() + timeout_s
     while True:
         if not server.alive():
-            raise ServerError(f"{who} exited with code {server.exit_code()} before it was ready; log: "
-                              f"{server.log_path}", log_tail())
+            detail = log_tail()            # a container's log is complete once its stream has ended
+            raise ServerError(f"{who} exited with code {server.exit_code()} before it was ready"
+                              f"{exit_words(server.log_path)}; log: {server.log_path}", detail)
         if health_ok(server.health_url, timeout=min(2.0, max(0.1, deadline - time.monotonic()))):
             server.ready_after = time.monotonic() - server.started_at
             return server.ready_after

@@ -80,7 +80,7 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
     """Runs the benchmark `config` describes; the report is also written to the workspace. With `analyse`
     false a profiled run leaves its traces unanalysed (the build analyses them in a node of their own).
     `project`: the project whose build runs it, recorded on a server it keeps (`magpie clean` there stops it)."""
-    from magpie.serving.local import LocalServer, ServerError, install_sigterm, tail
+    from magpie.serving.local import LocalServer, ServerError, exit_words, install_sigterm, tail
 
     t0 = time.monotonic()
     work = Path(config.output_dir).resolve()
@@ -210,7 +210,10 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                     errors.append("server log tail:\n" + exc.detail)
             except KeyboardInterrupt:
                 interrupted = True
-                errors.append("interrupted (Ctrl-C or SIGTERM); the server was stopped")
+                run = report_kw.get("run")
+                errors.append("interrupted (Ctrl-C or SIGTERM)" + (
+                    f": the report is partial, the {run.completed + run.failed} requests finished before it"
+                    if run is not None else "") + ("; the server was stopped" if server is not None else ""))
             finally:
                 if server is not None:
                     run = report_kw.get("run")
@@ -227,7 +230,8 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                         server_info.died_during_run = died
                         server_info.kept = kept
                     if died:
-                        errors.insert(0, f"the server exited with code {code} during the run; log: {server.log_path}")
+                        errors.insert(0, f"the server exited with code {code} during the run"
+                                         f"{exit_words(server.log_path)}; log: {server.log_path}")
                         errors.append("server log tail:\n" + tail(server.log_path))
                     if prepared is not None:
                         errors.extend(server.cleanup_errors())
@@ -285,7 +289,7 @@ def _monitored(allocation: dict) -> list[int] | None:
 def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, work: Path, report_kw: dict,
           outputs: dict, monitor_devices: list[int] | None = None, profile=None) -> None:
     from magpie.serving import load as _load_mod
-    from magpie.serving import metrics as _metrics
+    from magpie.serving.completed import CompletedRequests
     from magpie.serving.models import DatasetConfig, LoadConfig
 
     if remaining() <= 0:
@@ -298,10 +302,16 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
         num_warmups=config.num_warmups, seed=config.seed, goodput=config.goodput, force_len=engine.force_len,
         timeout_s=max(remaining(), 1.0) + 5.0, label=engine.name)   # the watcher's deadline comes first
     samples = _load_mod.load_samples(load_config)
+    completed = CompletedRequests()
+
+    def before_measured():
+        completed.start()
+        if profile is not None:
+            profile[0]()
 
     async def watched():
-        task = asyncio.ensure_future(_load_mod.run(load_config, samples,
-                                                   before_measured=profile[0] if profile is not None else None))
+        completed.install(asyncio.get_running_loop())
+        task = asyncio.ensure_future(_load_mod.run(load_config, samples, before_measured=before_measured))
         deadline = time.monotonic() + remaining()
         while not task.done():
             await asyncio.wait({task}, timeout=0.2)
@@ -325,6 +335,13 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
             record = asyncio.run(watched())
         except _profiling.ProfilerError as exc:      # from the start, after the warm-ups
             raise _Failed(f"the profiler did not start: {exc}") from None
+        except KeyboardInterrupt:
+            finished = completed.outputs()
+            if finished:                             # the report of what was done before it
+                _record(config, load_config, _load_mod.RunRecord(finished, completed.elapsed(), []), work,
+                        report_kw, outputs)
+                report_kw["partial"] = True
+            raise
         if profile is not None:
             try:
                 report_kw["traces"] = profile[1]()
@@ -337,6 +354,14 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
             report_kw["gpu_monitor"] = monitor.stop()
         else:
             report_kw["gpu_monitor_reason"] = why
+    _record(config, load_config, record, work, report_kw, outputs)
+
+
+def _record(config: BenchmarkConfig, load_config, record, work: Path, report_kw: dict, outputs: dict) -> None:
+    """A run's records into the report's figures and vLLM's result file."""
+    from magpie.serving import load as _load_mod
+    from magpie.serving import metrics as _metrics
+
     metrics, flat = _metrics.compute(record.outputs, record.duration, goodput=config.goodput or None)
     result = _load_mod.vllm_result(load_config, record, metrics, flat)
     _write_json(work / RESULT, result)
