@@ -16,7 +16,7 @@ def write_report(path, *, rps=10.0, ttft=50.0, framework="vllm", engine_version=
     cfg = dict(framework=framework, model="/models/llama", input_len=1024, output_len=128, num_prompts=100,
                concurrency=16)
     cfg.update(config)
-    lat = {name: {s: (ttft if name == "ttft" else 10.0) * (1.5 if s == "p99" else 1.0) for s in STATS}
+    lat = {name: {f"{s}_ms": (ttft if name == "ttft" else 10.0) * (1.5 if s == "p99" else 1.0) for s in STATS}
            for name in ("ttft", "tpot", "itl", "e2el")}
     report = {"success": success, "framework": framework, "model": cfg["model"],
               "throughput": {"request_throughput": rps, "request_goodput": None, "output_throughput": rps * 128,

@@ -221,7 +221,10 @@ def _serve_and_print(config, args) -> int:
               f"{thr.request_throughput:.2f} req/s, {thr.output_throughput:.1f} output tok/s")
         for name in ("ttft", "tpot", "itl", "e2el"):
             st = getattr(lat, name)
-            print(f"  {name:5} mean {st.mean:9.2f} ms  median {st.median:9.2f}  p99 {st.p99:9.2f}")
+            if st.mean is None:                  # no request gave one (a TPOT needs two tokens or more)
+                print(f"  {name:5} none")
+            else:
+                print(f"  {name:5} mean {st.mean:9.2f} ms  median {st.median:9.2f}  p99 {st.p99:9.2f}")
         if report.profiling_enabled:
             ks = report.kernel_summary or {}
             print(f"profiled (diagnostic, not reward-eligible): {ks.get('traces', 0)} trace(s), "

@@ -24,7 +24,7 @@ METRICS = [("request_throughput (req/s)", ("throughput", "request_throughput"), 
            ("total_token_throughput (tok/s)", ("throughput", "total_token_throughput"), True)]
 for _name in ("ttft", "tpot", "itl", "e2el"):
     for _stat in ("median", "p99"):
-        METRICS.append((f"{_name} {_stat} (ms)", ("latency", _name, _stat), False))
+        METRICS.append((f"{_name} {_stat} (ms)", ("latency", _name, f"{_stat}_ms"), False))
 
 # (field, how to read it from a report) for the workload's equivalence
 WORKLOAD = [

@@ -129,39 +129,50 @@ async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Cl
 
 
 def vllm_result(config: LoadConfig, record: RunRecord, metrics: ServingMetrics, flat: dict[str, float], *,
-                detailed: bool = False, date: str | None = None) -> dict[str, Any]:
-    """The run under the keys of vLLM's `bench serve --save-result` JSON (`--save-detailed` adds the lists)."""
+                detailed: bool = False, date: str | None = None, tokenizer_id: str | None = None) -> dict[str, Any]:
+    """The run under the keys of vLLM's `bench serve --save-result` JSON, in its order: what it writes by default
+    (`latencies`, `queue_times` and `rtfx` included; `rtfx` is 0.0 without audio input) and with `--save-detailed`
+    the per-request lists. Statistics of every metric at p50/p90/p95/p99 (vLLM's default is p99 of ttft, tpot and
+    itl); with a concurrency limit also vLLM's `client_queue_time` ones, and with a finite rate too the
+    `e2el_including_client_queue` ones. Strict JSON: an infinite rate is `"inf"`, as vLLM writes it."""
     outs = record.outputs
     backend = "openai-chat" if config.endpoint == "chat" else "openai"
+    thr = metrics.throughput
     result: dict[str, Any] = {
         "date": date or datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": backend, "backend": backend, "label": config.label or backend,
-        "model_id": config.model, "tokenizer_id": None, "num_prompts": config.num_prompts,
+        "model_id": config.model, "tokenizer_id": tokenizer_id, "num_prompts": config.num_prompts,
         "request_rate": config.request_rate if not math.isinf(config.request_rate) else "inf",
         "burstiness": config.burstiness, "max_concurrency": config.max_concurrency,
         "duration": record.duration, "completed": metrics.completed, "failed": metrics.failed,
         "empty": metrics.empty,
         "total_input_tokens": metrics.total_input_tokens, "total_output_tokens": metrics.total_output_tokens,
-        "request_throughput": metrics.throughput.request_throughput,
-        "request_goodput": metrics.throughput.request_goodput,
-        "output_throughput": metrics.throughput.output_throughput,
-        "total_token_throughput": metrics.throughput.total_token_throughput,
-        "max_output_tokens_per_s": metrics.throughput.max_output_tokens_per_s,
-        "max_concurrent_requests": metrics.max_concurrent_requests,
+        "request_throughput": thr.request_throughput, "request_goodput": thr.request_goodput,
+        "output_throughput": thr.output_throughput, "total_token_throughput": thr.total_token_throughput,
     }
     if detailed:
-        result.update({
-            "input_lens": [o.prompt_len for o in outs],
-            "output_lens": [o.output_tokens if o.success else 0 for o in outs],
-            "ttfts": [o.ttft for o in outs], "itls": [o.itl for o in outs],
-            "latencies": [o.latency for o in outs], "start_times": [o.start_time for o in outs],
-            "queue_times": [o.client_queue_time for o in outs],
-            "generated_texts": [o.generated_text for o in outs], "errors": [o.error for o in outs]})
+        result.update({"input_lens": [o.prompt_len for o in outs],
+                       "output_lens": [o.output_tokens if o.success else 0 for o in outs],
+                       "ttfts": [o.ttft for o in outs], "itls": [o.itl for o in outs]})
+    result["latencies"] = [o.latency for o in outs]
+    if detailed:
+        result["start_times"] = [o.start_time for o in outs]
+    result["queue_times"] = [o.client_queue_time for o in outs]
+    if detailed:
+        result.update({"generated_texts": [o.generated_text for o in outs], "errors": [o.error for o in outs]})
+    result.update({"max_output_tokens_per_s": thr.max_output_tokens_per_s,
+                   "max_concurrent_requests": metrics.max_concurrent_requests, "rtfx": 0.0})
     for name in ("ttft", "tpot", "itl", "e2el"):
-        for stat in ("mean", "median", "std"):
+        for stat in ("mean", "median", "std", "p50", "p90", "p95", "p99"):
             result[f"{stat}_{name}_ms"] = flat[f"{stat}_{name}_ms"]
-        for p in ("p50", "p90", "p95", "p99"):
-            result[f"{p}_{name}_ms"] = flat[f"{p}_{name}_ms"]
+    if config.max_concurrency is not None:
+        ok = [o for o in outs if o.success]
+        queued = {"client_queue_time": [o.client_queue_time for o in ok]}
+        if not math.isinf(config.request_rate):
+            queued["e2el_including_client_queue"] = [o.latency + o.client_queue_time for o in ok]
+        for name, values in queued.items():
+            for stat, value in _metrics.stats_ms(values).items():
+                result[f"{stat}_{name}_ms"] = value
     return result
 
 

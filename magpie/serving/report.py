@@ -1,14 +1,19 @@
 """The one-shot benchmark's configuration and its report, as pydantic v2 models.
 
 `BenchmarkConfig` is what `magpie benchmark ENGINE -m MODEL ...` takes. `BenchmarkReport` is
-`benchmark_report.json` with Magpie's keys: `success, framework, model, throughput{...},
-latency{ttft,tpot,itl,e2el}` (mean/median/std/p50/p90/p95/p99 in ms), `kernel_summary`,
-`top_bottlenecks`, `tracelens_analysis`, `gap_analysis` (null or empty until profiled runs exist),
-`gpu_monitor` (`gpus.GpuMonitor.summary()`, null with `gpu_monitor_reason` without a GPU),
-`workspace_dir`, `execution_time`, `profiling_enabled`, `run_kind`, `reward_eligible`, `errors`; plus
-the run's counts, the server's life and the provenance (engine version, model path and content hash
-or hub revision, the server's command line, environment that matters, GPU allocation, magpie's
-version and command line, platform, host).
+`benchmark_report.json` with every key of Magpie's `BenchmarkResult.to_dict()` (AMD-AGI/Magpie,
+`modes/benchmark/result.py`), named and nested as there: `success, framework, model,
+throughput{request_throughput, output_throughput, total_token_throughput, completed_requests,
+total_input_tokens, total_output_tokens, duration_seconds}, latency{ttft,tpot,itl,e2el}` each
+`{mean_ms, median_ms, p99_ms, std_ms}` (null where the distribution is empty, never 0.0),
+`kernel_summary`, `top_bottlenecks`, `tracelens_analysis`, `gap_analysis`, `gpu_monitor`
+(`gpus.GpuMonitor.summary()`, null with `gpu_monitor_reason` without a GPU), `workspace_dir`,
+`execution_time`, `profiling_enabled`, `errors`, `raw_result` (the run's `bench_serve_result.json`,
+as Magpie keeps the InferenceX result it parsed). Magpie's extras sit beside them: `p50_ms`, `p90_ms`,
+`p95_ms`, the failed and empty request counts, goodput and peaks in `throughput`, `run_kind`,
+`reward_eligible`, the run's counts (`run`), the server's life and the provenance (engine version,
+model path and content hash or hub revision, the server's command line, environment that matters,
+GPU allocation, magpie's version and command line, platform, host).
 """
 from __future__ import annotations
 
@@ -18,10 +23,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from magpie.manifest.load import local_model_path
-from magpie.serving.models import Latency, Throughput
+from magpie.serving.models import ServingMetrics
 
 
 class _Strict(BaseModel):
@@ -53,7 +58,8 @@ class BenchmarkConfig(_Strict):
     output_len: int = Field(128, ge=1)
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     num_prompts: int = Field(100, ge=1)
-    request_rate: float = Field(math.inf, gt=0)
+    request_rate: float = Field(math.inf, gt=0, description='requests/s; inf (written "inf", as vLLM writes it) '
+                                                          'sends all at once')
     burstiness: float = Field(1.0, gt=0)
     num_warmups: int = Field(0, ge=0)
     seed: int = 0
@@ -66,6 +72,10 @@ class BenchmarkConfig(_Strict):
     server_lifecycle: Literal["fresh", "reuse"] = Field(
         "fresh", description="reuse: keep the local server after the run and reuse a kept one whose recorded config "
                              "matches (serving.lifecycle); fresh: start and stop a server of the run's own")
+
+    @field_serializer("request_rate")
+    def _rate_in_strict_json(self, rate: float):
+        return "inf" if math.isinf(rate) else rate
 
     @model_validator(mode="after")
     def _docker_starts_a_server(self):
@@ -140,6 +150,67 @@ class RunCounts(_Strict):
     max_concurrent_requests: int
 
 
+class LatencyMs(BaseModel):
+    """One of Magpie's latency blocks (`latency.ttft`, ...): milliseconds under Magpie's `*_ms` keys, null where no
+    request gave a value (a TPOT needs a request of two tokens or more). Python reads them without the suffix."""
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True, validate_by_name=True, validate_by_alias=True)
+
+    mean: Optional[float] = Field(None, alias="mean_ms")
+    median: Optional[float] = Field(None, alias="median_ms")
+    p99: Optional[float] = Field(None, alias="p99_ms")
+    std: Optional[float] = Field(None, alias="std_ms", description="population standard deviation, as vLLM's")
+    p50: Optional[float] = Field(None, alias="p50_ms")
+    p90: Optional[float] = Field(None, alias="p90_ms")
+    p95: Optional[float] = Field(None, alias="p95_ms")
+
+
+class ReportLatency(_Strict):
+    ttft: LatencyMs
+    tpot: LatencyMs
+    itl: LatencyMs
+    e2el: LatencyMs
+
+
+class ReportThroughput(_Strict):
+    """Magpie's `throughput` block (its seven keys first), then magpie's extras."""
+    request_throughput: float = Field(description="completed requests/s over the run's duration")
+    output_throughput: float = Field(description="output tokens/s")
+    total_token_throughput: float = Field(description="input + output tokens/s")
+    completed_requests: int = Field(description="requests whose stream answered without an error, empty ones too")
+    total_input_tokens: int
+    total_output_tokens: int
+    duration_seconds: float = Field(description="first dispatch to last completion")
+    failed_requests: int
+    empty_requests: int = Field(description="completed requests whose stream carried no output text")
+    request_goodput: Optional[float] = Field(None, description="requests/s meeting every SLO; null without SLOs")
+    max_output_tokens_per_s: float = Field(description="the busiest one-second bucket's output tokens")
+    max_concurrent_requests: int
+
+
+def measured_fields(outputs, metrics: ServingMetrics, vllm_result: dict) -> dict[str, Any]:
+    """The report's fields of a measured run: Magpie's `throughput` and `latency`, the run's counts and the vLLM
+    result as `raw_result`. Latency statistics come from the same distributions as vLLM's keys; where one is
+    empty Magpie's block says null, where vLLM's file says 0 (numpy over `[0]`, as vLLM writes it)."""
+    from magpie.serving.metrics import distributions, stats_ms
+
+    dists = distributions([o for o in outputs if o.success])
+    latency = ReportLatency(**{name: LatencyMs(**stats_ms(values)) if values else LatencyMs()
+                               for name, values in dists.items()})
+    thr = metrics.throughput
+    throughput = ReportThroughput(
+        request_throughput=thr.request_throughput, output_throughput=thr.output_throughput,
+        total_token_throughput=thr.total_token_throughput, completed_requests=metrics.completed,
+        total_input_tokens=metrics.total_input_tokens, total_output_tokens=metrics.total_output_tokens,
+        duration_seconds=metrics.duration, failed_requests=metrics.failed, empty_requests=metrics.empty,
+        request_goodput=thr.request_goodput, max_output_tokens_per_s=thr.max_output_tokens_per_s,
+        max_concurrent_requests=metrics.max_concurrent_requests)
+    run = RunCounts(duration_s=metrics.duration, completed=metrics.completed, failed=metrics.failed,
+                    empty=metrics.empty, total_input_tokens=metrics.total_input_tokens,
+                    total_output_tokens=metrics.total_output_tokens,
+                    max_concurrent_requests=metrics.max_concurrent_requests)
+    return {"throughput": throughput, "latency": latency, "run": run, "raw_result": vllm_result}
+
+
 class BenchmarkReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -148,8 +219,8 @@ class BenchmarkReport(BaseModel):
                                              "the requests completed before it")
     framework: str
     model: str
-    throughput: Optional[Throughput] = None
-    latency: Optional[Latency] = None
+    throughput: Optional[ReportThroughput] = None
+    latency: Optional[ReportLatency] = None
     kernel_summary: Optional[dict[str, Any]] = None
     top_bottlenecks: list[dict[str, Any]] = []
     tracelens_analysis: Optional[dict[str, Any]] = None
@@ -162,6 +233,7 @@ class BenchmarkReport(BaseModel):
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
     reward_eligible: bool = False
     errors: list[str] = []
+    raw_result: Optional[dict[str, Any]] = Field(None, description="the run's bench_serve_result.json (vLLM's keys)")
     run: Optional[RunCounts] = None
     server: Optional[ServerInfo] = None
     provenance: Optional[Provenance] = None

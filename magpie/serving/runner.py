@@ -30,8 +30,8 @@ from magpie.serving import engines as _engines
 from magpie.serving import gpus as _gpus
 from magpie.serving import lifecycle as _lifecycle
 from magpie.serving import profiling as _profiling
-from magpie.serving.report import (ENV_THAT_MATTERS, BenchmarkConfig, BenchmarkReport, Provenance, RunCounts,
-                                   ServerInfo, hub_revision, local_model_path, model_hash)
+from magpie.serving.report import (ENV_THAT_MATTERS, BenchmarkConfig, BenchmarkReport, Provenance, ServerInfo,
+                                   hub_revision, local_model_path, measured_fields, model_hash)
 
 REPORT = "benchmark_report.json"
 CONFIG = "benchmark_config.json"
@@ -49,7 +49,7 @@ class _Failed(Exception):
 
 def _write_json(path: Path, data) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.write_text(json.dumps(data, indent=1, default=str, allow_nan=False) + "\n")   # strict JSON: no Infinity
     tmp.replace(path)
 
 
@@ -366,11 +366,5 @@ def _record(config: BenchmarkConfig, load_config, record, work: Path, report_kw:
     result = _load_mod.vllm_result(load_config, record, metrics, flat)
     _write_json(work / RESULT, result)
     outputs["bench_serve_result"] = str(work / RESULT)
-    report_kw["throughput"] = metrics.throughput
-    report_kw["latency"] = metrics.latency
-    report_kw["run"] = RunCounts(duration_s=metrics.duration, completed=metrics.completed, failed=metrics.failed,
-                                 empty=metrics.empty,
-                                 total_input_tokens=metrics.total_input_tokens,
-                                 total_output_tokens=metrics.total_output_tokens,
-                                 max_concurrent_requests=metrics.max_concurrent_requests)
+    report_kw.update(measured_fields(record.outputs, metrics, result))
     report_kw["first_error"] = next((o.error for o in record.outputs if not o.success), "")
