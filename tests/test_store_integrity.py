@@ -1,28 +1,42 @@
 """The store is verified on use: an artifact changed after it was written (a verdict
 flipped, a file truncated or deleted, a digest missing) is announced in one line and
-rebuilt, never trusted; `magpie verify` checks the whole store."""
+rebuilt, never trusted; `magpie verify` checks the whole store. The project is built once for
+the module, each test tampering with a copy; the CLI runs in this process (`magpie_in_process`)."""
 
 import json
+import shutil
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
-from conftest import build_json, magpie
+from conftest import COMMAND_PROJECT, magpie_in_process, write
 
 WARNING = "store: artifact of {task} was modified after it was written ({problem}); rebuilding it"
 
 
-@pytest.fixture
-def failing_b(command_project) -> Path:
+def build_json(cwd, *args) -> dict:
+    return json.loads(magpie_in_process("build", "--json", *args, cwd=cwd, check=0).stdout)
+
+
+@pytest.fixture(scope="module")
+def built_failing_b(tmp_path_factory) -> Path:
     """The command project with candidate k1/b failing its testcase, built once."""
-    manifest = command_project / "magpie.toml"
-    text = manifest.read_text()
-    manifest.write_text(text.replace("command = \"python -c 'import sys; sys.exit(0)'\"",
-                                     "command = 'test \"$MAGPIE_IMPL_ID\" != b'", 1))
-    build_json(command_project)
-    assert result(command_project, "correctness:k1/b")["correctness_state"] == "FAILED"
-    return command_project
+    root = tmp_path_factory.mktemp("failing_b") / "project"
+    write(root, {**COMMAND_PROJECT, "magpie.toml": COMMAND_PROJECT["magpie.toml"].replace(
+        "command = \"python -c 'import sys; sys.exit(0)'\"", "command = 'test \"$MAGPIE_IMPL_ID\" != b'", 1)})
+    build_json(root)
+    assert result(root, "correctness:k1/b")["correctness_state"] == "FAILED"
+    return root
+
+
+@pytest.fixture
+def failing_b(built_failing_b, tmp_path) -> Path:
+    """A copy of the built project, its snapshot renewed by a no-op build (a copy's files have
+    other inodes and times: the no-op path would not trust them as it trusts the build's own)."""
+    root = Path(shutil.copytree(built_failing_b, tmp_path / "project", symlinks=True))
+    assert build_json(root)["executed"] == []
+    return root
 
 
 def artifact(root: Path, task: str) -> Path:
@@ -43,21 +57,21 @@ def test_a_flipped_verdict_is_found_and_rebuilt(failing_b):
     path = artifact(failing_b, "correctness:k1/b") / "result.json"
     path.write_text(path.read_text().replace('"FAILED"', '"SUCCESS"'))
 
-    verify = magpie("verify", cwd=failing_b, check=1)
+    verify = magpie_in_process("verify", cwd=failing_b, check=1)
     assert "correctness:k1/b" in verify.stdout and "result.json digest mismatch" in verify.stdout
-    plan = json.loads(magpie("build", "--dry-run", "--json", cwd=failing_b, check=0).stdout)
+    plan = json.loads(magpie_in_process("build", "--dry-run", "--json", cwd=failing_b, check=0).stdout)
     assert plan["would_run"][0] == {"task": "correctness:k1/b",
                                     "why": "modified after it was written: result.json digest mismatch"}
     # what reads its result follows it (the check run again gives another result)
     readers = {"timing:k1/b", "comparison:k1", "report"}
     assert {row["task"] for row in plan["would_run"][1:]} == readers
 
-    proc = magpie("build", "--json", cwd=failing_b, check=0)
+    proc = magpie_in_process("build", "--json", cwd=failing_b, check=0)
     assert warnings(proc.stderr) == [WARNING.format(task="correctness:k1/b", problem="result.json digest mismatch")]
     executed = json.loads(proc.stdout)["executed"]
     assert executed[0] == "correctness:k1/b" and set(executed[1:]) <= readers
     assert result(failing_b, "correctness:k1/b")["correctness_state"] == "FAILED"
-    assert magpie("verify", cwd=failing_b, check=0).stdout.startswith("magpie: all ")
+    assert magpie_in_process("verify", cwd=failing_b, check=0).stdout.startswith("magpie: all ")
     assert build_json(failing_b)["executed"] == []
 
 
@@ -66,11 +80,11 @@ def test_truncated_and_deleted_files_are_rebuilt(failing_b):
     report.write_bytes(report.read_bytes()[:100])
     (artifact(failing_b, "correctness:k2/c") / "result.json").unlink()
 
-    verify = json.loads(magpie("verify", "--json", cwd=failing_b, check=1).stdout)
+    verify = json.loads(magpie_in_process("verify", "--json", cwd=failing_b, check=1).stdout)
     assert {(bad["task"], bad["problem"]) for bad in verify["bad"]} == {
         ("report", "report.html truncated"), ("correctness:k2/c", "result.json missing")}
 
-    proc = magpie("build", "--json", cwd=failing_b, check=0)
+    proc = magpie_in_process("build", "--json", cwd=failing_b, check=0)
     assert sorted(warnings(proc.stderr)) == [
         WARNING.format(task="correctness:k2/c", problem="result.json missing"),
         WARNING.format(task="report", problem="report.html truncated")]
@@ -79,19 +93,19 @@ def test_truncated_and_deleted_files_are_rebuilt(failing_b):
     rebuilt = artifact(failing_b, "report") / "report.html"  # under a new key where the comparison's result is new
     assert (failing_b / "workspaces/reports/report.html").read_bytes() == rebuilt.read_bytes()
     assert len(rebuilt.read_bytes()) > 100
-    magpie("verify", cwd=failing_b, check=0)
+    magpie_in_process("verify", cwd=failing_b, check=0)
 
 
 def test_verify_fix_removes_what_is_bad_and_the_build_rebuilds_it(failing_b):
     path = artifact(failing_b, "comparison:k1") / "result.json"
     path.write_text(path.read_text() + " ")
-    proc = magpie("verify", "--fix", cwd=failing_b, check=1)
+    proc = magpie_in_process("verify", "--fix", cwd=failing_b, check=1)
     assert "comparison:k1" in proc.stdout and "removed" in proc.stdout
     assert not path.exists()
-    proc = magpie("build", "--json", cwd=failing_b, check=0)
+    proc = magpie_in_process("build", "--json", cwd=failing_b, check=0)
     assert warnings(proc.stderr) == []  # removed already: simply missing
     assert json.loads(proc.stdout)["executed"] in (["comparison:k1"], ["comparison:k1", "report"])
-    magpie("verify", cwd=failing_b, check=0)
+    magpie_in_process("verify", cwd=failing_b, check=0)
 
 
 def test_build_verify_hashes_even_what_the_no_op_path_would_trust(failing_b):
@@ -102,12 +116,12 @@ def test_build_verify_hashes_even_what_the_no_op_path_would_trust(failing_b):
     del record["files"]  # as an older magpie wrote it
     index.write_text(json.dumps(record))
     assert build_json(failing_b)["executed"] == []  # trusted by stat, never read
-    proc = magpie("build", "--verify", "--json", cwd=failing_b, check=0)
+    proc = magpie_in_process("build", "--verify", "--json", cwd=failing_b, check=0)
     assert warnings(proc.stderr) == ["store: artifact of correctness:k1/a has no recorded digest "
                                      "(written by an older magpie); rebuilding it"]
     executed = json.loads(proc.stdout)["executed"]  # and what reads the check's new result
     assert executed[0] == "correctness:k1/a" and set(executed[1:]) <= {"timing:k1/a", "comparison:k1", "report"}
-    magpie("verify", cwd=failing_b, check=0)
+    magpie_in_process("verify", cwd=failing_b, check=0)
 
 
 def test_a_dependency_modified_during_the_build_is_rebuilt_before_it_is_read(failing_b, capsys):

@@ -1,7 +1,9 @@
 """The store cannot be forged by whoever can write it (a CI cache): every artifact is signed
 with a key kept outside the store, over its task, key and files' digests, and the no-op
 build's stamps are MAC'd with it. A forged, moved, unsigned or untrusted artifact is rebuilt
-with one line; one signed by a trusted signer is used; `magpie verify` reports what fails."""
+with one line; one signed by a trusted signer is used; `magpie verify` reports what fails.
+The CLI runs in this process (`magpie_in_process`), each call with its own key folder and
+secret, as a process of its own would."""
 
 import hashlib
 import json
@@ -13,7 +15,7 @@ from urllib.parse import quote
 
 import pytest
 
-from conftest import COMMAND_PROJECT, magpie, write
+from conftest import COMMAND_PROJECT, magpie_in_process, write
 
 # A candidate whose testcase fails, and a testcase that fails wherever the signing secret reached it.
 FAILING_B = COMMAND_PROJECT["magpie.toml"].replace(
@@ -32,7 +34,7 @@ def env_of(config: Path, secret: str = "") -> dict:
 
 
 def build(root: Path, env: dict, check: int = 0):
-    proc = magpie("build", "--json", cwd=root, env=env, check=check)
+    proc = magpie_in_process("build", "--json", cwd=root, env=env, check=check)
     assert "Traceback" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout), [line for line in proc.stderr.splitlines() if line.startswith("store:")]
 
@@ -122,7 +124,7 @@ def test_a_verdict_forged_with_its_digests_and_stamps_is_rebuilt_not_published(p
     assert lines == [REBUILT.format(task="comparison:k1", problem=BAD)]
     assert summary["executed"][0] == "comparison:k1"  # then what reads it (the report)
     assert rows(published)["b"] == "FAILED"
-    assert magpie("verify", cwd=project, env=env_of(built[1]), check=0).stdout.startswith("magpie: all ")
+    assert magpie_in_process("verify", cwd=project, env=env_of(built[1]), check=0).stdout.startswith("magpie: all ")
 
 
 def test_a_signature_moved_with_its_artifact_to_another_task_does_not_hold(project, built):
@@ -133,7 +135,7 @@ def test_a_signature_moved_with_its_artifact_to_another_task_does_not_hold(proje
     record["files"] = index(project, "correctness:k1/a")["files"]
     (project / "workspaces/index" / (quote("correctness:k1/b", safe="") + ".json")).write_text(json.dumps(record))
 
-    verify = json.loads(magpie("verify", "--json", cwd=project, env=env_of(built[1]), check=1).stdout)
+    verify = json.loads(magpie_in_process("verify", "--json", cwd=project, env=env_of(built[1]), check=1).stdout)
     assert [(bad["task"], bad["problem"]) for bad in verify["bad"]] == [("correctness:k1/b", BAD)]
     summary, lines = build(project, env_of(built[1]))
     assert "correctness:k1/b" in summary["executed"] and len(lines) == 1
@@ -146,7 +148,7 @@ def test_a_tampered_signature_file_alone_is_reported_and_rebuilt(project, built)
     signed["signature"] = ("0" if signed["signature"][0] != "0" else "1") + signed["signature"][1:]
     signature_file.write_text(json.dumps(signed))
 
-    verify = magpie("verify", cwd=project, env=env_of(built[1]), check=1).stdout
+    verify = magpie_in_process("verify", cwd=project, env=env_of(built[1]), check=1).stdout
     assert "bad  correctness:k2/c " in verify and f"({BAD})" in verify
     summary, lines = build(project, env_of(built[1]))
     assert lines == [REBUILT.format(task="correctness:k2/c", problem=BAD)]
@@ -161,10 +163,10 @@ def test_an_unsigned_artifact_is_rebuilt(project, built):
 
 
 def test_artifacts_of_an_untrusted_signer_are_rebuilt_and_of_a_trusted_one_used(project, built, tmp_path):
-    signer_a = magpie("key", cwd=project, env=env_of(built[1]), check=0).stdout.strip()
+    signer_a = magpie_in_process("key", cwd=project, env=env_of(built[1]), check=0).stdout.strip()
     assert signer_a.startswith("ed25519:") and len(signer_a) == len("ed25519:") + 64
     assert json.loads((artifact(project, "report") / ".signature.json").read_text())["signer"] == signer_a
-    key_b = json.loads(magpie("key", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=0).stdout)
+    key_b = json.loads(magpie_in_process("key", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=0).stdout)
     assert key_b["source"] == "the environment" and key_b["signer"] != signer_a
 
     trusting = tmp_path / "trusting"
@@ -172,11 +174,12 @@ def test_artifacts_of_an_untrusted_signer_are_rebuilt_and_of_a_trusted_one_used(
     manifest = trusting / "magpie.toml"
     manifest.write_text(f'[store]\ntrusted_signers = ["{signer_a}"]\n\n' + manifest.read_text())
     assert up_to_date(trusting, env_of(tmp_path, KEY_B))
-    magpie("verify", cwd=trusting, env=env_of(tmp_path, KEY_B), check=0)
+    magpie_in_process("verify", cwd=trusting, env=env_of(tmp_path, KEY_B), check=0)
 
-    verify = json.loads(magpie("verify", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=1).stdout)
+    verify = json.loads(magpie_in_process("verify", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=1).stdout)
     assert {bad["problem"] for bad in verify["bad"]} == {f"signed by {signer_a}, not a trusted signer"}
-    plan = json.loads(magpie("build", "--dry-run", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=0).stdout)
+    plan = json.loads(magpie_in_process("build", "--dry-run", "--json", cwd=project, env=env_of(tmp_path, KEY_B),
+                                        check=0).stdout)
     assert {"task": "correctness:k1/a", "why": f"signed by {signer_a}, not a trusted signer"} in plan["would_run"]
     assert len(verify["bad"]) == verify["checked"] == 18
     summary, lines = build(project, env_of(tmp_path, KEY_B))
@@ -190,7 +193,7 @@ def test_artifacts_of_an_untrusted_signer_are_rebuilt_and_of_a_trusted_one_used(
 
 
 def test_a_signer_trusted_in_the_users_file_is_used(project, built, tmp_path):
-    signer_a = magpie("key", cwd=project, env=env_of(built[1]), check=0).stdout.strip()
+    signer_a = magpie_in_process("key", cwd=project, env=env_of(built[1]), check=0).stdout.strip()
     config = tmp_path / "config-b"
     (config / "magpie").mkdir(parents=True)
     (config / "magpie/trusted-signers").write_text(f"# the CI builders\n{signer_a}\n")
@@ -199,30 +202,30 @@ def test_a_signer_trusted_in_the_users_file_is_used(project, built, tmp_path):
     summary, lines = build(project, env_of(config, KEY_B))
     assert len(summary["executed"]) == len(lines) == 18
     (config / "magpie/trusted-signers").write_text("ed25519:not-a-key\n")
-    proc = magpie("build", cwd=project, env=env_of(config, KEY_B), check=2)
+    proc = magpie_in_process("build", cwd=project, env=env_of(config, KEY_B), check=2)
     assert proc.stderr == (f"magpie: {config}/magpie/trusted-signers: line 1: not a signer: give one \"ed25519:\" "
                            f"and 64 lowercase hex digits a line (what `magpie key` prints on the machine to trust)\n")
 
 
 def test_the_key_file_is_made_private_and_refused_once_others_can_read_it(tmp_path):
     config = tmp_path / "config"
-    signer = magpie("key", cwd=tmp_path, env=env_of(config), check=0).stdout.strip()
+    signer = magpie_in_process("key", cwd=tmp_path, env=env_of(config), check=0).stdout.strip()
     key_file = config / "magpie/signing-key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
-    assert magpie("key", cwd=tmp_path, env=env_of(config), check=0).stdout.strip() == signer  # made once
+    assert magpie_in_process("key", cwd=tmp_path, env=env_of(config), check=0).stdout.strip() == signer  # made once
     key_file.chmod(0o644)
-    proc = magpie("key", cwd=tmp_path, env=env_of(config), check=2)
+    proc = magpie_in_process("key", cwd=tmp_path, env=env_of(config), check=2)
     assert proc.stderr.startswith(f"magpie: {key_file}: the store's signing key must be yours and readable by you "
                                   f"alone (mode 644") and proc.stderr.count("\n") == 1
-    proc = magpie("key", cwd=tmp_path, env=env_of(config, "abc"), check=2)
+    proc = magpie_in_process("key", cwd=tmp_path, env=env_of(config, "abc"), check=2)
     assert proc.stderr.startswith("magpie: the environment variable MAGPIE_SIGNING_KEY: not an ed25519 key")
 
 
 def test_a_bad_trusted_signer_in_the_manifest_is_one_line(command_project, tmp_path):
     manifest = command_project / "magpie.toml"
     manifest.write_text('[store]\ntrusted_signers = ["ed25519:ABC"]\n\n' + manifest.read_text())
-    proc = magpie("build", cwd=command_project, env=env_of(tmp_path), check=2)
+    proc = magpie_in_process("build", cwd=command_project, env=env_of(tmp_path), check=2)
     assert "store.trusted_signers" in proc.stderr and "64 lowercase hex digits" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
