@@ -18,7 +18,7 @@ import time
 T0 = float(os.environ.pop("MAGPIE_TIMELINE_T0", None) or time.time())
 STAGE_MODULES = {
     "magpie.cli", "magpie.cli.compare", "magpie.execution.pool", "multiprocessing.forkserver", "pydantic",
-    "magpie.manifest.models", "magpie.project", "doit", "magpie.graph.doit_glue", "magpie.supervision.zygote",
+    "magpie.manifest.models", "magpie.project", "doit", "magpie.execution.doit_glue", "magpie.supervision.zygote",
     "magpie.sandbox", "concurrent.futures.process", "magpie.store", "json",
 }
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import FIXTURES, build_json, write
 from magpie.execution import profile as profile_action
 from magpie.execution.actions import comparison
-from magpie.graph.doit_glue import _closure, doit_fields
+from magpie.execution.doit_glue import closure, doit_fields
 from magpie.harness.evaluate import _verdict
 from magpie.manifest.models import ProfileSettings
 from magpie.project import Project
@@ -282,7 +282,7 @@ def test_another_implementations_timing_is_order_only(gpu_graph):
         assert before[name].key == after[name].key, name
     project = Project.load(gpu_graph / "magpie.toml")
     selected = project.select(["k1"])
-    within = set(_closure(project, selected))
+    within = set(closure(project, selected))
     fields = {f["name"]: f for f in doit_fields(project, None, within)}
     assert not [d for d in fields["profile:k1/a"]["task_dep"] if ":k2/" in d]
 

@@ -126,7 +126,7 @@ def test_build_verify_hashes_even_what_the_no_op_path_would_trust(failing_b):
 
 def test_a_dependency_modified_during_the_build_is_rebuilt_before_it_is_read(failing_b, capsys):
     from magpie.execution.executors import make_executor
-    from magpie.graph.doit_glue import run_task
+    from magpie.execution.doit_glue import run_task
     from magpie.project import Project
 
     project = Project.load(failing_b / "magpie.toml")

@@ -111,7 +111,7 @@ def stopped_by_sigterm(project):
 
 
 def _stop(project, signum: int) -> None:
-    from magpie.graph.doit_glue import stop_storing
+    from magpie.execution.doit_glue import stop_storing
 
     if not _STOPPING:  # a second signal while stopping changes nothing
         _STOPPING.append(signum)
@@ -125,13 +125,14 @@ def _stopped(project, signum: int, running: list[str]) -> None:
     import multiprocessing.resource_tracker as resource_tracker
 
     from magpie.execution.executors import stop_descendants
-    from magpie.supervision import scratch, zygote
+    from magpie import environment
+    from magpie.supervision import scratch
 
     # The resource tracker is left to end by itself, after this process: it removes what
     # the process pool registered (its semaphores) and ends when no process holds its pipe.
     spare = {getattr(resource_tracker._resource_tracker, "_pid", None)}
-    folder = os.environ.get(zygote.FOLDER_VARIABLE)
-    if folder and not os.environ.get(zygote.OWNER_VARIABLE):  # kept warm: not this build's to stop
+    folder = os.environ.get(environment.ZYGOTE_DIR)
+    if folder and not os.environ.get(environment.ZYGOTE_OWNER):  # kept warm: not this build's to stop
         for pid_file in Path(folder).glob("*.pid"):
             with contextlib.suppress(OSError, ValueError):
                 spare.add(int(pid_file.read_text()))
@@ -148,14 +149,14 @@ def _stopped(project, signum: int, running: list[str]) -> None:
 
 
 def dry_run(project, selected: list[str], as_json: bool) -> int:
-    from magpie.graph.doit_glue import _closure, stale_reasons
+    from magpie.execution.doit_glue import closure, stale_reasons
     from magpie.store import reason
 
-    closure = _closure(project, selected)
+    covered = closure(project, selected)
     modified = {name: reason(problem) for name, problem in
-                check_artifacts(project, closure, remove=False).items()}
+                check_artifacts(project, covered, remove=False).items()}
     project.forced.update(modified)  # a build removes and rebuilds them: so do their dependents
-    again = run_provisional_again(project, closure)
+    again = run_provisional_again(project, covered)
     rows = list(stale_reasons(project, selected, {**again, **modified}).items())  # in run order
     if as_json:
         print(json.dumps({"would_run": [{"task": n, "why": w} for n, w in rows],
@@ -175,17 +176,17 @@ def build(project, selected: list[str], *, jobs: int = 1, executor_name: str | N
           use_rich: bool = False, as_json: bool = False, quiet: bool = False, title: str = "magpie build",
           verify: bool = False, check: bool = False) -> int:
     from magpie.execution.executors import make_executor
-    from magpie.graph.doit_glue import _closure, run_doit
+    from magpie.execution.doit_glue import closure, run_doit
     from magpie.store import reason
     from magpie.supervision import zygote
 
     project.store.sweep_temporaries()
     # what this build reads or publishes, checked first: a modified artifact is rebuilt
     published = [name for name, spec in project.tasks.items() if spec.rule in PUBLISHED]
-    modified = check_artifacts(project, list(dict.fromkeys(_closure(project, selected) + published)),
+    modified = check_artifacts(project, list(dict.fromkeys(closure(project, selected) + published)),
                                trust_stamps=not verify)
     selected = selected + [name for name in modified if name not in selected]
-    again = run_provisional_again(project, _closure(project, selected))
+    again = run_provisional_again(project, closure(project, selected))
     stale = project.stale(selected)
     if not stale:
         bad = publish_project(project)
@@ -257,18 +258,18 @@ def input_secret(needed: bool):
 
 def _summary(project, selected: list[str], executed: list[str], failed: list[tuple[str, str]]) -> dict:
     """The summary of a build of `selected` (report/verdicts.py), from the stored artifacts."""
-    from magpie.graph.doit_glue import _closure
+    from magpie.execution.doit_glue import closure
     from magpie.report.verdicts import build_summary
 
-    closure = _closure(project, selected)
+    names = closure(project, selected)
     covered = [(name, project.tasks[name].rule, project.tasks[name].kernel, project.tasks[name].key)
-               for name in closure]
+               for name in names]
     done = set(executed) | {name for name, _ in failed}
     up_to_date = sum(1 for name, _, _, key in covered if name not in done and project.store.has(key))
     expected = {(kernel.id, impl.id) for kernel in project.manifest.kernel for impl in kernel.implementations()
                 if impl.expect_faster}
     return build_summary(project.root, project.store, covered, expected, executed=executed, failed=failed,
-                         up_to_date=up_to_date, uncompared=_uncompared(project, closure))
+                         up_to_date=up_to_date, uncompared=_uncompared(project, names))
 
 
 def _uncompared(project, closure: list[str]) -> list[dict]:

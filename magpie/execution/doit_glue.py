@@ -173,7 +173,6 @@ def doit_fields(project, executor, within: set[str] | None = None) -> list[dict]
     """The project's tasks as doit task fields; staleness is a store lookup by key. A task's
     order-only `after` tasks are waited for where the build runs them anyway (those in `within`,
     the selection's closure; all of them without one): doit runs every task_dep it is given."""
-    store = project.store
 
     def waited(spec) -> list[str]:
         return [d for d in spec.after if d in project.tasks and (within is None or d in within)]
@@ -234,7 +233,7 @@ class Stopped(RuntimeError):
     """A task that would start, or store its artifact, after the build was told to stop."""
 
 
-# A build told to stop (by a signal, cli/build.py): from then on no task starts or stores its
+# A build told to stop (by a signal, execution/build.py): from then on no task starts or stores its
 # artifact. Storing (commit and index record) is never interrupted by it.
 _STOPPING = threading.Event()
 # re-entrant: a signal handler may run in the main thread between its taking the lock and its
@@ -320,9 +319,9 @@ def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
     _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
     _AFTER_STORING.clear()
     _UNWRITABLE.clear()
-    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(_closure(project, selected)))
+    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(closure(project, selected)))
     main = DoitMain(loader, config_filenames=(),
-                    extra_config={"BACKEND": {"magpie-memory": "magpie.graph.doit_glue:MemoryDB"}})
+                    extra_config={"BACKEND": {"magpie-memory": "magpie.execution.doit_glue:MemoryDB"}})
     code = main.run(["run", *selected])
     if _UNWRITABLE:
         raise _UNWRITABLE[0]
@@ -345,7 +344,7 @@ def stale_reasons(project, selected: list[str], why: dict[str, str] | None = Non
     """{task: why it runs} for the tasks a build of `selected` runs, in run order. `why`: reasons
     known beforehand (an artifact found modified), over explain()'s."""
     why = why or {}
-    stale = project.stale(_closure(project, selected))
+    stale = project.stale(closure(project, selected))
     runs = set(stale)
     return {name: why.get(name) or explain(project.tasks[name].parts, project.store.recorded(name),
                                            first=runs.intersection(project.tasks[name].deps),
@@ -353,7 +352,7 @@ def stale_reasons(project, selected: list[str], why: dict[str, str] | None = Non
             for name in stale}
 
 
-def _closure(project, selected: list[str]) -> list[str]:
+def closure(project, selected: list[str]) -> list[str]:
     """The selected tasks and everything they depend on."""
     seen: list[str] = []
     stack = list(selected)
