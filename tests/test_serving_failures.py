@@ -158,6 +158,6 @@ def test_an_interrupted_run_saves_a_partial_report_of_the_completed_requests(tmp
     assert 6 <= completed < 200 and report["run"]["failed"] == 0
     assert report["errors"][0] == (f"interrupted (Ctrl-C or SIGTERM): the report is partial, the {completed} "
                                    "requests finished before it")
-    assert report["run"]["total_output_tokens"] == 8 * completed and report["latency"]["ttft"]["median"] > 0
+    assert report["run"]["total_output_tokens"] == 8 * completed and report["latency"]["ttft"]["median_ms"] > 0
     result = json.loads((out / RESULT).read_text())
     assert result["completed"] == completed and result["duration"] > 0

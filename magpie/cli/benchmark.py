@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
                                    "them, and a GPU timeline per device. Writes gap_analysis/gap_analysis.csv (+ per "
                                    "rank), gap_analysis/gap_analysis.json and gpu_timeline.csv.")
     p.add_argument("framework", nargs="?", choices=("transformers", "vllm", "sglang", "atom", "external"),
-                   metavar="ENGINE", help="transformers, vllm, sglang, atom, or external (with --base-url)")
+                   metavar="ENGINE", help="transformers, vllm, sglang, atom, or external (with --base-url; the "
+                                          "default there)")
     s = p.add_argument_group("serving benchmark")
     s.add_argument("-m", "--model", help="model folder or hub id the engine serves (and the requests name)")
     s.add_argument("--benchmark-config", metavar="YAML", help="Magpie's benchmark: YAML (framework, model, precision, "
@@ -35,7 +36,10 @@ def add_parser(sub) -> None:
     s.add_argument("--extra-server-args", default="", metavar="ARGS", help="appended to the server's command line")
     s.add_argument("--host", default="127.0.0.1", help="where the local server listens (default: %(default)s)")
     s.add_argument("--port", type=int, help="the local server's port (default: the engine's: 8000, sglang 30000)")
-    s.add_argument("--base-url", help="a running server to benchmark: nothing is started")
+    s.add_argument("--base-url", help="a running server to benchmark: nothing is started; with no ENGINE (external) "
+                                      "any OpenAI-compatible server: only OpenAI's standard request fields are sent, "
+                                      "so output lengths are the server's; name its engine to have its way of fixing "
+                                      "them (vllm, sglang: ignore_eos)")
     s.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     s.add_argument("--concurrency", type=int, help="requests in flight at most (default: no limit)")
     s.add_argument("--input-len", type=int, default=1024, help="random prompts' length (default: %(default)s)")
@@ -157,6 +161,8 @@ def run_serving(args) -> int:
                                        server_lifecycle="reuse" if args.keep_server else None)
         _refuse_missing_model(config, f"{args.benchmark_config}: benchmark.model")
         return _serve_and_print(config, args)
+    if not args.framework and args.base_url:
+        args.framework = "external"
     if not args.framework:
         raise UserError("benchmark -m MODEL: name the engine first: transformers, vllm, sglang, atom or external")
     if not args.model:

@@ -299,7 +299,9 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
         dataset=DatasetConfig(input_len=config.input_len, output_len=config.output_len,
                               range_ratio=config.range_ratio),
         request_rate=config.request_rate, burstiness=config.burstiness, max_concurrency=config.concurrency,
-        num_warmups=config.num_warmups, seed=config.seed, goodput=config.goodput, force_len=engine.force_len,
+        num_warmups=config.num_warmups, seed=config.seed, goodput=config.goodput,
+        # an engine with no way to fix the output length is sent OpenAI's standard fields alone
+        force_len=engine.force_len or "ignore_eos", ignore_eos=None if engine.force_len else False,
         timeout_s=max(remaining(), 1.0) + 5.0, label=engine.name)   # the watcher's deadline comes first
     samples = _load_mod.load_samples(load_config)
     completed = CompletedRequests()

@@ -54,7 +54,9 @@ class Engine:
     default_port: int = 8000
     health_path: str = "/health"
     package: str | None = None          # the distribution whose version is the engine's version
-    force_len: Literal["ignore_eos", "generation_config"] = "ignore_eos"
+    # how the load client fixes a request's output length (endpoints.FORCE_LEN); None: it has no way, and requests
+    # carry OpenAI's standard fields alone (the server decides the length, up to max_tokens)
+    force_len: Optional[Literal["ignore_eos", "generation_config"]] = "ignore_eos"
     launches: bool = True               # False: client only (external)
     image_program: tuple[str, ...] = ()  # the server's program inside the engine's docker image (on its PATH)
 
