@@ -146,7 +146,7 @@ def test_a_dependency_modified_during_the_build_is_rebuilt_before_it_is_read(fai
 
 
 def test_a_modified_artifact_is_never_published(failing_b, capsys):
-    from magpie.cli.build import publish
+    from magpie.report.publish import publish
     from magpie.store import Store
 
     store = Store(failing_b / "workspaces")
@@ -167,7 +167,7 @@ def test_a_modified_artifact_is_never_published(failing_b, capsys):
 def test_an_artifact_rebuilt_under_its_key_is_published_again(tmp_path):
     """A report rebuilt under the same key (its artifact was found modified) renders anew
     (its date, say): the copy under reports/ must be the new one, not the first build's."""
-    from magpie.cli.build import publish
+    from magpie.report.publish import publish
     from magpie.store import Store
 
     store = Store(tmp_path / "workspaces")

@@ -6,13 +6,13 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from magpie.errors import UserError
+from magpie.report.publish import PUBLISHED, publish, publish_project
 
 
 def add_parser(sub) -> None:
@@ -357,91 +357,3 @@ def _up_to_date_by_snapshot(manifest: Path, as_json: bool, check: bool = False) 
     summary = build_summary(manifest.resolve().parent, store, covered, expected, executed=[], failed=[],
                             up_to_date=len(tasks))
     return _finish(summary, as_json, check, False, line)
-
-
-def publish_project(project) -> list[str]:
-    return publish(project.store, [(name, spec.rule, spec.kernel, spec.key) for name, spec in project.tasks.items()])
-
-
-PUBLISHED = ("comparison", "report", "trace_analysis", "benchmark_trace_analysis")
-# Analyses published whole, each to a folder of its own under reports/: rule -> folder
-PUBLISHED_FOLDERS = {"trace_analysis": "traces", "benchmark_trace_analysis": "benchmarks"}
-LEDGER = ".published.json"  # under reports/: task -> {"key": artifact key, "files": {published file: stat}}
-
-
-def publish(store, artifacts: list[tuple[str, str, str | None, str]]) -> list[str]:
-    """Copy the current comparison, trace analysis (of declared trace sets and of profiled
-    benchmarks) and report artifacts to stable paths under reports/. What is there already
-    from the same artifact, untouched since, is left alone (a no-op build reads no
-    artifact); what is copied is checked against the artifact's digests first, and the
-    bytes checked are the bytes written. Returns the tasks whose artifacts were found
-    modified: announced, removed, and left for a build to rebuild."""
-    from magpie.store import DIGEST, Modified, atomic_write
-
-    out = store.workspace / "reports"
-    try:
-        ledger = json.loads((out / LEDGER).read_text())
-    except (OSError, ValueError):
-        ledger = {}
-    ledger = ledger if isinstance(ledger, dict) else {}
-    before, bad = json.dumps(ledger, sort_keys=True), []
-    for name, rule, kernel, key in artifacts:
-        if rule not in PUBLISHED or not store.has(key):
-            continue
-        # which commit of the artifact: one rebuilt under the same key (it was found modified)
-        # is a new folder, and what it renders again (a report's date) is published again
-        committed = json.dumps([key, _stat(store.path(key) / DIGEST)])
-        if rule in PUBLISHED_FOLDERS:
-            target = out / PUBLISHED_FOLDERS[rule] / name.split(":", 1)[1]
-            stamp = target / ".artifact"
-            if stamp.is_file() and stamp.read_text() == committed:
-                continue  # published already: keeps the no-op build a stat or two per artifact
-        elif _still_published(ledger.get(name), committed, out):
-            continue
-        try:
-            contents = store.verified_files(key, name)
-        except Modified as err:
-            print(err, file=sys.stderr, flush=True)
-            store.remove(key)
-            bad.append(name)
-            continue
-        if rule in PUBLISHED_FOLDERS:
-            staging = target.parent / f".{target.name}.publishing"
-            shutil.rmtree(staging, ignore_errors=True)
-            for rel, data in contents.items():
-                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-                (staging / rel).write_bytes(data)
-            (staging / ".artifact").write_text(committed)
-            shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
-            continue
-        wanted = ({"result.json": f"{kernel}/compare_report.json"} if rule == "comparison"
-                  else {"report.html": "report.html", "summary.md": "summary.md"})
-        files = {}
-        for produced, rel in wanted.items():
-            if produced in contents:
-                target = out / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.unlink(missing_ok=True)  # a new file: never written through a link put there
-                target.write_bytes(contents[produced])
-                files[rel] = _stat(target)
-        ledger[name] = {"key": committed, "files": files}
-    if json.dumps(ledger, sort_keys=True) != before:
-        atomic_write(out / LEDGER, json.dumps(ledger, sort_keys=True))
-    return bad
-
-
-def _still_published(entry, committed: str, out: Path) -> bool:
-    """Whether the files published from this commit of the artifact are there, untouched since
-    (a stat each)."""
-    if not isinstance(entry, dict) or entry.get("key") != committed or not isinstance(entry.get("files"), dict):
-        return False
-    return bool(entry["files"]) and all(_stat(out / rel) == stat for rel, stat in entry["files"].items())
-
-
-def _stat(path: Path) -> list | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]

@@ -63,7 +63,7 @@ def unpublish(project, names: list[str]) -> None:
     compare_report.json, the report's html and summary, an analysis's folder): a verdict
     whose artifact is gone, or is about to be rebuilt from results that are, stays published
     nowhere. The next build publishes them again."""
-    from magpie.cli.build import LEDGER, PUBLISHED, PUBLISHED_FOLDERS
+    from magpie.report.publish import LEDGER, PUBLISHED, PUBLISHED_FOLDERS
     from magpie.store import atomic_write
 
     out = project.store.workspace / "reports"
