@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import FIXTURES, REPO, magpie, write
+from conftest import FIXTURES, REPO, magpie_in_process, write
 from magpie.errors import UserError
 from magpie.manifest.kernel_config import load_kernel_config
 from magpie.manifest.load import load_manifest
@@ -88,7 +88,7 @@ def test_invalid_toml_is_one_line(tmp_path):
 
 def test_cli_reports_manifest_error_without_traceback(tmp_path):
     write(tmp_path, {"magpie.toml": BASE, "ref.py": "x = 1\n"})
-    proc = magpie("build", cwd=tmp_path)
+    proc = magpie_in_process("build", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "magpie: magpie.toml: kernel[0].candidates[0].source: file not found: v1.py"]

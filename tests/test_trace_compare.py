@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import FIXTURES, magpie
+from conftest import FIXTURES, magpie_in_process
 from magpie.traces.compare import COLUMNS, FASTER, NEW, NO_REPEATS, SLOWER, VANISHED, WITHIN, compare_traces, verdict
 
 TRACES = FIXTURES / "traces" / "h200"
@@ -28,8 +28,8 @@ def _scaled(source, target, factor=1.0, kernels=lambda name: True):
 
 
 def test_a_trace_against_itself_is_unchanged_everywhere(tmp_path):
-    proc = magpie("benchmark", "--compare-traces", DECODE, DECODE, "-o", tmp_path / "out", "--top-k", "3",
-                  cwd=tmp_path, check=0)
+    proc = magpie_in_process("benchmark", "--compare-traces", DECODE, DECODE, "-o", tmp_path / "out", "--top-k", "3",
+                             cwd=tmp_path, check=0)
     assert "1.000x, within noise" in proc.stdout and "written:" in proc.stdout
     summary = json.loads((tmp_path / "out/trace_compare.json").read_text())
     assert list(summary) == ["before", "after", "repeats", "rule", "total_kernel_time_us", "counts", "ops",
@@ -74,8 +74,8 @@ def test_a_scaled_kernel_is_found_with_its_ratio_and_judged_against_the_repeats(
     mm = [r for r in single["ops"] if r["name"] == "aten::mm"]
     assert mm and all(r["ratio"] == pytest.approx(1.5, rel=1e-3) for r in mm)
     # repeats: a folder one side, a comma list the other
-    proc = magpie("benchmark", "--compare-traces", tmp_path / "a", f"{tmp_path / 'b' / 'r1.json'},{scaled}",
-                  "-o", tmp_path / "out", "--json", cwd=tmp_path, check=0)
+    proc = magpie_in_process("benchmark", "--compare-traces", tmp_path / "a", f"{tmp_path / 'b' / 'r1.json'},{scaled}",
+                             "-o", tmp_path / "out", "--json", cwd=tmp_path, check=0)
     summary = json.loads(proc.stdout)
     assert summary["repeats"] == {"before": 2, "after": 2}
     for row in summary["kernels"]:
@@ -102,9 +102,9 @@ def test_the_noise_rule():
 
 
 def test_bad_sides_are_one_line_errors_and_bad_repeats_are_skipped(tmp_path):
-    proc = magpie("benchmark", "--compare-traces", tmp_path / "nowhere", DECODE, cwd=tmp_path)
+    proc = magpie_in_process("benchmark", "--compare-traces", tmp_path / "nowhere", DECODE, cwd=tmp_path)
     assert proc.returncode == 2 and "nowhere" in proc.stderr and proc.stderr.count("\n") == 1
-    proc = magpie("benchmark", "--compare-traces", DECODE, DECODE, "--trace-dir", TRACES, cwd=tmp_path)
+    proc = magpie_in_process("benchmark", "--compare-traces", DECODE, DECODE, "--trace-dir", TRACES, cwd=tmp_path)
     assert proc.returncode == 2 and "alone" in proc.stderr
     data = DECODE.read_bytes()
     (tmp_path / "cut.json.gz").write_bytes(data[: len(data) // 2])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, magpie
+from conftest import FIXTURES, magpie_in_process
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import TraceError, load_trace
 from magpie.traces.kernels import category, normalize
@@ -181,8 +181,8 @@ def test_timeline_adds_up(name):
 
 
 def test_cli_writes_tracelens_and_magpie_outputs(tmp_path):
-    proc = magpie("benchmark", "--trace-dir", first_three(tmp_path), "--top-k", "5", "-o", tmp_path / "out", "--json",
-                  cwd=tmp_path, check=0)
+    proc = magpie_in_process("benchmark", "--trace-dir", first_three(tmp_path), "--top-k", "5", "-o", tmp_path / "out",
+                             "--json", cwd=tmp_path, check=0)
     summary = json.loads(proc.stdout)
     assert len(summary["traces"]) == 3 and any("capture_info.json" in w for w in summary["warnings"])
     with open(tmp_path / "out/gap_analysis/gap_analysis.csv") as handle:
@@ -206,7 +206,7 @@ def test_bad_traces_are_one_line(tmp_path):
     data = (TRACES / "train_step_mlp.json.gz").read_bytes()
     (truncated / "rank0.json.gz").write_bytes(data[: len(data) // 2])
     for folder, expected in ((truncated, "cannot decompress"), (tmp_path / "missing", "not a folder")):
-        proc = magpie("benchmark", "--trace-dir", folder, cwd=tmp_path)
+        proc = magpie_in_process("benchmark", "--trace-dir", folder, cwd=tmp_path)
         assert proc.returncode == 2 and expected in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
     with pytest.raises(TraceError, match="not valid JSON"):
@@ -217,7 +217,7 @@ def test_bad_traces_are_one_line(tmp_path):
 def test_bad_window_and_top_k_are_one_line(tmp_path):
     for args, expected in ((["--start-pct", "60", "--end-pct", "40"], "--start-pct/--end-pct"),
                            (["--top-k", "0"], "--top-k")):
-        proc = magpie("benchmark", "--trace-dir", TRACES, *args, cwd=tmp_path)
+        proc = magpie_in_process("benchmark", "--trace-dir", TRACES, *args, cwd=tmp_path)
         assert proc.returncode == 2 and expected in proc.stderr and proc.stderr.count("\n") == 1
 
 
@@ -256,7 +256,7 @@ def test_perf_models_match_hand_counts():
 def test_kernel_roofline_simple_csv_has_tracelens_columns(tmp_path):
     from magpie.traces.roofline_table import COLUMNS as ROOF
 
-    magpie("benchmark", "--trace-dir", first_three(tmp_path), "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    magpie_in_process("benchmark", "--trace-dir", first_three(tmp_path), "-o", tmp_path / "out", cwd=tmp_path, check=0)
     path = tmp_path / "out/tracelens/llama_decode_bf16_kernel_roofline_simple.csv"
     with open(path) as handle:
         rows = list(csv.DictReader(handle))
@@ -274,7 +274,7 @@ def test_kernel_roofline_simple_csv_has_tracelens_columns(tmp_path):
     assert 0 < float(mm["pct_roofline_mean"]) < 100
     unmodeled = [r for r in rows if r["has_perf_model"] == "False"]
     assert {r["op_name"] for r in unmodeled} <= {"aten::arange", "aten::gather"}
-    proc = magpie("benchmark", "--trace-dir", TRACES, "--arch", "TPU9", cwd=tmp_path)
+    proc = magpie_in_process("benchmark", "--trace-dir", TRACES, "--arch", "TPU9", cwd=tmp_path)
     assert proc.returncode == 2 and "--arch: unknown accelerator" in proc.stderr
 
 
@@ -309,9 +309,10 @@ def test_kernel_sources_resolved_ambiguous_library_unresolved(tmp_path, monkeypa
 
 
 def test_trace_kernels_mapped_to_this_repository(tmp_path):
-    proc = magpie("benchmark", "--trace-dir", first_three(tmp_path), "--top-k", "1000", "--find-kernel-sources",
-                  "--kernel-source-repos", FIXTURES.parents[1] / "bench", "-o", tmp_path / "o", "--json",
-                  cwd=tmp_path, check=0)
+    proc = magpie_in_process("benchmark", "--trace-dir", first_three(tmp_path), "--top-k", "1000",
+                             "--find-kernel-sources",
+                             "--kernel-source-repos", FIXTURES.parents[1] / "bench", "-o", tmp_path / "o", "--json",
+                             cwd=tmp_path, check=0)
     top = json.loads(proc.stdout)["top"]
     rows = {r["Name"]: r for r in top}
     rms = rows["_rms_kernel"]["source"]
@@ -319,7 +320,7 @@ def test_trace_kernels_mapped_to_this_repository(tmp_path):
     assert {r["source"]["state"] for r in rows.values()} <= {"resolved", "library", "unresolved"}
     sources = json.loads((tmp_path / "o/gap_analysis/kernel_sources.json").read_text())
     assert len(sources["kernels"]) == len(top)
-    proc = magpie("benchmark", "--trace-dir", TRACES, "--find-kernel-sources", cwd=tmp_path)
+    proc = magpie_in_process("benchmark", "--trace-dir", TRACES, "--find-kernel-sources", cwd=tmp_path)
     assert proc.returncode == 2 and "--kernel-source-repos" in proc.stderr
 
 
@@ -399,9 +400,9 @@ def test_steady_state_window_from_step_annotations(tmp_path):
     assert window_total_us(trace, window) < window_total_us(trace, Window())
     none, why = steady_state_window(load_trace(TRACES / "train_step_mlp.json.gz"))
     assert none is None and "no numbered step annotations" in why["reason"]
-    summary = json.loads(magpie("benchmark", "--trace-dir", first_three(tmp_path), "--steady-state",
-                                "-o", tmp_path / "o",
-                                "--json", cwd=tmp_path, check=0).stdout)
+    summary = json.loads(magpie_in_process("benchmark", "--trace-dir", first_three(tmp_path), "--steady-state",
+                                           "-o", tmp_path / "o",
+                                           "--json", cwd=tmp_path, check=0).stdout)
     assert [p["picked"] for p in summary["window_picks"]] == [True, False, True]
     assert any("no steady state picked" in w for w in summary["warnings"])
 
@@ -554,8 +555,8 @@ def test_inference_mode_writes_per_stage_outputs_and_the_tracelens_block(tmp_pat
     folder.mkdir()
     for name in ("serving_steps_vllm_format.json.gz", "train_step_mlp.json.gz"):
         shutil.copy(TRACES / name, folder / name)
-    summary = json.loads(magpie("benchmark", "--trace-dir", folder, "--analysis-mode", "inference", "-o",
-                                tmp_path / "o", "--json", cwd=tmp_path, check=0).stdout)
+    summary = json.loads(magpie_in_process("benchmark", "--trace-dir", folder, "--analysis-mode", "inference", "-o",
+                                           tmp_path / "o", "--json", cwd=tmp_path, check=0).stdout)
     from magpie.report.models import TraceSummary
 
     TraceSummary.model_validate(summary)  # the CLI's summary keeps the rule's contract
@@ -730,7 +731,10 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
     rebuilt only when a trace changes; a missing folder is one line naming the field."""
     import shutil
 
-    from conftest import build_json, write
+    from conftest import write
+
+    def build_json(cwd):
+        return json.loads(magpie_in_process("build", "--json", cwd=cwd, check=0).stdout)
 
     (tmp_path / "traces").mkdir()
     for name in ("serving_steps_vllm_format.json.gz", "triton_rmsnorm_matmul.json.gz"):
@@ -742,7 +746,7 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
         analysis_mode = "inference"
         top_k = 5
     """})
-    first = magpie("build", "--json", cwd=tmp_path, check=0)
+    first = magpie_in_process("build", "--json", cwd=tmp_path, check=0)
     assert json.loads(first.stdout)["executed"] == ["trace_analysis:serving", "report"], first.stdout
     assert build_json(tmp_path)["executed"] == []
     published = tmp_path / "workspaces" / "reports" / "traces" / "serving"
@@ -760,7 +764,7 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
         id = "serving"
         dir = "no_such_folder"
     """})
-    proc = magpie("build", cwd=tmp_path, check=2)
+    proc = magpie_in_process("build", cwd=tmp_path, check=2)
     assert proc.stderr.strip().count("\n") == 0 and "traces[0].dir" in proc.stderr and "Traceback" not in proc.stderr
     for manifest, field in (("""
         [[traces]]
@@ -777,7 +781,7 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
         dir = "traces"
     """, "'serving' is used twice")):
         write(tmp_path, {"magpie.toml": manifest})
-        proc = magpie("build", cwd=tmp_path, check=2)
+        proc = magpie_in_process("build", cwd=tmp_path, check=2)
         assert proc.stderr.strip().count("\n") == 0 and field in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -803,8 +807,8 @@ def test_traces_with_one_file_name_in_two_folders_keep_their_own_outputs(tmp_pat
     for rank, name in (("rank0", "llama_decode_bf16.json.gz"), ("rank1", "triton_rmsnorm_matmul.json.gz")):
         (tmp_path / "t" / rank).mkdir(parents=True)
         shutil.copy(TRACES / name, tmp_path / "t" / rank / "trace.json.gz")
-    summary = json.loads(magpie("benchmark", "--trace-dir", tmp_path / "t", "-o", tmp_path / "o", "--json",
-                                cwd=tmp_path, check=0).stdout)
+    summary = json.loads(magpie_in_process("benchmark", "--trace-dir", tmp_path / "t", "-o", tmp_path / "o", "--json",
+                                           cwd=tmp_path, check=0).stdout)
     assert [p["label"] for p in summary["pages"]] == ["rank0_trace", "rank1_trace"]
     for label in ("rank0_trace", "rank1_trace"):
         assert (tmp_path / "o" / "tracelens" / f"{label}_kernel_roofline_simple.csv").is_file()
@@ -825,7 +829,8 @@ def _gpu_free_copy(source: Path, target: Path) -> Path:
 
 def test_a_cpu_only_trace_warns_in_one_line_and_explains_in_the_summary(tmp_path):
     _gpu_free_copy(TRACES / "train_step_mlp.json.gz", tmp_path / "cpu" / "cpu_only.json")
-    proc = magpie("benchmark", "--trace-dir", tmp_path / "cpu", "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    proc = magpie_in_process("benchmark", "--trace-dir", tmp_path / "cpu", "-o", tmp_path / "out", cwd=tmp_path,
+                             check=0)
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "cpu_only.json" in warnings[0] and "no GPU activity" in warnings[0]
     summary = json.loads((tmp_path / "out/gap_analysis/gap_analysis.json").read_text())
@@ -861,7 +866,8 @@ def test_a_bad_rank_among_several_is_reported_and_skipped(tmp_path):
     data = (TRACES / "train_step_mlp.json.gz").read_bytes()
     (folder / "rank3.json.gz").write_bytes(data[: len(data) // 2])  # truncated
     (folder / "rank4.json").write_text('{"traceEvents": [{"ph": "X"')  # corrupt
-    proc = magpie("benchmark", "--trace-dir", folder, "--top-k", "60", "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    proc = magpie_in_process("benchmark", "--trace-dir", folder, "--top-k", "60", "-o", tmp_path / "out", cwd=tmp_path,
+                             check=0)
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning: skipped a bad trace")]
     assert len(warnings) == 2
     assert any("rank3.json.gz" in w and "cannot decompress" in w for w in warnings)
@@ -903,14 +909,14 @@ def test_traces_claiming_one_rank_keep_their_own_rows_csvs_and_timelines(tmp_pat
 
 
 def test_one_trace_prints_no_rank_column_and_all_bad_is_still_an_error(tmp_path):
-    proc = magpie("benchmark", "--trace-dir", _one(tmp_path, "conv_bf16"), "-o", tmp_path / "out", cwd=tmp_path,
-                  check=0)
+    proc = magpie_in_process("benchmark", "--trace-dir", _one(tmp_path, "conv_bf16"), "-o", tmp_path / "out",
+                             cwd=tmp_path, check=0)
     assert "rank" not in next(line for line in proc.stdout.splitlines() if "% Total" in line)
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "a.json").write_text("{")
     (bad / "b.json").write_text('{"traceEvents": [')
-    proc = magpie("benchmark", "--trace-dir", bad, cwd=tmp_path)
+    proc = magpie_in_process("benchmark", "--trace-dir", bad, cwd=tmp_path)
     assert proc.returncode == 2 and "a.json" in proc.stderr and "1 more bad" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 

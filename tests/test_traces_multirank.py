@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, REPO, magpie
+from conftest import FIXTURES, REPO, magpie_in_process
 from magpie.traces.gap import COLUMNS
 from magpie.traces.ingest import load_trace
 from magpie.traces.kernels import normalize
@@ -55,7 +55,7 @@ def test_each_rank_traced_its_steps_and_collectives():
 
 
 def test_two_ranks_are_analysed_each_with_its_own_outputs(tmp_path):
-    proc = magpie("benchmark", "--trace-dir", GLOO, "-o", tmp_path / "out", cwd=tmp_path, check=0)
+    proc = magpie_in_process("benchmark", "--trace-dir", GLOO, "-o", tmp_path / "out", cwd=tmp_path, check=0)
     out = tmp_path / "out"
     summary = json.loads((out / "gap_analysis" / "gap_analysis.json").read_text())
     assert [(Path(t["path"]).name, t["rank"]) for t in summary["traces"]] == [(RANKS[0], "0"), (RANKS[1], "1")]
@@ -103,7 +103,7 @@ def _timeline(path: Path) -> dict[str, float]:
 def nccl_run(tmp_path_factory):
     """`magpie benchmark --trace-dir` on the NCCL capture: its console output and its output folder."""
     root = tmp_path_factory.mktemp("nccl")
-    proc = magpie("benchmark", "--trace-dir", NCCL, "-o", root / "out", cwd=root, check=0)
+    proc = magpie_in_process("benchmark", "--trace-dir", NCCL, "-o", root / "out", cwd=root, check=0)
     return proc.stdout, root / "out"
 
 

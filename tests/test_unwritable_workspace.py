@@ -3,8 +3,10 @@ be) or on a full disk. A no-op build and --dry-run work on a read-only one; a bu
 store something says so in one line (exit 2); a disk that fills up mid-build ends the build in
 one line, and what was stored before is intact. The tests run as root here, where chmod does not
 stop a write: the workspace is a real read-only bind mount, or a small tmpfs, in a mount
-namespace of the command's own (`unshare -m`)."""
+namespace of the command's own (`unshare -m`): those commands are processes of their own, the
+first build runs in this one."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import build_json, magpie
+from conftest import magpie_in_process
 
 MAGPIE = f"{sys.executable} -m magpie"
 
@@ -50,7 +52,7 @@ def built(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("unwritable")
     write(root, COMMAND_PROJECT)
-    assert build_json(root)["failed"] == []
+    assert json.loads(magpie_in_process("build", "--json", cwd=root, check=0).stdout)["failed"] == []
     return root
 
 
