@@ -71,11 +71,11 @@ def test_gpu_info_sees_the_h200():
 
 
 def test_nvml_tells_the_zygote_the_device_memory():
-    from magpie.supervision import zygote
+    from magpie.supervision import zygote_server
 
-    sizes = zygote.nvidia_device_bytes()
+    sizes = zygote_server.nvidia_device_bytes()
     assert sizes and all(size > 100 << 30 for size in sizes)  # an H200 has 141 GB
-    assert zygote.parked_cap(sizes) == zygote.MAX_PARKED
+    assert zygote_server.parked_cap(sizes) == zygote_server.MAX_PARKED
 
 
 # Verdicts that do not depend on the device; the memory hog is a host-memory test (no address

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, REPO, build_json, relu2_project, relu2_report
+from conftest import FIXTURES, REPO, build_json, magpie_in_process, relu2_project, relu2_report
 
 from magpie import sandbox
 from magpie.paths import cache_root
@@ -472,7 +472,7 @@ def test_commands_of_rules_and_testcases_write_only_their_own_folders(command_pr
     text = text.replace("command = \"python -c 'import sys; sys.exit(0)'\"",
                         "command = \"touch $TMPDIR/fine && touch planted_by_testcase\"", 1)
     manifest.write_text(text)
-    build_json(command_project)
+    magpie_in_process("build", cwd=command_project, check=0)  # what the sandbox holds is the workers'
     assert not (command_project / "planted_by_compile").exists()
     assert not (command_project / "planted_by_testcase").exists()
     results = [json.loads(p.read_text()) for p in (command_project / "workspaces/store").glob("*/*/result.json")]
@@ -540,8 +540,7 @@ def test_inputs_come_from_a_secret_that_code_under_test_cannot_read(tmp_path):
         seeds.append([c["seed"] for c in correctness["checks"]])
         log = (folder / "worker-snoop.log").read_text()  # the process that imported it
         assert "environment []" in log and "store []" in log, log
-        subprocess.run([sys.executable, "-m", "magpie", "clean", "--all"], cwd=tmp_path, check=True,
-                       capture_output=True)
+        magpie_in_process("clean", "--all", cwd=tmp_path, check=0)
     assert seeds[0] != seeds[1]
 
 
@@ -664,10 +663,11 @@ def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path)
     zygote would run outside the sandbox. The zygote answers only its own PID namespace (where
     sockets are allowed, as a profiler's sandbox allows them; elsewhere no Unix socket can be
     made at all)."""
+    from magpie import environment
     from magpie.supervision import zygote
 
     with zygote.session(prestart=True):
-        folder = Path(os.environ[zygote.FOLDER_VARIABLE])
+        folder = Path(os.environ[environment.ZYGOTE_DIR])
         deadline = time.monotonic() + 120
         while not list(folder.glob("*.sock")) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -723,8 +723,10 @@ def test_code_under_test_opens_only_byte_devices_and_on_a_gpu_the_gpus_nodes(mon
     project's none of them (work sent to a GPU would escape the CPU time that times it)."""
     listing = ["null", "urandom", "loop0", "kvm", "tty", "pts", "nvidia0", "nvidiactl", "nvidia-uvm", "kfd", "dri",
                "shm"]
-    monkeypatch.setattr(sandbox.os, "listdir", lambda path: listing)
-    monkeypatch.setattr(sandbox, "_is_device", lambda path: True)
+    from magpie.sandbox import devices
+
+    monkeypatch.setattr(devices.os, "listdir", lambda path: listing)
+    monkeypatch.setattr(devices, "_is_device", lambda path: True)
     assert sandbox.device_files(sandbox.Policy(write=[])) == ["/dev/null", "/dev/urandom"]
     assert sandbox.device_files(sandbox.Policy(write=[], gpu=True)) == [
         "/dev/null", "/dev/urandom", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri"]
@@ -753,11 +755,13 @@ def test_a_gpus_node_is_found_by_its_uuid_in_the_drivers_own_description(monkeyp
     """The minor number of a GPU's node (/dev/nvidiaN) is what the NVIDIA driver says of the GPU
     with that UUID (the H200 pair's own /proc/driver/nvidia/gpus); where it says nothing, None:
     every GPU's node stays open rather than none."""
-    monkeypatch.setattr(sandbox, "NVIDIA_GPUS", str(REPO / "tests/fixtures/h200x2/nvidia_gpus"))
+    from magpie.sandbox import devices
+
+    monkeypatch.setattr(devices, "NVIDIA_GPUS", str(REPO / "tests/fixtures/h200x2/nvidia_gpus"))
     assert sandbox.nvidia_minor("GPU-cfa66104-84c5-f90a-3572-cbf3e0211204") == 1
     assert sandbox.nvidia_minor("1a0aae44-7367-99fe-b5ae-6c22e7a62b29") == 0  # as torch gives it, no prefix
     assert sandbox.nvidia_minor("00000000-0000-0000-0000-000000000000") is None
-    monkeypatch.setattr(sandbox, "NVIDIA_GPUS", "/nonexistent")
+    monkeypatch.setattr(devices, "NVIDIA_GPUS", "/nonexistent")
     assert sandbox.nvidia_minor("1a0aae44-7367-99fe-b5ae-6c22e7a62b29") is None
     policy = sandbox.Policy(write=[], gpu=True, gpu_minors=[1])
     assert "GPU /dev/nvidia1 only" in sandbox.describe(policy)
@@ -841,7 +845,7 @@ def test_a_pids_cgroup_is_made_only_where_its_controller_is_delegated(tmp_path, 
     own = tmp_path / "process_api" / "48f8c162"
     own.mkdir(parents=True)
     monkeypatch.setattr(pids, "ROOT", str(tmp_path))
-    monkeypatch.setattr(pids, "_own_path", lambda controller: "/process_api/48f8c162" if controller == "" else None)
+    monkeypatch.setattr(pids, "own_cgroup", lambda controller: "/process_api/48f8c162" if controller == "" else None)
     (own / "cgroup.controllers").write_text("memory\n")
     assert pids._parents() == [] and not pids.available()
     (own / "cgroup.controllers").write_text("cpu memory pids\n")
@@ -1154,22 +1158,24 @@ def test_a_host_found_to_allow_a_sandbox_is_not_tried_again_until_it_changes(tmp
     switch = tmp_path / "unprivileged_userns_clone"
     switch.write_text("1\n")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(sandbox, "USER_NAMESPACE_SWITCHES", (str(switch),))
+    from magpie.sandbox import admission
+
+    monkeypatch.setattr(admission, "USER_NAMESPACE_SWITCHES", (str(switch),))
     tried = []
-    real = sandbox._tried
+    real = admission._tried
 
     def counted():
         tried.append(1)
         return real()
 
-    monkeypatch.setattr(sandbox, "_tried", counted)
+    monkeypatch.setattr(admission, "_tried", counted)
     for _ in range(3):
         sandbox.unavailable_reason.cache_clear()
         assert sandbox.unavailable_reason() is None
     assert len(tried) == 1
     switch.write_text("0\n")
     sandbox.unavailable_reason.cache_clear()
-    monkeypatch.setattr(sandbox, "_tried", lambda: tried.append(1) or "namespaces: not allowed")
+    monkeypatch.setattr(admission, "_tried", lambda: tried.append(1) or "namespaces: not allowed")
     assert sandbox.unavailable_reason() == "namespaces: not allowed" and len(tried) == 2
     sandbox.unavailable_reason.cache_clear()
     assert sandbox.unavailable_reason() == "namespaces: not allowed" and len(tried) == 3  # no word left of it

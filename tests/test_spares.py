@@ -13,7 +13,7 @@ import pytest
 
 from conftest import FIXTURES, build_json, magpie, relu2_report
 from magpie.harness import spares, triton_warmup
-from magpie.supervision import device_lock, zygote
+from magpie.supervision import device_lock, zygote_server
 from magpie.supervision import scratch as scratch_folders
 
 # A candidate that leaves a mark in its Triton cache as it is loaded: where its writes land.
@@ -49,7 +49,7 @@ def test_an_edited_candidate_kept_warm_is_loaded_into_a_spare_whose_caches_becom
 
 
 def test_one_spare_at_a_time_per_way_of_starting(monkeypatch):
-    children = zygote.Children()
+    children = zygote_server.Children()
     assert children.reserve("spare-a") and not children.reserve("spare-a")
     assert children.reserve("spare-b")
     monkeypatch.setattr(time, "monotonic", lambda: 10 ** 9)  # a reservation whose spare never came

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from magpie import sandbox
-from magpie.supervision import zygote
+from magpie import environment, sandbox
+from magpie.supervision import zygote, zygote_server
 from magpie.supervision.process import all_stopped
 from magpie.supervision.session import Worker
 from magpie.paths import subprocess_env
@@ -67,7 +67,7 @@ def test_children_are_forked_with_torch_imported_and_their_own_folder_environmen
     workdir = tmp_path / "work"
     workdir.mkdir()
     with zygote.session():
-        folder = Path(os.environ[zygote.FOLDER_VARIABLE])
+        folder = Path(os.environ[environment.ZYGOTE_DIR])
         proc = zygote.launch("zygote_probe", ["report"], cwd=str(workdir), env={**probe_env, "PROBE_VAR": "a"},
                              log_path=tmp_path / "a.log")
         assert proc.wait(timeout=120) == 0
@@ -109,7 +109,7 @@ def test_exit_codes_signals_and_passed_descriptors_come_through(tmp_path, probe_
 
 
 def test_outside_a_build_a_fresh_process_does_the_same(tmp_path, probe_env):
-    assert zygote.FOLDER_VARIABLE not in os.environ
+    assert environment.ZYGOTE_DIR not in os.environ
     proc, code, log = run_probe(tmp_path, probe_env, "report")
     assert not isinstance(proc, zygote.ForkedProcess) and code == 0
     assert json.loads(log.read_text())["torch_preloaded"] is False
@@ -197,7 +197,7 @@ def test_a_released_worker_is_adopted_by_the_next_job_with_its_key_only(tmp_path
 
 def test_a_prestarted_zygote_is_the_one_later_launches_use(tmp_path, probe_env):
     with zygote.session(prestart=True):
-        folder = Path(os.environ[zygote.FOLDER_VARIABLE])
+        folder = Path(os.environ[environment.ZYGOTE_DIR])
         deadline = time.monotonic() + 120
         while not list(folder.glob("*.sock")) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -214,13 +214,13 @@ def test_a_prestarted_zygote_is_the_one_later_launches_use(tmp_path, probe_env):
 
 def test_with_keep_warm_the_zygote_and_its_parked_workers_serve_the_next_build_then_end(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setenv(zygote.KEEP_WARM_VARIABLE, "3")
+    monkeypatch.setenv(environment.KEEP_WARM_S, "3")
     (tmp_path / "impl.py").write_text(IMPLEMENTATION)
     with zygote.session():
         first = _worker(tmp_path, "key-w", "first")
         worker_pid = first.proc.pid
         first.release()
-        folder = Path(os.environ[zygote.FOLDER_VARIABLE])
+        folder = Path(os.environ[environment.ZYGOTE_DIR])
     zygote_pid = int(next(folder.glob("*.pid")).read_text())
     assert _running(zygote_pid) and _running(worker_pid)  # the build is over; they are not
     with zygote.session():
@@ -243,7 +243,7 @@ def test_a_kept_warm_worker_serves_a_later_build_only_while_its_sandbox_hides_th
     # made before the zygote's folder moves under tmp_path: the policy hides the temporary folders
     policy = sandbox.Policy(write=[], read=[str(tmp_path)], hide=[str(store)]).to_json()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setenv(zygote.KEEP_WARM_VARIABLE, "30")
+    monkeypatch.setenv(environment.KEEP_WARM_S, "30")
     pids = []
     for build in ("first", "second", "after the store was made again"):
         if build == "after the store was made again":
@@ -343,7 +343,7 @@ def test_a_parked_kernelbench_worker_hands_on_the_model_a_fresh_process_would_bu
 
 
 def test_when_too_many_are_parked_a_second_copy_goes_before_a_unique_one():
-    children = zygote.Children()
+    children = zygote_server.Children()
     children.parked = {10: ("candidate-a", [], 1.0), 11: ("evaluator", [], 2.0), 12: ("evaluator", [], 3.0),
                        13: ("candidate-b", [], 4.0)}
     assert children.victim() == 11  # not candidate-a, parked longer but the only one of its kind
@@ -356,7 +356,7 @@ def test_parking_an_implementations_new_content_ends_its_earlier_contents_worker
     """Workers outlive builds where the zygote is kept warm; one of an implementation's earlier
     content is never adopted again (unless the edit is undone), and left parked such workers
     pushed the evaluators (duplicate keys, evicted first) out."""
-    children = zygote.Children()
+    children = zygote_server.Children()
     children.parked = {10: ("worker-a/old", [], 1.0), 11: ("evaluator-1", [], 2.0),
                        12: ("evaluator-1", [], 3.0), 13: ("worker-b/other", [], 4.0),
                        14: ("worker-a/new", [], 5.0), 15: ("worker-a/new", [], 6.0)}
@@ -366,9 +366,9 @@ def test_parking_an_implementations_new_content_ends_its_earlier_contents_worker
 
 
 def test_the_parked_cap_fits_the_device_memory():
-    assert zygote.parked_cap([]) == zygote.MAX_PARKED  # no GPU
-    assert zygote.parked_cap([141 << 30]) == zygote.MAX_PARKED  # an H200's eighth holds more
-    assert zygote.parked_cap([141 << 30, 24 << 30]) == 6  # the 24 GiB card's eighth: six contexts
+    assert zygote_server.parked_cap([]) == zygote_server.MAX_PARKED  # no GPU
+    assert zygote_server.parked_cap([141 << 30]) == zygote_server.MAX_PARKED  # an H200's eighth holds more
+    assert zygote_server.parked_cap([141 << 30, 24 << 30]) == 6  # the 24 GiB card's eighth: six contexts
 
 
 def test_what_cuda_ipc_made_in_shared_memory_for_a_child_goes_with_it(tmp_path, probe_env):

@@ -34,13 +34,9 @@ def _tool(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from magpie.linux.procfs import cpu_model_name
+
+    return cpu_model_name() or platform.processor() or platform.machine()
 
 
 @lru_cache(maxsize=None)

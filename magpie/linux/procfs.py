@@ -172,3 +172,43 @@ def own_cgroup(controller: str) -> str | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (with its pid, what tells it from a
+    later process given the same pid); None when there is no such live process (a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            text = stat_file.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def group_has_live_process(pgid: int) -> bool:
+    """Whether /proc shows a process of process group pgid that is not a zombie."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat_file:
+                text = stat_file.read()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def cpu_model_name() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it; None where it gives none."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

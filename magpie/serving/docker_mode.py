@@ -137,10 +137,10 @@ def _device_groups(paths: list[Path]) -> list[str]:
 
 def owner_labels() -> dict[str, str]:
     """This magpie process as a container's owner: a pid is another process once its start time differs."""
-    from magpie.serving.lifecycle import process_start
+    from magpie.linux.procfs import start_time
 
     pid = os.getpid()
-    return {"magpie.pid": str(pid), "magpie.pid_start": str(process_start(pid) or 0),
+    return {"magpie.pid": str(pid), "magpie.pid_start": str(start_time(pid) or 0),
             "magpie.host": socket.gethostname()}
 
 
@@ -148,7 +148,7 @@ def sweep(client) -> list[str]:
     """Removes the containers of this host's magpie runs whose magpie is gone; a line for each, naming it."""
     import docker
 
-    from magpie.serving.lifecycle import process_start
+    from magpie.linux.procfs import start_time
 
     try:
         found = client.containers.list(all=True, filters={"label": [f"magpie.host={socket.gethostname()}"]})
@@ -158,7 +158,7 @@ def sweep(client) -> list[str]:
     for container in found:
         labels = container.labels
         pid, start = labels.get("magpie.pid", ""), labels.get("magpie.pid_start", "")
-        if not (pid.isdigit() and start.isdigit()) or process_start(int(pid)) == int(start):
+        if not (pid.isdigit() and start.isdigit()) or start_time(int(pid)) == int(start):
             continue
         what = (f"container {container.short_id} ({container.attrs['Config']['Image']}, workspace "
                 f"{labels.get(LABEL)})")

@@ -37,6 +37,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from magpie.linux.procfs import start_time
 from magpie.serving.local import LocalServer, ServerError, _signal_group, group_alive, health_ok
 
 FOLDER_ENV = "MAGPIE_SERVER_DIR"
@@ -96,16 +97,6 @@ def _record_path(host: str, port: int) -> Path:
     return runtime_dir() / f"{_stem(host, port)}.json"
 
 
-def process_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot; None when there is no such (live) process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
 def read_record(path: Path) -> ServerRecord | None:
     try:
         return ServerRecord.model_validate_json(path.read_text())
@@ -115,7 +106,7 @@ def read_record(path: Path) -> ServerRecord | None:
 
 def running(record: ServerRecord) -> bool:
     """Whether the recorded server's leader still runs (the same process, not a reused pid)."""
-    return record.pid > 0 and process_start(record.pid) == record.process_start
+    return record.pid > 0 and start_time(record.pid) == record.process_start
 
 
 def stop_recorded(record: ServerRecord, path: Path, grace_s: float = 10.0) -> bool:
@@ -125,7 +116,7 @@ def stop_recorded(record: ServerRecord, path: Path, grace_s: float = 10.0) -> bo
     if record.pid <= 0:               # never started: nothing to stop (and killpg(0) would signal our own group)
         path.unlink(missing_ok=True)
         return False
-    start = process_start(record.pid)
+    start = start_time(record.pid)
     ours = start == record.process_start or (start is None and group_alive(record.pid))
     if ours:
         _signal_group(record.pid, signal.SIGTERM)
@@ -141,7 +132,7 @@ def stop_recorded(record: ServerRecord, path: Path, grace_s: float = 10.0) -> bo
 
 
 def owner_alive(record: ServerRecord) -> bool:
-    return record.owner > 0 and process_start(record.owner) == record.owner_start
+    return record.owner > 0 and start_time(record.owner) == record.owner_start
 
 
 def describe(record: ServerRecord) -> str:
@@ -240,7 +231,7 @@ class TrackedServer(LocalServer):
         """The server started and its record written, this process its owner. Called holding the records' lock."""
         super().start()
         self.record.pid = self.proc.pid
-        self.record.process_start = process_start(self.proc.pid) or 0
+        self.record.process_start = start_time(self.proc.pid) or 0
         self.record.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._own()
 
@@ -248,7 +239,7 @@ class TrackedServer(LocalServer):
         from magpie.store import atomic_write
 
         me = os.getpid()
-        self.record.owner, self.record.owner_start = me, process_start(me) or 0
+        self.record.owner, self.record.owner_start = me, start_time(me) or 0
         atomic_write(self.record_path, self.record.model_dump_json(indent=1))
 
     def stop(self, grace_s: float = 10.0) -> int | None:

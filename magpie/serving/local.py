@@ -22,6 +22,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from magpie.linux.procfs import group_has_live_process
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # `ValueError: ...`, `torch.OutOfMemoryError: ...`, `RuntimeError` alone: a Python exception as a traceback ends
 EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::\s|\s*$)")
@@ -224,17 +226,7 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return group_has_live_process(pgid)
 
 
 class install_sigterm:

@@ -7,7 +7,7 @@ its sizing read slow widens every later batch's allowance, a step is many such w
 evaluator starved of a CPU, or stuck itself, keeps no deadline at all. So the job that asked for the
 evaluation gives it a limit derived from its settings alone: past it the evaluator is killed
 (`session.Worker.receive`), the zygote kills the workers it had asked for as it sees it gone
-(`zygote.Children.heard_from`), and the verdict is `timeout after N s`. Time the evaluator
+(`zygote_server.Children.heard_from`), and the verdict is `timeout after N s`. Time the evaluator
 spends waiting for the device lock is not counted (`device_lock.waited_s`): under -j N a
 timing job waits for every other job's measurement, none of which is its own doing.
 """

@@ -1,0 +1,129 @@
+"""The sandbox's init: the first process of its PID namespace, which reaps what is orphaned
+there, watches what the sandbox's folders hold (and, as root without a pids cgroup, how many
+processes it holds), kills them all past a limit, and says how the code's process ended."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+
+from magpie.linux import namespaces, procfs
+from magpie.linux.processes import close_all_but, end_like
+from magpie.sandbox import pids
+from magpie.sandbox.policy import MAX_FILES, WATCH_S, Policy, write_trees
+
+
+# Exit status of a process whose sandbox could not be set up (nothing of the code under test ran).
+SANDBOX_FAILED = 70
+# Exit status of a sandbox whose code went over what its folders may hold: every process of it
+# killed, one line on stderr says so.
+SANDBOX_LIMIT = 71
+
+
+def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool) -> None:
+    """Fork twice: the first child is the new PID namespace's init, which reaps what is
+    orphaned there and says how the second ended; the second returns and runs the code (not
+    as PID 1, to which the kernel delivers no signal it sends itself: abort() would end in a
+    SIGSEGV). This process waits and ends the way the code's process ended, holding none of
+    its descriptors; killing it, or the init, kills everything in the namespace."""
+    status_read, status_write = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(status_read)
+        namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
+        _serve_as_init(status_write, policy, count_processes)
+        return
+    os.close(status_write)
+    close_all_but(status_read)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: os.kill(init, signal.SIGKILL))
+    _, status = os.waitpid(init, 0)
+    if cgroup:  # every process of the namespace has ended with its init
+        pids.release(cgroup)
+    with os.fdopen(status_read, "rb") as told:
+        reported = told.read()
+    if len(reported) == 4:
+        status = int.from_bytes(reported, "little")
+    end_like(status)
+
+
+def _serve_as_init(status_write: int, policy: Policy, count_processes: bool) -> None:
+    """In the new PID namespace, as its first process: fork the process that returns to run
+    the code; reap every process until that one ends; report its status and exit. Every
+    WATCH_S it looks at what the write trees hold and, with `count_processes`, how many
+    processes and threads the namespace holds: past a limit, it kills them all."""
+    try:
+        namespaces.mount_proc()
+        if policy.gpu:
+            namespaces.protect_proc()
+    except OSError as err:
+        print(f"sandbox: /proc: {err}", file=sys.stderr, flush=True)
+        os._exit(SANDBOX_FAILED)
+    code = os.fork()
+    if code == 0:
+        os.close(status_write)
+        namespaces.prctl(namespaces.PR_SET_PDEATHSIG, signal.SIGKILL)
+        return
+    close_all_but(status_write)
+    ended = os.pidfd_open(code)
+    while True:
+        select.select([ended], [], [], WATCH_S)  # the code's end, or the next look at its folders
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == code:
+                os.write(status_write, status.to_bytes(4, "little"))
+                os._exit(0)
+            if pid == 0:
+                break
+        over = _over_its_limits(policy, count_processes)
+        if over:
+            print(f"sandbox: {over} (the sandbox's limit): every process of it was killed", file=sys.stderr,
+                  flush=True)
+            os.kill(-1, signal.SIGKILL)  # in its PID namespace: every process but this one
+            os.write(status_write, (SANDBOX_LIMIT << 8).to_bytes(4, "little"))
+            os._exit(0)
+
+
+def _over_its_limits(policy: Policy, count_processes: bool) -> str | None:
+    """What the sandbox holds beyond its policy's limits, in words; None where nothing is."""
+    held = _over_what_its_folders_may_hold(policy)
+    if held:
+        return f"its folders held {held}"
+    if count_processes and procfs.tasks_in_namespace() > policy.processes:
+        return f"it held more than {policy.processes} processes and threads"
+    return None
+
+
+def _over_what_its_folders_may_hold(policy: Policy) -> str | None:
+    """What the policy's write trees hold beyond its limits (`written_mb`, MAX_FILES), or None:
+    the blocks their files take, each entry counted once more, however deep."""
+    limit = policy.written_mb << 20
+    total = files = 0
+    trees = write_trees(policy)
+    todo = [tree for tree in trees if os.path.isdir(tree)]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    files += 1
+                    if files > MAX_FILES:
+                        return f"more than {MAX_FILES} files"
+                    try:
+                        if entry.path in trees:  # a tree bound back beneath another: counted as itself
+                            continue
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:  # gone since listed
+                        continue
+                    if total > limit:
+                        return f"more than {policy.written_mb} MiB"
+        except OSError:
+            continue
+    return None
