@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import FIXTURES, magpie_in_process
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
@@ -613,24 +615,29 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     assert set(tables) >= set(PERF_FAMILIES)
 
 
-def test_standard_deviations_are_the_statistics_modules_to_the_last_bit():
+# What a trace's op tables hold: durations in 2**-10 µs steps, rates derived from them, few
+# distinct values, magnitudes far apart, signs mixed.
+TABLE_VALUES = st.one_of(st.integers(1, 200_000).map(lambda n: n / 1024), st.floats(0.5, 5e4).map(lambda d: 3.1e9 / d),
+                         st.sampled_from([1.5, 2.25, 7.0]), st.floats(1e-15, 1e15), st.floats(-1, 1))
+
+
+@settings(max_examples=500)
+@given(values=st.lists(TABLE_VALUES, min_size=2, max_size=400))
+def test_standard_deviations_are_the_statistics_modules_to_the_last_bit(values):
     """The op tables' std columns come from integer sums over the distinct values, not from
-    statistics.stdev and pstdev; their bits must be the same: durations in 2**-10 µs steps, rates
-    derived from them, few distinct values, a constant sample, magnitudes far apart, signs mixed."""
-    import random
+    statistics.stdev and pstdev; their bits must be the same."""
     import statistics
 
     from magpie.traces.stats import population_std, sample_std
 
-    rng = random.Random(11)
-    kinds = [lambda: rng.randint(1, 200_000) / 1024, lambda: 3.1e9 / rng.uniform(0.5, 5e4),
-             lambda: rng.choice([1.5, 2.25, 7.0]), lambda: rng.lognormvariate(0, 12), lambda: rng.uniform(-1, 1)]
-    for _ in range(3000):
-        kind = rng.choice(kinds)
-        values = [kind() for _ in range(rng.choice([2, 3, 7, 50, 400]))]
-        mean = statistics.fmean(values)
-        assert sample_std(values) == statistics.stdev(values)
-        assert population_std(values, mean) == statistics.pstdev(values, mean)
+    mean = statistics.fmean(values)
+    assert sample_std(values) == statistics.stdev(values)
+    assert population_std(values, mean) == statistics.pstdev(values, mean)
+
+
+def test_the_standard_deviations_of_a_constant_sample_are_zero():
+    from magpie.traces.stats import population_std, sample_std
+
     assert sample_std([2.5] * 4) == 0.0 == population_std([2.5] * 4, 2.5)
 
 
