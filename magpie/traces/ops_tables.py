@@ -18,7 +18,8 @@ import msgspec
 
 from magpie.traces.ingest import CpuOp, Trace
 from magpie.traces.kernels import category
-from magpie.traces.perf_models import Estimate, estimate, models_whole_op
+from magpie.traces.perf_models import Estimate, estimate
+from magpie.traces.tracelens_ops import category_by_name
 from magpie.traces.stats import population_std, sample_std
 
 STATS = ("mean", "median", "std", "min", "max")
@@ -68,37 +69,15 @@ VECTOR_SPEC = {"c10::BFloat16": "vector_bf16", "c10::Half": "vector_fp16", "floa
 PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise",
                  "Reduce_fwd", "Normalization")
 
-_FAMILY_CATEGORY = {"GEMM": "GEMM", "elementwise": "elementwise", "reduction": "reduce", "copy": "other",
-                    "indexing": "other", "softmax": "other"}
-# Ops modelled here whose parent op TraceLens models instead (the attention entry point, the
-# convolution): it files their kernels under "other", and so do these tables.
-_PARENT_MODELLED = {"aten::_cudnn_attention_forward", "aten::cudnn_convolution_transpose",
-                    "aten::miopen_convolution_transpose"}
 _OUTSIDE = "(launched outside any CPU op)"
 _DRIVER_LAUNCHES = ("cuLaunchKernel", "hipModuleLaunchKernel")
 SYNTHETIC = "{}->{} (Synthetic Op)"
 
 
-def op_category(name: str, family: str | None, launched: list) -> str:
-    """TraceLens's op category: from the op's model family, else from what it launched."""
-    backward = "backward" in name
-    if name in _PARENT_MODELLED:
-        return "other"
-    if family == "SDPA":
-        return "SDPA_bwd" if backward else "SDPA_fwd"
-    if family == "CONV" or ("convolution" in name):
-        return "CONV_bwd" if backward else "CONV_fwd"
-    if family == "normalization":
-        return "NORM_bwd" if backward else "NORM_fwd"
-    if "batch_norm" in name:
-        return "BN_bwd" if backward else "BN_fwd"
-    if name.startswith("aten::_foreach_"):
-        return "multi_tensor_apply"
-    # an op TraceLens has no model for is categorised by its kernels, though magpie models it
-    # (linalg_vector_norm, argmax)
-    if family is None or not models_whole_op(name):
-        return _kernel_fallback(launched)
-    return _FAMILY_CATEGORY.get(family, "other")
+def op_category(name: str, launched: list) -> str:
+    """TraceLens's op category: from its tables of ops (`tracelens_ops`), else from the op's name
+    (triton...), else from what it launched, whether or not magpie models the op."""
+    return category_by_name(name) or _kernel_fallback(launched)
 
 
 def _kernel_fallback(launched: list) -> str:
@@ -257,7 +236,7 @@ def grouped_calls(trace: Trace, calls: list[tuple]) -> list[SignatureGroup]:
             if group is None:
                 est = estimate(op)
                 group = groups[number] = SignatureGroup(
-                    op.name, op, est, op_category(op.name, est.family if est else None, launched), op.name,
+                    op.name, op, est, op_category(op.name, launched), op.name,
                     where=where_of(trace, op), uid=trace.op_uids[launcher])
             group.subtree.append(around)
             group.cpu.append(op.dur)
@@ -290,7 +269,7 @@ def held_group(view: Trace, whole: SignatureGroup, flags: list[bool]) -> Signatu
     first = calls[0][0].op
     op = view.cpu_ops[first]
     est = estimate(op)
-    return SignatureGroup(whole.name, op, est, op_category(op.name, est.family if est else None, calls[0]),
+    return SignatureGroup(whole.name, op, est, op_category(op.name, calls[0]),
                           whole.op_name, times=list(compress(whole.times, flags)),
                           subtree=list(compress(whole.subtree, flags)), cpu=list(compress(whole.cpu, flags)),
                           calls=calls, where=whole.where, uid=view.op_uids[first])

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from magpie.traces import tracelens_ops
+
 DTYPE_BYTES = {
     "double": 8, "float": 4, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "long": 8, "int": 4,
     "short int": 2, "short": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
@@ -199,9 +201,25 @@ def _int_list(text: str, rank: int, default: int) -> list[int]:
 
 
 def convolution(op):
-    stride_i, pad_i, dil_i, transposed_i, outpad_i, groups_i = CONVOLUTION[op.name]
+    return _convolution(op, CONVOLUTION[op.name], 0)
+
+
+# convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+# output_padding, groups, output_mask)
+_CONVOLUTION_BACKWARD = (4, 5, 6, 7, 8, 9)
+
+
+def convolution_backward(op):
+    """The input's and the weight's gradients, each as many multiply-adds as the forward
+    convolution, and the bias's (one add per output element) where the forward had a bias: each
+    gradient reads the output's gradient and the other operand and writes its own."""
+    return _convolution(op, _CONVOLUTION_BACKWARD, 1)
+
+
+def _convolution(op, where: tuple, first: int):
+    stride_i, pad_i, dil_i, transposed_i, outpad_i, groups_i = where
     t = tensors(op)
-    x, w = t[0], t[1] if len(t) > 1 else None
+    x, w = (t[first:first + 2] + [None, None])[:2]
     if not (x and w) or len(x.shape) < 3 or len(w.shape) != len(x.shape):
         return None
     rank = len(x.shape) - 2
@@ -222,13 +240,20 @@ def convolution(op):
         out = [(i + 2 * p - d * (k - 1) - 1) // s + 1
                for i, s, p, d, k in zip(spatial, stride, padding, dilation, kernel)]
         flops = 2.0 * n * c_out * math.prod(out) * (c_in // groups) * math.prod(kernel)
-    bias = t[2] if len(t) > 2 and t[2] else None
-    out_bytes = n * c_out * math.prod(out) * DTYPE_BYTES.get(x.dtype, 4)
-    moved = x.nbytes + w.nbytes + out_bytes + (bias.nbytes if bias else 0)
+    size = DTYPE_BYTES.get(x.dtype, 4)
+    out_numel = n * c_out * math.prod(out)
+    if first == 0:
+        bias = t[2] if len(t) > 2 and t[2] else None
+        has_bias = bias is not None
+        moved = x.nbytes + w.nbytes + out_numel * size + (bias.nbytes if bias else 0)
+    else:
+        has_bias = concrete(op, 3) not in ("", "None", "[]")  # bias_sizes: the forward's bias, if it had one
+        flops = 2 * flops + (out_numel if has_bias else 0)
+        moved = 2 * (out_numel * size + x.nbytes + w.nbytes) + ((out_numel + c_out) * size if has_bias else 0)
     return Estimate("CONV", flops, moved, TENSOR_PRECISION.get(x.dtype, "fp32"),
                     {"convNd": f"conv{rank}d", "input_shape": tuple(x.shape), "filter_shape": tuple(w.shape),
-                     "dtype_input_weight": _types(op, 0, 2), "input_stride": _stride(op, 0),
-                     "weight_stride": _stride(op, 1), "bias": bias is not None, "stride": tuple(stride),
+                     "dtype_input_weight": _types(op, first, first + 2), "input_stride": _stride(op, first),
+                     "weight_stride": _stride(op, first + 1), "bias": has_bias, "stride": tuple(stride),
                      "padding": tuple(padding), "dilation": tuple(dilation), "transposed_conv": transposed,
                      "output_padding": tuple(output_padding), "groups": groups})
 
@@ -349,16 +374,25 @@ def _dims(text: str, rank: int) -> list[int] | None:
     return [v % rank for v in values] if values else list(range(rank))
 
 
+# Where a reduction records its dims among the concrete inputs (after the tensor): norms name their order first
+_REDUCED_DIMS_AT = {"aten::norm": 2, "aten::linalg_norm": 2, "aten::linalg_vector_norm": 2}
+SCANS = ("aten::cumsum", "aten::cumprod")  # one output per input element, along one dim
+
+
 def reduction(op):
     x = tensors(op)[0] if tensors(op) else None
     if x is None:
         return None
-    reduced = _dims(concrete(op, 1), len(x.shape)) if op.name not in ("aten::argmax", "aten::argmin") or \
-        concrete(op, 1) not in ("", "None") else list(range(len(x.shape)))
-    if reduced is None:
-        return None
-    kept = math.prod(d for i, d in enumerate(x.shape) if i not in reduced)
     index_out = op.name in ("aten::argmax", "aten::argmin")
+    dims_text = concrete(op, _REDUCED_DIMS_AT.get(op.name, 1))
+    if op.name in SCANS:
+        kept = x.numel
+    else:
+        reduced = list(range(len(x.shape))) if index_out and dims_text in ("", "None") else \
+            _dims(dims_text, len(x.shape))
+        if reduced is None:
+            return None
+        kept = math.prod(d for i, d in enumerate(x.shape) if i not in reduced)
     out_dtype = "long int" if index_out else x.dtype
     moved = x.nbytes + kept * DTYPE_BYTES.get(out_dtype, 4)
     kind = next((k for k in ("mean", "max", "min", "norm") if k in op.name), "sum")
@@ -379,40 +413,136 @@ def norm(op):
                      "stride_output": None})
 
 
-LAYER_NORMS = {"aten::layer_norm", "aten::native_layer_norm", "aten::native_layer_norm_backward"}
+@dataclass(frozen=True)
+class NormLayout:
+    """Where a normalization op records what its count needs: the input, the channels (`shape`: the
+    product of a normalized shape given as a concrete input there; `groups`: the input's dim 1 over
+    the group count there; else the input's dim 1), the weight and bias (tensors, or for a backward
+    the gradients its output mask asks for), training (a concrete flag there; else always), and a
+    backward's output mask."""
+
+    input: int = 0
+    shape: int | None = None
+    groups: int | None = None
+    weight: int | None = None
+    bias: int | None = None
+    training: int | None = None
+    mask: int | None = None
+    backward: bool = False
+    rms: bool = False
 
 
-def layer_norm(op):
-    """Layer norm counted as TraceLens counts it, for parity: with N the input's elements and C the
-    normalized shape's (the channels each row is normalized over), forward 5·N + 6·C FLOPs and
-    (2·N + 6·C) values moved (the input read and the output written, and six per-channel vectors:
-    scale, shift and the statistics, as for a batch norm), backward 9·N FLOPs and (3·N + 4·C) values
-    (input and output gradient read, input gradient written); a value is the input's dtype size."""
-    backward = op.name.endswith("_backward")
+_BATCH = NormLayout(weight=1, bias=2, training=5)
+_LAYER = NormLayout(shape=1, weight=2, bias=3)
+_GROUP = NormLayout(weight=2, bias=3)
+_NATIVE_GROUP = NormLayout(weight=1, bias=2)
+_INSTANCE = NormLayout(weight=1, bias=2, training=5)
+NORM_LAYOUTS = {
+    **dict.fromkeys((f"aten::{impl}batch_norm" for impl in ("", "native_", "miopen_", "cudnn_")), _BATCH),
+    **dict.fromkeys((f"aten::{impl}layer_norm" for impl in ("", "native_", "miopen_", "cudnn_")), _LAYER),
+    "aten::group_norm": _GROUP, "aten::native_group_norm": _NATIVE_GROUP,
+    "aten::miopen_group_norm": _GROUP, "aten::cudnn_group_norm": _GROUP,
+    **dict.fromkeys((f"aten::{impl}instance_norm" for impl in ("", "native_", "miopen_", "cudnn_")), _INSTANCE),
+    "aten::_fused_rms_norm": NormLayout(shape=1, weight=2, rms=True),
+    # (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+    **dict.fromkeys(("aten::batch_norm_backward", "aten::native_batch_norm_backward"),
+                    NormLayout(input=1, weight=2, training=7, backward=True)),
+    # (input, grad_output, weight, ...): cuDNN's and MIOpen's are the eval-statistics kind
+    **dict.fromkeys(("aten::cudnn_batch_norm_backward", "aten::miopen_batch_norm_backward"),
+                    NormLayout(input=0, weight=2, training=-1, backward=True)),
+    # (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
+    **dict.fromkeys((f"aten::{impl}layer_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_")),
+                    NormLayout(input=1, shape=2, mask=7, backward=True)),
+    # (grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)
+    **dict.fromkeys((f"aten::{impl}group_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_")),
+                    NormLayout(input=1, groups=8, weight=4, mask=9, backward=True)),
+    # (grad_out, input, normalized_shape, rstd, weight, output_mask)
+    **dict.fromkeys(("aten::_fused_rms_norm_backward",
+                     *(f"aten::{impl}rms_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_"))),
+                    NormLayout(input=1, shape=2, weight=4, mask=5, backward=True, rms=True)),
+}
+# TraceLens models these and counts nothing for them (its instance-norm backward is not defined):
+# their perf cells stay blank in both tools
+UNCOUNTED = frozenset(f"aten::{impl}instance_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_"))
+
+
+def normalization(op):
+    """Batch, layer, group, instance and RMS norms, forward and backward, counted as TraceLens counts
+    them, for parity (`normalization_counts`, `rms_norm_counts`); the flags are read as the call
+    passed them (TraceLens takes a batch norm for training and affine whatever the call said)."""
+    layout = NORM_LAYOUTS[op.name]
     args = tensors(op)
-    at = 1 if backward else 0  # the input (its gradient comes first in the backward)
-    x = args[at]
-    if x is None:
+    x = args[layout.input] if len(args) > layout.input else None
+    if x is None or len(x.shape) < 2:
         return None
-    shape = _literal_ints(concrete(op, at + 1))
-    weight_at = 5 if backward else 2
-    weight = args[weight_at] if len(args) > weight_at else None
-    channels = math.prod(shape) if shape else weight.numel if weight else x.shape[-1]
-    size = DTYPE_BYTES.get(x.dtype, 4)
-    if backward:
-        flops, values = 9 * x.numel, 3 * x.numel + 4 * channels
-        # which gradients it computes (input, weight, bias): the weight's and bias's say whether they exist
-        mask = [part.strip() == "True" for part in concrete(op, 7).strip("[]").split(",")]
-        affine, bias = (mask + [False, False, False])[1:3]
+    mask = _flags(concrete(op, layout.mask)) if layout.mask is not None else [True, True, True]
+    if layout.shape is not None:
+        channels = math.prod(_literal_ints(concrete(op, layout.shape)) or [x.shape[-1]])
+    elif layout.groups is not None:
+        channels = x.shape[1] / int(concrete(op, layout.groups) or 1)
     else:
-        flops, values = 5 * x.numel + 6 * channels, 2 * x.numel + 6 * channels
-        affine, bias = _recorded(op, 2), _recorded(op, 3)
-    params = {"op_shape": tuple(x.shape), "dtype_in_out": (x.dtype, None), "stride_input": _stride(op, at),
-              "stride_output": None, "num_channels": channels, "has_bias": bias, "is_affine": affine,
-              "is_training": True}
-    if backward:
-        params["output_mask"] = mask
-    return Estimate("normalization", float(flops), values * size, _vector_precision(x.dtype), params)
+        channels = x.shape[1]
+    if layout.backward and layout.mask is not None and not layout.rms:
+        affine, bias = (mask + [False, False, False])[1:3]  # the gradients asked for say what there is
+    else:
+        affine = layout.weight is not None and _recorded(op, layout.weight)
+        bias = layout.bias is not None and _recorded(op, layout.bias) if not layout.backward else True
+    training = True if layout.training is None else \
+        layout.training >= 0 and concrete(op, layout.training) in ("True", "1")
+    if layout.rms:
+        flops, values = rms_norm_counts(x.numel, channels, affine, mask, layout.backward)
+    else:
+        flops, values = normalization_counts(x.numel, channels, affine, bias, training,
+                                             mask if layout.backward else None)
+    params = {"op_shape": tuple(x.shape), "dtype_in_out": (x.dtype, None), "stride_input": _stride(op, layout.input),
+              "stride_output": None, "num_channels": channels, "has_bias": bool(bias) and not layout.rms,
+              "is_affine": affine, "is_training": training and not layout.rms}
+    if layout.backward:
+        params["output_mask"] = mask if layout.mask is not None else [True]
+    return Estimate("normalization", float(flops), values * DTYPE_BYTES.get(x.dtype, 4),
+                    _vector_precision(x.dtype), params)
+
+
+def _flags(text: str) -> list[bool]:
+    """An output mask as the trace records it ('[True, False, True]')."""
+    return [part.strip() == "True" for part in text.strip("[]()").split(",") if part.strip()]
+
+
+def normalization_counts(n: float, c: float, affine: bool, bias: bool, training: bool,
+                         mask: list[bool] | None) -> tuple[float, float]:
+    """FLOPs and values moved (of the input's dtype) of a batch/layer/group/instance norm over n
+    elements in c channels, TraceLens's count. Forward (mask None): 2·n for the normalization and 6·c
+    for the per-channel statistics and scale, 3·n more when training; the input read and the output
+    written and per channel the mean and variance, the weight and bias where affine, two more
+    statistics when training. Backward: per channel 4 values per element for the dot products, 5 more
+    for the input gradient when training, 2 when it is not asked for, 3 for the inverse std when not
+    training; the gradient and input read (the input twice when training and asked for) and the
+    per-channel vectors."""
+    if mask is None:
+        flops = 3 * c + (3 * n if training else 0) + 3 * c + 2 * n
+        vectors = 2 + (1 + (1 if bias else 0) if affine else 0) + (2 if training else 0)
+        return flops, 2 * n + vectors * c
+    per_channel = n / c
+    flops = c * ((0 if training else 3) + 4 * per_channel
+                 + ((5 * per_channel if training else 0) if mask[0] else 2 * per_channel))
+    values = n + n * (2 if mask[0] and training else 1) + (c if training else 0)
+    if affine:
+        values += c + (c * (2 if bias else 1) if training else 0)
+    return flops, values
+
+
+def rms_norm_counts(n: float, c: float, affine: bool, mask: list[bool], backward: bool) -> tuple[float, float]:
+    """FLOPs and values moved of an RMS norm over n elements in rows of c, TraceLens's count. Forward:
+    per row 2·c + 2 for the root mean square, per element one multiply more where there is a weight;
+    the input read, the output written, the weight. Backward: per element 1 (2 with a weight), 6 more
+    for the input gradient if asked for, 1 (2 over several rows) for the weight's; the gradient read,
+    the input twice, weight and its gradient."""
+    if not backward:
+        return n / c * (2 * c + 2) + n * (2 if affine else 1), 2 * n + (c if affine else 0)
+    flops = n * (2 if affine else 1) + (6 * n if mask[0] else 0)
+    if len(mask) > 1 and mask[1] and affine:
+        flops += n * (2 if n / c > 1 else 1)
+    return flops, 3 * n + (2 * c if affine else 0)
 
 
 def _literal_ints(text: str) -> list[int] | None:
@@ -422,6 +552,30 @@ def _literal_ints(text: str) -> list[int] | None:
         return [int(p) for p in parts if p.strip()] or None
     except ValueError:
         return None
+
+
+def padded(op):
+    """replication_padNd(self, padding) and upsample_nearestNd(self, output_size): every output
+    element one copy (a FLOP, as TraceLens counts it) of an input element; the input read once, the
+    output written. Padding pairs go innermost dim first."""
+    x = tensors(op)[0] if tensors(op) else None
+    sizes = _literal_ints(concrete(op, 1))
+    if x is None or sizes is None:
+        return None
+    if "upsample" in op.name:
+        out = tuple(x.shape[:2]) + tuple(sizes)
+        extra = {}
+    else:
+        out = list(x.shape)
+        for pair in range(len(sizes) // 2):
+            out[len(out) - 1 - pair] += sizes[2 * pair] + sizes[2 * pair + 1]
+        out = tuple(out)
+        extra = {"padding": sizes}
+    numel = math.prod(out)
+    return Estimate("elementwise", float(numel), x.nbytes + numel * DTYPE_BYTES.get(x.dtype, 4),
+                    _vector_precision(x.dtype),
+                    {"input_shape": tuple(x.shape), "output_shape": out, **extra, "op_shape": out,
+                     "dtype_in_out": (x.dtype, x.dtype), "stride_input": _stride(op, 0), "stride_output": None})
 
 
 def softmax(op):
@@ -484,10 +638,9 @@ ELEMENTWISE = {f"aten::{n}" for n in (
     "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "bitwise_and", "bitwise_or", "logical_and", "triu", "tril")} \
     | UNARY_OPS | BINARY_OPS
 REDUCTIONS = {f"aten::{n}" for n in ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod",
+                                     "logsumexp", "linalg_norm", "cumsum", "cumprod",
                                      "var", "std", "norm", "linalg_vector_norm", "any", "all")}
-NORMS = {f"aten::{n}" for n in ("native_layer_norm", "native_layer_norm_backward", "layer_norm", "rms_norm",
-                                "_fused_rms_norm", "native_group_norm", "native_batch_norm",
-                                "_batch_norm_impl_index", "cudnn_batch_norm")}
+NORMS = {"aten::rms_norm", "aten::_batch_norm_impl_index"}  # outside TraceLens's NORM_LAYOUTS: a generic count
 SOFTMAX = {f"aten::{n}" for n in ("_softmax", "softmax", "_log_softmax", "log_softmax", "_softmax_backward_data")}
 
 REGISTRY = {
@@ -495,38 +648,22 @@ REGISTRY = {
     "aten::_scaled_mm": scaled_mm, "aten::index_select": index_select, "aten::embedding": embedding,
     "aten::cat": cat,
     **{name: attention for name in ATTENTION},
-    **{name: convolution for name in CONVOLUTION},
+    **{name: convolution for name in CONVOLUTION}, "aten::convolution_backward": convolution_backward,
     **{name: elementwise for name in ELEMENTWISE},
     **{name: reduction for name in REDUCTIONS},
     **{name: norm for name in NORMS},
-    **{name: layer_norm for name in LAYER_NORMS},
+    **{name: normalization for name in NORM_LAYOUTS},
+    **{name: padded for name in (f"aten::{kind}{n}d" for kind in ("replication_pad", "upsample_nearest")
+                                 for n in (1, 2, 3))},
     **{name: softmax for name in SOFTMAX},
 }
 
 
-# The ops TraceLens models, each with the sheet it files them on. TraceLens models an op whole
-# (everything launched inside it), so a perf row is the outermost of these around a kernel
-# (aten::convolution, not the cudnn_convolution inside it), whether or not magpie models it.
-_NORMS = [f"aten::{impl}{kind}_norm{way}" for impl in ("", "native_", "miopen_", "cudnn_")
-          for kind in ("batch", "layer", "group", "instance") for way in ("", "_backward")]
-_RMS_NORMS = ["aten::_fused_rms_norm", "aten::_fused_rms_norm_backward",
-              *(f"aten::{impl}rms_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_"))]
-TRACELENS_MODELS = {
-    **dict.fromkeys(("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::bmm", "aten::baddbmm"), "GEMM"),
-    "aten::convolution": "CONV_fwd", "aten::convolution_backward": "CONV_bwd",
-    **dict.fromkeys((f"aten::_scaled_dot_product_{impl}_attention" for impl in ("cudnn", "efficient", "flash")),
-                    "SDPA_fwd"),
-    **dict.fromkeys(("flash_attn::_flash_attn_forward", "flash_attn::_flash_attn_varlen_forward", "FlashAttnFunc",
-                     "vllm::unified_attention_with_output"), "SDPA_fwd"),
-    **dict.fromkeys(("flash_attn::_flash_attn_backward", "flash_attn::_flash_attn_varlen_backward"), "SDPA_bwd"),
-    **dict.fromkeys(sorted(UNARY_OPS), "UnaryElementwise"),
-    **dict.fromkeys((f"aten::{kind}{n}d" for kind in ("replication_pad", "upsample_nearest") for n in (1, 2, 3)),
-                    "UnaryElementwise"),
-    **dict.fromkeys(sorted(BINARY_OPS), "BinaryElementwise"),
-    **dict.fromkeys(_NORMS + _RMS_NORMS, "Normalization"),
-    **dict.fromkeys((f"aten::{n}" for n in ("sum", "mean", "max", "min", "norm", "linalg_norm", "std", "var",
-                                            "logsumexp", "cumsum", "cumprod", "amin", "amax")), "Reduce_fwd"),
-}
+# The ops TraceLens models, each with the sheet it files them on (`tracelens_ops`). TraceLens
+# models an op whole (everything launched inside it), so a perf row is the outermost of these
+# around a kernel (aten::convolution, not the cudnn_convolution inside it), whether or not magpie
+# models it.
+TRACELENS_MODELS = tracelens_ops.SHEET
 _TRACELENS_COMPILED = ("triton_poi_", "triton_red_", "triton_per_")  # Inductor's kernels, modelled by name
 
 

@@ -233,7 +233,7 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
         members.sort(key=lambda op: ops[op].ts)
         first, est = ops[members[0]], nesting.signature(members[0])[1]
         own = nesting.launches.get(members[0], [])
-        group = SignatureGroup(first.name, first, est, op_category(first.name, est.family if est else None, own),
+        group = SignatureGroup(first.name, first, est, op_category(first.name, own),
                                first.name, where=where, uid=uids[members[0]],
                                params=_params(est, nesting.transposes(members[0], est)) if est else {})
         for op in members:
@@ -253,7 +253,7 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
         if group is None:
             own = nesting.launches[activity.op]
             group = synthetic[(name, key, where)] = SignatureGroup(
-                name, call, None, op_category(call.name, est.family if est else None, own), call.name,
+                name, call, None, op_category(call.name, own), call.name,
                 where=where, uid=synthetic_uid)
         synthetic_uid += 1
         _add_call(group, [activity], call.dur)
