@@ -11,13 +11,12 @@ import contextlib
 import copy
 import io
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import FIXTURES, build_json, magpie, relu2_project
+from conftest import copy_project, magpie
 from magpie.cli import main
 from magpie.cli.build import _up_to_date_by_snapshot
 from magpie.execution import actions
@@ -79,15 +78,11 @@ def dry_run(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> tuple[Path, dict]:
-    """The baseline and one honest candidate built and timed; then the candidate's timing
+def measured(timed_pair, tmp_path_factory) -> tuple[Path, dict]:
+    """A copy of the baseline and one honest candidate built and timed; then the candidate's timing
     measured again and found inconclusive, with its comparison and report: the scenarios below
     run in order on this project."""
-    root = tmp_path_factory.mktemp("provisional")
-    shutil.copy(FIXTURES / "adversarial/good.py", root / "fast.py")
-    relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1",
-                  timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2")
-    assert build_json(root, "-j", "2")["failed"] == []
+    root = copy_project(timed_pair, tmp_path_factory.mktemp("provisional") / "project")
     conclusive = stored_result(root, TIMING)
     assert conclusive["performance_state"] == "SUCCESS"
     built = build_in_process(root, inconclusive(conclusive), "--force", TIMING)

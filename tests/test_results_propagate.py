@@ -5,15 +5,13 @@ the report; `--dry-run` lists tasks in the order they run and says why; `magpie 
 nothing published from what it removed; a no-op build stays a no-op."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, build_json, magpie, relu2_project
+from conftest import build_json, copy_project, magpie
 
 TIMING = "timing:relu2/fast"
-QUICK_TIMING = "warmup_ms = 1\nbudget_ms = 10\nrounds = 2"
 
 
 def dry_run(root: Path) -> list[dict]:
@@ -35,14 +33,10 @@ def published_median(root: Path, impl: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def timed(tmp_path_factory) -> Path:
-    """The baseline and one honest candidate, timed: one build shared by the scenarios below,
+def timed(timed_pair, tmp_path_factory) -> Path:
+    """A copy of the built baseline and honest candidate `fast`, shared by the scenarios below,
     which run in order (each leaves the project built)."""
-    root = tmp_path_factory.mktemp("propagate")
-    shutil.copy(FIXTURES / "adversarial/good.py", root / "fast.py")
-    relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing=QUICK_TIMING)
-    assert build_json(root, "-j", "2")["failed"] == []
-    return root
+    return copy_project(timed_pair, tmp_path_factory.mktemp("propagate") / "project")
 
 
 def test_a_timing_cleaned_and_measured_again_reruns_its_comparison_and_the_report(timed):
