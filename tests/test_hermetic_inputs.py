@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import build_json, magpie, relu2_project
+from conftest import QUICK_TIMING, build_json, copy_fixtures, kernel_table, magpie, project_toml, relu2_project
 
 from magpie import sandbox
 
@@ -50,12 +50,11 @@ def hermetic_build(root, device: str):
     (root / "kernels" / "declared.py").write_text(USES_HELPER)
     (root / "rival.py").write_text("import torch\n\n\ndef kernel(x):\n    return torch.relu(x) * 2.0\n")
     (root / "snoop.py").write_text(SNOOP.format(root=str(root)))
-    relu2_project(root, ["rival", "snoop"], shapes="[[33, 65]]", defaults="timeout_s = 60", device=device)
-    manifest = (root / "magpie.toml").read_text().replace("[[kernel.testcases]]", (
-        '[[kernel.candidates]]\nid = "undeclared"\nsource = "kernels/undeclared.py"\n\n'
-        '[[kernel.candidates]]\nid = "declared"\nsource = "kernels/declared.py"\n'
-        'source_files = ["kernels/helper.py"]\n\n[[kernel.testcases]]'))
-    (root / "magpie.toml").write_text(manifest)
+    copy_fixtures(root, ["good", "spec"])
+    relu2 = kernel_table("relu2", "good", ["rival", "snoop", "undeclared", "declared"], shapes="[[33, 65]]",
+                         sources={"undeclared": "kernels/undeclared.py", "declared": "kernels/declared.py"},
+                         candidate_settings={"declared": 'source_files = ["kernels/helper.py"]'})
+    (root / "magpie.toml").write_text(project_toml(relu2, device=device, defaults="timeout_s = 60", timing=QUICK_TIMING))
     result = build_json(root, "-j", "1")
     report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
     return root, result, {r["implementation"]: r for r in report["results"]}
@@ -121,23 +120,11 @@ def test_a_spec_imports_only_what_its_testcase_declares(tmp_path):
         (tmp_path / kernel / "common.py").write_text("def doubled(x):\n    return x * 2.0\n")
         (tmp_path / kernel / "spec.py").write_text(SPEC_WITH_HELPER)
         (tmp_path / kernel / "good.py").write_text("import torch\n\n\ndef kernel(x):\n    return torch.relu(x) * 2.0\n")
-    tables = "".join(f'''
-[[kernel]]
-id = "{kernel}"
-type = "pytorch"
-entry = "kernel"
-
-[kernel.baseline]
-id = "good"
-source = "{kernel}/good.py"
-
-[[kernel.testcases]]
-spec = "{kernel}/spec.py"
-shapes = [[8, 16]]
-{declared}
-''' for kernel, declared in (("undeclared", ""), ("declared", 'spec_files = ["declared/common.py"]')))
-    (tmp_path / "magpie.toml").write_text('[project]\nname = "specs"\n\n[defaults.timing]\nwarmup_ms = 5\n'
-                                          'budget_ms = 30\nrounds = 2\n' + tables)
+    tables = [kernel_table(kernel, "good", folder=f"{kernel}/", spec=f"{kernel}/spec.py", shapes="[[8, 16]]",
+                           testcase=declared)
+              for kernel, declared in (("undeclared", ""), ("declared", 'spec_files = ["declared/common.py"]'))]
+    (tmp_path / "magpie.toml").write_text(project_toml(*tables, name="specs",
+                                                       timing="warmup_ms = 5\nbudget_ms = 30\nrounds = 2"))
     build_json(tmp_path, "-j", "1")
     rows = {}
     for kernel in ("undeclared", "declared"):
