@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import COMMAND_PROJECT, write
 
+from magpie import environment
 from magpie.supervision import device_lock
 
 
@@ -89,7 +90,7 @@ def test_a_wait_ends_in_one_line_naming_the_lock_file_and_its_holder(monkeypatch
     device = f"test-{uuid.uuid4().hex[:8]}"
     holder = _holder(held, device, tmp_path, "holder")
     try:
-        monkeypatch.setenv(device_lock.TIMEOUT_VARIABLE, "0.5")
+        monkeypatch.setenv(environment.DEVICE_LOCK_TIMEOUT_S, "0.5")
         started = time.monotonic()
         with pytest.raises(device_lock.DeviceLockTimeout) as caught:
             with getattr(device_lock, wanted)(device):
@@ -119,7 +120,7 @@ def test_a_wait_behind_holders_that_keep_changing_does_not_time_out(monkeypatch)
     device = f"test-{uuid.uuid4().hex[:8]}"
     path = str(device_lock._path(device, "lock"))
     context = multiprocessing.get_context("fork")
-    monkeypatch.setenv(device_lock.TIMEOUT_VARIABLE, "1.5")
+    monkeypatch.setenv(environment.DEVICE_LOCK_TIMEOUT_S, "1.5")
     holders = []
 
     def hold_next():
@@ -184,7 +185,7 @@ def test_a_lock_timeout_is_that_jobs_failure_in_the_locks_own_words(tmp_path):
     project.mkdir()
     temp.mkdir()
     write(project, COMMAND_PROJECT)
-    env = {"TMPDIR": str(temp), device_lock.TIMEOUT_VARIABLE: "1"}
+    env = {"TMPDIR": str(temp), environment.DEVICE_LOCK_TIMEOUT_S: "1"}
     holder = _holder("exclusive", "cpu", tmp_path, "stuck-holder", env)
     try:
         proc = subprocess.run([sys.executable, "-m", "magpie", "build", "--json", "correctness:k2/c"], cwd=project,

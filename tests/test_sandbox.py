@@ -548,15 +548,15 @@ def test_each_build_of_one_process_draws_a_secret_of_its_own(tmp_path, monkeypat
     """A process that builds again (a library caller, a server, this test run) draws a new secret
     each time: the one a build made is not left in the environment for the next to inherit."""
     from magpie.cli import main
-    from magpie.harness.spec import SECRET_VARIABLE
+    from magpie.environment import INPUT_SECRET
 
-    monkeypatch.delenv(SECRET_VARIABLE, raising=False)
+    monkeypatch.delenv(INPUT_SECRET, raising=False)
     (tmp_path / "twin.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
     relu2_project(tmp_path, ["twin"], shapes="[[33, 65]]")
     secrets = []
     for _ in range(2):
         assert main(["build", "-m", str(tmp_path / "magpie.toml"), "--plain"]) == 0
-        assert SECRET_VARIABLE not in os.environ
+        assert INPUT_SECRET not in os.environ
         secrets += [json.loads(p.read_text())["input_secret"] for p in (tmp_path / "workspaces/store").glob(
             "*/*/result.json") if json.loads(p.read_text()).get("task") == "correctness:relu2/twin"]
         assert main(["clean", "-m", str(tmp_path / "magpie.toml"), "--all"]) == 0

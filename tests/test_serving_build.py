@@ -193,10 +193,11 @@ def test_keep_server_is_validated_and_not_in_the_key(tmp_path):
 def test_a_build_reuses_a_kept_server_across_its_benchmarks_and_clean_stops_it(project, monkeypatch):
     """`keep_server = true`: the build's second benchmark is served by the server the first kept (recorded as
     reused in its provenance), the server outlives the build, and `magpie clean` stops it."""
+    from magpie import environment
     from magpie.serving import lifecycle
     from magpie.serving.local import group_alive
 
-    monkeypatch.setenv(lifecycle.FOLDER_ENV, str(project / "servers"))
+    monkeypatch.setenv(environment.SERVER_DIR, str(project / "servers"))
     _declare_kept(project, free_port())
     try:
         built = build_json(project)

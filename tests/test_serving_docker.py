@@ -227,9 +227,9 @@ def test_sigterm_mid_run_removes_the_container(client, image, tiny_model, tmp_pa
 
 def test_a_container_left_by_a_killed_magpie_is_removed_and_a_live_ones_is_not(client, image, tiny_model, tmp_path,
                                                                                  capsys, monkeypatch):
-    from magpie.serving import lifecycle
+    from magpie import environment
 
-    monkeypatch.setenv(lifecycle.FOLDER_ENV, str(tmp_path / "servers"))      # the user's kept servers stay
+    monkeypatch.setenv(environment.SERVER_DIR, str(tmp_path / "servers"))      # the user's kept servers stay
     out = tmp_path / "ws"
     proc = subprocess.Popen([sys.executable, "-m", "magpie", "benchmark", "transformers", "-m", str(tiny_model),
                              "--run-mode", "docker", "--docker-image", image, "--port", str(free_port()),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from magpie import environment
 from magpie.cli import main
 from magpie.serving import engines, lifecycle
 from magpie.serving.local import free_port, group_alive
@@ -25,7 +26,7 @@ from test_serving_local import Fake
 def kept(monkeypatch, tmp_path):
     """Records in a folder of the test's own; every server a test kept is stopped, and checked gone, after it."""
     monkeypatch.setattr(engines, "get", lambda name: Fake())
-    monkeypatch.setenv(lifecycle.FOLDER_ENV, str(tmp_path / "servers"))
+    monkeypatch.setenv(environment.SERVER_DIR, str(tmp_path / "servers"))
     started: list[int] = []
     yield started
     lifecycle.stop_all()
@@ -108,7 +109,7 @@ def test_transformers_serve_is_kept_and_reused(tmp_path, tmp_path_factory, monke
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
-    monkeypatch.setenv(lifecycle.FOLDER_ENV, str(tmp_path / "servers"))
+    monkeypatch.setenv(environment.SERVER_DIR, str(tmp_path / "servers"))
     model, port = build(tmp_path / "tiny"), free_port()
     reports = []
     try:

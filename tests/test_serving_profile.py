@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from magpie import environment
 from magpie.cli import main
 from magpie.serving import profiling
 from magpie.serving.bench_config import load_benchmark_config
@@ -49,7 +50,7 @@ def test_transformers_runs_under_the_launcher(tmp_path):
     command = get("transformers").command(ServerSpec(model="m"))
     wrapped = profiling.command("transformers", command)
     assert wrapped[1:4] == ["-m", "magpie.serving.torch_launcher", "--"] and wrapped[4:] == command
-    assert profiling.environment("transformers", tmp_path) == {profiling.TRACE_DIR_ENV: str(tmp_path)}
+    assert profiling.environment("transformers", tmp_path) == {environment.TORCH_TRACE_DIR: str(tmp_path)}
     with pytest.raises(profiling.ProfilerError, match="no profiler mechanism"):
         profiling.environment("atom", tmp_path)
 
@@ -177,7 +178,7 @@ def test_the_launcher_records_the_model_in_the_process_that_runs_it(tmp_path, st
     (tmp_path / "child_model_server.py").write_text(_CHILD_MODEL_SERVER)
     trace_dir = tmp_path / "torch_trace"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           profiling.TRACE_DIR_ENV: str(trace_dir)}
+           environment.TORCH_TRACE_DIR: str(trace_dir)}
     server = subprocess.Popen([sys.executable, "-m", "magpie.serving.torch_launcher", "--", sys.executable, "-m",
                                "child_model_server", start_method], env=env, stdout=subprocess.PIPE, text=True,
                               start_new_session=True)

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import FIXTURES, build_json, magpie, relu2_report
+from magpie import environment
 from magpie.harness import spares, triton_warmup
 from magpie.supervision import device_lock, zygote_server
 from magpie.supervision import scratch as scratch_folders
@@ -58,7 +59,7 @@ def test_one_spare_at_a_time_per_way_of_starting(monkeypatch):
 
 def test_a_spares_share_of_the_device_lock_holds_measurements_off_until_closed(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setenv(device_lock.TIMEOUT_VARIABLE, "0.3")
+    monkeypatch.setenv(environment.DEVICE_LOCK_TIMEOUT_S, "0.3")
     with device_lock.shared("cpu"):
         held = device_lock.share_held("cpu")
     assert held is not None

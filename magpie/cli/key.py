@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from magpie.environment import SIGNING_KEY
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("key", help="print this machine's public signing key (to trust its artifacts elsewhere)",
                        description="Print the public key that signs every artifact this user's builds store "
-                                   "(from MAGPIE_SIGNING_KEY where set, as in CI, else the key file, made on first "
+                                   f"(from {SIGNING_KEY} where set, as in CI, else the key file, made on first "
                                    "use). Another machine uses those artifacts only once it is listed there, in "
                                    "magpie.toml's [store] trusted_signers or the user's trusted-signers file; the "
                                    "private key never leaves this machine.")

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from magpie import sandbox
+from magpie import environment, sandbox
 from magpie.execution.actions import with_library, workspace_of
 from magpie.harness.compiler_caches import compiler_caches
 from magpie.harness.keys import code_reads
@@ -159,8 +159,8 @@ def command_target(job, work: Path, bounds: dict, index: int, testcase: dict) ->
     impl = with_library(job, spec.params["impl"])
     cwd = root / (testcase.get("working_dir") or ".")
     env = subprocess_env({**os.environ, **(impl.get("env") or {}), **(testcase.get("env") or {}),
-                          **_private_caches(work), "MAGPIE_IMPL_ID": impl["id"],
-                          "MAGPIE_IMPL_SOURCE": str(root / impl["source"])})
+                          **_private_caches(work), environment.IMPL_ID: impl["id"],
+                          environment.IMPL_SOURCE: str(root / impl["source"])})
     correct = job.dep_results.get(f"correctness:{spec.kernel}/{spec.impl}", {})
     ran = next((c for c in correct.get("checks") or [] if c.get("testcase") == index and c.get("case") == "command"),
                {})

@@ -37,10 +37,10 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from magpie.environment import SERVER_DIR
 from magpie.linux.procfs import start_time
 from magpie.serving.local import LocalServer, ServerError, _signal_group, group_alive, health_ok
 
-FOLDER_ENV = "MAGPIE_SERVER_DIR"
 # What must be equal for a kept server to serve another run: everything that decides what the server does.
 MATCHED = ("engine", "engine_version", "model", "model_key", "command", "env", "host", "port")
 
@@ -78,7 +78,7 @@ def record_for(provenance, command: list[str], env: dict[str, str], host: str, p
 
 def runtime_dir() -> Path:
     """The user's private folder of kept servers' records and logs (made here, mode 0700; refused if not ours)."""
-    path = Path(os.environ.get(FOLDER_ENV) or Path(tempfile.gettempdir()) / f"magpie-servers-{os.getuid()}")
+    path = Path(os.environ.get(SERVER_DIR) or Path(tempfile.gettempdir()) / f"magpie-servers-{os.getuid()}")
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = os.lstat(path)

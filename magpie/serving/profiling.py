@@ -40,8 +40,9 @@ from typing import Optional
 
 import msgspec
 
+from magpie.environment import TORCH_TRACE_DIR
+
 TRACE_DIR = "torch_trace"
-TRACE_DIR_ENV = "MAGPIE_TORCH_TRACE_DIR"
 ENDPOINT_ENGINES = {"vllm": "VLLM_TORCH_PROFILER_DIR", "sglang": "SGLANG_TORCH_PROFILER_DIR"}
 LAUNCHER_ENGINES = ("transformers",)
 START_SIGNAL, STOP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
@@ -61,7 +62,7 @@ def environment(engine_name: str, trace_dir: Path) -> dict[str, str]:
     if engine_name in ENDPOINT_ENGINES:
         return {ENDPOINT_ENGINES[engine_name]: str(trace_dir)}
     if engine_name in LAUNCHER_ENGINES:
-        return {TRACE_DIR_ENV: str(trace_dir)}
+        return {TORCH_TRACE_DIR: str(trace_dir)}
     raise ProfilerError(f"the {engine_name} engine has no profiler mechanism here (vllm, sglang, transformers)")
 
 

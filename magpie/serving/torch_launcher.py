@@ -37,7 +37,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from magpie.serving.profiling import MARKER_SUFFIX, START_SIGNAL, STOP_SIGNAL, TRACE_DIR_ENV
+from magpie.environment import TORCH_TRACE_DIR
+from magpie.serving.profiling import MARKER_SUFFIX, START_SIGNAL, STOP_SIGNAL
 
 SIGNALS = {START_SIGNAL, STOP_SIGNAL}
 CHILD_OPEN_WAIT_S = 60.0
@@ -51,7 +52,7 @@ def _say(message: str) -> None:
 
 
 def _trace_dir() -> Path:
-    return Path(os.environ.get(TRACE_DIR_ENV, "torch_trace"))
+    return Path(os.environ.get(TORCH_TRACE_DIR, "torch_trace"))
 
 
 def _marker(pid: int) -> Path:

@@ -28,9 +28,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from magpie.environment import SIGNING_KEY
 from magpie.errors import UserError
 
-VARIABLE = "MAGPIE_SIGNING_KEY"
 SCHEME = "ed25519:"
 KEY_FILE = "signing-key"
 TRUSTED_FILE = "trusted-signers"  # one "ed25519:<hex>" a line; '#' starts a comment
@@ -48,9 +48,9 @@ def config_dir() -> Path:
 def take_secret_from_environment() -> None:
     """Called first thing by the CLI (and by each `Store` made): the CI secret leaves the
     environment every process started afterwards inherits, and stays in this process's memory alone."""
-    value = os.environ.pop(VARIABLE, "").strip()
+    value = os.environ.pop(SIGNING_KEY, "").strip()
     if value:  # an empty one (how CI passes a secret not defined) is none: this user's key file serves
-        _secret[:] = [_parse_seed(value, f"the environment variable {VARIABLE}")]
+        _secret[:] = [_parse_seed(value, f"the environment variable {SIGNING_KEY}")]
         _from_environment[0] = True
 
 
@@ -98,7 +98,7 @@ def _make_key_file(path: Path) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=path.parent)  # mode 0600
     except OSError as err:
         raise UserError(f"{path}: cannot make the store's signing key ({err.strerror}): set XDG_CONFIG_HOME to a "
-                        f"folder of yours, or give a key in {VARIABLE}") from None
+                        f"folder of yours, or give a key in {SIGNING_KEY}") from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(os.urandom(32).hex() + "\n")

@@ -26,10 +26,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from magpie.environment import DEVICE_LOCK_TIMEOUT_S
 from magpie.linux.procfs import command_words, file_locks
 from magpie.private_folders import NotPrivate, lock_folder
 
-TIMEOUT_VARIABLE = "MAGPIE_DEVICE_LOCK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
 POLL_S = 0.02  # between attempts to take a lock that is held
 LOOK_S = 1.0  # at most this long between looks at who holds it
@@ -46,7 +46,7 @@ class DeviceLockTimeout(DeviceLockError):
 def timeout_s() -> float:
     """How long a wait may see the same holders (inf: for ever)."""
     try:
-        value = float(os.environ.get(TIMEOUT_VARIABLE) or DEFAULT_TIMEOUT_S)
+        value = float(os.environ.get(DEVICE_LOCK_TIMEOUT_S) or DEFAULT_TIMEOUT_S)
     except ValueError:
         return DEFAULT_TIMEOUT_S
     return value if value > 0 else DEFAULT_TIMEOUT_S
@@ -186,7 +186,7 @@ def _timeout_line(path: Path, purpose: str, waited: float, held: float, holders:
         who += f" and {len(holders) - 3} more" if len(holders) > 3 else ""
     when = "all that time" if held >= waited - 0.5 else f"the last {held:.0f} s"
     return (f"device lock: gave up after {waited:.0f} s waiting for {path} ({purpose}), held {when} {who}; "
-            f"{TIMEOUT_VARIABLE} sets the wait")
+            f"{DEVICE_LOCK_TIMEOUT_S} sets the wait")
 
 
 def _command_line(pid: int) -> str:
