@@ -42,9 +42,13 @@ def add_parser(sub) -> None:
                                       "them (vllm, sglang: ignore_eos)")
     s.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     s.add_argument("--concurrency", type=int, help="requests in flight at most (default: no limit)")
-    s.add_argument("--input-len", type=int, default=1024, help="random prompts' length (default: %(default)s)")
+    s.add_argument("--input-len", type=int, default=1024,
+                   help="random prompts' length in tokens of --tokenizer (default: %(default)s)")
     s.add_argument("--output-len", type=int, default=128, help="tokens asked of each request (default: %(default)s)")
     s.add_argument("--random-range-ratio", type=float, default=0.0, help="lengths uniform over len*(1±ratio)")
+    s.add_argument("--random-prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
+    s.add_argument("--tokenizer", help="the tokenizer lengths are counted in: a folder or a hub id in the local cache "
+                                       "(default: the model's own; none to be had: words, with a warning)")
     s.add_argument("--num-prompts", type=int, default=100, help="requests in the run (default: %(default)s)")
     s.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default: all at once)")
     s.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrivals (1: Poisson)")
@@ -174,6 +178,7 @@ def run_serving(args) -> int:
             host=args.host, port=args.port, base_url=args.base_url, endpoint=args.endpoint,
             concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
             range_ratio=args.random_range_ratio, num_prompts=args.num_prompts, request_rate=args.request_rate,
+            prefix_len=args.random_prefix_len, tokenizer=args.tokenizer,
             burstiness=args.burstiness, num_warmups=args.num_warmups, seed=args.seed,
             goodput=parse_goodput(args.goodput), timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
             output_dir=args.output_dir, profiler=args.torch_profiler, run_mode=args.run_mode or "local",

@@ -1,14 +1,21 @@
 """What the load client asks: `random`, ShareGPT-format JSON and custom JSONL prompts.
 
 Lengths are counted in tokens of a given tokenizer (anything with `encode(text,
-add_special_tokens=False)`, `decode(ids)` and `vocab_size`, e.g. a Hugging Face tokenizer), or,
-with none, in words of a built-in vocabulary: 10,000 two-syllable lowercase words ("bako",
-"tesu", ...) joined by single spaces. Such a word is one to three tokens for common BPE
-vocabularies, so a word count is a stable, tokenizer-free length; the server's
-`usage.prompt_tokens`, when it sends one, replaces it in the results.
+add_special_tokens=False)`, `decode(ids)` and `vocab_size`, e.g. a Hugging Face tokenizer;
+`load_tokenizer` gives the model's own, offline), or, with none, in words of a built-in
+vocabulary: 10,000 two-syllable lowercase words ("bako", "tesu", ...) joined by single spaces.
+Such a word is one to three tokens for common BPE vocabularies. The server's
+`usage.prompt_tokens`, when it sends one, replaces the count in the results.
+
+The random dataset with a tokenizer is built as vLLM's: random token ids, a shared prefix of
+`prefix_len` ids before each prompt's own, decoded to text and re-encoded until the count holds (a
+decoded text may re-encode to other ids); the prompt's length is its re-encoded count. Unlike vLLM,
+only ids that decode to clean text and back to themselves are drawn (`_round_trip_ids`), so the
+count settles.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -41,6 +48,23 @@ def vocabulary() -> list[str]:
     return [a + b for a in syllables for b in syllables]
 
 
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(name: str):
+    """The Hugging Face tokenizer of a model folder, or of a hub id already in the local cache: nothing is
+    downloaded. Raises ValueError with one line where there is none."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ValueError(f"tokenizer {name}: counting tokens needs transformers (pip install transformers), "
+                         f"or give no --tokenizer for a model without one") from None
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as exc:             # transformers words a missing or broken tokenizer in many exception types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"tokenizer {name}: none found in that folder or in the local Hugging Face cache "
+                         f"({first[:200]}); give --tokenizer a folder holding tokenizer.json") from None
+
+
 def count_tokens(text: str, tokenizer: Tokenizer | None = None) -> int:
     if tokenizer is None:
         return len(text.split())
@@ -58,50 +82,65 @@ def _words(rng: random.Random, vocab: list[str], n: int) -> str:
     return " ".join(rng.choices(vocab, k=n))
 
 
-def _token_text(rng: random.Random, tokenizer: Tokenizer, n: int) -> tuple[str, int]:
-    """Text of (close to) n tokens: random ids decoded, re-encoded and trimmed or topped up."""
-    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
-    size = tokenizer.vocab_size
+_ROUND_TRIP: dict[int, list[int]] = {}
 
-    def draw(k: int) -> list[int]:
-        out = []
-        while len(out) < k:
-            i = rng.randrange(size)
-            if i not in specials:
-                out.append(i)
-        return out
 
-    ids = draw(n)
+def _round_trip_ids(tokenizer: Tokenizer) -> list[int]:
+    """The ids that decode to clean text (no replacement character) re-encoding to themselves alone, special ids
+    left out: a byte-level vocabulary's lone bytes decode to invalid UTF-8 and re-encode to more tokens, so prompts
+    of them never settle on a count. Worked out once per tokenizer (batched where the tokenizer batches)."""
+    key = id(tokenizer)
+    if key not in _ROUND_TRIP:
+        specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+        candidates = [i for i in range(tokenizer.vocab_size) if i not in specials]
+        if hasattr(tokenizer, "batch_decode"):
+            texts = tokenizer.batch_decode([[i] for i in candidates])
+            again = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        else:
+            texts = [tokenizer.decode([i]) for i in candidates]
+            again = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        _ROUND_TRIP[key] = [i for i, t, ids in zip(candidates, texts, again) if ids == [i] and "\ufffd" not in t]
+    return _ROUND_TRIP[key]
+
+
+def _token_ids(rng: random.Random, tokenizer: Tokenizer, n: int) -> list[int]:
+    return rng.choices(_round_trip_ids(tokenizer), k=n)
+
+
+def _token_text(rng: random.Random, tokenizer: Tokenizer, ids: list[int]) -> tuple[str, int]:
+    """Text of (close to) len(ids) tokens: the ids decoded, re-encoded and trimmed or topped up until the count
+    holds; the text and its re-encoded count."""
+    n = len(ids)
     text = tokenizer.decode(ids)
     for _ in range(8):
         ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) == n:
             break
-        ids = ids[:n] if len(ids) > n else ids + draw(n - len(ids))
+        ids = ids[:n] if len(ids) > n else ids + _token_ids(rng, tokenizer, n - len(ids))
         text = tokenizer.decode(ids)
     return text, len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def random_dataset(num_prompts: int, input_len: int, output_len: int, *, range_ratio: float = 0.0,
                    prefix_len: int = 0, seed: int = 0, tokenizer: Tokenizer | None = None) -> list[SampleRequest]:
-    """vLLM's `random`: input and output lengths uniform over [len·(1−r), len·(1+r)], a shared prefix."""
+    """vLLM's `random`: input and output lengths uniform over [len·(1−r), len·(1+r)], a shared prefix of
+    `prefix_len` before each prompt's own `input_len` (tokens with a tokenizer, else words)."""
     rng = random.Random(seed)
     in_lo, in_hi = length_range(input_len, range_ratio)
     out_lo, out_hi = length_range(output_len, range_ratio)
-    vocab = vocabulary() if tokenizer is None else None
-    prefix = ""
-    if prefix_len:
-        prefix = _words(rng, vocab, prefix_len) if vocab else _token_text(rng, tokenizer, prefix_len)[0]
     samples = []
+    if tokenizer is None:
+        vocab = vocabulary()
+        prefix = _words(rng, vocab, prefix_len) + " " if prefix_len else ""
+        for _ in range(num_prompts):
+            n_in, n_out = rng.randint(in_lo, in_hi), rng.randint(out_lo, out_hi)
+            samples.append(SampleRequest(prefix + _words(rng, vocab, n_in), prefix_len + n_in, n_out))
+        return samples
+    prefix_ids = _token_ids(rng, tokenizer, prefix_len)
     for _ in range(num_prompts):
-        n_in = rng.randint(in_lo, in_hi)
-        n_out = rng.randint(out_lo, out_hi)
-        if vocab is not None:
-            body, real = _words(rng, vocab, n_in), n_in
-        else:
-            body, real = _token_text(rng, tokenizer, n_in)
-        prompt = f"{prefix} {body}" if prefix else body
-        samples.append(SampleRequest(prompt, real + prefix_len, n_out))
+        n_in, n_out = rng.randint(in_lo, in_hi), rng.randint(out_lo, out_hi)
+        prompt, real = _token_text(rng, tokenizer, prefix_ids + _token_ids(rng, tokenizer, n_in))
+        samples.append(SampleRequest(prompt, real, n_out))
     return samples
 
 

@@ -20,7 +20,8 @@ from datetime import datetime
 from typing import Any, Callable, Sequence
 
 from magpie.serving import metrics as _metrics
-from magpie.serving.datasets import SampleRequest, custom_dataset, random_dataset, sharegpt_dataset
+from magpie.serving.datasets import (SampleRequest, custom_dataset, load_tokenizer, random_dataset,
+                                     sharegpt_dataset)
 from magpie.serving.endpoints import endpoint as _endpoint
 from magpie.serving.http import Client
 from magpie.serving.models import LoadConfig, ServingMetrics
@@ -50,6 +51,9 @@ def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, seed: int = 0)
 
 
 def load_samples(config: LoadConfig, tokenizer=None) -> list[SampleRequest]:
+    """The dataset's requests, lengths in tokens of `tokenizer` (default: `config.tokenizer_id`'s), else words."""
+    if tokenizer is None and config.tokenizer_id is not None:
+        tokenizer = load_tokenizer(config.tokenizer_id)
     d = config.dataset
     if d.name == "random":
         return random_dataset(config.num_prompts, d.input_len, d.output_len or 128, range_ratio=d.range_ratio,
@@ -58,6 +62,14 @@ def load_samples(config: LoadConfig, tokenizer=None) -> list[SampleRequest]:
         return sharegpt_dataset(d.path, config.num_prompts, output_len=d.output_len, seed=config.seed,
                                 tokenizer=tokenizer)
     return custom_dataset(d.path, config.num_prompts, output_len=d.output_len, seed=config.seed, tokenizer=tokenizer)
+
+
+def count_output_tokens(outputs: Sequence[RequestOutput], tokenizer) -> None:
+    """A request whose server sent no `usage.completion_tokens` gets its output text's token count, as vLLM's
+    bench serve counts it (chunks may carry several tokens)."""
+    for o in outputs:
+        if o.success and o.usage_tokens is None and o.generated_text:
+            o.output_tokens = len(tokenizer.encode(o.generated_text, add_special_tokens=False))
 
 
 class RunRecord:
@@ -122,6 +134,8 @@ async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Cl
             duration = clock() - start
         finally:
             gc.unfreeze()
+        if config.tokenizer_id is not None:
+            count_output_tokens(outputs, load_tokenizer(config.tokenizer_id))
         return RunRecord(outputs, duration, warmups)
     finally:
         if own:
@@ -129,7 +143,7 @@ async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Cl
 
 
 def vllm_result(config: LoadConfig, record: RunRecord, metrics: ServingMetrics, flat: dict[str, float], *,
-                detailed: bool = False, date: str | None = None, tokenizer_id: str | None = None) -> dict[str, Any]:
+                detailed: bool = False, date: str | None = None) -> dict[str, Any]:
     """The run under the keys of vLLM's `bench serve --save-result` JSON, in its order: what it writes by default
     (`latencies`, `queue_times` and `rtfx` included; `rtfx` is 0.0 without audio input) and with `--save-detailed`
     the per-request lists. Statistics of every metric at p50/p90/p95/p99 (vLLM's default is p99 of ttft, tpot and
@@ -141,7 +155,7 @@ def vllm_result(config: LoadConfig, record: RunRecord, metrics: ServingMetrics, 
     result: dict[str, Any] = {
         "date": date or datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": backend, "backend": backend, "label": config.label or backend,
-        "model_id": config.model, "tokenizer_id": tokenizer_id, "num_prompts": config.num_prompts,
+        "model_id": config.model, "tokenizer_id": config.tokenizer_id, "num_prompts": config.num_prompts,
         "request_rate": config.request_rate if not math.isinf(config.request_rate) else "inf",
         "burstiness": config.burstiness, "max_concurrency": config.max_concurrency,
         "duration": record.duration, "completed": metrics.completed, "failed": metrics.failed,

@@ -57,6 +57,8 @@ class LoadConfig(_Strict):
     headers: dict[str, str] = {}
     timeout_s: Optional[float] = Field(6 * 3600, gt=0, description="per request")
     label: Optional[str] = None
+    tokenizer_id: Optional[str] = Field(None, description="the tokenizer lengths are counted in (a folder or cached "
+                                                          "hub id); None: words of the built-in vocabulary")
 
     @field_validator("goodput")
     @classmethod

@@ -54,9 +54,12 @@ class BenchmarkConfig(_Strict):
     base_url: Optional[str] = Field(None, description="a running server: nothing is started")
     endpoint: Literal["completions", "chat"] = "completions"
     concurrency: Optional[int] = Field(None, ge=1)
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(128, ge=1)
+    input_len: int = Field(1024, ge=1, description="prompt tokens (of `tokenizer`), or words without one")
+    output_len: int = Field(128, ge=1, description="output tokens, forced where the engine allows (ignore_eos)")
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    prefix_len: int = Field(0, ge=0, description="tokens of a prefix shared by every prompt, before its input_len")
+    tokenizer: Optional[str] = Field(None, description="the tokenizer lengths are counted in (a folder or cached hub "
+                                                       "id); None: the model's own (prompt_tokenizer)")
     num_prompts: int = Field(100, ge=1)
     request_rate: float = Field(math.inf, gt=0, description='requests/s; inf (written "inf", as vLLM writes it) '
                                                           'sends all at once')
@@ -101,6 +104,59 @@ class BenchmarkConfig(_Strict):
             raise ValueError("server_lifecycle reuse: a profiled run starts a server of its own (its profiler "
                              "writes into the run's workspace); drop --keep-server or --torch-profiler")
         return self
+
+
+def model_context(config: BenchmarkConfig) -> tuple[int, str] | None:
+    """The most tokens a request may hold and where that comes from: `max_model_len`, else the model folder's
+    config.json (`max_position_embeddings`, `n_positions`, `max_seq_len`, `seq_length`); None when unknown."""
+    import json
+
+    if config.max_model_len:
+        return config.max_model_len, "--max-model-len"
+    path = local_model_path(config.model)
+    try:
+        fields = json.loads((path / "config.json").read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return None
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        if isinstance(fields.get(key), int):
+            return fields[key], f"{key} in {path / 'config.json'}"
+    return None
+
+
+# Files of a Hugging Face model folder that hold its tokenizer (fast, sentencepiece, BPE vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def prompt_tokenizer(config: BenchmarkConfig) -> str | None:
+    """Before any server starts: the tokenizer the lengths are counted in (`--tokenizer`, else the model's own
+    folder or cached hub id; loaded here so a broken one is one line now), and the lengths checked against the
+    model's context. None: no tokenizer to be had (an external server's model name, a folder without tokenizer
+    files), lengths in words. Raises ValueError with the one line."""
+    from magpie.serving.datasets import length_range, load_tokenizer
+
+    limit = model_context(config)
+    if limit is not None:
+        longest = (config.prefix_len + length_range(config.input_len, config.range_ratio)[1] +
+                   length_range(config.output_len, config.range_ratio)[1])
+        if longest > limit[0]:
+            raise ValueError(f"prompts of up to {longest} tokens with their output (prefix_len {config.prefix_len}, "
+                             f"input_len {config.input_len}, output_len {config.output_len}, range_ratio "
+                             f"{config.range_ratio:g}) do not fit the model's context of {limit[0]} ({limit[1]}): "
+                             f"lower --input-len / --output-len")
+    name = config.tokenizer
+    if name is None:
+        path = local_model_path(config.model)
+        if path is not None and path.is_dir():
+            if not any((path / f).exists() for f in TOKENIZER_FILES):
+                return None                  # no tokenizer to be had; the engine says what it makes of the folder
+            name = str(path)
+        elif path is None and hub_revision(config.model) is not None:
+            name = config.model
+        else:
+            return None
+    load_tokenizer(name)
+    return name
 
 
 class ServerInfo(_Strict):

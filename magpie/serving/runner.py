@@ -31,7 +31,7 @@ from magpie.serving import gpus as _gpus
 from magpie.serving import lifecycle as _lifecycle
 from magpie.serving import profiling as _profiling
 from magpie.serving.report import (ENV_THAT_MATTERS, BenchmarkConfig, BenchmarkReport, Provenance, ServerInfo,
-                                   hub_revision, local_model_path, measured_fields, model_hash)
+                                   hub_revision, local_model_path, measured_fields, model_hash, prompt_tokenizer)
 
 REPORT = "benchmark_report.json"
 CONFIG = "benchmark_config.json"
@@ -104,6 +104,13 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
     try:
         with install_sigterm():
             try:
+                try:                # before any server starts: the tokenizer, and lengths that fit the context
+                    config = config.model_copy(update={"tokenizer": prompt_tokenizer(config)})
+                except ValueError as exc:
+                    raise _Failed(str(exc)) from None
+                if config.tokenizer is None:
+                    _warn([f"no tokenizer for {config.model}: lengths are words of the built-in vocabulary; "
+                           f"give --tokenizer to count tokens"])
                 spec = _engines.ServerSpec(model=config.model, host=config.host, port=config.port, tp=config.tp,
                                            precision=config.precision, max_model_len=config.max_model_len,
                                            extra_args=config.extra_server_args, env=config.env)
@@ -297,7 +304,8 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
     load_config = LoadConfig(
         base_url=base_url, model=config.model, endpoint=config.endpoint, num_prompts=config.num_prompts,
         dataset=DatasetConfig(input_len=config.input_len, output_len=config.output_len,
-                              range_ratio=config.range_ratio),
+                              range_ratio=config.range_ratio, prefix_len=config.prefix_len),
+        tokenizer_id=config.tokenizer,
         request_rate=config.request_rate, burstiness=config.burstiness, max_concurrency=config.concurrency,
         num_warmups=config.num_warmups, seed=config.seed, goodput=config.goodput,
         # an engine with no way to fix the output length is sent OpenAI's standard fields alone
