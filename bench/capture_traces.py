@@ -13,6 +13,13 @@
 - fp8_scaled_mm: torch._scaled_mm on float8_e4m3fn operands (row-wise and tensor-wise scales);
 - graph_replay: an MLP captured as a CUDA graph and replayed as decode steps (vLLM-format
   annotations written by this script), so kernels come from cudaGraphLaunch;
+- op_coverage: the ops TraceLens models beyond the other captures, forward and backward: cumsum and
+  cumprod, sort and topk, bool masks (masked_fill, where, boolean indexing), embedding, layer, group,
+  batch and instance norms, softmax and log-softmax (and their backward), logsumexp and norms,
+  convolutions, max and average pooling, replication padding and nearest upsampling (fp32 and bf16);
+- compare_repeats: six captures of one Triton workload (`repeat_<i>`) and three with one kernel made
+  10% slower by a code change (an eleventh pass over its data where the others make ten,
+  `slower_<i>`), for the comparison's false-positive rate and power (`--compare-traces`);
 - tp2_collectives: two ranks, one process per GPU (NCCL), each running steps of a
   tensor-parallel MLP block (all_gather, matmuls, all_reduce, reduce_scatter in bf16), one
   trace per rank; with fewer than two GPUs the same program on the CPU with gloo, to check
@@ -245,6 +252,91 @@ def train_step(out: Path) -> None:
     _save(prof, out, "train_step_mlp")
 
 
+def op_coverage(out: Path) -> None:
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                               torch.nn.MaxPool2d(2), torch.nn.Conv2d(16, 16, 3, padding=1, groups=4),
+                               torch.nn.GroupNorm(4, 16), torch.nn.AvgPool2d(2),
+                               torch.nn.InstanceNorm2d(16, affine=True), torch.nn.AdaptiveAvgPool2d(1)).cuda()
+    embedding = torch.nn.Embedding(1000, 256).cuda()
+    norm = torch.nn.LayerNorm(256).cuda()
+    images = torch.randn(4, 8, 32, 32, device="cuda", requires_grad=True)
+    tokens = torch.randint(0, 1000, (8, 64), device="cuda")
+
+    def step(dtype):
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+            pooled = conv(images).flatten(1)
+            hidden = norm(embedding(tokens))
+            scores = hidden @ hidden.transpose(1, 2)
+            mask = tokens[:, None, :] == 0  # bool
+            scores = scores.masked_fill(mask, float("-inf"))
+            probs = torch.softmax(scores.float(), dim=-1)
+            logp = torch.log_softmax(scores.float(), dim=-1)
+            kept = torch.where(probs > 0.01, probs, torch.zeros_like(probs))
+            picked = hidden[hidden.sum(-1) > 0]  # boolean indexing
+            values, _ = torch.sort(hidden, dim=-1)
+            top, _ = torch.topk(hidden, 8, dim=-1)
+            scan = torch.cumsum(hidden, dim=1) + torch.cumprod(torch.sigmoid(hidden), dim=-1)
+            reduced = (torch.logsumexp(scores.float(), dim=-1).sum() + torch.linalg.norm(hidden.float(), dim=-1).sum()
+                       + values.mean() + top.amax() + scan.mean() + picked.sum() + kept.sum() + logp.mean())
+            padded = torch.nn.functional.pad(images, (1, 2, 3, 4), mode="replicate")
+            upsampled = torch.nn.functional.interpolate(images, scale_factor=2, mode="nearest")
+            loss = reduced + pooled.sum() + padded.mean() + upsampled.mean()
+        loss.backward()
+
+    for dtype in (torch.float32, torch.bfloat16):
+        step(dtype)  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        for dtype in (torch.float32, torch.bfloat16):
+            with record_function(f"step_{str(dtype).split('.')[-1]}"):
+                step(dtype)
+        torch.cuda.synchronize()
+    _save(prof, out, "op_coverage")
+
+
+@triton.jit
+def _passes_kernel(x_ptr, y_ptr, n, PASSES: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for _ in tl.static_range(PASSES):  # each pass reads the block again: time grows with the passes
+        acc += tl.load(x_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    tl.store(y_ptr + offsets, acc, mask=mask)
+
+
+def compare_repeats(out: Path) -> None:
+    """Repeats of one workload, each its own profiler session, and repeats with `_passes_kernel`
+    making 11 passes instead of 10 (about 10% slower; nothing else changes)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.GELU(), torch.nn.LayerNorm(2048),
+                                torch.nn.Linear(2048, 1024)).cuda().to(torch.bfloat16)
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    buffer = torch.randn(1 << 22, device="cuda")
+    result = torch.empty_like(buffer)
+
+    def workload(passes):
+        with torch.no_grad():
+            for i in range(8):
+                with record_function(f"iteration_{i}"):
+                    y = torch.softmax(model(x).float(), dim=-1).sum()
+                    _passes_kernel[(triton.cdiv(buffer.numel(), 1024),)](buffer, result, buffer.numel(),
+                                                                          PASSES=passes, BLOCK=1024)
+                    y + result[:1].sum()
+
+    for passes in (10, 11):
+        workload(passes)  # compile and warm up both variants
+    torch.cuda.synchronize()
+    for name, passes, count in (("repeat", 10, 6), ("slower", 11, 3)):
+        for i in range(count):
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+                workload(passes)
+                torch.cuda.synchronize()
+            folder = out / "compare_repeats"
+            folder.mkdir(exist_ok=True)
+            _save(prof, folder, f"{name}_{i}")
+
+
 # NVLink multicast (NVLS) must stay off on the shared multi-GPU host; spawned ranks inherit these
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -317,7 +409,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     chosen = set(argv[1].split(",")) if len(argv) > 1 else None
     captures = (llama_decode, triton_custom, train_step, serving_steps, llama_unannotated, conv_net, fp8_scaled_mm,
-                graph_replay, tp2_collectives)
+                graph_replay, op_coverage, compare_repeats, tp2_collectives)
     done = []
     for capture in captures:
         if chosen and capture.__name__ not in chosen:
@@ -330,8 +422,9 @@ def main(argv: list[str]) -> int:
     info = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "triton": triton.__version__, "captures": done}
     (out / "capture_info.json").write_text(json.dumps(info))
-    for path in sorted(out.iterdir()):
-        print(path.name, path.stat().st_size)
+    for path in sorted(out.rglob("*")):
+        if path.is_file():
+            print(path.relative_to(out), path.stat().st_size)
     return 0
 
 

@@ -6,7 +6,9 @@ Each side is one or more traces of one configuration (repeats of one run). Per o
 op, TraceLens's `<launch>-><kernel> (Synthetic Op)`) and per kernel (its full name; memcpy and
 memset by theirs), the GPU time of each trace is summed; a side's time is the mean over its
 repeats. Rows give time before and after, difference and ratio, whether the row is new or
-vanished, and a verdict on whether the change is beyond the run-to-run noise (`verdict`).
+vanished, and a verdict on whether the change is beyond the run-to-run noise (`judge_rows`,
+statistics in `noise.py`). Copies within a side (every time equal) count once, with a warning:
+zero spread between copies says nothing of the noise.
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from pathlib import Path
 from magpie.store import atomic_write
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
 from magpie.traces.kernels import normalize
+from magpie.traces.noise import FDR, PRIOR_WEIGHT, NoiseModel, benjamini_hochberg, fit, t_test
 from magpie.traces.ops_tables import signature_groups
 
 COLUMNS = ["level", "name", "input_dims", "input_types", "concrete_inputs", "status", "verdict",
            "before_us", "after_us", "diff_us", "ratio", "calls_before", "calls_after",
-           "before_min_us", "before_max_us", "after_min_us", "after_max_us", "noise_us"]
+           "before_min_us", "before_max_us", "after_min_us", "after_max_us", "noise_us", "p_value", "q_value"]
 WITHIN, SLOWER, FASTER, NEW, VANISHED, NO_REPEATS = ("within noise", "slower", "faster", "new", "vanished",
                                                      "no repeats")
 VERDICTS = (SLOWER, FASTER, NEW, VANISHED, WITHIN, NO_REPEATS)
-RULE = ("beyond noise when the two sides' per-trace times do not overlap (every trace of one side above every "
-        "trace of the other) and the difference of the means exceeds the larger spread (max - min) seen between "
-        "one side's repeats; with one trace per side only an exact tie is 'within noise', anything else "
-        "'no repeats'")
+RULE = (f"beyond noise when a row's q-value (Benjamini-Hochberg over the level's rows) is at most {FDR}: a t test "
+        "of the difference of the per-trace means, the row's within-side variance moderated toward a noise model "
+        "fitted over all rows ((rel * time)^2 + calls * jitter^2); copies within a side count once; with no "
+        "repeats on either side only an exact tie is 'within noise', anything else 'no repeats'")
 
 
 def side_paths(spec: str | Path) -> list[Path]:
@@ -72,7 +75,8 @@ def load_side(spec: str | Path, label: str, warnings: list[str]) -> list[Trace]:
 
 
 def measure(trace: Trace) -> dict[str, dict[str, dict]]:
-    """Per level ("op", "kernel"): key -> {"name", signature fields, "calls", "us"} for one trace."""
+    """Per level ("op", "kernel"): key -> {"name", signature fields, "calls", "us"} for one trace;
+    and its kernels' time ("kernel_us", memcpy and memset left out)."""
     ops: dict[str, dict] = {}
     for group in signature_groups(trace):
         op = group.op
@@ -90,40 +94,55 @@ def measure(trace: Trace) -> dict[str, dict[str, dict]]:
                                                  "concrete_inputs": "", "calls": 0, "us": 0.0})
         row["calls"] += 1
         row["us"] += activity.dur
-    return {"op": ops, "kernel": kernels}
+    return {"op": ops, "kernel": kernels, "kernel_us": sum(k.dur for k in trace.kernels)}
 
 
-def verdict(before: list[float], after: list[float]) -> tuple[str, float | None]:
-    """Whether the change between two sides' per-trace times is beyond run-to-run noise, and the
-    noise used (µs; None without repeats).
+def distinct(traces: list[Trace], measured: list[dict], label: str, warnings: list[str]) -> list[dict]:
+    """One side's measures less copies (every row's time and calls equal to an earlier trace's:
+    the same file, or re-encoded), each copy named in a warning line."""
+    kept: list[tuple[Trace, dict]] = []
+    for trace, measures in zip(traces, measured):
+        original = next((t for t, m in kept if m == measures), None)
+        if original is None:
+            kept.append((trace, measures))
+        else:
+            warnings.append(f"{label}: {trace.path} is a copy of {original.path} (every time equal): counted once, "
+                            "as zero spread between copies is no evidence of the run-to-run noise")
+    return [m for _, m in kept]
 
-    The repeats of one side differ only by run-to-run noise, so the spread (max - min) between
-    them is the size of change that re-running alone produced; the larger spread of the two sides
-    is taken. A change counts only when both hold:
-    - the sides do not overlap: every trace after is slower (or faster) than every trace before.
-      Were both sides drawn from one distribution, that order happens by chance with probability
-      2 / C(n_before + n_after, n_before): 1/3 for 2+2 repeats, 1/10 for 3+3, 1/35 for 4+4, so
-      more repeats make the verdict stronger;
-    - the difference of the means exceeds that spread, so that a gap smaller than the noise
-      already seen (two tight but slightly shifted clusters) is not called a change.
-    With a single trace on each side there is no noise to measure: only an exact tie (a trace
-    against itself) is within noise, anything else is "no repeats".
-    """
+
+def verdict(before: list[float], after: list[float], model: NoiseModel | None, calls: float) -> dict:
+    """A row's test before the false-discovery control: its standard error (`noise_us`) and
+    p-value, or with no repeats on either side only whether it is an exact tie."""
     diff = statistics.fmean(after) - statistics.fmean(before)
-    spreads = [max(side) - min(side) for side in (before, after) if len(side) > 1]
-    if not spreads:
-        return (WITHIN if diff == 0 else NO_REPEATS), None
-    noise = max(spreads)
-    apart = min(after) > max(before) or max(after) < min(before)
-    if apart and abs(diff) > noise:
-        return (SLOWER if diff > 0 else FASTER), noise
-    return WITHIN, noise
+    prior = model.variance(statistics.fmean(before + after), calls) if model else 0.0
+    tested = t_test(before, after, prior) if model else None
+    if tested is None:
+        return {"verdict": WITHIN if diff == 0 else NO_REPEATS, "noise_us": None, "p_value": None}
+    p, error = tested
+    return {"verdict": None, "noise_us": error, "p_value": p, "diff": diff}
 
 
-def compare_rows(before: list[dict], after: list[dict], level: str) -> list[dict]:
-    """The rows of one level from each side's per-trace measures, largest absolute difference first."""
+def judge_rows(rows: list[dict], tests: list[dict]) -> None:
+    """Each common row's verdict: slower or faster where its Benjamini-Hochberg q-value over the
+    tested rows is at most FDR, else within noise."""
+    tested = [i for i, t in enumerate(tests) if t["p_value"] is not None]
+    qvalues = benjamini_hochberg([tests[i]["p_value"] for i in tested])
+    for row, test in zip(rows, tests):
+        row.update(noise_us=test["noise_us"], p_value=test["p_value"], q_value=None)
+        if row["status"] == "common":
+            row["verdict"] = test["verdict"]
+    for i, q in zip(tested, qvalues):
+        rows[i]["q_value"] = q
+        if rows[i]["status"] == "common":
+            rows[i]["verdict"] = (SLOWER if rows[i]["diff_us"] > 0 else FASTER) if q <= FDR else WITHIN
+
+
+def compare_rows(before: list[dict], after: list[dict], level: str) -> tuple[list[dict], NoiseModel | None]:
+    """The rows of one level from each side's per-trace measures, largest absolute difference
+    first, and the noise model fitted on them."""
     keys = dict.fromkeys(k for side in (before, after) for m in side for k in m[level])
-    rows = []
+    rows, samples = [], []
     for key in keys:
         seen_before = [m[level][key] for m in before if key in m[level]]
         seen_after = [m[level][key] for m in after if key in m[level]]
@@ -132,20 +151,23 @@ def compare_rows(before: list[dict], after: list[dict], level: str) -> list[dict
         first = (seen_before or seen_after)[0]
         mean_before, mean_after = statistics.fmean(times_before), statistics.fmean(times_after)
         status = NEW if not seen_before else VANISHED if not seen_after else "common"
-        judged, noise = verdict(times_before, times_after)
+        calls_before = statistics.fmean([m[level][key]["calls"] if key in m[level] else 0 for m in before])
+        calls_after = statistics.fmean([m[level][key]["calls"] if key in m[level] else 0 for m in after])
+        samples.append((times_before, times_after, (calls_before + calls_after) / 2))
         rows.append({
             "level": level, "name": first["name"], "input_dims": first["input_dims"],
             "input_types": first["input_types"], "concrete_inputs": first["concrete_inputs"], "status": status,
-            "verdict": status if status != "common" else judged,
+            "verdict": status,
             "before_us": mean_before, "after_us": mean_after, "diff_us": mean_after - mean_before,
             "ratio": mean_after / mean_before if mean_before > 0 else None,
-            "calls_before": statistics.fmean([m[level][key]["calls"] if key in m[level] else 0 for m in before]),
-            "calls_after": statistics.fmean([m[level][key]["calls"] if key in m[level] else 0 for m in after]),
+            "calls_before": calls_before, "calls_after": calls_after,
             "before_min_us": min(times_before), "before_max_us": max(times_before),
-            "after_min_us": min(times_after), "after_max_us": max(times_after), "noise_us": noise,
+            "after_min_us": min(times_after), "after_max_us": max(times_after),
         })
-    rows.sort(key=lambda r: (-abs(r["diff_us"]), r["name"], r["input_dims"]))
-    return rows
+    model = fit([sample for sample, row in zip(samples, rows) if row["status"] == "common"])
+    judge_rows(rows, [verdict(b, a, model, calls) for b, a, calls in samples])
+    order = sorted(range(len(rows)), key=lambda i: (-abs(rows[i]["diff_us"]), rows[i]["name"], rows[i]["input_dims"]))
+    return [rows[i] for i in order], model
 
 
 def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
@@ -155,19 +177,27 @@ def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
     warnings: list[str] = []
     before = load_side(before_spec, "before", warnings)
     after = load_side(after_spec, "after", warnings)
-    measured_before, measured_after = [measure(t) for t in before], [measure(t) for t in after]
-    ops = compare_rows(measured_before, measured_after, "op")
-    kernels = compare_rows(measured_before, measured_after, "kernel")
-    totals_before = [sum(k.dur for k in t.kernels) for t in before]
-    totals_after = [sum(k.dur for k in t.kernels) for t in after]
-    total_verdict, total_noise = verdict(totals_before, totals_after)
+    measured_before = distinct(before, [measure(t) for t in before], "before", warnings)
+    measured_after = distinct(after, [measure(t) for t in after], "after", warnings)
+    ops, op_model = compare_rows(measured_before, measured_after, "op")
+    kernels, kernel_model = compare_rows(measured_before, measured_after, "kernel")
+    totals_before = [m["kernel_us"] for m in measured_before]
+    totals_after = [m["kernel_us"] for m in measured_after]
+    calls = statistics.fmean([sum(k["calls"] for k in m["kernel"].values()) for m in measured_before + measured_after])
+    total = verdict(totals_before, totals_after, kernel_model, calls)
+    total_verdict = total["verdict"] or (WITHIN if total["p_value"] > FDR else
+                                         SLOWER if total["diff"] > 0 else FASTER)
+    total_noise = total["noise_us"]
     mean_before, mean_after = statistics.fmean(totals_before), statistics.fmean(totals_after)
     out = Path(out_dir)
     summary = {
         "before": [t.path for t in before],
         "after": [t.path for t in after],
-        "repeats": {"before": len(before), "after": len(after)},
+        "repeats": {"before": len(measured_before), "after": len(measured_after)},
         "rule": RULE,
+        "noise_model": {"fdr": FDR, "prior_weight": PRIOR_WEIGHT,
+                        **{level: vars(model) if model else None for level, model in (("op", op_model),
+                                                                                       ("kernel", kernel_model))}},
         "total_kernel_time_us": {"before": mean_before, "after": mean_after, "diff": mean_after - mean_before,
                                  "ratio": mean_after / mean_before if mean_before > 0 else None,
                                  "verdict": total_verdict, "noise_us": total_noise},
