@@ -574,13 +574,13 @@ def test_a_measurement_that_failed_a_check_is_not_taken_again(tmp_path):
 
 
 def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
-    """What `_disturbed` compares: the baseline's median here against its own timing job's,
+    """What `judging.disturbed` compares: the baseline's median here against its own timing job's,
     for the same case, past the device's fraction unless the manifest gives one: on a GPU 10%
     (1.5% between jobs is the H200's ordinary spread, 67% is what one disturbed job read), on
     the CPU 25% (jobs of one build read a 10 µs baseline up to 23.5% apart there)."""
     from types import SimpleNamespace
 
-    from magpie.harness.evaluate import Evaluator
+    from magpie.harness.judging import disturbed as judged_disturbed
     from magpie.harness.measurement import Rounds
 
     measured = Rounds(["candidate", "baseline"])
@@ -588,8 +588,7 @@ def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     case = SimpleNamespace(label="16777216")
 
     def disturbed(alone_us, shape="16777216", device="cuda", settings=None):
-        judge = SimpleNamespace(baseline_own_timing={"shape": shape, "median_us": alone_us}, device=device)
-        return Evaluator._disturbed(judge, measured, case, settings or {})
+        return judged_disturbed(measured, case, settings or {}, {"shape": shape, "median_us": alone_us}, device)
 
     assert "(1.67x)" in disturbed(84.5) and "(1.67x)" in disturbed(84.5, device="cpu")
     assert disturbed(139.0) is None and disturbed(155.0) is None

@@ -19,7 +19,7 @@ from conftest import FIXTURES, build_json, write
 from magpie.execution import profile as profile_action
 from magpie.execution.actions import comparison
 from magpie.execution.doit_glue import closure, doit_fields
-from magpie.harness.evaluate import _verdict
+from magpie.harness.judging import correctness_verdict
 from magpie.manifest.models import ProfileSettings
 from magpie.project import Project
 from magpie.report.models import CompareReport
@@ -351,11 +351,12 @@ def test_numerics_checked_by_the_testcase_command():
     command = {"testcase": 0, "case": "command", "trial": 0, "passed": True, "check": "exit code", "detail": ""}
     compared = {"testcase": 1, "case": "4x4", "trial": 0, "passed": True, "check": "allclose", "detail": "",
                 "max_abs_err": 0.0, "max_rel_err": 0.0, "rel_err_norm": 0.0}
-    judged = _verdict([command], "verified")
+    judged = correctness_verdict([command], "verified")
     assert judged["numerics"] == "checked by the testcase command" and judged["verdict"] == "correct"
-    assert _verdict([command, compared], "verified")["numerics"] == "verified"
-    assert _verdict([compared], "unverified")["numerics"] == "unverified"
-    failed = _verdict([{**command, "passed": False, "detail": "exit 1", "kind": "testcase_command"}], "verified")
+    assert correctness_verdict([command, compared], "verified")["numerics"] == "verified"
+    assert correctness_verdict([compared], "unverified")["numerics"] == "unverified"
+    failed = correctness_verdict([{**command, "passed": False, "detail": "exit 1", "kind": "testcase_command"}],
+                                 "verified")
     assert failed["correctness_state"] == "FAILED" and failed["numerics"] == "checked by the testcase command"
 
 

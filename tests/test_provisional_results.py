@@ -3,7 +3,7 @@
 artifact, and the next build measures it again, with what reads it; a build after a conclusive
 measurement is a no-op. The fast no-op path declines while a provisional result is stored.
 
-The timing's verdict is made inconclusive by the harness's own `_inconclusive` on a real stored
+The timing's verdict is made inconclusive by the harness's own `judging.inconclusive` on a real stored
 measurement (a busy machine cannot be ordered up in a test); the action that marks it, the store,
 the staleness and the builds are the real ones, run in-process (`magpie.cli.main`)."""
 
@@ -44,14 +44,14 @@ def published_row(root: Path, impl: str) -> dict:
 
 def inconclusive(measured: dict) -> dict:
     """A stored timing result as the harness leaves one a busy machine disturbed in every measurement."""
-    from magpie.harness.evaluate import _inconclusive
+    from magpie.harness import judging
 
     result = copy.deepcopy(measured)
     label = result["performance_result"]["shape"]  # e.g. "[8, 16] float32"
     shape, dtype = label.rsplit(" ", 1)
     case = SimpleNamespace(label=label, shape=json.loads(shape), dtype=dtype)
     result["errors"] = ["a call read 0.001 us, under 0.25 of what copying its outputs costs"]
-    _inconclusive(result, ["candidate: its calls read under their copy"], [0.61, 0.58, 0.64], case, 0)
+    judging.inconclusive(result, ["candidate: its calls read under their copy"], [0.61, 0.58, 0.64], case, 0)
     return result
 
 

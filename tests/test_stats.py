@@ -5,7 +5,7 @@ import pytest
 
 from magpie.compare.stats import bootstrap_speedup, quantile, summarize_ns, t_quantile, thin, thin_rounds
 from magpie.execution.actions import rank
-from magpie.harness.evaluate import paired_speedup
+from magpie.harness.measurement import paired_speedup
 
 
 def test_summary_of_known_samples():

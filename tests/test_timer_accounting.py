@@ -6,7 +6,9 @@ from statistics import median
 
 import pytest
 
-from magpie.harness.evaluate import Evaluator
+from magpie.harness.context import EvaluationContext
+from magpie.harness.method_choice import chosen_method, probed_method
+from magpie.harness.pool import WorkerPool
 from magpie.harness.measurement import (
     UNEXPLAINED_ALLOWANCE, UNEXPLAINED_FRACTION, Rounds, few_samples, request_account, timer_inconsistency, wall_check)
 from magpie.harness.timing import CpuWallTimer, calibrate
@@ -94,8 +96,8 @@ def test_a_kernel_too_slow_for_its_budget_gets_a_note():
     assert few_samples({"n": 50, "median_us": 1000.0}, [10] * 5, 300) is None
 
 
-def evaluator(tmp_path, impl: dict, timing_method: dict | None = None) -> Evaluator:
-    return Evaluator({"root": str(tmp_path), "kernel": "k", "impl": impl, "work_dir": str(tmp_path),
+def evaluator(tmp_path, impl: dict, timing_method: dict | None = None) -> EvaluationContext:
+    return EvaluationContext({"root": str(tmp_path), "kernel": "k", "impl": impl, "work_dir": str(tmp_path),
                       "settings": {"correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
                                    "project": {"device": "cuda"}},
                       "timing_method": timing_method})
@@ -103,18 +105,17 @@ def evaluator(tmp_path, impl: dict, timing_method: dict | None = None) -> Evalua
 
 def test_the_baselines_timing_chooses_the_method_for_every_candidate(tmp_path):
     baseline = evaluator(tmp_path, {"id": "base", "is_baseline": True})
-    assert baseline._chosen_method({"mode": "auto"}) is None  # it probes
-    chosen = baseline._probed_method({"candidate": 7.5})
+    assert chosen_method(baseline.device, {"mode": "auto"}, baseline.set_method) is None  # it probes
+    chosen = probed_method({"candidate": 7.5}, is_baseline=True)
     assert chosen["mode"] == "graph" and "the baseline probed 7.5 µs" in chosen["why"]
     candidate = evaluator(tmp_path, {"id": "fast", "is_baseline": False}, timing_method=chosen)
-    method = candidate._chosen_method({"mode": "auto"})
+    method = chosen_method(candidate.device, {"mode": "auto"}, candidate.set_method)
     assert method["mode"] == "graph" and method["why"].endswith("chosen by the baseline's timing")
     # the manifest's mode wins over both
-    assert candidate._chosen_method({"mode": "events"})["mode"] == "events"
+    assert chosen_method(candidate.device, {"mode": "events"}, candidate.set_method)["mode"] == "events"
     # a candidate whose baseline was not timed decides from the faster of its pair
-    alone = evaluator(tmp_path, {"id": "fast", "is_baseline": False})
-    assert alone._probed_method({"candidate": 3.0, "baseline": 40.0})["mode"] == "graph"
-    assert alone._probed_method({"candidate": 30.0, "baseline": 40.0})["mode"] == "events"
+    assert probed_method({"candidate": 3.0, "baseline": 40.0})["mode"] == "graph"
+    assert probed_method({"candidate": 30.0, "baseline": 40.0})["mode"] == "events"
 
 
 def test_a_worker_serves_later_builds_unless_it_times_itself_on_a_gpu(tmp_path):
@@ -126,15 +127,18 @@ def test_a_worker_serves_later_builds_unless_it_times_itself_on_a_gpu(tmp_path):
     from magpie.harness.keys import worker_key
     from magpie.supervision import zygote
 
-    def judge(secret: str, device: str = "cuda", vouched: bool = True) -> Evaluator:
-        return Evaluator({"root": str(tmp_path), "kernel": "k", "impl": {"id": "impl"}, "work_dir": str(tmp_path),
+    def judge(secret: str, device: str = "cuda", vouched: bool = True) -> EvaluationContext:
+        return EvaluationContext({"root": str(tmp_path), "kernel": "k", "impl": {"id": "impl"}, "work_dir": str(tmp_path),
                           "input_secret": secret,
                           "settings": {"correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
                                        "project": {"device": device}, "timing": {"vouched": vouched}}})
 
     assert judge("a").seed != judge("b").seed and judge("a").init_seed == judge("b").init_seed
-    assert judge("a")._build_of_workers is None and judge("a", device="cpu", vouched=False)._build_of_workers is None
-    assert judge("a", vouched=False)._build_of_workers != judge("b", vouched=False)._build_of_workers
+    def build_of_workers(secret: str, device: str = "cuda", vouched: bool = True) -> str | None:
+        return WorkerPool(judge(secret, device, vouched)).build_of_workers
+
+    assert build_of_workers("a") is None and build_of_workers("a", device="cpu", vouched=False) is None
+    assert build_of_workers("a", vouched=False) != build_of_workers("b", vouched=False)
 
     (tmp_path / "impl.py").write_text("def f(x):\n    return x\n")
     load = {"op": "load", "id": "impl", "library": None, "init_inputs_file": None, "seed": 1, "code": "ZGVm"}
@@ -182,25 +186,24 @@ def test_a_launch_bound_implementation_timed_as_graph_replays_passes():
 def test_a_launch_bound_baseline_is_timed_as_graph_replays(tmp_path):
     """A 17.5 µs kernel whose host takes 45 µs to launch a call: per-call events would time the
     launch path (66-178 µs across one build's jobs on the H200); graph replays time the device."""
-    baseline = evaluator(tmp_path, {"id": "base", "is_baseline": True})
-    launch_bound = baseline._probed_method({"candidate": 17.5}, {"candidate": 45.0})
+    launch_bound = probed_method({"candidate": 17.5}, {"candidate": 45.0}, is_baseline=True)
     assert launch_bound["mode"] == "graph" and "launch-bound" in launch_bound["why"]
     assert launch_bound["launch_us"] == 45.0
-    device_bound = baseline._probed_method({"candidate": 180.0}, {"candidate": 12.0})
+    device_bound = probed_method({"candidate": 180.0}, {"candidate": 12.0}, is_baseline=True)
     assert device_bound["mode"] == "events" and "launched in 12 µs" in device_bound["why"]
-    assert baseline._probed_method({"candidate": 180.0}, {"candidate": None})["mode"] == "events"
+    assert probed_method({"candidate": 180.0}, {"candidate": None}, is_baseline=True)["mode"] == "events"
 
 
 def test_a_measurement_whose_only_failure_is_a_probe_that_waited_is_taken_again():
     """A probe after a batch is timed by the host's clock: one after an honest baseline's batch
     on the H200 took 1.2 ms against an idle 24 µs. Such a failure alone measures again (where a
     worker that leaves work behind fails again); any other failure stands."""
-    from magpie.harness.evaluate import _probe_waited
+    from magpie.harness.judging import probe_waited
     from magpie.harness.measurement import Rounds
 
     measured = Rounds(["candidate", "baseline"])
-    assert _probe_waited(measured) is None
+    assert probe_waited(measured) is None
     measured.failed["baseline"] = {"check": "gpu_idle", "detail": "the GPU was still busy"}
-    assert _probe_waited(measured) == "baseline: the GPU was still busy"
+    assert probe_waited(measured) == "baseline: the GPU was still busy"
     measured.failed["candidate"] = {"check": "allclose", "detail": "timed call 3 of a batch of 9: allclose"}
-    assert _probe_waited(measured) is None
+    assert probe_waited(measured) is None

@@ -356,7 +356,7 @@ class DeviceRegion(Region):
     it checks: which slots still hold the NaN they were filled with, and copies of the outputs
     of a few calls chosen then. Work the worker left running behind its event has either written
     those outputs by then or fails the checks; a probe after the checks that still waits on it
-    fails the batch (`Evaluator._device_batch`)."""
+    fails the batch (`BatchMeasurement._device_batch`)."""
 
     def __init__(self, torch, layout: Layout, device: str, graph: bool = False):
         from magpie.harness.exchange import dumps_shared
@@ -417,7 +417,7 @@ class DeviceRegion(Region):
         the call is done, and the call's outputs copied aside as they were then; the clock's
         last event. The worker cannot see a set before the call ahead of it said it was done,
         nor finish a call after: calls that cannot be done together, whose steps each cost the
-        GPU's switch between the processes both ways too (`Evaluator._alone`)."""
+        GPU's switch between the processes both ways too (`BatchMeasurement._alone`)."""
         from magpie.harness import stream_words
 
         torch, layout = self.torch, self.layout
@@ -896,7 +896,7 @@ class TreeTimes:
 class CallWaits:
     """How long the worker's calling thread and the evaluator's own have waited for a CPU, from
     the kernel's scheduler statistics, read around each call handed over
-    (`Evaluator._handover_batch`) through descriptors kept open (a read costs about 0.5 µs, an
+    (`BatchMeasurement._handover_batch`) through descriptors kept open (a read costs about 0.5 µs, an
     open and read 7 µs)."""
 
     def __init__(self, worker: int):

@@ -16,6 +16,7 @@ line (`SpecImports`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.machinery
 import os
 import re
@@ -114,3 +115,37 @@ class SpecImports:
             yield
         finally:
             sys.meta_path.remove(self)
+
+
+@contextlib.contextmanager
+def fresh_imports():
+    """Each job sees the modules its spec imports as a fresh process would: the Python
+    modules a job imported from outside the installed libraries and magpie are forgotten after
+    it, and sys.path is restored; two kernels' specs may each import a `common` of their own.
+    Libraries and compiled extensions stay: importing them twice can break them."""
+    path, before = list(sys.path), set(sys.modules)
+    try:
+        yield
+    finally:
+        sys.path[:] = path
+        libraries = library_roots()
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules[name], "__file__", None)
+            if not file or file.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+                continue
+            if not os.path.realpath(file).startswith(libraries):
+                del sys.modules[name]
+
+
+@functools.lru_cache(maxsize=1)
+def library_roots() -> tuple[str, ...]:
+    """Where installed code lives: the interpreter's trees, site-packages (the user's too),
+    PYTHONPATH, and magpie itself."""
+    import site
+
+    magpie = Path(__file__).resolve().parent.parent
+    # magpie puts its own parent on PYTHONPATH (a source checkout, where projects may live too)
+    pythonpath = {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p} - {str(magpie.parent)}
+    places = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(), site.getusersitepackages(),
+              *pythonpath, str(magpie)}
+    return tuple(os.path.realpath(p).rstrip(os.sep) + os.sep for p in places)

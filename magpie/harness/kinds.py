@@ -37,7 +37,7 @@ KINDS = (
 )
 STAGES = ("compile", "correctness", "timing")
 
-# A worker's failure message (session.py, evaluate.py) -> its kind; the first pattern that
+# A worker's failure message (session.py, the evaluator's parts) -> its kind; the first pattern that
 # matches the start of the message wins.
 MESSAGE_KINDS = (
     (r"timeout after ", "timeout"),

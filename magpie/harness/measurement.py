@@ -1,7 +1,7 @@
 """What a measurement's numbers mean: the rounds of samples (`Rounds`) and their batches, the
 checks on a timer's account of itself (wall time, first use, too few samples, host wall gap,
 roofline floor, implausible and uneven speedups), the paired speedup and its interval, and the
-lines that say how a time was taken. The evaluator (`harness/evaluate.py`) takes the
+lines that say how a time was taken. The timing job (`harness/timing_session.py`) takes the
 measurements; nothing here runs code under test or holds a process."""
 
 from __future__ import annotations
@@ -314,7 +314,7 @@ def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float],
     Each entry of `alone` is what a call cost in one batch whose calls could not be done
     together: on the CPU, input sets handed over one at a time, each call timed on its own by
     the evaluator's clock (the mean of a batch's calls, its first, cold after the worker was
-    stopped, and its slowest HANDOVER_TRIM left out; `Evaluator._handover_batch`); on a GPU,
+    stopped, and its slowest HANDOVER_TRIM left out; `BatchMeasurement._handover_batch`); on a GPU,
     a batch of steps that each cost the same, over its calls (a batch is timed from its first
     release to its last call's outputs taken aside). A call so made costs what the call costs plus the hand-over (the
     evaluator writing the next set; the GPU's switch between the processes), the same for
@@ -493,7 +493,7 @@ class Rounds:
     vouched one (the CPU's batches) has a sample per batch and no timer of the worker's."""
 
     def __init__(self, roles: list[str], vouched: bool = False):
-        # vouched: samples are the evaluator's own clock over batches (`Evaluator._vouched`), one
+        # vouched: samples are the evaluator's own clock over batches (`BatchMeasurement`), one
         # per batch, per call; `calls` per round, outputs `checked`, the first failed check
         self.vouched = vouched
         self.calls: dict[str, list[int]] = {role: [] for role in roles}
@@ -506,7 +506,7 @@ class Rounds:
         self.subtracted_ns: dict[str, float] = {}  # per role, what was taken off (`settle_samples`)
         self.cpu_wait_share: float | None = None  # how busy the machine kept it (`batches.MachineShare`)
         self.fixed_ns = 0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
-        self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`Evaluator._calibrate`)
+        self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`BatchMeasurement._calibrate`)
         # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
         self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
         # per role, what a call cost in each batch of calls made alone in the rounds (`alone_bound`), and the bound
@@ -515,7 +515,7 @@ class Rounds:
         # on a GPU in graph mode, calls handed over launched one by one: the driver cannot capture
         # their words in a graph (`stream_words.capturable`)
         self.alone_launched_apart = False
-        self.alone_disturbed = 0  # pairs left out (`Evaluator._alone`)
+        self.alone_disturbed = 0  # pairs left out (`BatchMeasurement._alone`)
         # of those, per role, the ones its own threads held its calling thread up in
         self.alone_held_by_own_threads: dict[str, int] = dict.fromkeys(roles, 0)
         self.alone_bound: dict | None = None
@@ -523,14 +523,14 @@ class Rounds:
         self.phases: dict[str, list[dict]] = {role: [] for role in roles}  # on a GPU, per batch (`batch_phases`)
         self.calibration_phases: dict | None = None  # the same for the batches that measured it
         self.per_call_ns: dict[str, float] = {}  # ns a call per role, from its sizing batches
-        # per role, what was taken from its own timing job, not measured here (`Evaluator._known_of_baseline`)
+        # per role, what was taken from its own timing job, not measured here (`TimingSession.known_of_baseline`)
         self.reused: dict[str, list[str]] = {}
         # where a vouched measurement's wall time went: mapping the regions, pricing the copies,
-        # calibrating, sizing the batches, the rounds (`Evaluator._vouched`)
+        # calibrating, sizing the batches, the rounds (`BatchMeasurement`)
         self.steps_s: dict[str, float] = {}
         self.round_laps: Laps | None = None  # the rounds' parts, while they run (`lap`)
         self.round_parts_s: dict[str, float] = {}
-        self.by_cpu_time = False  # samples from CPU time, not wall time (`Evaluator._batch`)
+        self.by_cpu_time = False  # samples from CPU time, not wall time (`BatchMeasurement._batch`)
         self.set_ns = 0.0  # how long the evaluator took to make one input set, lately
         self.last_wall_ns = 0.0  # the last batch's wall time
         self.samples: dict[str, list[int]] = {role: [] for role in roles}
@@ -692,7 +692,7 @@ def fixed_cost(device_batches: dict[str, list[tuple]], calibration_ns: dict[str,
     intercept of a line through its rounds' batches' times against their calls (batches of two
     sizes in turn; the sizing batches left out: a worker's first calls run slower, which tilts a
     line through them); the least of the roles', no less than 0 and no more than the least
-    role's calibration (`Evaluator._calibrate`); that calibration where no role's batches vary
+    role's calibration (`BatchMeasurement._calibrate`); that calibration where no role's batches vary
     in size (calls so slow that a round holds one). A worker that pads its short batches raises
     only its own intercept, which the least leaves out; the ceiling bounds what any line can
     take off. The line is Theil-Sen's (`robust_line`), which one slow batch does not tilt: on

@@ -50,6 +50,11 @@ def weights_seed(manifest_seed: int, kernel: str) -> int:
     return derive_seed(manifest_seed, kernel, "init")
 
 
+def rotation(case: Case, salt: str, count: int) -> list[Case]:
+    """The input sets a measurement rotates through, of seeds derived from the case's and `salt`."""
+    return [Case(case.label, case.shape, case.dtype, k, derive_seed(case.seed, salt, k)) for k in range(count)]
+
+
 def load_module(path: Path, name: str, code: bytes | None = None):
     """A module run from its source, never from a cached .pyc (whose stamp, the source's mtime
     and size, anyone who can write the folder can match): `code`, the bytes its task was keyed

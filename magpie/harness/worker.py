@@ -226,7 +226,7 @@ class Implementation:
                 self._batch_graphs[calls].replay()
         elif request.get("own_kernel"):
             # a batch of no calls that still has the GPU switch to this process and back: what
-            # a batch costs besides its calls (`Evaluator._calibrate`)
+            # a batch costs besides its calls (`BatchMeasurement._calibrate`)
             views.mark.add_(1)
         else:
             with collector_paused():

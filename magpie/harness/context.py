@@ -1,0 +1,90 @@
+"""What every part of one evaluation job shares: its request (the kernel, the implementation
+and its baseline, the settings, the seeds), the device, the job's work folder, and torch and
+the input exchange, both made on first use (a job that fails before it needs them imports
+neither)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from magpie.harness.declared import SpecImports, library_roots
+from magpie.harness.exchange import exchange_for
+from magpie.harness.spec import ReferenceSpec, derive_seed, weights_seed
+from magpie.paths import subprocess_env
+
+
+class EvaluationContext:
+    def __init__(self, request: dict):
+        self.root = Path(request["root"])
+        self.kernel_id = request["kernel"]
+        self.impl = request["impl"]
+        self.baseline = request.get("baseline")
+        self.settings = request["settings"]
+        self.correctness_settings = self.settings["correctness"]
+        self.device = self.settings["project"]["device"]
+        self.work = Path(request["work_dir"])
+        self.timeout = float(self.correctness_settings["timeout_s"])
+        self.input_secret = request.get("input_secret", "")
+        # the manifest's seed, made unpredictable to code under test by the build's secret
+        self.seed = derive_seed(int(self.correctness_settings["seed"]), self.input_secret) if self.input_secret \
+            else int(self.correctness_settings["seed"])
+        self.hide = list(request.get("hide") or [])
+        self.snapshots: dict[str, str] = request.get("snapshots") or {}
+        self.set_method: dict | None = request.get("timing_method")  # chosen by the baseline's timing
+        # the baseline's shape and median in its own timing job (`judging.disturbed`), and whether
+        # that job ran in this build (its worker is then parked for the candidates, or in use)
+        self.baseline_own_timing: dict = request.get("baseline_own_timing") or {}
+        self.baseline_timed_in_this_build = bool(self.baseline_own_timing.get("this_build", True))
+        self.init_seed = weights_seed(int(self.correctness_settings["seed"]), self.kernel_id)
+        self._torch = None
+        self._exchange = None
+
+    @property
+    def torch(self):
+        if self._torch is None:
+            import torch
+
+            if self.device.startswith("cuda:"):
+                # what names no device (a stream, an event, a graph) is on this one too
+                torch.cuda.set_device(torch.device(self.device))
+            self._torch = torch
+        return self._torch
+
+    @property
+    def exchange(self):
+        if self._exchange is None:
+            self._exchange = exchange_for(self.torch, self.device)
+        return self._exchange
+
+    def env(self, impl: dict) -> dict:
+        """The environment of a process that runs impl's code."""
+        env = subprocess_env({**os.environ, **(impl.get("env") or {})})
+        if impl["type"] == "triton" and self.device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        return env
+
+    def code(self, name: str) -> bytes | None:
+        """The bytes of a task input (a spec, a source) as its key was computed from them, or None
+        where none were kept (read the file)."""
+        kept = self.snapshots.get(name)
+        return Path(kept).read_bytes() if kept else None
+
+    def spec(self, index: int, testcase: dict) -> ReferenceSpec:
+        # what it imports from the project, it must declare (`harness.declared`)
+        imports = SpecImports(self.root, testcase, f"testcase {index} of kernel {self.kernel_id}", library_roots())
+        with imports.guarding():
+            return ReferenceSpec(self.root / testcase["spec"], testcase, self.device, self.code(testcase["spec"]))
+
+    def init_file(self, spec: ReferenceSpec) -> str | None:
+        """A KernelBench model's init inputs, in a file of one name for every job: torch.save
+        writes the name into the file, and the file's bytes are part of the worker's key (a
+        parked worker serves the next job only if its model was built from the same)."""
+        if not spec.kernelbench:
+            return None
+        path = self.work / "init-inputs.pt"
+        self.torch.save([spec.init_inputs()], path)
+        return str(path)
+
+    def device_index(self) -> int:
+        return int(self.device.split(":")[1]) if ":" in self.device else 0
