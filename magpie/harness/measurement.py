@@ -248,35 +248,33 @@ def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "medi
 # A vouched round's calls made alone (`alone_bound`), beside its batches: each role's on the same
 # input sets, back to back, up to ALONE_PAIRS pairs a round (at least one), in at most
 # ALONE_SHARE of the round's budget; up to HANDOVER_CALLS calls a batch, handed over one at a
-# time. On a GPU each call handed over also costs the switch between the processes both ways
-# (about 0.28 ms on the H200).
+# time. Fewer pairs on a GPU: each call handed over also costs the switch between the processes
+# both ways (about 0.28 ms on the H200).
 ALONE_PAIRS = {"cpu": 4, "gpu": 2}
 ALONE_SHARE = 0.2
 HANDOVER_CALLS = 64
 # What a call handed over costs on the CPU: the mean of a batch's calls, each timed on its own,
-# its slowest HANDOVER_TRIM (one call at least) left out: an interrupt, or what is left in a
-# few calls of another process's time slice on a busy machine once the waits for a CPU are
-# taken off (`batches.handed_over_call_ns`), costs 60 µs to milliseconds against 8-40 µs.
-# The median or a low quantile would be steadier, but miss the costs that come now and then
-# (a sixth of the relu's calls on 8x8 sets took 12 µs more), the more the longer a call: the
-# tenth quantile read ten operations a call 22 µs over one relu where batches read 30, and
-# failed the honest relu beside them (1.55-2.18); leaving out the slowest tenth, it read
-# 1.06-1.34 (1.5 fails), the slowest twentieth 0.53-0.70 (bench/calls_alone.py, 2026-12-02).
-# Calls that must each make their outputs from a set they first see when it is released,
-# their outputs taken and checked as they say they are done, cannot be made faster than they are.
+# its slowest HANDOVER_TRIM (one call at least) left out: an interrupt, or what is left of
+# another process's time slice once the waits for a CPU are taken off
+# (`batches.handed_over_call_ns`), costs 60 µs to milliseconds against a call's 8-40 µs. Not
+# the median or a low quantile: they miss the costs that come now and then, the more the longer
+# a call, and so read a slower baseline short against its batches (the tenth quantile failed
+# an honest relu beside ten operations a call at 1.55-2.18 in `bench/calls_alone.py`, this mean
+# read it 0.53-0.70). Calls that each make their outputs from a set they first see when it is
+# released cannot be made faster.
 HANDOVER_TRIM = 0.05
 # A CPU batch handed over holds the calls that fit its share of the round, this many at least
 # where the candidate's batches hold several calls (their first, cold, left out, the second
-# timed): a slow baseline beside a fast candidate fitted fewer than eight, which drew no bound,
-# and a candidate that did its slow part once a batch was credited it. Such calls are slow
-# beside what a time slice or an interrupt adds to one, and the bound takes the median of the
-# pairs; their pairs may take the round over its budget.
+# timed): otherwise a slow baseline beside a fast candidate leaves too few calls for a bound,
+# and a candidate that does its slow part once a batch would be credited it. Such calls are
+# slow beside what a time slice or an interrupt adds to one, and the bound takes the median of
+# the pairs; their pairs may take the round over its budget.
 HANDOVER_MIN_CALLS = 2
 # A pair of handed-over batches in which threads of a worker's own ran and kept its calling
 # thread waiting for its CPU longer than HANDOVER_WAIT_NS and this share of the batch's CPU
-# time is left out: an honest candidate's own threads, on the one CPU its calls alone are
-# given, read 46 ms a call against 0.6 ms in batches. A busy machine's waits leave no pair
-# out: another process's time slice (milliseconds) is taken off the calls it lands in
+# time is left out: an honest candidate's own threads, sharing the one CPU its calls alone are
+# given, made a call read 77 times its batches' time. A busy machine's waits leave no pair
+# out: another process's time slice is taken off the calls it lands in
 # (`batches.handed_over_call_ns`); a worker's wake after it was stopped waits tens of µs.
 HANDOVER_WAIT_SHARE = 0.05
 HANDOVER_WAIT_NS = 200_000
@@ -286,24 +284,21 @@ HANDOVER_WAIT_NS = 200_000
 ALONE_STANDARD_ERRORS = 2.5
 ALONE_ALLOWANCE = 0.1
 # And ALONE_SHORTFALL of what the candidate's calls alone save against the baseline's: calls
-# made alone read a longer call's cost short against its batches (on the CPU machine the plain
-# relu against ten operations a call on 8x8 sets saved 19.5 µs a call alone where batches read
-# 30, and failed at 1.7 in one CI run of the suite), so a candidate faster than the baseline
-# would have its bound raised by what the baseline's calls lose alone. A candidate of the
-# baseline's cost whose batches' calls are done together saves nothing alone: no allowance.
+# made alone read a longer call's cost short against its batches (a third short for ten
+# operations a call against one on 8x8 sets), so a candidate faster than the baseline would
+# have its bound raised by what the baseline's calls lose alone. A candidate of the baseline's
+# cost whose batches' calls are done together saves nothing alone: no allowance.
 ALONE_SHORTFALL = 0.3
 # A bound this many times the candidate's time a call in batches fails its timing (between 1
-# and this, it is what the candidate is credited at: `credit_within_calls_alone`). On the CPU,
-# honest candidates read up to 0.93 in bench/calls_alone.py, and once 1.27 (ten operations a
-# call against one, on 8x8 sets, at a 60 ms budget). On a GPU in graph mode a batch handed over
-# replays a graph of its calls too (`Worker.handover_graph`), whose small kernels cost what a
-# batch's do: on the H200 an honest ten operations against one relu read 0.95-1.00 so, 1.63-1.67
-# while calls alone were launched kernel by kernel (2026-12-02); calls done together 2.8 and over.
+# and this, it is what the candidate is credited at: `credit_within_calls_alone`): honest
+# candidates read at most about 1.3 (on the CPU and, where a batch handed over replays a graph
+# of its calls, `Worker.handover_graph`, on the H200), calls done together 2.8 and over on the
+# H200 and 1.2 and over on the CPU, where the credit at the bound takes what is left.
 ALONE_FAIL = 1.5
 # Where a driver cannot capture those words in a graph (`stream_words.capturable`), a graph-mode
-# batch handed over is launched call by call beside batches that replay graphs: this limit, and
-# no credit at the bound (the honest ten operations read 1.63-1.67 so on the H200; calls done
-# together 3.1 and over).
+# batch handed over is launched call by call beside batches that replay graphs, which reads
+# honest small kernels up to 1.7 times their batches: this limit, and no credit at the bound
+# (calls done together read 3.1 and over so on the H200).
 ALONE_FAIL_LAUNCHED_APART = 2.5
 
 
@@ -435,10 +430,9 @@ def unvouched_speedup_line(speedup: dict, first: Rounds, again: Rounds | None = 
     """Where the candidate reads faster than the baseline beyond the noise (its interval above
     1) while its calls made alone were made and drew no bound on its batches (most pairs left
     out, `Rounds.alone_left_out`), in its measurement and in a re-timing's if there was one,
-    what to say; else None. Unbounded, a batch's calls done together read as any speedup: the
-    one-operation relu on 8x8 sets was credited 5.6x so with every CPU of the 2-core machine
-    busy beside the build, 109x on a CI run beside other tests, while a busy machine's pairs
-    were left out too."""
+    what to say; else None. Unbounded, a batch's calls done together read as any speedup (the
+    one-operation relu on 8x8 sets was credited 5.6x to 109x so beside other work on the
+    2-core machine, its pairs left out by a busy machine)."""
     if speedup["ci_low"] <= 1 or not first.alone_left_out() or (again is not None and again.alone_bound is not None):
         return None
     return (f"its calls made alone drew no bound on its batches ({first.alone_disturbed} of {first.alone_pairs_made()} "
@@ -460,11 +454,9 @@ def credit_within_calls_alone(speedup: dict, bound: dict | None, candidate_ns: l
     bound: the point and interval divided by the bound over its batches' time a call (the
     statistic's, of the samples the speedup took: `candidate_ns`), the verdict read again, what
     the batches read kept in `bounded_by_calls_alone`; the line that says so, or None where
-    nothing changed. Honest
-    candidates read 0.93 at most on the CPU machine in bench/calls_alone.py (quiet and with two
-    CPU hogs beside the builds), 1.00 on the H200 (2026-12-02); calls done together 1.19 and
-    over on the CPU, where ten operations on 33x65 sets done together, below 1.5, were credited
-    up to 1.67x."""
+    nothing changed. Honest candidates read about 1.0 at most (`bench/calls_alone.py`, quiet and
+    beside CPU hogs, CPU and H200): calls done together that save less than ALONE_FAIL would
+    otherwise be credited what their batches read."""
     if not bound or bound["failed"] or bound.get("launched_apart"):
         return None
     centre_us = (fmean(candidate_ns) if statistic == "mean" else median(candidate_ns)) / 1000 if candidate_ns else 0.0
