@@ -277,9 +277,8 @@ def magpie_outputs(trace: str, out: Path) -> dict[str, Path]:
     folder.mkdir(parents=True)
     shutil.copy(TRACES / f"{trace}.json.gz", folder)
     analyze_traces(folder, out / "out", arch_name="H200")
-    files = {p.stem: p for p in (out / "out" / "tracelens" / trace).glob("*.csv")}
-    files["gpu_timeline"] = out / "out" / "gpu_timeline.csv"
-    return files
+    # every table where TraceLens writes it, gpu_timeline.csv beside the others
+    return {p.stem: p for p in (out / "out" / "tracelens" / trace).glob("*.csv")}
 
 
 def diff_file(trace: str, name: str, ours: Path | None, theirs: Path | None) -> list[Diff]:

@@ -7,7 +7,6 @@ categories and units (MiB); values are written unrounded."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -475,11 +474,21 @@ def _kernel_columns(group: SignatureGroup) -> dict:
 def _signature(group: SignatureGroup) -> dict:
     op = group.op
     return {"name": group.name, "op category": group.category, **dict(zip(WHERE, group.where)),
-            "Input Dims": json.dumps(op.input_dims) if op else "",
-            "Input type": json.dumps(op.input_types) if op else "",
-            "Input Strides": json.dumps(op.strides) if op and op.strides is not None else "",
-            "Concrete Inputs": json.dumps(op.concrete) if op and op.concrete is not None else "",
+            "Input Dims": python_cell(op.input_dims) if op else "",
+            "Input type": python_cell(op.input_types) if op else "",
+            "Input Strides": python_cell(op.strides) if op and op.strides is not None else "",
+            "Concrete Inputs": python_cell(op.concrete) if op and op.concrete is not None else "",
             "ex_UID": group.uid}
+
+
+def python_cell(value) -> str:
+    """A recorded argument list as TraceLens writes it, the Python repr with lists as tuples
+    (`((4, 512), (512,))`, `('c10::BFloat16', '')`), so that its tables and these join on it."""
+    return repr(_as_tuples(value))
+
+
+def _as_tuples(value):
+    return tuple(map(_as_tuples, value)) if isinstance(value, list) else value
 
 
 def _unique_args_row(group: SignatureGroup) -> dict:

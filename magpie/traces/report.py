@@ -259,6 +259,10 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
         if rows or name not in PERF_FAMILIES:  # a family sheet only where the trace has such ops, as TraceLens does
             table_files.append(str((tables_folder or folder / label) / f"{name}.csv"))
             atomic_write(Path(table_files[-1]), _csv(rows, table_columns(name, rows)))
+    for device, rows in timelines.items():  # beside the trace's other tables, where TraceLens writes it
+        suffix = "" if len(timelines) == 1 else f"_dev{device}"
+        table_files.append(str(folder / label / f"gpu_timeline{suffix}.csv"))
+        atomic_write(Path(table_files[-1]), _csv(rows, TIMELINE_COLUMNS))
     if whole_trace and trace.collectives:  # as TraceLens's, only where there are collectives
         table_files.append(str(folder / label / "coll_analysis.csv"))
         atomic_write(Path(table_files[-1]), _csv(coll_analysis(trace, rank), COLL_COLUMNS))
