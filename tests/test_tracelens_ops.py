@@ -19,8 +19,8 @@ from magpie.traces.ingest import CpuOp, load_trace
 TABLE = json.loads((Path(__file__).parent / "fixtures" / "tracelens_ops.json").read_text())
 F32, BF16 = "float", "c10::BFloat16"
 # The ops TraceLens models that magpie counts nothing for yet (their perf cells blank, their
-# category and sheet TraceLens's): flash-attn's and vLLM's attention entry points (varlen layouts,
-# paged caches) and the vendor libraries' ops (AITER, Primus, SGLang, vLLM-ROCm, TE, bitsandbytes,
+# category and sheet TraceLens's): flash-attn's varlen entry points and vLLM's attention (packed
+# sequences, paged caches) and the vendor libraries' ops (AITER, Primus, SGLang, vLLM-ROCm, TE, bitsandbytes,
 # TensorRT-LLM, Liger, DeepSpeed, Mamba, MoE pseudo ops).
 PENDING_NON_ATEN = {op for op in TABLE["models"] if not op.startswith("aten::")}
 
@@ -207,3 +207,23 @@ def test_a_cumsum_in_a_trace_is_a_reduce_row_on_the_reduce_sheet(tmp_path):
     assert [r["op category"] for r in tables["ops_summary_by_category"]] == ["reduce"]
     (row,) = tables["Reduce_fwd"]
     assert row["name"] == "aten::cumsum" and row["GFLOPS_first"] == 64 * 512 / 1e9
+
+
+def test_flash_attention_forward_and_backward_by_hand():
+    from magpie.traces.perf_models import causal_pairs, estimate
+
+    q, kv = [2, 128, 8, 64], [2, 128, 2, 64]  # (batch, seq, heads, dim), grouped-query heads
+    forward = estimate(_op("flash_attn::_flash_attn_forward", [q, kv, kv, [], [], [], [], []],
+                           [BF16] * 3 + ["Scalar"] * 5, ["", "", "", "0.0", "0.125", "True", "-1", "-1"],
+                           [[65536, 512, 64, 1], [16384, 128, 64, 1], [16384, 128, 64, 1], [], [], [], [], []]))
+    assert forward.flops == 2 * 2 * 8 * causal_pairs(128, 128) * (64 + 64)
+    assert forward.bytes == (2 * 128 * 8 * 64 * 2 + 2 * 2 * 128 * 2 * 64) * 2
+    assert forward.params["q_stride"] == (65536, 512, 64, 1) and forward.params["causal"]
+    assert estimate(_op("FlashAttnFunc", [q, kv, kv, [], [], []], [BF16] * 3 + ["Scalar"] * 3,
+                        ["", "", "", "0.0", "0.125", "False"])).flops == 2 * 2 * 8 * 128 * 128 * 128
+    # (dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal...) as TraceLens reads it
+    backward = estimate(_op("flash_attn::_flash_attn_backward", [q, q, kv, kv, q, [2, 8, 128]] + [[]] * 6,
+                            [BF16] * 5 + [F32] + [""] * 6, [""] * 8 + ["0.0", "", "False", ""]))
+    pairs = 128 * 128
+    assert backward.flops == 2 * 2 * 8 * pairs * (3 * 64 + 2 * 64) + 2 * 128 * 128 * (8 // 2 - 1)
+    assert backward.bytes == (2 * (2 * 128 * 8 * 64 + 2 * 2 * 128 * 2 * 64) + 2 * 128 * 8 * 64) * 2

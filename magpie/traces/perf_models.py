@@ -268,7 +268,11 @@ ATTENTION = {
     "aten::_cudnn_attention_forward": (10, 9, "BHLD"),
     "aten::_flash_attention_forward": (8, 7, "BLHD"),
     "aten::_efficient_attention_forward": (9, 8, "BLHD"),
+    # flash-attn's (q, k, v, dropout_p, softmax_scale, causal, ...) and the autograd function around it
+    "flash_attn::_flash_attn_forward": (5, 3, "BLHD"), "FlashAttnFunc": (5, 3, "BLHD"),
 }
+# flash-attn's backward (dout, q, k, v, ...): where q and its causal flag and dropout are, as TraceLens reads them
+FLASH_BACKWARD = {"flash_attn::_flash_attn_backward": (1, 10, 8)}
 
 
 def causal_pairs(lq: int, lk: int) -> int:
@@ -294,10 +298,35 @@ def attention(op):
     flops = 2.0 * b * h * pairs * (d + dv)
     out_bytes = b * h * lq * dv * DTYPE_BYTES.get(q.dtype, 2)
     moved = q.nbytes + k.nbytes + v.nbytes + out_bytes
+    strides = {f"{name}_stride": _stride(op, i) for i, name in enumerate("qkv")} if layout == "BLHD" and \
+        not op.name.startswith("aten::") else {}
+    return Estimate("SDPA", flops, moved, TENSOR_PRECISION.get(q.dtype, "fp32"),
+                    {"B": b, "N_Q": lq, "H_Q": h, "N_KV": lk, "H_KV": hk, "d_h_qk": d, "d_h_v": dv, **strides,
+                     "dropout": _probability(concrete(op, dropout_index)), "causal": is_causal,
+                     "flash_impl": "flash" in op.name.lower(), "dtype_A_B": _types(op, 0, 2)})
+
+
+def attention_backward(op):
+    """flash-attn's backward: the scores recomputed (2·pairs·d_qk), the gradients of V and of the
+    probabilities (2·pairs·d_v each), of Q and of K (2·pairs·d_qk each), with causal pairs counted as
+    the forward's; grouped-query heads' K and V gradients summed over each group; Q, K, V and the
+    output's gradient read, the three gradients written."""
+    at, causal_index, dropout_index = FLASH_BACKWARD[op.name]
+    q, k, v = (tensors(op)[at:at + 3] + [None, None, None])[:3]
+    if not (q and k and v and len(q.shape) == 4 and len(k.shape) == 4):
+        return None
+    (b, lq, h, d), (_, lk, hk, _), dv = q.shape, k.shape, v.shape[3]
+    is_causal = concrete(op, causal_index, "True") in ("True", "1")
+    pairs = causal_pairs(lq, lk) if is_causal else lq * lk
+    group_sums = b * lk * (d + dv) * (h // hk - 1) if hk else 0
+    flops = 2.0 * b * h * pairs * (3 * d + 2 * dv) + group_sums
+    size = DTYPE_BYTES.get(q.dtype, 2)
+    moved = 2 * (q.nbytes + k.nbytes + v.nbytes) + b * lq * h * dv * size
     return Estimate("SDPA", flops, moved, TENSOR_PRECISION.get(q.dtype, "fp32"),
                     {"B": b, "N_Q": lq, "H_Q": h, "N_KV": lk, "H_KV": hk, "d_h_qk": d, "d_h_v": dv,
-                     "dropout": _probability(concrete(op, dropout_index)), "causal": is_causal,
-                     "flash_impl": "flash" in op.name, "dtype_A_B": _types(op, 0, 2)})
+                     **{f"{name}_stride": _stride(op, at + i) for i, name in enumerate("qkv")},
+                     "dropout": _probability(concrete(op, dropout_index)), "causal": is_causal, "flash_impl": True,
+                     "dtype_A_B": _types(op, 0, 2)})
 
 
 def _probability(text: str) -> float:
@@ -647,7 +676,7 @@ REGISTRY = {
     "aten::mm": mm, "aten::addmm": addmm, "aten::bmm": bmm, "aten::baddbmm": baddbmm, "aten::linear": linear,
     "aten::_scaled_mm": scaled_mm, "aten::index_select": index_select, "aten::embedding": embedding,
     "aten::cat": cat,
-    **{name: attention for name in ATTENTION},
+    **{name: attention for name in ATTENTION}, **{name: attention_backward for name in FLASH_BACKWARD},
     **{name: convolution for name in CONVOLUTION}, "aten::convolution_backward": convolution_backward,
     **{name: elementwise for name in ELEMENTWISE},
     **{name: reduction for name in REDUCTIONS},
