@@ -192,8 +192,8 @@ for run in ("clean", "profiled"):
         print("  error:", "\n    ".join(lines[:1] + lines[1:][-6:])[:1200])
     if run == "profiled":
         t = r.get("tracelens_analysis") or {}
-        ks = r.get("kernel_summary") or {}
-        print(f"  traces={ks.get('traces')} gpu_kernels={ks.get('kernels')} kernel_time_us={ks.get('total_kernel_time_us')}")
+        g = r.get("gap_analysis") or {}
+        print(f"  traces={len(g.get('traces') or [])} gpu_kernels={g.get('kernels')} kernel_time_us={g.get('total_kernel_time_us')}")
         print(f"  tracelens outputs={len(t.get('outputs') or [])} stages={ {trace: sorted(v) for trace, v in (t.get('per_stage') or {}).items()} } "
               f"picks={[p.get('method') for p in t.get('picks') or []]} errors={t.get('errors')}")
         for w in (t.get("warnings") or [])[:3]:

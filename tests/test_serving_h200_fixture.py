@@ -40,7 +40,7 @@ def test_clean_run_is_a_reward_eligible_measurement():
     config = report.config
     assert report.success and not report.errors
     assert (report.run_kind, report.reward_eligible, report.profiling_enabled) == ("measurement", True, False)
-    assert report.tracelens_analysis is None and report.kernel_summary is None
+    assert report.tracelens_analysis is None and report.kernel_summary == []
     assert (report.run.completed, report.run.failed) == (config.num_prompts, 0)
     assert report.run.total_output_tokens == config.num_prompts * config.output_len
     assert report.gpu_monitor["source"] == "nvml" and report.gpu_monitor["devices"] == [0]
@@ -55,7 +55,10 @@ def test_profiled_run_is_a_diagnostic_with_its_trace_analysis():
     assert report.success and not report.errors
     assert (report.run_kind, report.reward_eligible, report.profiling_enabled) == ("diagnostic", False, True)
     assert config.profiler and report.run.completed == config.num_prompts and report.run.failed == 0
-    assert report.kernel_summary["traces"] == 1 and report.kernel_summary["kernels"] == 25188
+    assert len(report.gap_analysis["traces"]) == 1 and report.gap_analysis["kernels"] == 25188
+    busiest = report.kernel_summary[0]                  # Magpie's list, from the gap analysis's top rows
+    assert busiest.name == report.gap_analysis["top"][0]["Name"] and busiest.calls == 1920
+    assert busiest.time_ms == pytest.approx(13.441051) and busiest.percent == pytest.approx(19.344)
     assert report.top_bottlenecks and report.gap_analysis["top"]
 
     analysis = TracelensAnalysis.model_validate(report.tracelens_analysis)

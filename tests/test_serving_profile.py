@@ -266,9 +266,10 @@ def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
     assert tl["analysis_mode"] == "inference" and tl["errors"] == [] and tl["outputs"]
     assert all(Path(p).is_file() for p in tl["outputs"])
     assert all(str(out / "tracelens") in p for p in tl["outputs"])
-    ks = report["kernel_summary"]
-    assert ks["traces"] == 1 and ks["kernels"] == 0 and ks["total_kernel_time_us"] == 0
-    assert "no GPU kernels in any trace" in ks["explanation"] and "CPU-only profile" in ks["explanation"]
+    gap = report["gap_analysis"]
+    assert report["kernel_summary"] == [] and len(gap["traces"]) == 1 and gap["kernels"] == 0
+    assert gap["total_kernel_time_us"] == 0
+    assert "no GPU kernels in any trace" in gap["explanation"] and "CPU-only profile" in gap["explanation"]
     assert report["top_bottlenecks"] == [] and report["gap_analysis"]["errors"] == []
     assert Path(report["gap_analysis"]["outputs"]["gap_analysis"]).is_file()
     assert (out / "gap_analysis" / "gap_analysis.json").is_file()

@@ -34,6 +34,7 @@ MAGPIE_REPORT_KEYS = ("success", "framework", "model", "throughput", "latency", 
                       "profiling_enabled", "errors", "raw_result")
 MAGPIE_THROUGHPUT_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "completed_requests",
                           "total_input_tokens", "total_output_tokens", "duration_seconds")
+MAGPIE_KERNEL_KEYS = ("name", "time_ms", "percent", "calls")          # each row of kernel_summary
 MAGPIE_LATENCY_PATHS = tuple(("latency", m, f"{s}_ms") for m in METRICS for s in MAGPIE_STATS)
 # Magpie's parse_inferencex_result: report path <- key of the vLLM result file
 MAGPIE_FROM_VLLM = {("throughput", "request_throughput"): "request_throughput",
@@ -118,6 +119,7 @@ def test_the_report_has_every_key_of_magpies_benchmark_result(run):
         assert isinstance(at(data, path), float), path
     assert data["throughput"]["completed_requests"] == 6 and data["throughput"]["duration_seconds"] > 0
     assert isinstance(data["top_bottlenecks"], list) and data["raw_result"] == strict_json(run[1][RESULT])
+    assert data["kernel_summary"] == []                  # Magpie's list; a run without a profile has none
     assert BenchmarkReport.model_validate(data).latency.ttft.mean == data["latency"]["ttft"]["mean_ms"]
 
 
@@ -158,3 +160,14 @@ def test_an_empty_distribution_is_null_in_the_report_and_zero_in_vllms_file(tmp_
                                                           ("mean", "median", "p99", "std", "p50", "p90", "p95")}
     assert data["latency"]["itl"]["mean_ms"] is None and data["latency"]["ttft"]["mean_ms"] > 0
     assert result["mean_tpot_ms"] == 0.0 and result["p99_itl_ms"] == 0.0     # vLLM's numpy over [0]
+
+
+def test_a_profiled_reports_kernel_summary_is_magpies_list():
+    """The H200's profiled run (tests/fixtures/serving/h200/), read as Magpie reads `kernel_summary`."""
+    from pathlib import Path
+
+    data = strict_json((Path(__file__).parent / "fixtures" / "serving" / "h200" / "profiled" / REPORT).read_text())
+    rows = data["kernel_summary"]
+    assert rows and all(tuple(row) == MAGPIE_KERNEL_KEYS for row in rows)
+    assert [row["time_ms"] for row in rows] == sorted((row["time_ms"] for row in rows), reverse=True)
+    assert sum(row["percent"] for row in rows) <= 100.0 + 1e-6

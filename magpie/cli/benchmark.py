@@ -237,11 +237,11 @@ def _serve_and_print(config, args) -> int:
             else:
                 print(f"  {name:5} mean {st.mean:9.2f} ms  median {st.median:9.2f}  p99 {st.p99:9.2f}")
         if report.profiling_enabled:
-            ks = report.kernel_summary or {}
-            print(f"profiled (diagnostic, not reward-eligible): {ks.get('traces', 0)} trace(s), "
-                  f"{ks.get('kernels', 0)} GPU kernels -> {Path(report.workspace_dir) / 'torch_trace'}")
-            if ks.get("explanation"):
-                print(f"  {ks['explanation']}")
+            gap = report.gap_analysis or {}
+            print(f"profiled (diagnostic, not reward-eligible): {len(gap.get('traces', []))} trace(s), "
+                  f"{gap.get('kernels', 0)} GPU kernels -> {Path(report.workspace_dir) / 'torch_trace'}")
+            if gap.get("explanation"):
+                print(f"  {gap['explanation']}")
         print(f"written: {where}")
     return 0
 

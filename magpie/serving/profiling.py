@@ -185,16 +185,16 @@ def missing_model_ops(paths: list[Path]) -> str | None:
 
 def analyse(trace_dir: Path, work: Path) -> dict:
     """The trace analysis (inference mode) into `work`; the report's profiling fields."""
+    from magpie.serving.report import kernel_rows
     from magpie.traces.report import analyze_traces
 
     summary = analyze_traces(trace_dir, work, analysis_mode="inference")
     return {
         "tracelens_analysis": summary["tracelens_analysis"],
         "gap_analysis": {"top": summary["top"], "total_kernel_time_us": summary["total_kernel_time_us"],
+                         "kernels": sum(t["kernels"] for t in summary["traces"]),
                          "explanation": summary["explanation"], "warnings": summary["warnings"],
                          "errors": summary["errors"], "traces": summary["traces"], "outputs": summary["outputs"]},
-        "kernel_summary": {"total_kernel_time_us": summary["total_kernel_time_us"],
-                           "kernels": sum(t["kernels"] for t in summary["traces"]),
-                           "traces": len(summary["traces"]), "explanation": summary["explanation"]},
+        "kernel_summary": kernel_rows(summary["top"]),
         "top_bottlenecks": summary["top"][:10],
     }

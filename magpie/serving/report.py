@@ -6,7 +6,8 @@
 throughput{request_throughput, output_throughput, total_token_throughput, completed_requests,
 total_input_tokens, total_output_tokens, duration_seconds}, latency{ttft,tpot,itl,e2el}` each
 `{mean_ms, median_ms, p99_ms, std_ms}` (null where the distribution is empty, never 0.0),
-`kernel_summary`, `top_bottlenecks`, `tracelens_analysis`, `gap_analysis`, `gpu_monitor`
+`kernel_summary` (`[{name, time_ms, percent, calls}]`), `top_bottlenecks`, `tracelens_analysis`,
+`gap_analysis` (with the kernel totals), `gpu_monitor`
 (`gpus.GpuMonitor.summary()`, null with `gpu_monitor_reason` without a GPU), `workspace_dir`,
 `execution_time`, `profiling_enabled`, `errors`, `raw_result` (the run's `bench_serve_result.json`,
 as Magpie keeps the InferenceX result it parsed). Magpie's extras sit beside them: `p50_ms`, `p90_ms`,
@@ -267,6 +268,20 @@ def measured_fields(outputs, metrics: ServingMetrics, vllm_result: dict) -> dict
     return {"throughput": throughput, "latency": latency, "run": run, "raw_result": vllm_result}
 
 
+class KernelRow(_Strict):
+    """One kernel of Magpie's `kernel_summary`: its time summed over the profiled window, its share, its calls."""
+    name: str
+    time_ms: float
+    percent: float
+    calls: int
+
+
+def kernel_rows(top: list[dict[str, Any]]) -> list[KernelRow]:
+    """The gap analysis's top kernels (`traces.report`'s rows) as Magpie's `kernel_summary`, busiest first."""
+    return [KernelRow(name=row["Name"], time_ms=row["Self CUDA total (us)"] / 1000.0, percent=row["% Total"],
+                      calls=row["Calls"]) for row in top]
+
+
 class BenchmarkReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -277,7 +292,8 @@ class BenchmarkReport(BaseModel):
     model: str
     throughput: Optional[ReportThroughput] = None
     latency: Optional[ReportLatency] = None
-    kernel_summary: Optional[dict[str, Any]] = None
+    kernel_summary: list[KernelRow] = Field([], description="a profiled run's top GPU kernels (Magpie's list); "
+                                                             "the totals are in gap_analysis")
     top_bottlenecks: list[dict[str, Any]] = []
     tracelens_analysis: Optional[dict[str, Any]] = None
     gap_analysis: Optional[dict[str, Any]] = None
