@@ -280,7 +280,7 @@ def op_coverage(out: Path) -> None:
             reduced = (torch.logsumexp(scores.float(), dim=-1).sum() + torch.linalg.norm(hidden.float(), dim=-1).sum()
                        + values.mean() + top.amax() + scan.mean() + picked.sum() + kept.sum() + logp.mean())
             padded = torch.nn.functional.pad(images, (1, 2, 3, 4), mode="replicate")
-            upsampled = torch.nn.functional.interpolate(images, scale_factor=2, mode="nearest")
+            upsampled = torch.nn.functional.interpolate(images, size=(64, 64), mode="nearest")  # the size recorded
             loss = reduced + pooled.sum() + padded.mean() + upsampled.mean()
         loss.backward()
 

@@ -168,3 +168,35 @@ def test_bad_sides_are_one_line_errors_and_bad_repeats_are_skipped(tmp_path):
     (tmp_path / "cut.json.gz").write_bytes(data[: len(data) // 2])
     summary = compare_traces(f"{DECODE},{tmp_path / 'cut.json.gz'}", DECODE, tmp_path / "out")
     assert summary["repeats"]["before"] == 1 and any("cut.json.gz" in w for w in summary["warnings"])
+
+
+REPEATS = FIXTURES / "traces" / "h200_repeats"  # bench/capture_traces.py's compare_repeats, captured on the H200
+
+
+@pytest.mark.skipif(not (REPEATS / "slower_2.json.gz").is_file(),
+                    reason="H200 repeats not captured yet: python bench/capture_traces.py OUT compare_repeats, "
+                           "then OUT/compare_repeats/*.json.gz to tests/fixtures/traces/h200_repeats/")
+def test_repeated_h200_captures_flag_almost_nothing_and_find_the_kernel_made_slower():
+    """Issue 45.4 on real repeats: the ten ways of splitting six captures of one workload three
+    against three flag at most 1% of rows; the three captures whose Triton kernel makes an eleventh
+    pass over its data (about 10% slower, nothing else changed) against ten triples of the six:
+    that kernel is slower in at least nine."""
+    from itertools import combinations
+
+    from magpie.traces.compare import compare_rows, measure
+
+    same = [measure(load_trace(REPEATS / f"repeat_{i}.json.gz")) for i in range(6)]
+    slower = [measure(load_trace(REPEATS / f"slower_{i}.json.gz")) for i in range(3)]
+    splits = [c for c in combinations(range(6), 3) if 0 in c]  # each split once
+    rows = flagged = found = 0
+    for chosen in splits:
+        one, other = [same[i] for i in chosen], [same[i] for i in range(6) if i not in chosen]
+        for level in ("op", "kernel"):
+            judged, _ = compare_rows(one, other, level)
+            rows += len(judged)
+            flagged += sum(r["verdict"] in (SLOWER, FASTER) for r in judged)
+        judged, _ = compare_rows(one, slower, "kernel")
+        found += any(r["name"].startswith("_passes_kernel") and r["verdict"] == SLOWER for r in judged)
+    assert len(splits) == 10
+    assert flagged <= 0.01 * rows, f"{flagged} of {rows} rows flagged without a change"
+    assert found >= 9
