@@ -755,13 +755,13 @@ def test_a_gpus_node_is_found_by_its_uuid_in_the_drivers_own_description(monkeyp
     """The minor number of a GPU's node (/dev/nvidiaN) is what the NVIDIA driver says of the GPU
     with that UUID (the H200 pair's own /proc/driver/nvidia/gpus); where it says nothing, None:
     every GPU's node stays open rather than none."""
-    from magpie.sandbox import devices
+    from magpie.linux import procfs
 
-    monkeypatch.setattr(devices, "NVIDIA_GPUS", str(REPO / "tests/fixtures/h200x2/nvidia_gpus"))
+    monkeypatch.setattr(procfs, "NVIDIA_GPUS", str(REPO / "tests/fixtures/h200x2/nvidia_gpus"))
     assert sandbox.nvidia_minor("GPU-cfa66104-84c5-f90a-3572-cbf3e0211204") == 1
     assert sandbox.nvidia_minor("1a0aae44-7367-99fe-b5ae-6c22e7a62b29") == 0  # as torch gives it, no prefix
     assert sandbox.nvidia_minor("00000000-0000-0000-0000-000000000000") is None
-    monkeypatch.setattr(devices, "NVIDIA_GPUS", "/nonexistent")
+    monkeypatch.setattr(procfs, "NVIDIA_GPUS", "/nonexistent")
     assert sandbox.nvidia_minor("1a0aae44-7367-99fe-b5ae-6c22e7a62b29") is None
     policy = sandbox.Policy(write=[], gpu=True, gpu_minors=[1])
     assert "GPU /dev/nvidia1 only" in sandbox.describe(policy)

@@ -212,3 +212,36 @@ def cpu_model_name() -> str | None:
     except OSError:
         pass
     return None
+
+
+# Where the NVIDIA driver describes each GPU it drives (its UUID, its node's minor number).
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def nvidia_gpu_descriptions() -> list[dict[str, str]]:
+    """What the NVIDIA driver tells of each GPU it drives ("GPU UUID", "Device Minor"... as
+    written, values unstripped); none where there is no driver."""
+    try:
+        folders = os.listdir(NVIDIA_GPUS)
+    except OSError:
+        return []
+    found = []
+    for folder in folders:
+        try:
+            with open(os.path.join(NVIDIA_GPUS, folder, "information")) as f:
+                found.append(dict(line.split(":", 1) for line in f if ":" in line))
+        except OSError:
+            continue
+    return found
+
+
+def values(paths: tuple[str, ...]) -> list[str | None]:
+    """The value in each file (a /proc/sys setting), stripped; None for one that cannot be read."""
+    found: list[str | None] = []
+    for path in paths:
+        try:
+            with open(path) as value:
+                found.append(value.read().strip())
+        except OSError:
+            found.append(None)
+    return found

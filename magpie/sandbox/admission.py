@@ -65,12 +65,7 @@ def _proof() -> tuple[Path, str] | None:
         parts += procfs.status_lines("self", ("Seccomp:", "NoNewPrivs:"))
     except (OSError, NotPrivate):
         return None
-    for switch in USER_NAMESPACE_SWITCHES:
-        try:
-            with open(switch) as value:
-                parts.append(value.read().strip())
-        except OSError:
-            parts.append("-")
+    parts += ["-" if value is None else value for value in procfs.values(USER_NAMESPACE_SWITCHES)]
     # its own code, and the floor's calls it makes
     for code in (Path(__file__).resolve().parent, Path(namespaces.__file__).resolve().parent):
         parts += [f"{f.name}:{f.stat().st_mtime_ns}:{f.stat().st_size}" for f in sorted(code.glob("*.py"))]

@@ -7,6 +7,7 @@ import os
 import re
 import stat
 
+from magpie.linux import procfs
 from magpie.sandbox.policy import Policy
 
 
@@ -56,25 +57,12 @@ def _one_of_its_gpus(name: str, minors: list[int] | None) -> bool:
     return minors is None or own is None or int(own.group(1)) in minors
 
 
-# Where the NVIDIA driver describes each GPU it drives (its UUID, its node's minor number).
-NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
-
-
 def nvidia_minor(uuid: str) -> int | None:
     """The minor number of the node (/dev/nvidiaN) of the NVIDIA GPU with this UUID (with or
     without its "GPU-" prefix), from the driver's own description; None where the driver says
     nothing of it."""
     wanted = uuid.lower().removeprefix("gpu-")
-    try:
-        folders = os.listdir(NVIDIA_GPUS)
-    except OSError:
-        return None
-    for folder in folders:
-        try:
-            with open(os.path.join(NVIDIA_GPUS, folder, "information")) as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
+    for fields in procfs.nvidia_gpu_descriptions():
         told = fields.get("GPU UUID", "").strip().lower().removeprefix("gpu-")
         if told == wanted and fields.get("Device Minor", "").strip().isdigit():
             return int(fields["Device Minor"])
