@@ -36,3 +36,28 @@ def test_the_timeline_sits_beside_the_other_tables(outputs):
     for trace in TRACE_NAMES:
         assert {"gpu_timeline", "ops_summary", "unified_perf_summary"} <= set(outputs[trace])
         assert outputs[trace]["gpu_timeline"].parent == outputs[trace]["ops_summary"].parent
+
+
+def test_rows_of_equal_time_come_in_tracelens_order(tmp_path):
+    """TraceLens sorts ops_summary and ops_summary_by_category with numpy's quicksort, which is not
+    stable: a trace where many ops tie (every GPU activity 4 µs) gets its rows in the same order."""
+    pytest.importorskip("numpy")
+    import gzip
+    import json
+
+    from magpie.traces.ingest import load_trace
+    from magpie.traces.perf_rows import trace_tables
+    from test_tracelens_parity import FIXTURES, TRACES
+
+    doc = json.loads(gzip.decompress((TRACES / "train_step_mlp.json.gz").read_bytes()))
+    for event in doc["traceEvents"]:
+        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            event["ts"], event["dur"] = float(round(event["ts"])), 4.0
+    (tmp_path / "ties.json").write_text(json.dumps(doc))
+    _, tables = trace_tables(load_trace(tmp_path / "ties.json"))
+    for table, label in (("ops_summary", "name"), ("ops_summary_by_category", "op category")):
+        _, theirs = _read_csv(FIXTURES / "tracelens_ties" / f"{table}.csv.gz")
+        assert [r[label] for r in tables[table]] == [r[label] for r in theirs], table
+    _, ops = _read_csv(FIXTURES / "tracelens_ties" / "ops_summary.csv.gz")
+    totals = [r["total_direct_kernel_time_sum"] for r in ops]
+    assert len(set(totals)) < len(totals)  # ops do tie

@@ -328,7 +328,7 @@ def ops_tables(groups: list[SignatureGroup], perf: list[SignatureGroup], sheets:
         row["Count"] += len(launches)
         row["total_direct_kernel_time_sum"] += sum(launches.values())
         row["total_subtree_kernel_time_sum"] += sum(launches.values())
-    ops = sorted(by_name.values(), key=lambda r: -r["total_direct_kernel_time_sum"])
+    ops = in_tracelens_order(list(by_name.values()), "name", "total_direct_kernel_time_sum")
     for row in ops:
         row["Categories"] = repr(list(row.pop("categories")))
         row["total_direct_kernel_time_ms"] = row["total_direct_kernel_time_sum"] / 1000
@@ -341,7 +341,7 @@ def ops_tables(groups: list[SignatureGroup], perf: list[SignatureGroup], sheets:
                                                          "total_direct_kernel_time_ms": 0.0})
         cat["Count"] += row["Count"]
         cat["total_direct_kernel_time_ms"] += row["total_direct_kernel_time_ms"]
-    by_category = sorted(categories.values(), key=lambda r: -r["total_direct_kernel_time_ms"])
+    by_category = in_tracelens_order(list(categories.values()), "op category", "total_direct_kernel_time_ms")
     _percentages(by_category, "total_direct_kernel_time_ms")
     unique = [_unique_args_row(g) for g in _by_launch(groups)]
     _percentages(unique, "total_direct_kernel_time_sum")
@@ -388,6 +388,24 @@ def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
         into.calls = [sorted(launched, key=lambda a: a.ts) for launched in by_launch.values()]
     # a tie goes to the signature called first, as TraceLens's are
     return sorted(out, key=lambda g: (-g.total, g.uid if g.uid is not None else -1))
+
+
+def in_tracelens_order(rows: list[dict], label: str, total: str) -> list[dict]:
+    """Rows by `total`, largest first, in TraceLens's order: pandas groups them by `label` (sorted)
+    and sorts descending with numpy's quicksort, which is not stable, so rows of equal totals come
+    in the order that sort leaves them (pandas reverses the values, argsorts, reverses back). With
+    no tie, or without numpy, a stable sort gives it (ties then by label)."""
+    rows = sorted(rows, key=itemgetter(label))
+    totals = [row[total] for row in rows]
+    if len(set(totals)) == len(totals):
+        return sorted(rows, key=lambda row: -row[total])
+    try:
+        import numpy  # noqa: PLC0415 (only where rows tie)
+    except ImportError:
+        return sorted(rows, key=lambda row: -row[total])
+    last = len(rows) - 1
+    ascending = numpy.asarray(totals[::-1], dtype=float).argsort(kind="quicksort")
+    return [rows[last - int(i)] for i in ascending][::-1]
 
 
 def table_columns(name: str, rows: list[dict]) -> list[str]:
