@@ -293,6 +293,8 @@ def test_transformers_serve_profiled_on_the_gpu_records_the_models_kernels_by_st
     assert len(traces) == 1 and not list((out / "torch_trace").glob("*.recording"))
     kernels = [e["name"] for e in json.loads(traces[0].read_text())["traceEvents"] if e.get("cat") == "kernel"]
     assert any(category(name) == "gemm" for name in kernels), sorted(set(kernels))[:20]
+    rows = report["kernel_summary"]                      # Magpie's list of the busiest kernels
+    assert rows and set(rows[0]) == {"name", "time_ms", "percent", "calls"} and rows[0]["time_ms"] > 0
     tl = report["tracelens_analysis"]
     assert tl["errors"] == [] and tl["per_stage"], tl["warnings"]
     stages = next(iter(tl["per_stage"].values()))
