@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from magpie import sandbox  # noqa: E402
-from magpie.sandbox import landlock, namespaces, seccomp  # noqa: E402
+from magpie.linux import namespaces  # noqa: E402
+from magpie.sandbox import containment, landlock, seccomp  # noqa: E402
 
 SCRATCH = tempfile.mkdtemp()
 POLICY = sandbox.Policy(write=[SCRATCH], gpu=True)
@@ -38,20 +39,20 @@ def without(part: str) -> None:
     elif part == "seccomp":
         seccomp.supported = lambda: False
     elif part == "device allowlist":
-        sandbox.device_files = lambda policy: ["/dev"]
+        containment.device_files = lambda policy: ["/dev"]
     elif part == "narrow reads":
-        read_trees = sandbox.read_trees
-        sandbox.read_trees = lambda policy: ["/", *read_trees(policy)]
+        read_trees = containment.read_trees
+        containment.read_trees = lambda policy: ["/", *read_trees(policy)]
     elif part == "covered socket folders":
-        sandbox.SOCKET_FOLDERS = ()
+        containment.SOCKET_FOLDERS = ()
     elif part == "covered secrets":
-        sandbox.SECRET_FOLDERS, sandbox.SECRET_FILES = (), ()
+        containment.SECRET_FOLDERS, containment.SECRET_FILES = (), ()
     elif part == "landlock":
         landlock.restrict = lambda **_: None
     elif part == "capability drop":
         namespaces.drop_capabilities = lambda: None
     elif part == "limits":
-        sandbox._limits = lambda policy: None
+        containment._limits = lambda policy: None
     if part != "the sandbox":
         sandbox.contain(POLICY)
 
