@@ -1,5 +1,7 @@
-"""The served side of a process magpie starts (a worker, an evaluator): its limits, its
-log, its main loop's pipes, its clean-up between jobs."""
+"""The processes magpie starts (a worker, an evaluator, a command of code under test): their
+limits, log, main loop's pipes and clean-up between jobs; a tree stopped while another is
+measured and continued after; a command whose timeout kills its whole tree (`run_tree`).
+Reading /proc and killing trees is the Linux floor's (`magpie.linux`)."""
 
 from __future__ import annotations
 
