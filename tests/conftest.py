@@ -26,6 +26,21 @@ def pytest_runtest_logreport(report):
         sys.stderr.flush()
 
 
+def pytest_addoption(parser):
+    parser.addini("slow_tests", "test files and tests (node ids, or their start) left out of the quick subset, "
+                                "-m 'not slow'", type="linelist")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marks
+def pytest_collection_modifyitems(config, items):
+    """The tests pyproject.toml names as slow (a whole file, or one test) are marked so, and the
+    GPU tests: `-m "not slow"` replaces addopts' `-m "not gpu"`."""
+    slow = tuple(config.getini("slow_tests"))
+    for item in items:
+        if item.nodeid.startswith(slow) or item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.slow)
+
+
 def magpie(*args, cwd, check=None, timeout=600, env=None):
     """Run the real CLI in its own process; returns CompletedProcess with text output."""
     proc = subprocess.run([sys.executable, "-m", "magpie", *map(str, args)], cwd=cwd, capture_output=True,
