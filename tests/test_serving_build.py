@@ -4,6 +4,7 @@ after the measurement, and the trace analysis of those traces, each cached and r
 change; the build report shows the measurement and summarises and links the analysis. End to end with the real
 `transformers serve` on the CPU serving the tiny offline model."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,13 +68,11 @@ def test_profiled_nodes_exist_only_when_declared_and_the_measurement_key_ignores
 
 
 @pytest.fixture
-def project(tmp_path, tmp_path_factory, monkeypatch):
-    from magpie.serving.tiny_model import build
-
+def project(tmp_path, tmp_path_factory, monkeypatch, tiny_model):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
     write(tmp_path, COMMAND_PROJECT)
-    build(tmp_path / "models" / "tiny")
+    shutil.copytree(tiny_model, tmp_path / "models" / "tiny")
     return tmp_path
 
 

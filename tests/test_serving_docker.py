@@ -49,13 +49,9 @@ def image(client):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from magpie.serving.tiny_model import build
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
-        path = build(tmp_path_factory.mktemp("tiny") / "model")
+def tiny_model(tiny_model, tmp_path_factory):
+    """The session's tiny model, a copy of it owned by the user the container runs as."""
+    path = shutil.copytree(tiny_model, tmp_path_factory.mktemp("tiny") / "model")
     if os.geteuid() == 0:        # the user's own model, readable by the container's user
         for p in [path, *path.rglob("*")]:
             os.lchown(p, *INVOKER)

@@ -102,15 +102,13 @@ def test_stop_servers_ends_every_kept_server(kept, tmp_path, capsys):
     assert main(["benchmark", "--stop-servers"]) == 0 and capsys.readouterr().out.strip() == "no kept servers"
 
 
-def test_transformers_serve_is_kept_and_reused(tmp_path, tmp_path_factory, monkeypatch, capsys):
+def test_transformers_serve_is_kept_and_reused(tmp_path, tmp_path_factory, monkeypatch, capsys, tiny_model):
     """The real engine on the tiny offline model: a second --keep-server run with the same command reuses the kept
     `transformers serve` (same process, no start-up), a run with a different dtype replaces it."""
-    from magpie.serving.tiny_model import build
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
     monkeypatch.setenv(environment.SERVER_DIR, str(tmp_path / "servers"))
-    model, port = build(tmp_path / "tiny"), free_port()
+    model, port = tiny_model, free_port()
     reports = []
     try:
         for name, precision in (("a", "auto"), ("b", "auto"), ("c", "fp32")):

@@ -232,16 +232,6 @@ def test_a_profile_without_model_ops_is_one_error_line(tmp_path):
     assert profiling.missing_model_ops([attention]) is None
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from magpie.serving.tiny_model import build
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
-        return build(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
     out = tmp_path / "ws"
     rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--port", str(free_port()), "--num-prompts", "4",

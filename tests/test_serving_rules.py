@@ -115,12 +115,10 @@ def test_model_files_and_engine_version_key_the_benchmark(tmp_path):
     assert expand(hub, tmp_path, rules)["benchmark:b"].inputs == []
 
 
-def test_real_transformers_serve_build(project, tmp_path_factory, monkeypatch):
-    from magpie.serving.tiny_model import build
-
+def test_real_transformers_serve_build(project, tmp_path_factory, monkeypatch, tiny_model):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
-    build(project / "models" / "tiny")
+    shutil.copytree(tiny_model, project / "models" / "tiny")
     _with(project, f"""
 [[benchmark]]
 id = "tiny"

@@ -14,16 +14,6 @@ from magpie.serving.report import model_hash
 from magpie.serving.runner import REPORT, RESULT
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from magpie.serving.tiny_model import build
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))    # no cache of ours is read or written
-        return build(tmp_path_factory.mktemp("tiny") / "model")
-
-
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_transformers_serve_end_to_end(tiny_model, tmp_path, endpoint):
     import transformers
