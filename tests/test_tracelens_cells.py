@@ -61,3 +61,20 @@ def test_rows_of_equal_time_come_in_tracelens_order(tmp_path):
     _, ops = _read_csv(FIXTURES / "tracelens_ties" / "ops_summary.csv.gz")
     totals = [r["total_direct_kernel_time_sum"] for r in ops]
     assert len(set(totals)) < len(totals)  # ops do tie
+
+
+def test_a_perf_table_without_any_roofline_leaves_out_the_roofline_columns():
+    """As TraceLens's: a sheet has the seven roofline columns only where some row has a roofline
+    (here: none without the device's peaks; with them, the columns)."""
+    from magpie.roofline.specs import lookup
+    from magpie.traces.ingest import load_trace
+    from magpie.traces.ops_tables import ROOFLINE, table_columns
+    from magpie.traces.perf_rows import trace_tables
+    from test_tracelens_parity import TRACES
+
+    trace = load_trace(TRACES / "train_step_mlp.json.gz")
+    _, bare = trace_tables(trace, None)
+    _, held = trace_tables(trace, lookup("H200"))
+    for table in ("Reduce_fwd", "GEMM", "unified_perf_summary"):
+        assert not ROOFLINE & set(table_columns(table, bare[table])), table
+        assert len(ROOFLINE & set(table_columns(table, held[table]))) == 7, table

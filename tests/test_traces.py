@@ -579,11 +579,12 @@ def test_inference_mode_writes_per_stage_outputs_and_the_tracelens_block(tmp_pat
 
 
 def test_unique_args_and_family_sheets_with_tracelens_columns():
+    from magpie.roofline.specs import lookup
     from magpie.traces.ops_tables import FAMILY_SHEET, PERF_FAMILIES, table_columns
     from magpie.traces.perf_rows import trace_tables
 
     trace = load_trace(TRACES / "conv_bf16.json.gz")
-    _, tables = trace_tables(trace)
+    _, tables = trace_tables(trace, lookup("H200"))  # with the peaks: the roofline columns too
     unique = tables["ops_unique_args"]
     assert sum(r["total_direct_kernel_time_sum"] for r in unique) == pytest.approx(sum(a.dur for a in trace.gpu),
                                                                                     rel=1e-4)

@@ -408,16 +408,26 @@ def in_tracelens_order(rows: list[dict], label: str, total: str) -> list[dict]:
     return [rows[last - int(i)] for i in ascending][::-1]
 
 
+# TraceLens's roofline columns, which a perf table has only where some row has a roofline (a peak for
+# its precision, its bytes and FLOPs)
+ROOFLINE = {"Roofline Time (µs)_first", "Roofline Bound", "Roofline Bound_first", *(f"Pct Roofline_{s}" for s in STATS)}
+
+
 def table_columns(name: str, rows: list[dict]) -> list[str]:
     """The CSV columns of a table: fixed ones, and for a family sheet its parameters too, in the
-    order the trace's calls first name them (as TraceLens's columns come)."""
+    order the trace's calls first name them (as TraceLens's columns come); a perf table whose rows
+    have no roofline leaves out the roofline columns, as TraceLens's does."""
     fixed = {"ops_summary": OPS_SUMMARY, "ops_summary_by_category": BY_CATEGORY, "ops_unique_args": UNIQUE_ARGS,
              "unified_perf_summary": UNIFIED}.get(name)
-    if fixed is not None:
+    if fixed is not None and name != "unified_perf_summary":
         return fixed
-    in_trace_order = sorted(rows, key=lambda row: row["UID_first"])
-    params = dict.fromkeys(k for row in in_trace_order for k in row if k.startswith("param: "))
-    return ["name", *params, *FAMILY_SHEET]
+    if fixed is None:
+        in_trace_order = sorted(rows, key=lambda row: row["UID_first"])
+        params = dict.fromkeys(k for row in in_trace_order for k in row if k.startswith("param: "))
+        fixed = ["name", *params, *FAMILY_SHEET]
+    if any(row.get("Roofline Time (µs)_first") is not None for row in rows):
+        return fixed
+    return [column for column in fixed if column not in ROOFLINE]
 
 
 def _stats(values: list[float], prefix: str) -> dict:
