@@ -5,15 +5,19 @@ docker example runs) is assembled here and `docker import`ed as one layer:
 
 - the distributions `transformers serve` needs: `transformers[serving]`, `torch`, `tokenizers` and what
   their metadata says they require, each with the files its RECORD lists and the bytecode compiled since;
-- the interpreter and its standard library (its `test` package left out);
+- the interpreter and its standard library (its `test` package left out); run from a virtual environment, also
+  its `pyvenv.cfg`, without which the environment's `bin/python` in the image is the base interpreter and sees
+  none of the environment's packages;
 - `chown` (docker mode gives root-written outputs back to the invoking user with it);
 - the shared libraries all of these link (`ldd`), the dynamic linker's cache, and a `/tmp` anyone may write.
 
 Every file keeps the path it has on this machine: console scripts name the interpreter by its absolute
-path, and the linker's cache names the libraries by theirs. The tag is a content key: sha256 over the
-distributions' RECORDs (each lists its files' sha256), the interpreter, the libraries' sizes and
-modification times, and this module's source; an unchanged environment finds its image and builds nothing,
-and a new image replaces the repository's older ones.
+path, and the linker's cache names the libraries by theirs; `PATH` holds the environment's scripts folder
+and its base interpreter's (a virtual environment made with `--system-site-packages` finds console scripts of
+the base's distributions there). The tag is a content key: sha256 over the distributions' RECORDs (each lists
+its files' sha256), the interpreter and `sys.prefix`, `pyvenv.cfg`, the libraries' sizes and modification times, and this
+module's source; an unchanged environment finds its image and builds nothing, and a new image replaces the
+older ones of the same environment (labelled with its `sys.prefix`), never another environment's.
 
     python -m magpie.serving.env_image            # prints the image's reference, building it if missing
 """
@@ -37,6 +41,7 @@ ROOTS = (("transformers", {"serving"}), ("torch", set()), ("tokenizers", set()))
 LEFT_OUT_STDLIB = ("site-packages", "test", "idlelib", "turtledemo", "tkinter", "ensurepip")
 LDD_LIBRARY = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
 LINKER_CACHE = "/etc/ld.so.cache"
+PREFIX_LABEL = "magpie.env_prefix"
 
 
 class EnvImageError(RuntimeError):
@@ -84,11 +89,23 @@ def _stdlib_files() -> list[str]:
 
 
 def _interpreter() -> list[str]:
-    """The interpreter and the names it goes by in its bin folder (python3, python)."""
+    """The interpreter, the names it goes by in its bin folder (python3, python) and, in a virtual environment,
+    the `pyvenv.cfg` that makes those names the environment's interpreter."""
     exe = os.path.realpath(sys.executable)
     folder = os.path.dirname(sys.executable)
     aliases = [os.path.join(folder, n) for n in ("python3", "python", os.path.basename(sys.executable))]
-    return [exe] + [a for a in aliases if os.path.exists(a)]
+    return [exe] + [a for a in aliases if os.path.exists(a)] + _venv_config()
+
+
+def _venv_config() -> list[str]:
+    config = os.path.join(sys.prefix, "pyvenv.cfg")
+    return [config] if sys.prefix != sys.base_prefix and os.path.isfile(config) else []
+
+
+def script_folders() -> list[str]:
+    """Where console scripts are installed: the environment's, then its base interpreter's."""
+    folders = [sysconfig.get_path("scripts"), sysconfig.get_path("scripts", vars={"base": sys.base_prefix})]
+    return list(dict.fromkeys(os.path.normpath(f) for f in folders))
 
 
 def _linked(paths: list[str]) -> set[str]:
@@ -111,7 +128,9 @@ def _linked(paths: list[str]) -> set[str]:
 def contents() -> tuple[list[str], str]:
     """(every file the image holds, by its path here; the content key)."""
     h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(f"{sys.version}\0{os.path.realpath(sys.executable)}\0".encode())
+    h.update(f"{sys.version}\0{os.path.realpath(sys.executable)}\0{sys.prefix}\0".encode())
+    for config in _venv_config():
+        h.update(Path(config).read_bytes())
     files = set(_interpreter()) | set(_stdlib_files())
     for dist in distributions():
         h.update(dist.read_text("RECORD").encode() if dist.read_text("RECORD") else dist.metadata["Name"].encode())
@@ -175,12 +194,14 @@ def ensure(client=None) -> str:
 
     writer = threading.Thread(target=feed, daemon=True)
     writer.start()
-    path_var = os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])
+    path_var = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), *script_folders(), "/usr/local/bin",
+                                              "/usr/bin", "/bin"]))
     try:
         with open(read_end, "rb") as source:
             client.api.import_image_from_stream(source, repository=REPOSITORY, tag=key,
                                                 changes=[f"ENV PATH={path_var}", "ENV LANG=C.UTF-8",
-                                                         f"LABEL magpie.env_image={key}"])
+                                                         f"LABEL magpie.env_image={key}",
+                                                         f"LABEL {PREFIX_LABEL}={sys.prefix}"])
     except docker.errors.APIError as exc:
         raise EnvImageError(f"docker import of {ref} failed: {exc.explanation or exc}") from None
     finally:
@@ -188,8 +209,9 @@ def ensure(client=None) -> str:
     if failure:
         raise EnvImageError(f"writing the image's files failed: {failure[0]}")
     client.images.get(ref)
-    for stale in client.images.list(REPOSITORY):      # earlier environments' images: 1.3 GB each
-        if ref not in stale.tags:
+    # this environment's earlier images (1.3 GB each); one without the label predates it and can match no key now
+    for stale in client.images.list(REPOSITORY):
+        if ref not in stale.tags and (stale.labels or {}).get(PREFIX_LABEL, sys.prefix) == sys.prefix:
             try:
                 client.images.remove(stale.id)
             except docker.errors.APIError:
