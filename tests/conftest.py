@@ -208,7 +208,7 @@ def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str 
     candidate are fixture files of their names (or ones already written into root)."""
     copy_fixtures(root, [baseline, "spec", *candidates])
     table = kernel_table("relu2", baseline, candidates, shapes=shapes)
-    (root / "magpie.toml").write_text(project_toml(table, name="relu2", device=device, defaults=defaults, timing=timing))
+    (root / "magpie.toml").write_text(project_toml(table, device=device, defaults=defaults, timing=timing))
 
 
 def copy_fixtures(root: Path, names) -> None:
@@ -279,8 +279,20 @@ def timed_pair(tmp_path_factory) -> Path:
     once; a test that builds it again works on `copy_project(timed_pair, ...)`."""
     root = tmp_path_factory.mktemp("timed_pair")
     shutil.copy(FIXTURES / "adversarial/good.py", root / "fast.py")
-    relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2")
+    relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1",
+                  timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2")
     assert build_json(root, "-j", "2")["failed"] == []
+    return root
+
+
+@pytest.fixture(scope="session")
+def twin_build(tmp_path_factory) -> Path:
+    """The baseline and `twin` (the same code) on one shape, built once with -j 2 (the twin's
+    timing takes the baseline's worker from the baseline's own job): read it, or build it again
+    on `copy_project(twin_build, ...)`."""
+    root = tmp_path_factory.mktemp("twin")
+    shutil.copy(FIXTURES / "adversarial" / "good.py", root / "twin.py")
+    relu2_report(root, ["twin"], shapes="[[33, 65]]")
     return root
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import FIXTURES, build_json, relu2_report
+from conftest import FIXTURES, build_json, copy_project, relu2_report
 from magpie.harness import batches
 
 
@@ -175,15 +175,14 @@ def reference(x, dims):
 """
 
 
-def test_a_vouched_measurement_says_where_its_wall_time_went(tmp_path):
+def test_a_vouched_measurement_says_where_its_wall_time_went(twin_build):
     """The timing result splits a vouched measurement's wall time into its steps (regions,
     pricing the harness, sizing the batches, the rounds, unmapping), and the rounds into their
     parts (drawing input sets, writing them, the requests, the checks, the calls made alone):
     what a GPU run needs to tell the evaluator's own costs from the budget's. Where the
     measurement was taken again (a baseline read off its own timing,
     `timing.disturbed_fraction`), the steps are the kept measurement's."""
-    relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()})
-    timing = next(json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+    timing = next(json.loads(p.read_text()) for p in (twin_build / "workspaces/store").glob("*/*/result.json")
                   if json.loads(p.read_text()).get("task") == "timing:relu2/twin")
     steps = timing["measurement_steps_s"]
     assert set(steps) == {"regions", "harness_price", "sizing", "rounds", "unmap"}, steps
@@ -597,7 +596,7 @@ def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     assert disturbed(84.5, shape="1024") is None and disturbed(None) is None
 
 
-def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(tmp_path):
+def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(twin_build, tmp_path):
     """An edit rebuilds one candidate's timing but not the baseline's, so no job of the build
     has a baseline worker to hand on: the job starts one with its candidate's, before it holds
     the device alone (on the H200 a late start took 0.24 s of an edit's 4.1 s with the device
@@ -605,10 +604,10 @@ def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(tmp_path):
     and what that job measured of the baseline alone (its time per call from sizing) is not
     measured again; an earlier build's figures are never taken."""
     good = (FIXTURES / "adversarial" / "good.py").read_text()
-    relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": good})
+    root = copy_project(twin_build, tmp_path / "twin")  # its first build, the session's
 
     def twin_timing(task: str = "timing:relu2/twin") -> dict:
-        return max((json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+        return max((json.loads(p.read_text()) for p in (root / "workspaces/store").glob("*/*/result.json")
                     if json.loads(p.read_text()).get("task") == task),
                    key=lambda r: r["task_started_unix"])
 
@@ -618,8 +617,8 @@ def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(tmp_path):
     assert first["baseline_result"]["from_own_timing"] == ["sizing_us_per_call"]
     assert first["baseline_result"]["sizing_us_per_call"] == own["sizing_us_per_call"] > 0
     assert first["performance_result"]["from_own_timing"] is None
-    (tmp_path / "twin.py").write_text(good + "# edited\n")
-    assert build_json(tmp_path, "-j", "2")["failed"] == []
+    (root / "twin.py").write_text(good + "# edited\n")
+    assert build_json(root, "-j", "2")["failed"] == []
     edited = twin_timing()
     assert edited["task_started_unix"] > first["task_started_unix"]
     assert edited["performance_state"] == "SUCCESS", edited["errors"]
