@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, magpie, relu2_project, write
+from conftest import FIXTURES, QUICK_TIMING, copy_fixtures, kernel_table, magpie, project_toml, write
 from magpie.cli import main
 from magpie.cli.compare import table
 from magpie.harness.kinds import failure, failure_kind
@@ -35,9 +35,10 @@ def mixed(tmp_path_factory):
     declared expect_faster (correct, not faster): one build with --json --check."""
     root = tmp_path_factory.mktemp("mixed")
     shutil.copy(FIXTURES / "adversarial" / "good.py", root / "twin.py")
-    relu2_project(root, ["nan", "twin"], "[[64, 64]]")
-    manifest = root / "magpie.toml"
-    manifest.write_text(manifest.read_text().replace('source = "twin.py"\n', 'source = "twin.py"\nexpect_faster = true\n'))
+    copy_fixtures(root, ["good", "nan", "spec"])
+    relu2 = kernel_table("relu2", "good", ["nan", "twin"], shapes="[[64, 64]]",
+                         candidate_settings={"twin": "expect_faster = true"})
+    (root / "magpie.toml").write_text(project_toml(relu2, timing=QUICK_TIMING))
     proc, summary = _built(root)
     return root, proc, summary
 
@@ -132,27 +133,8 @@ def test_the_report_says_what_was_timed_and_against_which_baseline_median(mixed)
 
 
 SPEC_ERROR_PROJECT = {
-    "magpie.toml": """
-        [project]
-        name = "broken"
-
-        [[kernel]]
-        id = "relu2"
-        type = "pytorch"
-        entry = "kernel"
-
-        [kernel.baseline]
-        id = "good"
-        source = "good.py"
-
-        [[kernel.candidates]]
-        id = "twin"
-        source = "twin.py"
-
-        [[kernel.testcases]]
-        spec = "specs/relu_spec.py"
-        shapes = [[8, 8]]
-        """,
+    "magpie.toml": project_toml(kernel_table("relu2", "good", ["twin"], spec="specs/relu_spec.py", shapes="[[8, 8]]"),
+                                name="broken"),
     "specs/relu_spec.py": """
         import torch
 

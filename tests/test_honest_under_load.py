@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FIXTURES, build_json
+from conftest import FIXTURES, QUICK_TIMING, build_json, kernel_table, project_toml
 
 from magpie.harness.measurement import (
     ALONE_FAIL,
@@ -27,13 +27,6 @@ from magpie.harness.measurement import (
 HOGS = 3
 
 
-def _kernel(kernel: str, baseline: str, candidates: list[str], shape: str) -> str:
-    tables = "".join(f'[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n\n' for n in candidates)
-    return (f'[[kernel]]\nid = "{kernel}"\ntype = "pytorch"\nentry = "kernel"\n\n[kernel.baseline]\n'
-            f'id = "{baseline}"\nsource = "{baseline}.py"\n\n{tables}[[kernel.testcases]]\nspec = "spec.py"\n'
-            f"shapes = [{shape}]\n\n")
-
-
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     """One build beside HOGS CPU hogs. On 64x1024 float outputs (256 KiB, which torch copies on
@@ -46,11 +39,10 @@ def rows(tmp_path_factory):
     for name in ("good", "many_ops", "batches_its_calls", "spec"):
         shutil.copy(FIXTURES / "adversarial" / f"{name}.py", root / f"{name}.py")
     (root / "same.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
-    (root / "magpie.toml").write_text(
-        '[project]\nname = "under_load"\ndevice = "cpu"\n\n[defaults]\ntrials = 1\n\n'
-        '[defaults.timing]\nwarmup_ms = 5\nbudget_ms = 60\nrounds = 3\n\n'
-        + _kernel("wide", "good", ["same", "many_ops"], "[64, 1024]")
-        + _kernel("small", "good", ["batches_its_calls"], "[8, 8]"))
+    (root / "magpie.toml").write_text(project_toml(
+        kernel_table("wide", "good", ["same", "many_ops"], shapes="[[64, 1024]]"),
+        kernel_table("small", "good", ["batches_its_calls"], shapes="[[8, 8]]"),
+        name="under_load", defaults="trials = 1", timing=QUICK_TIMING))
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
     try:
         assert build_json(root, "-j", "2")["failed"] == []

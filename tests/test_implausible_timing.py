@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import SPIN_SOURCE, build_json, relu2_report
+from conftest import SPIN_SOURCE, build_json, kernel_table, project_toml, relu2_report
 from magpie.harness.measurement import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
 
 # The baseline does 2 ms of work a call more: an honest candidate is 20x+ faster.
@@ -149,40 +149,9 @@ def test_on_the_gpu_an_output_that_aliases_its_input_is_an_impossible_time(tmp_p
     }
     for name, text in files.items():
         (tmp_path / f"{name}.py").write_text(text)
-    (tmp_path / "magpie.toml").write_text(f"""[project]
-name = "copy"
-device = "cuda"
-
-[defaults]
-trials = 1
-
-[defaults.timing]
-warmup_ms = 10
-budget_ms = 60
-rounds = 3
-vouched = {str(vouched).lower()}
-
-[[kernel]]
-id = "copy"
-type = "pytorch"
-entry = "kernel"
-
-[kernel.baseline]
-id = "clones"
-source = "clones.py"
-
-[[kernel.candidates]]
-id = "copies"
-source = "copies.py"
-
-[[kernel.candidates]]
-id = "aliases"
-source = "aliases.py"
-
-[[kernel.testcases]]
-spec = "spec.py"
-shapes = [[4096, 4096]]
-""")
+    (tmp_path / "magpie.toml").write_text(project_toml(
+        kernel_table("copy", "clones", ["copies", "aliases"], shapes="[[4096, 4096]]"), name="copy", device="cuda",
+        defaults="trials = 1", timing=f"warmup_ms = 10\nbudget_ms = 60\nrounds = 3\nvouched = {str(vouched).lower()}"))
     assert build_json(tmp_path, "-j", "1")["failed"] == []
     report = json.loads((tmp_path / "workspaces/reports/copy/compare_report.json").read_text())
     rows = {row["implementation"]: row for row in report["results"]}
