@@ -174,6 +174,28 @@ def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
     """Compare two sides (see `side_paths`), write `trace_compare.csv` (both levels, a `level`
     column), `trace_compare.json` and the page `trace_compare.html` into out_dir; returns the
     JSON's content."""
+    summary = comparison(before_spec, after_spec)
+    out = Path(out_dir)
+    summary["outputs"] = {"csv": str(out / "trace_compare.csv"), "json": str(out / "trace_compare.json")}
+    atomic_write(out / "trace_compare.csv", csv_text(summary))
+    summary["outputs"]["report"] = str(out / "trace_compare.html")
+    atomic_write(out / "trace_compare.json", json.dumps(summary, indent=1))
+    atomic_write(out / "trace_compare.html", render_page(summary))
+    return summary
+
+
+def csv_text(summary: dict) -> str:
+    """trace_compare.csv: the op rows, then the kernel rows."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(summary["ops"] + summary["kernels"])
+    return text.getvalue()
+
+
+def comparison(before_spec, after_spec) -> dict:
+    """The comparison of two sides (see `side_paths`): totals, counts, rows of each level and
+    warnings, as trace_compare.json holds them less its `outputs`."""
     warnings: list[str] = []
     before = load_side(before_spec, "before", warnings)
     after = load_side(after_spec, "after", warnings)
@@ -189,8 +211,7 @@ def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
                                          SLOWER if total["diff"] > 0 else FASTER)
     total_noise = total["noise_us"]
     mean_before, mean_after = statistics.fmean(totals_before), statistics.fmean(totals_after)
-    out = Path(out_dir)
-    summary = {
+    return {
         "before": [t.path for t in before],
         "after": [t.path for t in after],
         "repeats": {"before": len(measured_before), "after": len(measured_after)},
@@ -206,17 +227,7 @@ def compare_traces(before_spec, after_spec, out_dir: str | Path) -> dict:
         "ops": ops,
         "kernels": kernels,
         "warnings": warnings,
-        "outputs": {"csv": str(out / "trace_compare.csv"), "json": str(out / "trace_compare.json")},
     }
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(ops + kernels)
-    atomic_write(out / "trace_compare.csv", text.getvalue())
-    summary["outputs"]["report"] = str(out / "trace_compare.html")
-    atomic_write(out / "trace_compare.json", json.dumps(summary, indent=1))
-    atomic_write(out / "trace_compare.html", render_page(summary))
-    return summary
 
 
 def render_page(summary: dict, limit: int = 50) -> str:

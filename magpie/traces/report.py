@@ -249,8 +249,7 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
     """The roofline CSV and op tables of one trace (made of its `calls`), with its collective
     analysis where it has collectives (or, not `whole_trace`, one stage of it: the family sheets
     then leave out the calls that launched nothing); returns what its section of the page shows."""
-    arch = (lookup(trace.device_name()) if trace.device_name() else None) or \
-        (lookup(arch_name) if arch_name else None)
+    arch = trace_arch(trace, arch_name)
     target = folder / f"{label}_kernel_roofline_simple.csv"
     groups, tables = trace_tables(trace, arch, idle_calls=whole_trace, calls=calls)
     atomic_write(target, _csv(roofline_rows(groups, arch), ROOFLINE_COLUMNS))
@@ -272,6 +271,11 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
             "roofline_points": _roofline_points(tables["unified_perf_summary"], arch),
             "roofline_file": {"path": str(target), "arch": arch.name if arch else None, "peaks": peaks},
             "table_files": table_files}
+
+
+def trace_arch(trace: Trace, arch_name: str | None):
+    """The peaks a trace's rooflines are held against: its own device's, else `arch_name`'s."""
+    return (lookup(trace.device_name()) if trace.device_name() else None) or (lookup(arch_name) if arch_name else None)
 
 
 def _named_launches(ops: list[dict], groups) -> list[dict]:
