@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
     s.add_argument("--random-range-ratio", type=float, default=0.0, help="lengths uniform over len*(1±ratio)")
     s.add_argument("--random-prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
     s.add_argument("--tokenizer", help="the tokenizer lengths are counted in: a folder or a hub id in the local cache "
-                                       "(default: the model's own; none to be had: words, with a warning)")
+                                       "(default: the model's own; none to be had: words, the report's tokenizer null)")
     s.add_argument("--num-prompts", type=int, default=100, help="requests in the run (default: %(default)s)")
     s.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default: all at once)")
     s.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrivals (1: Poisson)")

@@ -108,9 +108,6 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                     config = config.model_copy(update={"tokenizer": prompt_tokenizer(config)})
                 except ValueError as exc:
                     raise _Failed(str(exc)) from None
-                if config.tokenizer is None:
-                    _warn([f"no tokenizer for {config.model}: lengths are words of the built-in vocabulary; "
-                           f"give --tokenizer to count tokens"])
                 spec = _engines.ServerSpec(model=config.model, host=config.host, port=config.port, tp=config.tp,
                                            precision=config.precision, max_model_len=config.max_model_len,
                                            extra_args=config.extra_server_args, env=config.env)
