@@ -227,3 +227,15 @@ def test_flash_attention_forward_and_backward_by_hand():
     pairs = 128 * 128
     assert backward.flops == 2 * 2 * 8 * pairs * (3 * 64 + 2 * 64) + 2 * 128 * 128 * (8 // 2 - 1)
     assert backward.bytes == (2 * (2 * 128 * 8 * 64 + 2 * 2 * 128 * 2 * 64) + 2 * 128 * 8 * 64) * 2
+
+
+def test_a_sum_given_a_dtype_reduces_every_dim():
+    """sum(x, dtype=...) records the dtype as a Scalar ('6' is float), not a dim to reduce."""
+    from magpie.traces.ingest import CpuOp
+    from magpie.traces.perf_models import estimate
+
+    whole = estimate(CpuOp("aten::sum", 0.0, 0.0, 0, 0, [[8, 64, 64], []], ["float", "Scalar"], ["", "6"]))
+    along_last = estimate(CpuOp("aten::sum", 0.0, 0.0, 0, 0, [[8, 64, 64], [], [], []],
+                                ["float", "ScalarList", "Scalar", ""], ["", "[-1]", "False", ""]))
+    assert whole.params["num_output_elems"] == 1
+    assert along_last.params["num_output_elems"] == 8 * 64

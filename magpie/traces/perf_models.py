@@ -348,6 +348,7 @@ def _broadcast(shapes: list[list[int]]) -> list[int]:
 
 
 COPIES = ("aten::copy", "aten::copy_")
+SCALAR_BYTES = 4
 
 
 def elementwise(op):
@@ -369,6 +370,9 @@ def elementwise(op):
         shape = _broadcast([t.shape for t in present])
         numel = math.prod(shape)
         moved = sum(t.nbytes for t in present) + numel * DTYPE_BYTES.get(present[0].dtype, 4)
+    if op.name in BINARY_OPS:
+        # TraceLens's counting rule: a Scalar operand (x / 2) is one 4-byte value read, like a 0-d tensor
+        moved += SCALAR_BYTES * sum(t == "Scalar" for t in (op.input_types or [])[:2])
     flops = 0.0 if op.name in ("aten::fill_", "aten::_to_copy", "aten::clone") else float(numel)
     return Estimate("elementwise", flops, moved, _vector_precision(present[0].dtype), params)
 
@@ -378,8 +382,8 @@ def _elementwise_params(op) -> dict:
     shape_in2...), otherwise the operand (op_shape...); an output is a third (second) input
     where one is recorded, as with out= variants."""
     dims = op.input_dims or []
-    if op.name in COPIES:  # copy_(self, src): src is read, self written
-        return {"op_shape": tuple(dims[1]), "dtype_in_out": _types(op, 1, 2) + _types(op, 0, 1),
+    if op.name in COPIES:  # copy_(self, src): src is read, self written, one element per element of self
+        return {"op_shape": tuple(dims[0]), "dtype_in_out": _types(op, 1, 2) + _types(op, 0, 1),
                 "stride_input": _stride(op, 1), "stride_output": _stride(op, 0)}
     if op.name in BINARY_OPS or (op.name not in UNARY_OPS and sum(bool(d) for d in dims[:3]) >= 2):
         out = _recorded(op, 2)
@@ -406,6 +410,7 @@ def _dims(text: str, rank: int) -> list[int] | None:
 # Where a reduction records its dims among the concrete inputs (after the tensor): norms name their order first
 _REDUCED_DIMS_AT = {"aten::norm": 2, "aten::linalg_norm": 2, "aten::linalg_vector_norm": 2}
 SCANS = ("aten::cumsum", "aten::cumprod")  # one output per input element, along one dim
+_DTYPE_SECOND = ("aten::sum", "aten::mean")  # their overloads with one Scalar after the tensor take a dtype
 
 
 def reduction(op):
@@ -414,6 +419,8 @@ def reduction(op):
         return None
     index_out = op.name in ("aten::argmax", "aten::argmin")
     dims_text = concrete(op, _REDUCED_DIMS_AT.get(op.name, 1))
+    if op.name in _DTYPE_SECOND and (op.input_types or [None, None])[1:2] == ["Scalar"]:
+        dims_text = ""  # sum(x, dtype=...): the Scalar is a ScalarType code, not a dim; all dims reduce
     if op.name in SCANS:
         kept = x.numel
     else:
