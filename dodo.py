@@ -5,6 +5,7 @@ this file shows the graph is an ordinary doit graph.
 """
 
 from magpie.execution.executors import InlineExecutor
+from magpie.execution.build import input_secret
 from magpie.execution.doit_glue import doit_fields
 from magpie.project import Project
 
@@ -25,7 +26,8 @@ def _group(rule: str, fields: list[dict]):
 def _load_groups() -> dict:
     project = Project.load("magpie.toml")
     groups: dict[str, list[dict]] = {}
-    for fields in doit_fields(project, InlineExecutor()):
+    # no secret of its own (plain doit draws none): MAGPIE_INPUT_SECRET's where it is set
+    for fields in doit_fields(project, InlineExecutor(), secret=input_secret(evaluates=False)):
         groups.setdefault(fields["name"].partition(":")[0], []).append(fields)
     return {f"task_{rule}": _group(rule, items) for rule, items in groups.items()}
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import copy_project, magpie
 from magpie.cli import main
-from magpie.cli.build import _up_to_date_by_snapshot
+from magpie.execution.build import up_to_date_by_snapshot
 from magpie.execution import actions
 from magpie.graph import snapshot
 from magpie.project import Project
@@ -105,7 +105,7 @@ def test_the_next_build_measures_it_again_with_what_reads_it_then_is_a_no_op(mea
     manifest = root / "magpie.toml"
     assert snapshot.load_fresh(manifest) is not None  # the snapshot holds (written by this process's build)
     with contextlib.redirect_stdout(io.StringIO()):
-        assert _up_to_date_by_snapshot(manifest, False) is None  # the fast path declines
+        assert up_to_date_by_snapshot(manifest) is None  # the fast path declines
     plan = dry_run(root)
     assert list(plan) == [TIMING, *DEPENDENTS]
     assert plan[TIMING] == f"was {actions.PROVISIONAL_INCONCLUSIVE}: measured again"
@@ -119,9 +119,8 @@ def test_the_next_build_measures_it_again_with_what_reads_it_then_is_a_no_op(mea
 
     assert Project.load(manifest).stale() == []
     assert build_in_process(root, conclusive)["executed"] == []
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        assert _up_to_date_by_snapshot(manifest, False) == 0  # the fast path's no-op again
-    assert "up to date" in out.getvalue()
+    fast = up_to_date_by_snapshot(manifest)  # the fast path's no-op again
+    assert fast is not None and fast.exit_code == 0 and "up to date" in fast.line
 
 
 def test_a_provisional_marker_removed_is_a_modified_artifact(tmp_path):

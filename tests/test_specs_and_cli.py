@@ -110,7 +110,7 @@ def test_compare_bad_baseline_index_is_one_line(kernels):
 def test_compare_runs_a_job_per_implementation_within_the_cpus_by_default(monkeypatch):
     """Each implementation's correctness and timing jobs mostly wait for the device: with fewer
     slots than implementations the last one's check starts only when another ends."""
-    from magpie.cli.oneshot import default_jobs
+    from magpie.execution.oneshot import default_jobs
 
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert [default_jobs(n) for n in (1, 9, 40)] == [2, 9, 16]

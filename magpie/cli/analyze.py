@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 
-from magpie.cli.oneshot import add_common, build_project, run_and_collect, start_pool, write_json
-
-STATE_KEYS = ("compiling_state", "correctness_state", "performance_state", "performance_result", "numerics",
-              "verdict", "errors", "warnings", "failures", "flags", "numerics_margin", "time_s")
+from magpie.cli.oneshot import add_common, options_from, progress
 
 
 def add_parser(sub) -> None:
@@ -20,20 +17,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    start_pool(args)  # these verbs always evaluate
-    from magpie.supervision import zygote
+    from magpie.execution.oneshot import analyze
 
-    with zygote.session(prestart=True):
-        project, out = build_project(args, "analyze", baseline_index=None)
-        comparison = run_and_collect(project, args.jobs, "analyze", args.trust_code)
-    row = comparison["results"][0]
-    report = {"kernel": row["implementation"], **{k: row.get(k) for k in STATE_KEYS}}
-    kernel = project.manifest.kernel[0]
-    report["type"] = kernel.impl_type(kernel.baseline)
-    report["source"] = kernel.baseline.source
-    from magpie.report.models import AnalyzeReport, checked
-
-    write_json(out / "analyze_report.json", checked(AnalyzeReport, report))
+    analyzed = analyze(options_from(args), progress("analyze"))
+    report = analyzed.report
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=True))
     else:
@@ -43,5 +30,5 @@ def run(args) -> int:
         timing = f"median {perf['median_us']:.2f} µs (n={perf['n']}, p20-p80 {spread_text(perf)})" if perf else "not timed"
         print(f"{report['kernel']}: compile {report['compiling_state']}, correctness {report['correctness_state']} "
               f"({report['verdict']}), {timing}")
-        print(f"report: {out / 'analyze_report.json'}")
+        print(f"report: {analyzed.path}")
     return 0 if report["correctness_state"] == "SUCCESS" else 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from magpie.cli.oneshot import add_common, build_project, run_and_collect, start_pool, write_json
+from magpie.cli.oneshot import add_common, options_from, progress
 
 
 def add_parser(sub) -> None:
@@ -18,18 +18,14 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    start_pool(args)  # these verbs always evaluate
-    from magpie.supervision import zygote
+    from magpie.execution.oneshot import compare
 
-    with zygote.session(prestart=True):
-        project, out = build_project(args, "compare", baseline_index=args.baseline)
-        report = run_and_collect(project, args.jobs, "compare", args.trust_code)
-    write_json(out / "compare_report.json", report)
+    compared = compare(options_from(args), args.baseline, progress("compare"))
     if args.json:
-        print(json.dumps(report, indent=1, sort_keys=True))
+        print(json.dumps(compared.report, indent=1, sort_keys=True))
         return 0
-    print(table(report))
-    print(f"report: {out / 'compare_report.json'}")
+    print(table(compared.report))
+    print(f"report: {compared.path}")
     return 0
 
 

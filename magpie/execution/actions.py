@@ -18,7 +18,6 @@ from magpie.graph.expand import snapshot_path
 from magpie.harness.keys import code_reads, evaluator_key
 from magpie.harness.kinds import command_kind
 from magpie.harness.kinds import failure as failed
-from magpie.harness.spec import SECRET_VARIABLE
 from magpie.paths import subprocess_env
 from magpie.supervision import device_lock
 from magpie.supervision import scratch as scratch_folders
@@ -141,7 +140,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
     settings = spec.params["settings"]
     request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
                "impl": with_library(job, spec.params["impl"]), "baseline": with_library(job, baseline),
-               "settings": settings, "input_secret": os.environ.get(SECRET_VARIABLE, ""),
+               "settings": settings, "input_secret": job.input_secret,
                "hide": workspace_of(job), "snapshots": snapshots_of(job), "timing_method": timing_method,
                "baseline_own_timing": baseline_own_timing}
     limit = step_limit_s(mode, settings)
@@ -229,7 +228,7 @@ def timing(job, out_dir: Path) -> dict:
                for k in ("shape", "median_us", "harness_us_per_call", "calibration_us", "sizing_us_per_call",
                          "kernel_us", "kernels")}
         own["mode"] = (set_method or {}).get("mode")
-        own["this_build"] = its_timing.get("input_secret") == os.environ.get(SECRET_VARIABLE, "")
+        own["this_build"] = its_timing.get("input_secret") == job.input_secret
     result = _evaluate("timing", job, out_dir, baseline=baseline, timing_method=set_method, baseline_own_timing=own)
     result.setdefault("warnings", []).extend(warnings)
     if result.get("performance_state") == "INCONCLUSIVE":

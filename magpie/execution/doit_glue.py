@@ -16,6 +16,7 @@ from doit.doit_cmd import DoitMain
 from doit.task import Task
 
 from magpie.execution.job import Job
+from magpie.execution.progress import Progress
 from magpie.graph.expand import changed_inputs, explain
 
 # doit looks up every installed package's plugins (commands, loaders, backends, reporters) on
@@ -54,11 +55,10 @@ class MemoryDB:
 
 
 class BuildReporter:
-    """Plain lines when not on a terminal; a rich progress bar on one."""
+    """doit's reporter: the build's progress lines, or a rich progress bar (progress.bar)."""
 
-    def __init__(self, *, reasons: dict[str, str], use_rich: bool, title: str = "magpie build",
-                 verdict_of=None):
-        self.out = sys.stderr  # stdout stays clean for --json
+    def __init__(self, *, reasons: dict[str, str], progress: Progress, verdict_of=None):
+        self.progress = progress
         self.reasons = reasons
         self.verdict_of = verdict_of  # task name -> what its result says, for its `done` line
         self.failures: list[tuple[str, str]] = []
@@ -66,14 +66,15 @@ class BuildReporter:
         self._started: dict[str, float] = {}
         self.silent = False  # the build is being stopped: it says so in one line of its own
         self._progress = None
-        if use_rich and reasons:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        if progress.bar and reasons:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
 
             from rich.console import Console
 
-            self._progress = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("{task.description}"),
-                                      console=Console(stderr=True))
+            self._progress = Bar(TextColumn(f"[bold]{progress.title}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"),
+                                 console=Console(file=progress.stream))
             self._bar = self._progress.add_task("", total=len(reasons))
             self._progress.start()
 
@@ -83,8 +84,14 @@ class BuildReporter:
         if self._progress is not None:
             self._progress.console.print(text, markup=False, highlight=False)
         else:
-            self.out.write(text + "\n")
-            self.out.flush()
+            self.progress.line(text)
+
+    def warn(self, text: str) -> None:
+        """A line said even while the build is being stopped (an artifact found modified)."""
+        if self._progress is not None and not self.silent:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            self.progress.line(text)
 
     def running(self) -> list[str]:
         """The tasks started and not finished, in the order they started."""
@@ -146,13 +153,15 @@ class BuildReporter:
 
 
 class StoreTaskLoader(TaskLoader2):
-    def __init__(self, project, executor, jobs: int, reporter: BuildReporter, within: set[str] | None = None):
+    def __init__(self, project, executor, jobs: int, reporter: BuildReporter, within: set[str] | None = None,
+                 secret: str = ""):
         super().__init__()
         self.project = project
         self.executor = executor
         self.jobs = jobs
         self.reporter = reporter
         self.within = within
+        self.secret = secret
 
     def load_doit_config(self):
         return {
@@ -166,20 +175,21 @@ class StoreTaskLoader(TaskLoader2):
         }
 
     def load_tasks(self, cmd, pos_args):
-        return [Task(**fields) for fields in doit_fields(self.project, self.executor, self.within)]
+        return [Task(**fields) for fields in doit_fields(self.project, self.executor, self.within, self.secret)]
 
 
-def doit_fields(project, executor, within: set[str] | None = None) -> list[dict]:
+def doit_fields(project, executor, within: set[str] | None = None, secret: str = "") -> list[dict]:
     """The project's tasks as doit task fields; staleness is a store lookup by key. A task's
     order-only `after` tasks are waited for where the build runs them anyway (those in `within`,
-    the selection's closure; all of them without one): doit runs every task_dep it is given."""
+    the selection's closure; all of them without one): doit runs every task_dep it is given.
+    `secret`: the build's input secret, handed to each job (harness/spec.py)."""
 
     def waited(spec) -> list[str]:
         return [d for d in spec.after if d in project.tasks and (within is None or d in within)]
 
     return [{
         "name": name,
-        "actions": [(run_task, [project, executor, name])],
+        "actions": [(run_task, [project, executor, name, secret])],
         "task_dep": list(spec.deps) + waited(spec),
         "uptodate": [(up_to_date, [project, name])],
         "doc": f"{spec.rule}: {spec.params['description']}".rstrip(": "),
@@ -192,14 +202,15 @@ def up_to_date(project, name: str) -> bool:
     return name not in project.forced and project.store.has(project.resolve(name))
 
 
-def run_task(project, executor, name: str) -> bool:
+def run_task(project, executor, name: str, secret: str = "") -> bool:
     tasks, store = project.tasks, project.store
     spec = tasks[name]
     if _STOPPING.is_set():
         raise Stopped(f"{name}: not started, the build is being stopped")
-    dep_results = {d: read_dependency(project, executor, d) for d in spec.deps}
+    dep_results = {d: read_dependency(project, executor, d, secret) for d in spec.deps}
     project.resolve(name)  # keyed by the results read: one rebuilt by read_dependency has a new digest
-    job = Job(spec, dep_results=dep_results, dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps})
+    job = Job(spec, dep_results=dep_results, dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps},
+              input_secret=secret)
     output = executor.submit(job).result()
     changed = changed_inputs(project.root, spec.parts, store.file_digests)
     if changed:  # what ran may not be what the key says: an edit during the build is never stored under it
@@ -241,7 +252,7 @@ _STOPPING = threading.Event()
 _STORING = threading.RLock()
 _STORING_IN: list[int | None] = [None]  # the thread storing an artifact now
 _AFTER_STORING: list = []
-_REPORTER: list[BuildReporter] = []  # the reporter of the latest run_doit
+_REPORTER: list[BuildReporter] = []  # the reporter of the run_doit running now
 
 
 # A write to the workspace refused (read-only, full disk): no task starts or stores after it,
@@ -280,7 +291,7 @@ def stop_storing(then) -> None:
     then(running)
 
 
-def read_dependency(project, executor, name: str) -> dict:
+def read_dependency(project, executor, name: str, secret: str = "") -> dict:
     """A dependency's result, its files checked against their digests first. One found
     modified since it was written (by anything running while this build runs) is rebuilt
     here, once; modified again, the dependent task fails."""
@@ -296,9 +307,9 @@ def read_dependency(project, executor, name: str) -> dict:
             return project.store.read_verified(key, name)
         except Modified:
             pass
-        print(found, file=sys.stderr, flush=True)
+        _warn(str(found))
         project.store.remove(key)
-        run_task(project, executor, name)
+        run_task(project, executor, name, secret)
         try:
             return project.store.read_verified(key, name)
         except Modified as err:
@@ -309,20 +320,33 @@ def read_dependency(project, executor, name: str) -> dict:
 _REBUILDING = threading.Lock()
 
 
-def run_doit(project, selected: list[str], executor, jobs: int, use_rich: bool,
-             title: str = "magpie build", why: dict[str, str] | None = None) -> tuple[int, BuildReporter]:
-    """`why`: reasons known beforehand (an artifact found modified), over explain()'s."""
+def _warn(line: str) -> None:
+    """A line of the build's (through its reporter), or on stderr where a task runs outside one."""
+    if _REPORTER:
+        _REPORTER[0].warn(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def run_doit(project, selected: list[str], executor, jobs: int, progress: Progress,
+             why: dict[str, str] | None = None, secret: str = "") -> tuple[int, BuildReporter]:
+    """`why`: reasons known beforehand (an artifact found modified), over explain()'s.
+    `secret`: the build's input secret, handed to each job."""
     reasons = stale_reasons(project, selected, why)
-    reporter = BuildReporter(reasons=reasons, use_rich=use_rich, title=title,
+    reporter = BuildReporter(reasons=reasons, progress=progress,
                              verdict_of=lambda name: stored_verdict(project, name))
     _REPORTER[:] = [reporter]
     _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
     _AFTER_STORING.clear()
     _UNWRITABLE.clear()
-    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(closure(project, selected)))
+    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(closure(project, selected)),
+                             secret=secret)
     main = DoitMain(loader, config_filenames=(),
                     extra_config={"BACKEND": {"magpie-memory": "magpie.execution.doit_glue:MemoryDB"}})
-    code = main.run(["run", *selected])
+    try:
+        code = main.run(["run", *selected])
+    finally:
+        _REPORTER.clear()  # a task run outside a build (a test's) says its lines on stderr
     if _UNWRITABLE:
         raise _UNWRITABLE[0]
     return code, reporter

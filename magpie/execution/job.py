@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from magpie.graph.expand import TaskSpec
 from magpie.supervision import scratch as scratch_folders
@@ -36,6 +35,7 @@ class Job:
     spec: TaskSpec
     dep_results: dict[str, dict]
     dep_dirs: dict[str, str]
+    input_secret: str = ""  # the build's, mixed into every input seed (harness/spec.py); "" where none
 
 
 @dataclass
