@@ -258,19 +258,32 @@ def command_project(tmp_path) -> Path:
 # that builds again works on its own copy (`copy_project`: a copied store is up to date).
 
 # Every way of being wrong the adversarial fixtures hold, judged as one kernel beside `good`
-# (tests/test_verdicts.py and tests/test_verdict_kinds.py read this one build).
+# (tests/test_verdicts.py and tests/test_verdict_kinds.py read it), and the outputs of odd forms
+# as another (tests/test_odd_outputs.py): one build.
 ADVERSARIAL = ("raises", "aborts", "segfaults", "hangs", "hogs_memory", "nan", "mutates", "unwritten", "stale_cache",
                "broadcast", "wrong_dtype", "syntax_error", "fakes_clock", "returns_early", "degrades",
                "lazy_when_timed", "memoizes")
+ODD_OUTPUTS = ("returns_sparse", "returns_nested", "returns_on_meta", "returns_subclass", "returns_transposed")
 
 
 @pytest.fixture(scope="session")
-def adversarial_report(tmp_path_factory) -> dict:
-    """compare_report.json of `ADVERSARIAL` on two shapes, 8 s and 4 GiB a process (hangs and
-    hogs_memory reach their limits soon)."""
+def adversarial_reports(tmp_path_factory) -> dict[str, dict]:
+    """compare_report.json by kernel: `relu2`, `ADVERSARIAL` on two shapes, 8 s and 4 GiB a
+    process (hangs and hogs_memory reach their limits soon); `odd_outputs`, `ODD_OUTPUTS`."""
     root = tmp_path_factory.mktemp("adversarial")
-    return relu2_report(root, list(ADVERSARIAL), shapes="[[33, 65], [8, 128]]",
-                        defaults="timeout_s = 8\nmemory_mb = 4096")
+    copy_fixtures(root, ["good", "spec", *ADVERSARIAL, *ODD_OUTPUTS])
+    relu2 = kernel_table("relu2", "good", ADVERSARIAL, shapes="[[33, 65], [8, 128]]", settings="timeout_s = 8")
+    odd = kernel_table("odd_outputs", "good", ODD_OUTPUTS, shapes="[[33, 65]]", settings="timeout_s = 30",
+                       timing="warmup_ms = 1\nbudget_ms = 20\nrounds = 2")
+    (root / "magpie.toml").write_text(project_toml(relu2, odd, defaults="memory_mb = 4096", timing=QUICK_TIMING))
+    assert build_json(root, "-j", "2")["failed"] == []
+    return {kernel: json.loads((root / f"workspaces/reports/{kernel}/compare_report.json").read_text())
+            for kernel in ("relu2", "odd_outputs")}
+
+
+@pytest.fixture(scope="session")
+def adversarial_report(adversarial_reports) -> dict:
+    return adversarial_reports["relu2"]
 
 
 @pytest.fixture(scope="session")

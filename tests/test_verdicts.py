@@ -135,30 +135,19 @@ def test_baseline_timing_says_how_it_was_taken(adversarial_report):
     assert "the CPU time the kernel counted for all the worker's threads and processes" in perf["method"]
 
 
-@pytest.fixture(scope="module")
-def scenarios(tmp_path_factory) -> dict[str, dict]:
+def build_scenarios(root, scenarios: dict) -> dict[str, dict]:
     """One implementation or two against a baseline, each scenario a kernel of its own (its
-    baseline, shape and timing) in one project built once: kernel -> its compare_report.json."""
-    scenarios = {  # kernel: (baseline, candidates, shapes, timing)
-        "plain": ("good", ["works_in_a_passing_process", "claims_handed_over_calls", "claims_calls_not_made",
-                           "spoils_its_output_file", *PIPE_WRITERS], "[[33, 65]]", QUICK_TIMING),
-        "passing_thread": ("works_inline", ["works_on_a_passing_thread"], "[[33, 65]]", QUICK_TIMING),
-        "threaded": ("good", ["threaded"], "[[512, 512]]", QUICK_TIMING),
-        "small": ("good", ["batches_its_calls", "many_ops", "batches_and_moves"], "[[8, 8]]", DEFAULT_TIMING),
-        "small_many_ops": ("many_ops", ["batches_many_ops", "good"], "[[8, 8]]", DEFAULT_TIMING),
-        "wide_many_ops": ("many_ops", ["batches_many_ops", "batches_above_floor"], "[[33, 65]]", DEFAULT_TIMING),
-        "wide": ("good", ["batches_and_sleeps"], "[[33, 65]]", DEFAULT_TIMING),
-        "slow_call": ("slow_cpu_call", ["batches_slow_cpu_call", "same_slow_call"], "[[33, 65]]", DEFAULT_TIMING),
-    }
-    root = tmp_path_factory.mktemp("scenarios")
+    baseline, shape and timing: kernel -> (baseline, candidates, shapes, timing)) in one project
+    built once: kernel -> its compare_report.json."""
     sources = {"threaded": THREADED_RELU, "spoils_its_output_file": SPOILS_ITS_OUTPUT_FILE,
                "same_slow_call": (FIXTURES / "adversarial" / "slow_cpu_call.py").read_text(),
                **{name: WRITES_TO_ITS_ANSWER_PIPE.replace("{payload}", payload)
                   for name, (payload, _) in PIPE_WRITERS.items()}}
-    for name, text in sources.items():
-        (root / f"{name}.py").write_text(text)
     tables = []
     for kernel_id, (baseline, candidates, shapes, timing) in scenarios.items():
+        for name in (baseline, *candidates):
+            if name in sources:
+                (root / f"{name}.py").write_text(sources[name])
         copy_fixtures(root, [baseline, *candidates])
         tables.append(kernel_table(kernel_id, baseline, candidates, shapes=shapes, timing=timing))
     copy_fixtures(root, ["spec"])
@@ -166,6 +155,29 @@ def scenarios(tmp_path_factory) -> dict[str, dict]:
     assert build_json(root, "-j", "2")["failed"] == []
     return {kernel_id: json.loads((root / f"workspaces/reports/{kernel_id}/compare_report.json").read_text())
             for kernel_id in scenarios}
+
+
+@pytest.fixture(scope="module")
+def worker_scenarios(tmp_path_factory) -> dict[str, dict]:
+    """What a candidate's worker does besides its calls, at the tests' usual small timing."""
+    return build_scenarios(tmp_path_factory.mktemp("worker_scenarios"), {
+        "plain": ("good", ["works_in_a_passing_process", "claims_handed_over_calls", "claims_calls_not_made",
+                           "spoils_its_output_file", *PIPE_WRITERS], "[[33, 65]]", QUICK_TIMING),
+        "passing_thread": ("works_inline", ["works_on_a_passing_thread"], "[[33, 65]]", QUICK_TIMING),
+        "threaded": ("good", ["threaded"], "[[512, 512]]", QUICK_TIMING),
+    })
+
+
+@pytest.fixture(scope="module")
+def batching_scenarios(tmp_path_factory) -> dict[str, dict]:
+    """Calls done together and bounded by calls made alone, at the default budget (see DEFAULT_TIMING)."""
+    return build_scenarios(tmp_path_factory.mktemp("batching_scenarios"), {
+        "small": ("good", ["batches_its_calls", "many_ops", "batches_and_moves"], "[[8, 8]]", DEFAULT_TIMING),
+        "small_many_ops": ("many_ops", ["batches_many_ops", "good"], "[[8, 8]]", DEFAULT_TIMING),
+        "wide_many_ops": ("many_ops", ["batches_many_ops", "batches_above_floor"], "[[33, 65]]", DEFAULT_TIMING),
+        "wide": ("good", ["batches_and_sleeps"], "[[33, 65]]", DEFAULT_TIMING),
+        "slow_call": ("slow_cpu_call", ["batches_slow_cpu_call", "same_slow_call"], "[[33, 65]]", DEFAULT_TIMING),
+    })
 
 
 def _rows(report: dict) -> dict[str, dict]:
@@ -285,18 +297,18 @@ def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_bot
         assert [r["correctness_state"] for r in report["results"]] == ["SUCCESS"], name
 
 
-def test_work_done_on_a_thread_that_ends_within_the_call_is_counted(scenarios):
+def test_work_done_on_a_thread_that_ends_within_the_call_is_counted(worker_scenarios):
     """1 ms of CPU work a call on a thread that has ended before the call returns, against the
     same work done inline: the thread's time stays in its process's CPU clock. Summing the live
     threads' counters credited it 9-10x."""
-    assert _speedup(scenarios["passing_thread"], "works_on_a_passing_thread") < 1.2
+    assert _speedup(worker_scenarios["passing_thread"], "works_on_a_passing_thread") < 1.2
 
 
-def test_work_in_a_process_that_ends_within_a_timed_batch_fails_the_timing(scenarios):
+def test_work_in_a_process_that_ends_within_a_timed_batch_fails_the_timing(worker_scenarios):
     """A child process per call, reaped before the call returns: what it spent is known in
     clock ticks only (in its parent), which most batches' samples would leave out. Such a
     batch is not timed; the numerics still are what they are."""
-    row = _rows(scenarios["plain"])["works_in_a_passing_process"]
+    row = _rows(worker_scenarios["plain"])["works_in_a_passing_process"]
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     assert row["performance_state"] == "FAILED"
     assert any("started or ended during a timed batch" in e for e in row["errors"]), row["errors"]
@@ -308,7 +320,7 @@ def test_work_in_a_process_that_ends_within_a_timed_batch_fails_the_timing(scena
 DEFAULT_TIMING = "warmup_ms = 5\nbudget_ms = 300\nrounds = 5"
 
 
-def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(scenarios):
+def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(batching_scenarios):
     """The same relu as the baseline, but the worker's batch loop replaced by one operation over
     all the batch's input sets (they lie a fixed stride apart): credited 4.4-6.9x on 33x65 sets
     while only batches were timed. Its calls handed over one at a time cost what the
@@ -316,7 +328,7 @@ def test_a_worker_that_does_a_batchs_calls_in_one_operation_is_not_credited(scen
     candidate several times slower, of ten operations a call, stands. (On 33x65 sets at the
     default budget the bound failed it in 5 of 6 builds and credited 2.4x once: a 9 µs call is
     near what the bound can tell, bench/calls_alone.py; on 8x8 sets a call is all dispatch.)"""
-    rows = _rows(scenarios["small"])
+    rows = _rows(batching_scenarios["small"])
     row = rows["batches_its_calls"]
     assert row["performance_state"] == "FAILED", row.get("speedup")
     assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
@@ -355,25 +367,25 @@ def test_on_a_busy_machine_a_batch_done_together_fails_and_an_honest_faster_cand
     assert honest["performance_result"]["alone_bound"]["pairs"] >= 3
 
 
-def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_faster_candidate_stands(scenarios):
+def test_a_batch_of_many_small_operations_done_together_fails_and_an_honest_faster_candidate_stands(batching_scenarios):
     """A call of ten small operations on 8x8 floats (all of it dispatching them) against the same
     ten done once over all of a batch's input sets: credited many times in batches, its calls
     made alone as slow as the baseline's. The plain relu, honestly several times faster than the
     ten, is credited. (On 33x65 sets the ten done together still move every set's data ten
     times: 10-18 µs a call against 37, a bound 1.3-3x its batches at the default budget.)"""
-    rows = _rows(scenarios["small_many_ops"])
+    rows = _rows(batching_scenarios["small_many_ops"])
     assert rows["batches_many_ops"]["performance_state"] == "FAILED", rows["batches_many_ops"].get("speedup")
     assert "calls_done_together" in [f["kind"] for f in rows["batches_many_ops"]["failures"]]
     assert rows["good"]["performance_state"] == "SUCCESS", rows["good"]["errors"]
     assert rows["good"]["speedup"]["value"] > 2
 
 
-def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than_their_calls_alone(scenarios):
+def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than_their_calls_alone(batching_scenarios):
     """Ten operations on 33x65 sets done together over a batch's sets, against the same ten
     made call by call: they move every set's data ten times still, so their batches read 12-29
     µs a call against 30-33, a bound 1.2-1.5 times that, under ALONE_FAIL, and were credited up
     to 1.67x. Failed, or credited no more than the baseline's time over their bound."""
-    report = scenarios["wide_many_ops"]
+    report = batching_scenarios["wide_many_ops"]
     rows = _rows(report)
     for name in ("batches_many_ops", "batches_above_floor"):
         row = rows[name]
@@ -395,22 +407,22 @@ def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than
             assert f"{name}" in table(report) and "credited at its calls made alone" in table(report)
 
 
-def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fails_its_timing(scenarios):
+def test_a_worker_that_says_its_handed_over_calls_are_done_before_making_them_fails_its_timing(worker_scenarios):
     """The loop that takes input sets one at a time replaced by one that says each call is done
     as soon as its set comes, then makes every call after the last: the evaluator took each
     call's outputs when it was said to be done, and they still held the NaN they were filled
     with."""
-    row = _rows(scenarios["plain"])["claims_handed_over_calls"]
+    row = _rows(worker_scenarios["plain"])["claims_handed_over_calls"]
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     assert row["performance_state"] == "FAILED", row.get("speedup")
     assert any("still held the NaN" in e for e in row["errors"]), row["errors"]
 
 
-def test_a_worker_that_sleeps_between_its_handed_over_calls_gains_nothing(scenarios):
+def test_a_worker_that_sleeps_between_its_handed_over_calls_gains_nothing(batching_scenarios):
     """Its batches done in one operation, its calls handed over made one by one but each wait
     for a set slept through: a call handed over is timed from its set's release to its word,
     so the sleep is the worker's own time and its bound fails its batches."""
-    row = _rows(scenarios["wide"])["batches_and_sleeps"]
+    row = _rows(batching_scenarios["wide"])["batches_and_sleeps"]
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     assert row["performance_state"] == "FAILED", row.get("speedup")
     assert "calls_done_together" in [f["kind"] for f in row["failures"]], row["errors"]
@@ -418,12 +430,12 @@ def test_a_worker_that_sleeps_between_its_handed_over_calls_gains_nothing(scenar
     assert bound["ratio"] > 1.5 and bound["calls_a_batch"] >= 8, bound
 
 
-def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_on_the_cpu_too(scenarios):
+def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_on_the_cpu_too(batching_scenarios):
     """A baseline of 2 ms a call, too slow for eight calls handed over in the share of a round
     calls made alone take: a candidate that does its slow part once a batch was credited what
     that saves, its batches unbounded. Now its calls made alone come in batches of two (the
     second timed) and fail it; the same code made call by call stands."""
-    rows = _rows(scenarios["slow_call"])
+    rows = _rows(batching_scenarios["slow_call"])
     cheat, honest = rows["batches_slow_cpu_call"], rows["same_slow_call"]
     assert cheat["correctness_state"] == honest["correctness_state"] == "SUCCESS"
     assert cheat["performance_state"] == "FAILED", cheat["speedup"]
@@ -444,30 +456,30 @@ def kernel(x):
 """
 
 
-def test_a_worker_that_moves_its_threads_during_calls_made_alone_fails_its_timing(scenarios):
+def test_a_worker_that_moves_its_threads_during_calls_made_alone_fails_its_timing(batching_scenarios):
     """While its calls are handed over one at a time, a worker that moves itself onto the
     evaluator's CPU could hold the evaluator up and have those calls left out (then no bound is
     drawn and a batch done together goes unseen): its timing fails."""
-    moved = _rows(scenarios["small"])["batches_and_moves"]
+    moved = _rows(batching_scenarios["small"])["batches_and_moves"]
     assert moved["performance_state"] == "FAILED"
     assert any("left the CPU its calls made alone were given" in e for e in moved["errors"]), moved["errors"]
 
 
-def test_a_candidate_with_threads_of_its_own_stands(scenarios):
+def test_a_candidate_with_threads_of_its_own_stands(worker_scenarios):
     """An honest candidate that runs threads of its own keeps its calling thread waiting on the
     CPU its calls made alone were given, so they are left out (`unbounded_calls` says so where
     most were): it stands. Counted as they were, they read 46 ms a call against 0.6 ms in
     batches and failed it."""
-    threaded = _rows(scenarios["threaded"])["threaded"]
+    threaded = _rows(worker_scenarios["threaded"])["threaded"]
     assert threaded["performance_state"] == "SUCCESS", threaded["errors"]
 
 
-def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(scenarios):
+def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(worker_scenarios):
     """A 200 µs candidate whose replaced timer claims its whole sample cap at 1 µs a call after
     one real call, spinning until the wall time matches its claims: with the timer in the worker
     it passed the wall-clock check and was ranked first at 15x. On the CPU the evaluator times
     batches whose calls it proves by their outputs."""
-    assert _speedup(scenarios["plain"], "claims_calls_not_made") < 0.25
+    assert _speedup(worker_scenarios["plain"], "claims_calls_not_made") < 0.25
 
 
 WRITES_TO_ITS_ANSWER_PIPE = '''
@@ -498,12 +510,12 @@ PIPE_WRITERS = {
 
 
 @pytest.mark.parametrize("writer", list(PIPE_WRITERS))
-def test_code_that_writes_to_the_workers_answer_pipe_fails_that_worker_only(scenarios, writer):
+def test_code_that_writes_to_the_workers_answer_pipe_fails_that_worker_only(worker_scenarios, writer):
     """The candidate's code can write to the pipe its worker answers on: 80 MiB without a line's
     end went whole into the evaluator's memory, and a line that is no JSON object raised in the
     evaluator, as did an answer whose fields have the wrong types. Now the worker fails, saying so,
     and the build goes on."""
-    rows = _rows(scenarios["plain"])
+    rows = _rows(worker_scenarios["plain"])
     assert rows["good"]["correctness_state"] == "SUCCESS"
     row, said = rows[writer], PIPE_WRITERS[writer][1]
     assert row["correctness_state"] == "FAILED" and said in row["verdict"], row["verdict"]
@@ -531,10 +543,10 @@ def kernel(x):
 '''
 
 
-def test_an_output_file_that_is_no_file_of_tensors_is_the_workers_failure(scenarios):
+def test_an_output_file_that_is_no_file_of_tensors_is_the_workers_failure(worker_scenarios):
     """The worker writes its outputs with torch.save, which the candidate's module can replace:
     a file the evaluator cannot read as tensors is that worker's failure, not the evaluator's."""
-    row = _rows(scenarios["plain"])["spoils_its_output_file"]
+    row = _rows(worker_scenarios["plain"])["spoils_its_output_file"]
     assert row["correctness_state"] == "FAILED", row
     assert "evaluator error" not in row["verdict"] and "output file" in row["verdict"], row["verdict"]
 
