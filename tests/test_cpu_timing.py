@@ -1,5 +1,5 @@
-"""The CPU's vouched timing (magpie/harness/batches.py): the region both sides see, what a batch
-proves, how a busy machine's waits come off, and the worker timer kept for inputs a region
+"""The CPU's vouched timing (magpie/harness/batches.py, regions.py): the region both sides see,
+what a batch proves, how a busy machine's waits come off, and the worker timer kept for inputs a region
 cannot hold."""
 
 import json
@@ -13,14 +13,15 @@ import pytest
 import torch
 
 from conftest import FIXTURES, build_json, copy_project, relu2_report
-from magpie.harness import batches
+from magpie.harness import batches, regions
+from magpie.linux import cputime
 
 
 @pytest.fixture()
 def pair(tmp_path):
     """An evaluator's region and the worker's views of the same file."""
     x = torch.randn(5, 7)
-    region = batches.Region(torch, tmp_path, batches.Layout((x, 3), torch.relu(x) * 2, 8))
+    region = regions.Region(torch, tmp_path, regions.Layout((x, 3), torch.relu(x) * 2, 8))
     views = batches.WorkerViews(torch, json.loads(json.dumps(region.offer())))  # as it travels
     yield region, views
     region.close()
@@ -64,7 +65,7 @@ def test_the_first_unwritten_call_is_found_in_any_floating_output_of_several(tmp
     and the fp32 one of call 7 make call 5 the first unwritten; integer slots hold no NaN."""
     x = torch.randn(3, 4)
     outputs = (torch.randn(3, 4), torch.arange(5), torch.randn(7).half())
-    region = batches.Region(torch, tmp_path, batches.Layout((x,), outputs, 9))
+    region = regions.Region(torch, tmp_path, regions.Layout((x,), outputs, 9))
     views = batches.WorkerViews(torch, region.offer())
     region.write([(torch.randn(3, 4),) for _ in range(9)])
     batches.run_batch(torch, lambda x: outputs, views.inputs[:9], views.outputs[:9])
@@ -133,11 +134,11 @@ def test_cpu_time_of_threads_and_processes_that_ended_still_counts():
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(0.3)
-        before = batches.TreeTimes(proc.pid, proc.pid)
+        before = cputime.TreeTimes(proc.pid, proc.pid)
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == "done\n"
-        after = batches.TreeTimes(proc.pid, proc.pid)
+        after = cputime.TreeTimes(proc.pid, proc.pid)
         assert 0.55e9 < after.cpu_since(before) < 0.75e9
     finally:
         proc.kill()
@@ -150,13 +151,13 @@ def test_the_kernel_reports_a_spinning_processes_cpu_time_and_its_waits_under_a_
     try:
         for pid in (spinner.pid, hog.pid):
             subprocess.run(["taskset", "-p", "-c", "0", str(pid)], check=True, capture_output=True)
-        before = batches.TreeTimes(spinner.pid, spinner.pid)
+        before = cputime.TreeTimes(spinner.pid, spinner.pid)
         time.sleep(0.5)
-        after = batches.TreeTimes(spinner.pid, spinner.pid)
+        after = cputime.TreeTimes(spinner.pid, spinner.pid)
         on_cpu, waited = after.cpu_since(before), after.waiting - before.waiting
         assert on_cpu > 0.05e9 and waited > 0.05e9 and on_cpu + waited < 0.6e9
-        assert batches.process_named(os.getpid(), os.getpid()) == os.getpid()  # outside any sandbox: itself
-        assert batches.process_named(spinner.pid, 999_999_999) == spinner.pid  # nobody by that name: the root
+        assert cputime.process_named(os.getpid(), os.getpid()) == os.getpid()  # outside any sandbox: itself
+        assert cputime.process_named(spinner.pid, 999_999_999) == spinner.pid  # nobody by that name: the root
     finally:
         spinner.kill()
         hog.kill()
@@ -264,7 +265,7 @@ def test_gpu_batch_phases_are_medians_that_skip_what_a_worker_did_not_say():
 def test_a_gates_sleep_follows_the_workers_answers_but_does_not_grow_without_end():
     """Twice the last answer, within bounds; a worker whose calls synchronise (the gate opens
     before every answer, which grows with the sleep) keeps the sleep it had."""
-    from magpie.harness.batches import GATE_MAX_NS, GATE_MIN_NS, next_sleep_ns
+    from magpie.harness.device_region import GATE_MAX_NS, GATE_MIN_NS, next_sleep_ns
 
     assert next_sleep_ns(1_000_000, False, False, GATE_MIN_NS) == 2_000_000
     assert next_sleep_ns(10_000, False, False, 2_000_000) == GATE_MIN_NS
@@ -375,7 +376,7 @@ def test_a_call_handed_over_has_the_cpu_waits_of_a_busy_machine_taken_off():
     assert batches.calls_handed_over_ns(walls, less_waits, 60_000) == less_waits  # another program's time slice
     assert batches.calls_handed_over_ns(walls, less_waits, 1_400_000) == walls  # its child ran while it waited
     # the waits it reads, of this process's thread and its own: they only grow, and a sleep is no wait
-    waits = batches.CallWaits(os.getpid())
+    waits = cputime.CallWaits(os.getpid())
     try:
         first = waits.read()
         time.sleep(0.1)

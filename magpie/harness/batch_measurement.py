@@ -16,12 +16,15 @@ from statistics import fmean, median
 from magpie.harness import batches, stream_words
 from magpie.harness.checks import compare_inputs, compare_outputs, surely_close
 from magpie.harness.context import EvaluationContext
+from magpie.harness.device_region import DeviceRegion
 from magpie.harness.laps import Laps
 from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_TRIM,
                                         HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE, Batch, Rounds, batch_phases,
                                         launch_floor, other_size, vouched_method)
 from magpie.harness.pool import Turns
+from magpie.harness.regions import Layout, Region, calls_that_fit, region_bytes
 from magpie.harness.spec import Case, ReferenceSpec, rotation
+from magpie.linux import cputime
 from magpie.supervision.session import Worker, WorkerFailure
 
 # A vouched round is BATCHES_PER_ROUND batches; the sizing ones aim at a round's budget over
@@ -57,7 +60,7 @@ class BatchMeasurement:
         self.t, self.salt, self.mode, self.known = t, salt, mode, known
         self.roles = list(turns.workers)
         self.on_gpu = context.device.startswith("cuda")
-        self.regions: dict[str, batches.Region] = {}
+        self.regions: dict[str, Region] = {}
         self.measured = Rounds(self.roles, vouched=True)
 
     def measure(self, example: tuple, expected) -> Rounds:
@@ -70,26 +73,26 @@ class BatchMeasurement:
         torch = self.context.torch
         roles, on_gpu, regions, measured = self.roles, self.on_gpu, self.regions, self.measured
         spec, t = self.spec, self.t
-        limit = batches.calls_that_fit(example, expected, batches.region_bytes(torch, self.context.device))
-        layout = batches.Layout(example, expected, limit)
-        measured.by_cpu_time = not on_gpu and int(t["threads"]) == 1 and batches.SCHEDSTAT
+        limit = calls_that_fit(example, expected, region_bytes(torch, self.context.device))
+        layout = Layout(example, expected, limit)
+        measured.by_cpu_time = not on_gpu and int(t["threads"]) == 1 and cputime.SCHEDSTAT
         measured.graph = on_gpu and self.mode == "graph"
         steps = Laps()
         rounds = int(t["rounds"])
         round_ns = t["budget_ms"] / rounds * 1e6
         try:
             for role in roles:
-                regions[role] = batches.DeviceRegion(torch, layout, self.context.device, graph=measured.graph) \
-                    if on_gpu else batches.Region(torch, self.turns.workers[role].scratch or self.context.work, layout)
+                regions[role] = DeviceRegion(torch, layout, self.context.device, graph=measured.graph) \
+                    if on_gpu else Region(torch, self.turns.workers[role].scratch or self.context.work, layout)
                 answer = self.turns.give(role).request({"op": "batch_map", "region": regions[role].offer()},
                                                        self.context.timeout)
                 if not answer["ok"]:
                     raise WorkerFailure(f"error while timing {self.turns.workers[role].label}: {answer['error']}")
                 # the process that says it runs the calls: a false one makes no batch count less
                 # than its worker's CPU time (`busy_wall_ns`)
-                regions[role].caller = batches.process_named(self.turns.workers[role].proc.pid,
+                regions[role].caller = cputime.process_named(self.turns.workers[role].proc.pid,
                                                              int(answer.get("pid", 0)))
-            machine = None if on_gpu else batches.MachineShare([region.caller for region in regions.values()])
+            machine = None if on_gpu else cputime.MachineShare([region.caller for region in regions.values()])
             steps.mark("regions")
             # what this measurement takes (the kernel list is the timing job's): on the CPU only
             # the sizing, the harness's price and a calibration being a GPU's
@@ -225,7 +228,7 @@ class BatchMeasurement:
         self.measured.alone_calls = calls
         # a GPU's batches run with no host taking part, on no CPUs apart: -1 stands for "none pinned"
         with contextlib.nullcontext(-1) if on_gpu else \
-                batches.apart([worker.proc.pid for worker in self.turns.workers.values()]) as workers_cpu:
+                cputime.apart([worker.proc.pid for worker in self.turns.workers.values()]) as workers_cpu:
             for k in range(pairs if workers_cpu is not None else 0):
                 batch = Batch(self._fresh_sets(f"{self.salt} {round_index} alone {k}", calls), self.spec,
                               self.context.init_seed)
@@ -253,7 +256,7 @@ class BatchMeasurement:
                         self.measured.alone[role].append(taken[role])
                 self.measured.lap("alone")
 
-    def _handover_batch(self, role: str, region: batches.Region, batch: Batch, calls: int, allowed_s: float,
+    def _handover_batch(self, role: str, region: Region, batch: Batch, calls: int, allowed_s: float,
                         workers_cpu: int) -> tuple[float, float, int, bool]:
         """A CPU batch whose input sets the worker sees one at a time (`batches.run_handed_over`):
         each written and released once the last call said it was done, that call's outputs
@@ -261,7 +264,7 @@ class BatchMeasurement:
         release to the call's word that it is done, less what the worker's calling thread and
         the evaluator waited for a CPU meanwhile (`batches.handed_over_call_ns`), the mean of the
         batch's calls, its first (cold after the worker was stopped) and its slowest
-        HANDOVER_TRIM (one at least) left out. The worker's CPU is its own (`batches.apart`) and
+        HANDOVER_TRIM (one at least) left out. The worker's CPU is its own (`cputime.apart`) and
         its calls have nothing to wait for, so that is their CPU time, however the worker waits
         between them (the batch's CPU time holds the worker's waits for each set too, which a
         worker that sleeps for them spends less of); another process's time slice on either CPU
@@ -273,7 +276,7 @@ class BatchMeasurement:
         times); how long the worker's calling thread waited for its CPU meanwhile; and whether
         other threads or processes of the worker ran meanwhile (which keep its calling thread
         waiting on the CPU it was given: `_alone` leaves such pairs out). A worker whose threads
-        left `workers_cpu` (`batches.apart`) could make the evaluator wait: its timing fails."""
+        left `workers_cpu` (`cputime.apart`) could make the evaluator wait: its timing fails."""
         worker = self.turns.workers[role]
         if not worker.stopped:
             self._hold(worker)
@@ -286,9 +289,9 @@ class BatchMeasurement:
         walls, call_ns = [], []
         if self._await_calls(worker, region, 0, deadline, limit_s):  # waiting for its first set
             self._hold(worker)
-            before = batches.TreeTimes(region.caller, region.caller)
+            before = cputime.TreeTimes(region.caller, region.caller)
             worker.resume()
-            with contextlib.closing(batches.CallWaits(region.caller)) as waits:
+            with contextlib.closing(cputime.CallWaits(region.caller)) as waits:
                 for call in range(calls):
                     region.put(call)
                     waited = waits.read()
@@ -301,7 +304,7 @@ class BatchMeasurement:
                     region.take_output(call)
             if len(call_ns) == calls:
                 self._hold(worker)
-                after = batches.TreeTimes(region.caller, region.caller)
+                after = cputime.TreeTimes(region.caller, region.caller)
                 worker.resume()
                 region.end_handover()
         answer = worker.receive(max(0.0, deadline - time.monotonic()))
@@ -312,7 +315,7 @@ class BatchMeasurement:
             raise WorkerFailure(f"error while timing {worker.label}: it answered a batch handed over one call at a "
                                 "time before its calls were done")
         _note_processes(self.measured, role, calls, before, after)
-        moved = batches.moved_threads(worker.proc.pid, workers_cpu)
+        moved = cputime.moved_threads(worker.proc.pid, workers_cpu)
         if moved and role not in self.measured.failed:
             self.measured.failed[role] = {
                 "passed": False, "check": "affinity", "kind": "timer_integrity", "where": f"a batch of {calls} calls "
@@ -327,7 +330,7 @@ class BatchMeasurement:
         kept = kept[:len(kept) - math.ceil(HANDOVER_TRIM * (len(kept) - 1))]
         return fmean(kept), cpu_ns, after.waiting - before.waiting, own_threads
 
-    def _device_handover_batch(self, role: str, region: batches.DeviceRegion, batch: Batch, calls: int,
+    def _device_handover_batch(self, role: str, region: DeviceRegion, batch: Batch, calls: int,
                                allowed_s: float) -> tuple[float, bool]:
         """A GPU batch handed over one call at a time (`DeviceRegion.start_handover`; in graph
         mode one replay of the worker's graph of such a batch, `_capture`), checked like any
@@ -362,7 +365,7 @@ class BatchMeasurement:
         return taken_ns, early
 
     @staticmethod
-    def _await_calls(worker: Worker, region: batches.Region, count: int, deadline: float, limit_s: float) -> bool:
+    def _await_calls(worker: Worker, region: Region, count: int, deadline: float, limit_s: float) -> bool:
         """Until the worker says `count` calls of a handed-over batch are done (0: it waits for
         its first set); False where it answered instead (an error, which its answer says)."""
         polls = 0
@@ -375,7 +378,7 @@ class BatchMeasurement:
                     raise worker.overdue(f"timeout after {limit_s:g} s")
         return True
 
-    def _size_batches(self, role: str, region: batches.Region, limit: int, target_ns: float) -> float:
+    def _size_batches(self, role: str, region: Region, limit: int, target_ns: float) -> float:
         """ns per call for one role, from batches (not kept as samples, but checked) grown from
         one call until one after the first takes half a batch's target: the first touches of
         the region and the request's own handling weigh on the small ones. What plans the
@@ -385,7 +388,7 @@ class BatchMeasurement:
         in and its outputs out and checking them can cost several times a memory-bound call
         (an H200 compare of eight 47 µs kernels took 45 s where the worker's timer took 9), the
         whole wall time of the batch, from drawing its inputs to the end of its checks."""
-        on_gpu = isinstance(region, batches.DeviceRegion)
+        on_gpu = isinstance(region, DeviceRegion)
         calls, allowed_s = 1, self.context.timeout
         for attempt in range(SIZING_BATCHES):
             self._capture(role, region, calls, allowed_s)  # once per size: not a call's cost
@@ -418,7 +421,7 @@ class BatchMeasurement:
         self.measured.set_ns = min(self.measured.set_ns, took) if on_cpu and self.measured.set_ns else took
         return sets
 
-    def _batch(self, role: str, region: batches.Region, batch: Batch, calls: int, round_index: int | None,
+    def _batch(self, role: str, region: Region, batch: Batch, calls: int, round_index: int | None,
                allowed_s: float) -> float:
         """The first `calls` sets of a batch, for one worker: the time it took in ns, the CPU time
         of all the worker's threads and processes (`measured.by_cpu_time`, one torch thread) or
@@ -430,21 +433,21 @@ class BatchMeasurement:
             self._hold(worker)
         region.write(batch.sets[:calls])
         self.measured.lap("write")
-        if isinstance(region, batches.DeviceRegion):
+        if isinstance(region, DeviceRegion):
             return self._device_batch(role, region, batch, calls, round_index, allowed_s)
-        before = batches.TreeTimes(worker.proc.pid, region.caller)
+        before = cputime.TreeTimes(worker.proc.pid, region.caller)
         self.turns.give(role)
-        waited = batches.own_wait()
+        waited = cputime.own_wait()
         started = time.monotonic()
         worker.send({"op": "batch", "calls": calls})
         answer = worker.receive(self.context.timeout + allowed_s)
         # until it is stopped: what it computes after answering, before its outputs are read, counts
         self._hold(worker)
         wall_ns = (time.monotonic() - started) * 1e9
-        waited = batches.own_wait() - waited
+        waited = cputime.own_wait() - waited
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
-        after = batches.TreeTimes(worker.proc.pid, region.caller)
+        after = cputime.TreeTimes(worker.proc.pid, region.caller)
         cpu_ns = after.cpu_since(before)
         taken_ns = cpu_ns if self.measured.by_cpu_time else \
             batches.busy_wall_ns(wall_ns, cpu_ns, after.waiting - before.waiting + waited)
@@ -457,12 +460,12 @@ class BatchMeasurement:
         self.measured.lap("check")
         return taken_ns
 
-    def _capture(self, role: str, region: batches.Region, calls: int, allowed_s: float,
+    def _capture(self, role: str, region: Region, calls: int, allowed_s: float,
                  handed_over: bool = False) -> None:
         """In graph mode, the worker's CUDA graph of a batch of `calls` calls (`handed_over`: of
         one handed over one call at a time, whose calls' kernels then cost what a batch's do),
         once per size: captured on the last batch's input sets, before the next one's are written."""
-        if not (isinstance(region, batches.DeviceRegion) and region.graph):
+        if not (isinstance(region, DeviceRegion) and region.graph):
             return
         captured = region.captured_handed_over if handed_over else region.captured
         if calls not in captured:
@@ -474,7 +477,7 @@ class BatchMeasurement:
                                     f"{what}: {answer['error']}")
             captured.add(calls)
 
-    def _device_batch(self, role: str, region: batches.DeviceRegion, batch: Batch, calls: int,
+    def _device_batch(self, role: str, region: DeviceRegion, batch: Batch, calls: int,
                       round_index: int | None, allowed_s: float) -> float:
         """A batch on a GPU, its input sets written: the GPU time between the evaluator's own
         events around the worker's calls (`DeviceRegion`). Work the worker left running behind
@@ -490,7 +493,7 @@ class BatchMeasurement:
         self._late_work(role, region, f"after a batch of {calls}")
         return taken_ns
 
-    def _late_work(self, role: str, region: batches.DeviceRegion, where: str) -> None:
+    def _late_work(self, role: str, region: DeviceRegion, where: str) -> None:
         """A probe after a batch's checks that still waits on the worker's work fails the batch."""
         late_ns = region.probe_ns()
         self.measured.lap("probe")
@@ -502,7 +505,7 @@ class BatchMeasurement:
                           f"read (a probe took {late_ns / 1000:.0f} µs, {region.idle_probe_ns / 1000:.0f} µs idle): "
                           f"its time cannot be vouched for"}
 
-    def _device_request(self, role: str, region: batches.DeviceRegion, calls: int, allowed_s: float,
+    def _device_request(self, role: str, region: DeviceRegion, calls: int, allowed_s: float,
                         phases: list | None = None, own_kernel: bool = False) -> tuple[float, int]:
         """GPU ns between the evaluator's events around a batch request (`DeviceRegion.start`,
         `stop_clock`), and the host's wall ns from the request until the worker was stopped;
@@ -528,7 +531,7 @@ class BatchMeasurement:
                            "opened_early": opened_early})
         return taken_ns, held - started
 
-    def _calibrate(self, calibrated: dict[str, batches.DeviceRegion]) -> tuple[dict[str, float], dict]:
+    def _calibrate(self, calibrated: dict[str, DeviceRegion]) -> tuple[dict[str, float], dict]:
         """The most `fixed_cost` may take off a batch, per worker: what a batch of no calls in
         which the worker runs one small kernel of the harness's costs on the evaluator's events
         (the gate's opening reaching its stream, the GPU switching to its process and back; a
@@ -541,7 +544,7 @@ class BatchMeasurement:
                 taken[role].append(self._device_request(role, region, 0, 1.0, trips, own_kernel=True)[0])
         return {role: median(times) for role, times in taken.items()}, batch_phases(trips)
 
-    def _judge_batch(self, role: str, region: batches.Region, batch: Batch, calls: int,
+    def _judge_batch(self, role: str, region: Region, batch: Batch, calls: int,
                      taken: bool = False) -> None:
         """`taken`: the outputs are already in the evaluator's copy (a handed-over batch's)."""
         if role not in self.measured.failed:
@@ -558,7 +561,7 @@ class BatchMeasurement:
             raise WorkerFailure(f"error while timing {worker.label}: a process it started kept running while it "
                                 "was stopped (it left its process group): its time cannot be vouched for")
 
-    def _check_batch(self, region: batches.Region, batch: Batch, calls: int, taken: bool = False) -> dict:
+    def _check_batch(self, region: Region, batch: Batch, calls: int, taken: bool = False) -> dict:
         """Every output slot written, and a few calls, chosen after the answer, right with their
         inputs unchanged."""
         if not taken:
@@ -580,8 +583,8 @@ class BatchMeasurement:
         return {"passed": True, "checked": calls}
 
 
-def _note_processes(measured: Rounds, role: str, calls: int, before: batches.TreeTimes,
-                    after: batches.TreeTimes) -> None:
+def _note_processes(measured: Rounds, role: str, calls: int, before: cputime.TreeTimes,
+                    after: cputime.TreeTimes) -> None:
     """A batch in which a process of the worker started or ended fails the role's timing."""
     if after.processes_changed(before) and role not in measured.failed:
         measured.failed[role] = {

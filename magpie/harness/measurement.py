@@ -10,9 +10,9 @@ import math
 from statistics import fmean, median
 
 from magpie.compare.stats import bootstrap_speedup, speedup_verdict, thin_rounds
-from magpie.harness import batches
 from magpie.harness.checks import as_tuple
 from magpie.harness.laps import Laps
+from magpie.harness.regions import CHECKED_PER_BATCH
 from magpie.harness.spec import ReferenceSpec
 from magpie.harness.timing import CudaTimer
 
@@ -390,7 +390,7 @@ def harness_taken_off(harness_ns: float, raw_median_ns: float, capped: bool) -> 
     return min(harness_ns, HARNESS_CAP * raw_median_ns) if capped else harness_ns
 
 
-# A busy machine (`batches.MachineShare`: the measurement's threads waited for a CPU for more than
+# A busy machine (`cputime.MachineShare`: the measurement's threads waited for a CPU for more than
 # BUSY_WAIT_SHARE of the time they could run) may disturb the two checks that read calls done
 # together from times, where their reading is near the limit (`Rounds.in_doubt`): a call that read
 # more than its copy but under the launch floor, or calls made alone that bound it at no more than
@@ -496,7 +496,7 @@ class Rounds:
         # per role, each vouched batch's time a call before the harness is taken off (`add_batch`)
         self.raw: dict[str, list[float]] = {role: [] for role in roles}
         self.subtracted_ns: dict[str, float] = {}  # per role, what was taken off (`settle_samples`)
-        self.cpu_wait_share: float | None = None  # how busy the machine kept it (`batches.MachineShare`)
+        self.cpu_wait_share: float | None = None  # how busy the machine kept it (`cputime.MachineShare`)
         self.fixed_ns = 0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
         self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`BatchMeasurement._calibrate`)
         # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
@@ -751,7 +751,7 @@ def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -
         less = f"the harness loop's {measured.harness_ns / 1000:.2g} µs"
     return (f"batches of up to {calls} calls timed from outside the worker by {clock}, over its calls, less "
             f"{less}; each call on an input set of new seeds written "
-            f"while the worker was stopped, every output slot checked for writes and {batches.CHECKED_PER_BATCH} "
+            f"while the worker was stopped, every output slot checked for writes and {CHECKED_PER_BATCH} "
             f"calls a batch, chosen after the answer, against the reference; warm-up {t['warmup_ms']:g} ms, torch "
             f"threads={t['threads']}, {t['rounds']} rounds interleaved with the baseline")
 

@@ -138,8 +138,8 @@ class WorkerPool:
         policy = {**process["sandbox"], "write": [*process["sandbox"]["write"], *caches.values()]}
         try:
             worker = Worker(label="spare", cwd=process["cwd"], env={**process["env"], **caches},
-                            memory_mb=process["memory_mb"], log_path=self.context.work / "worker-spare.log", sandbox=policy,
-                            scratch=scratch, held_fd=held)
+                            memory_mb=process["memory_mb"], log_path=self.context.work / "worker-spare.log",
+                            sandbox=policy, scratch=scratch, held_fd=held)
         finally:
             os.close(held)
         try:
@@ -164,17 +164,21 @@ class WorkerPool:
         build timed memory-bound kernels 30-120% slow in a third of the rows of repeated
         compares on the H200 (docs/performance.md; cause not established). Elsewhere none: the
         evaluator vouches for the measurement, and workers serve later builds alike."""
-        if self.context.device == "cpu" or self.context.settings.get("timing", {}).get("vouched", True) or not self.context.input_secret:
+        context = self.context
+        vouched = context.settings.get("timing", {}).get("vouched", True)
+        if context.device == "cpu" or vouched or not context.input_secret:
             return None
-        return hashlib.sha256(self.context.input_secret.encode()).hexdigest()[:12]
+        return hashlib.sha256(context.input_secret.encode()).hexdigest()[:12]
 
     def _policy(self, impl: dict, cwd: Path, memory_mb: int) -> sandbox.Policy:
         """What a worker of impl may touch: it reads the project, its own sources and its compiled
         library, and, once told at its load, of the project its declared files alone (`readable`);
         it writes only its scratch folder (added by the Worker) and its compiler cache. The same
         for every implementation in one folder, so that a spare serves any of them."""
-        return sandbox.Policy(write=[], read=code_reads(self.context.root, impl, cwd), project=str(self.context.root), hide=self.context.hide,
-                              gpu=self.context.device != "cpu", gpu_minors=self.gpu_minors, memory_mb=memory_mb)
+        context = self.context
+        return sandbox.Policy(write=[], read=code_reads(context.root, impl, cwd), project=str(context.root),
+                              hide=context.hide, gpu=context.device != "cpu", gpu_minors=self.gpu_minors,
+                              memory_mb=memory_mb)
 
     @functools.cached_property
     def gpu_minors(self) -> list[int] | None:
@@ -183,9 +187,11 @@ class WorkerPool:
         (every GPU's node) on a host of one GPU (asking which it is would make this process's
         CUDA context before the worker starts, where the two are made together), off NVIDIA, or
         where the driver does not say which node it is."""
-        if self.context.device == "cpu" or len(sandbox.nvidia_gpu_nodes()) < 2:
+        device = self.context.device
+        if device == "cpu" or len(sandbox.nvidia_gpu_nodes()) < 2:
             return None
-        uuid = getattr(self.context.torch.cuda.get_device_properties(self.context.torch.device(self.context.device)), "uuid", None)
+        torch = self.context.torch
+        uuid = getattr(torch.cuda.get_device_properties(torch.device(device)), "uuid", None)
         minor = sandbox.nvidia_minor(str(uuid)) if uuid else None
         return None if minor is None else [minor]
 
