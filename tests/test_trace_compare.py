@@ -4,6 +4,7 @@ import copy
 import csv
 import gzip
 import json
+import math
 import random
 import shutil
 
@@ -173,30 +174,69 @@ def test_bad_sides_are_one_line_errors_and_bad_repeats_are_skipped(tmp_path):
 REPEATS = FIXTURES / "traces" / "h200_repeats"  # bench/capture_traces.py's compare_repeats, captured on the H200
 
 
-@pytest.mark.skipif(not (REPEATS / "slower_2.json.gz").is_file(),
-                    reason="H200 repeats not captured yet: python bench/capture_traces.py OUT compare_repeats, "
-                           "then OUT/compare_repeats/*.json.gz to tests/fixtures/traces/h200_repeats/")
-def test_repeated_h200_captures_flag_almost_nothing_and_find_the_kernel_made_slower():
-    """Issue 45.4 on real repeats: the ten ways of splitting six captures of one workload three
-    against three flag at most 1% of rows; the three captures whose Triton kernel makes an eleventh
-    pass over its data (about 10% slower, nothing else changed) against ten triples of the six:
-    that kernel is slower in at least nine."""
+def _h200_repeats(name: str, count: int) -> list[dict]:
+    from magpie.traces.compare import measure
+
+    return [measure(load_trace(REPEATS / f"{name}_{i}.json.gz")) for i in range(count)]
+
+
+def _splits():
+    """The ten ways of splitting six captures three against three (each split once)."""
     from itertools import combinations
 
-    from magpie.traces.compare import compare_rows, measure
+    return [(list(c), [i for i in range(6) if i not in c]) for c in combinations(range(6), 3) if 0 in c]
 
-    same = [measure(load_trace(REPEATS / f"repeat_{i}.json.gz")) for i in range(6)]
-    slower = [measure(load_trace(REPEATS / f"slower_{i}.json.gz")) for i in range(3)]
-    splits = [c for c in combinations(range(6), 3) if 0 in c]  # each split once
-    rows = flagged = found = 0
-    for chosen in splits:
-        one, other = [same[i] for i in chosen], [same[i] for i in range(6) if i not in chosen]
+
+def test_repeated_h200_captures_flag_at_most_one_percent_of_rows():
+    """Issue 45.4 on real repeats (bench/capture_traces.py's compare_repeats on the H200): the ten
+    ways of splitting six captures of one workload three against three flag at most 1% of rows.
+    Its rows differ in noise (a layer norm's 1.1% run to run, a softmax's 0.2%): a model that
+    trusted its fit as much as four repeats flagged 3 of 200."""
+    from magpie.traces.compare import compare_rows
+
+    same = _h200_repeats("repeat", 6)
+    rows = flagged = 0
+    for one, other in _splits():
         for level in ("op", "kernel"):
-            judged, _ = compare_rows(one, other, level)
+            judged, model = compare_rows([same[i] for i in one], [same[i] for i in other], level)
             rows += len(judged)
             flagged += sum(r["verdict"] in (SLOWER, FASTER) for r in judged)
-        judged, _ = compare_rows(one, slower, "kernel")
-        found += any(r["name"].startswith("_passes_kernel") and r["verdict"] == SLOWER for r in judged)
-    assert len(splits) == 10
+            assert model.prior_df < 4  # the rows' own spread counts for more than the model
+    assert rows == 200
     assert flagged <= 0.01 * rows, f"{flagged} of {rows} rows flagged without a change"
+
+
+@pytest.mark.xfail(strict=True, reason="the slower_* captures are not slower: _passes_kernel with its eleventh pass "
+                                       "takes 61.5 us against the repeats' 61.8 us; a capture whose change really "
+                                       "costs 10% is needed (then this test passes and the mark goes)")
+def test_the_kernel_made_slower_on_the_h200_is_found():
+    """Issue 45.4's power on real captures: the three captures whose Triton kernel makes an
+    eleventh pass over its data against each three of the six repeats: that kernel is slower in
+    at least nine of ten."""
+    from magpie.traces.compare import compare_rows
+
+    same, slower = _h200_repeats("repeat", 6), _h200_repeats("slower", 3)
+    found = 0
+    for one, _ in _splits():
+        judged, _ = compare_rows([same[i] for i in one], slower, "kernel")
+        found += any(r["name"] == "_passes_kernel" and r["verdict"] == SLOWER for r in judged)
     assert found >= 9
+
+
+def test_the_noise_model_learns_how_far_rows_stray_from_it():
+    """Empirical Bayes (noise.fit): rows whose noise is the model's give it many degrees of freedom;
+    rows that differ tenfold in noise give it few, so each row's own spread counts for more."""
+    from magpie.traces.noise import digamma, fit, trigamma, trigamma_inverse
+
+    assert digamma(1.0) == pytest.approx(-0.5772156649015329, abs=1e-10)
+    assert trigamma(0.5) == pytest.approx(math.pi ** 2 / 2, rel=1e-10)
+    assert trigamma_inverse(trigamma(2.7)) == pytest.approx(2.7, rel=1e-8)
+    rng = random.Random(7)
+
+    def rows(noise_of):
+        return [([rng.gauss(100.0, noise_of(r)) for _ in range(3)], [rng.gauss(100.0, noise_of(r)) for _ in range(3)], 1)
+                for r in range(200)]
+
+    alike, unalike = fit(rows(lambda r: 1.0)), fit(rows(lambda r: 0.2 * 10 ** (r % 3)))
+    assert alike.prior_df > 30 and unalike.prior_df < 3
+    assert alike.variance(100.0, 1) == pytest.approx(1.0, rel=0.25)

@@ -22,7 +22,14 @@ from pathlib import Path
 from magpie.store import atomic_write
 from magpie.traces.ingest import NotATrace, Trace, TraceError, load_trace, trace_files
 from magpie.traces.kernels import normalize
-from magpie.traces.noise import FDR, PRIOR_WEIGHT, NoiseModel, benjamini_hochberg, fit, t_test
+from magpie.traces.noise import (
+    DEFAULT_PRIOR_DF,
+    FDR,
+    NoiseModel,
+    benjamini_hochberg,
+    fit,
+    t_test,
+)
 from magpie.traces.ops_tables import signature_groups
 
 COLUMNS = ["level", "name", "input_dims", "input_types", "concrete_inputs", "status", "verdict",
@@ -116,7 +123,7 @@ def verdict(before: list[float], after: list[float], model: NoiseModel | None, c
     p-value, or with no repeats on either side only whether it is an exact tie."""
     diff = statistics.fmean(after) - statistics.fmean(before)
     prior = model.variance(statistics.fmean(before + after), calls) if model else 0.0
-    tested = t_test(before, after, prior) if model else None
+    tested = t_test(before, after, prior, model.prior_df) if model else None
     if tested is None:
         return {"verdict": WITHIN if diff == 0 else NO_REPEATS, "noise_us": None, "p_value": None}
     p, error = tested
@@ -216,7 +223,7 @@ def comparison(before_spec, after_spec) -> dict:
         "after": [t.path for t in after],
         "repeats": {"before": len(measured_before), "after": len(measured_after)},
         "rule": RULE,
-        "noise_model": {"fdr": FDR, "prior_weight": PRIOR_WEIGHT,
+        "noise_model": {"fdr": FDR, "default_prior_df": DEFAULT_PRIOR_DF,
                         **{level: vars(model) if model else None for level, model in (("op", op_model),
                                                                                        ("kernel", kernel_model))}},
         "total_kernel_time_us": {"before": mean_before, "after": mean_after, "diff": mean_after - mean_before,

@@ -5,14 +5,18 @@ repeats of one configuration. A row's own repeats are too few (2 to 5) to know i
 comparison tests hundreds of rows, so by chance alone some would look changed. Hence:
 
 - a noise model fitted over all rows of the comparison: a row's run-to-run variance is
-  (rel · mean)² + calls · jitter², a part proportional to its time (clocks, contention) and one
-  per call (a short kernel's launch-to-launch jitter, which dominates single-call microsecond
-  rows). `rel` is fitted on rows whose calls are long, `jitter` on the rest, each from the
-  median of the rows' pooled within-side variances (scaled so that the median of a chi-square
-  estimates its mean);
-- each row's variance moderated toward the model's (`PRIOR_WEIGHT` degrees of freedom of the
-  model beside the row's own n_before + n_after − 2), a Student t test of the difference of
-  means with the degrees of freedom summed;
+  (rel · mean)² + calls · jitter² + call_rel² · mean² / calls: a part proportional to its time
+  (clocks, contention, shared by its calls), one per call (a short kernel's launch-to-launch
+  jitter) and one proportional to each call's time on its own (many calls average it out). The
+  three sizes are a gamma regression of the rows' pooled within-side variances (none negative);
+- how far the rows' own variances stray from the model beyond what their few repeats explain
+  (Smyth's empirical Bayes: the variance of log(s² / model) less trigamma(df / 2)) gives the
+  model's degrees of freedom `prior_df`: real kernels differ in noise (a layer norm's 1.1%
+  against a softmax's 0.2% on the H200 repeats), so there the model is worth about two, and a
+  row's own spread counts for more;
+- each row's variance moderated toward the model's (`prior_df` beside the row's own
+  n_before + n_after − 2), a Student t test of the difference of means with the degrees of
+  freedom summed;
 - the Benjamini–Hochberg procedure over a level's rows: a row is a change when its q-value is
   at most `FDR`, so that of the rows called changed, at most that fraction is expected to be
   noise, however many rows there are.
@@ -25,18 +29,22 @@ import statistics
 from dataclasses import dataclass
 
 FDR = 0.05  # the false discovery rate the verdicts control over one level's rows
-PRIOR_WEIGHT = 4  # degrees of freedom the fitted noise model counts for beside a row's own
-LONG_CALL_US = 20.0  # calls at least this long on average fit the relative part; shorter, the per-call part
+DEFAULT_PRIOR_DF = 4  # the model's degrees of freedom where too few rows tell how far rows stray from it
+MIN_ROWS_FOR_PRIOR_DF = 5  # rows needed to estimate that spread
+MAX_PRIOR_DF = 1000  # rows that agree with the model to this many degrees of freedom: as good as known
 
 
 @dataclass(frozen=True)
 class NoiseModel:
-    rel: float  # run-to-run standard deviation as a fraction of a row's time
-    jitter_us: float  # per-call standard deviation, µs
+    rel: float  # run-to-run standard deviation as a fraction of a row's time (clocks, contention)
+    jitter_us: float  # per-call standard deviation, µs (launch-to-launch jitter of short kernels)
     rows: int  # rows it was fitted on
+    prior_df: float = DEFAULT_PRIOR_DF  # how many of a row's own degrees of freedom the model is worth
+    call_rel: float = 0.0  # per-call standard deviation as a fraction of a call's time, each call on its own
 
     def variance(self, mean_us: float, calls: float) -> float:
-        return (self.rel * mean_us) ** 2 + max(calls, 1.0) * self.jitter_us ** 2
+        calls = max(calls, 1.0)
+        return (self.rel * mean_us) ** 2 + calls * self.jitter_us ** 2 + self.call_rel ** 2 * mean_us ** 2 / calls
 
 
 def pooled_variance(before: list[float], after: list[float]) -> tuple[float, int]:
@@ -46,10 +54,9 @@ def pooled_variance(before: list[float], after: list[float]) -> tuple[float, int
     return (squares / df if df > 0 else 0.0), df
 
 
-def _median_chi_square_scale(df: int) -> float:
-    """Median of chi-square(df)/df (Wilson–Hilferty), by which a median of variance estimates
-    underestimates their mean."""
-    return (1 - 2 / (9 * df)) ** 3
+def _terms(mean_us: float, calls: float) -> tuple[float, float, float]:
+    """What each of the model's three parts multiplies: rel², jitter², call_rel²."""
+    return mean_us ** 2, calls, mean_us ** 2 / calls
 
 
 def fit(rows: list[tuple[list[float], list[float], float]]) -> NoiseModel | None:
@@ -63,29 +70,147 @@ def fit(rows: list[tuple[list[float], list[float], float]]) -> NoiseModel | None
             judged.append((variance, df, mean, max(calls, 1.0)))
     if not judged:
         return None
-    df = statistics.median(row[1] for row in judged)
-    scale = _median_chi_square_scale(max(int(df), 1))
-    long = [v / m ** 2 for v, _, m, c in judged if m / c >= LONG_CALL_US]
-    short = [(v, m, c) for v, _, m, c in judged if m / c < LONG_CALL_US]
-    rel2 = statistics.median(long) / scale if long else 0.0
-    if not long:  # nothing long: the relative part from every row, then what it leaves per call
-        rel2 = statistics.median(v / m ** 2 for v, _, m, _ in judged) / scale
-    jitter2 = statistics.median(max(v - rel2 * m ** 2, 0.0) / c for v, m, c in short) / scale if short else 0.0
-    return NoiseModel(math.sqrt(rel2), math.sqrt(jitter2), len(judged))
+    shape = _shape([(v, _terms(m, c)) for v, _, m, c in judged if v > 0], len(judged))
+    return _with_spread(shape, [(v / shape.variance(m, c), d) for v, d, m, c in judged
+                                if v > 0 and shape.variance(m, c) > 0])
 
 
-def t_test(before: list[float], after: list[float], prior_variance: float) -> tuple[float, float] | None:
+def _shape(rows: list[tuple[float, tuple[float, float, float]]], count: int) -> NoiseModel:
+    """The three parts' sizes that fit the rows' variances best as a gamma regression (a sample
+    variance's spread grows with its mean, so each row weighs by 1 / fitted²), none negative:
+    of the fits on each set of parts, the one of least deviance."""
+    best, best_deviance = (0.0, 0.0, 0.0), math.inf
+    for used in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
+        coefficients = _gamma_fit(rows, used)
+        if coefficients is None:
+            continue
+        fitted = [sum(c * t for c, t in zip(coefficients, terms)) for _, terms in rows]
+        if min(fitted, default=0.0) <= 0:
+            continue
+        deviance = sum(v / f - math.log(v / f) - 1 for (v, _), f in zip(rows, fitted))
+        if deviance < best_deviance - 1e-12:
+            best, best_deviance = coefficients, deviance
+    rel2, jitter2, call_rel2 = best
+    return NoiseModel(math.sqrt(rel2), math.sqrt(jitter2), count, call_rel=math.sqrt(call_rel2))
+
+
+def _gamma_fit(rows, used: tuple[int, ...]) -> tuple[float, float, float] | None:
+    """Iteratively reweighted least squares of variance on the chosen parts; None where a part
+    comes out negative or the equations are singular."""
+    if len(rows) < len(used):
+        return None
+    weights = [1 / v ** 2 for v, _ in rows]
+    coefficients = None
+    for _ in range(25):
+        # normal equations of the weighted least squares, solved by Gaussian elimination
+        size = len(used)
+        matrix = [[sum(w * t[used[i]] * t[used[j]] for w, (_, t) in zip(weights, rows)) for j in range(size)]
+                  + [sum(w * t[used[i]] * v for w, (v, t) in zip(weights, rows))] for i in range(size)]
+        solved = _solve(matrix)
+        if solved is None or min(solved) < 0:
+            return None
+        if coefficients is not None and all(abs(a - b) <= 1e-9 * max(abs(a), 1e-300)
+                                            for a, b in zip(solved, coefficients)):
+            break
+        coefficients = solved
+        fitted = [sum(c * t[k] for c, k in zip(coefficients, used)) for _, t in rows]
+        if min(fitted) <= 0:
+            return None
+        weights = [1 / f ** 2 for f in fitted]
+    full = [0.0, 0.0, 0.0]
+    for c, k in zip(coefficients, used):
+        full[k] = c
+    return tuple(full)
+
+
+def _solve(matrix: list[list[float]]) -> list[float] | None:
+    size = len(matrix)
+    for col in range(size):
+        pivot = max(range(col, size), key=lambda r: abs(matrix[r][col]))
+        if matrix[pivot][col] == 0:
+            return None
+        matrix[col], matrix[pivot] = matrix[pivot], matrix[col]
+        for r in range(size):
+            if r != col:
+                factor = matrix[r][col] / matrix[col][col]
+                matrix[r] = [a - factor * b for a, b in zip(matrix[r], matrix[col])]
+    return [matrix[i][size] / matrix[i][i] for i in range(size)]
+
+
+def _with_spread(shape: NoiseModel, ratios: list[tuple[float, int]]) -> NoiseModel:
+    """The model's scale and degrees of freedom from how its rows' variances stray from it
+    (Smyth's empirical Bayes, 2004): log(s² / model) of a row whose true variance is the model's
+    varies as the log of a chi-square (trigamma(d/2)); what the rows vary beyond that is how far
+    rows' own noise differs from the model (a kernel noisier than the rest), and the fewer
+    degrees of freedom the model is worth beside a row's own repeats."""
+    if len(ratios) < MIN_ROWS_FOR_PRIOR_DF:
+        return shape
+    logs = [math.log(r) - digamma(d / 2) + math.log(d / 2) for r, d in ratios]
+    centre = statistics.fmean(logs)
+    beyond_chance = statistics.variance(logs) - statistics.fmean(trigamma(d / 2) for _, d in ratios)
+    prior_df = min(2 * trigamma_inverse(beyond_chance), MAX_PRIOR_DF) if beyond_chance > 0 else MAX_PRIOR_DF
+    factor = math.exp(centre + digamma(prior_df / 2) - math.log(prior_df / 2))
+    return NoiseModel(shape.rel * math.sqrt(factor), shape.jitter_us * math.sqrt(factor), shape.rows, prior_df,
+                      shape.call_rel * math.sqrt(factor))
+
+
+def digamma(x: float) -> float:
+    result = 0.0
+    while x < 6:
+        result -= 1 / x
+        x += 1
+    f = 1 / (x * x)
+    return result + math.log(x) - 0.5 / x - f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f / 132))))
+
+
+def trigamma(x: float) -> float:
+    result = 0.0
+    while x < 6:
+        result += 1 / (x * x)
+        x += 1
+    f = 1 / (x * x)
+    return result + 1 / x + f / 2 + f / x * (1 / 6 - f * (1 / 30 - f * (1 / 42 - f / 30)))
+
+
+def trigamma_inverse(y: float) -> float:
+    """The x > 0 with trigamma(x) = y (Newton's method on 1/trigamma, as Smyth's limma does)."""
+    if y > 1e7:
+        return 1 / math.sqrt(y)
+    if y < 1e-6:
+        return 1 / y
+    x = 0.5 + 1 / y
+    for _ in range(50):
+        tri = trigamma(x)
+        step = tri * (1 - tri / y) / _tetragamma(x)
+        x += step
+        if -step / x < 1e-8:
+            break
+    return x
+
+
+def _tetragamma(x: float) -> float:
+    result = 0.0
+    while x < 6:
+        result -= 2 / x ** 3
+        x += 1
+    f = 1 / (x * x)
+    return result - f - f / x - f * f * (1 / 2 - f * (1 / 6 - f * (1 / 6 - 3 * f / 10)))
+
+
+def t_test(before: list[float], after: list[float], prior_variance: float,
+           prior_df: float = DEFAULT_PRIOR_DF) -> tuple[float, float] | None:
     """Two-sided p-value of the difference of means and its standard error (µs), the row's own
     variance moderated toward the model's; None without repeats on either side."""
     variance, df = pooled_variance(before, after)
     if df <= 0:
         return None
-    moderated = (PRIOR_WEIGHT * prior_variance + df * variance) / (PRIOR_WEIGHT + df)
+    moderated = (prior_df * prior_variance + df * variance) / (prior_df + df)
     error = math.sqrt(moderated * (1 / len(before) + 1 / len(after)))
     diff = statistics.fmean(after) - statistics.fmean(before)
     if error == 0:
         return (1.0 if diff == 0 else 0.0), 0.0
-    return t_two_sided(abs(diff) / error, PRIOR_WEIGHT + df), error
+    # whole degrees of freedom for the series below, rounded down: the test errs toward "within noise"
+    return t_two_sided(abs(diff) / error, int(prior_df + df)), error
 
 
 def t_two_sided(t: float, df: int) -> float:
