@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -70,9 +71,8 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "magpie", "build", "-j", str(os.cpu_count()), "--plain"], cwd=root,
                        capture_output=True, check=True)
         first = time.perf_counter() - start
-        count = int(subprocess.run([sys.executable, "-m", "magpie", "build", "--json"], cwd=root,
-                                   capture_output=True, text=True, check=True).stdout.split('"up_to_date": ')[1]
-                    .rstrip("}\n"))
+        count = json.loads(subprocess.run([sys.executable, "-m", "magpie", "build", "--json"], cwd=root,
+                                          capture_output=True, text=True, check=True).stdout)["up_to_date"]
         magpie_noop = timed([sys.executable, "-m", "magpie", "build"], root, args.runs)
         snapshot = root / "workspaces" / "graph-snapshot.json"
         cold = []
