@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 
@@ -53,39 +52,8 @@ def run(args) -> int:
         for key in {key for key in keys if isinstance(key, str) and known(key)}:
             removed += store.remove(key)
         store.forget(name)
+    from magpie.report.publish import unpublish
+
     unpublish(project, project.with_dependents(names))
     print(f"magpie: removed {removed} artifacts")
     return 0
-
-
-def unpublish(project, names: list[str]) -> None:
-    """Remove what was published under reports/ from these tasks (a comparison's
-    compare_report.json, the report's html and summary, an analysis's folder): a verdict
-    whose artifact is gone, or is about to be rebuilt from results that are, stays published
-    nowhere. The next build publishes them again."""
-    from magpie.report.publish import LEDGER, PUBLISHED, PUBLISHED_FOLDERS
-    from magpie.store import atomic_write
-
-    out = project.store.workspace / "reports"
-    try:
-        ledger = json.loads((out / LEDGER).read_text())
-    except (OSError, ValueError):
-        ledger = {}
-    ledger = ledger if isinstance(ledger, dict) else {}
-    changed = False
-    for name in names:
-        spec = project.tasks[name]
-        if spec.rule not in PUBLISHED:
-            continue
-        if spec.rule in PUBLISHED_FOLDERS:
-            shutil.rmtree(out / PUBLISHED_FOLDERS[spec.rule] / name.split(":", 1)[1], ignore_errors=True)
-            continue
-        entry = ledger.pop(name, None)
-        changed |= entry is not None
-        published = (entry or {}).get("files") if isinstance(entry, dict) else None
-        files = list(published) if isinstance(published, dict) else (
-            [f"{spec.kernel}/compare_report.json"] if spec.rule == "comparison" else ["report.html", "summary.md"])
-        for rel in files:
-            (out / rel).unlink(missing_ok=True)
-    if changed:
-        atomic_write(out / LEDGER, json.dumps(ledger, sort_keys=True))
