@@ -236,7 +236,7 @@ def test_a_process_that_left_the_workers_group_fails_the_timing(tmp_path):
 def test_vouched_gpu_timing_is_the_default_and_only_for_tensors_on_the_projects_device():
     """On a GPU too the evaluator's batches time by default (the worker's own timer can be
     forged); where they run, every argument and output lies on the device."""
-    from magpie.harness.measurement import vouched_inputs
+    from magpie.harness.rounds import vouched_inputs
     from magpie.manifest.models import TimingSettings
 
     assert TimingSettings().vouched is True
@@ -247,7 +247,7 @@ def test_vouched_gpu_timing_is_the_default_and_only_for_tensors_on_the_projects_
 
 
 def test_gpu_batch_phases_are_medians_that_skip_what_a_worker_did_not_say():
-    from magpie.harness.measurement import batch_phases
+    from magpie.harness.rounds import batch_phases
 
     records = [{"calls": 16, "clock_ns": 1_700_000, "answer_ns": 2_000_000, "stop_ns": 300_000,
                 "worker_loop_ns": 500_000},
@@ -283,7 +283,7 @@ def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_t
     zero calls at what a batch costs besides them; the common cost is the least role's
     intercept, within 0 and the least calibration, and that calibration where no batches vary
     in size."""
-    from magpie.harness.measurement import Rounds, fixed_cost, other_size
+    from magpie.harness.rounds import Rounds, fixed_cost, other_size
 
     # every other batch: half, or two where a batch is one call and two fit the region
     assert [other_size(10, 1024), other_size(1, 4), other_size(1, 1)] == [5, 2, 1]
@@ -447,7 +447,8 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     assert "done together" in launch_floor(1, 1_300) and launch_floor(900, 1_300) is None
     assert launch_floor(1, 0.0) is None  # nothing priced: nothing to say
     # no bound because threads of the candidate's own held its calling thread in most pairs: said
-    from magpie.harness.measurement import Rounds, unbounded_line
+    from magpie.harness.measurement import unbounded_line
+    from magpie.harness.rounds import Rounds
 
     measured = Rounds(["baseline", "candidate"], vouched=True)
     measured.alone_disturbed, measured.alone_held_by_own_threads["candidate"] = 14, 14
@@ -483,7 +484,8 @@ def test_a_bound_over_the_batches_is_what_the_candidate_is_credited():
     down together (by the median's or, where calls are uneven, the mean's ratio) and the
     verdict is read again. Within the bound, or failed by it, the speedup is the batches'."""
     from magpie.compare.stats import bootstrap_speedup
-    from magpie.harness.measurement import Rounds, credit_within_calls_alone
+    from magpie.harness.measurement import credit_within_calls_alone
+    from magpie.harness.rounds import Rounds
 
     def measured(lower_us, failed=False):
         rounds = Rounds(["baseline", "candidate"], vouched=True)
@@ -581,7 +583,7 @@ def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     from types import SimpleNamespace
 
     from magpie.harness.judging import disturbed as judged_disturbed
-    from magpie.harness.measurement import Rounds
+    from magpie.harness.rounds import Rounds
 
     measured = Rounds(["candidate", "baseline"])
     measured.samples["baseline"] = [141_000] * 20

@@ -128,7 +128,7 @@ def test_h200_a_launch_bound_baseline_reads_beside_candidates_what_it_read_alone
     line it reads within 5% of its own job's, and an identical copy within 2% of it. (No calibration caps the intercepts here: the run kept none.)"""
     from statistics import median
 
-    from magpie.harness.measurement import fixed_cost
+    from magpie.harness.rounds import fixed_cost
 
     def records(batches):
         return [(r, us * 1000, n, 0.0) for r, n, us in batches]

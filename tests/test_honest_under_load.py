@@ -18,11 +18,11 @@ from magpie.harness.measurement import (
     BUSY_WAIT_SHARE,
     HARNESS_CAP,
     LAUNCH_FLOOR,
-    Rounds,
     alone_bound,
     harness_taken_off,
     unvouched_on_a_busy_machine,
 )
+from magpie.harness.rounds import Rounds
 
 HOGS = 3
 

@@ -10,7 +10,8 @@ from magpie.harness.context import EvaluationContext
 from magpie.harness.method_choice import chosen_method, probed_method
 from magpie.harness.pool import WorkerPool
 from magpie.harness.measurement import (
-    UNEXPLAINED_ALLOWANCE, UNEXPLAINED_FRACTION, Rounds, few_samples, request_account, timer_inconsistency, wall_check)
+    UNEXPLAINED_ALLOWANCE, UNEXPLAINED_FRACTION, few_samples, request_account, timer_inconsistency, wall_check)
+from magpie.harness.rounds import Rounds
 from magpie.harness.timing import CpuWallTimer, calibrate
 
 # Costs of the order calibrate() measures on the H200 (per sample: events pays an L2 flush of
@@ -199,7 +200,7 @@ def test_a_measurement_whose_only_failure_is_a_probe_that_waited_is_taken_again(
     on the H200 took 1.2 ms against an idle 24 µs. Such a failure alone measures again (where a
     worker that leaves work behind fails again); any other failure stands."""
     from magpie.harness.judging import probe_waited
-    from magpie.harness.measurement import Rounds
+    from magpie.harness.rounds import Rounds
 
     measured = Rounds(["candidate", "baseline"])
     assert probe_waited(measured) is None

@@ -16,11 +16,11 @@ from magpie.compare.stats import bootstrap_speedup
 from magpie.harness.measurement import (
     SPEEDUP_METHOD_MEAN,
     UNEVEN_CALLS_FACTOR,
-    Rounds,
     paired_speedup,
     uneven_calls,
     uneven_line,
 )
+from magpie.harness.rounds import Rounds
 
 STEADY = SPIN_SOURCE + """
 

@@ -19,10 +19,10 @@ from magpie.harness.context import EvaluationContext
 from magpie.harness.device_region import DeviceRegion
 from magpie.harness.laps import Laps
 from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_TRIM,
-                                        HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE, Batch, Rounds, batch_phases,
-                                        launch_floor, other_size, vouched_method)
+                                        HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE, launch_floor)
 from magpie.harness.pool import Turns
 from magpie.harness.regions import Layout, Region, calls_that_fit, region_bytes
+from magpie.harness.rounds import Batch, Rounds, batch_phases, other_size, vouched_method
 from magpie.harness.spec import Case, ReferenceSpec, rotation
 from magpie.linux import cputime
 from magpie.supervision.session import Worker, WorkerFailure

@@ -12,10 +12,10 @@ from pathlib import Path
 from magpie.compare.stats import summarize_ns
 from magpie.harness.checks import as_tuple
 from magpie.harness.kinds import failure
-from magpie.harness.measurement import (DEFAULT_DISTURBED_FRACTION, INCONCLUSIVE, Rounds, alone_line, batch_phases,
-                                        for_device, implausible_speedup, paired_speedup, roofline_floor,
-                                        timer_inconsistency, uneven_calls, uneven_line, unvouched_on_a_busy_machine,
-                                        wall_check)
+from magpie.harness.measurement import (DEFAULT_DISTURBED_FRACTION, INCONCLUSIVE, alone_line, for_device,
+                                        implausible_speedup, paired_speedup, roofline_floor, timer_inconsistency,
+                                        uneven_calls, uneven_line, unvouched_on_a_busy_machine, wall_check)
+from magpie.harness.rounds import Rounds, batch_phases
 from magpie.harness.spec import SpecError
 
 # What the summary keeps of each round: the mode, the timer's own clock around its loop and the

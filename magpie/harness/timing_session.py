@@ -19,12 +19,13 @@ from magpie.harness.judging import (disturbed, fail, flag_uneven, inconclusive, 
                                     not_timed, probe_waited, record, roofline, summaries)
 from magpie.harness.kinds import failure, failure_kind
 from magpie.harness.laps import Laps
-from magpie.harness.measurement import (BUSY_BACKOFF_S, BUSY_RETRIES, DEFAULT_BETWEEN_RUNS, Rounds, alone_line,
+from magpie.harness.measurement import (BUSY_BACKOFF_S, BUSY_RETRIES, DEFAULT_BETWEEN_RUNS, alone_line,
                                         credit_within_calls_alone, few_samples, first_use_verdict, for_device,
                                         host_wall_gap, paired_speedup, timer_inconsistency, unbounded_line,
-                                        uneven_calls, unvouched_speedup_line, vouched_inputs)
+                                        uneven_calls, unvouched_speedup_line)
 from magpie.harness.method_choice import chosen_method, probed_method
 from magpie.harness.pool import Turns, WorkerPool
+from magpie.harness.rounds import Rounds, vouched_inputs
 from magpie.harness.spec import SpecError, derive_seed, output_specs, rotation
 from magpie.harness.timing import calibrate, nvml_snapshot, sample_cap, timer_for
 from magpie.supervision import device_lock
