@@ -19,7 +19,7 @@ from magpie.harness.correctness import correctness
 from magpie.harness.declared import fresh_imports
 from magpie.harness.pool import WorkerPool
 from magpie.harness.timing_session import timing
-from magpie.sandbox import namespaces
+from magpie.linux import namespaces
 from magpie.supervision import device_lock
 from magpie.supervision.process import log_to, release_memory, serve_pipes
 
