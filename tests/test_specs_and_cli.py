@@ -189,10 +189,11 @@ def test_only_results_shaped_like_the_reference_go_into_lent_buffers():
 def test_inputs_travel_as_files_where_cuda_ipc_is_switched_off(monkeypatch, tmp_path):
     import torch
 
-    from magpie.harness.exchange import SWITCH, CudaIpcExchange, FileExchange, exchange_for
+    from magpie.environment import CUDA_IPC
+    from magpie.harness.exchange import CudaIpcExchange, FileExchange, exchange_for
 
     assert type(exchange_for(torch, "cuda:0")) is CudaIpcExchange
-    monkeypatch.setenv(SWITCH, "0")
+    monkeypatch.setenv(CUDA_IPC, "0")
     assert type(exchange_for(torch, "cuda:0")) is FileExchange
     assert type(exchange_for(torch, "cpu")) is FileExchange
 

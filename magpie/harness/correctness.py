@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import time
 
-from magpie import sandbox
+from magpie import environment, sandbox
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.context import EvaluationContext
 from magpie.harness.exchange import load_left
@@ -124,7 +124,7 @@ def _command_check(context: EvaluationContext, pool: WorkerPool, index: int, tes
     cwd = context.root / (testcase.get("working_dir") or ".")
     scratch = scratch_folders.make("testcase-", owner=os.getpid())
     env = {**context.env(impl), **(testcase.get("env") or {}), "TMPDIR": str(scratch),
-           "MAGPIE_IMPL_ID": impl["id"], "MAGPIE_IMPL_SOURCE": str(context.root / impl["source"])}
+           environment.IMPL_ID: impl["id"], environment.IMPL_SOURCE: str(context.root / impl["source"])}
     # The command runs the implementation: it reads the project, writes only its TMPDIR.
     policy = None if sandbox.trusted() else sandbox.Policy(
         write=[str(scratch)], read=[str(context.root), str(cwd)], hide=context.hide, gpu=context.device != "cpu",

@@ -23,6 +23,7 @@ import os
 import pickle
 from pathlib import Path
 
+from magpie import environment
 from magpie.harness.checks import as_tuple, check_output_forms
 from magpie.harness.spec import to_device as _to
 from magpie.supervision import scratch, shared_memory
@@ -40,8 +41,7 @@ def dumps_shared(value) -> str:
 
 
 # Where CUDA IPC is not available (processes in different containers, say), inputs and
-# outputs travel as files with this variable set to 0.
-SWITCH = "MAGPIE_CUDA_IPC"
+# outputs travel as files with environment.CUDA_IPC set to 0.
 
 
 class LentMemoryError(RuntimeError):
@@ -77,7 +77,7 @@ def loads_shared(payload: str):
         return pickle.loads(data)
     except RuntimeError as err:
         raise LentMemoryError(f"could not map memory lent through CUDA IPC ({str(err).splitlines()[0]}); "
-                              f"set {SWITCH}=0 to pass inputs and outputs as files") from None
+                              f"set {environment.CUDA_IPC}=0 to pass inputs and outputs as files") from None
 
 
 # -- the evaluator's side ----------------------------------------------------------------
@@ -183,7 +183,7 @@ class CudaIpcExchange(FileExchange):
 
 def exchange_for(torch, device: str) -> FileExchange:
     """Memory is lent only where it can be lent alone (torch's private memory pools)."""
-    lend = device.startswith("cuda") and os.environ.get(SWITCH, "1") != "0" and hasattr(torch.cuda, "MemPool")
+    lend = device.startswith("cuda") and os.environ.get(environment.CUDA_IPC, "1") != "0" and hasattr(torch.cuda, "MemPool")
     return (CudaIpcExchange if lend else FileExchange)(torch, device)
 
 

@@ -34,8 +34,8 @@ class Case:
 # A build's secret, mixed into every input seed: code under test that reads magpie.toml and
 # re-derives the seeds cannot compute its outputs ahead. It reaches the evaluator in its job's
 # request, never a child's environment; each result records it afterwards (set the variable
-# to reproduce a build's inputs), and results are hidden from code under test.
-SECRET_VARIABLE = "MAGPIE_INPUT_SECRET"
+# to reproduce a build's inputs: magpie.environment.INPUT_SECRET), and results are hidden from
+# code under test.
 
 
 def derive_seed(*parts) -> int:

@@ -34,7 +34,6 @@ code's processes kept together), `landlock`, `seccomp`, `pids` (as root, a pids 
 Below it lies only the Linux floor (`magpie.linux`); supervision, above, puts processes in it.
 """
 
-from magpie.linux import namespaces  # noqa: F401  (magpie.harness.evaluate imports it from here; to name magpie.linux)
 from magpie.sandbox.admission import admit, trusted, unavailable_reason
 from magpie.sandbox.containment import SandboxError, command, contain, enter_or_exit, narrow
 from magpie.sandbox.devices import device_files, nvidia_gpu_nodes, nvidia_minor
