@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import magpie_in_process
 
 pandas = pytest.importorskip("pandas")
