@@ -161,7 +161,8 @@ def run_serving(args) -> int:
         config = load_benchmark_config(args.benchmark_config, output_dir=args.output_dir, host=args.host,
                                        port=args.port, base_url=args.base_url, endpoint=args.endpoint,
                                        profiler=args.torch_profiler or None, run_mode=args.run_mode,
-                                       docker_image=args.docker_image,
+                                       docker_image=args.docker_image, tokenizer=args.tokenizer,
+                                       prefix_len=args.random_prefix_len or None,
                                        server_lifecycle="reuse" if args.keep_server else None)
         _refuse_missing_model(config, f"{args.benchmark_config}: benchmark.model")
         return _serve_and_print(config, args)

@@ -210,6 +210,9 @@ class BenchmarkLoad(Strict):
     input_len: int = Field(1024, ge=1)
     output_len: int = Field(128, ge=1)
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="lengths uniform over len*(1±ratio)")
+    prefix_len: int = Field(0, ge=0, description="tokens of a prefix shared by every prompt (--random-prefix-len)")
+    tokenizer: Optional[str] = Field(None, min_length=1, description="the tokenizer lengths are counted in: a folder "
+                                     "(relative to magpie.toml) or cached hub id; none: the model's own")
     num_prompts: int = Field(100, ge=1)
     request_rate: float = Field(float("inf"), gt=0, description="requests/s; inf: all at once")
     burstiness: float = Field(1.0, gt=0)

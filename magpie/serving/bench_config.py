@@ -14,7 +14,15 @@
         MAX_MODEL_LEN: 4096
         EXTRA_VLLM_ARGS: "--enforce-eager"   # EXTRA_<FRAMEWORK>_ARGS or EXTRA_SERVER_ARGS: the server's
       env: {OMP_NUM_THREADS: "8"}            # the server's environment
+      tokenizer: ./tok           # lengths in its tokens (a folder, ./ relative to this file, or a cached hub id;
+                                 # default: the model's own), as --tokenizer
+      random_prefix_len: 0       # tokens of a prefix shared by every prompt, as --random-prefix-len
       profiler: false            # true: a torch profiler window, traces analysed; the run is diagnostic
+      # or Magpie's block (keys magpie has no counterpart for only at the value matching what magpie does):
+      # profiler:
+      #   torch_profiler: {enabled: true}                           # the profiled, diagnostic run
+      #   tracelens: {enabled: true, analysis_mode: inference}      # or pytorch; disabled: traces kept unanalysed
+      #   gpu_monitor: {interval_sec: 1.0}
       run_mode: local            # or docker: the server in a container (magpie/serving/docker_mode.py)
       docker_image: vllm/vllm-openai:latest  # docker mode's image; default: magpie/serving/images.yaml's
       run_kind: measurement      # or diagnostic (never reward-eligible)
@@ -61,9 +69,112 @@ class Envs(BaseModel):
         return self
 
 
-class Profiler(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def _only(self, **what_magpie_does):
+        """Magpie's keys whose other values magpie has no counterpart for: one line naming the value it takes."""
+        for key, (value, why) in what_magpie_does.items():
+            if getattr(self, key) != value:
+                raise ValueError(f"{key}: {getattr(self, key)!r} is not supported: {why}; set {key}: "
+                                 f"{_yaml_word(value)} or remove it")
+        return self
+
+
+def _yaml_word(value) -> str:
+    return {True: "true", False: "false", None: "null"}.get(value, str(value)) if not isinstance(value, str) \
+        else value
+
+
+class TorchProfiler(_Block):
+    enabled: bool = True
+
+
+class SystemProfiler(_Block):
     enabled: bool = False
+    profile_args: list[str] = []
+
+    @model_validator(mode="after")
+    def _not_run(self):
+        return self._only(enabled=(False, "magpie records torch profiler traces, not rocprof-compute or ncu runs"))
+
+
+class TraceLens(_Block):
+    """Magpie's trace analysis settings; magpie analyses the traces itself (magpie.traces), so the keys that
+    install or patch TraceLens (auto_patch_runtime, tracelens_repo_path) have nothing to act on."""
+
+    enabled: bool = False
+    analysis_mode: Literal["inference", "pytorch"] = "inference"
+    analysis_stages: Union[Literal["all"], list[Literal["prefilldecode", "decode", "prefill"]]] = "all"
+    export_format: Literal["csv", "excel"] = "csv"
+    perf_report_enabled: bool = True
+    multi_rank_report_enabled: bool = True
+    gpu_arch_config: Optional[str] = None
+    auto_patch_runtime: bool = True
+    tracelens_repo_path: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _what_magpie_writes(self):
+        return self._only(analysis_stages=("all", "magpie's inference analysis reports every stage"),
+                          export_format=("csv", "magpie writes CSV tables"),
+                          perf_report_enabled=(True, "magpie always writes the performance report"),
+                          multi_rank_report_enabled=(True, "magpie always reports across the traces"),
+                          gpu_arch_config=(None, "magpie takes the accelerator from the trace"))
+
+
+class GpuMonitor(_Block):
+    enabled: bool = True
+    interval_sec: float = Field(1.0, gt=0)      # magpie's sampling interval unless given (Magpie's is 2 s)
+    device_id: Optional[int] = None
+
+    @model_validator(mode="after")
+    def _always_on(self):
+        return self._only(enabled=(True, "magpie monitors the GPUs of every run"),
+                          device_id=(None, "magpie monitors the run's allocated devices (gpu_selection)"))
+
+
+class Profiler(_Block):
+    """`profiler: true|false`, magpie's `{enabled: ...}`, or Magpie's block: `torch_profiler` (a profiled,
+    diagnostic run), `tracelens` (its trace analysis; `analysis_mode` inference or pytorch), `system_profiler`,
+    `gpu_monitor`."""
+
+    enabled: Optional[bool] = None
+    torch_profiler: Optional[TorchProfiler] = None
+    system_profiler: SystemProfiler = SystemProfiler()
+    tracelens: Optional[TraceLens] = None
+    gpu_monitor: GpuMonitor = GpuMonitor()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _switch(cls, data):
+        return {"enabled": data} if isinstance(data, bool) else data
+
+    @model_validator(mode="after")
+    def _one_switch(self):
+        if self.enabled is not None and self.torch_profiler is not None:
+            raise ValueError("give either enabled (magpie's switch) or torch_profiler.enabled (Magpie's), not both")
+        tracelens = self.tracelens is not None and self.tracelens.enabled
+        if tracelens and not self.records:
+            raise ValueError("tracelens analyses the torch profiler's traces: set torch_profiler.enabled: true "
+                             "or tracelens.enabled: false")
+        return self
+
+    @property
+    def records(self) -> bool:
+        """A torch profiler window over the load."""
+        if self.enabled is not None:
+            return self.enabled
+        return self.torch_profiler is not None and self.torch_profiler.enabled
+
+    @property
+    def analysis_mode(self) -> Optional[str]:
+        """The trace analysis's mode; None: the traces are kept unanalysed (Magpie's block without tracelens
+        enabled). Magpie's own switch (`true`, `enabled`) analyses in inference mode."""
+        if self.enabled is not None:
+            return "inference"
+        if self.tracelens is None or not self.tracelens.enabled:
+            return None
+        return self.tracelens.analysis_mode
 
 
 class GpuSelection(BaseModel):
@@ -80,13 +191,15 @@ class BenchmarkSection(BaseModel):
     precision: str = "auto"
     envs: Envs = Envs()
     env: dict[str, str] = {}
-    profiler: Union[bool, Profiler] = False
+    profiler: Profiler = Profiler()
     run_mode: Literal["local", "docker"] = "local"
     docker_image: Optional[str] = None
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
     gpu_selection: Union[Literal["auto"], list[int], GpuSelection] = "auto"
     timeout_seconds: float = Field(3600.0, gt=0)
     base_url: Optional[str] = None
+    tokenizer: Optional[str] = Field(None, min_length=1)
+    random_prefix_len: int = Field(0, ge=0)
 
 
 class BenchmarkFile(BaseModel):
@@ -119,6 +232,13 @@ def _gpus(section: BenchmarkSection) -> list[int] | None:
     return None
 
 
+def _beside(path: Path, name: Optional[str]) -> Optional[str]:
+    """A `./` or `../` path relative to the YAML's folder; other names (hub ids, absolute paths) as written."""
+    if name is not None and name.startswith(("./", "../")):
+        return str((path.resolve().parent / name).resolve())
+    return name
+
+
 def load_benchmark_config(path: str | Path, **overrides):
     """The YAML at `path` as a `BenchmarkConfig`; `overrides` (output_dir, host, port, base_url, endpoint, ...)
     are set on top. Raises `UserError` (one line) on any mistake."""
@@ -139,7 +259,6 @@ def load_benchmark_config(path: str | Path, **overrides):
         section = BenchmarkFile.model_validate(data).benchmark
     except ValidationError as err:
         raise describe_validation_error(path, err) from None
-    profiler = section.profiler if isinstance(section.profiler, bool) else section.profiler.enabled
     env = dict(section.env)
     gpus = _gpus(section)
     if gpus is not None:
@@ -148,15 +267,17 @@ def load_benchmark_config(path: str | Path, **overrides):
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
         env.setdefault("HIP_VISIBLE_DEVICES", ",".join(map(str, gpus)))
     e = section.envs
-    model = section.model
-    if model.startswith(("./", "../")):       # relative to the YAML's folder
-        model = str((path.resolve().parent / model).resolve())
+    model, tokenizer = (_beside(path, name) for name in (section.model, section.tokenizer))
     fields = dict(framework=section.framework, model=model, precision=section.precision, tp=e.TP,
                   max_model_len=e.MAX_MODEL_LEN, extra_server_args=_server_args(path, section), env=env,
                   concurrency=e.CONC, input_len=e.ISL, output_len=e.OSL, range_ratio=e.RANDOM_RANGE_RATIO,
                   num_prompts=e.NUM_PROMPTS or (10 * e.CONC if e.CONC else 100), run_kind=section.run_kind,
-                  profiler=profiler, run_mode=section.run_mode, docker_image=section.docker_image,
-                  timeout_s=section.timeout_seconds, base_url=section.base_url)
+                  prefix_len=section.random_prefix_len, tokenizer=tokenizer, profiler=section.profiler.records,
+                  # unprofiled here, --torch-profiler may still profile it: then magpie's default analysis
+                  analysis_mode=section.profiler.analysis_mode if section.profiler.records else "inference",
+                  run_mode=section.run_mode, docker_image=section.docker_image,
+                  timeout_s=section.timeout_seconds, base_url=section.base_url,
+                  gpu_monitor_interval_s=section.profiler.gpu_monitor.interval_sec)
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return BenchmarkConfig(**fields)

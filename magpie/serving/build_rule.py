@@ -31,10 +31,12 @@ def config_of(bench: dict, root: Path, out_dir: Path, profiler: bool = False):
     profiled (diagnostic) run."""
     from magpie.serving.report import BenchmarkConfig
 
-    model = bench["model"]
-    local = root / model
-    if not Path(model).is_absolute() and local.exists():
-        model = str(local.resolve())
+    def beside_manifest(name):
+        if name is None or Path(name).is_absolute() or not (root / name).exists():
+            return name
+        return str((root / name).resolve())
+
+    model = beside_manifest(bench["model"])
     load, slo = bench["load"], bench["slo"]
     rate = load["request_rate"]
     return BenchmarkConfig(
@@ -44,6 +46,7 @@ def config_of(bench: dict, root: Path, out_dir: Path, profiler: bool = False):
         host=bench["host"], port=bench["port"], base_url=bench["base_url"],
         endpoint=load["endpoint"], concurrency=load["concurrency"], input_len=load["input_len"],
         output_len=load["output_len"], range_ratio=load["range_ratio"], num_prompts=load["num_prompts"],
+        prefix_len=load["prefix_len"], tokenizer=beside_manifest(load["tokenizer"]),
         request_rate=math.inf if rate in (None, "inf", "Infinity") else float(rate), burstiness=load["burstiness"],
         num_warmups=load["num_warmups"], seed=load["seed"], timeout_s=bench["timeout_s"],
         goodput={name[:-3]: value for name, value in slo.items() if value is not None},

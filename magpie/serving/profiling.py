@@ -183,12 +183,12 @@ def missing_model_ops(paths: list[Path]) -> str | None:
             f"the profiler did not record the process that runs the model; the traces hold {held}")
 
 
-def analyse(trace_dir: Path, work: Path) -> dict:
-    """The trace analysis (inference mode) into `work`; the report's profiling fields."""
+def analyse(trace_dir: Path, work: Path, mode: str = "inference") -> dict:
+    """The trace analysis (`mode`: inference or pytorch) into `work`; the report's profiling fields."""
     from magpie.serving.report import kernel_rows
     from magpie.traces.report import analyze_traces
 
-    summary = analyze_traces(trace_dir, work, analysis_mode="inference")
+    summary = analyze_traces(trace_dir, work, analysis_mode=mode)
     return {
         "tracelens_analysis": summary["tracelens_analysis"],
         "gap_analysis": {"top": summary["top"], "total_kernel_time_us": summary["total_kernel_time_us"],

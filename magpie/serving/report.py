@@ -50,6 +50,9 @@ class BenchmarkConfig(_Strict):
         "measurement", description="diagnostic runs (profiled, or so declared) are never reward-eligible")
     profiler: bool = Field(False, description="a torch profiler window over the load into torch_trace/, then "
                                               "the trace analysis; makes the run diagnostic (serving.profiling)")
+    analysis_mode: Optional[Literal["inference", "pytorch"]] = Field(
+        "inference", description="the profiled run's trace analysis (magpie.traces): inference splits serving steps "
+                                 "and stages; None: the traces kept unanalysed (Magpie's tracelens disabled)")
     host: str = "127.0.0.1"
     port: Optional[int] = Field(None, ge=1, le=65535)
     base_url: Optional[str] = Field(None, description="a running server: nothing is started")

@@ -252,8 +252,8 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
         no_model = _profiling.missing_model_ops(report_kw["traces"])
         if no_model:
             errors.append(no_model)
-    if analyse and config.profiler and report_kw.get("traces"):
-        _analyse(report_kw, work, outputs, errors)
+    if analyse and config.profiler and config.analysis_mode and report_kw.get("traces"):
+        _analyse(report_kw, work, outputs, errors, config.analysis_mode)
     report_kw.pop("traces", None)
     success = not errors and run is not None and run.completed > 0
     report = BenchmarkReport(success=success, framework=engine_name, model=config.model, workspace_dir=str(work),
@@ -270,12 +270,12 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
     return report
 
 
-def _analyse(report_kw: dict, work: Path, outputs: dict, errors: list[str]) -> None:
-    """The trace analysis of the run's torch_trace/ into the workspace and the report's fields."""
+def _analyse(report_kw: dict, work: Path, outputs: dict, errors: list[str], mode: str) -> None:
+    """The trace analysis (`mode`) of the run's torch_trace/ into the workspace and the report's fields."""
     from magpie.traces.ingest import TraceError
 
     try:
-        report_kw.update(_profiling.analyse(work / _profiling.TRACE_DIR, work))
+        report_kw.update(_profiling.analyse(work / _profiling.TRACE_DIR, work, mode))
     except TraceError as exc:
         report_kw["tracelens_analysis"] = {"outputs": [], "errors": [str(exc)]}
         errors.append(f"trace analysis: {exc}")
