@@ -4,6 +4,8 @@ mapped onto magpie's profiled run and trace analysis mode; every key or value ma
 line naming the file and the field; `tokenizer` / `random_prefix_len` (YAML) and `load.tokenizer` /
 `load.prefix_len` (magpie.toml) reach the run's config as `--tokenizer` / `--random-prefix-len` do, and key the
 declared benchmark."""
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,23 @@ def test_the_analysis_runs_in_the_mode_given(tmp_path, mode):
     shutil.copy(Path(__file__).parent / "fixtures/traces/h200/fp8_scaled_mm.json.gz", traces)
     fields = profiling.analyse(traces, tmp_path / "work", mode)
     assert fields["tracelens_analysis"]["analysis_mode"] == mode
+
+
+def test_the_yamls_tokenizer_and_prefix_shape_the_prompts_sent(tmp_path):
+    from magpie.serving.runner import RESULT, run_benchmark
+    from magpie.serving.stub_server import ThreadedStubServer
+    from magpie.serving.tiny_model import train_tokenizer
+
+    tokenizer = train_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tok")
+    with ThreadedStubServer(record=True) as srv:
+        path = _yaml(tmp_path, f"  base_url: {srv.base_url}\n  tokenizer: ./tok\n  random_prefix_len: 4\n"
+                               "  envs: {CONC: 2, ISL: 8, OSL: 3, NUM_PROMPTS: 4}\n")
+        path.write_text(path.read_text().replace("framework: vllm", "framework: external"))
+        report = run_benchmark(load_benchmark_config(path, output_dir=str(tmp_path / "ws")))
+        prompts = [body["prompt"] for route, body in srv.requests if route == "/v1/completions"][-4:]
+    assert report.success and report.config.tokenizer == str((tmp_path / "tok").resolve())
+    assert json.loads((tmp_path / "ws" / RESULT).read_text())["tokenizer_id"] == report.config.tokenizer
+    assert [len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts] == [12] * 4
+    shared = os.path.commonprefix(prompts)
+    assert len(tokenizer.encode(shared, add_special_tokens=False)) >= 2      # the prefix, but for its last merges
