@@ -169,3 +169,20 @@ def test_the_yamls_tokenizer_and_prefix_shape_the_prompts_sent(tmp_path):
     assert [len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts] == [12] * 4
     shared = os.path.commonprefix(prompts)
     assert len(tokenizer.encode(shared, add_special_tokens=False)) >= 2      # the prefix, but for its last merges
+
+
+def test_magpies_block_profiles_transformers_serve_and_analyses_in_pytorch_mode(tiny_model, tmp_path):
+    from magpie.cli import main
+    from magpie.serving.local import free_port
+    from magpie.serving.runner import REPORT
+
+    path = tmp_path / "bench.yaml"
+    path.write_text(f"benchmark:\n  framework: transformers\n  model: {tiny_model}\n  timeout_seconds: 240\n"
+                    "  envs: {CONC: 2, ISL: 16, OSL: 8, NUM_PROMPTS: 4}\n" + MAGPIE_BLOCK.format(mode="pytorch"))
+    out = tmp_path / "ws"
+    rc = main(["benchmark", "--benchmark-config", str(path), "--port", str(free_port()), "-o", str(out)])
+    report = json.loads((out / REPORT).read_text())
+    assert rc == 0 and report["success"], report["errors"]
+    assert report["profiling_enabled"] and report["run_kind"] == "diagnostic"
+    assert report["config"]["analysis_mode"] == "pytorch" and report["tracelens_analysis"]["analysis_mode"] == "pytorch"
+    assert report["tracelens_analysis"]["per_stage"] == {}                # no step / stage split in pytorch mode
