@@ -810,7 +810,7 @@ print("made", made, flush=True)
 
 
 def sandbox_cgroups() -> set[str]:
-    return {os.path.join(parent, name) for parent in pids._parents() if os.path.isdir(parent)
+    return {os.path.join(parent, name) for parent in pids.parents() if os.path.isdir(parent)
             for name in os.listdir(parent) if name.startswith(pids.PREFIX)}
 
 
@@ -847,9 +847,9 @@ def test_a_pids_cgroup_is_made_only_where_its_controller_is_delegated(tmp_path, 
     monkeypatch.setattr(pids, "ROOT", str(tmp_path))
     monkeypatch.setattr(pids, "own_cgroup", lambda controller: "/process_api/48f8c162" if controller == "" else None)
     (own / "cgroup.controllers").write_text("memory\n")
-    assert pids._parents() == [] and not pids.available()
+    assert pids.parents() == [] and not pids.available()
     (own / "cgroup.controllers").write_text("cpu memory pids\n")
-    assert pids._parents() == [str(own)]
+    assert pids.parents() == [str(own)]
 
 
 FILLS = """

@@ -52,6 +52,7 @@ MESSAGE_KINDS = (
     (r"crashed \(|stopped answering", "crash"),
     (rf"exited with code {SANDBOX_FAILED}\b", "sandbox"),  # its sandbox could not be set up
     (rf"exited with code {SANDBOX_LIMIT}\b", "sandbox_violation"),  # over what its folders may hold
+    (r"memory limit exceeded", "out_of_memory"),  # its sandbox's memory cgroup (sandbox.memory)
     (r"exited with code ", "crash"),
     (r"the timer of .* returned no samples", "timer_integrity"),
     (r"testcase spec: ", "spec"),

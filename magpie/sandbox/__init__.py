@@ -37,9 +37,9 @@ Below it lies only the Linux floor (`magpie.linux`); supervision, above, puts pr
 from magpie.sandbox.admission import admit, trusted, unavailable_reason
 from magpie.sandbox.containment import SandboxError, command, contain, enter_or_exit, narrow
 from magpie.sandbox.devices import device_files, nvidia_gpu_nodes, nvidia_minor
-from magpie.sandbox.init import SANDBOX_FAILED, SANDBOX_LIMIT
+from magpie.sandbox.init import SANDBOX_FAILED, SANDBOX_LIMIT, SANDBOX_MEMORY
 from magpie.sandbox.policy import SHARED_MEMORY, Policy, describe, temporary_folders
 
-__all__ = ["SANDBOX_FAILED", "SANDBOX_LIMIT", "SHARED_MEMORY", "Policy", "SandboxError", "admit", "command", "contain",
+__all__ = ["SANDBOX_FAILED", "SANDBOX_LIMIT", "SANDBOX_MEMORY", "SHARED_MEMORY", "Policy", "SandboxError", "admit", "command", "contain",
            "describe", "device_files", "enter_or_exit", "narrow", "nvidia_gpu_nodes", "nvidia_minor",
            "temporary_folders", "trusted", "unavailable_reason"]

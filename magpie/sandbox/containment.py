@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from magpie.linux import namespaces, procfs
-from magpie.sandbox import landlock, pids, seccomp
+from magpie.sandbox import landlock, memory, pids, seccomp
 from magpie.sandbox.devices import device_files
 from magpie.sandbox.init import SANDBOX_FAILED, wait_as_parent
 from magpie.sandbox.policy import (GPU_SOCKET_FAMILIES, SECRET_FILES, SECRET_FOLDERS, SHARED_MEMORY, SOCKET_FOLDERS,
@@ -81,6 +81,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
     reads = read_trees(policy)
     # as root no RLIMIT_NPROC holds: a pids cgroup bounds the processes instead
     cgroup = pids.bound(policy.processes) if fork and os.geteuid() == 0 else None
+    # everything it holds (memfds, shared memory, its tmpfs scratch files) in one account
+    account = memory.bound(policy.memory_mb) if fork and policy.memory_mb and os.geteuid() == 0 else None
     isolate_network = not (policy.network or policy.gpu)
     try:
         # System V IPC of its own: a segment made in the host's namespace outlives the build and
@@ -115,7 +117,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         raise SandboxError(f"namespaces: {err}") from None
     if fork:
         # as root with no pids cgroup, the sandbox's init counts its processes instead
-        wait_as_parent(policy, cgroup, count_processes=cgroup is None and os.geteuid() == 0)
+        wait_as_parent(policy, cgroup, count_processes=cgroup is None and os.geteuid() == 0, account=account)
     # The CUDA driver names its threads (it writes /proc/PID/task/*/comm, of whichever process
     # starts it: a profiler's child too); what the host's root may write there stays read-only.
     proc = ["/proc"] if policy.gpu else []
@@ -135,7 +137,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
             _BESIDE_PROJECT = _beside(os.path.realpath(policy.project), own)
             _WRITE_TREES[:] = [os.open(tree, os.O_PATH | os.O_CLOEXEC) for tree in write_trees(policy)
                                if os.path.isdir(tree)]
-        _limits(policy)
+        _limits(policy, address_space=account is None)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
         landlock.restrict(read=reads, write=[*write_trees(policy), *proc], devices=device_files(policy),
                           network=policy.network, listed=listed_folders())
@@ -146,14 +148,16 @@ def contain(policy: Policy, fork: bool = True) -> None:
         raise SandboxError(str(err)) from None
 
 
-def _limits(policy: Policy) -> None:
+def _limits(policy: Policy, address_space: bool) -> None:
+    """The rlimits; `memory_mb` as RLIMIT_AS only with `address_space` (no memory cgroup holds
+    the sandbox: one counts what it holds, however held, and needs no other bound)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     file_bytes = policy.file_mb << 20
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_NPROC, (policy.processes, policy.processes))
-    if policy.memory_mb:
-        memory = policy.memory_mb << 20
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    if policy.memory_mb and address_space:
+        limit = policy.memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def command(argv: list[str], policy: Policy | None) -> list[str]:

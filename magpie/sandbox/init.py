@@ -4,6 +4,7 @@ processes it holds), kills them all past a limit, and says how the code's proces
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -11,7 +12,7 @@ import sys
 
 from magpie.linux import namespaces, procfs
 from magpie.linux.processes import close_all_but, end_like
-from magpie.sandbox import pids
+from magpie.sandbox import memory, pids
 from magpie.sandbox.policy import MAX_FILES, WATCH_S, Policy, write_trees
 
 
@@ -20,14 +21,19 @@ SANDBOX_FAILED = 70
 # Exit status of a sandbox whose code went over what its folders may hold: every process of it
 # killed, one line on stderr says so.
 SANDBOX_LIMIT = 71
+# Exit status of a sandbox a process of which the kernel killed for its memory cgroup's limit
+# (`memory.EXCEEDED`): a status of its own, as the waiter's stderr need not be the job's log.
+SANDBOX_MEMORY = 72
 
 
-def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool) -> None:
+def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool, account: str | None = None) -> None:
     """Fork twice: the first child is the new PID namespace's init, which reaps what is
     orphaned there and says how the second ended; the second returns and runs the code (not
     as PID 1, to which the kernel delivers no signal it sends itself: abort() would end in a
     SIGSEGV). This process waits and ends the way the code's process ended, holding none of
-    its descriptors; killing it, or the init, kills everything in the namespace."""
+    its descriptors; killing it, or the init, kills everything in the namespace. With a memory
+    cgroup (`account`), the init is forked into it and this process leaves it: a sandbox the
+    kernel killed a process of for its memory ends with SANDBOX_MEMORY."""
     status_read, status_write = os.pipe()
     init = os.fork()
     if init == 0:
@@ -36,6 +42,9 @@ def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool) ->
         _serve_as_init(status_write, policy, count_processes)
         return
     os.close(status_write)
+    if account:
+        with contextlib.suppress(OSError):  # not left: the OOM killer may choose this process too
+            memory.leave(account)
     close_all_but(status_read)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: os.kill(init, signal.SIGKILL))
@@ -46,6 +55,12 @@ def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool) ->
         reported = told.read()
     if len(reported) == 4:
         status = int.from_bytes(reported, "little")
+    if account:
+        if memory.oom_kills(account):
+            print(f"sandbox: {memory.EXCEEDED} ({policy.memory_mb} MiB, its memfds, shared memory and scratch files "
+                  "counted): a process of it was killed", file=sys.stderr, flush=True)
+            status = SANDBOX_MEMORY << 8
+        memory.release(account)
     end_like(status)
 
 

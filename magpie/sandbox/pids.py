@@ -17,32 +17,32 @@ ROOT = "/sys/fs/cgroup"
 PREFIX = "magpie-sandbox-"
 
 
-def _parents() -> list[str]:
-    """Where a pids cgroup can be made for this process: v2 where the pids controller is
+def parents(controller: str = "pids") -> list[str]:
+    """Where a cgroup with `controller` can be made for this process: v2 where the controller is
     delegated to its cgroup (a container's may have memory alone: a child made there has no
-    pids.max), then v1."""
+    pids.max), then v1's hierarchy of that controller."""
     found = []
     v2 = own_cgroup("")
     if v2 is not None:
         parent = os.path.join(ROOT, v2.lstrip("/"))
         try:
             with open(os.path.join(parent, "cgroup.controllers")) as controllers:
-                if "pids" in controllers.read().split():
+                if controller in controllers.read().split():
                     found.append(parent)
         except OSError:
             pass
-    v1 = own_cgroup("pids")
-    if v1 is not None and os.path.isdir(os.path.join(ROOT, "pids")):
-        found.append(os.path.join(ROOT, "pids", v1.lstrip("/")))
+    v1 = own_cgroup(controller)
+    if v1 is not None and os.path.isdir(os.path.join(ROOT, controller)):
+        found.append(os.path.join(ROOT, controller, v1.lstrip("/")))
     return found
 
 
-def _write(path: str, text: str) -> None:
+def write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
 
 
-def _sweep(parent: str) -> None:
+def sweep(parent: str) -> None:
     """Remove what sandboxes whose waiter has died left here: not one another sandbox has just
     made and not yet entered, nor one with a process in it."""
     with contextlib.suppress(OSError):
@@ -57,21 +57,21 @@ def bound(limit: int) -> str | None:
     """Move this process into a new pids cgroup that holds at most `limit` processes and
     threads; the cgroup's folder, or None where none can be made (not root, no pids
     controller to be had, a read-only cgroup file system)."""
-    for parent in _parents():
-        _sweep(parent)
+    for parent in parents():
+        sweep(parent)
         folder = os.path.join(parent, f"{PREFIX}{os.getpid()}")
         control = os.path.join(parent, "cgroup.subtree_control")  # v2's: its children's controllers
         try:
             if os.path.isfile(control):
                 with open(control) as enabled:
                     if "pids" not in enabled.read().split():
-                        _write(control, "+pids")
+                        write(control, "+pids")
             os.mkdir(folder)
         except OSError:
             continue
         try:
-            _write(os.path.join(folder, "pids.max"), str(limit))
-            _write(os.path.join(folder, "cgroup.procs"), str(os.getpid()))
+            write(os.path.join(folder, "pids.max"), str(limit))
+            write(os.path.join(folder, "cgroup.procs"), str(os.getpid()))
             return folder
         except OSError:
             with contextlib.suppress(OSError):
@@ -81,12 +81,12 @@ def bound(limit: int) -> str | None:
 
 def available() -> bool:
     """Whether `bound` would find a place for a cgroup (as a report says what is in force)."""
-    return any(os.access(parent, os.W_OK) for parent in _parents())
+    return any(os.access(parent, os.W_OK) for parent in parents())
 
 
 def release(folder: str) -> None:
     """Leave the cgroup (back to its parent) and remove it; once its processes have ended."""
     with contextlib.suppress(OSError):
-        _write(os.path.join(os.path.dirname(folder), "cgroup.procs"), str(os.getpid()))
+        write(os.path.join(os.path.dirname(folder), "cgroup.procs"), str(os.getpid()))
     with contextlib.suppress(OSError):
         os.rmdir(folder)

@@ -13,7 +13,7 @@ import tempfile
 
 from magpie import paths as magpie_paths
 from magpie.private_folders import scratch_root
-from magpie.sandbox import landlock, pids, seccomp
+from magpie.sandbox import landlock, memory, pids, seccomp
 
 # How often the sandbox's init looks at what its folders hold, and how many files they may.
 WATCH_S = 0.1
@@ -37,7 +37,9 @@ class Policy:
     # the minor numbers of the NVIDIA GPUs it may open (/dev/nvidiaN); None: every one's
     gpu_minors: list[int] | None = None
     network: bool = False
-    memory_mb: int = 0  # address space; 0: no limit (CUDA reserves far more than it uses)
+    # all it holds (anonymous memory, memfds, shared memory, its tmpfs files) where a memory cgroup can
+    # be had (`memory`), else its address space; 0: no limit (CUDA reserves far more than it uses)
+    memory_mb: int = 0
     file_mb: int = 1024  # largest file it may write
     # what its write trees may hold together (its scratch folder lies in /dev/shm, which is
     # memory, where it has room): the init kills the sandbox soon after they hold more
@@ -98,7 +100,8 @@ def describe(policy: Policy | None) -> str:
         layers.append("network sockets allowed")
     limits = [f"files {policy.file_mb} MiB", _process_limit(policy)]
     if policy.memory_mb:
-        limits.insert(0, f"memory {policy.memory_mb} MiB")
+        held = "all it holds (memory cgroup)" if os.geteuid() == 0 and memory.available() else "address space"
+        limits.insert(0, f"memory {policy.memory_mb} MiB, {held}")
     return "; ".join(layers) + "; limits: " + ", ".join(limits)
 
 

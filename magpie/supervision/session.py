@@ -16,6 +16,8 @@ from pathlib import Path
 from magpie.linux import namespaces
 from magpie.linux.procfs import descendants
 from magpie.linux.processes import kill_tree
+from magpie.sandbox import memory
+from magpie.sandbox.init import SANDBOX_MEMORY
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory, zygote
 from magpie.supervision.process import wait_stopped
@@ -46,6 +48,8 @@ def signal_verdict(returncode: int) -> str:
         if name == "SIGKILL":
             return "crashed (SIGKILL: killed, often out of memory)"
         return f"crashed ({name})"
+    if returncode == SANDBOX_MEMORY:
+        return f"{memory.EXCEEDED} (exited with code {returncode})"
     return f"exited with code {returncode}"
 
 
