@@ -82,7 +82,7 @@ import os
 import torch
 
 _fd = os.memfd_create("hoard")
-for _ in range(1536):  # MiB, against a limit of 1024
+for _ in range(HOARD_MB):
     os.write(_fd, b"x" * (1 << 20))
 
 
@@ -91,12 +91,16 @@ def kernel(x):
 """
 
 
-def test_a_build_records_a_memfd_hog_as_its_failure_and_judges_the_rest(tmp_path):
-    """1.5 GiB in a memfd against `memory_mb = 1024`: the candidate fails `memory limit exceeded`;
-    the honest candidate beside it, in the same build, is correct."""
-    report = relu2_report(tmp_path, ["memfd_hog", "honest"], shapes="[[33, 65]]", defaults="memory_mb = 1024",
-                          sources={"memfd_hog": MEMFD_CANDIDATE,
-                                   "honest": MEMFD_CANDIDATE.replace("1536", "64")})
+# A worker's limit by device: a CUDA context's host memory counts too.
+@pytest.mark.parametrize("device,limit_mb", [("cpu", 1024), pytest.param("cuda", 4096, marks=pytest.mark.gpu)])
+def test_a_build_records_a_memfd_hog_as_its_failure_and_judges_the_rest(tmp_path, device, limit_mb):
+    """1.5 times `memory_mb` in a memfd: the candidate fails `memory limit exceeded`; the honest
+    candidate beside it, in the same build, is correct. On a GPU the same limit holds (no
+    RLIMIT_AS there: CUDA reserves far more address space than it uses)."""
+    report = relu2_report(tmp_path, ["memfd_hog", "honest"], shapes="[[33, 65]]",
+                          defaults=f"memory_mb = {limit_mb}", device=device,
+                          sources={"memfd_hog": MEMFD_CANDIDATE.replace("HOARD_MB", str(limit_mb * 3 // 2)),
+                                   "honest": MEMFD_CANDIDATE.replace("HOARD_MB", "64")})
     rows = {row["implementation"]: row for row in report["results"]}
     assert rows["memfd_hog"]["correctness_state"] == "FAILED"
     assert "memory limit exceeded" in rows["memfd_hog"]["verdict"], rows["memfd_hog"]

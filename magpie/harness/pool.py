@@ -41,10 +41,12 @@ class WorkerPool:
         the inputs (and its own)."""
         cwd = self.context.root / (impl.get("working_dir") or ".")
         # CUDA reserves far more address space than it uses, so the address-space limit that
-        # catches memory hogs on the CPU would stop every GPU process at start-up.
-        memory_mb = int(self.context.correctness_settings["memory_mb"]) if self.context.device == "cpu" else 0
+        # catches memory hogs on the CPU would stop every GPU process at start-up; a sandbox
+        # holds a GPU worker to it as a memory cgroup alone (`sandbox.memory`), where one can be had.
+        limit_mb = int(self.context.correctness_settings["memory_mb"])
+        memory_mb = limit_mb if self.context.device == "cpu" else 0
         env = self.context.env(impl)
-        policy = None if sandbox.trusted() else self._policy(impl, cwd, memory_mb)
+        policy = None if sandbox.trusted() else self._policy(impl, cwd, limit_mb)
         # a sandbox that opens one GPU's node shows CUDA that GPU alone, as its device 0
         device = "cuda:0" if policy is not None and policy.gpu_minors else self.context.device
         load = {

@@ -137,7 +137,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
             _BESIDE_PROJECT = _beside(os.path.realpath(policy.project), own)
             _WRITE_TREES[:] = [os.open(tree, os.O_PATH | os.O_CLOEXEC) for tree in write_trees(policy)
                                if os.path.isdir(tree)]
-        _limits(policy, address_space=account is None)
+        _limits(policy, address_space=account is None and not policy.gpu)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
         landlock.restrict(read=reads, write=[*write_trees(policy), *proc], devices=device_files(policy),
                           network=policy.network, listed=listed_folders())
@@ -150,7 +150,8 @@ def contain(policy: Policy, fork: bool = True) -> None:
 
 def _limits(policy: Policy, address_space: bool) -> None:
     """The rlimits; `memory_mb` as RLIMIT_AS only with `address_space` (no memory cgroup holds
-    the sandbox: one counts what it holds, however held, and needs no other bound)."""
+    the sandbox: one counts what it holds, however held, and needs no other bound; nor on a GPU,
+    where CUDA reserves far more address space than it uses)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     file_bytes = policy.file_mb << 20
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))

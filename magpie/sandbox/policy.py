@@ -38,7 +38,8 @@ class Policy:
     gpu_minors: list[int] | None = None
     network: bool = False
     # all it holds (anonymous memory, memfds, shared memory, its tmpfs files) where a memory cgroup can
-    # be had (`memory`), else its address space; 0: no limit (CUDA reserves far more than it uses)
+    # be had (`memory`), else its address space, but on a GPU (CUDA reserves far more address space
+    # than it uses): no limit there; 0: no limit
     memory_mb: int = 0
     file_mb: int = 1024  # largest file it may write
     # what its write trees may hold together (its scratch folder lies in /dev/shm, which is
@@ -99,9 +100,10 @@ def describe(policy: Policy | None) -> str:
     if policy.network:
         layers.append("network sockets allowed")
     limits = [f"files {policy.file_mb} MiB", _process_limit(policy)]
-    if policy.memory_mb:
-        held = "all it holds (memory cgroup)" if os.geteuid() == 0 and memory.available() else "address space"
-        limits.insert(0, f"memory {policy.memory_mb} MiB, {held}")
+    if policy.memory_mb and os.geteuid() == 0 and memory.available():
+        limits.insert(0, f"memory {policy.memory_mb} MiB, all it holds (memory cgroup)")
+    elif policy.memory_mb and not policy.gpu:
+        limits.insert(0, f"memory {policy.memory_mb} MiB, address space")
     return "; ".join(layers) + "; limits: " + ", ".join(limits)
 
 
