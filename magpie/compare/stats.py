@@ -184,7 +184,8 @@ def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
     paired = (baseline_rounds is not None and candidate_rounds is not None
               and len(baseline_rounds) == len(candidate_rounds)
               and sum(baseline_rounds) == len(baseline_us) and sum(candidate_rounds) == len(candidate_us))
-    if not paired:
+    # the Nones are implied by paired, spelled out for a type checker
+    if not paired or baseline_rounds is None or candidate_rounds is None:
         baseline_rounds, candidate_rounds = [len(baseline_us)], [len(candidate_us)]
     rng = random.Random(seed)
     if by_mean:  # every sample: a round's sum and count are all a resample of rounds needs

@@ -266,13 +266,13 @@ class Expander:
         return self.tasks
 
     def _add(self, rule: Rule, kernel: Kernel | None, impl: Implementation | None) -> None:
-        if impl is not None:
+        if kernel is not None and impl is not None:
             name = f"{rule.name}:{kernel.id}/{impl.id}"
         elif kernel is not None:
             name = f"{rule.name}:{kernel.id}"
         else:
             name = rule.name
-        if impl is not None:
+        if kernel is not None and impl is not None:
             settings = resolved_settings(self.manifest, kernel, impl)
         elif kernel is not None:
             settings = {"project": {"device": self.device}}

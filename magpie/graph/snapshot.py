@@ -140,7 +140,7 @@ def _read(path: Path) -> dict | None:
 def _previous_stamps(path: Path, store, trusted: list[str]) -> dict:
     try:
         data = _read(path)
-        if (data.get("version") != VERSION or data.get("workspace") != str(store.workspace.resolve())
+        if (data is None or data.get("version") != VERSION or data.get("workspace") != str(store.workspace.resolve())
                 or data.get("trusted_signers") != trusted):
             return {}
         return {t["key"]: t["stamp"] for t in data["tasks"].values() if t.get("stamp")}

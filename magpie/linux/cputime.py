@@ -142,7 +142,7 @@ def own_wait() -> int:
 
 def threads(pid: int) -> list[int]:
     """Every thread of `pid` and of its descendants."""
-    found = []
+    found: list[int] = []
     for process in descendants(pid):
         with contextlib.suppress(OSError):  # it ended meanwhile
             found.extend(int(tid) for tid in os.listdir(f"/proc/{process}/task"))

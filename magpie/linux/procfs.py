@@ -37,7 +37,7 @@ def task_ids(pid: int) -> list[str]:
 
 def child_pids(pid: int) -> list[int]:
     """The processes whose parent is pid (any of its threads), as the kernel lists them."""
-    found = []
+    found: list[int] = []
     try:
         tids = task_ids(pid)
     except OSError:

@@ -58,8 +58,10 @@ class Failure(Open):
     the line a person reads; the case where it is known (a worker that died took its whole
     testcase with it: only `testcase` then), and the error magnitudes a check computed."""
 
-    kind: Literal[KINDS]
-    stage: Literal[STAGES]
+    # kinds.py's tuples are the one list of kinds and stages; pydantic reads Literal[tuple] as
+    # Literal of its items at runtime, which a static checker cannot follow
+    kind: Literal[KINDS]  # type: ignore[valid-type]
+    stage: Literal[STAGES]  # type: ignore[valid-type]
     detail: str
     check: Optional[str] = None
     testcase: Optional[int] = None

@@ -9,6 +9,7 @@ build runs; the summary is checked against `models.BuildSummary` where it is pri
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 # An implementation's outcome, worst first where several apply: its spec or reference failed
@@ -207,7 +208,7 @@ def relative(path: Path, root: Path) -> str:
 
 def build_summary(root: Path, store, tasks: list[tuple[str, str, str | None, str]],
                   expected_faster: set[tuple[str, str]], *, executed: list[str],
-                  failed: list[tuple[str, str]], up_to_date: int, uncompared: list[dict] = ()) -> dict:
+                  failed: list[tuple[str, str]], up_to_date: int, uncompared: Sequence[dict] = ()) -> dict:
     """The summary of a build over `tasks` ((name, rule, kernel, key) each): the verdicts of
     the kernels whose comparison is stored (read from the store, as a no-op build reads
     nothing else) and of those in `uncompared` (comparisons made here of the results of a

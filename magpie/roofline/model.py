@@ -15,7 +15,7 @@ def roofline(flops: float, bytes_moved: float, seconds: float, arch: Arch, preci
            "achieved_tflops": achieved_tflops, "achieved_tbps": achieved_tbps, "precision": precision,
            "peak_tflops": peak_tflops, "peak_tbps": arch.memory_tbps, "arch": arch.name,
            "peaks_measured": bool(arch.measured)}
-    if not seconds or intensity is None:
+    if achieved_tflops is None or achieved_tbps is None or intensity is None:  # no time or no bytes
         out.update(bound=None, pct_of_roofline=None, roofline_time_us=None)
         return out
     if not flops:  # pure data movement: only the bandwidth roof applies

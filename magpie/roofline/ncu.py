@@ -155,7 +155,7 @@ def kernel_roofline(kernel: dict, arch: Arch | None) -> dict:
     total_flops = sum(flops.values())
     bytes_moved = m.get(DRAM_READ, 0.0) + m.get(DRAM_WRITE, 0.0)
     seconds = m.get(DURATION, 0.0) / 1e9
-    precision = max(flops, key=flops.get) if total_flops else "fp32"
+    precision = max(flops, key=lambda p: flops[p]) if total_flops else "fp32"
     out = {"name": kernel["name"], "duration_us": seconds * 1e6, "dram_bytes": bytes_moved, "flops": flops,
            **{k: kernel[k] for k in ("grid", "block") if kernel.get(k)}}
     if arch is not None and seconds:

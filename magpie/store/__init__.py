@@ -146,22 +146,23 @@ class Store:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
             (tmp / DIGEST).write_text(json.dumps({"task": task, "key": key, "files": digests}, sort_keys=True))
+            kept_digests: dict | None = digests
             signature = signing.sign(signing.artifact_message(task, key, digests))
             (tmp / SIGNATURE).write_text(json.dumps(signature, sort_keys=True))
             # stat before the rename (which leaves files' stat alone): a later write shows
-            stamp = [[name, *_file_stamp(str(tmp / name))] for name in sorted([*contents, SIGNATURE])]
+            stamp: list | None = [[name, *_file_stamp(str(tmp / name))] for name in sorted([*contents, SIGNATURE])]
             try:
                 os.rename(tmp, final)
             except OSError:
                 if not final.is_dir():  # lost a race to an identical artifact otherwise
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)
-                digests, stamp = self._expected_in_folder(key), None  # the winner's files, checked on use
+                kept_digests, stamp = self._expected_in_folder(key), None  # the winner's files, checked on use
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if digests is not None:
-            self.digests[key] = digests
+        if kept_digests is not None:
+            self.digests[key] = kept_digests
         if stamp is not None:
             self.stamps[key] = stamp
         return final
