@@ -81,9 +81,10 @@ MEMFD_CANDIDATE = """
 import os
 import torch
 
-_fd = os.memfd_create("hoard")
-for _ in range(HOARD_MB):
-    os.write(_fd, b"x" * (1 << 20))
+# in memfds of 256 MiB each, as no one file may be larger than `file_mb` (1 GiB)
+_hoard = [os.memfd_create(f"hoard{i}") for i in range(-(-HOARD_MB // 256))]
+for i in range(HOARD_MB):
+    os.write(_hoard[i // 256], b"x" * (1 << 20))
 
 
 def kernel(x):
