@@ -68,12 +68,11 @@ def leave(folder: str) -> None:
 def oom_kills(folder: str) -> int:
     """How many processes the kernel killed in the cgroup for going over its limit."""
     for name in ("memory.events", "memory.oom_control"):  # v2's, v1's
-        with contextlib.suppress(OSError):
-            with open(os.path.join(folder, name)) as counts:
-                for line in counts:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
+        with contextlib.suppress(OSError), open(os.path.join(folder, name)) as counts:
+            for line in counts:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
     return 0
 
 
