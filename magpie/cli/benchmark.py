@@ -229,6 +229,7 @@ def _serve_and_print(config, args) -> int:
         return 1
     if not args.json:
         lat, thr, counts = report.latency, report.throughput, report.run
+        assert thr is not None and counts is not None  # a successful run has both
         print(f"{report.framework} {report.model}: {counts.completed} requests in {counts.duration_s:.2f} s, "
               f"{thr.request_throughput:.2f} req/s, {thr.output_throughput:.1f} output tok/s")
         for name in ("ttft", "tpot", "itl", "e2el"):
@@ -254,7 +255,8 @@ def run_compare(args) -> int:
     if args.top_k < 1:
         raise UserError("--top-k: must be at least 1")
     try:
-        summary = compare_traces(*args.compare_traces, args.output_dir)
+        before, after = args.compare_traces
+        summary = compare_traces(before, after, args.output_dir)
     except TraceError as err:
         raise UserError(f"--compare-traces: {err}") from None
     print(json.dumps(summary, indent=1) if args.json else format_table(summary, args.top_k))

@@ -55,12 +55,15 @@ def run(args) -> int:
         return 0
     with build.stopped_by_sigterm():
         result = build.run()
+    summary = result.summary  # built with one: --json and --check ask for it
     if args.json:
-        print(result.summary.model_dump_json(indent=1))
+        assert summary is not None
+        print(summary.model_dump_json(indent=1))
     else:
         print(result.line)
         if args.check:
-            problems = result.summary.check.problems
+            assert summary is not None
+            problems = summary.check.problems
             for problem in problems:
                 print(f"check: {problem}")
             print("magpie: check passed" if result.check_passed

@@ -50,7 +50,7 @@ def measure() -> dict:
     dst = torch.empty_like(src)
     copy_ms = _median_ms(torch, lambda: dst.copy_(src))
     memory_tbps = 2 * COPY_BYTES / (copy_ms / 1e3) / 1e12
-    src = dst = None  # give the 4 GiB back before the GEMMs
+    del src, dst  # give the 4 GiB back before the GEMMs
     peaks = {}
     gemms = {"bf16_tensor": (torch.bfloat16, True), "fp16_tensor": (torch.float16, True),
              "tf32_tensor": (torch.float32, True), "fp32": (torch.float32, False), "fp64_tensor": (torch.float64, True)}

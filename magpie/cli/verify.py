@@ -38,7 +38,7 @@ def run(args) -> int:
                 owners.setdefault(record["key"], unquote(path.name[:-len(".json")]))
     keys = sorted(folder.name for folder in store.objects.glob("*/*")
                   if folder.is_dir() and not folder.name.startswith(".tmp-")) if store.objects.is_dir() else []
-    bad = []
+    bad: list[dict] = []
     for key in keys:
         task = owners.get(key)
         if task is None:

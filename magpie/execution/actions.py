@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import overload
 
 from magpie import sandbox
 from magpie.graph.expand import snapshot_path
@@ -109,6 +110,10 @@ def _command_result(spec, ok: bool, errors: list, line: str = "") -> dict:
     return result
 
 
+@overload
+def with_library(job, impl: dict) -> dict: ...
+@overload
+def with_library(job, impl: None) -> None: ...
 def with_library(job, impl: dict | None) -> dict | None:
     """An implementation compiled to a shared library carries its path to the evaluator."""
     if impl is None:
@@ -178,6 +183,7 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
         for log in work.glob("worker-*.log"):
             shutil.copy(log, out_dir / log.name)
         if failure is None:
+            assert started is not None  # an answer came: the request was sent
             result = answer["result"]
             # a build's first evaluators wait here for the zygote's imports
             result["evaluator_start_s"] = round(started - asked, 3)
@@ -191,7 +197,8 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
     return {state_key: "FAILED", "verdict": failure, "errors": [failure], "numerics": "unverified",
             "performance_result": None, "failures": [failed(kind, mode, failure)],
             **({"step_limit": {"limit_s": limit, "ran_s": round(answered - started, 3),
-                               "device_wait_s": round(waited, 3)}} if kind == "timeout" else {})}
+                               "device_wait_s": round(waited, 3)}}
+               if kind == "timeout" and started is not None else {})}  # (a timeout: always started)
 
 
 def correctness(job, out_dir: Path) -> dict:

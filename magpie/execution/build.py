@@ -23,6 +23,7 @@ from magpie.execution.progress import Progress
 from magpie.report.publish import PUBLISHED, publish, publish_project
 
 if TYPE_CHECKING:
+    from magpie.project import Project
     from magpie.report.models import BuildSummary
 
 # Plain classes rather than dataclasses: this module is on the no-op build's path, which
@@ -97,7 +98,7 @@ class Build:
             raise UserError("--force: name what to run again (task names such as timing:KERNEL/IMPL, or kernel ids)")
         self.options = options
         self.progress = progress or Progress()
-        self.project = None  # loaded by run() or dry_run()
+        self.project: Project | None = None  # loaded by run() or dry_run()
         self._building = False  # from here on SIGTERM stops the build (before it: the signal's previous handling)
         self._previous_handler = None
         self._stopping = False
@@ -196,6 +197,7 @@ class Build:
         scratch.sweep()  # the folders of the processes just killed
         name = signal.Signals(signum).name
         project = self.project
+        assert project is not None  # loaded before the build began, the only time this runs
         unstored = [task for task in running if not project.store.has(project.tasks[task].key)]
         self.progress.urgent(f"magpie: stopped by {name} while running {', '.join(unstored)}; nothing of them "
                              f"was stored" if unstored else f"magpie: stopped by {name}; no task was running")
@@ -270,9 +272,9 @@ def build_selected(project, selected: list[str], *, jobs: int = 1, executor_name
         executor = make_executor(jobs, executor_name)
         try:
             code, reporter = run_doit(project, selected, executor, jobs, progress, why, secret)
-            again = publish_project(project, progress.line)  # modified while this build ran: rebuilt once more
-            if again:
-                more, second = run_doit(project, again, executor, jobs, progress, secret=secret)
+            republish = publish_project(project, progress.line)  # modified while this build ran: rebuilt once more
+            if republish:
+                more, second = run_doit(project, republish, executor, jobs, progress, secret=secret)
                 reporter.executed += second.executed
                 reporter.failures += second.failures
                 code = code or more or (1 if publish_project(project, progress.line) else 0)

@@ -31,7 +31,7 @@ class MemoryDB:
 
     desc = "in-memory (magpie keeps state in its artifact store)"
 
-    def __init__(self, name, codec, *, module_name=None):
+    def __init__(self, name, codec, *, module_name=None) -> None:
         self.name = name
         self._db: dict = {}
 

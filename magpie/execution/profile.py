@@ -162,8 +162,8 @@ def command_target(job, work: Path, bounds: dict, index: int, testcase: dict) ->
                           **_private_caches(work), environment.IMPL_ID: impl["id"],
                           environment.IMPL_SOURCE: str(root / impl["source"])})
     correct = job.dep_results.get(f"correctness:{spec.kernel}/{spec.impl}", {})
-    ran = next((c for c in correct.get("checks") or [] if c.get("testcase") == index and c.get("case") == "command"),
-               {})
+    ran: dict = next((c for c in correct.get("checks") or []
+                      if c.get("testcase") == index and c.get("case") == "command"), {})
     wall_s = float(ran.get("wall_s") or 0.0)
     timeout, basis = profile_timeout(bounds, call_s=COMMAND_LAUNCH_S, launches=int(bounds["max_launches"]),
                                      fixed_s=3 * wall_s)
