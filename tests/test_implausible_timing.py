@@ -5,17 +5,20 @@ the timing failed where it does not."""
 import json
 
 import pytest
-
 from conftest import SPIN_SOURCE, build_json, kernel_table, project_toml, relu2_report
+
 from magpie.harness.measurement import FLOOR_TOLERANCE, implausible_speedup, roofline_floor
 
 # The baseline does 2 ms of work a call more: an honest candidate is 20x+ faster.
-SLOW_BASELINE = SPIN_SOURCE + """
+SLOW_BASELINE = (
+    SPIN_SOURCE
+    + """
 
 def kernel(x):
     spin(0.002)
     return torch.relu(x) * 2.0
 """
+)
 HONEST = """
 import torch
 
@@ -25,7 +28,9 @@ def kernel(x):
 """
 # Fast for its first 70 calls, as slow as the baseline after: the checks (one trial), the first
 # call and the first measurement's 60 samples fit in them, the re-timing does not.
-COUNTS_CALLS = SPIN_SOURCE + """
+COUNTS_CALLS = (
+    SPIN_SOURCE
+    + """
 _calls = [0]
 
 
@@ -35,21 +40,38 @@ def kernel(x):
         spin(0.002)
     return torch.relu(x) * 2.0
 """
+)
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("implausible")
     # 3 rounds of at most 20 samples each (max_reps), no warm-up: a call count fixed in advance
-    report = relu2_report(root, ["honest", "counts_calls"], shapes="[[8, 128]]", defaults="trials = 1", baseline="slow",
-                          timing="warmup_ms = 0\nbudget_ms = 90\nrounds = 3\nmax_reps = 60",
-                          sources={"slow": SLOW_BASELINE, "honest": HONEST, "counts_calls": COUNTS_CALLS})
+    report = relu2_report(
+        root,
+        ["honest", "counts_calls"],
+        shapes="[[8, 128]]",
+        defaults="trials = 1",
+        baseline="slow",
+        timing="warmup_ms = 0\nbudget_ms = 90\nrounds = 3\nmax_reps = 60",
+        sources={"slow": SLOW_BASELINE, "honest": HONEST, "counts_calls": COUNTS_CALLS},
+    )
     return {row["implementation"]: row for row in report["results"]}, report
+
+
+def _left_inconclusive_by_a_busy_machine(row: dict) -> bool:
+    """On a loaded machine an honest implausible speedup whose calls made alone drew no bound is left
+    inconclusive (re-measured by the next build), never failed: the outcome a busy machine may give."""
+    return row["performance_state"] == "INCONCLUSIVE" and any(
+        e.startswith("inconclusive: machine busy") for e in row["errors"]
+    )
 
 
 def test_an_honest_implausible_speedup_is_retimed_confirmed_labelled_and_ranked(report):
     rows, whole = report
     row = rows["honest"]
+    if _left_inconclusive_by_a_busy_machine(row):
+        pytest.xfail(f"the machine was busy: {row['errors'][0][:120]}")
     assert row["performance_state"] == "SUCCESS", row["errors"]
     speedup = row["speedup"]
     assert speedup["value"] > 10
@@ -71,6 +93,8 @@ def test_a_candidate_fast_only_for_its_first_calls_is_not_credited(report):
         assert any("speedup not reproducible" in e for e in row["errors"]), row["errors"]
     else:
         assert row["speedup"]["value"] < 10 and "implausible" not in row["speedup"]
+    if _left_inconclusive_by_a_busy_machine(rows["honest"]):
+        pytest.xfail("the machine was busy: the honest candidate is not ranked until it is re-measured")
     assert whole["ranking"][0] == "honest"
 
 
@@ -81,8 +105,9 @@ def test_a_time_under_the_roofline_floor_is_impossible():
     # 12 MB at 4.8 TB/s: 2.5 µs
     kind, line = roofline_floor(1.2, 12_000_000, H200, "H200")
     assert kind == "impossible"
-    assert line == ("1.20 µs is below the 2.50 µs it takes to move its 12.0 MB of inputs and outputs once at "
-                    "4.8 TB/s (H200)")
+    assert line == (
+        "1.20 µs is below the 2.50 µs it takes to move its 12.0 MB of inputs and outputs once at 4.8 TB/s (H200)"
+    )
 
 
 def test_the_floor_keeps_a_tolerance_and_says_a_measured_peak():
@@ -110,12 +135,15 @@ def _speedup(value, low, high):
     return {"value": value, "ci_low": low, "ci_high": high}
 
 
-@pytest.mark.parametrize("second, confirmed", [
-    (_speedup(50.0, 45.0, 56.0), True),    # the same
-    (_speedup(12.0, 11.0, 13.0), True),    # disagrees, but still above the threshold
-    (_speedup(9.5, 8.0, 11.0), True),      # under the threshold, its interval meets the first's
-    (_speedup(1.1, 1.0, 1.2), False),      # not reproducible
-])
+@pytest.mark.parametrize(
+    "second, confirmed",
+    [
+        (_speedup(50.0, 45.0, 56.0), True),  # the same
+        (_speedup(12.0, 11.0, 13.0), True),  # disagrees, but still above the threshold
+        (_speedup(9.5, 8.0, 11.0), True),  # under the threshold, its interval meets the first's
+        (_speedup(1.1, 1.0, 1.2), False),  # not reproducible
+    ],
+)
 def test_implausible_speedup_decision(second, confirmed):
     first = _speedup(54.0, 48.0, 60.0) if second["value"] != 9.5 else _speedup(10.5, 10.1, 10.9)
     label, line = implausible_speedup(first, second, 10.0)
@@ -149,17 +177,24 @@ def test_on_the_gpu_an_output_that_aliases_its_input_is_an_impossible_time(tmp_p
     }
     for name, text in files.items():
         (tmp_path / f"{name}.py").write_text(text)
-    (tmp_path / "magpie.toml").write_text(project_toml(
-        kernel_table("copy", "clones", ["copies", "aliases"], shapes="[[4096, 4096]]"), name="copy", device="cuda",
-        defaults="trials = 1", timing=f"warmup_ms = 10\nbudget_ms = 60\nrounds = 3\nvouched = {str(vouched).lower()}"))
+    (tmp_path / "magpie.toml").write_text(
+        project_toml(
+            kernel_table("copy", "clones", ["copies", "aliases"], shapes="[[4096, 4096]]"),
+            name="copy",
+            device="cuda",
+            defaults="trials = 1",
+            timing=f"warmup_ms = 10\nbudget_ms = 60\nrounds = 3\nvouched = {str(vouched).lower()}",
+        )
+    )
     assert build_json(tmp_path, "-j", "1")["failed"] == []
     report = json.loads((tmp_path / "workspaces/reports/copy/compare_report.json").read_text())
     rows = {row["implementation"]: row for row in report["results"]}
     aliases = rows["aliases"]
     assert aliases["performance_state"] == "FAILED"
     assert "impossible_time" in [f["kind"] for f in aliases["failures"]]
-    assert any(e.startswith("candidate: ") and e.endswith("(H200): impossible, not ranked")
-               for e in aliases["errors"]), aliases["errors"]
+    assert any(
+        e.startswith("candidate: ") and e.endswith("(H200): impossible, not ranked") for e in aliases["errors"]
+    ), aliases["errors"]
     copies = rows["copies"]
     assert copies["performance_state"] == "SUCCESS", copies["errors"]
     assert "impossible_time" not in [f["kind"] for f in copies["flags"]]
