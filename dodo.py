@@ -4,9 +4,9 @@
 this file shows the graph is an ordinary doit graph.
 """
 
-from magpie.execution.executors import InlineExecutor
 from magpie.execution.build import input_secret
 from magpie.execution.doit_glue import doit_fields
+from magpie.execution.executors import InlineExecutor
 from magpie.project import Project
 
 DOIT_CONFIG = {"dep_file": "workspaces/.doit.db", "verbosity": 0, "default_tasks": ["report"]}

@@ -43,10 +43,14 @@ FIXTURES = REPO / "tests" / "fixtures" / "adversarial"
 HONEST = {
     "same": (FIXTURES / "good.py").read_text(),
     "scripted": "import torch\n\n\n@torch.jit.script\ndef kernel(x):\n    return torch.relu(x) * 2.0\n",
-    "table": ("import torch\n\n_TABLE = torch.full((16384,), 2.0)\n\n\n"
-              "def kernel(x):\n    return torch.relu(x) * _TABLE[:x.numel()].view_as(x)\n"),
-    "compiled": ("import torch\n\n\ndef _relu2(x):\n    return torch.relu(x) * 2.0\n\n\n"
-                 "kernel = torch.compile(_relu2, dynamic=False)\n"),
+    "table": (
+        "import torch\n\n_TABLE = torch.full((16384,), 2.0)\n\n\n"
+        "def kernel(x):\n    return torch.relu(x) * _TABLE[:x.numel()].view_as(x)\n"
+    ),
+    "compiled": (
+        "import torch\n\n\ndef _relu2(x):\n    return torch.relu(x) * 2.0\n\n\n"
+        "kernel = torch.compile(_relu2, dynamic=False)\n"
+    ),
 }
 PROJECTS = {  # name: baseline, shape, candidates
     "good": ("good", "[33, 65]", ["batches_its_calls", "same", "many_ops", "scripted", "table"]),
@@ -66,10 +70,11 @@ def write_project(root: Path, baseline: str, shape: str, candidates: list[str], 
     vouched = "vouched = true\n" if device != "cpu" else ""
     (root / "magpie.toml").write_text(
         f'[project]\nname = "alone"\ndevice = "{device}"\n\n[defaults]\ntimeout_s = 120\n\n'
-        f'[defaults.timing]\nwarmup_ms = 5\nbudget_ms = 300\nrounds = 5\n{vouched}\n'
+        f"[defaults.timing]\nwarmup_ms = 5\nbudget_ms = 300\nrounds = 5\n{vouched}\n"
         f'[[kernel]]\nid = "relu2"\ntype = "pytorch"\nentry = "kernel"\n\n'
         f'[kernel.baseline]\nid = "{baseline}"\nsource = "{baseline}.py"\n\n'
-        f'{tables}[[kernel.testcases]]\nspec = "spec.py"\nshapes = [{shape}]\n')
+        f'{tables}[[kernel.testcases]]\nspec = "spec.py"\nshapes = [{shape}]\n'
+    )
 
 
 def build(root: Path) -> dict:
@@ -95,12 +100,25 @@ def build(root: Path) -> dict:
             "flags": sorted({f["kind"] for f in row.get("flags") or []}),
             # on a GPU, every batch (round, calls, µs) and what a batch costs besides its calls: where
             # a baseline reads slower beside a candidate than in its own timing, which batches did
-            "device_batches": result.get("device_batches"), "round_trip_us": result.get("round_trip_us"),
+            "device_batches": result.get("device_batches"),
+            "round_trip_us": result.get("round_trip_us"),
             "baseline_device_batches": (row.get("baseline_result") or {}).get("device_batches"),
             # where its calls alone bound it above its batches, what the batches alone would credit
             "batches_speedup": ((row.get("speedup") or {}).get("bounded_by_calls_alone") or {}).get("batches_value"),
-            **{key: bound.get(key) for key in ("ratio", "lower_us", "margin_us", "difference_us",
-                                                "baseline_alone_us", "pairs", "left_out", "calls_a_batch")}}
+            **{
+                key: bound.get(key)
+                for key in (
+                    "ratio",
+                    "lower_us",
+                    "margin_us",
+                    "difference_us",
+                    "baseline_alone_us",
+                    "pairs",
+                    "left_out",
+                    "calls_a_batch",
+                )
+            },
+        }
     return {"build_s": round(wall, 2), "rows": rows}
 
 
@@ -132,15 +150,23 @@ def main() -> int:
         names = sorted({name for b in builds for name in b["rows"] if name != baseline})
         for name in names:
             rows = [b["rows"].get(name, {}) for b in builds]
-            cells = [f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or []) or '-'} "
-                     f"{r['median_us']} µs ratio {r['ratio']:.2f} margin {r['margin_us']:.2f} "
-                     f"pairs {r['pairs']}+{r['left_out']} out" + (f" {r['mode']}" if r.get("mode") else "")
-                     + (f" credited {r['speedup']:.2f}x {r['verdict']} by the {r['statistic']}, the baseline "
-                        f"{r['baseline_median_us']:.3g} µs beside it" if r.get("speedup") is not None else "")
-                     + (f" flags {','.join(r['flags'])}" if r.get("flags") else "")
-                     + (f" (batches {r['batches_speedup']:.2f}x)" if r.get("batches_speedup") else "")
-                     if r.get("ratio") is not None else f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or [])}"
-                     for r in rows]
+            cells = [
+                f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or []) or '-'} "
+                f"{r['median_us']} µs ratio {r['ratio']:.2f} margin {r['margin_us']:.2f} "
+                f"pairs {r['pairs']}+{r['left_out']} out"
+                + (f" {r['mode']}" if r.get("mode") else "")
+                + (
+                    f" credited {r['speedup']:.2f}x {r['verdict']} by the {r['statistic']}, the baseline "
+                    f"{r['baseline_median_us']:.3g} µs beside it"
+                    if r.get("speedup") is not None
+                    else ""
+                )
+                + (f" flags {','.join(r['flags'])}" if r.get("flags") else "")
+                + (f" (batches {r['batches_speedup']:.2f}x)" if r.get("batches_speedup") else "")
+                if r.get("ratio") is not None
+                else f"{r.get('performance_state')}/{'/'.join(r.get('kinds') or [])}"
+                for r in rows
+            ]
             print(f"  {name:18s} " + " | ".join(cells))
         print(f"  build s: {[b['build_s'] for b in builds]}")
     if args.json:

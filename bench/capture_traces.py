@@ -59,8 +59,9 @@ def llama_decode(out: Path) -> None:
     with torch.no_grad():
         model.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
-                     with_stack=False) as prof:
+        with profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True, with_stack=False
+        ) as prof:
             past, ids = None, prompt
             for step in range(17):
                 stage = "prefill" if step == 0 else "decode"
@@ -76,8 +77,15 @@ def _small_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
-                         num_key_value_heads=2, vocab_size=8192, max_position_embeddings=512)
+    config = LlamaConfig(
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=8192,
+        max_position_embeddings=512,
+    )
     return LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
 
 
@@ -125,12 +133,18 @@ def llama_unannotated(out: Path) -> None:
 
 def conv_net(out: Path) -> None:
     torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(64, 64, 3, padding=1, groups=8), torch.nn.ReLU(),
-        torch.nn.Conv2d(64, 128, 1, stride=2),
-        torch.nn.ConvTranspose2d(128, 32, 4, stride=2, padding=1),
-    ).to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)
+    net = (
+        torch.nn.Sequential(
+            torch.nn.Conv2d(32, 64, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(64, 64, 3, padding=1, groups=8),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(64, 128, 1, stride=2),
+            torch.nn.ConvTranspose2d(128, 32, 4, stride=2, padding=1),
+        )
+        .to("cuda", torch.bfloat16)
+        .to(memory_format=torch.channels_last)
+    )
     conv1d = torch.nn.Conv1d(64, 64, 5, padding=2).to("cuda", torch.bfloat16)
     x = torch.randn(8, 32, 56, 56, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     seq = torch.randn(8, 64, 1024, device="cuda", dtype=torch.bfloat16)
@@ -153,12 +167,15 @@ def fp8_scaled_mm(out: Path) -> None:
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
-        operands.append((a, b, torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda"),
-                         torch.tensor(1.0, device="cuda")))
+        operands.append(
+            (a, b, torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda"), torch.tensor(1.0, device="cuda"))
+        )
+
     def run():
         for a, b, row_scale, col_scale, one in operands:
             torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
             torch._scaled_mm(a, b, scale_a=row_scale, scale_b=col_scale, out_dtype=torch.bfloat16)
+
     run()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
@@ -230,8 +247,9 @@ def triton_custom(out: Path) -> None:
 
 def train_step(out: Path) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.LayerNorm(4096),
-                                torch.nn.Linear(4096, 1024)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.LayerNorm(4096), torch.nn.Linear(4096, 1024)
+    ).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.randn(512, 1024, device="cuda")
     target = torch.randn(512, 1024, device="cuda")
@@ -254,10 +272,17 @@ def train_step(out: Path) -> None:
 
 def op_coverage(out: Path) -> None:
     torch.manual_seed(0)
-    conv = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-                               torch.nn.MaxPool2d(2), torch.nn.Conv2d(16, 16, 3, padding=1, groups=4),
-                               torch.nn.GroupNorm(4, 16), torch.nn.AvgPool2d(2),
-                               torch.nn.InstanceNorm2d(16, affine=True), torch.nn.AdaptiveAvgPool2d(1)).cuda()
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=4),
+        torch.nn.GroupNorm(4, 16),
+        torch.nn.AvgPool2d(2),
+        torch.nn.InstanceNorm2d(16, affine=True),
+        torch.nn.AdaptiveAvgPool2d(1),
+    ).cuda()
     embedding = torch.nn.Embedding(1000, 256).cuda()
     norm = torch.nn.LayerNorm(256).cuda()
     images = torch.randn(4, 8, 32, 32, device="cuda", requires_grad=True)
@@ -277,8 +302,16 @@ def op_coverage(out: Path) -> None:
             values, _ = torch.sort(hidden, dim=-1)
             top, _ = torch.topk(hidden, 8, dim=-1)
             scan = torch.cumsum(hidden, dim=1) + torch.cumprod(torch.sigmoid(hidden), dim=-1)
-            reduced = (torch.logsumexp(scores.float(), dim=-1).sum() + torch.linalg.norm(hidden.float(), dim=-1).sum()
-                       + values.mean() + top.amax() + scan.mean() + picked.sum() + kept.sum() + logp.mean())
+            reduced = (
+                torch.logsumexp(scores.float(), dim=-1).sum()
+                + torch.linalg.norm(hidden.float(), dim=-1).sum()
+                + values.mean()
+                + top.amax()
+                + scan.mean()
+                + picked.sum()
+                + kept.sum()
+                + logp.mean()
+            )
             padded = torch.nn.functional.pad(images, (1, 2, 3, 4), mode="replicate")
             upsampled = torch.nn.functional.interpolate(images, size=(64, 64), mode="nearest")  # the size recorded
             loss = reduced + pooled.sum() + padded.mean() + upsampled.mean()
@@ -309,8 +342,13 @@ def compare_repeats(out: Path) -> None:
     """Repeats of one workload, each its own profiler session, and repeats with `_passes_kernel`
     making 11 passes instead of 10 (about 10% slower; nothing else changes)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.GELU(), torch.nn.LayerNorm(2048),
-                                torch.nn.Linear(2048, 1024)).cuda().to(torch.bfloat16)
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Linear(1024, 2048), torch.nn.GELU(), torch.nn.LayerNorm(2048), torch.nn.Linear(2048, 1024)
+        )
+        .cuda()
+        .to(torch.bfloat16)
+    )
     x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
     buffer = torch.randn(1 << 22, device="cuda")
     result = torch.empty_like(buffer)
@@ -320,8 +358,9 @@ def compare_repeats(out: Path) -> None:
             for i in range(8):
                 with record_function(f"iteration_{i}"):
                     y = torch.softmax(model(x).float(), dim=-1).sum()
-                    _passes_kernel[(triton.cdiv(buffer.numel(), 1024),)](buffer, result, buffer.numel(),
-                                                                          PASSES=passes, BLOCK=1024)
+                    _passes_kernel[(triton.cdiv(buffer.numel(), 1024),)](
+                        buffer, result, buffer.numel(), PASSES=passes, BLOCK=1024
+                    )
                     y + result[:1].sum()
 
     for passes in (10, 11):
@@ -359,15 +398,21 @@ def _tp2_rank(rank: int, world: int, backend: str, store: Path, out: Path) -> No
     device = torch.device("cuda", rank) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60), device_id=device if gpu else None)
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+        device_id=device if gpu else None,
+    )
     # the CPU stand-in is smaller: the same calls, in seconds on two cores
     tokens, hidden, ffn = (1024, 4096, 16384) if gpu else (64, 256, 1024)
     torch.manual_seed(rank)
     options = {"device": device, "dtype": torch.bfloat16}
-    w_up = torch.randn(hidden, ffn // world, **options) / hidden ** 0.5
-    w_down = torch.randn(ffn // world, hidden, **options) / ffn ** 0.5
-    w_gate = torch.randn(hidden, hidden, **options) / hidden ** 0.5
+    w_up = torch.randn(hidden, ffn // world, **options) / hidden**0.5
+    w_down = torch.randn(ffn // world, hidden, **options) / ffn**0.5
+    w_gate = torch.randn(hidden, hidden, **options) / hidden**0.5
     shard = torch.randn(tokens // world, hidden, **options)
     full = torch.empty(tokens, hidden, **options)
 
@@ -408,8 +453,19 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
     chosen = set(argv[1].split(",")) if len(argv) > 1 else None
-    captures = (llama_decode, triton_custom, train_step, serving_steps, llama_unannotated, conv_net, fp8_scaled_mm,
-                graph_replay, op_coverage, compare_repeats, tp2_collectives)
+    captures = (
+        llama_decode,
+        triton_custom,
+        train_step,
+        serving_steps,
+        llama_unannotated,
+        conv_net,
+        fp8_scaled_mm,
+        graph_replay,
+        op_coverage,
+        compare_repeats,
+        tp2_collectives,
+    )
     done = []
     for capture in captures:
         if chosen and capture.__name__ not in chosen:
@@ -419,8 +475,12 @@ def main(argv: list[str]) -> int:
             done.append(capture.__name__)
         except Exception as err:  # keep the others
             print(f"{capture.__name__} failed: {type(err).__name__}: {err}")
-    info = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__, "triton": triton.__version__, "captures": done}
+    info = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "captures": done,
+    }
     (out / "capture_info.json").write_text(json.dumps(info))
     for path in sorted(out.rglob("*")):
         if path.is_file():

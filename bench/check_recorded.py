@@ -38,9 +38,13 @@ def coverage(part: dict) -> float:
 def check_the_sweep_spans_1_us_to_100_ms_in_both_modes():
     """tests/test_timer_sweep.py replays the sweep through today's wall-clock check: its rows
     cover 1 µs to 100 ms in both of the GPU timer's modes."""
-    timed = [role for name in ("timer_sweep.json", "timer_sweep_repeat.json", "timer_sweep_swap.json")
-             for row in json.loads((H200 / name).read_text())["rows"]
-             for role in (row["candidate"], row["baseline"]) if role and role.get("wall_account")]
+    timed = [
+        role
+        for name in ("timer_sweep.json", "timer_sweep_repeat.json", "timer_sweep_swap.json")
+        for row in json.loads((H200 / name).read_text())["rows"]
+        for role in (row["candidate"], row["baseline"])
+        if role and role.get("wall_account")
+    ]
     medians = [role["median_us"] for role in timed]
     assert min(medians) < 1.5 and max(medians) > 50_000
     by_mode = {mode: [r["median_us"] for r in timed if r["mode"] == mode] for mode in ("events", "graph")}
@@ -65,19 +69,25 @@ def check_workers_carried_across_builds_inflate_only_the_workers_own_timer():
     assert worst(fixture["workers_per_build"]) < 1.03
     assert worst(fixture["workers_carried_across_builds"]) > 1.3 and worst(carried["worker_timer"]) > 1.3
     assert coverage(carried["worker_timer"]) < 0.65
-    assert math.isclose(fixture["workers_per_build"]["coverage"]["coverage"], coverage(
-        fixture["workers_per_build"]))
+    assert math.isclose(fixture["workers_per_build"]["coverage"]["coverage"], coverage(fixture["workers_per_build"]))
     vouched = carried["vouched"]
     assert worst(vouched) < 1.03 and len(vouched["runs"]) == 10
     assert vouched["coverage"]["held"] == vouched["coverage"]["checks"] == 79
-    failed = [(i, name, row["errors"]) for i, run in enumerate(vouched["runs"]) for name, row in run["rows"].items()
-              if not row["speedup"]]
+    failed = [
+        (i, name, row["errors"])
+        for i, run in enumerate(vouched["runs"])
+        for name, row in run["rows"].items()
+        if not row["speedup"]
+    ]
     assert len(failed) == 1 and "gpu_idle" in failed[0][2][0]  # a probe that waited: now measured again
     budgets_s = (2 * 8 + 1) * vouched["budget_ms"] / 1000
     assert max(run["wall_s"] for run in vouched["runs"]) < 2 * budgets_s
     for part in (vouched, carried["vouched_again"]):
-        adopted = [task["workers_adopted"] for name, task in part["runs"][-1]["tasks"].items()
-                   if name.startswith("timing:") and name != "timing:compare/torch_ref"]
+        adopted = [
+            task["workers_adopted"]
+            for name, task in part["runs"][-1]["tasks"].items()
+            if name.startswith("timing:") and name != "timing:compare/torch_ref"
+        ]
         # every candidate's worker carried; the baseline's too, but where a job found it in use
         assert len(adopted) == 8 and all(a["candidate"] for a in adopted)
         assert sum(a["baseline"] for a in adopted) >= 7
@@ -99,8 +109,10 @@ def check_the_vouched_sweep_times_every_honest_kernel_and_fails_none():
     rows = sweep["rows"]
     assert sweep["build_exit"] == 0 and len(rows) == 46
     assert [r for r in rows if (r["correctness_state"], r["performance_state"]) != ("SUCCESS", "SUCCESS")] == []
-    worker = {(r["kernel"], r["implementation"]): r["candidate"]["median_us"]
-              for r in json.loads((H200 / "timer_sweep.json").read_text())["rows"]}
+    worker = {
+        (r["kernel"], r["implementation"]): r["candidate"]["median_us"]
+        for r in json.loads((H200 / "timer_sweep.json").read_text())["rows"]
+    }
     for r in rows:
         theirs = worker[r["kernel"], r["implementation"]]
         if theirs >= 100:
@@ -121,14 +133,21 @@ def check_what_vouched_timing_cost_the_kept_warm_compare_is_what_the_docs_say():
     assert 3.6 < min(vouched["edit_to_verdict"]["walls_s"]) and max(vouched["edit_to_verdict"]["walls_s"]) < 4.1
     assert 4.7 < vouched["runs"][-1]["timing_measurement_steps_s"]["rounds"] < 5.2
     assert vouched["runs"][-1]["timing_round_parts_s"]["check"] < 1.3
-    priced = {name for name, task in vouched["runs"][-1]["tasks"].items()
-              if name.startswith("timing:") and task["measurement_steps_s"]["copy_price"] > 0}
+    priced = {
+        name
+        for name, task in vouched["runs"][-1]["tasks"].items()
+        if name.startswith("timing:") and task["measurement_steps_s"]["copy_price"] > 0
+    }
     assert priced == {"timing:compare/torch_ref"}
     assert (vouched["coverage"]["checks"], vouched["coverage"]["held"]) == (80, 80)
     worker = json.loads((H200 / "interval_coverage.json").read_text())["workers_per_build"]
     assert max(r["wall_s"] for r in worker["runs"]) < 14
-    speedups = [row["speedup"]["value"] for run in vouched["runs"] for name, row in run["rows"].items()
-                if name not in ("torch_ref", "triton_b128")]
+    speedups = [
+        row["speedup"]["value"]
+        for run in vouched["runs"]
+        for name, row in run["rows"].items()
+        if name not in ("torch_ref", "triton_b128")
+    ]
     assert 1.64 < min(speedups) and max(speedups) < 1.73
 
 
@@ -151,8 +170,11 @@ def check_an_edit_to_verdict_with_spare_workers_is_what_the_docs_say():
     assert final["timeline_s"]["exit"] - final["timeline_s"]["last_timing_end"] < 0.25
     beside = sets["spare_beside_first_calls"]["edit_to_verdict"]["tasks"]["correctness:compare/triton_b1024"]
     assert beside["worker_steps_s"][0]["first_call"] > 0.5 > 0.4 > checked["worker_steps_s"][0]["first_call"]
-    assert all(s["coverage"]["held"] == s["coverage"]["checks"] for name, s in sets.items()
-               if isinstance(s, dict) and "coverage" in s)
+    assert all(
+        s["coverage"]["held"] == s["coverage"]["checks"]
+        for name, s in sets.items()
+        if isinstance(s, dict) and "coverage" in s
+    )
 
 
 def check_a_triton_spares_warm_up_is_what_the_docs_say():
@@ -229,8 +251,14 @@ def check_h200_memory_lent_through_cuda_ipc_is_no_slower_and_the_evaluators_even
     `bench/vouched_clock.py`): lent and own memory alike; the evaluator's events within 1% of
     the worker's per call, where its host clock until a probe kernel read 4% over."""
     lent = json.loads((H200 / "ipc_bandwidth.json").read_text())["us_per_call"]
-    assert abs(lent["lent memory, new inputs, copy"]["borrower_events_us_per_call"]
-               / lent["own memory, new inputs, copy"]["borrower_events_us_per_call"] - 1) < 0.01
+    assert (
+        abs(
+            lent["lent memory, new inputs, copy"]["borrower_events_us_per_call"]
+            / lent["own memory, new inputs, copy"]["borrower_events_us_per_call"]
+            - 1
+        )
+        < 0.01
+    )
     clock = json.loads((H200 / "vouched_clock.json").read_text())["rows"]
     for workload in ("large eager", "small graph"):
         row = clock[f"{workload}, event"]
@@ -281,7 +309,6 @@ def check_h200_after_theil_sen_no_honest_row_reads_its_baseline_disturbed():
                 if name == "same":
                     assert row["verdict"] == "within noise"
     assert rows == 14
-
 
 
 def main() -> int:

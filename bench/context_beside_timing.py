@@ -58,7 +58,7 @@ def main() -> int:
     kernels = {}
     for name, n in (("membound_16Mi", 1 << 24), ("small_64Ki", 1 << 16)):
         x, y = torch.randn(n, device=device), torch.randn(n, device=device)
-        kernels[name] = (lambda x=x, y=y: x * 2 + y)
+        kernels[name] = lambda x=x, y=y: x * 2 + y
     samples: list[tuple[str, float, float]] = []  # kernel, end time, µs a call
 
     def time_for(seconds: float, poll=None) -> None:
@@ -106,7 +106,7 @@ def main() -> int:
     for _ in range(CHILDREN):  # one after another
         os.write(commands_write, b"c")
         done = []
-        time_for(30.0, poll=lambda: bool(done.extend(answers_ready()) or done))
+        time_for(30.0, poll=lambda: bool(done.extend(answers_ready()) or done))  # noqa: B023 (called within the iteration)
         windows.extend(done)
     phases["one_after_another"] = windows
     t = time.time()
@@ -119,10 +119,13 @@ def main() -> int:
     os.write(commands_write, b"q")
     os.wait()
 
-    result = {"gpu": torch.cuda.get_device_name() if device == "cuda" else device, "torch": torch.__version__,
-              "calls_a_batch": CALLS,
-              "context_s": {p: [round(b - a, 3) for a, b in w] for p, w in phases.items() if not p.startswith("quiet")},
-              "phases": {}}
+    result = {
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else device,
+        "torch": torch.__version__,
+        "calls_a_batch": CALLS,
+        "context_s": {p: [round(b - a, 3) for a, b in w] for p, w in phases.items() if not p.startswith("quiet")},
+        "phases": {},
+    }
     for phase, spans in phases.items():
         for name in kernels:
             inside = [us for k, end, us in samples if k == name and any(a <= end <= b for a, b in spans)]
@@ -130,8 +133,12 @@ def main() -> int:
                 continue
             deciles = statistics.quantiles(inside, n=10)
             result["phases"].setdefault(phase, {})[name] = {
-                "batches": len(inside), "median_us": round(statistics.median(inside), 3),
-                "p10_us": round(deciles[0], 3), "p90_us": round(deciles[-1], 3), "max_us": round(max(inside), 3)}
+                "batches": len(inside),
+                "median_us": round(statistics.median(inside), 3),
+                "p10_us": round(deciles[0], 3),
+                "p90_us": round(deciles[-1], 3),
+                "max_us": round(max(inside), 3),
+            }
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SPEC = '''
+SPEC = """
 import torch
 
 
@@ -33,7 +33,7 @@ def make_inputs(shape, dtype, generator):
 
 def reference(a, b):
     return 2 * (a @ b)
-'''
+"""
 # the same result from two products (the baseline and its copy), one (half the work) and four
 KERNELS = {
     "baseline": "def kernel(a, b):\n    return a @ b + a @ b\n",
@@ -48,8 +48,9 @@ def write_project(root: Path) -> None:
     (root / "spec.py").write_text(SPEC)
     for name, body in KERNELS.items():
         (root / f"{name}.py").write_text("import torch\n\n\n" + body)
-    candidates = "".join(f'[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n\n'
-                         for n in KERNELS if n != "baseline")
+    candidates = "".join(
+        f'[[kernel.candidates]]\nid = "{n}"\nsource = "{n}.py"\n\n' for n in KERNELS if n != "baseline"
+    )
     (root / "magpie.toml").write_text(f"""[project]
 name = "cpu_timing"
 device = "cpu"
@@ -108,14 +109,23 @@ def run(root: Path, repeats: int, hogs: int) -> dict:
         runs = []
         for _ in range(repeats):
             rows, wall = build(root)
-            runs.append({"build_s": round(wall, 2), "rows": {
-                name: {"median_us": row["performance_result"]["median_us"],
-                       "speedup": (row.get("speedup") or {}).get("value"),
-                       "ci": [(row.get("speedup") or {}).get("ci_low"), (row.get("speedup") or {}).get("ci_high")],
-                       "verdict": (row.get("speedup") or {}).get("verdict"),
-                       "calls": row["performance_result"].get("calls"),
-                       "batches": row["performance_result"].get("batches")}
-                for name, row in rows.items() if row.get("performance_result")}})
+            runs.append(
+                {
+                    "build_s": round(wall, 2),
+                    "rows": {
+                        name: {
+                            "median_us": row["performance_result"]["median_us"],
+                            "speedup": (row.get("speedup") or {}).get("value"),
+                            "ci": [(row.get("speedup") or {}).get("ci_low"), (row.get("speedup") or {}).get("ci_high")],
+                            "verdict": (row.get("speedup") or {}).get("verdict"),
+                            "calls": row["performance_result"].get("calls"),
+                            "batches": row["performance_result"].get("batches"),
+                        }
+                        for name, row in rows.items()
+                        if row.get("performance_result")
+                    },
+                }
+            )
         return {"hogs": hogs, "runs": runs}
     finally:
         for hog in hogs_running:
@@ -131,8 +141,13 @@ def main() -> int:
     try:
         write_project(root)
         reference = {name: in_process_us(root, name) for name in KERNELS}
-        out = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "reference_us": reference,
-               "quiet": run(root, args.repeats, 0), "busy": run(root, args.repeats, os.cpu_count() or 1)}
+        out = {
+            "date": time.strftime("%Y-%m-%d"),
+            "cores": os.cpu_count(),
+            "reference_us": reference,
+            "quiet": run(root, args.repeats, 0),
+            "busy": run(root, args.repeats, os.cpu_count() or 1),
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for label in ("quiet", "busy"):
@@ -141,8 +156,10 @@ def main() -> int:
             medians = [r["rows"][name]["median_us"] for r in out[label]["runs"]]
             speedups = [r["rows"][name]["speedup"] for r in out[label]["runs"]]
             verdicts = [r["rows"][name]["verdict"] for r in out[label]["runs"]]
-            print(f"  {name:9s} magpie {statistics.median(medians):9.1f} µs (in-process {reference[name]:9.1f})  "
-                  f"speedups {', '.join(f'{s:.3f}' for s in speedups if s)}  {verdicts}")
+            print(
+                f"  {name:9s} magpie {statistics.median(medians):9.1f} µs (in-process {reference[name]:9.1f})  "
+                f"speedups {', '.join(f'{s:.3f}' for s in speedups if s)}  {verdicts}"
+            )
         print(f"  build s: {[r['build_s'] for r in out[label]['runs']]}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -62,11 +62,21 @@ def forked() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    results = {"persistence_mode": subprocess.run(["nvidia-smi", "--query-gpu=persistence_mode", "--format=csv,noheader"],
-                                                  capture_output=True, text=True).stdout.strip()}
+    results = {
+        "persistence_mode": subprocess.run(
+            ["nvidia-smi", "--query-gpu=persistence_mode", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
+    }
     results["fresh"] = [fresh() for _ in range(2)]
-    holder = subprocess.Popen([sys.executable, "-c", "import torch, time; torch.zeros(1, device='cuda'); "
-                               "print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import torch, time; torch.zeros(1, device='cuda'); print('ready', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     holder.stdout.readline()
     results["fresh_while_held"] = [fresh() for _ in range(2)]
     results["forked_while_held"] = forked()

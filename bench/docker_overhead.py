@@ -10,6 +10,7 @@
    `/health` answered and the whole one-shot benchmark (2 requests), median of the rounds.
 Prints the figures as JSON; the load average is printed too, since the machine may be shared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ def container_life(client, image: str, rounds: int) -> list[float]:
     seconds = []
     for _ in range(rounds):
         t = time.perf_counter()
-        container = client.containers.create(image, entrypoint=["chown", "--version"], network_mode="host",
-                                              ipc_mode="host", init=True)
+        container = client.containers.create(
+            image, entrypoint=["chown", "--version"], network_mode="host", ipc_mode="host", init=True
+        )
         container.start()
         container.wait()
         container.remove(force=True)
@@ -41,10 +43,19 @@ def server_starts(image: str, model: Path, root: Path, rounds: int) -> dict[str,
     out: dict[str, dict[str, list[float]]] = {m: {"ready_s": [], "benchmark_s": []} for m in ("local", "docker")}
     for i in range(rounds):
         for mode in ("local", "docker"):
-            report = run_benchmark(BenchmarkConfig(
-                framework="transformers", model=str(model), run_mode=mode,
-                docker_image=image if mode == "docker" else None, num_prompts=2, input_len=16, output_len=8,
-                timeout_s=300, output_dir=str(root / f"{mode}{i}")))
+            report = run_benchmark(
+                BenchmarkConfig(
+                    framework="transformers",
+                    model=str(model),
+                    run_mode=mode,
+                    docker_image=image if mode == "docker" else None,
+                    num_prompts=2,
+                    input_len=16,
+                    output_len=8,
+                    timeout_s=300,
+                    output_dir=str(root / f"{mode}{i}"),
+                )
+            )
             if not report.success:
                 raise SystemExit(f"{mode} run {i} failed: {report.errors[0]}")
             out[mode]["ready_s"].append(report.server.ready_after_s)
@@ -70,17 +81,25 @@ def main() -> None:
     t = time.perf_counter()
     env_image.ensure(client)
     build_s = time.perf_counter() - t
-    result = {"image": ref, "files": len(files), "key_s": round(key_s, 2),
-              "build_s" if built else "found_s": round(build_s, 2),
-              "size_gb": round(client.images.get(ref).attrs["Size"] / 1e9, 2)}
+    result = {
+        "image": ref,
+        "files": len(files),
+        "key_s": round(key_s, 2),
+        "build_s" if built else "found_s": round(build_s, 2),
+        "size_gb": round(client.images.get(ref).attrs["Size"] / 1e9, 2),
+    }
     life = container_life(client, ref, 10 * args.rounds)
     result["container_life_s"] = {"median": round(statistics.median(life), 3), "max": round(max(life), 3)}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["HF_HUB_OFFLINE"] = "1"
         model = build(Path(tmp) / "model")
         starts = server_starts(ref, model, Path(tmp), args.rounds)
-    result["serve"] = {mode: {k: {"median": round(statistics.median(v), 2), "all": [round(x, 2) for x in v]}
-                              for k, v in figures.items()} for mode, figures in starts.items()}
+    result["serve"] = {
+        mode: {
+            k: {"median": round(statistics.median(v), 2), "all": [round(x, 2) for x in v]} for k, v in figures.items()
+        }
+        for mode, figures in starts.items()
+    }
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=1))
 

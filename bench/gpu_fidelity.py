@@ -52,8 +52,7 @@ def kernels():
         "bandwidth (x*2+y, 64Mi fp32)": (lambda: torch.add(y, x, alpha=2.0), 3 * 4 * N_ELEMENTS, 0),
         "bandwidth large (x*2+y, 256Mi fp32)": (lambda: torch.add(big_y, big_x, alpha=2.0), 3 * 4 * LARGE_ELEMENTS, 0),
         "gemm (bf16 4096^3)": (lambda: a @ b, 3 * 2 * GEMM_N**2, 2 * GEMM_N**3),
-        "gemm short-k (bf16 4096x4096x2048)": (lambda: short_a @ short_b, 2 * (GEMM_N**2 + GEMM_N**2),
-                                               GEMM_N**3),
+        "gemm short-k (bf16 4096x4096x2048)": (lambda: short_a @ short_b, 2 * (GEMM_N**2 + GEMM_N**2), GEMM_N**3),
         "gemm fp32 (2048^3, SIMT)": (lambda: f32 @ f32, 3 * 4 * (GEMM_N // 2) ** 2, 2 * (GEMM_N // 2) ** 3),
         "one element (x+1)": (lambda: one + 1, 8, 1),
     }
@@ -67,7 +66,8 @@ def magpie_median_us(timer: CudaTimer, fn, mode: str, budget_ms: float = 300) ->
 
 def ncu_median_us(name: str, out: Path) -> tuple[float | None, float | None]:
     script = out / "ncu_target.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from gpu_fidelity import kernels
@@ -78,19 +78,37 @@ def ncu_median_us(name: str, out: Path) -> tuple[float | None, float | None]:
             fn()
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
-    """))
-    proc = subprocess.run(["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--nvtx", "--nvtx-include",
-                           "magpie_profile/", "--metrics", ",".join(["gpu__time_duration.sum", *TENSOR["bf16_tensor"]]), sys.executable,
-                           str(script)],
-                          capture_output=True, text=True, timeout=600)
+    """)
+    )
+    proc = subprocess.run(
+        [
+            "ncu",
+            "--csv",
+            "--page",
+            "raw",
+            "--clock-control",
+            "none",
+            "--nvtx",
+            "--nvtx-include",
+            "magpie_profile/",
+            "--metrics",
+            ",".join(["gpu__time_duration.sum", *TENSOR["bf16_tensor"]]),
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     (out / f"ncu_{abs(hash(name))}.csv").write_text(proc.stdout)
     try:
         rows = parse_raw_csv(proc.stdout)
     except ValueError:
         print(proc.stderr[-2000:])
         return None, None
-    durations = [r["metrics"]["gpu__time_duration.sum"] / 1000 for r in rows
-                 if "gpu__time_duration.sum" in r["metrics"]]
+    durations = [
+        r["metrics"]["gpu__time_duration.sum"] / 1000 for r in rows if "gpu__time_duration.sum" in r["metrics"]
+    ]
     tensor_ops = [sum(r["metrics"].get(n, 0.0) for n in TENSOR["bf16_tensor"]) for r in rows]
     return (statistics.median(durations) if durations else None), (statistics.median(tensor_ops) if rows else None)
 
@@ -100,18 +118,21 @@ def write_compare8(root: Path) -> list[str]:
     block sizes; returns the candidates' file names."""
     shutil.rmtree(root, ignore_errors=True)  # a machine kept warm between calls keeps /tmp: no stale store or cache
     root.mkdir(parents=True)
-    (root / "spec.py").write_text(textwrap.dedent("""
+    (root / "spec.py").write_text(
+        textwrap.dedent("""
         import torch
         def make_inputs(shape, dtype, generator):
             return tuple(torch.randn(shape, generator=generator, dtype=dtype) for _ in range(2))
         def reference(x, y):
             return x * 2 + y
-    """))
+    """)
+    )
     (root / "torch_ref.py").write_text("def f(x, y):\n    return x * 2 + y\n")
     files = []
     for block in [128, 256, 512, 1024, 2048, 4096, 8192, 16384]:
         path = root / f"triton_b{block}.py"
-        path.write_text(textwrap.dedent(f"""
+        path.write_text(
+            textwrap.dedent(f"""
             import torch, triton, triton.language as tl
             @triton.jit
             def _k(x, y, o, n, B: tl.constexpr):
@@ -122,7 +143,8 @@ def write_compare8(root: Path) -> list[str]:
                 o = torch.empty_like(x)
                 _k[(triton.cdiv(x.numel(), {block}),)](x, y, o, x.numel(), B={block})
                 return o
-        """))
+        """)
+        )
         files.append(path.name)
     return files
 
@@ -140,20 +162,35 @@ def throughput(out: Path, device: str = "cuda") -> dict:
     kept = {**env, "MAGPIE_KEEP_WARM_S": "60"}
     plan = {"cold": env, "warm": env, "kept_first": kept, "kept_again": kept}
     shape = "16777216" if device.startswith("cuda") else "4096"
-    runs = {name: compare_run(root, files, budget_ms, f"out_{name}", run_env, device, shape)
-            for name, run_env in plan.items()}
+    runs = {
+        name: compare_run(root, files, budget_ms, f"out_{name}", run_env, device, shape)
+        for name, run_env in plan.items()
+    }
     if any("error" in run for run in runs.values()):
         return runs
     budgets_s = runs["warm"]["timing_budgets_s"]
-    return {"budget_ms": budget_ms, "timing_budgets_s": budgets_s,
-            **{f"wall_{name}_s": run["wall_s"] for name, run in runs.items()},
-            "compile_jit_s": runs["cold"]["wall_s"] - runs["warm"]["wall_s"],
-            "ratio_warm": runs["warm"]["wall_s"] / budgets_s,
-            "ratio_kept_again": runs["kept_again"]["wall_s"] / budgets_s, "runs": runs}
+    return {
+        "budget_ms": budget_ms,
+        "timing_budgets_s": budgets_s,
+        **{f"wall_{name}_s": run["wall_s"] for name, run in runs.items()},
+        "compile_jit_s": runs["cold"]["wall_s"] - runs["warm"]["wall_s"],
+        "ratio_warm": runs["warm"]["wall_s"] / budgets_s,
+        "ratio_kept_again": runs["kept_again"]["wall_s"] / budgets_s,
+        "runs": runs,
+    }
 
 
-def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env: dict, device: str,
-                shape: str, start_unix: float | None = None, main_timeline: Path | None = None) -> dict:
+def compare_run(
+    root: Path,
+    files: list[str],
+    budget_ms: int,
+    out_name: str,
+    env: dict,
+    device: str,
+    shape: str,
+    start_unix: float | None = None,
+    main_timeline: Path | None = None,
+) -> dict:
     """One `magpie compare` of the files; `start_unix`: when the wait for its verdict began
     (an edit's), else now; `main_timeline`: where bench/main_timeline.py writes the command
     process's own timeline."""
@@ -163,10 +200,35 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
     if main_timeline is not None:
         command = [sys.executable, str(Path(__file__).with_name("main_timeline.py")), str(main_timeline), "--"]
         env = {**env, "MAGPIE_TIMELINE_T0": repr(start_unix)}
-    proc = subprocess.run([*command, "compare", "torch_ref.py", *files, "--type", "triton",
-                           "--entry", "f", "--spec", "spec.py", "--shapes", shape, "--budget-ms", str(budget_ms),
-                           "--device", device, "--no-profile", "--json", "-o", out_name], cwd=root,
-                          capture_output=True, text=True, timeout=1200, env=env)
+    proc = subprocess.run(
+        [
+            *command,
+            "compare",
+            "torch_ref.py",
+            *files,
+            "--type",
+            "triton",
+            "--entry",
+            "f",
+            "--spec",
+            "spec.py",
+            "--shapes",
+            shape,
+            "--budget-ms",
+            str(budget_ms),
+            "--device",
+            device,
+            "--no-profile",
+            "--json",
+            "-o",
+            out_name,
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+    )
     wall = time.monotonic() - start
     if proc.returncode != 0:
         return {"error": proc.stderr[-1500:]}
@@ -189,9 +251,22 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
             others[data["task"]] = [round(began, 3), round(began + data["task_seconds"], 3)]
             continue
         seconds[rule] += data["task_seconds"]
-        tasks[data["task"]] = {k: data.get(k) for k in (
-            "task_seconds", "phases_s", "measurement_steps_s", "round_parts_s", "first_call_steps_s", "worker_steps_s",
-            "worker_loads_s", "evaluator_start_s", "evaluator_park_s", "workers_adopted", "device_held_s")}
+        tasks[data["task"]] = {
+            k: data.get(k)
+            for k in (
+                "task_seconds",
+                "phases_s",
+                "measurement_steps_s",
+                "round_parts_s",
+                "first_call_steps_s",
+                "worker_steps_s",
+                "worker_loads_s",
+                "evaluator_start_s",
+                "evaluator_park_s",
+                "workers_adopted",
+                "device_held_s",
+            )
+        }
         began = data["task_started_unix"] - start_unix
         tasks[data["task"]]["span_s"] = [round(began, 3), round(began + data["task_seconds"], 3)]
         if rule == "timing":
@@ -207,21 +282,39 @@ def compare_run(root: Path, files: list[str], budget_ms: int, out_name: str, env
     held = sum(t["device_held_s"] or 0.0 for t in tasks.values() if t.get("device_held_s") is not None)
     spans = {rule: [t["span_s"] for name, t in tasks.items() if name.startswith(rule)] for rule in seconds}
     # When the build reached each stage, from the command's start.
-    timeline = {"first_correctness_start": min(s[0] for s in spans["correctness"]),
-                "last_correctness_end": max(s[1] for s in spans["correctness"]),
-                "first_timing_start": min(s[0] for s in spans["timing"]),
-                "last_timing_end": max(s[1] for s in spans["timing"]), "exit": wall,
-                **{f"{task}_span": span for task, span in others.items()}}
-    return {"wall_s": wall, "timeline_s": timeline, "timing_tasks_s": seconds["timing"],
-            "correctness_tasks_s": seconds["correctness"],
-            "timing_phases_s": phases, "timing_measurement_steps_s": steps,
-            "timing_round_parts_s": round_parts, "timing_budgets_s": budgets_s, "device_held_alone_s": held,
-            "timed": timed, "ranking": report["ranking"][:3], "tasks": tasks,
-            "rows": {r["implementation"]: {"speedup": r.get("speedup"), "performance_state": r["performance_state"],
-                                           "median_us": (r.get("performance_result") or {}).get("median_us"),
-                                           "baseline_median_us": (r.get("baseline_result") or {}).get("median_us"),
-                                           "errors": r["errors"], "warnings": r["warnings"]}
-                     for r in report["results"]}}
+    timeline = {
+        "first_correctness_start": min(s[0] for s in spans["correctness"]),
+        "last_correctness_end": max(s[1] for s in spans["correctness"]),
+        "first_timing_start": min(s[0] for s in spans["timing"]),
+        "last_timing_end": max(s[1] for s in spans["timing"]),
+        "exit": wall,
+        **{f"{task}_span": span for task, span in others.items()},
+    }
+    return {
+        "wall_s": wall,
+        "timeline_s": timeline,
+        "timing_tasks_s": seconds["timing"],
+        "correctness_tasks_s": seconds["correctness"],
+        "timing_phases_s": phases,
+        "timing_measurement_steps_s": steps,
+        "timing_round_parts_s": round_parts,
+        "timing_budgets_s": budgets_s,
+        "device_held_alone_s": held,
+        "timed": timed,
+        "ranking": report["ranking"][:3],
+        "tasks": tasks,
+        "rows": {
+            r["implementation"]: {
+                "speedup": r.get("speedup"),
+                "performance_state": r["performance_state"],
+                "median_us": (r.get("performance_result") or {}).get("median_us"),
+                "baseline_median_us": (r.get("baseline_result") or {}).get("median_us"),
+                "errors": r["errors"],
+                "warnings": r["warnings"],
+            }
+            for r in report["results"]
+        },
+    }
 
 
 def main() -> int:
@@ -236,13 +329,18 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     timer = CudaTimer("cuda") if "timers" in parts else None
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    results = {"device": device_name, "torch": torch.__version__, "triton": triton.__version__,
-               "date": time.strftime("%Y-%m-%d"), "kernels": {}}
-    for name, (fn, nbytes, flops) in (kernels().items() if "timers" in parts else ()):
+    results = {
+        "device": device_name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "kernels": {},
+    }
+    for name, (fn, _nbytes, flops) in kernels().items() if "timers" in parts else ():
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
-        timer.warmup(lambda: fn(), [()], 50)
-        probe = timer.probe(lambda: fn(), [()])
+        timer.warmup(fn, [()], 50)
+        probe = timer.probe(fn, [()])
         mode = "graph" if probe < GRAPH_THRESHOLD_US else "events"
         # The tools take turns (magpie, do_bench, magpie, ...) so that a change of clock or
         # power state lands on both; ncu runs before and after in processes of its own.
@@ -252,14 +350,24 @@ def main() -> int:
             medians = [magpie_median_us(timer, fn, mode)[0] for _ in range(3)]
             magpie_nvml = nvml_snapshot(0)
             do_bench_us = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") * 1000
-            rounds.append({"magpie_medians_us": medians, "magpie_nvml": magpie_nvml, "do_bench_us": do_bench_us,
-                           "do_bench_nvml": nvml_snapshot(0)})
+            rounds.append(
+                {
+                    "magpie_medians_us": medians,
+                    "magpie_nvml": magpie_nvml,
+                    "do_bench_us": do_bench_us,
+                    "do_bench_nvml": nvml_snapshot(0),
+                }
+            )
         ncu_after, _ = ncu_median_us(name, out)
         magpie_all = [m for r in rounds for m in r["magpie_medians_us"]]
-        row = {"mode": mode, "magpie_median_us": statistics.median(magpie_all),
-               "magpie_repeat_cv": statistics.pstdev(magpie_all) / statistics.fmean(magpie_all),
-               "do_bench_median_us": statistics.median(r["do_bench_us"] for r in rounds),
-               "ncu_runs_us": [ncu_before, ncu_after], "rounds": rounds}
+        row = {
+            "mode": mode,
+            "magpie_median_us": statistics.median(magpie_all),
+            "magpie_repeat_cv": statistics.pstdev(magpie_all) / statistics.fmean(magpie_all),
+            "do_bench_median_us": statistics.median(r["do_bench_us"] for r in rounds),
+            "ncu_runs_us": [ncu_before, ncu_after],
+            "rounds": rounds,
+        }
         ncu_runs = [v for v in (ncu_before, ncu_after) if v is not None]
         row["ncu_median_us"] = statistics.median(ncu_runs) if ncu_runs else None
         row["ncu_bf16_tensor_ops_per_call"] = tensor_ops
@@ -267,8 +375,9 @@ def main() -> int:
         if probe < 50 or "one element" in name:
             other = "events" if mode == "graph" else "graph"
             row[f"{other}_median_us"] = magpie_median_us(timer, fn, other)[0]
-            row["do_bench_cudagraph_median_us"] = triton.testing.do_bench_cudagraph(fn, rep=300,
-                                                                                   return_mode="median") * 1000
+            row["do_bench_cudagraph_median_us"] = (
+                triton.testing.do_bench_cudagraph(fn, rep=300, return_mode="median") * 1000
+            )
         row["flops_per_call"] = flops
         results["kernels"][name] = row
         (out / "fidelity.json").write_text(json.dumps(results, indent=1))

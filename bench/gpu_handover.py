@@ -15,11 +15,12 @@ over repeats; writes them as JSON to the path given.
 
     python3 bench/gpu_handover.py OUT.json
 """
+
 from __future__ import annotations
 
 import ctypes
-import os
 import json
+import os
 import statistics
 import sys
 import time
@@ -85,7 +86,7 @@ def worker(conn, region, flags, name):
     shape, fn = KERNELS[name]
     stream = torch.cuda.Stream()
     n = shape[0] * shape[1]
-    x, out = region[:n].view(shape), region[n:2 * n].view(shape)
+    x, out = region[:n].view(shape), region[n : 2 * n].view(shape)
     released, done = flags.data_ptr(), flags.data_ptr() + 128
     mapped, word = host_word()
     fn(x, out)  # loaded now: a kernel's first launch behind a wait on a value would wait for that wait
@@ -125,8 +126,12 @@ def worker(conn, region, flags, name):
 def main(path: str) -> None:
     ctx = mp.get_context("spawn")
     cuda = _driver()
-    results = {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "device": torch.cuda.get_device_name(),
-               "repeats": REPEATS, "kernels": {}}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "device": torch.cuda.get_device_name(),
+        "repeats": REPEATS,
+        "kernels": {},
+    }
     for name, (shape, fn) in KERNELS.items():
         n = shape[0] * shape[1]
         region = torch.zeros(2 * n, device="cuda")
@@ -144,8 +149,10 @@ def main(path: str) -> None:
         address = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
         _check(cuda.cuMemHostRegister_v2(ctypes.c_void_p(address), 4096, 0x03), "register the host word")
         device_word = ctypes.c_uint64()
-        _check(cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(device_word), ctypes.c_void_p(address), 0),
-               "the host word's device address")
+        _check(
+            cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(device_word), ctypes.c_void_p(address), 0),
+            "the host word's device address",
+        )
         region[:n].copy_(staged[0])  # loaded before any wait on a value, as in the worker
         aside[0].copy_(region[n:])
         torch.cuda._sleep(1000)
@@ -168,8 +175,9 @@ def main(path: str) -> None:
                         if mode in ("handover", "host"):
                             for k in range(calls):
                                 region[:n].copy_(staged[k])
-                                write_value(cuda, stream, device_word.value if mode == "host" else released,
-                                            counter + k + 1)
+                                write_value(
+                                    cuda, stream, device_word.value if mode == "host" else released, counter + k + 1
+                                )
                                 wait_value(cuda, stream, done, counter + k + 1)
                                 aside[k].copy_(region[n:])
                         else:
@@ -196,10 +204,17 @@ def main(path: str) -> None:
                     fn(staged[calls - 1].view(shape), expected)
                     ok = bool(torch.allclose(aside[calls - 1].view(shape), expected, equal_nan=True))
                 q = statistics.quantiles(per_call, n=10)
-                rows[f"{mode} {calls}"] = {"median_us": statistics.median(per_call), "p10_us": q[0], "p90_us": q[-1],
-                                           "outputs_right": ok}
-                print(f"{name:12s} {mode:8s} {calls:3d} calls: {statistics.median(per_call):9.2f} µs a call "
-                      f"(p10 {q[0]:.2f}, p90 {q[-1]:.2f}) outputs right: {ok}", flush=True)
+                rows[f"{mode} {calls}"] = {
+                    "median_us": statistics.median(per_call),
+                    "p10_us": q[0],
+                    "p90_us": q[-1],
+                    "outputs_right": ok,
+                }
+                print(
+                    f"{name:12s} {mode:8s} {calls:3d} calls: {statistics.median(per_call):9.2f} µs a call "
+                    f"(p10 {q[0]:.2f}, p90 {q[-1]:.2f}) outputs right: {ok}",
+                    flush=True,
+                )
         parent.send(None)
         proc.join()
         _check(cuda.cuMemHostUnregister(ctypes.c_void_p(address)), "unregister the host word")

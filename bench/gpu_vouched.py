@@ -50,8 +50,9 @@ spec = "spec.py"
 shapes = {shape}
 """)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "magpie", "build", "--json", "-j", "2"], cwd=root,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "magpie", "build", "--json", "-j", "2"], cwd=root, capture_output=True, text=True
+    )
     wall = time.monotonic() - started
     path = root / "workspaces/reports/relu2/compare_report.json"
     if not path.exists():
@@ -61,13 +62,20 @@ shapes = {shape}
     for row in report["results"]:
         perf = row.get("performance_result") or {}
         rows[row["implementation"]] = {
-            "performance_state": row.get("performance_state"), "median_us": perf.get("median_us"),
-            "p20_us": perf.get("p20_us"), "p80_us": perf.get("p80_us"), "n": perf.get("n"),
-            "calls": perf.get("calls"), "round_trip_us": perf.get("round_trip_us"),
-            "harness_us_per_call": perf.get("harness_us_per_call"), "kernel_us": perf.get("kernel_us"),
+            "performance_state": row.get("performance_state"),
+            "median_us": perf.get("median_us"),
+            "p20_us": perf.get("p20_us"),
+            "p80_us": perf.get("p80_us"),
+            "n": perf.get("n"),
+            "calls": perf.get("calls"),
+            "round_trip_us": perf.get("round_trip_us"),
+            "harness_us_per_call": perf.get("harness_us_per_call"),
+            "kernel_us": perf.get("kernel_us"),
             "batch_phases": perf.get("batch_phases"),
-            "method": perf.get("method"), "speedup": (row.get("speedup") or {}).get("value"),
-            "errors": row.get("errors", [])[:3]}
+            "method": perf.get("method"),
+            "speedup": (row.get("speedup") or {}).get("value"),
+            "errors": row.get("errors", [])[:3],
+        }
     return {"wall_s": wall, "ranking": report.get("ranking"), "rows": rows}
 
 
@@ -83,8 +91,11 @@ def main() -> int:
                 result = out[key]
                 print(key, f"{result['wall_s']:.0f} s", result.get("ranking"), result.get("error", ""), flush=True)
                 for name, row in result.get("rows", {}).items():
-                    print(f"  {name:>16} {row['performance_state']} median {row['median_us']} kernel "
-                          f"{row['kernel_us']} speedup {row['speedup']} {row['errors'][:1]}", flush=True)
+                    print(
+                        f"  {name:>16} {row['performance_state']} median {row['median_us']} kernel "
+                        f"{row['kernel_us']} speedup {row['speedup']} {row['errors'][:1]}",
+                        flush=True,
+                    )
                     if row["batch_phases"]:
                         print(f"  {'':>16} phases {row['batch_phases']}", flush=True)
                 Path(sys.argv[1]).write_text(json.dumps(out, indent=1))

@@ -61,8 +61,8 @@ class Shared:
         self.asleep = ctypes.c_int64.from_buffer(self.words, 16)  # the worker blocks on its pipe
         self.data = mmap.mmap(-1, 2 * calls * per * 4)
         flat = torch.frombuffer(self.data, dtype=torch.float32)
-        self.inputs = flat[:calls * per].view(calls, *SHAPE)
-        self.outputs = flat[calls * per:].view(calls, *SHAPE)
+        self.inputs = flat[: calls * per].view(calls, *SHAPE)
+        self.outputs = flat[calls * per :].view(calls, *SHAPE)
 
 
 def worker(shared: Shared, way: str, order_read: int, wake_read: int, done_write: int) -> None:
@@ -134,9 +134,12 @@ def evaluator_batch(shared: Shared, way: str, pid: int, pipes: dict, sets) -> di
             window_cpu += cpu_ns(pid) - released_cpu
     wall = time.perf_counter_ns() - started_wall
     time.sleep(0.0005)  # the worker blocks for its next order: its clock is up to date
-    return {"cpu": cpu_ns(pid) - started_cpu, "wall": wall,
-            "window_cpu": window_cpu if way == "pipe" else None,
-            "window_busy": window_wall - (waited_ns(workers_waits) - started_wait) if way == "spin" else None}
+    return {
+        "cpu": cpu_ns(pid) - started_cpu,
+        "wall": wall,
+        "window_cpu": window_cpu if way == "pipe" else None,
+        "window_busy": window_wall - (waited_ns(workers_waits) - started_wait) if way == "spin" else None,
+    }
 
 
 def measure(way: str, calls: int, batches: int) -> dict:
@@ -186,16 +189,19 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{'way':6s} {'load':5s} {'CPU':>8s} {'window CPU':>11s} {'window busy':>12s} {'wall':>8s}"
-          f"   µs a call, medians of {args.batches} batches of {args.calls}")
+    print(
+        f"{'way':6s} {'load':5s} {'CPU':>8s} {'window CPU':>11s} {'window busy':>12s} {'wall':>8s}"
+        f"   µs a call, medians of {args.batches} batches of {args.calls}"
+    )
     for load in ("idle", "busy"):
         started = hogs(os.cpu_count() or 1) if load == "busy" else []
         try:
             for way in ("batch", "fused", "pipe", "spin"):
                 got = measure(way, args.calls, args.batches)
                 cells = [f"{got[key]:.2f}" if key in got else "" for key in ("cpu", "window_cpu", "window_busy")]
-                print(f"{way:6s} {load:5s} {cells[0]:>8s} {cells[1]:>11s} {cells[2]:>12s} {got['wall']:8.2f}",
-                      flush=True)
+                print(
+                    f"{way:6s} {load:5s} {cells[0]:>8s} {cells[1]:>11s} {cells[2]:>12s} {got['wall']:8.2f}", flush=True
+                )
         finally:
             for pid in started:
                 os.kill(pid, 9)

@@ -42,8 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "adversarial"
 CHEAT_CREDIT = 1.2
 
-SPIN = ("import time\n\nimport torch\n\n\ndef spin(seconds):\n    end = time.thread_time() + seconds\n"
-        "    while time.thread_time() < end:\n        pass\n")
+SPIN = (
+    "import time\n\nimport torch\n\n\ndef spin(seconds):\n    end = time.thread_time() + seconds\n"
+    "    while time.thread_time() < end:\n        pass\n"
+)
 
 
 def spinning(seconds: float) -> str:
@@ -54,7 +56,7 @@ def relu(expression: str, head: str = "") -> str:
     return f"import torch\n{head}\n\ndef kernel(x):\n    return {expression}\n"
 
 
-TRITON_RELU = '''import torch
+TRITON_RELU = """import torch
 import triton
 import triton.language as tl
 
@@ -73,7 +75,7 @@ def kernel(x):
     block = min(16384, triton.next_power_of_2(n))
     _relu2[(triton.cdiv(n, block),)](out, x, n, BLOCK=block)
     return out
-'''
+"""
 HONEST_RELU = {
     "eager": relu("torch.relu(x) * 2.0"),
     "ten_ops": (FIXTURES / "many_ops.py").read_text(),
@@ -87,13 +89,28 @@ HONEST_RELU = {
 # kernel id: (spec, shape, baseline, honest candidates, cheats); a name is a source above, a spin of
 # that many seconds ("spin_0.002"), an adversarial fixture, or one of the cheats below
 KERNELS = {
-    "relu_8x8": ("relu", "[8, 8]", "eager", ["ten_ops", "scripted", "table", "clamp", "where", "maximum", "triton"],
-                 ["batches_its_calls", "batches_and_moves", "claims_calls_not_made"]),
-    "relu_33x65": ("relu", "[33, 65]", "eager", ["ten_ops", "scripted", "clamp", "where", "triton"],
-                   ["claims_handed_over_calls", "works_in_a_passing_process", "memoizes"]),
+    "relu_8x8": (
+        "relu",
+        "[8, 8]",
+        "eager",
+        ["ten_ops", "scripted", "table", "clamp", "where", "maximum", "triton"],
+        ["batches_its_calls", "batches_and_moves", "claims_calls_not_made"],
+    ),
+    "relu_33x65": (
+        "relu",
+        "[33, 65]",
+        "eager",
+        ["ten_ops", "scripted", "clamp", "where", "triton"],
+        ["claims_handed_over_calls", "works_in_a_passing_process", "memoizes"],
+    ),
     "relu_ten_ops": ("relu", "[8, 8]", "ten_ops", [], ["batches_many_ops"]),
-    "relu_ten_ops_33x65": ("relu", "[33, 65]", "ten_ops", [], ["batches_many_ops", "batches_above_floor",
-                                                               "batches_and_sleeps"]),
+    "relu_ten_ops_33x65": (
+        "relu",
+        "[33, 65]",
+        "ten_ops",
+        [],
+        ["batches_many_ops", "batches_above_floor", "batches_and_sleeps"],
+    ),
     "relu_1024": ("relu", "[1024, 1024]", "eager", ["ten_ops", "clamp", "triton"], []),
     "relu_4096x2048": ("relu", "[4096, 2048]", "eager", ["ten_ops", "where"], []),
     "slow_call": ("relu", "[33, 65]", "slow_cpu_call", ["spin_0.00025", "spin_0.02"], ["batches_slow_cpu_call"]),
@@ -104,9 +121,9 @@ KERNELS = {
 # tests/test_implausible_timing.py's and tests/test_uneven_calls.py's cheats
 CHEATS = {
     "counts_calls": SPIN + "\n_calls = [0]\n\n\ndef kernel(x):\n    _calls[0] += 1\n    if _calls[0] > 70:\n"
-                           "        spin(0.002)\n    return torch.relu(x) * 2.0\n",
+    "        spin(0.002)\n    return torch.relu(x) * 2.0\n",
     "bursty": SPIN + "\n_calls = [0]\n\n\ndef kernel(x):\n    _calls[0] += 1\n    if _calls[0] % 4 == 0:\n"
-                     "        spin(0.002)\n    return torch.relu(x) * 2.0\n",
+    "        spin(0.002)\n    return torch.relu(x) * 2.0\n",
 }
 
 
@@ -140,8 +157,10 @@ def write_project(root: Path) -> dict[str, dict[str, str]]:
             (folder / f"{name}.py").write_text(code)
             entries.append((name, kind))
         (base, base_kind), *others = entries
-        text = (f'[[kernel]]\nid = "{kernel}"\ntype = "pytorch"\nentry = "kernel"\n\n'
-                f'[kernel.baseline]\nid = "{base}"\ntype = "{base_kind}"\nsource = "{kernel}/{base}.py"\n\n')
+        text = (
+            f'[[kernel]]\nid = "{kernel}"\ntype = "pytorch"\nentry = "kernel"\n\n'
+            f'[kernel.baseline]\nid = "{base}"\ntype = "{base_kind}"\nsource = "{kernel}/{base}.py"\n\n'
+        )
         for name, kind in others:
             text += f'[[kernel.candidates]]\nid = "{name}"\ntype = "{kind}"\nsource = "{kernel}/{name}.py"\n\n'
         text += f'[[kernel.testcases]]\nspec = "{spec}_spec.py"\nshapes = [{shape}]\n'
@@ -149,8 +168,9 @@ def write_project(root: Path) -> dict[str, dict[str, str]]:
     (root / "magpie.toml").write_text(
         '[project]\nname = "under_load"\ndevice = "cpu"\n\n[defaults]\ntrials = 1\ntimeout_s = 300\n\n'
         # the example project's timing (magpie.toml)
-        '[defaults.timing]\nwarmup_ms = 20\nbudget_ms = 250\nrounds = 5\ninput_sets = 4\nthreads = 1\n\n'
-        + "\n".join(tables))
+        "[defaults.timing]\nwarmup_ms = 20\nbudget_ms = 250\nrounds = 5\ninput_sets = 4\nthreads = 1\n\n"
+        + "\n".join(tables)
+    )
     return roles
 
 
@@ -158,11 +178,17 @@ def build(root: Path, roles: dict[str, dict[str, str]]) -> dict:
     shutil.rmtree(root / "workspaces", ignore_errors=True)
     load_before = os.getloadavg()
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "magpie", "build", "-j", "2"], cwd=root, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "magpie", "build", "-j", "2"], cwd=root, capture_output=True, text=True, check=False
+    )
     wall = time.monotonic() - started
-    out = {"build_s": round(wall, 1), "exit": proc.returncode, "load_before": [round(x, 2) for x in load_before],
-           "load_after": [round(x, 2) for x in os.getloadavg()], "rows": {}}
+    out = {
+        "build_s": round(wall, 1),
+        "exit": proc.returncode,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "rows": {},
+    }
     for kernel, names in roles.items():
         path = root / "workspaces" / "reports" / kernel / "compare_report.json"
         report = json.loads(path.read_text()) if path.exists() else {"results": []}
@@ -171,17 +197,22 @@ def build(root: Path, roles: dict[str, dict[str, str]]) -> dict:
             speedup = row.get("speedup") or {}
             result = row.get("performance_result") or {}
             out["rows"][f"{kernel}/{name}"] = {
-                "role": names.get(name), "correctness_state": row.get("correctness_state"),
+                "role": names.get(name),
+                "correctness_state": row.get("correctness_state"),
                 "performance_state": row.get("performance_state"),
                 "kinds": sorted({f["kind"] for f in row.get("failures") or []}),
                 "flags": sorted({f["kind"] for f in row.get("flags") or []}),
                 "errors": [e[:300] for e in row.get("errors") or []],
-                "median_us": result.get("median_us"), "harness_us": result.get("harness_us_per_call"),
+                "median_us": result.get("median_us"),
+                "harness_us": result.get("harness_us_per_call"),
                 # the launch floor's reading: a call's median time, its copies in, over the copy's price
                 # (under 1 + LAUNCH_FLOOR fails); the calls-alone bound's ratio (over ALONE_FAIL fails)
-                "floor_ratio": floor_ratio(result), "alone_ratio": (result.get("alone_bound") or {}).get("ratio"),
+                "floor_ratio": floor_ratio(result),
+                "alone_ratio": (result.get("alone_bound") or {}).get("ratio"),
                 "cpu_wait_share": result.get("cpu_wait_share"),
-                "speedup": speedup.get("value"), "verdict": speedup.get("verdict")}
+                "speedup": speedup.get("value"),
+                "verdict": speedup.get("verdict"),
+            }
     return out
 
 
@@ -212,8 +243,10 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="magpie-under-load-"))
     try:
         roles = write_project(root)
-        out["implementations"] = {"honest": sum(r != "cheat" for k in roles.values() for r in k.values()),
-                                  "cheats": sum(r == "cheat" for k in roles.values() for r in k.values())}
+        out["implementations"] = {
+            "honest": sum(r != "cheat" for k in roles.values() for r in k.values()),
+            "cheats": sum(r == "cheat" for k in roles.values() for r in k.values()),
+        }
         for hogs in map(int, args.loads.split(",")):
             spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
             try:
@@ -221,15 +254,20 @@ def main() -> int:
                     record = {"hogs": hogs, "repeat": repeat, **build(root, roles)}
                     out["builds"].append(record)
                     counts: dict[str, int] = {}
-                    for name, row in record["rows"].items():
+                    for row in record["rows"].values():
                         row["judged"] = judged(row)
                         counts[row["judged"]] = counts.get(row["judged"], 0) + 1
                     record["counts"] = counts
-                    bad = {n: (r["performance_state"], r["kinds"], r["errors"][:1]) for n, r in record["rows"].items()
-                           if r["judged"] in ("failed", "credited", "inconclusive")}
-                    print(f"hogs {hogs} repeat {repeat}: load {record['load_before'][0]:.1f} -> "
-                          f"{record['load_after'][0]:.1f}, {record['build_s']} s, exit {record['exit']}: {counts}",
-                          flush=True)
+                    bad = {
+                        n: (r["performance_state"], r["kinds"], r["errors"][:1])
+                        for n, r in record["rows"].items()
+                        if r["judged"] in ("failed", "credited", "inconclusive")
+                    }
+                    print(
+                        f"hogs {hogs} repeat {repeat}: load {record['load_before'][0]:.1f} -> "
+                        f"{record['load_after'][0]:.1f}, {record['build_s']} s, exit {record['exit']}: {counts}",
+                        flush=True,
+                    )
                     for name, what in bad.items():
                         print(f"  {name}: {what}", flush=True)
                     if args.json:

@@ -38,12 +38,21 @@ SHAPE = "16777216"
 
 def coverage(runs: list[dict]) -> dict:
     """Per candidate, how many runs' intervals contain the median of the other runs' estimates."""
-    names = sorted({name for run in runs for name, row in run["rows"].items()
-                    if (row["speedup"] or {}).get("verdict") not in (None, "baseline")})
+    names = sorted(
+        {
+            name
+            for run in runs
+            for name, row in run["rows"].items()
+            if (row["speedup"] or {}).get("verdict") not in (None, "baseline")
+        }
+    )
     checks, held, misses = 0, 0, []
     for name in names:
-        values = [(i, run["rows"][name]["speedup"]) for i, run in enumerate(runs)
-                  if (run["rows"].get(name) or {}).get("speedup")]
+        values = [
+            (i, run["rows"][name]["speedup"])
+            for i, run in enumerate(runs)
+            if (run["rows"].get(name) or {}).get("speedup")
+        ]
         if len(values) < 2:  # no other run to hold
             continue
         for i, speedup in values:
@@ -52,8 +61,14 @@ def coverage(runs: list[dict]) -> dict:
             if speedup["ci_low"] <= others <= speedup["ci_high"]:
                 held += 1
             else:
-                misses.append({"candidate": name, "run": i, "interval": [speedup["ci_low"], speedup["ci_high"]],
-                               "others_median": others})
+                misses.append(
+                    {
+                        "candidate": name,
+                        "run": i,
+                        "interval": [speedup["ci_low"], speedup["ci_high"]],
+                        "others_median": others,
+                    }
+                )
     return {"checks": checks, "held": held, "coverage": held / checks if checks else None, "misses": misses}
 
 
@@ -70,8 +85,13 @@ def compiled_since(unix: float) -> list[dict]:
             continue
         info = path.stat()
         if info.st_mtime >= unix:
-            found.append({"file": path.relative_to(compiled).as_posix()[-90:], "t": round(info.st_mtime - unix, 3),
-                          "bytes": info.st_size})
+            found.append(
+                {
+                    "file": path.relative_to(compiled).as_posix()[-90:],
+                    "t": round(info.st_mtime - unix, 3),
+                    "bytes": info.st_size,
+                }
+            )
     return sorted(found, key=lambda f: f["t"])[:80]
 
 
@@ -108,9 +128,21 @@ def measure(args, root: Path) -> int:
         if "error" in run:
             print(run["error"])
             return 1
-        runs.append({k: run[k] for k in ("wall_s", "rows", "timeline_s", "timing_phases_s",
-                                         "timing_measurement_steps_s", "timing_round_parts_s", "device_held_alone_s",
-                                         "tasks")})
+        runs.append(
+            {
+                k: run[k]
+                for k in (
+                    "wall_s",
+                    "rows",
+                    "timeline_s",
+                    "timing_phases_s",
+                    "timing_measurement_steps_s",
+                    "timing_round_parts_s",
+                    "device_held_alone_s",
+                    "tasks",
+                )
+            }
+        )
         print(f"run {i}: {run['wall_s']:.1f} s", flush=True)
         write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"))
     edited = root / files[3]
@@ -127,25 +159,42 @@ def measure(args, root: Path) -> int:
             walls.append(wall)
             again = run
         else:
-            traced.append({"wall_s": wall, "timeline_s": run.get("timeline_s"), "error": run.get("error"),
-                           "main": json.loads(trace.read_text()) if trace.exists() else None,
-                           "compiled": compiled_since(started_unix)})
-        write_partial(args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"), edit_walls_s=walls,
-                      traced_edits=traced)
+            traced.append(
+                {
+                    "wall_s": wall,
+                    "timeline_s": run.get("timeline_s"),
+                    "error": run.get("error"),
+                    "main": json.loads(trace.read_text()) if trace.exists() else None,
+                    "compiled": compiled_since(started_unix),
+                }
+            )
+        write_partial(
+            args.out, runs=runs, start_run_wall_s=warm_up.get("wall_s"), edit_walls_s=walls, traced_edits=traced
+        )
     edit_to_verdict = statistics.median(walls)
     budget_s = 2 * BUDGET_MS / 1000
     medians = {name: [run["rows"][name]["median_us"] for run in runs] for name in runs[0]["rows"]}
     result = {
-        "budget_ms": BUDGET_MS, "shape": shape, "runs": runs, "start_run_wall_s": warm_up.get("wall_s"),
+        "budget_ms": BUDGET_MS,
+        "shape": shape,
+        "runs": runs,
+        "start_run_wall_s": warm_up.get("wall_s"),
         "coverage": coverage(runs),
         "medians_us": medians,
         "median_spread": {name: (max(v) - min(v)) / statistics.median(v) for name, v in medians.items() if all(v)},
-        "edit_to_verdict": {"candidate": files[3], "wall_s": edit_to_verdict, "walls_s": walls,
-                            "timing_budget_s": budget_s,
-                            "ratio": edit_to_verdict / budget_s, "target_s": 1.5 * budget_s + 1,
-                            "tasks_run": sorted(again.get("tasks", {})), "tasks": again.get("tasks"),
-                            "timeline_s": again.get("timeline_s"), "error": again.get("error"),
-                            "traced": traced},
+        "edit_to_verdict": {
+            "candidate": files[3],
+            "wall_s": edit_to_verdict,
+            "walls_s": walls,
+            "timing_budget_s": budget_s,
+            "ratio": edit_to_verdict / budget_s,
+            "target_s": 1.5 * budget_s + 1,
+            "tasks_run": sorted(again.get("tasks", {})),
+            "tasks": again.get("tasks"),
+            "timeline_s": again.get("timeline_s"),
+            "error": again.get("error"),
+            "traced": traced,
+        },
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     cov = result["coverage"]
@@ -154,13 +203,17 @@ def measure(args, root: Path) -> int:
     for name, values in medians.items():
         print(f"{name:>18} medians {' '.join(f'{v:.1f}' for v in values)}")
     steps = runs[-1]["timing_measurement_steps_s"]
-    print("the last run's timing jobs, summed (s): "
-          + ", ".join(f"{step} {seconds:.2f}" for step, seconds in steps.items())
-          + "; the rounds: " + ", ".join(f"{part} {seconds:.2f}"
-                                        for part, seconds in runs[-1]["timing_round_parts_s"].items()))
+    print(
+        "the last run's timing jobs, summed (s): "
+        + ", ".join(f"{step} {seconds:.2f}" for step, seconds in steps.items())
+        + "; the rounds: "
+        + ", ".join(f"{part} {seconds:.2f}" for part, seconds in runs[-1]["timing_round_parts_s"].items())
+    )
     e = result["edit_to_verdict"]
-    print(f"edit to verdict {e['wall_s']:.2f} s, median of {' '.join(f'{w:.2f}' for w in e['walls_s'])} (budget {budget_s:.1f} s, target {e['target_s']:.1f} s), "
-          f"ran: {', '.join(e['tasks_run'])}")
+    print(
+        f"edit to verdict {e['wall_s']:.2f} s, median of {' '.join(f'{w:.2f}' for w in e['walls_s'])} (budget {budget_s:.1f} s, target {e['target_s']:.1f} s), "
+        f"ran: {', '.join(e['tasks_run'])}"
+    )
     return 0
 
 

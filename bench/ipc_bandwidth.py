@@ -25,11 +25,11 @@ BATCHES = 12
 
 
 def borrower(region, conn) -> None:
-    lent_inputs = [region[i * ELEMENTS:(i + 1) * ELEMENTS] for i in range(CALLS)]
-    lent_slots = [region[(CALLS + i) * ELEMENTS:(CALLS + i + 1) * ELEMENTS] for i in range(CALLS)]
+    lent_inputs = [region[i * ELEMENTS : (i + 1) * ELEMENTS] for i in range(CALLS)]
+    lent_slots = [region[(CALLS + i) * ELEMENTS : (CALLS + i + 1) * ELEMENTS] for i in range(CALLS)]
     own = torch.empty(2 * CALLS * ELEMENTS, device="cuda")
-    own_inputs = [own[i * ELEMENTS:(i + 1) * ELEMENTS] for i in range(CALLS)]
-    own_slots = [own[(CALLS + i) * ELEMENTS:(CALLS + i + 1) * ELEMENTS] for i in range(CALLS)]
+    own_inputs = [own[i * ELEMENTS : (i + 1) * ELEMENTS] for i in range(CALLS)]
+    own_slots = [own[(CALLS + i) * ELEMENTS : (CALLS + i + 1) * ELEMENTS] for i in range(CALLS)]
     while True:
         request = conn.recv()
         if request is None:
@@ -46,15 +46,20 @@ def borrower(region, conn) -> None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         began = time.perf_counter_ns()
         start.record()
-        for x, slot in zip(inputs[:request["calls"]], slots[:request["calls"]]):
+        for x, slot in zip(inputs[: request["calls"]], slots[: request["calls"]]):
             out = torch.relu(x) * 2.0
             if request["copy"]:
                 slot.copy_(out)
         end.record()
         queued = time.perf_counter_ns()
         torch.cuda.synchronize()
-        conn.send({"gpu_ns": start.elapsed_time(end) * 1e6, "loop_ns": queued - began,
-                   "sync_ns": time.perf_counter_ns() - queued})
+        conn.send(
+            {
+                "gpu_ns": start.elapsed_time(end) * 1e6,
+                "loop_ns": queued - began,
+                "sync_ns": time.perf_counter_ns() - queued,
+            }
+        )
 
 
 def main() -> int:
@@ -62,8 +67,8 @@ def main() -> int:
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
         region = torch.empty(2 * CALLS * ELEMENTS, device="cuda")
-    inputs = [region[i * ELEMENTS:(i + 1) * ELEMENTS] for i in range(CALLS)]
-    slots = [region[(CALLS + i) * ELEMENTS:(CALLS + i + 1) * ELEMENTS] for i in range(CALLS)]
+    inputs = [region[i * ELEMENTS : (i + 1) * ELEMENTS] for i in range(CALLS)]
+    slots = [region[(CALLS + i) * ELEMENTS : (CALLS + i + 1) * ELEMENTS] for i in range(CALLS)]
     beacon = torch.zeros(1, device="cuda")
     here, there = ctx.Pipe()
     process = ctx.Process(target=borrower, args=(region, there))
@@ -106,15 +111,23 @@ def main() -> int:
                     loop.append(answer["loop_ns"] / CALLS / 1000)
                     sync.append(answer["sync_ns"] / CALLS / 1000)
                 key = f"{memory} memory, {'new' if fresh else 'same'} inputs, {'copy' if copy else 'no copy'}"
-                rows[key] = {"lender_us_per_call": statistics.median(spans),
-                             "borrower_events_us_per_call": statistics.median(gpu),
-                             "borrower_loop_us_per_call": statistics.median(loop),
-                             "borrower_sync_us_per_call": statistics.median(sync)}
+                rows[key] = {
+                    "lender_us_per_call": statistics.median(spans),
+                    "borrower_events_us_per_call": statistics.median(gpu),
+                    "borrower_loop_us_per_call": statistics.median(loop),
+                    "borrower_sync_us_per_call": statistics.median(sync),
+                }
                 print(key, {k: round(v, 1) for k, v in rows[key].items()}, flush=True)
     here.send(None)
     process.join()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "elements": ELEMENTS,
-              "calls_per_batch": CALLS, "empty_batch_us": empty / 1000, "us_per_call": rows}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "elements": ELEMENTS,
+        "calls_per_batch": CALLS,
+        "empty_batch_us": empty / 1000,
+        "us_per_call": rows,
+    }
     print(json.dumps(result, indent=1))
     if sys.argv[1:]:
         with open(sys.argv[1], "w") as out:

@@ -17,9 +17,20 @@ import time
 # taken out of the environment: the zygote a build finds is keyed by the variables it passes on
 T0 = float(os.environ.pop("MAGPIE_TIMELINE_T0", None) or time.time())
 STAGE_MODULES = {
-    "magpie.cli", "magpie.cli.compare", "magpie.execution.pool", "multiprocessing.forkserver", "pydantic",
-    "magpie.manifest.models", "magpie.project", "doit", "magpie.execution.doit_glue", "magpie.supervision.zygote",
-    "magpie.sandbox", "concurrent.futures.process", "magpie.store", "json",
+    "magpie.cli",
+    "magpie.cli.compare",
+    "magpie.execution.pool",
+    "multiprocessing.forkserver",
+    "pydantic",
+    "magpie.manifest.models",
+    "magpie.project",
+    "doit",
+    "magpie.execution.doit_glue",
+    "magpie.supervision.zygote",
+    "magpie.sandbox",
+    "concurrent.futures.process",
+    "magpie.store",
+    "json",
 }
 
 

@@ -7,6 +7,7 @@ Usage: python bench/model_keying.py [--gib 3] [--files 3] [--sparse] [--runs 3] 
 The tree goes to a temporary folder under /tmp (removed unless --keep): real bytes written by default, or sparse
 files (holes: no disk reads, so the figure is sha256 alone).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,9 @@ def main() -> None:
     make_tree(model, a.gib, a.files, a.sparse)
     manifest = root / "project" / "magpie.toml"
     manifest.parent.mkdir()
-    manifest.write_text(f'[project]\nname = "keying"\n[[benchmark]]\nid = "big"\nengine = "transformers"\n'
-                        f'model = "{model}"\n')
+    manifest.write_text(
+        f'[project]\nname = "keying"\n[[benchmark]]\nid = "big"\nengine = "transformers"\nmodel = "{model}"\n'
+    )
     digests_file = manifest.parent / "workspaces" / "file-digests.json"
     load = LOAD.format(repo=str(REPO), manifest=str(manifest))
     firsts, cached = [], []
@@ -96,9 +98,11 @@ def main() -> None:
         script = MODEL_HASH.format(repo=str(REPO), cache=str(cache), model=str(model))
         provenance.append((timed(script), timed(script)))
     total = sum(p.stat().st_size for p in model.iterdir())
-    print(f"{datetime.date.today()} {platform.node()} {platform.processor() or platform.machine()} "
-          f"python {platform.python_version()}; {total / (1 << 30):.2f} GiB in {len(list(model.iterdir()))} files, "
-          f"{'sparse' if a.sparse else 'real bytes (page cache warm)'}; {a.runs} runs, median (min-max) s")
+    print(
+        f"{datetime.date.today()} {platform.node()} {platform.processor() or platform.machine()} "
+        f"python {platform.python_version()}; {total / (1 << 30):.2f} GiB in {len(list(model.iterdir()))} files, "
+        f"{'sparse' if a.sparse else 'real bytes (page cache warm)'}; {a.runs} runs, median (min-max) s"
+    )
 
     def row(name, values):
         print(f"| {name} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")

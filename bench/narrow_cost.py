@@ -23,8 +23,14 @@ def once(project: str) -> float:
     child = os.fork()
     if child == 0:
         try:
-            sandbox.contain(sandbox.Policy(write=[os.path.join(project, "cache"), os.path.join(project, "tmp")],
-                                           read=[project], project=project), fork=False)
+            sandbox.contain(
+                sandbox.Policy(
+                    write=[os.path.join(project, "cache"), os.path.join(project, "tmp")],
+                    read=[project],
+                    project=project,
+                ),
+                fork=False,
+            )
             started = time.perf_counter()
             sandbox.narrow([os.path.join(project, "kernel.py")])
             os.write(write, str(time.perf_counter() - started).encode())
@@ -52,8 +58,10 @@ def main() -> None:
         seconds = [once(project) for _ in range(repeat)]
     finally:
         shutil.rmtree(project, ignore_errors=True)
-    print(f"{label}: narrow median {statistics.median(seconds) * 1e3:.3f} ms, least {min(seconds) * 1e3:.3f}, "
-          f"most {max(seconds) * 1e3:.3f} ({repeat} sandboxes)")
+    print(
+        f"{label}: narrow median {statistics.median(seconds) * 1e3:.3f} ms, least {min(seconds) * 1e3:.3f}, "
+        f"most {max(seconds) * 1e3:.3f} ({repeat} sandboxes)"
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def plain_doit_project(root: Path, count: int) -> None:
         "DOIT_CONFIG = {'verbosity': 0}\n"
         "def task_t():\n"
         f"    for i in range({count}):\n"
-        "        yield {'name': str(i), 'actions': [lambda: True], 'uptodate': [True]}\n")
+        "        yield {'name': str(i), 'actions': [lambda: True], 'uptodate': [True]}\n"
+    )
 
 
 def timed(cmd: list[str], cwd: Path, runs: int) -> list[float]:
@@ -55,8 +56,10 @@ def timed(cmd: list[str], cwd: Path, runs: int) -> list[float]:
 
 
 def row(label: str, samples: list[float]) -> str:
-    return (f"| {label} | {statistics.median(samples) * 1000:.0f} | {min(samples) * 1000:.0f} | "
-            f"{max(samples) * 1000:.0f} | {len(samples)} |")
+    return (
+        f"| {label} | {statistics.median(samples) * 1000:.0f} | {min(samples) * 1000:.0f} | "
+        f"{max(samples) * 1000:.0f} | {len(samples)} |"
+    )
 
 
 def main() -> int:
@@ -68,11 +71,22 @@ def main() -> int:
         root.mkdir()
         generate(root)
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "magpie", "build", "-j", str(os.cpu_count()), "--plain"], cwd=root,
-                       capture_output=True, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "magpie", "build", "-j", str(os.cpu_count()), "--plain"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+        )
         first = time.perf_counter() - start
-        count = json.loads(subprocess.run([sys.executable, "-m", "magpie", "build", "--json"], cwd=root,
-                                          capture_output=True, text=True, check=True).stdout)["up_to_date"]
+        count = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "magpie", "build", "--json"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )["up_to_date"]
         magpie_noop = timed([sys.executable, "-m", "magpie", "build"], root, args.runs)
         snapshot = root / "workspaces" / "graph-snapshot.json"
         cold = []
@@ -86,8 +100,10 @@ def main() -> int:
         plain_doit_project(doit_root, count)
         doit_noop = timed([sys.executable, "-m", "doit"], doit_root, args.runs)
         bare = timed([sys.executable, "-c", "pass"], root, args.runs)
-    print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}; {datetime.date.today()}")
+    print(
+        f"machine: {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}; {datetime.date.today()}"
+    )
     print(f"artifacts: {count}; first build {first:.1f} s with -j {os.cpu_count()}\n")
     print("| no-op, whole process | median ms | min ms | max ms | runs |\n|---|---:|---:|---:|---:|")
     print(row(f"`magpie build`, {count} artifacts up to date", magpie_noop))

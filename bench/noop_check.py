@@ -18,7 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from noop_build import generate  # noqa: E402
 
-VARIANTS = {"magpie build": [], "magpie build --check": ["--check"], "magpie build --check --json": ["--check", "--json"]}
+VARIANTS = {
+    "magpie build": [],
+    "magpie build --check": ["--check"],
+    "magpie build --check --json": ["--check", "--json"],
+}
 
 
 def main() -> int:
@@ -28,8 +32,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         generate(root)
-        subprocess.run([sys.executable, "-m", "magpie", "build", "-j", "2", "--plain"], cwd=root, capture_output=True,
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "magpie", "build", "-j", "2", "--plain"], cwd=root, capture_output=True, check=True
+        )
         seconds: dict[str, list[float]] = {name: [] for name in [*VARIANTS, "python -c pass"]}
         for _ in range(args.runs):
             for name, flags in VARIANTS.items():
@@ -41,8 +46,10 @@ def main() -> int:
             seconds["python -c pass"].append(time.perf_counter() - started)
     print(f"load average {os.getloadavg()[0]:.1f}; {args.runs} runs each, interleaved")
     for name, times in seconds.items():
-        print(f"{name}: median {statistics.median(times) * 1000:.0f} ms, min {min(times) * 1000:.0f}, "
-              f"max {max(times) * 1000:.0f}")
+        print(
+            f"{name}: median {statistics.median(times) * 1000:.0f} ms, min {min(times) * 1000:.0f}, "
+            f"max {max(times) * 1000:.0f}"
+        )
     return 0
 
 

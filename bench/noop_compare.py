@@ -30,8 +30,9 @@ EXAMPLE = Path(__file__).resolve().parents[1]
 
 def timed(cmd: list[str], cwd: Path, env: dict) -> tuple[float, float]:
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     if status:
         raise SystemExit(f"{' '.join(cmd)} in {cwd} failed ({status})")
@@ -47,8 +48,10 @@ def copy_example(target: Path) -> None:
 
 def line(name: str, samples: list[tuple[float, float]]) -> str:
     wall, cpu = [w * 1000 for w, _ in samples], [c * 1000 for _, c in samples]
-    return (f"| {name} | {statistics.median(wall):.0f} | {min(wall):.0f} | {max(wall):.0f} | "
-            f"{statistics.median(cpu):.0f} | {len(samples)} |")
+    return (
+        f"| {name} | {statistics.median(wall):.0f} | {min(wall):.0f} | {max(wall):.0f} | "
+        f"{statistics.median(cpu):.0f} | {len(samples)} |"
+    )
 
 
 def primitives(env: dict) -> None:

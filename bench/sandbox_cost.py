@@ -52,13 +52,23 @@ def main() -> int:
     args = parser.parse_args()
     scratch = tempfile.mkdtemp()
     policy = sandbox.Policy(write=[scratch], gpu=args.cuda)
-    result = {"machine": platform.node(), "kernel": platform.release(), "python": platform.python_version(),
-              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "cuda": args.cuda,
-              "unavailable": sandbox.unavailable_reason(), "isolation": sandbox.describe(policy)}
+    result = {
+        "machine": platform.node(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "cuda": args.cuda,
+        "unavailable": sandbox.unavailable_reason(),
+        "isolation": sandbox.describe(policy),
+    }
     for name, chosen in (("plain", "plain"), ("trusted", None), ("sandboxed", policy)):
         times = [once(chosen, args.cuda) for _ in range(args.repeat)]
-        result[f"{name}_ms"] = {"median": round(statistics.median(times) * 1000, 2),
-                                "min": round(min(times) * 1000, 2), "max": round(max(times) * 1000, 2)}
+        result[f"{name}_ms"] = {
+            "median": round(statistics.median(times) * 1000, 2),
+            "min": round(min(times) * 1000, 2),
+            "max": round(max(times) * 1000, 2),
+        }
     result["cost_ms"] = round(result["sandboxed_ms"]["median"] - result["plain_ms"]["median"], 2)
     print(json.dumps(result, indent=1))
     return 0

@@ -57,10 +57,22 @@ def without(part: str) -> None:
         sandbox.contain(POLICY)
 
 
-PARTS = ["the sandbox", "nothing", "socket refusal", "socket refusal but AF_UNIX", "socket refusal but AF_NETLINK",
-         *(f"socket refusal of {family}" for family in ("AF_UNIX", "AF_NETLINK", "AF_INET", "AF_INET6")),
-         "seccomp", "device allowlist", "narrow reads", "covered socket folders", "covered secrets", "landlock",
-         "capability drop", "limits"]
+PARTS = [
+    "the sandbox",
+    "nothing",
+    "socket refusal",
+    "socket refusal but AF_UNIX",
+    "socket refusal but AF_NETLINK",
+    *(f"socket refusal of {family}" for family in ("AF_UNIX", "AF_NETLINK", "AF_INET", "AF_INET6")),
+    "seccomp",
+    "device allowlist",
+    "narrow reads",
+    "covered socket folders",
+    "covered secrets",
+    "landlock",
+    "capability drop",
+    "limits",
+]
 
 
 def in_fork(work) -> str:
@@ -90,6 +102,7 @@ def one_gpu_of_several() -> None:
     minors = [sandbox.nvidia_minor(u) for u in uuids]
     print(f"{count} GPUs; UUIDs {uuids}; their nodes' minors {minors}")
     for index, minor in enumerate(minors):
+
         def probe(minor=minor):
             sandbox.contain(sandbox.Policy(write=[SCRATCH], gpu=True, gpu_minors=[minor]))
             ran = []
@@ -99,6 +112,7 @@ def one_gpu_of_several() -> None:
                 except BaseException as err:  # noqa: BLE001 - reported
                     ran.append(f"cuda:{device} {type(err).__name__}: {str(err).splitlines()[0][:120]}")
             return f"counts {torch.cuda.device_count()}; " + "; ".join(ran)
+
         print(f"only /dev/nvidia{minor} (CUDA's {index}): {in_fork(probe)}", flush=True)
 
 
@@ -106,13 +120,26 @@ def main() -> int:
     if len(sandbox.nvidia_gpu_nodes()) > 1:
         one_gpu_of_several()
     for part in PARTS:
+
         def run_one(part=part) -> str:
             without(part)
             return f"ok ({float((torch.ones(1 << 20, device='cuda') * 2).sum()):g})"
+
         print(f"without {part:32s} {in_fork(run_one)}", flush=True)
     if shutil.which("strace"):
-        traced = subprocess.run(["strace", "-f", "-e", "trace=socket,connect", sys.executable, "-c",
-                                 "import torch; torch.ones(1, device='cuda')"], capture_output=True, text=True)
+        traced = subprocess.run(
+            [
+                "strace",
+                "-f",
+                "-e",
+                "trace=socket,connect",
+                sys.executable,
+                "-c",
+                "import torch; torch.ones(1, device='cuda')",
+            ],
+            capture_output=True,
+            text=True,
+        )
         print("".join(line + "\n" for line in traced.stderr.splitlines() if "socket(" in line or "connect(" in line))
     else:
         print("strace: not installed")

@@ -15,6 +15,7 @@ comparison, with the same arrivals, semaphore and metrics.
 
     python bench/serving_client.py [--requests 20000] [--rate-requests 3000] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,12 @@ from magpie.serving.stream import RequestOutput  # noqa: E402
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "magpie.serving.stub_server", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "magpie.serving.stub_server", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     line = proc.stdout.readline().strip()
     if not line.startswith("listening "):
         proc.kill()
@@ -53,14 +58,21 @@ async def shared_session_run(base_url: str, samples, rate: float, concurrency: i
     import aiohttp
 
     url = base_url + "/v1/completions"
-    connector = aiohttp.TCPConnector(limit=concurrency or 0, limit_per_host=concurrency or 0, force_close=False,
-                                     keepalive_timeout=60)
+    connector = aiohttp.TCPConnector(
+        limit=concurrency or 0, limit_per_host=concurrency or 0, force_close=False, keepalive_timeout=60
+    )
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600))
     sem = asyncio.Semaphore(concurrency) if concurrency else None
 
     async def one(s) -> RequestOutput:
-        body = {"model": "stub", "prompt": s.prompt, "max_tokens": s.expected_output_len, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True}
+        body = {
+            "model": "stub",
+            "prompt": s.prompt,
+            "max_tokens": s.expected_output_len,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
         out = RequestOutput(s.prompt_len, time.perf_counter())
         try:
             async with session.post(url, json=body) as resp:
@@ -118,20 +130,34 @@ async def shared_session_run(base_url: str, samples, rate: float, concurrency: i
 def measure(design: str, base_url: str, n: int, rate: float, concurrency: int | None) -> dict:
     samples = random_dataset(n, 32, 32, seed=0)
     if design == "magpie":
-        config = LoadConfig(base_url=base_url, model="stub", num_prompts=n, request_rate=rate,
-                            max_concurrency=concurrency, dataset=DatasetConfig(input_len=32, output_len=32))
+        config = LoadConfig(
+            base_url=base_url,
+            model="stub",
+            num_prompts=n,
+            request_rate=rate,
+            max_concurrency=concurrency,
+            dataset=DatasetConfig(input_len=32, output_len=32),
+        )
         record = asyncio.run(run(config, samples))
         outs, duration = record.outputs, record.duration
     else:
         outs, duration = asyncio.run(shared_session_run(base_url, samples, rate, concurrency))
     m, _ = serving_metrics.compute(outs, duration)
     tokens = {o.output_tokens for o in outs if o.success}
-    return {"design": design, "requests": n, "rate": rate, "max_concurrency": concurrency,
-            "completed": m.completed, "failed": m.failed, "output_tokens_per_request": sorted(tokens),
-            "duration_s": round(duration, 3), "req_per_s": round(m.throughput.request_throughput, 1),
-            "ttft_ms": {k: round(getattr(m.latency.ttft, k), 3) for k in ("median", "p90", "p99")},
-            "ttft_max_ms": round(max((o.ttft for o in outs if o.success), default=0) * 1000, 3),
-            "e2el_p99_ms": round(m.latency.e2el.p99, 3)}
+    return {
+        "design": design,
+        "requests": n,
+        "rate": rate,
+        "max_concurrency": concurrency,
+        "completed": m.completed,
+        "failed": m.failed,
+        "output_tokens_per_request": sorted(tokens),
+        "duration_s": round(duration, 3),
+        "req_per_s": round(m.throughput.request_throughput, 1),
+        "ttft_ms": {k: round(getattr(m.latency.ttft, k), 3) for k in ("median", "p90", "p99")},
+        "ttft_max_ms": round(max((o.ttft for o in outs if o.success), default=0) * 1000, 3),
+        "e2el_p99_ms": round(m.latency.e2el.p99, 3),
+    }
 
 
 def main() -> None:
@@ -143,6 +169,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         import aiohttp  # noqa: F401
+
         designs = ["magpie", "shared-session"]
     except ImportError:
         designs = ["magpie"]
@@ -158,8 +185,11 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    facts = {"date": date.today().isoformat(), "machine": f"{platform.node()} {platform.machine()}, "
-             f"{os.cpu_count()} CPUs, Python {platform.python_version()}", "rows": rows}
+    facts = {
+        "date": date.today().isoformat(),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "rows": rows,
+    }
     if args.json:
         args.json.write_text(json.dumps(facts, indent=1))
 

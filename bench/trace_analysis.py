@@ -72,10 +72,12 @@ ROUNDS = 3  # the machine is noisy: each figure is the median of this many inter
 # The floors, each a process of its own as the analysis is: the untyped decode builds every event
 # as Python objects; the scan decodes into a struct without fields, so msgspec parses and skips.
 UNTYPED = "import msgspec, sys; msgspec.json.decode(open(sys.argv[1], 'rb').read())"
-SCAN = ("import msgspec, sys\n"
-        "class Skipped(msgspec.Struct): pass\n"
-        "class Document(msgspec.Struct): traceEvents: list[Skipped] = []\n"
-        "msgspec.json.decode(open(sys.argv[1], 'rb').read(), type=Document)")
+SCAN = (
+    "import msgspec, sys\n"
+    "class Skipped(msgspec.Struct): pass\n"
+    "class Document(msgspec.Struct): traceEvents: list[Skipped] = []\n"
+    "msgspec.json.decode(open(sys.argv[1], 'rb').read(), type=Document)"
+)
 
 
 class _Skipped(msgspec.Struct):
@@ -84,6 +86,7 @@ class _Skipped(msgspec.Struct):
 
 class _Scanned(msgspec.Struct):
     """The scan floor's document in process: every event parsed, none kept."""
+
     traceEvents: list[_Skipped] = []
 
 
@@ -92,8 +95,9 @@ def run_once(command: list[str]) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(["/usr/bin/time", "-v", *command], capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
-    cpu = sum(float(re.search(rf"{kind} time \(seconds\): ([\d.]+)", proc.stderr).group(1))
-              for kind in ("User", "System"))
+    cpu = sum(
+        float(re.search(rf"{kind} time \(seconds\): ([\d.]+)", proc.stderr).group(1)) for kind in ("User", "System")
+    )
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
     return {"wall_s": wall, "cpu_s": cpu, "peak_mb": peak_kb / 1024}
 
@@ -111,14 +115,24 @@ def measure(directory: Path, mode: str) -> dict:
     analysis = [sys.executable, "-m", "magpie", "benchmark", "--trace-dir", str(directory), "--analysis-mode", mode]
     rounds = []
     for i in range(1 if large else ROUNDS):
-        floors = {} if large else {name: run_once([sys.executable, "-c", code, str(trace)])
-                                   for name, code in (("untyped", UNTYPED), ("scan", SCAN))}
+        floors = (
+            {}
+            if large
+            else {
+                name: run_once([sys.executable, "-c", code, str(trace)])
+                for name, code in (("untyped", UNTYPED), ("scan", SCAN))
+            }
+        )
         # outputs beside the trace folder, not in it: a later run would read their JSON as candidate traces
         rounds.append({"analysis": run_once([*analysis, "-o", str(directory.parent / f"out-{mode}-{i}")]), **floors})
-    result = {name: {key: statistics.median(r[name][key] for r in rounds) for key in ("wall_s", "cpu_s", "peak_mb")}
-              for name in rounds[0]}
-    result["analysis"]["cpu_range"] = (min(r["analysis"]["cpu_s"] for r in rounds),
-                                       max(r["analysis"]["cpu_s"] for r in rounds))
+    result = {
+        name: {key: statistics.median(r[name][key] for r in rounds) for key in ("wall_s", "cpu_s", "peak_mb")}
+        for name in rounds[0]
+    }
+    result["analysis"]["cpu_range"] = (
+        min(r["analysis"]["cpu_s"] for r in rounds),
+        max(r["analysis"]["cpu_s"] for r in rounds),
+    )
     for floor in ("untyped", "scan"):
         if floor in result:
             result[f"ratio_{floor}"] = statistics.median(r["analysis"]["cpu_s"] / r[floor]["cpu_s"] for r in rounds)
@@ -131,11 +145,24 @@ def measure(directory: Path, mode: str) -> dict:
 PHASES = {
     "decode": [("magpie.traces.ingest", "_stream"), ("magpie.traces.ingest", "decode")],
     "records": [("magpie.traces.ingest._Builder", "take"), ("magpie.traces.ingest._Builder", "take_collectives")],
-    "index": [("magpie.traces.ingest", "_link"), ("magpie.traces.perf_rows.TraceCalls", "of"),
-              ("magpie.traces.perf_rows.TraceCalls", "stage")],
-    "tables": [("magpie.traces.report", name) for name in ("trace_tables", "gap_rows", "gpu_timeline",
-                                                            "roofline_rows", "coll_analysis", "split_steps",
-                                                            "stage_traces", "steady_state_window")],
+    "index": [
+        ("magpie.traces.ingest", "_link"),
+        ("magpie.traces.perf_rows.TraceCalls", "of"),
+        ("magpie.traces.perf_rows.TraceCalls", "stage"),
+    ],
+    "tables": [
+        ("magpie.traces.report", name)
+        for name in (
+            "trace_tables",
+            "gap_rows",
+            "gpu_timeline",
+            "roofline_rows",
+            "coll_analysis",
+            "split_steps",
+            "stage_traces",
+            "steady_state_window",
+        )
+    ],
     "write": [("magpie.traces.report", name) for name in ("_csv", "atomic_write", "render_trace_report")]
     + [("magpie.traces.report.json", "dumps")],
 }
@@ -171,6 +198,7 @@ def _timed(phase: str, function):
             _SPENT[phase] = _SPENT.get(phase, 0.0) + elapsed
             if _OPEN:  # not the enclosing phase's time
                 _SPENT[_OPEN[-1]] = _SPENT.get(_OPEN[-1], 0.0) - elapsed
+
     wrapper.timed = True
     return wrapper
 
@@ -204,8 +232,10 @@ def phases(directory: Path, mode: str, repeats: int = 3) -> dict[str, float]:
         if best is None or run["total"] < best["total"]:
             best = run
     trace = next(directory.glob("*.json")).read_bytes()
-    for name, decode in (("scan floor", lambda: msgspec.json.decode(trace, type=_Scanned)),
-                         ("untyped floor", lambda: msgspec.json.decode(trace))):
+    for name, decode in (
+        ("scan floor", lambda: msgspec.json.decode(trace, type=_Scanned)),
+        ("untyped floor", lambda: msgspec.json.decode(trace)),
+    ):
         times = []
         for _ in range(repeats):
             start = time.process_time()
@@ -233,20 +263,28 @@ def main() -> int:
                 rows.append((copies, mode, events, size_mb, measure(folder, mode)))
                 if args.phases and path.stat().st_size <= LARGE_BYTES:
                     breakdowns.append((copies, mode, phases(folder, mode)))
-    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, load "
-          f"{os.getloadavg()[0]:.1f}; Python {platform.python_version()}, msgspec {msgspec.__version__}; "
-          f"{datetime.date.today()}\n")
-    print("| trace | analysis mode | events | size MB | analysis CPU s (range) | wall s | peak RSS MB "
-          "| bare decode CPU s | × bare decode | scan CPU s | × scan |")
+    print(
+        f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, load "
+        f"{os.getloadavg()[0]:.1f}; Python {platform.python_version()}, msgspec {msgspec.__version__}; "
+        f"{datetime.date.today()}\n"
+    )
+    print(
+        "| trace | analysis mode | events | size MB | analysis CPU s (range) | wall s | peak RSS MB "
+        "| bare decode CPU s | × bare decode | scan CPU s | × scan |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for copies, mode, events, size, r in rows:
         a = r["analysis"]
         low, high = a["cpu_range"]
         cpu = f"{a['cpu_s']:.2f} ({low:.2f}-{high:.2f})" if r["rounds"] > 1 else f"{a['cpu_s']:.2f} (one run)"
-        floors = " | ".join(f"{r[floor]['cpu_s']:.2f} | {r[f'ratio_{floor}']:.2f}" if floor in r else "- | -"
-                            for floor in ("untyped", "scan"))
-        print(f"| llama decode tiled x{copies} | {mode} | {events:,} | {size:.0f} | {cpu} | {a['wall_s']:.2f} "
-              f"| {a['peak_mb']:.0f} | {floors} |")
+        floors = " | ".join(
+            f"{r[floor]['cpu_s']:.2f} | {r[f'ratio_{floor}']:.2f}" if floor in r else "- | -"
+            for floor in ("untyped", "scan")
+        )
+        print(
+            f"| llama decode tiled x{copies} | {mode} | {events:,} | {size:.0f} | {cpu} | {a['wall_s']:.2f} "
+            f"| {a['peak_mb']:.0f} | {floors} |"
+        )
     if breakdowns:
         names = ["decode", "records", "index", "tables", "write", "other", "total", "scan floor", "untyped floor"]
         print("\nCPU s per phase, in process (best of 3):\n")

@@ -26,30 +26,46 @@ MAPPING_FILE = "TraceLens/PerfModel/torch_op_mapping.py"
 
 
 def table(checkout: Path) -> dict:
-    commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     sys.path.insert(0, str(checkout))
     import TraceLens.PerfModel.torch_op_mapping as mapping  # noqa: PLC0415 (from the checkout given)
 
-    models = {op: {"model": cls.__name__, "category": mapping.get_perf_model_category(cls),
-                   "sheet": mapping.get_perf_model_sheet_category(cls)}
-              for op, cls in sorted(mapping.op_to_perf_model_class_map.items())}
-    return {"source": {"repository": "https://github.com/AMD-AGI/TraceLens", "commit": commit,
-                       "file": MAPPING_FILE, "written_by": "bench/tracelens_op_table.py"},
-            "models": models,
-            "category_only": dict(sorted(mapping.CATEGORY_ONLY_OP_MAPPING.items())),
-            "name_patterns": [[pattern.pattern, category] for pattern, category in mapping.OP_CATEGORY_PATTERNS]}
+    models = {
+        op: {
+            "model": cls.__name__,
+            "category": mapping.get_perf_model_category(cls),
+            "sheet": mapping.get_perf_model_sheet_category(cls),
+        }
+        for op, cls in sorted(mapping.op_to_perf_model_class_map.items())
+    }
+    return {
+        "source": {
+            "repository": "https://github.com/AMD-AGI/TraceLens",
+            "commit": commit,
+            "file": MAPPING_FILE,
+            "written_by": "bench/tracelens_op_table.py",
+        },
+        "models": models,
+        "category_only": dict(sorted(mapping.CATEGORY_ONLY_OP_MAPPING.items())),
+        "name_patterns": [[pattern.pattern, category] for pattern, category in mapping.OP_CATEGORY_PATTERNS],
+    }
 
 
 def main() -> int:
     if len(sys.argv) != 2 or not (Path(sys.argv[1]) / MAPPING_FILE).is_file():
-        print(f"usage: python bench/tracelens_op_table.py TRACELENS_CHECKOUT (a clone holding {MAPPING_FILE})",
-              file=sys.stderr)
+        print(
+            f"usage: python bench/tracelens_op_table.py TRACELENS_CHECKOUT (a clone holding {MAPPING_FILE})",
+            file=sys.stderr,
+        )
         return 2
     data = table(Path(sys.argv[1]).resolve())
     FIXTURE.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{FIXTURE}: {len(data['models'])} modelled ops, {len(data['category_only'])} categorised only, "
-          f"TraceLens {data['source']['commit'][:12]}")
+    print(
+        f"{FIXTURE}: {len(data['models'])} modelled ops, {len(data['category_only'])} categorised only, "
+        f"TraceLens {data['source']['commit'][:12]}"
+    )
     return 0
 
 

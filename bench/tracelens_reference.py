@@ -34,11 +34,24 @@ def reference(checkout: Path, trace: Path) -> Path:
     name = trace.name.removesuffix(".gz").removesuffix(".json")
     target = REFERENCE / name
     with tempfile.TemporaryDirectory() as scratch:
-        run = subprocess.run([sys.executable, "-m", "TraceLens.Reporting.generate_perf_report_pytorch",
-                              "--profile_json_path", str(trace), "--output_csvs_dir", scratch,
-                              "--gpu_arch_json_path", str(REFERENCE / "h200_arch.json")],
-                             cwd=scratch, env={**os.environ, "PYTHONPATH": str(checkout)},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "TraceLens.Reporting.generate_perf_report_pytorch",
+                "--profile_json_path",
+                str(trace),
+                "--output_csvs_dir",
+                scratch,
+                "--gpu_arch_json_path",
+                str(REFERENCE / "h200_arch.json"),
+            ],
+            cwd=scratch,
+            env={**os.environ, "PYTHONPATH": str(checkout)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if run.returncode:
             last = (run.stderr.strip().splitlines() or ["no message"])[-1]
             raise SystemExit(f"{trace}: TraceLens failed ({last}); run this with a Python that has its requirements")
@@ -57,11 +70,14 @@ def main(argv: list[str]) -> int:
         print("usage: python bench/tracelens_reference.py TRACELENS_CHECKOUT TRACE...", file=sys.stderr)
         return 2
     checkout = Path(argv[0]).resolve()
-    commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     if commit != PINNED:
-        print(f"{checkout} is at {commit[:12]}; the references are TraceLens {PINNED[:12]}'s: check it out first",
-              file=sys.stderr)
+        print(
+            f"{checkout} is at {commit[:12]}; the references are TraceLens {PINNED[:12]}'s: check it out first",
+            file=sys.stderr,
+        )
         return 2
     for trace in argv[1:]:
         target = reference(checkout, Path(trace).resolve())

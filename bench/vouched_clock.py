@@ -17,8 +17,11 @@ import time
 import torch
 import torch.multiprocessing as mp
 
-WORKLOADS = {"large eager": (4096 * 4096, 16, False), "small eager": (33 * 65, 200, False),
-             "small graph": (33 * 65, 200, True)}
+WORKLOADS = {
+    "large eager": (4096 * 4096, 16, False),
+    "small eager": (33 * 65, 200, False),
+    "small graph": (33 * 65, 200, True),
+}
 BATCHES = 15
 CALIBRATIONS = 9
 
@@ -37,8 +40,9 @@ def worker(conn, handle) -> None:
             slots = [torch.empty(elements, device="cuda") for _ in range(calls)]
 
             def run():
-                for x, slot in zip(inputs, slots):
+                for x, slot in zip(inputs, slots):  # noqa: B023 (run() is called within the iteration)
                     slot.copy_(torch.relu(x) * 2.0)
+
             run()
             torch.cuda.synchronize()
             if graph:
@@ -109,10 +113,14 @@ def main() -> int:
             taken = [batch("run", protocol) for _ in range(BATCHES)]
             per_call = sorted((t - fixed) / calls / 1000 for t, _ in taken)
             own = statistics.median(g / calls / 1000 for _, g in taken)
-            rows[f"{name}, {protocol}"] = {"fixed_us": fixed / 1000, "evaluator_us_per_call": statistics.median(per_call),
-                                          "p20": per_call[len(per_call) // 5], "p80": per_call[4 * len(per_call) // 5],
-                                          "worker_events_us_per_call": own}
-            print(f"{name}, {protocol}", {k: round(v, 2) for k, v in rows[f'{name}, {protocol}'].items()}, flush=True)
+            rows[f"{name}, {protocol}"] = {
+                "fixed_us": fixed / 1000,
+                "evaluator_us_per_call": statistics.median(per_call),
+                "p20": per_call[len(per_call) // 5],
+                "p80": per_call[4 * len(per_call) // 5],
+                "worker_events_us_per_call": own,
+            }
+            print(f"{name}, {protocol}", {k: round(v, 2) for k, v in rows[f"{name}, {protocol}"].items()}, flush=True)
     here.send(None)
     process.join()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}

@@ -50,5 +50,10 @@ def python_module_command(module: str) -> list[str]:
 
     if sys.version_info >= (3, 11):
         return [sys.executable, "-P", "-m", module]
-    return [sys.executable, "-c", "import runpy, sys; del sys.path[0], sys.argv[0]; "
-            "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)", module]
+    return [
+        sys.executable,
+        "-c",
+        "import runpy, sys; del sys.path[0], sys.argv[0]; "
+        "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)",
+        module,
+    ]

@@ -43,6 +43,8 @@ def lock_folder() -> Path:
     except OSError as err:
         raise NotPrivate(f"cannot make the lock folder {path}: {err.strerror}") from None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise NotPrivate(f"{path} is not a private folder of this user (owner uid "
-                         f"{info.st_uid}, mode {stat.filemode(info.st_mode)}); remove it")
+        raise NotPrivate(
+            f"{path} is not a private folder of this user (owner uid "
+            f"{info.st_uid}, mode {stat.filemode(info.st_mode)}); remove it"
+        )
     return path

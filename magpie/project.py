@@ -26,18 +26,21 @@ class Project:
     forced: set[str] = field(default_factory=set)  # run again even where their artifacts are stored
 
     @classmethod
-    def load(cls, manifest_path: str | Path, workspace: str | Path | None = None) -> "Project":
+    def load(cls, manifest_path: str | Path, workspace: str | Path | None = None) -> Project:
         manifest, root = load_manifest(manifest_path)
         return cls.from_manifest(manifest, root, Path(manifest_path), workspace)
 
     @classmethod
-    def from_manifest(cls, manifest: Manifest, root: Path, manifest_path: Path,
-                      workspace: str | Path | None = None) -> "Project":
+    def from_manifest(
+        cls, manifest: Manifest, root: Path, manifest_path: Path, workspace: str | Path | None = None
+    ) -> Project:
         _check_trace_folders(manifest, root, manifest_path)
         _check_benchmark_models(manifest, root, manifest_path)
         rules = resolve_rules(manifest.rule, manifest_path)
-        store = Store(Path(workspace) if workspace else root / manifest.project.workspace,
-                      trusted_signers=tuple(manifest.store.trusted_signers))
+        store = Store(
+            Path(workspace) if workspace else root / manifest.project.workspace,
+            trusted_signers=tuple(manifest.store.trusted_signers),
+        )
         # the bytes of inputs are kept for the jobs that run; on a read-only workspace none can
         snapshots = store.snapshots if writable(store.workspace) else None
         tasks = expand(manifest, root, rules, snapshots=snapshots, digests=store.file_digests)
@@ -71,14 +74,17 @@ class Project:
                 selected.append(name)
             elif name in kernel_ids:
                 selected.extend(t for t, spec in self.tasks.items() if spec.kernel == name)
-            elif any(name in ids for ids in units.values()):   # a trace set's or benchmark's tasks
-                selected.extend(t for t, spec in self.tasks.items()
-                                if name in units.get(spec.scope, ()) and t.endswith(f":{name}"))
+            elif any(name in ids for ids in units.values()):  # a trace set's or benchmark's tasks
+                selected.extend(
+                    t for t, spec in self.tasks.items() if name in units.get(spec.scope, ()) and t.endswith(f":{name}")
+                )
             else:
                 from magpie.errors import UserError
 
-                raise UserError(f"{self.manifest_path}: no kernel, trace set, benchmark or task named {name!r} "
-                                f"(kernels: {', '.join(sorted(kernel_ids)) or 'none'}; see magpie build --dry-run)")
+                raise UserError(
+                    f"{self.manifest_path}: no kernel, trace set, benchmark or task named {name!r} "
+                    f"(kernels: {', '.join(sorted(kernel_ids)) or 'none'}; see magpie build --dry-run)"
+                )
         return selected
 
     def with_dependents(self, names: list[str]) -> list[str]:
@@ -99,9 +105,12 @@ class Project:
                 wanted.update(self.tasks[name].deps)
         runs: set[str] = set()
         for name, spec in self.tasks.items():
-            if name in wanted and (name in self.forced or not self.store.has(spec.key)
-                                   or self.store.provisional(spec.key) is not None
-                                   or any(dep in runs for dep in spec.deps)):
+            if name in wanted and (
+                name in self.forced
+                or not self.store.has(spec.key)
+                or self.store.provisional(spec.key) is not None
+                or any(dep in runs for dep in spec.deps)
+            ):
                 runs.add(name)
         return [name for name in self.tasks if name in runs]
 
@@ -112,8 +121,9 @@ class Project:
         for name in names:
             marked = self.store.provisional(self.tasks[name].key)
             if marked is not None:
-                found[name] = f"was {marked}: measured again" if name.startswith("timing:") \
-                    else f"was {marked}: run again"
+                found[name] = (
+                    f"was {marked}: measured again" if name.startswith("timing:") else f"was {marked}: run again"
+                )
         return found
 
 
@@ -129,9 +139,12 @@ def _check_benchmark_models(manifest: Manifest, root: Path, manifest_path: Path)
             continue
         as_path = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
         if as_path or ("/" in model and (root / model.split("/", 1)[0]).is_dir()):
-            raise located(manifest_path, f"benchmark[{i}].model",
-                          f"no model folder {model!r} next to the manifest: give the folder holding the model "
-                          f"(config.json, weights), relative to the manifest, or a hub id (org/name)")
+            raise located(
+                manifest_path,
+                f"benchmark[{i}].model",
+                f"no model folder {model!r} next to the manifest: give the folder holding the model "
+                f"(config.json, weights), relative to the manifest, or a hub id (org/name)",
+            )
 
 
 def _check_trace_folders(manifest: Manifest, root: Path, manifest_path: Path) -> None:
@@ -139,9 +152,13 @@ def _check_trace_folders(manifest: Manifest, root: Path, manifest_path: Path) ->
 
     for i, trace in enumerate(manifest.traces):
         if not (root / trace.dir).is_dir():
-            raise located(manifest_path, f"traces[{i}].dir",
-                          f"no folder {trace.dir!r} next to the manifest: give the folder of profiler traces")
+            raise located(
+                manifest_path,
+                f"traces[{i}].dir",
+                f"no folder {trace.dir!r} next to the manifest: give the folder of profiler traces",
+            )
         for repo in trace.kernel_source_repos:
             if not (root / repo).is_dir():
-                raise located(manifest_path, f"traces[{i}].kernel_source_repos",
-                              f"no folder {repo!r} next to the manifest")
+                raise located(
+                    manifest_path, f"traces[{i}].kernel_source_repos", f"no folder {repo!r} next to the manifest"
+                )

@@ -45,8 +45,10 @@ def top_folder(path: str | Path) -> str:
 
 
 def read_only_line(folder: str | Path, needed: str) -> str:
-    return (f"{top_folder(folder)} is read-only: {needed}; make it writable, or build in a writable copy "
-            f"(cp -r the project)")
+    return (
+        f"{top_folder(folder)} is read-only: {needed}; make it writable, or build in a writable copy "
+        f"(cp -r the project)"
+    )
 
 
 def describe(err: OSError) -> str:
@@ -58,7 +60,11 @@ def describe(err: OSError) -> str:
     if err.errno in READ_ONLY:
         return read_only_line(path, f"could not write {shown}")
     if err.errno in FULL:
-        return (f"no space left on the device of {top_folder(path)}: could not write {shown}; free some "
-                f"space and run magpie build again (what was stored before is kept)")
-    return f"permission denied: {shown} ({err.strerror}); magpie needs to write there: give it the right or " \
-           f"build in a copy of the project that you own"
+        return (
+            f"no space left on the device of {top_folder(path)}: could not write {shown}; free some "
+            f"space and run magpie build again (what was stored before is kept)"
+        )
+    return (
+        f"permission denied: {shown} ({err.strerror}); magpie needs to write there: give it the right or "
+        f"build in a copy of the project that you own"
+    )

@@ -27,8 +27,11 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_addoption(parser):
-    parser.addini("slow_tests", "test files and tests (node ids, or their start) left out of the quick subset, "
-                                "-m 'not slow'", type="linelist")
+    parser.addini(
+        "slow_tests",
+        "test files and tests (node ids, or their start) left out of the quick subset, -m 'not slow'",
+        type="linelist",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by marks
@@ -43,11 +46,19 @@ def pytest_collection_modifyitems(config, items):
 
 def magpie(*args, cwd, check=None, timeout=600, env=None):
     """Run the real CLI in its own process; returns CompletedProcess with text output."""
-    proc = subprocess.run([sys.executable, "-m", "magpie", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-m", "magpie", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     if check is not None and proc.returncode != check:
-        raise AssertionError(f"magpie {' '.join(map(str, args))} exited {proc.returncode}, expected {check}\n"
-                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        raise AssertionError(
+            f"magpie {' '.join(map(str, args))} exited {proc.returncode}, expected {check}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
     return proc
 
 
@@ -65,8 +76,9 @@ def magpie_in_process(*args, cwd, check=None, env=None):
     from magpie.store import signing
 
     argv = list(map(str, args))
-    handlers = {sig: signal.getsignal(sig) for sig in signal.valid_signals()
-                if sig not in (signal.SIGKILL, signal.SIGSTOP)}
+    handlers = {
+        sig: signal.getsignal(sig) for sig in signal.valid_signals() if sig not in (signal.SIGKILL, signal.SIGSTOP)
+    }
     saved_environ, saved_cwd = dict(os.environ), os.getcwd()
     saved_secret, saved_from_environment = list(signing._secret), list(signing._from_environment)
     saved_streams, saved_fds = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
@@ -102,11 +114,14 @@ def magpie_in_process(*args, cwd, check=None, env=None):
                     signal.signal(sig, handler)
         out.seek(0)
         err.seek(0)
-        proc = subprocess.CompletedProcess(["magpie", *argv], code, out.read().decode("utf-8", "replace"),
-                                           err.read().decode("utf-8", "replace"))
+        proc = subprocess.CompletedProcess(
+            ["magpie", *argv], code, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+        )
     if check is not None and proc.returncode != check:
-        raise AssertionError(f"magpie {' '.join(argv)} exited {proc.returncode}, expected {check} (in process)\n"
-                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        raise AssertionError(
+            f"magpie {' '.join(argv)} exited {proc.returncode}, expected {check} (in process)\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
     return proc
 
 
@@ -191,8 +206,9 @@ def spin(seconds):
 QUICK_TIMING = "warmup_ms = 5\nbudget_ms = 60\nrounds = 3"
 
 
-def relu2_report(root: Path, candidates: list[str], shapes: str, jobs: int = 2, sources: dict | None = None,
-                 **project) -> dict:
+def relu2_report(
+    root: Path, candidates: list[str], shapes: str, jobs: int = 2, sources: dict | None = None, **project
+) -> dict:
     """`relu2_project` (after writing `sources`, name -> code, into root) built with `-j jobs`
     without a failed task: its compare_report.json."""
     for name, text in (sources or {}).items():
@@ -202,8 +218,15 @@ def relu2_report(root: Path, candidates: list[str], shapes: str, jobs: int = 2, 
     return json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
 
 
-def relu2_project(root: Path, candidates: list[str], shapes: str, defaults: str = "", device: str = "cpu",
-                  baseline: str = "good", timing: str = QUICK_TIMING) -> None:
+def relu2_project(
+    root: Path,
+    candidates: list[str],
+    shapes: str,
+    defaults: str = "",
+    device: str = "cpu",
+    baseline: str = "good",
+    timing: str = QUICK_TIMING,
+) -> None:
     """A `relu2` kernel judged by the adversarial fixtures' spec; the baseline and each
     candidate are fixture files of their names (or ones already written into root)."""
     copy_fixtures(root, [baseline, "spec", *candidates])
@@ -218,20 +241,37 @@ def copy_fixtures(root: Path, names) -> None:
             shutil.copy(FIXTURES / "adversarial" / f"{name}.py", root / f"{name}.py")
 
 
-def kernel_table(kernel_id: str, baseline: str, candidates=(), *, shapes: str | None = None, spec: str = "spec.py",
-                 command: str | None = None, folder: str = "", settings: str = "", timing: str = "",
-                 testcase: str = "", candidate_settings: dict[str, str] | None = None,
-                 sources: dict[str, str] | None = None) -> str:
+def kernel_table(
+    kernel_id: str,
+    baseline: str,
+    candidates=(),
+    *,
+    shapes: str | None = None,
+    spec: str = "spec.py",
+    command: str | None = None,
+    folder: str = "",
+    settings: str = "",
+    timing: str = "",
+    testcase: str = "",
+    candidate_settings: dict[str, str] | None = None,
+    sources: dict[str, str] | None = None,
+) -> str:
     """One pytorch `[[kernel]]` table of magpie.toml whose implementations are NAME.py files (in
     `folder`; `sources` names any elsewhere), judged by `spec` on `shapes` or by `command`;
     `settings` are the kernel's own keys (trials, timeout_s), `candidate_settings` a candidate's,
     `timing` its `[kernel.timing]` (which replaces the defaults' whole)."""
-    extra, source = candidate_settings or {}, {**{name: f"{folder}{name}.py" for name in (baseline, *candidates)},
-                                               **(sources or {})}
-    lines = [f'[[kernel]]\nid = "{kernel_id}"\ntype = "pytorch"\nentry = "kernel"\n{settings}\n',
-             f'[kernel.baseline]\nid = "{baseline}"\nsource = "{source[baseline]}"\n']
-    lines += [f'[[kernel.candidates]]\nid = "{name}"\nsource = "{source[name]}"\n{extra.get(name, "")}\n'
-              for name in candidates]
+    extra, source = (
+        candidate_settings or {},
+        {**{name: f"{folder}{name}.py" for name in (baseline, *candidates)}, **(sources or {})},
+    )
+    lines = [
+        f'[[kernel]]\nid = "{kernel_id}"\ntype = "pytorch"\nentry = "kernel"\n{settings}\n',
+        f'[kernel.baseline]\nid = "{baseline}"\nsource = "{source[baseline]}"\n',
+    ]
+    lines += [
+        f'[[kernel.candidates]]\nid = "{name}"\nsource = "{source[name]}"\n{extra.get(name, "")}\n'
+        for name in candidates
+    ]
     judged = f'command = "{command}"' if command else f'spec = "{spec}"\nshapes = {shapes}'
     lines.append(f"[[kernel.testcases]]\n{judged}\n{testcase}\n")
     if timing:
@@ -239,11 +279,14 @@ def kernel_table(kernel_id: str, baseline: str, candidates=(), *, shapes: str | 
     return "\n".join(lines)
 
 
-def project_toml(*kernels: str, name: str = "relu2", device: str = "cpu", defaults: str = "", timing: str = "",
-                 project: str = "") -> str:
+def project_toml(
+    *kernels: str, name: str = "relu2", device: str = "cpu", defaults: str = "", timing: str = "", project: str = ""
+) -> str:
     """magpie.toml: a project of `kernels` (tables made by `kernel_table`) with these defaults."""
-    return (f'[project]\nname = "{name}"\ndevice = "{device}"\n{project}\n\n[defaults]\n{defaults}\n\n'
-            f"[defaults.timing]\n{timing}\n\n" + "\n".join(kernels))
+    return (
+        f'[project]\nname = "{name}"\ndevice = "{device}"\n{project}\n\n[defaults]\n{defaults}\n\n'
+        f"[defaults.timing]\n{timing}\n\n" + "\n".join(kernels)
+    )
 
 
 @pytest.fixture
@@ -260,9 +303,25 @@ def command_project(tmp_path) -> Path:
 # Every way of being wrong the adversarial fixtures hold, judged as one kernel beside `good`
 # (tests/test_verdicts.py and tests/test_verdict_kinds.py read it), and the outputs of odd forms
 # as another (tests/test_odd_outputs.py): one build.
-ADVERSARIAL = ("raises", "aborts", "segfaults", "hangs", "hogs_memory", "nan", "mutates", "unwritten", "stale_cache",
-               "broadcast", "wrong_dtype", "syntax_error", "fakes_clock", "returns_early", "degrades",
-               "lazy_when_timed", "memoizes")
+ADVERSARIAL = (
+    "raises",
+    "aborts",
+    "segfaults",
+    "hangs",
+    "hogs_memory",
+    "nan",
+    "mutates",
+    "unwritten",
+    "stale_cache",
+    "broadcast",
+    "wrong_dtype",
+    "syntax_error",
+    "fakes_clock",
+    "returns_early",
+    "degrades",
+    "lazy_when_timed",
+    "memoizes",
+)
 ODD_OUTPUTS = ("returns_sparse", "returns_nested", "returns_on_meta", "returns_subclass", "returns_transposed")
 
 
@@ -273,12 +332,20 @@ def adversarial_reports(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("adversarial")
     copy_fixtures(root, ["good", "spec", *ADVERSARIAL, *ODD_OUTPUTS])
     relu2 = kernel_table("relu2", "good", ADVERSARIAL, shapes="[[33, 65], [8, 128]]", settings="timeout_s = 8")
-    odd = kernel_table("odd_outputs", "good", ODD_OUTPUTS, shapes="[[33, 65]]", settings="timeout_s = 30",
-                       timing="warmup_ms = 1\nbudget_ms = 20\nrounds = 2")
+    odd = kernel_table(
+        "odd_outputs",
+        "good",
+        ODD_OUTPUTS,
+        shapes="[[33, 65]]",
+        settings="timeout_s = 30",
+        timing="warmup_ms = 1\nbudget_ms = 20\nrounds = 2",
+    )
     (root / "magpie.toml").write_text(project_toml(relu2, odd, defaults="memory_mb = 4096", timing=QUICK_TIMING))
     assert build_json(root, "-j", "2")["failed"] == []
-    return {kernel: json.loads((root / f"workspaces/reports/{kernel}/compare_report.json").read_text())
-            for kernel in ("relu2", "odd_outputs")}
+    return {
+        kernel: json.loads((root / f"workspaces/reports/{kernel}/compare_report.json").read_text())
+        for kernel in ("relu2", "odd_outputs")
+    }
 
 
 @pytest.fixture(scope="session")
@@ -292,8 +359,9 @@ def timed_pair(tmp_path_factory) -> Path:
     once; a test that builds it again works on `copy_project(timed_pair, ...)`."""
     root = tmp_path_factory.mktemp("timed_pair")
     shutil.copy(FIXTURES / "adversarial/good.py", root / "fast.py")
-    relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1",
-                  timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2")
+    relu2_project(
+        root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2"
+    )
     assert build_json(root, "-j", "2")["failed"] == []
     return root
 

@@ -66,22 +66,42 @@ def test_empty_and_negative_dimensions_are_refused_in_the_manifest(tmp_path):
     for shapes, shown, bad in (("[[64, 32], [0, 1024]]", "[0, 1024]", 0), ("[[-1, 8]]", "[-1, 8]", -1)):
         write(tmp_path, {"magpie.toml": KERNEL.format(shapes=shapes)})
         line = one_line_error(magpie_in_process("build", cwd=tmp_path))
-        assert line.startswith(f"magpie: magpie.toml: kernel[0].testcases[0].shapes: kernel 'relu2': "
-                               f"shape {shown} has a dimension of {bad}: every dimension must be at least 1")
+        assert line.startswith(
+            f"magpie: magpie.toml: kernel[0].testcases[0].shapes: kernel 'relu2': "
+            f"shape {shown} has a dimension of {bad}: every dimension must be at least 1"
+        )
     assert not (tmp_path / "workspaces" / "store").exists()  # refused before anything ran
 
 
 def test_empty_dimensions_are_refused_in_the_shapes_flag_and_kernel_configs(tmp_path):
     fixture_files(tmp_path, "good.py", "spec.py")
     for verb in ("analyze", "compare"):
-        proc = magpie_in_process(verb, "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
-                                 "--shapes", "16x32,0x1024", "-o", "out", cwd=tmp_path)
+        proc = magpie_in_process(
+            verb,
+            "good.py",
+            "--type",
+            "pytorch",
+            "--entry",
+            "kernel",
+            "--spec",
+            "spec.py",
+            "--shapes",
+            "16x32,0x1024",
+            "-o",
+            "out",
+            cwd=tmp_path,
+        )
         line = one_line_error(proc)
         assert line.startswith("magpie: --shapes: shape [0, 1024] has a dimension of 0")
-    write(tmp_path, {"k.yaml": """
+    write(
+        tmp_path,
+        {
+            "k.yaml": """
         kernels:
           - {id: a, type: pytorch, entry: kernel, source_files: [good.py], spec: spec.py, shapes: [[4, 0]]}
-        """})
+        """
+        },
+    )
     line = one_line_error(magpie_in_process("analyze", "--kernel-config", "k.yaml", "-o", "out", cwd=tmp_path))
     assert line.startswith("magpie: k.yaml: kernels[0].shapes: shape [4, 0] has a dimension of 0")
     assert not (tmp_path / "out").exists()
@@ -101,24 +121,32 @@ def test_renaming_the_project_rebuilds_the_report_only(command_project):
 def test_yaml_errors_keep_their_line_and_column(tmp_path):
     (tmp_path / "k.yaml").write_text('kernel:\n  id: a\n  type: "pytor\\ch"\n')  # \c is no YAML escape
     line = one_line_error(magpie_in_process("analyze", "--kernel-config", "k.yaml", cwd=tmp_path))
-    assert line == ("magpie: k.yaml:3:16: invalid YAML: found unknown escape character 'c' "
-                    "(while scanning a double-quoted scalar)")
+    assert line == (
+        "magpie: k.yaml:3:16: invalid YAML: found unknown escape character 'c' (while scanning a double-quoted scalar)"
+    )
 
 
 def test_analyze_without_entry_or_model_class_fails_before_evaluating(tmp_path):
     fixture_files(tmp_path, "good.py", "spec.py")
     for verb in ("analyze", "compare"):
-        proc = magpie_in_process(verb, "good.py", "--type", "pytorch", "--spec", "spec.py", "--shapes", "16x32",
-                                 "-o", "out", cwd=tmp_path)
+        proc = magpie_in_process(
+            verb, "good.py", "--type", "pytorch", "--spec", "spec.py", "--shapes", "16x32", "-o", "out", cwd=tmp_path
+        )
         line = one_line_error(proc)
-        assert line == ("magpie: good.py: no --entry given and no ModelNew or Model class in it: "
-                        "pass --entry NAME, the function to evaluate")
+        assert line == (
+            "magpie: good.py: no --entry given and no ModelNew or Model class in it: "
+            "pass --entry NAME, the function to evaluate"
+        )
         assert not (tmp_path / "out").exists()
-    write(tmp_path, {"k.yaml": "kernel: {id: g, type: pytorch, source_files: [good.py], spec: spec.py, "
-                               "shapes: [[4, 8]]}\n"})
+    write(
+        tmp_path,
+        {"k.yaml": "kernel: {id: g, type: pytorch, source_files: [good.py], spec: spec.py, shapes: [[4, 8]]}\n"},
+    )
     line = one_line_error(magpie_in_process("analyze", "--kernel-config", "k.yaml", "-o", "out", cwd=tmp_path))
-    assert line == ("magpie: k.yaml: kernel 'g': no entry, and good.py has no ModelNew or Model class: "
-                    "add 'entry: NAME', the function to evaluate")
+    assert line == (
+        "magpie: k.yaml: kernel 'g': no entry, and good.py has no ModelNew or Model class: "
+        "add 'entry: NAME', the function to evaluate"
+    )
 
 
 def test_an_empty_manifest_says_it_declares_nothing(tmp_path):

@@ -13,16 +13,24 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, relu2_project
+
 from magpie.environment import INPUT_SECRET
 from magpie.errors import UserError
 from magpie.execution.build import Build, BuildOptions
 from magpie.execution.progress import Progress
 from magpie.report.models import BuildSummary
 
-TASKS = ["compile:relu2/good", "compile:relu2/fast", "correctness:relu2/good", "correctness:relu2/fast",
-         "timing:relu2/good", "timing:relu2/fast", "comparison:relu2", "report"]
+TASKS = [
+    "compile:relu2/good",
+    "compile:relu2/fast",
+    "correctness:relu2/good",
+    "correctness:relu2/fast",
+    "timing:relu2/good",
+    "timing:relu2/fast",
+    "comparison:relu2",
+    "report",
+]
 
 
 class Watched(Progress):
@@ -44,8 +52,9 @@ def built(tmp_path_factory):
     assert INPUT_SECRET not in os.environ  # the build draws its own
     root = tmp_path_factory.mktemp("build_api")
     shutil.copy(FIXTURES / "adversarial/good.py", root / "fast.py")
-    relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1",
-                  timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2")
+    relu2_project(
+        root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2"
+    )
     progress, stdout = Watched(), io.StringIO()
     with contextlib.redirect_stdout(stdout):
         result = Build(BuildOptions(manifest=root / "magpie.toml"), progress).run()
@@ -60,8 +69,10 @@ def test_the_build_returns_its_summary_and_prints_nothing(built):
     assert result.executed == result.summary.executed and result.failures == []
     (kernel,) = result.summary.kernels
     assert kernel.kernel == "relu2" and kernel.compare_report == "workspaces/reports/relu2/compare_report.json"
-    assert {impl.implementation: impl.correctness_state for impl in kernel.implementations} == \
-        {"good": "SUCCESS", "fast": "SUCCESS"}
+    assert {impl.implementation: impl.correctness_state for impl in kernel.implementations} == {
+        "good": "SUCCESS",
+        "fast": "SUCCESS",
+    }
     assert result.summary.check.passed and result.exit_code == 0
     assert result.line == "magpie: ran 8 tasks, 0 failed; reports in workspaces/reports"
     lines = progress.stream.getvalue().splitlines()  # the progress went where the caller said
@@ -125,8 +136,17 @@ def test_analyze_is_a_library_call_returning_its_report(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        analyzed = analyze(OneShotOptions(paths=["good.py"], type="pytorch", entry="kernel", spec="spec.py",
-                                          shapes="8x16", no_perf=True, output_dir=tmp_path / "out"))
+        analyzed = analyze(
+            OneShotOptions(
+                paths=["good.py"],
+                type="pytorch",
+                entry="kernel",
+                spec="spec.py",
+                shapes="8x16",
+                no_perf=True,
+                output_dir=tmp_path / "out",
+            )
+        )
     assert stdout.getvalue() == ""
     assert analyzed.path == tmp_path / "out/analyze_report.json" and analyzed.path.is_file()
     assert analyzed.report["kernel"] == "good" and analyzed.report["correctness_state"] == "SUCCESS"

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, QUICK_TIMING, copy_fixtures, kernel_table, magpie, project_toml, write
+
 from magpie.cli import main
 from magpie.cli.compare import table
 from magpie.harness.kinds import failure, failure_kind
@@ -36,8 +36,9 @@ def mixed(tmp_path_factory):
     root = tmp_path_factory.mktemp("mixed")
     shutil.copy(FIXTURES / "adversarial" / "good.py", root / "twin.py")
     copy_fixtures(root, ["good", "nan", "spec"])
-    relu2 = kernel_table("relu2", "good", ["nan", "twin"], shapes="[[64, 64]]",
-                         candidate_settings={"twin": "expect_faster = true"})
+    relu2 = kernel_table(
+        "relu2", "good", ["nan", "twin"], shapes="[[64, 64]]", candidate_settings={"twin": "expect_faster = true"}
+    )
     (root / "magpie.toml").write_text(project_toml(relu2, timing=QUICK_TIMING))
     proc, summary = _built(root)
     return root, proc, summary
@@ -107,12 +108,23 @@ def test_a_build_of_some_tasks_is_checked_on_their_results(mixed, capsys):
 
 def test_timeouts_and_inconclusive_timings_fail_the_check():
     timeout = "timeout after 10 s"
-    timed_out = {"implementation": "x", "compiling_state": "SUCCESS", "correctness_state": "FAILED",
-                 "performance_state": "SKIPPED", "errors": [timeout],
-                 "failures": [failure(failure_kind(timeout), "correctness", timeout)]}
+    timed_out = {
+        "implementation": "x",
+        "compiling_state": "SUCCESS",
+        "correctness_state": "FAILED",
+        "performance_state": "SKIPPED",
+        "errors": [timeout],
+        "failures": [failure(failure_kind(timeout), "correctness", timeout)],
+    }
     busy = "inconclusive: machine busy: its threads waited for a CPU 60% of the time"
-    inconclusive = {"implementation": "y", "compiling_state": "SUCCESS", "correctness_state": "SUCCESS",
-                    "performance_state": "INCONCLUSIVE", "errors": [busy], "failures": []}
+    inconclusive = {
+        "implementation": "y",
+        "compiling_state": "SUCCESS",
+        "correctness_state": "SUCCESS",
+        "performance_state": "INCONCLUSIVE",
+        "errors": [busy],
+        "failures": [],
+    }
     assert verdicts.outcome(timed_out) == "timed_out" and verdicts.outcome(inconclusive) == "inconclusive"
     assert verdicts.implementation_summary(timed_out, False)["check"] == "timed out: timeout after 10 s"
     assert verdicts.implementation_summary(inconclusive, False)["check"] == busy
@@ -133,8 +145,9 @@ def test_the_report_says_what_was_timed_and_against_which_baseline_median(mixed)
 
 
 SPEC_ERROR_PROJECT = {
-    "magpie.toml": project_toml(kernel_table("relu2", "good", ["twin"], spec="specs/relu_spec.py", shapes="[[8, 8]]"),
-                                name="broken"),
+    "magpie.toml": project_toml(
+        kernel_table("relu2", "good", ["twin"], spec="specs/relu_spec.py", shapes="[[8, 8]]"), name="broken"
+    ),
     "specs/relu_spec.py": """
         import torch
 
@@ -183,12 +196,33 @@ def test_check_passes_where_every_implementation_passed(command_project, capsys)
 def test_failure_text_is_rendered_as_text():
     """A failure message (code under test's words) with Markdown emphasis or HTML stays text."""
     hostile = "error: **owned** <img src=x onerror=alert(1)> | [link](http://x) _it_"
-    row = {"implementation": "evil", "is_baseline": False, "compiling_state": "SUCCESS",
-           "correctness_state": "FAILED", "numerics": "verified", "verdict": hostile, "performance_state": "SKIPPED",
-           "performance_result": None, "baseline_result": None, "samples_us": None, "speedup": None,
-           "profile": None, "errors": [hostile], "warnings": [], "failures": [], "flags": []}
-    comparison = {"kernel": "k", "baseline": None, "ranking": [], "best": None, "results": [row], "errors": [],
-                  "excluded": [{"implementation": "evil", "reason": f"correctness FAILED: {hostile}"}]}
+    row = {
+        "implementation": "evil",
+        "is_baseline": False,
+        "compiling_state": "SUCCESS",
+        "correctness_state": "FAILED",
+        "numerics": "verified",
+        "verdict": hostile,
+        "performance_state": "SKIPPED",
+        "performance_result": None,
+        "baseline_result": None,
+        "samples_us": None,
+        "speedup": None,
+        "profile": None,
+        "errors": [hostile],
+        "warnings": [],
+        "failures": [],
+        "flags": [],
+    }
+    comparison = {
+        "kernel": "k",
+        "baseline": None,
+        "ranking": [],
+        "best": None,
+        "results": [row],
+        "errors": [],
+        "excluded": [{"implementation": "evil", "reason": f"correctness FAILED: {hostile}"}],
+    }
     pages = render([comparison], "p")
     markdown, html = pages["summary.md"], pages["report.html"]
     assert "**owned**" not in markdown and "\\*\\*owned\\*\\*" in markdown

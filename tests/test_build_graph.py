@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import COMMAND_PROJECT, REPO, magpie, magpie_in_process, relu2_project, write
 
 ALL_K1 = {"compile:k1/a", "correctness:k1/a", "timing:k1/a", "comparison:k1", "report"}
@@ -63,15 +62,15 @@ def test_a_doit_plugin_another_package_installs_has_no_part_in_a_build(command_p
     (site / "hijack-1.0.dist-info" / "entry_points.txt").write_text("[doit.COMMAND]\nrun = magpie_test_hijack:Hijack\n")
     (site / "magpie_test_hijack.py").write_text(
         "import os\nopen(os.environ['HIJACK_MARKER'], 'a').write('imported\\n')\n\n"
-        "from doit.cmd_base import Command\n\n\nclass Hijack(Command):\n    name = 'run'\n")
+        "from doit.cmd_base import Command\n\n\nclass Hijack(Command):\n    name = 'run'\n"
+    )
     marker = tmp_path / "imported"
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), "HIJACK_MARKER": str(marker)}
     # a process of its own: PYTHONPATH must be what the interpreter starts with, where doit looks
     magpie("build", cwd=command_project, env=env, check=0)
     assert not marker.exists()
     (tmp_path / "dodo.py").write_text("def task_nothing():\n    return {'actions': []}\n")
-    subprocess.run([sys.executable, "-m", "doit", "run"], cwd=tmp_path, env={**os.environ, **env},
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "doit", "run"], cwd=tmp_path, env={**os.environ, **env}, capture_output=True)
     assert marker.read_text() == "imported\n"
 
 
@@ -109,8 +108,26 @@ def test_compare_again_into_its_folder_reruns_only_the_edited_candidate(tmp_path
     shutil.copy(REPO / "tests/fixtures/adversarial/spec.py", tmp_path / "spec.py")
     for name in ("good", "a", "b"):
         shutil.copy(REPO / "tests/fixtures/adversarial/good.py", tmp_path / f"{name}.py")
-    args = ["compare", "good.py", "a.py", "b.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
-            "--shapes", "8x16", "--budget-ms", "10", "-j", "2", "-o", "out"]
+    args = [
+        "compare",
+        "good.py",
+        "a.py",
+        "b.py",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--spec",
+        "spec.py",
+        "--shapes",
+        "8x16",
+        "--budget-ms",
+        "10",
+        "-j",
+        "2",
+        "-o",
+        "out",
+    ]
     magpie_in_process(*args, cwd=tmp_path, check=0)
     with open(tmp_path / "a.py", "a") as source:
         source.write("# edited: the kernel is the same\n")
@@ -120,7 +137,8 @@ def test_compare_again_into_its_folder_reruns_only_the_edited_candidate(tmp_path
         task = json.loads(result.read_text())["task"]
         built[task] = built.get(task, 0) + 1
     assert {task for task, count in built.items() if count > 1} == {
-        name.replace("relu2", "compare") for name in EDITED_A}
+        name.replace("relu2", "compare") for name in EDITED_A
+    }
     assert "timing:compare/good" in built and "timing:compare/b" in built
 
 
@@ -136,19 +154,24 @@ def test_touch_without_change_runs_nothing(built_command_project):
 def test_changing_a_kernel_setting_reruns_that_kernel_only(built_command_project):
     command_project = built_command_project
     manifest = command_project / "magpie.toml"
-    manifest.write_text(manifest.read_text().replace(
-        'id = "k2"\ntype = "pytorch"\n', 'id = "k2"\ntype = "pytorch"\ntimeout_s = 30\n'))
+    manifest.write_text(
+        manifest.read_text().replace('id = "k2"\ntype = "pytorch"\n', 'id = "k2"\ntype = "pytorch"\ntimeout_s = 30\n')
+    )
     executed = set(build_json(command_project)["executed"])
     assert executed == {f"{rule}:k2/{impl}" for rule in ("correctness", "timing") for impl in ("base", "c")} | {
-        "comparison:k2", "report"}
+        "comparison:k2",
+        "report",
+    }
 
 
 def test_clean_one_kernel_and_all(built_command_project):
     command_project = built_command_project
     magpie_in_process("clean", "k2", cwd=command_project, check=0)
     plan = {item["task"] for item in dry_run(command_project)["would_run"]}
-    assert plan == {f"{rule}:k2/{impl}" for rule in ("compile", "correctness", "timing")
-                    for impl in ("base", "c")} | {"comparison:k2", "report"}
+    assert plan == {f"{rule}:k2/{impl}" for rule in ("compile", "correctness", "timing") for impl in ("base", "c")} | {
+        "comparison:k2",
+        "report",
+    }
     magpie_in_process("clean", "--all", cwd=command_project, check=0)
     assert not (command_project / "workspaces/store").exists()
     assert len(dry_run(command_project)["would_run"]) == 18
@@ -163,8 +186,13 @@ def test_unknown_target_is_one_line(command_project):
 def test_kill_9_keeps_finished_artifacts(command_project):
     slow = command_project / "magpie.toml"
     slow.write_text(slow.read_text().replace("sys.exit(0)", "import time; time.sleep(0.7)"))
-    proc = subprocess.Popen([sys.executable, "-m", "magpie", "build", "--plain"], cwd=command_project,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "magpie", "build", "--plain"],
+        cwd=command_project,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     store = command_project / "workspaces/store"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(store.glob("*/[0-9a-f]*"))) < 6:
@@ -250,23 +278,28 @@ def _cmdline(pid: int) -> bytes:
 
 def test_noop_build_never_imports_torch(built_command_project):
     command_project = built_command_project
-    code = ("import sys; from magpie.cli import main; rc = main(['build']); "
-            "heavy = [m for m in ('torch', 'triton', 'numpy') if m in sys.modules]; "
-            "print(rc, heavy)")
+    code = (
+        "import sys; from magpie.cli import main; rc = main(['build']); "
+        "heavy = [m for m in ('torch', 'triton', 'numpy') if m in sys.modules]; "
+        "print(rc, heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=command_project, capture_output=True, text=True)
     assert out.stdout.strip().splitlines()[-1] == "0 []"
 
 
 def test_project_rule_adds_a_command_artifact(command_project):
     manifest = command_project / "magpie.toml"
-    manifest.write_text(manifest.read_text() + """
+    manifest.write_text(
+        manifest.read_text()
+        + """
 [[rule]]
 name = "linecount"
 scope = "implementation"
 types = ["pytorch"]
 inputs = ["{impl.source}"]
 action = "wc -l {impl.source} > {out}/lines.txt"
-""")
+"""
+    )
     build_json(command_project)
     store = command_project / "workspaces/store"
     counted = list(store.glob("*/*/lines.txt"))
@@ -282,8 +315,14 @@ def _on_a_terminal(args: list[str], cwd) -> tuple[int, str]:
     import pty
 
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "magpie", *args], cwd=cwd, stdin=follower,
-                            stdout=follower, stderr=follower, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "magpie", *args],
+        cwd=cwd,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        close_fds=True,
+    )
     os.close(follower)
     output = b""
     while True:
@@ -312,7 +351,23 @@ def test_compare_shows_its_progress_bar_on_a_terminal(tmp_path):
     shutil.copy(REPO / "tests/fixtures/adversarial/spec.py", tmp_path / "spec.py")
     shutil.copy(REPO / "tests/fixtures/adversarial/good.py", tmp_path / "good.py")
     (tmp_path / "twice.py").write_text("import torch\n\ndef kernel(x):\n    return torch.relu(x) + torch.relu(x)\n")
-    code, text = _on_a_terminal(["compare", "good.py", "twice.py", "--type", "pytorch", "--entry", "kernel",
-                                 "--spec", "spec.py", "--shapes", "8x16", "--budget-ms", "20"], tmp_path)
+    code, text = _on_a_terminal(
+        [
+            "compare",
+            "good.py",
+            "twice.py",
+            "--type",
+            "pytorch",
+            "--entry",
+            "kernel",
+            "--spec",
+            "spec.py",
+            "--shapes",
+            "8x16",
+            "--budget-ms",
+            "20",
+        ],
+        tmp_path,
+    )
     assert code == 0, text[-2000:]
     assert "magpie compare" in text and "━" in text and "twice" in text and "device held alone" in text

@@ -11,8 +11,8 @@ import time
 
 import pytest
 import torch
-
 from conftest import FIXTURES, build_json, copy_project, relu2_report
+
 from magpie.harness import batches, regions
 from magpie.linux import cputime
 
@@ -86,12 +86,15 @@ def test_a_worker_that_shrinks_the_file_is_read_as_unwritten_not_a_fault_in_the_
     assert region.unwritten(4) == 1
 
 
-@pytest.mark.parametrize("returned", [
-    lambda x, k: (torch.relu(x), torch.relu(x)),   # two outputs for one slot
-    lambda x, k: torch.relu(x).double(),           # another dtype
-    lambda x, k: torch.relu(x)[:4],                # another shape
-    lambda x, k: [1.0],                            # not a tensor
-])
+@pytest.mark.parametrize(
+    "returned",
+    [
+        lambda x, k: (torch.relu(x), torch.relu(x)),  # two outputs for one slot
+        lambda x, k: torch.relu(x).double(),  # another dtype
+        lambda x, k: torch.relu(x)[:4],  # another shape
+        lambda x, k: [1.0],  # not a tensor
+    ],
+)
 def test_an_output_unlike_its_slot_stops_the_batch(pair, returned):
     region, views = pair
     region.write([(torch.randn(5, 7), 3)])
@@ -183,8 +186,11 @@ def test_a_vouched_measurement_says_where_its_wall_time_went(twin_build):
     what a GPU run needs to tell the evaluator's own costs from the budget's. Where the
     measurement was taken again (a baseline read off its own timing,
     `timing.disturbed_fraction`), the steps are the kept measurement's."""
-    timing = next(json.loads(p.read_text()) for p in (twin_build / "workspaces/store").glob("*/*/result.json")
-                  if json.loads(p.read_text()).get("task") == "timing:relu2/twin")
+    timing = next(
+        json.loads(p.read_text())
+        for p in (twin_build / "workspaces/store").glob("*/*/result.json")
+        if json.loads(p.read_text()).get("task") == "timing:relu2/twin"
+    )
     steps = timing["measurement_steps_s"]
     assert set(steps) == {"regions", "harness_price", "sizing", "rounds", "unmap"}, steps
     kept = timing["phases_s"]["remeasured" if timing.get("remeasured") else "timed"]
@@ -249,15 +255,21 @@ def test_vouched_gpu_timing_is_the_default_and_only_for_tensors_on_the_projects_
 def test_gpu_batch_phases_are_medians_that_skip_what_a_worker_did_not_say():
     from magpie.harness.rounds import batch_phases
 
-    records = [{"calls": 16, "clock_ns": 1_700_000, "answer_ns": 2_000_000, "stop_ns": 300_000,
-                "worker_loop_ns": 500_000},
-               {"calls": 16, "clock_ns": 1_900_000, "answer_ns": 2_200_000, "stop_ns": 100_000,
-                "worker_loop_ns": "fast"},
-               {"calls": 8, "clock_ns": 800_000, "answer_ns": 1_000_000, "stop_ns": 200_000,
-                "worker_loop_ns": None}]
+    records = [
+        {"calls": 16, "clock_ns": 1_700_000, "answer_ns": 2_000_000, "stop_ns": 300_000, "worker_loop_ns": 500_000},
+        {"calls": 16, "clock_ns": 1_900_000, "answer_ns": 2_200_000, "stop_ns": 100_000, "worker_loop_ns": "fast"},
+        {"calls": 8, "clock_ns": 800_000, "answer_ns": 1_000_000, "stop_ns": 200_000, "worker_loop_ns": None},
+    ]
     phases = batch_phases(records)
-    assert phases == {"calls": 16, "clock_us": 1700.0, "answer_us": 2000.0, "stop_us": 200.0,
-                      "worker_loop_us": 500.0, "opened_early": 0, "batches": 3}
+    assert phases == {
+        "calls": 16,
+        "clock_us": 1700.0,
+        "answer_us": 2000.0,
+        "stop_us": 200.0,
+        "worker_loop_us": 500.0,
+        "opened_early": 0,
+        "batches": 3,
+    }
     records[0]["opened_early"] = True
     assert batch_phases(records)["opened_early"] == 1
 
@@ -311,15 +323,18 @@ def test_what_a_gpu_batch_costs_besides_its_calls_is_the_least_intercept_under_t
     assert fixed_cost({"candidate": batches(30_000, 100_000, [40, 20] * 6, 1_000_000)}, calibration) == 282_000
     assert fixed_cost({"baseline": batches(-90_000, 1_000_000, [2, 1] * 6)}, calibration) == 0.0
     # batches of one size (one slow call a round): what an empty batch costs, the least role's
-    assert fixed_cost({"baseline": batches(30_000, 9_000_000, [1] * 5)},
-                      {"baseline": 282_000, "candidate": 290_000}) == 282_000
+    assert (
+        fixed_cost({"baseline": batches(30_000, 9_000_000, [1] * 5)}, {"baseline": 282_000, "candidate": 290_000})
+        == 282_000
+    )
     assert fixed_cost({"baseline": batches(30_000, 9_000_000, [1] * 5)}, {}) == 0.0
 
     measured = Rounds(["baseline", "candidate"], vouched=True)
     measured.calibration_ns = {"baseline": 20_000, "candidate": 2_000_000}
-    measured.device_batches = {"baseline": [(None, 9e6, 1, 0.0), (0, 1_020_000, 100, 0.001),
-                                            (0, 520_000, 50, 0.001)],
-                               "candidate": [(0, 2_020_000, 100, 0.001)]}
+    measured.device_batches = {
+        "baseline": [(None, 9e6, 1, 0.0), (0, 1_020_000, 100, 0.001), (0, 520_000, 50, 0.001)],
+        "candidate": [(0, 2_020_000, 100, 0.001)],
+    }
     measured.settle_device_batches()
     # the sizing batch is no sample; each round's batch is (ns - 20 µs) / its calls
     assert measured.samples == {"baseline": [10_000, 10_000], "candidate": [20_000]}
@@ -341,8 +356,9 @@ def test_a_handed_over_batch_shows_each_set_only_after_the_last_call_said_it_was
         seen.append([bool(torch.equal(v[0], s[0])) for v, s in zip(views.inputs[:4], sets)])
         return torch.relu(x) * 2
 
-    worker = threading.Thread(target=batches.run_handed_over,
-                              args=(torch, kernel, views.inputs, views.outputs, views.control))
+    worker = threading.Thread(
+        target=batches.run_handed_over, args=(torch, kernel, views.inputs, views.outputs, views.control)
+    )
     worker.start()
     while region.calls_done() < 0:  # not yet waiting for its first set
         pass
@@ -355,8 +371,12 @@ def test_a_handed_over_batch_shows_each_set_only_after_the_last_call_said_it_was
         views.outputs[call][0].fill_(7.0)  # written after it said it was done: never seen
     region.end_handover()  # it was never told how many calls the batch holds
     worker.join()
-    assert seen == [[True, False, False, False], [True, True, False, False], [True, True, True, False],
-                    [True, True, True, True]]
+    assert seen == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, True, True, False],
+        [True, True, True, True],
+    ]
     assert region.unwritten(4) is None
     assert all(torch.equal(region.outputs(i)[0], torch.relu(sets[i][0]) * 2) for i in range(4))
 
@@ -400,14 +420,16 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     baseline = entries(9)  # a 9 µs call and the hand-over's 8 µs
     # the same relu with the batch loop replaced: its calls made alone as slow as the baseline's,
     # its batches at 1.2 µs a call
-    fused = alone_bound({"candidate": entries(9, wobble_us=-0.3), "baseline": baseline},
-                        {"baseline": 9_000, "candidate": 1_200})
+    fused = alone_bound(
+        {"candidate": entries(9, wobble_us=-0.3), "baseline": baseline}, {"baseline": 9_000, "candidate": 1_200}
+    )
     assert fused["failed"] and fused["ratio"] > ALONE_FAIL and abs(fused["difference_us"]) < 0.7
     assert fused["pairs"] == 12 and abs(fused["baseline_alone_us"] - 17) < 0.5
     # an honest candidate twice as fast, one three times slower, and the baseline's own copy
     for call_us, batched_ns in ((4.5, 4_500), (27, 27_000), (9, 9_000)):
-        bound = alone_bound({"candidate": entries(call_us), "baseline": baseline},
-                            {"baseline": 9_000, "candidate": batched_ns})
+        bound = alone_bound(
+            {"candidate": entries(call_us), "baseline": baseline}, {"baseline": 9_000, "candidate": batched_ns}
+        )
         assert not bound["failed"] and bound["ratio"] < 1.1, (call_us, bound)
     # calls alone read a longer call's cost short against its batches: the plain relu against
     # ten operations saved 19.5 µs a call alone where batches read 30 (it failed at 1.7); what a
@@ -418,9 +440,12 @@ def test_calls_made_alone_bound_a_batchs_calls_by_the_baseline_and_fail_a_batch_
     together = alone_bound({"candidate": entries(29), "baseline": ten_ops}, {"baseline": 38_000, "candidate": 14_000})
     assert together["failed"], together
     # noise as large as a call widens the margin, never fails honest batches
-    noisy = alone_bound({"candidate": entries(9, wobble_us=20), "baseline": entries(9, wobble_us=-20)},
-                        {"baseline": 9_000, "candidate": 9_000})
+    noisy = alone_bound(
+        {"candidate": entries(9, wobble_us=20), "baseline": entries(9, wobble_us=-20)},
+        {"baseline": 9_000, "candidate": 9_000},
+    )
     assert not noisy["failed"] and noisy["margin_us"] > 10
+
     # a GPU's batches handed over a call at a time, each step the GPU's switch between the
     # processes too: it drops out of the pairs' differences, and the allowance is of the
     # baseline's call in batches, not of the switch (a tenth of 285 µs would hide a 20 µs call)
@@ -489,23 +514,30 @@ def test_a_bound_over_the_batches_is_what_the_candidate_is_credited():
 
     def measured(lower_us, failed=False):
         rounds = Rounds(["baseline", "candidate"], vouched=True)
-        rounds.samples = {"baseline": [30_000 + 100 * (i % 3) for i in range(30)],
-                          "candidate": [20_000 + 100 * (i % 3) for i in range(30)]}
+        rounds.samples = {
+            "baseline": [30_000 + 100 * (i % 3) for i in range(30)],
+            "candidate": [20_000 + 100 * (i % 3) for i in range(30)],
+        }
         rounds.sizes = {role: [6] * 5 for role in rounds.samples}
         rounds.alone_bound = {"lower_us": lower_us, "failed": failed, "ratio": lower_us / 20.1}
         return rounds
 
     def speedup(rounds, statistic="median"):
         kept = rounds.for_speedup(statistic)
-        return bootstrap_speedup([s / 1000 for s in kept["baseline"][0]], [s / 1000 for s in kept["candidate"][0]],
-                                 baseline_rounds=kept["baseline"][1], candidate_rounds=kept["candidate"][1],
-                                 statistic=statistic)
+        return bootstrap_speedup(
+            [s / 1000 for s in kept["baseline"][0]],
+            [s / 1000 for s in kept["candidate"][0]],
+            baseline_rounds=kept["baseline"][1],
+            candidate_rounds=kept["candidate"][1],
+            statistic=statistic,
+        )
 
     for statistic in ("median", "mean"):
         together = measured(27.0)
         credited = speedup(together, statistic)
-        line = credit_within_calls_alone(credited, together.alone_bound,
-                                         together.for_speedup(statistic)["candidate"][0], statistic)
+        line = credit_within_calls_alone(
+            credited, together.alone_bound, together.for_speedup(statistic)["candidate"][0], statistic
+        )
         assert "credited at that" in line and credited["verdict"] == "faster"
         assert credited["value"] * 27.0 == pytest.approx(30.1, rel=1e-3)  # the baseline's time over the bound
         assert credited["ci_low"] <= credited["value"] <= credited["ci_high"]
@@ -519,8 +551,12 @@ def test_a_bound_over_the_batches_is_what_the_candidate_is_credited():
     apart.alone_bound["launched_apart"] = True
     for rounds in (measured(15.0), measured(40.0, failed=True), apart):
         untouched = speedup(rounds)
-        assert credit_within_calls_alone(untouched, rounds.alone_bound, rounds.for_speedup("median")["candidate"][0],
-                                         "median") is None
+        assert (
+            credit_within_calls_alone(
+                untouched, rounds.alone_bound, rounds.for_speedup("median")["candidate"][0], "median"
+            )
+            is None
+        )
         assert untouched == speedup(rounds)
 
 
@@ -529,10 +565,18 @@ def test_a_baseline_that_reads_off_its_own_timing_has_the_measurement_taken_agai
     than `timing.disturbed_fraction` off its own timing job, something else ran on the device:
     the measurement is taken again (new input sets), and flagged if it still reads off. With
     the fraction 0 every difference counts, so both steps show."""
-    relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()},
-                 timing="warmup_ms = 5\nbudget_ms = 60\nrounds = 3\ndisturbed_fraction = 0")
-    timing = next(json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
-                  if json.loads(p.read_text()).get("task") == "timing:relu2/twin")
+    relu2_report(
+        tmp_path,
+        ["twin"],
+        shapes="[[33, 65]]",
+        sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()},
+        timing="warmup_ms = 5\nbudget_ms = 60\nrounds = 3\ndisturbed_fraction = 0",
+    )
+    timing = next(
+        json.loads(p.read_text())
+        for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+        if json.loads(p.read_text()).get("task") == "timing:relu2/twin"
+    )
     assert timing["performance_state"] == "SUCCESS", timing["errors"]
     assert "the baseline read" in timing["remeasured"]["first"] and "the baseline read" in timing["remeasured"]["again"]
     assert "remeasured" in timing["phases_s"]
@@ -566,9 +610,13 @@ def test_a_measurement_that_failed_a_check_is_not_taken_again(tmp_path):
     """A disturbed baseline has the measurement taken again, and the second replaces the
     first: were a failed first one replaced too, a candidate wrong for a while, caught in the
     first, would go free in the second. With every difference counted as disturbed, it fails."""
-    report = relu2_report(tmp_path, ["wrong_for_a_while"], shapes="[[33, 65]]",
-                          sources={"wrong_for_a_while": WRONG_FOR_A_WHILE},
-                          timing="warmup_ms = 5\nbudget_ms = 60\nrounds = 3\ndisturbed_fraction = 0")
+    report = relu2_report(
+        tmp_path,
+        ["wrong_for_a_while"],
+        shapes="[[33, 65]]",
+        sources={"wrong_for_a_while": WRONG_FOR_A_WHILE},
+        timing="warmup_ms = 5\nbudget_ms = 60\nrounds = 3\ndisturbed_fraction = 0",
+    )
     row = next(r for r in report["results"] if r["implementation"] == "wrong_for_a_while")
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     assert row["performance_state"] == "FAILED", row
@@ -610,9 +658,14 @@ def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(twin_build, t
     root = copy_project(twin_build, tmp_path / "twin")  # its first build, the session's
 
     def twin_timing(task: str = "timing:relu2/twin") -> dict:
-        return max((json.loads(p.read_text()) for p in (root / "workspaces/store").glob("*/*/result.json")
-                    if json.loads(p.read_text()).get("task") == task),
-                   key=lambda r: r["task_started_unix"])
+        return max(
+            (
+                json.loads(p.read_text())
+                for p in (root / "workspaces/store").glob("*/*/result.json")
+                if json.loads(p.read_text()).get("task") == task
+            ),
+            key=lambda r: r["task_started_unix"],
+        )
 
     first = twin_timing()
     assert first["workers_adopted"]["baseline"] is True, first["workers_adopted"]  # the baseline's own job's
@@ -644,13 +697,15 @@ def test_kept_warm_an_edits_rebuild_takes_the_baseline_worker_the_build_before_p
     (tmp_path / "twin.py").write_text(good + "# edited\n")
     assert build_json(tmp_path, "-j", "2")["failed"] == []
     results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
-    first, edited = sorted((r for r in results if r.get("task") == "timing:relu2/twin"),
-                           key=lambda r: r["task_started_unix"])
+    first, edited = sorted(
+        (r for r in results if r.get("task") == "timing:relu2/twin"), key=lambda r: r["task_started_unix"]
+    )
     assert edited["workers_adopted"] == {"candidate": True, "baseline": True}, edited["workers_adopted"]
     assert edited["performance_state"] == "SUCCESS", edited["errors"]
     assert edited["input_secret"] != first["input_secret"]
     assert edited["baseline_result"]["from_own_timing"] == ["sizing_us_per_call"]
-    correctness = max((r for r in results if r.get("task") == "correctness:relu2/twin"),
-                      key=lambda r: r["task_started_unix"])
+    correctness = max(
+        (r for r in results if r.get("task") == "correctness:relu2/twin"), key=lambda r: r["task_started_unix"]
+    )
     assert correctness["worker_loads_s"], "the edited candidate's earlier worker was adopted"
     assert [load.get("spare") for load in correctness["worker_loads_s"]] == [True], correctness["worker_loads_s"]

@@ -59,8 +59,14 @@ def test_sharers_overlap_and_a_measurement_waits_for_them():
 
 def test_a_waiting_measurement_goes_before_sharers_that_arrive_after_it():
     order = _run([("shared", 0.8, 0.2), ("exclusive", 0.3, 0.3), ("shared", 0.1, 0.0)])
-    assert order == [("shared", "in"), ("shared", "out"), ("exclusive", "in"), ("exclusive", "out"),
-                     ("shared", "in"), ("shared", "out")]
+    assert order == [
+        ("shared", "in"),
+        ("shared", "out"),
+        ("exclusive", "in"),
+        ("exclusive", "out"),
+        ("shared", "in"),
+        ("shared", "out"),
+    ]
 
 
 # -- no endless wait, and a private folder -------------------------------------------------
@@ -77,15 +83,20 @@ def _holder(kind: str, device: str, folder: Path, token: str, env: dict | None =
     """A process that holds the device lock (the token in its command line) until killed."""
     script = folder / f"{token}.py"
     script.write_text(HOLD)
-    proc = subprocess.Popen([sys.executable, str(script), kind, device], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), kind, device],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
 
-@pytest.mark.parametrize("held, wanted, role", [("exclusive", "shared", "turnstile"),
-                                                ("exclusive", "exclusive", "turnstile"),
-                                                ("shared", "exclusive", "lock")])
+@pytest.mark.parametrize(
+    "held, wanted, role",
+    [("exclusive", "shared", "turnstile"), ("exclusive", "exclusive", "turnstile"), ("shared", "exclusive", "lock")],
+)
 def test_a_wait_ends_in_one_line_naming_the_lock_file_and_its_holder(monkeypatch, tmp_path, held, wanted, role):
     device = f"test-{uuid.uuid4().hex[:8]}"
     holder = _holder(held, device, tmp_path, "holder")
@@ -166,8 +177,9 @@ def test_lock_files_live_in_a_private_folder_of_the_user(monkeypatch, tmp_path):
     assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
     assert sorted(p.name for p in folder.iterdir()) == ["cuda-0.lock", "cuda-0.turnstile"]
     folder.chmod(0o755)  # another user could put a file or a link there
-    with pytest.raises(device_lock.DeviceLockError, match=f"device lock: {re.escape(str(folder))} is not a private "
-                                                          "folder of this user"):
+    with pytest.raises(
+        device_lock.DeviceLockError, match=f"device lock: {re.escape(str(folder))} is not a private folder of this user"
+    ):
         with device_lock.shared("cuda:0"):
             pass
     folder.chmod(0o700)
@@ -188,8 +200,14 @@ def test_a_lock_timeout_is_that_jobs_failure_in_the_locks_own_words(tmp_path):
     env = {"TMPDIR": str(temp), environment.DEVICE_LOCK_TIMEOUT_S: "1"}
     holder = _holder("exclusive", "cpu", tmp_path, "stuck-holder", env)
     try:
-        proc = subprocess.run([sys.executable, "-m", "magpie", "build", "--json", "correctness:k2/c"], cwd=project,
-                              capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+        proc = subprocess.run(
+            [sys.executable, "-m", "magpie", "build", "--json", "correctness:k2/c"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, **env},
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -198,9 +216,11 @@ def test_a_lock_timeout_is_that_jobs_failure_in_the_locks_own_words(tmp_path):
     verdict = next(r for r in results if r.get("task") == "correctness:k2/c")
     assert verdict["correctness_state"] == "FAILED"
     turnstile = temp / f"magpie-locks-{os.getuid()}" / "cpu.turnstile"
-    expected = (rf"evaluator error: device lock: gave up after \d+ s waiting for {re.escape(str(turnstile))} "
-                rf"\(to share the device\), held all that time by pid {holder.pid} \({re.escape(sys.executable)} "
-                rf"{re.escape(str(tmp_path / 'stuck-holder.py'))} exclusive cpu\); "
-                rf"MAGPIE_DEVICE_LOCK_TIMEOUT_S sets the wait")
+    expected = (
+        rf"evaluator error: device lock: gave up after \d+ s waiting for {re.escape(str(turnstile))} "
+        rf"\(to share the device\), held all that time by pid {holder.pid} \({re.escape(sys.executable)} "
+        rf"{re.escape(str(tmp_path / 'stuck-holder.py'))} exclusive cpu\); "
+        rf"MAGPIE_DEVICE_LOCK_TIMEOUT_S sets the wait"
+    )
     assert re.fullmatch(expected, verdict["errors"][0]), verdict["errors"][0]
     assert verdict["verdict"] == verdict["errors"][0]

@@ -11,10 +11,10 @@ import time
 from conftest import relu2_project
 
 from magpie.graph.expand import changed_inputs, snapshot_path
-from magpie.supervision import scratch
 from magpie.harness.spec import load_module
+from magpie.supervision import scratch
 
-SLOW = '''
+SLOW = """
 import time
 
 import torch
@@ -25,14 +25,19 @@ time.sleep(4)  # the test edits this file meanwhile
 
 def kernel(x):
     return torch.relu(x) * 2.0
-'''
+"""
 
 
 def test_an_edit_while_a_task_runs_is_not_stored_under_the_old_key(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW)
     relu2_project(tmp_path, ["slow"], shapes="[[8, 16]]", defaults="trials = 1")
-    build = subprocess.Popen([sys.executable, "-m", "magpie", "build", "--json", "-j", "1"], cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    build = subprocess.Popen(
+        [sys.executable, "-m", "magpie", "build", "--json", "-j", "1"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and build.poll() is None and not _loading_slow():
         time.sleep(0.02)
@@ -42,8 +47,13 @@ def test_an_edit_while_a_task_runs_is_not_stored_under_the_old_key(tmp_path):
     assert "correctness:relu2/slow" in result["failed"], (out, err)
     assert "slow.py changed while correctness:relu2/slow ran; not stored: run magpie build again" in err
     (tmp_path / "slow.py").write_text(SLOW)  # reverted: the old key's verdict was never stored
-    plan = subprocess.run([sys.executable, "-m", "magpie", "build", "--dry-run", "--json"], cwd=tmp_path,
-                          capture_output=True, text=True, check=True)
+    plan = subprocess.run(
+        [sys.executable, "-m", "magpie", "build", "--dry-run", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "correctness:relu2/slow" in {item["task"] for item in json.loads(plan.stdout)["would_run"]}
 
 
@@ -61,8 +71,9 @@ def _loading_slow() -> bool:
 def test_inputs_are_kept_by_digest_and_changes_are_seen(tmp_path):
     (tmp_path / "good.py").write_text("def kernel(x):\n    return x\n")
     relu2_project(tmp_path, [], shapes="[[8, 16]]")
-    subprocess.run([sys.executable, "-m", "magpie", "build", "--dry-run"], cwd=tmp_path, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "magpie", "build", "--dry-run"], cwd=tmp_path, check=True, capture_output=True
+    )
     data = (tmp_path / "good.py").read_bytes()
     kept = snapshot_path(tmp_path / "workspaces/snapshots", hashlib.sha256(data).hexdigest())
     assert kept.read_bytes() == data

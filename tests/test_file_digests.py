@@ -1,6 +1,7 @@
 """Large files' digests remembered by stat (magpie/store/digests.py): a remembered file is not read again, any change
 of its stat (content, replacement, touch) means it is hashed again, a file written too recently is not remembered,
 and a declared benchmark's multi-MB model file keys the task through that cache, not through snapshots."""
+
 import hashlib
 import json
 import os
@@ -32,12 +33,12 @@ def test_a_remembered_digest_is_not_read_again_and_a_changed_file_is(tmp_path, m
     assert first.digest(weights) == hashlib.sha256(b"a" * 4096).hexdigest() and first.hashed_bytes == 4096
     first.save()
     again = FileDigests(store)
-    assert again.digest(weights) == first.digest(weights) and again.hashed_bytes == 0   # remembered: not read
-    weights.write_bytes(b"b" * 4096)                                                   # same size, new content
+    assert again.digest(weights) == first.digest(weights) and again.hashed_bytes == 0  # remembered: not read
+    weights.write_bytes(b"b" * 4096)  # same size, new content
     assert FileDigests(store).digest(weights) == hashlib.sha256(b"b" * 4096).hexdigest()
     replacement = tmp_path / "new"
     replacement.write_bytes(b"c" * 4096)
-    os.replace(replacement, weights)                                                   # another inode
+    os.replace(replacement, weights)  # another inode
     assert FileDigests(store).digest(weights) == hashlib.sha256(b"c" * 4096).hexdigest()
     other = tmp_path / "other.bin"
     other.write_bytes(b"d")
@@ -45,7 +46,7 @@ def test_a_remembered_digest_is_not_read_again_and_a_changed_file_is(tmp_path, m
     learning = FileDigests(store)
     learning.digest(other)
     weights.unlink()
-    learning.save()                                                                    # a gone file's entry goes
+    learning.save()  # a gone file's entry goes
     assert list(json.loads(store.read_text())) == [str(other)]
 
 
@@ -72,7 +73,7 @@ def test_a_large_model_file_keys_the_benchmark_through_the_cache_without_a_snaps
     model.mkdir()
     (model / "config.json").write_text("{}")
     with open(model / "weights.bin", "wb") as handle:
-        handle.truncate(64 << 20)                                                      # sparse 64 MiB
+        handle.truncate(64 << 20)  # sparse 64 MiB
     _aged(model / "weights.bin")
     _settle(monkeypatch)
     manifest = Manifest.model_validate({"benchmark": [{"id": "b", "engine": "transformers", "model": "m"}]})
@@ -82,10 +83,13 @@ def test_a_large_model_file_keys_the_benchmark_through_the_cache_without_a_snaps
     assert store.file_digests.hashed_bytes == 64 << 20
     assert spec.parts["inputs"]["m/weights.bin"] == hashlib.sha256(bytes(64 << 20)).hexdigest()
     kept = [p.name for p in store.snapshots.rglob("*") if p.is_file()]
-    assert kept == [spec.parts["inputs"]["m/config.json"]]                            # the weights are not copied
+    assert kept == [spec.parts["inputs"]["m/config.json"]]  # the weights are not copied
     cached = Store(tmp_path / "ws")
-    assert expand_mod.expand(manifest, tmp_path, rules, cached.snapshots, cached.file_digests)["benchmark:b"].key \
-        == spec.key and cached.file_digests.hashed_bytes == 0
+    assert (
+        expand_mod.expand(manifest, tmp_path, rules, cached.snapshots, cached.file_digests)["benchmark:b"].key
+        == spec.key
+        and cached.file_digests.hashed_bytes == 0
+    )
     assert expand_mod.changed_inputs(tmp_path, spec.parts, cached.file_digests) == []
     with open(model / "weights.bin", "r+b") as handle:
         handle.write(b"\1")

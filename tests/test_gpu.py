@@ -5,7 +5,6 @@ import re
 import shutil
 
 import pytest
-
 from conftest import FIXTURES, REPO, build_json, magpie, relu2_report
 from test_verdicts import EXPECTED, check_candidate_thread_is_stopped
 
@@ -49,8 +48,9 @@ def test_a_candidates_timing_takes_what_the_baselines_own_measured_of_it_alone(g
     for row in (r for r in report["results"] if not r["is_baseline"]):
         beside = row["baseline_result"]
         assert beside["from_own_timing"] == ["calibration_us", "harness_us_per_call", "kernels", "sizing_us_per_call"]
-        assert [beside[k] for k in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")] == \
-            [own[k] for k in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")]
+        assert [beside[k] for k in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")] == [
+            own[k] for k in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")
+        ]
         assert row["performance_result"]["from_own_timing"] is None
 
 
@@ -88,8 +88,15 @@ VOUCHED = "warmup_ms = 5\nbudget_ms = 60\nrounds = 3\nvouched = true"
 @pytest.fixture(scope="module")
 def gpu_adversarial(tmp_path_factory):
     root = tmp_path_factory.mktemp("adversarial_gpu")
-    return relu2_report(root, [n for n in GPU_VERDICTS if n != "good"], shapes="[[33, 65], [8, 128]]", jobs=4,
-                        defaults="timeout_s = 8", device="cuda", timing=VOUCHED)
+    return relu2_report(
+        root,
+        [n for n in GPU_VERDICTS if n != "good"],
+        shapes="[[33, 65], [8, 128]]",
+        jobs=4,
+        defaults="timeout_s = 8",
+        device="cuda",
+        timing=VOUCHED,
+    )
 
 
 @pytest.mark.parametrize("impl", list(GPU_VERDICTS))
@@ -126,8 +133,15 @@ def test_work_left_on_a_side_stream_after_answering_is_timed_or_fails(tmp_path):
     """A candidate that leaves 1 ms of work a call queued on a stream of its own, behind the
     event that stops the evaluator's clock: its outputs are taken for the checks in the
     evaluator's stream right behind that event, so the work is timed or the batch fails."""
-    report = relu2_report(tmp_path, ["defers_to_side_stream"], shapes="[[4096, 4096]]", jobs=1,
-                          defaults="timeout_s = 60", device="cuda", timing=VOUCHED)
+    report = relu2_report(
+        tmp_path,
+        ["defers_to_side_stream"],
+        shapes="[[4096, 4096]]",
+        jobs=1,
+        defaults="timeout_s = 60",
+        device="cuda",
+        timing=VOUCHED,
+    )
     row = next(r for r in report["results"] if r["implementation"] == "defers_to_side_stream")
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     if row["performance_state"] == "SUCCESS":
@@ -145,8 +159,15 @@ def test_a_worker_that_does_a_batchs_calls_in_one_launch_is_not_credited_on_the_
     the region): outputs and inputs are right, the calls were not made one by one. Credited 7.1x,
     then 219x at the default budget, while only batches were timed: a call read 0.001 µs, under
     any kernel's launch (`launch_floor`)."""
-    report = relu2_report(tmp_path, ["batches_its_calls"], shapes="[[33, 65]]", jobs=1, defaults="timeout_s = 60",
-                          device="cuda", timing=VOUCHED_DEFAULT)
+    report = relu2_report(
+        tmp_path,
+        ["batches_its_calls"],
+        shapes="[[33, 65]]",
+        jobs=1,
+        defaults="timeout_s = 60",
+        device="cuda",
+        timing=VOUCHED_DEFAULT,
+    )
     row = next(r for r in report["results"] if r["implementation"] == "batches_its_calls")
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     assert row["performance_state"] == "FAILED" or row["speedup"]["value"] < 1.2, row["speedup"]
@@ -155,8 +176,16 @@ def test_a_worker_that_does_a_batchs_calls_in_one_launch_is_not_credited_on_the_
 def cheat_beside_honest(tmp_path, cheat: str, honest: str, baseline: str, shapes: str) -> tuple[dict, dict]:
     """The rows of a cheat and an honest candidate compared with `baseline` at the default
     budget: both correct, the cheat's timing failed, the honest one's standing."""
-    report = relu2_report(tmp_path, [cheat, honest], shapes=shapes, jobs=1, defaults="timeout_s = 60", device="cuda",
-                          timing=VOUCHED_DEFAULT, baseline=baseline)
+    report = relu2_report(
+        tmp_path,
+        [cheat, honest],
+        shapes=shapes,
+        jobs=1,
+        defaults="timeout_s = 60",
+        device="cuda",
+        timing=VOUCHED_DEFAULT,
+        baseline=baseline,
+    )
     rows = {r["implementation"]: r for r in report["results"]}
     assert rows[cheat]["correctness_state"] == rows[honest]["correctness_state"] == "SUCCESS", rows
     assert rows[cheat]["performance_state"] == "FAILED", rows[cheat]["speedup"]
@@ -171,8 +200,7 @@ def test_calls_done_together_above_the_launch_floor_are_bounded_by_calls_handed_
     (`DeviceRegion.start_handover`) cannot be done together: the bound they set fails its
     timing (ratios 3.1-4.8 in bench/calls_alone.py). The honest relu beside it, about 3x
     faster, stands."""
-    cheat, honest = cheat_beside_honest(tmp_path, "batches_above_floor", "good", baseline="many_ops",
-                                        shapes="[[8, 8]]")
+    cheat, honest = cheat_beside_honest(tmp_path, "batches_above_floor", "good", baseline="many_ops", shapes="[[8, 8]]")
     assert "calls_done_together" in {f["kind"] for f in cheat["failures"]}, cheat["failures"]
     assert cheat["performance_result"]["alone_bound"]["pairs"] >= 3
     assert honest["speedup"]["value"] > 1.5, honest["speedup"]
@@ -186,8 +214,15 @@ def test_honest_small_kernels_timed_as_graph_replays_stand_beside_their_calls_ma
     honest ten read a bound near their batches (0.95-1.00 on the H200; 1.63-1.67 while calls
     alone were launched kernel by kernel) and stand under the 1.5 that fails calls done
     together."""
-    report = relu2_report(tmp_path, ["many_ops"], shapes="[[33, 65]]", jobs=1, defaults="timeout_s = 60",
-                          device="cuda", timing=VOUCHED_DEFAULT)
+    report = relu2_report(
+        tmp_path,
+        ["many_ops"],
+        shapes="[[33, 65]]",
+        jobs=1,
+        defaults="timeout_s = 60",
+        device="cuda",
+        timing=VOUCHED_DEFAULT,
+    )
     row = next(r for r in report["results"] if r["implementation"] == "many_ops")
     assert row["timing_method"]["mode"] == "graph", row["timing_method"]
     assert row["performance_state"] == "SUCCESS", row["errors"]
@@ -202,8 +237,9 @@ def test_a_slow_baselines_fast_candidate_is_bounded_by_calls_handed_over_one_at_
     under-occupied part once a batch has its batches bounded by batches of one call, and
     fails; the same code made call by call stands."""
     (tmp_path / "same_slow_call.py").write_text((FIXTURES / "adversarial" / "slow_call.py").read_text())
-    cheat, honest = cheat_beside_honest(tmp_path, "batches_slow_call", "same_slow_call", baseline="slow_call",
-                                        shapes="[[33, 65]]")
+    cheat, honest = cheat_beside_honest(
+        tmp_path, "batches_slow_call", "same_slow_call", baseline="slow_call", shapes="[[33, 65]]"
+    )
     bound = cheat["performance_result"]["alone_bound"]
     assert bound["calls_a_batch"] == 1 and bound["pairs"] >= 3 and bound["failed"], bound
     assert not honest["performance_result"]["alone_bound"]["failed"]
@@ -214,8 +250,15 @@ def test_work_that_skips_the_gate_sees_old_inputs_or_is_timed(tmp_path):
     gate: queued while the evaluator's stream sleeps, its kernels can run before the batch's
     input sets are copied in (the last batch's inputs: the checks fail) or after the gate
     (timed), never credited as faster than the same relu."""
-    report = relu2_report(tmp_path, ["skips_the_gate"], shapes="[[4096, 4096]]", jobs=1,
-                          defaults="timeout_s = 60", device="cuda", timing=VOUCHED)
+    report = relu2_report(
+        tmp_path,
+        ["skips_the_gate"],
+        shapes="[[4096, 4096]]",
+        jobs=1,
+        defaults="timeout_s = 60",
+        device="cuda",
+        timing=VOUCHED,
+    )
     row = next(r for r in report["results"] if r["implementation"] == "skips_the_gate")
     assert row["correctness_state"] == "SUCCESS", row["errors"]
     if row["performance_state"] == "SUCCESS":
@@ -238,9 +281,21 @@ def test_kernelbench_models_are_judged_and_timed_on_the_gpu(tmp_path):
         "kernels:\n"
         "  - {id: right, type: pytorch, source_files: [model_new.py], spec: reference.py}\n"
         "  - {id: copy, type: pytorch, source_files: [model_new_copy.py], spec: reference.py}\n"
-        "  - {id: wrong, type: pytorch, source_files: [model_new_wrong.py], spec: reference.py}\n")
-    magpie("compare", "--kernel-config", "kb.yaml", "--device", "cuda", "--budget-ms", "50", "-o", "kb",
-           cwd=tmp_path, check=0)
+        "  - {id: wrong, type: pytorch, source_files: [model_new_wrong.py], spec: reference.py}\n"
+    )
+    magpie(
+        "compare",
+        "--kernel-config",
+        "kb.yaml",
+        "--device",
+        "cuda",
+        "--budget-ms",
+        "50",
+        "-o",
+        "kb",
+        cwd=tmp_path,
+        check=0,
+    )
     report = json.loads((tmp_path / "kb/compare_report.json").read_text())
     rows = {r["implementation"]: r for r in report["results"]}
     assert rows["wrong"]["correctness_state"] == "FAILED" and "kernelbench" in rows["wrong"]["verdict"]
@@ -257,11 +312,21 @@ def test_a_disturbed_baseline_is_measured_again_on_the_gpu(tmp_path):
     """`timing.disturbed_fraction` on the GPU's vouched batches: at 0 every difference between
     the baseline beside a candidate and in its own timing counts, so the measurement is taken
     again and flagged, and the row still stands."""
-    relu2_report(tmp_path, ["twin"], shapes="[[4096, 4096]]", jobs=1, defaults="timeout_s = 60", device="cuda",
-                 sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()},
-                 timing=VOUCHED + "\ndisturbed_fraction = 0")
-    timing = next(json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
-                  if json.loads(p.read_text()).get("task") == "timing:relu2/twin")
+    relu2_report(
+        tmp_path,
+        ["twin"],
+        shapes="[[4096, 4096]]",
+        jobs=1,
+        defaults="timeout_s = 60",
+        device="cuda",
+        sources={"twin": (FIXTURES / "adversarial" / "good.py").read_text()},
+        timing=VOUCHED + "\ndisturbed_fraction = 0",
+    )
+    timing = next(
+        json.loads(p.read_text())
+        for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+        if json.loads(p.read_text()).get("task") == "timing:relu2/twin"
+    )
     assert timing["performance_state"] == "SUCCESS", timing["errors"]
     assert "the baseline read" in timing["remeasured"]["again"]
     assert [f["kind"] for f in timing["flags"] if f["kind"] == "disturbed_measurement"] == ["disturbed_measurement"]

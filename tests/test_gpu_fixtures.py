@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-
 from conftest import FIXTURES
+
 from magpie.roofline.model import roofline
 from magpie.roofline.ncu import NcuParseError, kernel_roofline, metrics, parse_raw_csv
 from magpie.roofline.specs import ARCHES, lookup
@@ -32,8 +32,11 @@ def test_ncu_raw_csv_with_preamble_units_and_thousands_separators():
 
 def test_softmax_kernels_are_memory_bound_on_the_h200():
     arch = lookup("NVIDIA H200")
-    for name, pct_range in (("ncu_softmax_cuda.csv", (60, 75)), ("ncu_softmax_triton.csv", (75, 90)),
-                            ("ncu_softmax_torch.csv", (40, 55))):
+    for name, pct_range in (
+        ("ncu_softmax_cuda.csv", (60, 75)),
+        ("ncu_softmax_triton.csv", (75, 90)),
+        ("ncu_softmax_torch.csv", (40, 55)),
+    ):
         row = kernel_roofline(_kernel(name), arch)
         r = row["roofline"]
         assert r["bound"] == "memory" and r["precision"] == "fp32"
@@ -114,8 +117,16 @@ def test_one_nvidia_smi_query_feeds_keys_and_gpu_info():
     from magpie.graph.fingerprint import parse_nvidia_smi
 
     gpus = parse_nvidia_smi("NVIDIA H200, 143771, 580.159.04, 9.0, 1980\nnot a gpu line\n")
-    assert gpus == [{"vendor": "NVIDIA", "name": "NVIDIA H200", "memory_mib": 143771, "driver": "580.159.04",
-                     "architecture": "sm_90", "max_sm_clock_mhz": "1980"}]
+    assert gpus == [
+        {
+            "vendor": "NVIDIA",
+            "name": "NVIDIA H200",
+            "memory_mib": 143771,
+            "driver": "580.159.04",
+            "architecture": "sm_90",
+            "max_sm_clock_mhz": "1980",
+        }
+    ]
 
 
 def test_h200_a_launch_bound_baseline_reads_beside_candidates_what_it_read_alone():
@@ -139,7 +150,7 @@ def test_h200_a_launch_bound_baseline_reads_beside_candidates_what_it_read_alone
     def least_squares_intercept_ns(batches):
         points = [(n, us * 1000) for r, n, us in batches if r is not None]
         mean_n, mean_t = sum(n for n, _ in points) / len(points), sum(t for _, t in points) / len(points)
-        slope = (sum((n - mean_n) * (t - mean_t) for n, t in points) / sum((n - mean_n) ** 2 for n, _ in points))
+        slope = sum((n - mean_n) * (t - mean_t) for n, t in points) / sum((n - mean_n) ** 2 for n, _ in points)
         return mean_t - slope * mean_n
 
     builds = json.loads((H200 / "calls_alone_batches.json").read_text())["projects"]["good"]

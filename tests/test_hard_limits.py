@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, relu2_project
+
 from magpie.supervision import device_lock
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision.step_limit import step_limit_s
@@ -28,8 +29,9 @@ TIMEOUT_S = 4
 DEFAULTS = f"timeout_s = {TIMEOUT_S}\ntrials = 2"
 TIMING = "warmup_ms = 5\nbudget_ms = 60\nrounds = 3"
 # The timing step's limit for these settings (41.3 s): what a timeout must be reported within, 5 s more.
-LIMIT_S = step_limit_s("timing", {"correctness": {"timeout_s": TIMEOUT_S, "testcases": [{}]},
-                                  "timing": {"warmup_ms": 5, "budget_ms": 60}})
+LIMIT_S = step_limit_s(
+    "timing", {"correctness": {"timeout_s": TIMEOUT_S, "testcases": [{}]}, "timing": {"warmup_ms": 5, "budget_ms": 60}}
+)
 
 
 def _processes() -> dict[int, tuple[int, str, int]]:
@@ -60,8 +62,11 @@ def _below(root: int, table: dict) -> set[tuple[int, int]]:
 
 def _alive(seen: set[tuple[int, int]]) -> list[tuple[int, int, str]]:
     table = _processes()
-    return [(pid, start, table[pid][1]) for pid, start in seen
-            if pid in table and table[pid][2] == start and table[pid][1] not in ("Z", "X")]
+    return [
+        (pid, start, table[pid][1])
+        for pid, start in seen
+        if pid in table and table[pid][2] == start and table[pid][1] not in ("Z", "X")
+    ]
 
 
 def _owned_folders(pids: set[int]) -> set[str]:
@@ -99,8 +104,14 @@ def _watched_build(root, jobs: int, on_evaluator: dict | None = None) -> dict:
     it ended. `on_evaluator`: implementation -> (seconds, signal): the evaluator of its timing
     gets the signal once it has run that long, its waits for the device lock (other builds'
     measurements on this shared machine) not counted, so that its workers are at work."""
-    build = subprocess.Popen([sys.executable, "-m", "magpie", "build", "-j", str(jobs), "--plain"], cwd=root,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    build = subprocess.Popen(
+        [sys.executable, "-m", "magpie", "build", "-j", str(jobs), "--plain"],
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen, folders, first_seen, signalled = set(), set(), {}, {}
     started = time.monotonic()
     while build.poll() is None and time.monotonic() - started < 900:
@@ -111,8 +122,10 @@ def _watched_build(root, jobs: int, on_evaluator: dict | None = None) -> dict:
             if impl in (on_evaluator or {}) and impl not in signalled:
                 first_seen.setdefault(impl, time.monotonic())
                 after_s, sig = on_evaluator[impl]
-                if time.monotonic() - first_seen[impl] - device_lock.waited_s(folder / device_lock.WAITS_FILE) \
-                        >= after_s:
+                if (
+                    time.monotonic() - first_seen[impl] - device_lock.waited_s(folder / device_lock.WAITS_FILE)
+                    >= after_s
+                ):
                     os.kill(pid, sig)
                     signalled[impl] = pid
         time.sleep(0.1)
@@ -130,9 +143,16 @@ def _watched_build(root, jobs: int, on_evaluator: dict | None = None) -> dict:
         if "task" in result:
             results[result["task"]] = result
     report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
-    return {"output": output, "returncode": build.returncode, "elapsed": elapsed, "signalled": signalled,
-            "left": left, "folders_left": sorted(f for f in folders if os.path.exists(f)), "results": results,
-            "rows": {row["implementation"]: row for row in report["results"]}}
+    return {
+        "output": output,
+        "returncode": build.returncode,
+        "elapsed": elapsed,
+        "signalled": signalled,
+        "left": left,
+        "folders_left": sorted(f for f in folders if os.path.exists(f)),
+        "results": results,
+        "rows": {row["implementation"]: row for row in report["results"]},
+    }
 
 
 def _project(root, candidates: dict[str, str]) -> None:
@@ -143,9 +163,18 @@ def _project(root, candidates: dict[str, str]) -> None:
 
 
 # stall the evaluator cannot bound (each call in time, many calls), and stalls it can
-AT_EIGHT_JOBS = {name: name for name in ("sleeps_in_c_when_timed", "spins_when_timed", "blocks_when_timed",
-                                         "stops_when_timed", "stops_its_parent", "batches_repeated_inputs",
-                                         "holds_no_stray_descriptor")}
+AT_EIGHT_JOBS = {
+    name: name
+    for name in (
+        "sleeps_in_c_when_timed",
+        "spins_when_timed",
+        "blocks_when_timed",
+        "stops_when_timed",
+        "stops_its_parent",
+        "batches_repeated_inputs",
+        "holds_no_stray_descriptor",
+    )
+}
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +189,17 @@ def at_one_job(tmp_path_factory):
     """At -j 1: the stall the evaluator cannot bound, an evaluator stopped from outside (it keeps
     no deadline of its own then) and one killed with SIGKILL mid-timing."""
     root = tmp_path_factory.mktemp("limits_j1")
-    _project(root, {"sleeps_in_c_when_timed": "sleeps_in_c_when_timed", "evaluator_stopped": "sleeps_in_c_when_timed",
-                    "evaluator_killed": "sleeps_in_c_when_timed"})
-    return _watched_build(root, 1, on_evaluator={"evaluator_stopped": (1.0, signal.SIGSTOP),
-                                                 "evaluator_killed": (6.0, signal.SIGKILL)})
+    _project(
+        root,
+        {
+            "sleeps_in_c_when_timed": "sleeps_in_c_when_timed",
+            "evaluator_stopped": "sleeps_in_c_when_timed",
+            "evaluator_killed": "sleeps_in_c_when_timed",
+        },
+    )
+    return _watched_build(
+        root, 1, on_evaluator={"evaluator_stopped": (1.0, signal.SIGSTOP), "evaluator_killed": (6.0, signal.SIGKILL)}
+    )
 
 
 def _timed_out_in_time(build: dict, impl: str) -> dict:
@@ -178,8 +214,9 @@ def _timed_out_in_time(build: dict, impl: str) -> dict:
     return row
 
 
-@pytest.mark.parametrize("impl", ["sleeps_in_c_when_timed", "spins_when_timed", "blocks_when_timed",
-                                  "stops_when_timed", "stops_its_parent"])
+@pytest.mark.parametrize(
+    "impl", ["sleeps_in_c_when_timed", "spins_when_timed", "blocks_when_timed", "stops_when_timed", "stops_its_parent"]
+)
 def test_a_stalled_timing_is_a_timeout_within_its_limit_at_eight_jobs(at_eight_jobs, impl):
     _timed_out_in_time(at_eight_jobs, impl)
 

@@ -7,7 +7,6 @@ field to add it to, a declared helper works, and a competitor's source cannot be
 import json
 
 import pytest
-
 from conftest import QUICK_TIMING, build_json, copy_fixtures, kernel_table, magpie, project_toml, relu2_project
 
 from magpie import sandbox
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason
 
 HELPER = "def twice(x):\n    return x * 2.0\n"
 USES_HELPER = "import torch\nfrom helper import twice\n\n\ndef kernel(x):\n    return twice(torch.relu(x))\n"
-SNOOP = '''
+SNOOP = """
 import os
 
 import torch
@@ -33,7 +32,7 @@ print("listed", sorted(os.listdir({root!r}))[:3], flush=True)
 
 def kernel(x):
     return torch.relu(x) * 2.0
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +50,17 @@ def hermetic_build(root, device: str):
     (root / "rival.py").write_text("import torch\n\n\ndef kernel(x):\n    return torch.relu(x) * 2.0\n")
     (root / "snoop.py").write_text(SNOOP.format(root=str(root)))
     copy_fixtures(root, ["good", "spec"])
-    relu2 = kernel_table("relu2", "good", ["rival", "snoop", "undeclared", "declared"], shapes="[[33, 65]]",
-                         sources={"undeclared": "kernels/undeclared.py", "declared": "kernels/declared.py"},
-                         candidate_settings={"declared": 'source_files = ["kernels/helper.py"]'})
-    (root / "magpie.toml").write_text(project_toml(relu2, device=device, defaults="timeout_s = 60", timing=QUICK_TIMING))
+    relu2 = kernel_table(
+        "relu2",
+        "good",
+        ["rival", "snoop", "undeclared", "declared"],
+        shapes="[[33, 65]]",
+        sources={"undeclared": "kernels/undeclared.py", "declared": "kernels/declared.py"},
+        candidate_settings={"declared": 'source_files = ["kernels/helper.py"]'},
+    )
+    (root / "magpie.toml").write_text(
+        project_toml(relu2, device=device, defaults="timeout_s = 60", timing=QUICK_TIMING)
+    )
     result = build_json(root, "-j", "1")
     report = json.loads((root / "workspaces/reports/relu2/compare_report.json").read_text())
     return root, result, {r["implementation"]: r for r in report["results"]}
@@ -65,8 +71,10 @@ def test_an_undeclared_import_fails_in_one_line_naming_the_file_and_the_field(he
     assert result["failed"] == []
     row = rows["undeclared"]
     assert row["correctness_state"] == "FAILED"
-    assert row["verdict"] == ("error while loading: candidate undeclared read kernels/helper.py, which is not "
-                              "declared: add it to source_files of implementation undeclared in magpie.toml")
+    assert row["verdict"] == (
+        "error while loading: candidate undeclared read kernels/helper.py, which is not "
+        "declared: add it to source_files of implementation undeclared in magpie.toml"
+    )
 
 
 def test_a_declared_helper_is_imported_and_judged(hermetic):
@@ -97,7 +105,7 @@ def test_hermetic_inputs_hold_for_gpu_workers(tmp_path):
     assert not any(line.startswith("SUCCEEDED") for log in logs for line in log.read_text().splitlines())
 
 
-SPEC_WITH_HELPER = '''
+SPEC_WITH_HELPER = """
 import torch
 from common import doubled
 
@@ -108,7 +116,7 @@ def make_inputs(shape, dtype, generator):
 
 def reference(x):
     return doubled(torch.relu(x))
-'''
+"""
 
 
 def test_a_spec_imports_only_what_its_testcase_declares(tmp_path):
@@ -120,11 +128,15 @@ def test_a_spec_imports_only_what_its_testcase_declares(tmp_path):
         (tmp_path / kernel / "common.py").write_text("def doubled(x):\n    return x * 2.0\n")
         (tmp_path / kernel / "spec.py").write_text(SPEC_WITH_HELPER)
         (tmp_path / kernel / "good.py").write_text("import torch\n\n\ndef kernel(x):\n    return torch.relu(x) * 2.0\n")
-    tables = [kernel_table(kernel, "good", folder=f"{kernel}/", spec=f"{kernel}/spec.py", shapes="[[8, 16]]",
-                           testcase=declared)
-              for kernel, declared in (("undeclared", ""), ("declared", 'spec_files = ["declared/common.py"]'))]
-    (tmp_path / "magpie.toml").write_text(project_toml(*tables, name="specs",
-                                                       timing="warmup_ms = 5\nbudget_ms = 30\nrounds = 2"))
+    tables = [
+        kernel_table(
+            kernel, "good", folder=f"{kernel}/", spec=f"{kernel}/spec.py", shapes="[[8, 16]]", testcase=declared
+        )
+        for kernel, declared in (("undeclared", ""), ("declared", 'spec_files = ["declared/common.py"]'))
+    ]
+    (tmp_path / "magpie.toml").write_text(
+        project_toml(*tables, name="specs", timing="warmup_ms = 5\nbudget_ms = 30\nrounds = 2")
+    )
     build_json(tmp_path, "-j", "1")
     rows = {}
     for kernel in ("undeclared", "declared"):
@@ -132,8 +144,10 @@ def test_a_spec_imports_only_what_its_testcase_declares(tmp_path):
         rows[kernel] = next(r for r in report["results"] if r["implementation"] == "good")
     assert rows["declared"]["correctness_state"] == "SUCCESS"
     assert rows["undeclared"]["correctness_state"] != "SUCCESS"
-    assert ("spec undeclared/spec.py imported undeclared/common.py, which is not declared: add it to spec_files "
-            "of testcase 0 of kernel undeclared in magpie.toml") in rows["undeclared"]["verdict"]
+    assert (
+        "spec undeclared/spec.py imported undeclared/common.py, which is not declared: add it to spec_files "
+        "of testcase 0 of kernel undeclared in magpie.toml"
+    ) in rows["undeclared"]["verdict"]
 
 
 @pytest.mark.parametrize("declared", ["../outside.py", "absent.py"])
@@ -144,8 +158,11 @@ def test_a_spec_file_outside_the_project_or_missing_stops_the_build_in_one_line(
     project.mkdir()
     (tmp_path / "outside.py").write_text("SECRET = 1\n")
     relu2_project(project, [], shapes="[[8, 16]]")
-    manifest = (project / "magpie.toml").read_text().replace('spec = "spec.py"',
-                                                             f'spec = "spec.py"\nspec_files = ["{declared}"]')
+    manifest = (
+        (project / "magpie.toml")
+        .read_text()
+        .replace('spec = "spec.py"', f'spec = "spec.py"\nspec_files = ["{declared}"]')
+    )
     (project / "magpie.toml").write_text(manifest)
     proc = magpie("build", cwd=project, check=2)
     line = proc.stderr.strip()

@@ -39,10 +39,15 @@ def rows(tmp_path_factory):
     for name in ("good", "many_ops", "batches_its_calls", "spec"):
         shutil.copy(FIXTURES / "adversarial" / f"{name}.py", root / f"{name}.py")
     (root / "same.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
-    (root / "magpie.toml").write_text(project_toml(
-        kernel_table("wide", "good", ["same", "many_ops"], shapes="[[64, 1024]]"),
-        kernel_table("small", "good", ["batches_its_calls"], shapes="[[8, 8]]"),
-        name="under_load", defaults="trials = 1", timing=QUICK_TIMING))
+    (root / "magpie.toml").write_text(
+        project_toml(
+            kernel_table("wide", "good", ["same", "many_ops"], shapes="[[64, 1024]]"),
+            kernel_table("small", "good", ["batches_its_calls"], shapes="[[8, 8]]"),
+            name="under_load",
+            defaults="trials = 1",
+            timing=QUICK_TIMING,
+        )
+    )
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
     try:
         assert build_json(root, "-j", "2")["failed"] == []
@@ -50,8 +55,11 @@ def rows(tmp_path_factory):
         for hog in hogs:
             hog.kill()
             hog.wait()
-    return {f"{kernel}/{row['implementation']}": row for kernel in ("wide", "small")
-            for row in json.loads((root / f"workspaces/reports/{kernel}/compare_report.json").read_text())["results"]}
+    return {
+        f"{kernel}/{row['implementation']}": row
+        for kernel in ("wide", "small")
+        for row in json.loads((root / f"workspaces/reports/{kernel}/compare_report.json").read_text())["results"]
+    }
 
 
 @pytest.mark.parametrize("name", ["wide/good", "wide/same", "wide/many_ops", "small/good"])
@@ -87,8 +95,14 @@ def test_what_is_taken_off_for_the_harness_never_exceeds_half_a_call():
 
 
 def _failed_floor(measured: Rounds, role: str, in_doubt: bool) -> None:
-    measured.failed[role] = {"passed": False, "check": "launch_floor", "kind": "calls_done_together",
-                             "where": "its batches", "detail": "a call read ...", "floor_in_doubt": in_doubt}
+    measured.failed[role] = {
+        "passed": False,
+        "check": "launch_floor",
+        "kind": "calls_done_together",
+        "where": "its batches",
+        "detail": "a call read ...",
+        "floor_in_doubt": in_doubt,
+    }
 
 
 def test_only_a_failure_near_its_limit_on_a_busy_machine_is_in_doubt():

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 from conftest import COMMAND_PROJECT, FIXTURES, build_json, magpie, relu2_project, write
+
 from magpie.supervision import scratch as scratch_folders
 
 
@@ -56,8 +57,11 @@ def _descendants(root: int) -> dict[tuple[int, int], str]:
 
 def _alive(procs) -> list[tuple[int, int]]:
     table = _processes()
-    return [(pid, start) for pid, start in procs
-            if pid in table and table[pid][2] == start and table[pid][1] not in ("Z", "X")]
+    return [
+        (pid, start)
+        for pid, start in procs
+        if pid in table and table[pid][2] == start and table[pid][1] not in ("Z", "X")
+    ]
 
 
 def _gone_within(procs, seconds: float) -> list[tuple[int, int]]:
@@ -81,8 +85,13 @@ def _start_hanging_build(root, jobs: int):
     token = f"hang-{uuid.uuid4().hex[:12]}"
     _hanging_project(root, token)
     stderr = open(root / "stderr.txt", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "magpie", "build", "-j", str(jobs), "--plain"], cwd=root,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "magpie", "build", "-j", str(jobs), "--plain"],
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
     stderr.close()
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -125,10 +134,15 @@ def test_sigterm_stops_every_process_and_names_the_tasks_it_stopped(tmp_path, jo
 
 def test_sigkill_leaves_no_pool_forkserver_resource_tracker_or_zygote(tmp_path):
     proc, tree = _start_hanging_build(tmp_path, 2)
-    own = {p: c for p, c in tree.items()
-           if "multiprocessing" in c or ("magpie.supervision.zygote" in c and _processes().get(p[0], (0,))[0] == proc.pid)}
-    kinds = {kind: [p for p, c in own.items() if kind in c]
-             for kind in ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "magpie.supervision.zygote")}
+    own = {
+        p: c
+        for p, c in tree.items()
+        if "multiprocessing" in c or ("magpie.supervision.zygote" in c and _processes().get(p[0], (0,))[0] == proc.pid)
+    }
+    kinds = {
+        kind: [p for p, c in own.items() if kind in c]
+        for kind in ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "magpie.supervision.zygote")
+    }
     assert all(kinds.values()), own  # there were all of them to end
     assert len(kinds["multiprocessing.forkserver"]) >= 3  # the server and the pool's two processes
     jobs = {p: c for p, c in tree.items() if p not in own}
@@ -194,13 +208,29 @@ def test_a_finished_build_holds_no_reader_of_its_output_waiting():
     for every process holding it: the job pool's server leaves without the interpreter's
     teardown (nothing registered before its exit runs), and the resource tracker, which
     outlives the build by a moment, holds the null device, not the build's output."""
-    teardown = subprocess.run([sys.executable, "-c", "import atexit; atexit.register(print, 'torn down'); "
-                               "import magpie.execution.server_exit"], capture_output=True, text=True, timeout=60)
+    teardown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import atexit; atexit.register(print, 'torn down'); import magpie.execution.server_exit",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert teardown.returncode == 0 and "torn down" not in teardown.stdout
-    streams = subprocess.run([sys.executable, "-c", "import os; from magpie.execution import pool; pool.prestart(2); "
-                              "from multiprocessing import resource_tracker as tracker; pid = tracker._resource_tracker._pid; "
-                              "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'))"],
-                             capture_output=True, text=True, timeout=60)
+    streams = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os; from magpie.execution import pool; pool.prestart(2); "
+            "from multiprocessing import resource_tracker as tracker; pid = tracker._resource_tracker._pid; "
+            "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert streams.stdout.split() == [os.devnull, os.devnull], streams.stderr
 
 
@@ -237,7 +267,7 @@ def test_code_on_the_gpu_that_leaves_processes_leaves_none_and_holds_no_profile(
 
 
 def _trusted_build_leaves_nothing(tmp_path, device: str, commands: bool, trust: bool = True) -> None:
-    token = f"0.000{uuid.uuid4().int % 10 ** 12:012d}"  # sleep adds it to its time: in its command line
+    token = f"0.000{uuid.uuid4().int % 10**12:012d}"  # sleep adds it to its time: in its command line
     candidate = (FIXTURES / "adversarial" / "good.py").read_text() + LEAVE_PROCESSES.format(token=token)
     (tmp_path / "leaver.py").write_text(candidate)
     relu2_project(tmp_path, ["leaver"], shapes="[[8, 16]]", device=device)
@@ -254,8 +284,12 @@ def _trusted_build_leaves_nothing(tmp_path, device: str, commands: bool, trust: 
         commands = tmp_path / "commands"
         write(commands, COMMAND_PROJECT)
         manifest = commands / "magpie.toml"
-        manifest.write_text(manifest.read_text().replace(
-            "python -c 'import sys; sys.exit(0)'", f'sh -c \\"(setsid sleep 302 {token} &); sleep 303 {token} & exit 0\\"'))
+        manifest.write_text(
+            manifest.read_text().replace(
+                "python -c 'import sys; sys.exit(0)'",
+                f'sh -c \\"(setsid sleep 302 {token} &); sleep 303 {token} & exit 0\\"',
+            )
+        )
         assert build_json(commands, "--trust-code")["failed"] == []
         assert not _left_with(token)
     finally:
@@ -285,7 +319,7 @@ def test_a_profile_of_trusted_code_that_left_a_process_ends_at_its_timeout_with_
     from magpie import sandbox
     from magpie.supervision.process import run_tree
 
-    token = f"0.000{uuid.uuid4().int % 10 ** 12:012d}"
+    token = f"0.000{uuid.uuid4().int % 10**12:012d}"
     target = ["/bin/sh", "-c", f"(setsid sleep 302 {token} &); exit 0"]
     started = time.monotonic()
     try:
@@ -306,8 +340,13 @@ def test_a_finished_build_leaves_no_workers_folder_behind(tmp_path):
     started = time.time()
     (tmp_path / "twin.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
     relu2_project(tmp_path, ["twin"], shapes="[[33, 65]]")
-    build = subprocess.Popen([sys.executable, "-m", "magpie", "build", "--json", "-j", "2"], cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    build = subprocess.Popen(
+        [sys.executable, "-m", "magpie", "build", "--json", "-j", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     folders = set()  # the workers' folders, seen while the build runs (they may be gone as it returns)
     while build.poll() is None:
         for folder in scratch_folders.root().iterdir():

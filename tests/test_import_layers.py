@@ -86,8 +86,11 @@ def test_no_package_imports_a_layer_above_its_own():
 
 
 def test_every_part_of_magpie_has_a_layer():
-    parts = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
-             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    parts = {
+        p.stem if p.is_file() else p.name
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    }
     for part in parts:
         _layer_of(part)
 

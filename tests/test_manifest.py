@@ -1,8 +1,8 @@
 """Manifest and kernel-config validation: every mistake is one line naming file, field and fix."""
 
 import pytest
-
 from conftest import FIXTURES, REPO, magpie_in_process, write
+
 from magpie.errors import UserError
 from magpie.manifest.kernel_config import load_kernel_config
 from magpie.manifest.load import load_manifest
@@ -91,7 +91,8 @@ def test_cli_reports_manifest_error_without_traceback(tmp_path):
     proc = magpie_in_process("build", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "magpie: magpie.toml: kernel[0].candidates[0].source: file not found: v1.py"]
+        "magpie: magpie.toml: kernel[0].candidates[0].source: file not found: v1.py"
+    ]
     assert "Traceback" not in proc.stderr
 
 
@@ -116,8 +117,10 @@ def test_project_rule_overrides_and_bad_rule(tmp_path):
 
 
 def test_yaml_kernel_config(tmp_path):
-    write(tmp_path, {
-        "one.yaml": """
+    write(
+        tmp_path,
+        {
+            "one.yaml": """
             kernel:
               id: relu
               type: pytorch
@@ -126,13 +129,14 @@ def test_yaml_kernel_config(tmp_path):
               env: {OMP_NUM_THREADS: 1}
               testcase_command: "python -c 'pass'"
             """,
-        "many.yaml": """
+            "many.yaml": """
             kernels:
               - {id: a, type: pytorch, source_files: [good.py]}
               - {id: b, type: pytorch, source_files: [missing.py]}
             """,
-        "good.py": "def kernel(x):\n    return x\n",
-    })
+            "good.py": "def kernel(x):\n    return x\n",
+        },
+    )
     kernels, root = load_kernel_config(tmp_path / "one.yaml")
     assert kernels[0].impl.id == "relu" and kernels[0].impl.env == {"OMP_NUM_THREADS": "1"}
     assert kernels[0].testcases[0].command == "python -c 'pass'"
@@ -142,7 +146,14 @@ def test_yaml_kernel_config(tmp_path):
 
 def test_kernelbench_spec_needs_no_shapes(tmp_path):
     text = BASE + '\n[[kernel.testcases]]\nspec = "kb.py"\n'
-    write(tmp_path, {"magpie.toml": text, "ref.py": "", "v1.py": "",
-                     "kb.py": (FIXTURES / "kernelbench" / "reference.py").read_text()})
+    write(
+        tmp_path,
+        {
+            "magpie.toml": text,
+            "ref.py": "",
+            "v1.py": "",
+            "kb.py": (FIXTURES / "kernelbench" / "reference.py").read_text(),
+        },
+    )
     manifest, _ = load_manifest(tmp_path / "magpie.toml")
     assert manifest.kernel[0].testcases[0].spec == "kb.py"

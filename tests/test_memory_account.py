@@ -12,13 +12,14 @@ import sys
 import tempfile
 
 import pytest
-
 from conftest import relu2_report
+
 from magpie import sandbox
 from magpie.sandbox import memory
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not memory.available(),
-                                reason="no memory cgroup to be had (not root, or none delegated)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not memory.available(), reason="no memory cgroup to be had (not root, or none delegated)"
+)
 
 LIMIT_MB = 256
 
@@ -57,9 +58,23 @@ def scratch():
 def run_in_sandbox(tmp_path, scratch: str, hog: str, held_mb: int) -> subprocess.CompletedProcess:
     (tmp_path / "hog.py").write_text(HOGS[hog] + HELD)
     policy = sandbox.Policy(write=[scratch], read=[str(tmp_path)], memory_mb=LIMIT_MB)
-    return subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                           sys.executable, str(tmp_path / "hog.py"), str(held_mb), str(scratch)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            sys.executable,
+            str(tmp_path / "hog.py"),
+            str(held_mb),
+            str(scratch),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("hog", list(HOGS))
@@ -98,10 +113,17 @@ def test_a_build_records_a_memfd_hog_as_its_failure_and_judges_the_rest(tmp_path
     """1.5 times `memory_mb` in a memfd: the candidate fails `memory limit exceeded`; the honest
     candidate beside it, in the same build, is correct. On a GPU the same limit holds (no
     RLIMIT_AS there: CUDA reserves far more address space than it uses)."""
-    report = relu2_report(tmp_path, ["memfd_hog", "honest"], shapes="[[33, 65]]",
-                          defaults=f"memory_mb = {limit_mb}", device=device,
-                          sources={"memfd_hog": MEMFD_CANDIDATE.replace("HOARD_MB", str(limit_mb * 3 // 2)),
-                                   "honest": MEMFD_CANDIDATE.replace("HOARD_MB", "64")})
+    report = relu2_report(
+        tmp_path,
+        ["memfd_hog", "honest"],
+        shapes="[[33, 65]]",
+        defaults=f"memory_mb = {limit_mb}",
+        device=device,
+        sources={
+            "memfd_hog": MEMFD_CANDIDATE.replace("HOARD_MB", str(limit_mb * 3 // 2)),
+            "honest": MEMFD_CANDIDATE.replace("HOARD_MB", "64"),
+        },
+    )
     rows = {row["implementation"]: row for row in report["results"]}
     assert rows["memfd_hog"]["correctness_state"] == "FAILED"
     assert "memory limit exceeded" in rows["memfd_hog"]["verdict"], rows["memfd_hog"]

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FIXTURES, build_json, relu2_report
 
 from magpie import sandbox
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason
 # In a child sandboxed with its scratch folder and a spare's caches inside the project (the
 # parent renames the caches, as an adopting job does, once the child is in): after narrowing,
 # what Triton's own cache does in each write tree, a declared file and an undeclared one.
-NARROWED = '''
+NARROWED = """
 import json, os, sys
 
 from triton.runtime.cache import FileCacheManager
@@ -60,7 +59,7 @@ os.makedirs(os.path.dirname(adopted), exist_ok=True)
 os.rename(spare, adopted)
 os.write(renamed_w, b"go")
 os.waitpid(child, 0)
-'''
+"""
 
 
 def test_a_narrowed_sandbox_keeps_its_scratch_and_renamed_caches_inside_the_project_usable(tmp_path):
@@ -71,12 +70,21 @@ def test_a_narrowed_sandbox_keeps_its_scratch_and_renamed_caches_inside_the_proj
         folder.mkdir(parents=True)
     (project / "declared.py").write_text("declared")
     (project / "undeclared.py").write_text("undeclared")
-    proc = subprocess.run([sys.executable, "-c", NARROWED, str(project), str(scratch), str(spare), str(adopted)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", NARROWED, str(project), str(scratch), str(spare), str(adopted)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
     seen = json.loads(proc.stdout)
-    assert seen == {"scratch": "compiled", "adopted": "compiled", "declared.py": "declared",
-                    "undeclared.py": "PermissionError"}, seen
+    assert seen == {
+        "scratch": "compiled",
+        "adopted": "compiled",
+        "declared.py": "declared",
+        "undeclared.py": "PermissionError",
+    }, seen
     assert (adopted / "kernel" / "kernel.bin").read_bytes() == b"compiled"
 
 
@@ -106,8 +114,9 @@ def cached(tmp_path_factory):
         (root / "cacher.py").write_text(good + CACHING + "# edited\n")
         assert build_json(root, "-j", "2")["failed"] == []
     results = [json.loads(p.read_text()) for p in (root / "workspaces/store").glob("*/*/result.json")]
-    edited = max((r for r in results if r.get("task") == "correctness:relu2/cacher"),
-                 key=lambda r: r["task_started_unix"])
+    edited = max(
+        (r for r in results if r.get("task") == "correctness:relu2/cacher"), key=lambda r: r["task_started_unix"]
+    )
     return first, edited
 
 

@@ -5,8 +5,8 @@ import json
 import shutil
 
 import pytest
-
 from conftest import REPO, build_json, write
+
 from magpie.project import Project
 
 MANIFEST = """
@@ -54,8 +54,9 @@ def test_missing_hipcc_is_one_clear_line(tmp_path, monkeypatch):
     build_json(root)
     row = json.loads((root / "workspaces/reports/softmax/compare_report.json").read_text())["results"][0]
     assert row["compiling_state"] == "FAILED"
-    assert row["errors"][0].startswith("hipcc not found: install ROCm or override the action of rule 'compile' "
-                                       "for hip kernels")
+    assert row["errors"][0].startswith(
+        "hipcc not found: install ROCm or override the action of rule 'compile' for hip kernels"
+    )
 
 
 def test_profile_rule_applies_only_on_gpu_devices(tmp_path):

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import COMMAND_PROJECT, FIXTURES, build_json, magpie, write
+
 from magpie.errors import UserError
 from magpie.manifest.kernel_config import load_kernel_config
 from magpie.manifest.load import load_manifest
@@ -56,11 +56,13 @@ def layout(tmp_path):
     return root, outside
 
 
-def manifest(root: Path, source: str = '"good.py"', baseline: str = "", candidate: str = "", testcase: str = "",
-             extra: str = "") -> Path:
+def manifest(
+    root: Path, source: str = '"good.py"', baseline: str = "", candidate: str = "", testcase: str = "", extra: str = ""
+) -> Path:
     path = root / "magpie.toml"
-    path.write_text(KERNEL.format(source=source, baseline=baseline, candidate=candidate, testcase=testcase,
-                                  extra=extra))
+    path.write_text(
+        KERNEL.format(source=source, baseline=baseline, candidate=candidate, testcase=testcase, extra=extra)
+    )
     return path
 
 
@@ -74,45 +76,67 @@ def snapshot_bytes(root: Path) -> list[bytes]:
     return [p.read_bytes() for p in (root / "workspaces").rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("source, real", [
-    ('"/etc/passwd"', "/etc/passwd"),
-    ('"../../../../../../../../etc/passwd"', "/etc/passwd"),
-    ('"link_out.py"', "outside/secret.py"),
-    ('"folder_out/secret.py"', "outside/secret.py"),
-])
+@pytest.mark.parametrize(
+    "source, real",
+    [
+        ('"/etc/passwd"', "/etc/passwd"),
+        ('"../../../../../../../../etc/passwd"', "/etc/passwd"),
+        ('"link_out.py"', "outside/secret.py"),
+        ('"folder_out/secret.py"', "outside/secret.py"),
+    ],
+)
 def test_a_source_outside_the_project_is_one_line_and_nothing_is_read(layout, source, real):
     root, outside = layout
     manifest(root, source)
     proc = magpie("build", cwd=root)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    line, = proc.stderr.strip().splitlines()
+    (line,) = proc.stderr.strip().splitlines()
     shown = real if real.startswith("/") else str(outside.parent / real)
-    assert line == (f"magpie: magpie.toml: kernel relu2, implementation x: source {source} resolves outside the "
-                    f"project ({shown}); keep sources inside {root}")
+    assert line == (
+        f"magpie: magpie.toml: kernel relu2, implementation x: source {source} resolves outside the "
+        f"project ({shown}); keep sources inside {root}"
+    )
     assert not (root / "workspaces").exists()
 
 
-@pytest.mark.parametrize("fields, problem", [
-    ({"candidate": 'source_files = ["link_out.py"]'}, 'implementation x: source_files[0] "link_out.py"'),
-    ({"candidate": 'working_dir = "../outside"'}, 'implementation x: working_dir "../outside"'),
-    ({"baseline": 'working_dir = "/etc"'}, 'implementation good: working_dir "/etc"'),
-    ({"testcase": 'working_dir = "folder_out"'}, 'kernel relu2: testcases[0].working_dir "folder_out"'),
-    ({"testcase": 'spec_files = ["link_out.py"]'}, 'kernel relu2: testcases[0].spec_files[0] "link_out.py"'),
-    ({"extra": '[[kernel.testcases]]\nspec = "folder_out/secret.py"\nshapes = [[8, 8]]'},
-     'kernel relu2: testcases[1].spec "folder_out/secret.py"'),
-    ({"extra": '[[traces]]\nid = "t"\ndir = "folder_out"'}, 'traces t: dir "folder_out"'),
-    ({"extra": '[[traces]]\nid = "t"\ndir = "leaky"'}, 'traces t: dir "leaky" holds leak.json'),
-    ({"extra": '[[traces]]\nid = "t"\ndir = "traces"\nkernel_source_repos = ["../outside"]'},
-     'traces t: kernel_source_repos[0] "../outside"'),
-    ({"extra": '[[benchmark]]\nid = "b"\nengine = "vllm"\nmodel = "/etc"'}, 'benchmark b: model "/etc"'),
-    ({"extra": '[[benchmark]]\nid = "b"\nengine = "vllm"\nmodel = "models/m"'},
-     'benchmark b: model "models/m" holds config.json'),
-    ({"extra": '[[rule]]\nname = "extra"\nscope = "project"\ninputs = ["../outside/secret.py"]\naction = "true"'},
-     'rule extra: inputs[0] "../outside/secret.py"'),
-    ({"extra": '[[rule]]\nname = "extra"\nscope = "project"\ninputs = ["magpie-templates/../../../../etc/passwd"]\n'
-               'action = "true"'},
-     'rule extra: inputs[0] "magpie-templates/../../../../etc/passwd" resolves outside magpie\'s templates'),
-])
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({"candidate": 'source_files = ["link_out.py"]'}, 'implementation x: source_files[0] "link_out.py"'),
+        ({"candidate": 'working_dir = "../outside"'}, 'implementation x: working_dir "../outside"'),
+        ({"baseline": 'working_dir = "/etc"'}, 'implementation good: working_dir "/etc"'),
+        ({"testcase": 'working_dir = "folder_out"'}, 'kernel relu2: testcases[0].working_dir "folder_out"'),
+        ({"testcase": 'spec_files = ["link_out.py"]'}, 'kernel relu2: testcases[0].spec_files[0] "link_out.py"'),
+        (
+            {"extra": '[[kernel.testcases]]\nspec = "folder_out/secret.py"\nshapes = [[8, 8]]'},
+            'kernel relu2: testcases[1].spec "folder_out/secret.py"',
+        ),
+        ({"extra": '[[traces]]\nid = "t"\ndir = "folder_out"'}, 'traces t: dir "folder_out"'),
+        ({"extra": '[[traces]]\nid = "t"\ndir = "leaky"'}, 'traces t: dir "leaky" holds leak.json'),
+        (
+            {"extra": '[[traces]]\nid = "t"\ndir = "traces"\nkernel_source_repos = ["../outside"]'},
+            'traces t: kernel_source_repos[0] "../outside"',
+        ),
+        ({"extra": '[[benchmark]]\nid = "b"\nengine = "vllm"\nmodel = "/etc"'}, 'benchmark b: model "/etc"'),
+        (
+            {"extra": '[[benchmark]]\nid = "b"\nengine = "vllm"\nmodel = "models/m"'},
+            'benchmark b: model "models/m" holds config.json',
+        ),
+        (
+            {
+                "extra": '[[rule]]\nname = "extra"\nscope = "project"\ninputs = ["../outside/secret.py"]\naction = "true"'
+            },
+            'rule extra: inputs[0] "../outside/secret.py"',
+        ),
+        (
+            {
+                "extra": '[[rule]]\nname = "extra"\nscope = "project"\ninputs = ["magpie-templates/../../../../etc/passwd"]\n'
+                'action = "true"'
+            },
+            'rule extra: inputs[0] "magpie-templates/../../../../etc/passwd" resolves outside magpie\'s templates',
+        ),
+    ],
+)
 def test_every_path_field_is_kept_inside(layout, fields, problem):
     root, outside = layout
     (root / "traces").mkdir()
@@ -129,9 +153,15 @@ def test_links_and_folders_inside_the_project_stay_allowed(layout):
     root, _ = layout
     (root / "traces" / "h200").mkdir(parents=True)
     os.symlink("../../good.py", root / "traces" / "h200" / "run.json")  # inside, through a link
-    loaded, _ = load_manifest(manifest(root, '"link_in.py"', candidate='working_dir = "."',
-                                       extra='[[traces]]\nid = "t"\ndir = "traces"\n'
-                                             '[[benchmark]]\nid = "b"\nengine = "vllm"\nmodel = "org/hub-id"'))
+    loaded, _ = load_manifest(
+        manifest(
+            root,
+            '"link_in.py"',
+            candidate='working_dir = "."',
+            extra='[[traces]]\nid = "t"\ndir = "traces"\n'
+            '[[benchmark]]\nid = "b"\nengine = "vllm"\nmodel = "org/hub-id"',
+        )
+    )
     assert loaded.kernel[0].candidates[0].source == "link_in.py"
 
 
@@ -173,9 +203,23 @@ def test_a_kernel_config_keeps_its_paths_inside_its_folder(layout):
 def test_a_one_shot_run_keeps_to_the_current_folder(layout):
     """analyze and compare: files named on the command line make a project of the current folder."""
     root, outside = layout
-    proc = magpie("analyze", str(outside / "secret.py"), "--type", "pytorch", "--entry", "kernel",
-                  "--testcase", "true", "--no-perf", "-o", "out", cwd=root)
+    proc = magpie(
+        "analyze",
+        str(outside / "secret.py"),
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--testcase",
+        "true",
+        "--no-perf",
+        "-o",
+        "out",
+        cwd=root,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert (f'source "{outside / "secret.py"}" resolves outside the project ({outside / "secret.py"}); '
-            f"keep sources inside {root}") in proc.stderr
+    assert (
+        f'source "{outside / "secret.py"}" resolves outside the project ({outside / "secret.py"}); '
+        f"keep sources inside {root}"
+    ) in proc.stderr
     assert SECRET.encode() not in snapshot_bytes(root / "out")

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import FIXTURES, build_json, write
+
 from magpie.execution import profile as profile_action
 from magpie.execution.actions import comparison
 from magpie.execution.doit_glue import closure, doit_fields
@@ -24,8 +24,18 @@ from magpie.manifest.models import ProfileSettings
 from magpie.project import Project
 from magpie.report.models import CompareReport
 from magpie.report.render import markdown_text, render
-from magpie.roofline.ncu import (BASIC, KERNEL_ID, PER_LAUNCH_CONFIG, NcuParseError, invocations, kernel_roofline,
-                                 metrics, ncu_command, parse_raw_csv, profiled_nothing)
+from magpie.roofline.ncu import (
+    BASIC,
+    KERNEL_ID,
+    PER_LAUNCH_CONFIG,
+    NcuParseError,
+    invocations,
+    kernel_roofline,
+    metrics,
+    ncu_command,
+    parse_raw_csv,
+    profiled_nothing,
+)
 from magpie.roofline.specs import lookup
 
 NCU = FIXTURES / "ncu"
@@ -34,6 +44,7 @@ BOUNDS = ProfileSettings().model_dump()
 
 
 # -- the ncu command line ------------------------------------------------------------------
+
 
 def _option(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
@@ -81,6 +92,7 @@ def test_the_metric_set_is_what_the_roofline_uses():
 
 # -- "no kernel ran" -------------------------------------------------------------------------
 
+
 def test_an_ncu_run_that_profiled_nothing_is_told_from_a_failure():
     stdout, stderr = (NCU / "no_kernels.stdout").read_text(), (NCU / "no_kernels.stderr").read_text()
     with pytest.raises(NcuParseError):
@@ -93,14 +105,19 @@ def test_an_ncu_run_that_profiled_nothing_is_told_from_a_failure():
 
 # -- the timeout -----------------------------------------------------------------------------
 
+
 def test_the_timeout_grows_with_the_measured_time_between_a_floor_and_a_ceiling():
     few, basis = profile_action.profile_timeout(BOUNDS, call_s=5e-6, launches=4)
     assert few == profile_action.FLOOR_S and basis["launches"] == 4 and basis["call_s"] == 5e-6
     fast, _ = profile_action.profile_timeout(BOUNDS, call_s=5e-6, launches=48)
     assert fast == pytest.approx(profile_action.STARTUP_S + 48 * profile_action.PER_LAUNCH_S, abs=0.2)
     slow, basis = profile_action.profile_timeout(BOUNDS, call_s=0.023, launches=48, first_call_s=4.0)
-    reckoned = (profile_action.STARTUP_S + profile_action.FIRST_CALL_FACTOR * 4.0 + profile_action.CALLS * 0.023
-                + 48 * (profile_action.PER_LAUNCH_S + profile_action.REPLAY_PASSES * 0.023))
+    reckoned = (
+        profile_action.STARTUP_S
+        + profile_action.FIRST_CALL_FACTOR * 4.0
+        + profile_action.CALLS * 0.023
+        + 48 * (profile_action.PER_LAUNCH_S + profile_action.REPLAY_PASSES * 0.023)
+    )
     assert slow == pytest.approx(round(reckoned, 1)) and basis["reckoned_s"] == pytest.approx(reckoned, abs=0.1)
     assert fast < slow < BOUNDS["max_timeout_s"]
     huge, _ = profile_action.profile_timeout(BOUNDS, call_s=2.0, launches=48)
@@ -127,20 +144,41 @@ sys.stdout.write(open(os.environ["FAKE_NCU_CSV"]).read())
 """
 
 
-def fake_job(tmp_path: Path, *, testcases: list[dict], median_us: float | None = 20.0, kernels=None,
-             checks=None, bounds=None) -> SimpleNamespace:
+def fake_job(
+    tmp_path: Path, *, testcases: list[dict], median_us: float | None = 20.0, kernels=None, checks=None, bounds=None
+) -> SimpleNamespace:
     (tmp_path / "impl.py").write_text("def kernel(x):\n    return x\n")
-    settings = {"correctness": {"testcases": testcases, "seed": 0, "timeout_s": 60, "memory_mb": 8192},
-                "profile": {**BOUNDS, **(bounds or {})}, "project": {"device": "cuda"}}
-    impl = {"id": "cand", "type": "pytorch", "source": "impl.py", "source_files": [], "entry": "kernel",
-            "working_dir": None, "env": {}, "is_baseline": False}
+    settings = {
+        "correctness": {"testcases": testcases, "seed": 0, "timeout_s": 60, "memory_mb": 8192},
+        "profile": {**BOUNDS, **(bounds or {})},
+        "project": {"device": "cuda"},
+    }
+    impl = {
+        "id": "cand",
+        "type": "pytorch",
+        "source": "impl.py",
+        "source_files": [],
+        "entry": "kernel",
+        "working_dir": None,
+        "env": {},
+        "is_baseline": False,
+    }
     perf = None if median_us is None else {"median_us": median_us, "kernels": kernels}
-    spec = SimpleNamespace(kernel="k", impl="cand", rule="profile",
-                           params={"root": str(tmp_path), "impl": impl, "settings": settings})
-    return SimpleNamespace(spec=spec, dep_dirs={}, dep_results={
-        "correctness:k/cand": {"correctness_state": "SUCCESS", "checks": checks or [],
-                               "worker_steps_s": [{"first_call": 2.0}]},
-        "timing:k/cand": {"performance_state": "SUCCESS" if perf else "SKIPPED", "performance_result": perf}})
+    spec = SimpleNamespace(
+        kernel="k", impl="cand", rule="profile", params={"root": str(tmp_path), "impl": impl, "settings": settings}
+    )
+    return SimpleNamespace(
+        spec=spec,
+        dep_dirs={},
+        dep_results={
+            "correctness:k/cand": {
+                "correctness_state": "SUCCESS",
+                "checks": checks or [],
+                "worker_steps_s": [{"first_call": 2.0}],
+            },
+            "timing:k/cand": {"performance_state": "SUCCESS" if perf else "SKIPPED", "performance_result": perf},
+        },
+    )
 
 
 @pytest.fixture
@@ -234,18 +272,24 @@ def test_a_command_only_kernel_profiles_its_command_as_profiler_time(tmp_path, f
     assert timed["method"] == profile_action.PROFILER_TIME_METHOD and "profiler time" in timed["method"]
     assert timed["kernel_us"] == pytest.approx(75.296) and timed["launches"] == 1
     assert result["timeout_basis"]["command_wall_s"] == 7.5
-    assert result["timeout_s"] == profile_action.profile_timeout(
-        BOUNDS, call_s=profile_action.COMMAND_LAUNCH_S, launches=48, fixed_s=22.5)[0]
+    assert (
+        result["timeout_s"]
+        == profile_action.profile_timeout(BOUNDS, call_s=profile_action.COMMAND_LAUNCH_S, launches=48, fixed_s=22.5)[0]
+    )
 
 
 # -- the graph: profiles after every timing, keyed only by their own -----------------------
+
 
 @pytest.fixture
 def gpu_graph(command_project) -> Path:
     """The command project on a GPU device (its graph only: nothing is built)."""
     manifest = command_project / "magpie.toml"
-    manifest.write_text(manifest.read_text().replace(
-        'name = "cmd"\n', 'name = "cmd"\ndevice = "cuda"\n\n[defaults.profile]\nlaunches_per_kernel = 2\n', 1))
+    manifest.write_text(
+        manifest.read_text().replace(
+            'name = "cmd"\n', 'name = "cmd"\ndevice = "cuda"\n\n[defaults.profile]\nlaunches_per_kernel = 2\n', 1
+        )
+    )
     return command_project
 
 
@@ -297,9 +341,18 @@ def test_a_rule_may_not_wait_for_an_unknown_rule(tmp_path):
 
 # -- the comparison: a failed profile is a warning ------------------------------------------
 
+
 def _perf(median: float) -> dict:
-    return {"median_us": median, "p20_us": median, "p80_us": median, "min_us": median, "mean_us": median,
-            "n": 50, "cv": 0.01, "method": "CUDA events"}
+    return {
+        "median_us": median,
+        "p20_us": median,
+        "p80_us": median,
+        "min_us": median,
+        "mean_us": median,
+        "n": 50,
+        "cv": 0.01,
+        "method": "CUDA events",
+    }
 
 
 def _comparison_job(profile_of_a: dict) -> SimpleNamespace:
@@ -307,10 +360,19 @@ def _comparison_job(profile_of_a: dict) -> SimpleNamespace:
     results = {}
     for impl, median in (("base", 20.0), ("a", 10.0)):
         results[f"compile:k/{impl}"] = {"compiling_state": "SUCCESS", "errors": []}
-        results[f"correctness:k/{impl}"] = {"correctness_state": "SUCCESS", "numerics": "verified",
-                                            "verdict": "correct", "errors": []}
-        results[f"timing:k/{impl}"] = {"performance_state": "SUCCESS", "performance_result": _perf(median),
-                                       "errors": [], "warnings": [], "speedup": speedup if impl == "a" else None}
+        results[f"correctness:k/{impl}"] = {
+            "correctness_state": "SUCCESS",
+            "numerics": "verified",
+            "verdict": "correct",
+            "errors": [],
+        }
+        results[f"timing:k/{impl}"] = {
+            "performance_state": "SUCCESS",
+            "performance_result": _perf(median),
+            "errors": [],
+            "warnings": [],
+            "speedup": speedup if impl == "a" else None,
+        }
     results["profile:k/base"] = {"state": "SUCCESS", "kernels": [], "errors": []}
     results["profile:k/a"] = profile_of_a
     spec = SimpleNamespace(kernel="k", params={"baseline": {"id": "base"}})
@@ -319,8 +381,9 @@ def _comparison_job(profile_of_a: dict) -> SimpleNamespace:
 
 def test_a_failed_profile_is_a_warning_and_changes_no_ranking(tmp_path):
     good = comparison(_comparison_job({"state": "SUCCESS", "kernels": [], "errors": []}), tmp_path)
-    failed = comparison(_comparison_job({"state": "FAILED", "kernels": [], "errors": ["ncu timeout after 132 s"]}),
-                        tmp_path)
+    failed = comparison(
+        _comparison_job({"state": "FAILED", "kernels": [], "errors": ["ncu timeout after 132 s"]}), tmp_path
+    )
     CompareReport.model_validate(failed)
     assert failed["ranking"] == good["ranking"] == ["a", "base"] and failed["best"] == good["best"] == "a"
     assert failed["excluded"] == good["excluded"] == []
@@ -333,30 +396,54 @@ def test_a_failed_profile_is_a_warning_and_changes_no_ranking(tmp_path):
 
 
 def test_a_command_only_kernels_profiler_time_reaches_the_row_and_the_report(tmp_path):
-    job = _comparison_job({"state": "SUCCESS", "kernels": [], "errors": [], "profiler_time": {
-        "method": profile_action.PROFILER_TIME_METHOD, "kernel_us": 42.5, "launches": 3, "kernels": ["k"]}})
+    job = _comparison_job(
+        {
+            "state": "SUCCESS",
+            "kernels": [],
+            "errors": [],
+            "profiler_time": {
+                "method": profile_action.PROFILER_TIME_METHOD,
+                "kernel_us": 42.5,
+                "launches": 3,
+                "kernels": ["k"],
+            },
+        }
+    )
     report = comparison(job, tmp_path)
     CompareReport.model_validate(report)
     row = next(r for r in report["results"] if r["implementation"] == "a")
     assert row["profiler_time"]["kernel_us"] == 42.5
     summary = render([report], "p")["summary.md"]
     # the method as Markdown shows it as written (its underscores escaped)
-    assert markdown_text(f"42.50 µs of kernel time over 3 profiled launch(es): {profile_action.PROFILER_TIME_METHOD}") \
+    assert (
+        markdown_text(f"42.50 µs of kernel time over 3 profiled launch(es): {profile_action.PROFILER_TIME_METHOD}")
         in summary
+    )
 
 
 # -- the numerics of a kernel judged by commands ---------------------------------------------
 
+
 def test_numerics_checked_by_the_testcase_command():
     command = {"testcase": 0, "case": "command", "trial": 0, "passed": True, "check": "exit code", "detail": ""}
-    compared = {"testcase": 1, "case": "4x4", "trial": 0, "passed": True, "check": "allclose", "detail": "",
-                "max_abs_err": 0.0, "max_rel_err": 0.0, "rel_err_norm": 0.0}
+    compared = {
+        "testcase": 1,
+        "case": "4x4",
+        "trial": 0,
+        "passed": True,
+        "check": "allclose",
+        "detail": "",
+        "max_abs_err": 0.0,
+        "max_rel_err": 0.0,
+        "rel_err_norm": 0.0,
+    }
     judged = correctness_verdict([command], "verified")
     assert judged["numerics"] == "checked by the testcase command" and judged["verdict"] == "correct"
     assert correctness_verdict([command, compared], "verified")["numerics"] == "verified"
     assert correctness_verdict([compared], "unverified")["numerics"] == "unverified"
-    failed = correctness_verdict([{**command, "passed": False, "detail": "exit 1", "kind": "testcase_command"}],
-                                 "verified")
+    failed = correctness_verdict(
+        [{**command, "passed": False, "detail": "exit 1", "kind": "testcase_command"}], "verified"
+    )
     assert failed["correctness_state"] == "FAILED" and failed["numerics"] == "checked by the testcase command"
 
 
@@ -391,9 +478,13 @@ sys.exit(0 if torch.allclose(impl.kernel(x), torch.relu(x) * 2.0) else 1)
 @pytest.fixture(scope="module")
 def gpu_profiles(tmp_path_factory):
     root = tmp_path_factory.mktemp("profiles")
-    write(root, {"loop.py": LOOP, "clone.py": "def kernel(x):\n    return x.clone()\n",
-                 "relu2.py": "import torch\n\n\ndef kernel(x):\n    return torch.relu(x) * 2.0\n",
-                 "spec.py": textwrap.dedent("""\
+    write(
+        root,
+        {
+            "loop.py": LOOP,
+            "clone.py": "def kernel(x):\n    return x.clone()\n",
+            "relu2.py": "import torch\n\n\ndef kernel(x):\n    return torch.relu(x) * 2.0\n",
+            "spec.py": textwrap.dedent("""\
                      import torch
 
 
@@ -403,7 +494,10 @@ def gpu_profiles(tmp_path_factory):
 
                      def reference(x):
                          return x.clone()
-                     """), "check.py": CHECK})
+                     """),
+            "check.py": CHECK,
+        },
+    )
     (root / "magpie.toml").write_text(f"""[project]
 name = "profiles"
 device = "cuda"
@@ -448,8 +542,9 @@ command = "{sys.executable} check.py"
     result = build_json(root)
     assert result["failed"] == []
     results = [json.loads(p.read_text()) for p in (root / "workspaces/store").glob("*/*/result.json")]
-    reports = {k: json.loads((root / f"workspaces/reports/{k}/compare_report.json").read_text())
-               for k in ("loop", "cmd")}
+    reports = {
+        k: json.loads((root / f"workspaces/reports/{k}/compare_report.json").read_text()) for k in ("loop", "cmd")
+    }
     return reports, {r["task"]: r for r in results if "task" in r}
 
 

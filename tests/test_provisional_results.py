@@ -15,11 +15,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import copy_project, magpie
+
 from magpie.cli import main
-from magpie.execution.build import up_to_date_by_snapshot
 from magpie.execution import actions
+from magpie.execution.build import up_to_date_by_snapshot
 from magpie.graph import snapshot
 from magpie.project import Project
 
@@ -129,8 +129,9 @@ def test_a_provisional_marker_removed_is_a_modified_artifact(tmp_path):
     from magpie.store import PROVISIONAL, Store
 
     store = Store(tmp_path)
-    store.commit("ab" * 32, {"performance_state": "INCONCLUSIVE", "provisional": "inconclusive (machine busy)"}, {},
-                 task=TIMING)
+    store.commit(
+        "ab" * 32, {"performance_state": "INCONCLUSIVE", "provisional": "inconclusive (machine busy)"}, {}, task=TIMING
+    )
     assert store.provisional("ab" * 32) == "inconclusive (machine busy)"
     (store.path("ab" * 32) / PROVISIONAL).unlink()
     assert store.check("ab" * 32, TIMING) == f"{PROVISIONAL} missing"

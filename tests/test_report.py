@@ -6,7 +6,6 @@ import subprocess
 from html.parser import HTMLParser
 
 import pytest
-
 from conftest import SPIN_SOURCE, build_json, magpie, relu2_project
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -16,7 +15,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     (root / "slow.py").write_text(
-        SPIN_SOURCE + "\n\ndef kernel(x):\n    spin(0.0004)\n    return torch.relu(x) * 2.0\n")
+        SPIN_SOURCE + "\n\ndef kernel(x):\n    spin(0.0004)\n    return torch.relu(x) * 2.0\n"
+    )
     relu2_project(root, ["slow", "nan"], shapes="[[16, 64]]")
     build_json(root)
     return root
@@ -47,19 +47,31 @@ def test_report_renders_in_headless_chromium(built, tmp_path):
             pytest.fail("chromium is not installed; .ci/run installs it")
         pytest.skip("chromium not installed (apt-get install chromium)")
     report = built / "workspaces/reports/report.html"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True,
-                         timeout=120).stdout
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [CHROMIUM, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
     parsed = Rows()
     parsed.feed(dom)
     assert parsed.rows == ["good", "nan", "slow"]
     assert parsed.svgs == 2 and parsed.excluded == 1
     assert "slower" in dom and "incorrect: finite" in dom and "device held alone" in dom
     shot = tmp_path / "report.png"
-    subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,900", report.as_uri()],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,900", report.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
@@ -93,15 +105,33 @@ def test_trace_report_renders_in_headless_chromium(tmp_path):
     from conftest import FIXTURES
 
     traces = FIXTURES / "traces" / "h200"
-    magpie("benchmark", "--trace-dir", traces, "--analysis-mode", "inference", "-o", tmp_path / "out", cwd=tmp_path,
-           check=0)
+    magpie(
+        "benchmark",
+        "--trace-dir",
+        traces,
+        "--analysis-mode",
+        "inference",
+        "-o",
+        tmp_path / "out",
+        cwd=tmp_path,
+        check=0,
+    )
     count = len(list(traces.glob("*.json.gz")))
     page = tmp_path / "out" / "trace_report.html"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
-                         timeout=120).stdout
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
     assert dom.count('<section class="trace"') == count
     assert dom.count('aria-label="gpu timeline"') == count and 'aria-label="roofline"' in dom
     # the serving, graph-replay, decode and unannotated captures, and the Triton capture's
@@ -117,9 +147,9 @@ def test_reports_are_checked_against_their_models():
     import copy
     import json
 
+    from conftest import FIXTURES
     from pydantic import ValidationError
 
-    from conftest import FIXTURES
     from magpie.report.models import CompareReport
 
     report = json.loads((FIXTURES / "h200" / "compare_report_softmax.json").read_text())
@@ -142,6 +172,7 @@ def test_templates_compiled_once_render_the_same_report(tmp_path, monkeypatch):
     import re
 
     from conftest import FIXTURES
+
     from magpie.report.render import render
 
     comparison = json.loads((FIXTURES / "h200" / "compare_report_softmax.json").read_text())

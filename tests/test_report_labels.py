@@ -9,8 +9,8 @@ import subprocess
 from html.parser import HTMLParser
 
 import pytest
-
 from conftest import FIXTURES
+
 from magpie.report.plots import roofline_chart
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -37,10 +37,23 @@ def crowded_points(n: int) -> list[tuple[str, dict]]:
     points = []
     for i in range(n):
         intensity, tflops = 3.0 + 0.2 * i, 1.5 + 0.1 * (i % 3)
-        points.append((f"aten::linear_projection_{i}", {
-            "arithmetic_intensity": intensity, "achieved_tflops": tflops, "peak_tflops": 989.4, "peak_tbps": 4.8,
-            "precision": "bf16_tensor", "arch": "H200", "peaks_measured": False, "bound": "memory",
-            "pct_of_roofline": 100 * tflops / (intensity * 4.8), "shapes": f"[[4, {512 * (i + 1)}], [512, 512]]"}))
+        points.append(
+            (
+                f"aten::linear_projection_{i}",
+                {
+                    "arithmetic_intensity": intensity,
+                    "achieved_tflops": tflops,
+                    "peak_tflops": 989.4,
+                    "peak_tbps": 4.8,
+                    "precision": "bf16_tensor",
+                    "arch": "H200",
+                    "peaks_measured": False,
+                    "bound": "memory",
+                    "pct_of_roofline": 100 * tflops / (intensity * 4.8),
+                    "shapes": f"[[4, {512 * (i + 1)}], [512, 512]]",
+                },
+            )
+        )
     return points
 
 
@@ -51,10 +64,19 @@ def in_chromium(html: str, tmp_path) -> str:
         pytest.skip("chromium not installed (apt-get install chromium)")
     page = tmp_path / "page.html"
     page.write_text(f"<!doctype html><html><body>{html}{MEASURE}</body></html>")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
-    return subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
-                          timeout=120).stdout
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    return subprocess.run(
+        [CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
 
 
 @pytest.mark.browser
@@ -75,8 +97,9 @@ def test_roofline_labels_do_not_overlap_and_every_point_has_its_figures(tmp_path
 
 
 def test_a_point_below_five_decades_of_the_peak_is_still_inside_the_plot():
-    points = crowded_points(1) + [("aten::rsqrt", {**crowded_points(1)[0][1], "achieved_tflops": 4e-6,
-                                                   "arithmetic_intensity": 0.125})]
+    points = crowded_points(1) + [
+        ("aten::rsqrt", {**crowded_points(1)[0][1], "achieved_tflops": 4e-6, "arithmetic_intensity": 0.125})
+    ]
     chart = roofline_chart(points)
     ys = [float(y) for y in re.findall(r'<circle cx="[\d.]+" cy="(-?[\d.]+)"', chart)]
     assert len(ys) == 2 and all(10 <= y <= 300 - 30 for y in ys)
@@ -116,8 +139,18 @@ def test_trace_table_rows_that_share_a_kernel_name_are_told_apart(tmp_path):
     table = KernelRows()
     table.feed((tmp_path / "trace_report.html").read_text())
     header, *rows = table.rows
-    assert header == ["rank", "kernel", "category", "CPU op", "input shapes", "calls", "total µs", "%", "trace",
-                      "source"]
+    assert header == [
+        "rank",
+        "kernel",
+        "category",
+        "CPU op",
+        "input shapes",
+        "calls",
+        "total µs",
+        "%",
+        "trace",
+        "source",
+    ]
     names = [row[1] for row in rows]
     assert len(set(names)) < len(names)  # the case: one kernel name heads several rows
     told_apart = [(row[0], row[1], row[3], row[4]) for row in rows]

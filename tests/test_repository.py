@@ -23,14 +23,28 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
 
 
 def test_design_card_layout():
-    for name in ("magpie", "rules", "templates", "workspaces", "tests", "dodo.py", "magpie.toml", "pyproject.toml",
-                 "README.md", "docs/architecture/README.md", "docs/compatibility.md", "docs/performance.md"):
+    for name in (
+        "magpie",
+        "rules",
+        "templates",
+        "workspaces",
+        "tests",
+        "dodo.py",
+        "magpie.toml",
+        "pyproject.toml",
+        "README.md",
+        "docs/architecture/README.md",
+        "docs/compatibility.md",
+        "docs/performance.md",
+    ):
         assert (REPO / name).exists(), name
 
 
 def test_importing_magpie_imports_no_heavy_package():
-    code = ("import sys, magpie, magpie.cli, magpie.project, magpie.execution.doit_glue, magpie.execution.actions, "
-            "magpie.report.render; print([m for m in ('torch', 'triton', 'numpy') if m in sys.modules])")
+    code = (
+        "import sys, magpie, magpie.cli, magpie.project, magpie.execution.doit_glue, magpie.execution.actions, "
+        "magpie.report.render; print([m for m in ('torch', 'triton', 'numpy') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import build_json, copy_project, magpie
 
 TIMING = "timing:relu2/fast"

@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, REPO, build_json, magpie_in_process, relu2_project, relu2_report
 
 from magpie import sandbox
@@ -240,12 +239,27 @@ def test_the_wrong_candidate_is_judged_wrong_and_the_build_goes_on(attacked):
     assert row["correctness_state"] == "FAILED" and "allclose" in row["verdict"]
 
 
-@pytest.mark.parametrize("attack", ["rewrite_results", "plant_package", "append_reference", "fill_shared_memory",
-                                    "spoil_shared_memory", "poison_compiler_caches", "write_temporary_folder", "see_other_processes",
-                                    "read_parent_memory",
-                                    "connect_out", "talk_to_a_daemon", "reach_the_host_by_another_family",
-                                    "read_a_home_secret", "read_password_hashes", "ptrace_the_evaluator"]
-                         + (["see_the_daemons_sockets"] if os.listdir("/run") else []))
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "rewrite_results",
+        "plant_package",
+        "append_reference",
+        "fill_shared_memory",
+        "spoil_shared_memory",
+        "poison_compiler_caches",
+        "write_temporary_folder",
+        "see_other_processes",
+        "read_parent_memory",
+        "connect_out",
+        "talk_to_a_daemon",
+        "reach_the_host_by_another_family",
+        "read_a_home_secret",
+        "read_password_hashes",
+        "ptrace_the_evaluator",
+    ]
+    + (["see_the_daemons_sockets"] if os.listdir("/run") else []),
+)
 def test_each_attack_fails_inside_the_sandbox(attacked, attack):
     root, _, _, _ = attacked
     tried = attempts(root)
@@ -297,9 +311,22 @@ def test_reports_record_the_isolation_in_force(attacked):
 
 def test_the_sandbox_runs_a_command_as_the_first_process_of_its_namespace(tmp_path):
     policy = sandbox.Policy(write=[str(tmp_path)])
-    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                           "sh", "-c", "echo $$; touch ok; touch /tmp/escaped-$$ || echo denied"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            "sh",
+            "-c",
+            "echo $$; touch ok; touch /tmp/escaped-$$ || echo denied",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.split()
     assert lines[0] == "2" and lines[-1] == "denied"  # the namespace's init is 1
@@ -317,8 +344,20 @@ def test_a_folder_made_again_outside_is_no_longer_hidden_from_a_sandbox_started_
     scratch.mkdir()
     (store / "secret").write_text("input secret")
     policy = sandbox.Policy(write=[str(scratch)], read=[str(tmp_path)], hide=[str(store)])
-    proc = subprocess.Popen([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                             "sh", "-c", f"ls {store}; echo ready; sleep 60"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            "sh",
+            "-c",
+            f"ls {store}; echo ready; sleep 60",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline() == "ready\n"  # nothing listed: the store is covered
         assert still_hidden(proc.pid, [str(store), str(tmp_path / "absent")])
@@ -334,8 +373,20 @@ def test_a_folder_made_again_outside_is_no_longer_hidden_from_a_sandbox_started_
 def test_a_signal_the_code_sends_itself_ends_it_with_that_signal(tmp_path):
     """The code does not run as PID 1 (which ignores signals it sends itself): abort() is SIGABRT."""
     policy = sandbox.Policy(write=[str(tmp_path)])
-    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                           sys.executable, "-c", "import os; os.abort()"], capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            sys.executable,
+            "-c",
+            "import os; os.abort()",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == -6
 
 
@@ -387,12 +438,14 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     is a whole allocator segment, and wiping it must reach nothing but the worker's own copies."""
     token = uuid.uuid4().hex
     secret = Path.home() / f".magpie-test-secret-{token}"
-    (tmp_path / "attacker.py").write_text(ATTACKER.format(token=token, root=tmp_path, secret=secret,
-                                                          caches=cache_root()))
+    (tmp_path / "attacker.py").write_text(
+        ATTACKER.format(token=token, root=tmp_path, secret=secret, caches=cache_root())
+    )
     secret.write_text(f"key-{token}")
     (tmp_path / "wiper.py").write_text(SEGMENT_WIPER)
-    relu2_project(tmp_path, ["attacker", "wiper"], shapes="[[33, 65], [256, 1024]]", defaults="timeout_s = 120",
-                  device="cuda")
+    relu2_project(
+        tmp_path, ["attacker", "wiper"], shapes="[[33, 65], [256, 1024]]", defaults="timeout_s = 120", device="cuda"
+    )
     victim = shared_memory_victim(token)
     try:
         assert build_json(tmp_path, "-j", "2")["failed"] == []
@@ -412,9 +465,12 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     assert "wiped" in wiped  # the attack ran
     tried = attempts(tmp_path)
     # a GPU sandbox writes its own /dev/shm (counted with its scratch folder), never the host's
-    succeeded = {name: line for name, line in tried.items()
-                 if not line.startswith("failed")
-                 and name not in ("stop_everyone", "leave_processes", "leave_system_v_memory", "fill_shared_memory")}
+    succeeded = {
+        name: line
+        for name, line in tried.items()
+        if not line.startswith("failed")
+        and name not in ("stop_everyone", "leave_processes", "leave_system_v_memory", "fill_shared_memory")
+    }
     assert tried and succeeded == {}, succeeded
     assert not system_v_segment_left(token)  # made in the sandbox's own IPC namespace, gone with it
     assert survivors(token) == []
@@ -423,7 +479,7 @@ def test_attacks_fail_on_the_gpu_too(tmp_path):
     assert not (cache_root() / "templates" / token).exists()
 
 
-OTHER_GPU = '''
+OTHER_GPU = """
 import torch
 
 try:
@@ -436,7 +492,7 @@ print("GPUs counted:", torch.cuda.device_count(), flush=True)
 
 def kernel(x):
     return torch.relu(x) * 2
-'''
+"""
 
 
 @pytest.mark.gpu
@@ -451,8 +507,10 @@ def test_a_worker_opens_only_the_gpu_it_is_timed_on(tmp_path, device):
     (tmp_path / "splitter.py").write_text(OTHER_GPU)
     relu2_project(tmp_path, ["splitter"], shapes="[[256, 1024]]", defaults="timeout_s = 120", device=device)
     assert build_json(tmp_path, "-j", "1")["failed"] == []
-    rows = {r["implementation"]: r for r in
-            json.loads((tmp_path / "workspaces/reports/relu2/compare_report.json").read_text())["results"]}
+    rows = {
+        r["implementation"]: r
+        for r in json.loads((tmp_path / "workspaces/reports/relu2/compare_report.json").read_text())["results"]
+    }
     assert rows["splitter"]["correctness_state"] == "SUCCESS" and rows["good"]["correctness_state"] == "SUCCESS", rows
     assert rows["splitter"]["performance_state"] == "SUCCESS", rows["splitter"]  # timed on the lent region
     log = "".join(p.read_text() for p in (tmp_path / "workspaces/store").glob("*/*/worker-splitter.log"))
@@ -468,9 +526,14 @@ def test_commands_of_rules_and_testcases_write_only_their_own_folders(command_pr
     manifest = command_project / "magpie.toml"
     text = manifest.read_text().replace(
         'source = "k1/a.py"\n',
-        'source = "k1/a.py"\ntype = "cuda"\ncompile_command = "touch $TMPDIR/ok && touch planted_by_compile"\n', 1)
-    text = text.replace("command = \"python -c 'import sys; sys.exit(0)'\"",
-                        "command = \"touch $TMPDIR/fine && touch planted_by_testcase\"", 1)
+        'source = "k1/a.py"\ntype = "cuda"\ncompile_command = "touch $TMPDIR/ok && touch planted_by_compile"\n',
+        1,
+    )
+    text = text.replace(
+        "command = \"python -c 'import sys; sys.exit(0)'\"",
+        'command = "touch $TMPDIR/fine && touch planted_by_testcase"',
+        1,
+    )
     manifest.write_text(text)
     magpie_in_process("build", cwd=command_project, check=0)  # what the sandbox holds is the workers'
     assert not (command_project / "planted_by_compile").exists()
@@ -490,10 +553,21 @@ def test_a_host_without_a_sandbox_is_refused_unless_the_code_is_trusted(command_
     # magpie's dependencies where this host keeps them (on the H200, a PYTHONPATH under /tmp,
     # which a sandbox covers)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p)]
-    policy = sandbox.Policy(write=[str(command_project), str(temporary), "/dev/shm"], read=paths, hide=["/dev/shm"],
-                            network=True)
-    outer = [sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-             sys.executable, "-m", "magpie", "build", "--json"]
+    policy = sandbox.Policy(
+        write=[str(command_project), str(temporary), "/dev/shm"], read=paths, hide=["/dev/shm"], network=True
+    )
+    outer = [
+        sys.executable,
+        "-m",
+        "magpie.sandbox",
+        json.dumps(policy.to_json()),
+        "--",
+        sys.executable,
+        "-m",
+        "magpie",
+        "build",
+        "--json",
+    ]
     # the store's signing key where the build inside may write it
     env = {**os.environ, "TMPDIR": str(temporary), "XDG_CONFIG_HOME": str(temporary / "config")}
     refused = subprocess.run(outer, cwd=command_project, capture_output=True, text=True, timeout=300, env=env)
@@ -501,15 +575,16 @@ def test_a_host_without_a_sandbox_is_refused_unless_the_code_is_trusted(command_
     assert refused.stderr.strip().startswith("magpie: cannot sandbox code under test here: namespaces:")
     assert "--trust-code" in refused.stderr and "Traceback" not in refused.stderr
     assert not (command_project / "workspaces/reports").exists()
-    trusted = subprocess.run(outer + ["--trust-code"], cwd=command_project, capture_output=True, text=True,
-                             timeout=300, env=env)
+    trusted = subprocess.run(
+        outer + ["--trust-code"], cwd=command_project, capture_output=True, text=True, timeout=300, env=env
+    )
     assert trusted.returncode == 0, trusted.stderr
     assert json.loads(trusted.stdout)["failed"] == []
     results = [json.loads(p.read_text()) for p in (command_project / "workspaces/store").glob("*/*/result.json")]
     assert {r["isolation"] for r in results if r["task"].startswith("correctness:")} == {sandbox.describe(None)}
 
 
-SNOOP = '''
+SNOOP = """
 import os
 import shutil
 
@@ -521,7 +596,7 @@ print("store", sorted(os.listdir("workspaces")) if os.path.isdir("workspaces") e
 
 def kernel(x):
     return torch.relu(x) * 2.0
-'''
+"""
 
 
 def test_inputs_come_from_a_secret_that_code_under_test_cannot_read(tmp_path):
@@ -533,8 +608,11 @@ def test_inputs_come_from_a_secret_that_code_under_test_cannot_read(tmp_path):
     seeds = []
     for _ in range(2):
         assert build_json(tmp_path)["failed"] == []
-        folder = next(p.parent for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
-                      if json.loads(p.read_text()).get("task") == "correctness:relu2/snoop")
+        folder = next(
+            p.parent
+            for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+            if json.loads(p.read_text()).get("task") == "correctness:relu2/snoop"
+        )
         correctness = json.loads((folder / "result.json").read_text())
         assert correctness["correctness_state"] == "SUCCESS" and len(correctness["input_secret"]) == 32
         seeds.append([c["seed"] for c in correctness["checks"]])
@@ -557,8 +635,11 @@ def test_each_build_of_one_process_draws_a_secret_of_its_own(tmp_path, monkeypat
     for _ in range(2):
         assert main(["build", "-m", str(tmp_path / "magpie.toml"), "--plain"]) == 0
         assert INPUT_SECRET not in os.environ
-        secrets += [json.loads(p.read_text())["input_secret"] for p in (tmp_path / "workspaces/store").glob(
-            "*/*/result.json") if json.loads(p.read_text()).get("task") == "correctness:relu2/twin"]
+        secrets += [
+            json.loads(p.read_text())["input_secret"]
+            for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+            if json.loads(p.read_text()).get("task") == "correctness:relu2/twin"
+        ]
         assert main(["clean", "-m", str(tmp_path / "magpie.toml"), "--all"]) == 0
     assert len(secrets) == 2 and secrets[0] != secrets[1]
 
@@ -589,9 +670,26 @@ def test_the_sandbox_works_for_an_unprivileged_user(shared_memory):
     script = f"id -u; echo $$; touch {scratch}/ok && echo wrote; touch /tmp/unprivileged-$$ || echo denied"
     if shared_memory:
         script += "; touch /dev/shm/own && echo shm"
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-m",
-                           "magpie.sandbox", json.dumps(policy.to_json()), "--", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": repo})
+    proc = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            python,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": repo},
+    )
     shutil.rmtree(scratch)
     in_lent = lent is not None and os.path.exists(os.path.join(lent, "own"))
     if lent:
@@ -611,8 +709,9 @@ def test_a_build_in_another_pid_namespace_leaves_this_ones_scratch_alone():
     try:
         policy = sandbox.Policy(write=[str(scratch.root())])
         code = "import magpie.supervision.scratch as s; print(s.sweep())"
-        proc = subprocess.run(sandbox.command([sys.executable, "-c", code], policy), capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            sandbox.command([sys.executable, "-c", code], policy), capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 0, proc.stderr
         assert folder.is_dir()
     finally:
@@ -644,7 +743,7 @@ def test_what_code_under_test_leaves_at_its_folders_owner_file_neither_redirects
         shutil.rmtree(folder, ignore_errors=True)
 
 
-PING = '''
+PING = """
 import json, os, socket, sys
 path = sys.argv[1]
 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -655,7 +754,7 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         print("answer", conn.recv(64))
     except (BrokenPipeError, ConnectionResetError):
         print("answer b''")
-'''
+"""
 
 
 def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path):
@@ -673,15 +772,24 @@ def test_code_under_test_that_finds_the_zygotes_socket_is_not_answered(tmp_path)
             time.sleep(0.05)
         sock = str(next(folder.glob("*.sock")))
         (tmp_path / "ping.py").write_text(PING)
-        outside = subprocess.run([sys.executable, str(tmp_path / "ping.py"), sock], capture_output=True, text=True,
-                                 timeout=60)
+        outside = subprocess.run(
+            [sys.executable, str(tmp_path / "ping.py"), sock], capture_output=True, text=True, timeout=60
+        )
         # the temporary folder left visible (sandboxes hide it too): the zygote's own check is tested
         policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path), str(folder)], temporary=[], network=True)
-        inside = subprocess.run(sandbox.command([sys.executable, str(tmp_path / "ping.py"), sock], policy),
-                                capture_output=True, text=True, timeout=60)
+        inside = subprocess.run(
+            sandbox.command([sys.executable, str(tmp_path / "ping.py"), sock], policy),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         policy.network = False
-        no_socket = subprocess.run(sandbox.command([sys.executable, str(tmp_path / "ping.py"), sock], policy),
-                                   capture_output=True, text=True, timeout=60)
+        no_socket = subprocess.run(
+            sandbox.command([sys.executable, str(tmp_path / "ping.py"), sock], policy),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert "pong" in outside.stdout, outside.stderr  # the test reaches the zygote as magpie does
     assert "pong" not in inside.stdout and "answer b''" in inside.stdout, (inside.stdout, inside.stderr)
     assert "PermissionError" in no_socket.stderr and "answer" not in no_socket.stdout
@@ -702,13 +810,22 @@ def test_a_sandbox_with_sockets_finds_none_in_the_scratch_root(tmp_path):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
             daemon.bind(str(listener))
             daemon.listen()
-            reached = subprocess.run([sys.executable, "-c", probe, str(listener)], capture_output=True, text=True,
-                                     timeout=60)
-            inside = subprocess.run(sandbox.command([sys.executable, "-c", probe, str(listener)], policy),
-                                    capture_output=True, text=True, timeout=60)
+            reached = subprocess.run(
+                [sys.executable, "-c", probe, str(listener)], capture_output=True, text=True, timeout=60
+            )
+            inside = subprocess.run(
+                sandbox.command([sys.executable, "-c", probe, str(listener)], policy),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             exists = "import os, sys; print(*map(os.path.exists, sys.argv[1:]))"
-            seen = subprocess.run(sandbox.command([sys.executable, "-c", exists, str(folder), str(own)], policy),
-                                  capture_output=True, text=True, timeout=60)
+            seen = subprocess.run(
+                sandbox.command([sys.executable, "-c", exists, str(folder), str(own)], policy),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
     finally:
         scratch_folders.remove(folder)
         scratch_folders.remove(own)
@@ -721,19 +838,45 @@ def test_code_under_test_opens_only_byte_devices_and_on_a_gpu_the_gpus_nodes(mon
     """As root, sandboxed code could open /dev/loop0, /dev/kvm and /dev/btrfs-control for
     writing. Now only /dev/null and friends; a GPU project's code also the GPU's nodes, a CPU
     project's none of them (work sent to a GPU would escape the CPU time that times it)."""
-    listing = ["null", "urandom", "loop0", "kvm", "tty", "pts", "nvidia0", "nvidiactl", "nvidia-uvm", "kfd", "dri",
-               "shm"]
+    listing = [
+        "null",
+        "urandom",
+        "loop0",
+        "kvm",
+        "tty",
+        "pts",
+        "nvidia0",
+        "nvidiactl",
+        "nvidia-uvm",
+        "kfd",
+        "dri",
+        "shm",
+    ]
     from magpie.sandbox import devices
 
     monkeypatch.setattr(devices.os, "listdir", lambda path: listing)
     monkeypatch.setattr(devices, "_is_device", lambda path: True)
     assert sandbox.device_files(sandbox.Policy(write=[])) == ["/dev/null", "/dev/urandom"]
     assert sandbox.device_files(sandbox.Policy(write=[], gpu=True)) == [
-        "/dev/null", "/dev/urandom", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri"]
+        "/dev/null",
+        "/dev/urandom",
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/kfd",
+        "/dev/dri",
+    ]
     # a policy that names its GPU: that GPU's own node, not another's; the shared ones stay
     listing.append("nvidia1")
     assert sandbox.device_files(sandbox.Policy(write=[], gpu=True, gpu_minors=[1])) == [
-        "/dev/null", "/dev/urandom", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd", "/dev/dri", "/dev/nvidia1"]
+        "/dev/null",
+        "/dev/urandom",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/kfd",
+        "/dev/dri",
+        "/dev/nvidia1",
+    ]
 
 
 def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
@@ -742,12 +885,25 @@ def test_sandboxed_code_cannot_open_a_block_device_or_kvm(tmp_path):
     targets = [p for p in ("/dev/loop0", "/dev/kvm", "/dev/btrfs-control", "/dev/tty") if os.path.exists(p)]
     if not targets:
         pytest.skip("no such device node on this host")
-    opener = "; ".join(f"python3 -c \"import os; os.open('{p}', os.O_RDWR)\" 2>/dev/null && echo '{p} opened'"
-                       for p in targets)
+    opener = "; ".join(
+        f"python3 -c \"import os; os.open('{p}', os.O_RDWR)\" 2>/dev/null && echo '{p} opened'" for p in targets
+    )
     policy = sandbox.Policy(write=[str(tmp_path)])
-    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--", "sh", "-c",
-                           f"{opener}; python3 -c \"open('/dev/null', 'w').write('x')\" && echo null"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            "sh",
+            "-c",
+            f"{opener}; python3 -c \"open('/dev/null', 'w').write('x')\" && echo null",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.stdout.split() == ["null"], proc.stdout
 
 
@@ -785,7 +941,9 @@ def test_what_is_lent_to_a_worker_that_sees_one_gpu_is_rebuilt_on_it(monkeypatch
             return self.rebuild, self.args
 
     tensor_args = ("cls", (4,), (1,), 0, "storage", "float32", 1, b"handle", 16, 0, False, b"ref", 0, b"event", True)
-    payload = pickle.dumps([Lent(reductions.rebuild_cuda_tensor, tensor_args), Lent(reductions.rebuild_event, (1, b"h"))])
+    payload = pickle.dumps(
+        [Lent(reductions.rebuild_cuda_tensor, tensor_args), Lent(reductions.rebuild_event, (1, b"h"))]
+    )
     monkeypatch.setattr(reductions, "rebuild_cuda_tensor", lambda *args: ("tensor", args))
     monkeypatch.setattr(reductions, "rebuild_event", lambda *args: ("event", args))
     tensor, event = _OnTheOneGpu(io.BytesIO(payload)).load()
@@ -810,8 +968,13 @@ print("made", made, flush=True)
 
 
 def sandbox_cgroups() -> set[str]:
-    return {os.path.join(parent, name) for parent in pids.parents() if os.path.isdir(parent)
-            for name in os.listdir(parent) if name.startswith(pids.PREFIX)}
+    return {
+        os.path.join(parent, name)
+        for parent in pids.parents()
+        if os.path.isdir(parent)
+        for name in os.listdir(parent)
+        if name.startswith(pids.PREFIX)
+    }
 
 
 def test_code_under_test_starts_no_more_processes_than_its_limit_even_as_root(tmp_path):
@@ -822,9 +985,21 @@ def test_code_under_test_starts_no_more_processes_than_its_limit_even_as_root(tm
     (tmp_path / "forks.py").write_text(FORKS)
     before = sandbox_cgroups()
     policy = sandbox.Policy(write=[str(tmp_path)], read=[str(tmp_path)], processes=40)
-    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                           sys.executable, str(tmp_path / "forks.py"), "100"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            sys.executable,
+            str(tmp_path / "forks.py"),
+            "100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "40 processes" in sandbox.describe(policy)
     if os.geteuid() == 0 and not pids.available():
         # no cgroup to be had (the H200 host's container delegates only memory): the sandbox's
@@ -873,13 +1048,26 @@ def test_code_under_test_that_fills_its_folders_is_ended_and_says_why(tmp_path):
     (tmp_path / "fills.py").write_text(FILLS)
     policy = sandbox.Policy(write=[str(folder)], read=[str(tmp_path)], written_mb=64)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                           sys.executable, str(tmp_path / "fills.py"), str(folder)], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            sys.executable,
+            str(tmp_path / "fills.py"),
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == sandbox.SANDBOX_LIMIT, (proc.returncode, proc.stderr)
     assert "its folders held more than 64 MiB" in proc.stderr
     assert int(proc.stdout.split()[-1]) < 8 and time.monotonic() - started < 20
     from magpie.harness.kinds import failure_kind
+
     assert failure_kind(f"exited with code {sandbox.SANDBOX_LIMIT}: sandbox: its folders held") == "sandbox_violation"
 
 
@@ -913,9 +1101,21 @@ def test_a_gpu_sandbox_makes_only_unix_sockets_and_finds_no_socket_in_a_home(tmp
         daemon.bind(str(listener))
         daemon.listen()
         try:
-            proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                                   sys.executable, str(probe), str(listener)], capture_output=True, text=True,
-                                  timeout=60)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "magpie.sandbox",
+                    json.dumps(policy.to_json()),
+                    "--",
+                    sys.executable,
+                    str(probe),
+                    str(listener),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         finally:
             listener.unlink()
     lines = proc.stdout.splitlines()
@@ -974,11 +1174,20 @@ def test_a_gpu_sandbox_has_a_shared_memory_of_its_own(tmp_path, lent):
         evaluators.write_bytes(b"counts")
         (own / "probe.py").write_text(SHARED_MEMORY_PROBE)
         policy = sandbox.Policy(write=[str(own)], read=[], gpu=True, shared_memory=str(folder) if lent else None)
-        argv = [sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--", sys.executable,
-                str(own / "probe.py"), str(own), evaluators.name if lent else "", str(other / "outputs.pt"),
-                str(host_file)]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE,
-                                text=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "magpie.sandbox",
+            json.dumps(policy.to_json()),
+            "--",
+            sys.executable,
+            str(own / "probe.py"),
+            str(own),
+            evaluators.name if lent else "",
+            str(other / "outputs.pt"),
+            str(host_file),
+        ]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
         if lent:  # made after the sandbox began, as an evaluator's are: linked in before its request goes
             shared_memory.made()
             shared_memory.Lending(folder).sync()
@@ -1052,7 +1261,7 @@ def test_a_folder_lent_to_a_worker_whose_scratch_folder_is_gone_is_swept():
     if not os.path.isdir(sandbox.SHARED_MEMORY):
         pytest.skip("no shared memory folder on this host")
     live = scratch_folders.make("live-")
-    dead = scratch_folders.make("dead-", owner=2 ** 22 + 1)  # no such process
+    dead = scratch_folders.make("dead-", owner=2**22 + 1)  # no such process
     orphan = scratch_folders.lent_folder(Path(f"w-{uuid.uuid4().hex[:8]}"), make=True)  # its scratch never was
     lent = [scratch_folders.lent_folder(folder, make=True) for folder in (live, dead)]
     try:
@@ -1085,11 +1294,28 @@ def test_what_a_gpu_sandbox_writes_in_its_shared_memory_counts_against_its_limit
     own = scratch_folders.make("own-")
     try:
         (tmp_path / "fills.py").write_text(FILLS)
-        policy = sandbox.Policy(write=[str(own)], read=[str(tmp_path)], gpu=True, written_mb=64,
-                                shared_memory=str(scratch_folders.lent_folder(own, make=True)))
-        proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                               sys.executable, str(tmp_path / "fills.py"), sandbox.SHARED_MEMORY],
-                              capture_output=True, text=True, timeout=60)
+        policy = sandbox.Policy(
+            write=[str(own)],
+            read=[str(tmp_path)],
+            gpu=True,
+            written_mb=64,
+            shared_memory=str(scratch_folders.lent_folder(own, make=True)),
+        )
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "magpie.sandbox",
+                json.dumps(policy.to_json()),
+                "--",
+                sys.executable,
+                str(tmp_path / "fills.py"),
+                sandbox.SHARED_MEMORY,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == sandbox.SANDBOX_LIMIT, (proc.returncode, proc.stderr)
         assert "its folders held more than 64 MiB" in proc.stderr
     finally:
@@ -1122,8 +1348,9 @@ def test_an_output_file_that_is_a_link_is_the_workers_failure(tmp_path):
     report = relu2_report(tmp_path, ["links_its_outputs"], shapes="[[33, 65]]")
     row = next(r for r in report["results"] if r["implementation"] == "links_its_outputs")
     assert row["correctness_state"] == "FAILED"
-    assert any("is not a regular file of its own" in e and "evaluator error" not in e for e in row["errors"]), \
-        row["errors"]
+    assert any("is not a regular file of its own" in e and "evaluator error" not in e for e in row["errors"]), row[
+        "errors"
+    ]
 
 
 def test_a_new_triton_cache_is_seeded_with_magpies_driver_utilities_and_a_changed_copy_put_right(tmp_path):

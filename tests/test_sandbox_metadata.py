@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import build_json, relu2_project
 
 from magpie import sandbox
@@ -98,8 +97,10 @@ def kernel(x):
 '''
 
 # Raw system call numbers (x86-64; None where the architecture has no such call).
-RAW = {"x86_64": {"fchmodat2": 452, "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261},
-       "aarch64": {"fchmodat2": 452, "fchownat": 54, "utime": None, "utimes": None, "futimesat": None}}
+RAW = {
+    "x86_64": {"fchmodat2": 452, "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261},
+    "aarch64": {"fchmodat2": 452, "fchownat": 54, "utime": None, "utimes": None, "futimesat": None},
+}
 
 
 def metadata(path: Path) -> tuple:
@@ -116,8 +117,11 @@ def tamper_build(root: Path, device: str):
     """The tamperer and an honest rival built on device: the project, the build's JSON, the
     targets, their metadata before and after, and what each call did (`tried`)."""
     token = uuid.uuid4().hex[:12]
-    targets = {"project": str(root / "spec.py"), "manifest": str(root / "magpie.toml"),
-               "competitor": str(root / "rival.py")}
+    targets = {
+        "project": str(root / "spec.py"),
+        "manifest": str(root / "magpie.toml"),
+        "competitor": str(root / "rival.py"),
+    }
     outside = None
     if os.geteuid() == 0 and os.access("/opt", os.W_OK):  # a root-owned file outside the project, mode 600
         outside = Path("/opt") / f"magpie-victim-{token}"
@@ -195,10 +199,16 @@ def test_a_command_in_the_sandbox_changes_no_metadata_but_in_its_own_folders(tmp
     (project / "source.py").write_text("x = 1\n")
     before = metadata(project / "source.py")
     policy = sandbox.Policy(write=[str(scratch)], read=[str(project)])
-    script = (f"chmod 777 {project}/source.py || echo refused; touch -d @0 {project}/source.py || echo refused; "
-              f"touch {scratch}/own && chmod 700 {scratch}/own && touch -d @0 {scratch}/own && echo own-ok")
-    proc = subprocess.run([sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--",
-                           "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    script = (
+        f"chmod 777 {project}/source.py || echo refused; touch -d @0 {project}/source.py || echo refused; "
+        f"touch {scratch}/own && chmod 700 {scratch}/own && touch -d @0 {scratch}/own && echo own-ok"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "magpie.sandbox", json.dumps(policy.to_json()), "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["refused", "refused", "own-ok"], (proc.stdout, proc.stderr)
     assert metadata(project / "source.py") == before

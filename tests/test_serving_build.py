@@ -3,13 +3,14 @@ reward-eligible, no profiler), a separate profiled run (diagnostic, traces in it
 after the measurement, and the trace analysis of those traces, each cached and rebuilt only when its inputs
 change; the build report shows the measurement and summarises and links the analysis. End to end with the real
 `transformers serve` on the CPU serving the tiny offline model."""
+
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import COMMAND_PROJECT, build_json, magpie, write
+
 from magpie.serving.local import free_port
 
 NODES = ("benchmark:tiny", "benchmark_profile:tiny", "benchmark_trace_analysis:tiny")
@@ -17,7 +18,9 @@ NODES = ("benchmark:tiny", "benchmark_profile:tiny", "benchmark_trace_analysis:t
 
 def _declare(root: Path, num_prompts: int, port: int, profiler: str = "true") -> None:
     base = (root / "magpie.toml").read_text().split("\n[[benchmark]]")[0]
-    (root / "magpie.toml").write_text(base + f"""
+    (root / "magpie.toml").write_text(
+        base
+        + f"""
 [[benchmark]]
 id = "tiny"
 engine = "transformers"
@@ -31,7 +34,8 @@ concurrency = 2
 input_len = 8
 output_len = 4
 num_prompts = {num_prompts}
-""")
+"""
+    )
 
 
 def _artifact(root: Path, task: str) -> Path:
@@ -52,19 +56,25 @@ def test_profiled_nodes_exist_only_when_declared_and_the_measurement_key_ignores
     from magpie.manifest.models import Manifest
 
     def tasks(profiler: bool):
-        manifest = Manifest.model_validate({"benchmark": [
-            {"id": "tiny", "engine": "transformers", "model": "m", "profiler": profiler},
-            {"id": "plain", "engine": "vllm", "model": "org/m"}]})
+        manifest = Manifest.model_validate(
+            {
+                "benchmark": [
+                    {"id": "tiny", "engine": "transformers", "model": "m", "profiler": profiler},
+                    {"id": "plain", "engine": "vllm", "model": "org/m"},
+                ]
+            }
+        )
         return expand(manifest, tmp_path, builtin_rules())
 
     profiled, plain = tasks(True), tasks(False)
-    assert set(NODES) <= set(profiled) and not any(name.endswith(":plain") and name != "benchmark:plain"
-                                                   for name in profiled)
+    assert set(NODES) <= set(profiled) and not any(
+        name.endswith(":plain") and name != "benchmark:plain" for name in profiled
+    )
     assert profiled["benchmark_trace_analysis:tiny"].deps == ["benchmark_profile:tiny"]
-    assert profiled["benchmark_profile:tiny"].after == ["benchmark:tiny", "benchmark:plain"]   # order only
+    assert profiled["benchmark_profile:tiny"].after == ["benchmark:tiny", "benchmark:plain"]  # order only
     assert {"benchmark:tiny", "benchmark:plain", "benchmark_trace_analysis:tiny"} <= set(profiled["report"].deps)
     assert "benchmark_profile:tiny" not in plain
-    assert profiled["benchmark:tiny"].key == plain["benchmark:tiny"].key     # declaring a profile re-runs nothing
+    assert profiled["benchmark:tiny"].key == plain["benchmark:tiny"].key  # declaring a profile re-runs nothing
 
 
 @pytest.fixture
@@ -86,7 +96,7 @@ def test_profiled_benchmark_builds_measurement_profile_and_analysis_cached_and_r
     report = json.loads((measured / "benchmark_report.json").read_text())
     assert report["success"] and report["run_kind"] == "measurement" and report["reward_eligible"]
     assert not report["profiling_enabled"] and not (measured / "torch_trace").exists()
-    assert report["server"]["command"][1:3] != ["-m", "magpie.serving.torch_launcher"]    # no profiler in it
+    assert report["server"]["command"][1:3] != ["-m", "magpie.serving.torch_launcher"]  # no profiler in it
 
     profiled = _artifact(project, "benchmark_profile:tiny")
     run = json.loads((profiled / "benchmark_report.json").read_text())
@@ -94,8 +104,10 @@ def test_profiled_benchmark_builds_measurement_profile_and_analysis_cached_and_r
     assert list((profiled / "torch_trace").glob("*.json")) and run["tracelens_analysis"] is None
     started = {name: json.loads((_artifact(project, name) / "result.json").read_text()) for name in NODES[:2]}
     measurement = started["benchmark:tiny"]
-    assert started["benchmark_profile:tiny"]["task_started_unix"] >= \
-        measurement["task_started_unix"] + measurement["task_seconds"] - 0.01              # never side by side
+    assert (
+        started["benchmark_profile:tiny"]["task_started_unix"]
+        >= measurement["task_started_unix"] + measurement["task_seconds"] - 0.01
+    )  # never side by side
 
     published = project / "workspaces" / "reports" / "benchmarks" / "tiny"
     analysed = json.loads((published / "benchmark_report.json").read_text())
@@ -110,9 +122,9 @@ def test_profiled_benchmark_builds_measurement_profile_and_analysis_cached_and_r
     html = (project / "workspaces" / "reports" / "report.html").read_text()
     assert 'href="benchmarks/tiny/trace_report.html"' in html
 
-    assert build_json(project)["executed"] == []                                   # cached: nothing re-runs
+    assert build_json(project)["executed"] == []  # cached: nothing re-runs
 
-    _declare(project, num_prompts=4, port=port)                                     # the load changed
+    _declare(project, num_prompts=4, port=port)  # the load changed
     why = _plan(project)
     assert set(why) == set(NODES) | {"report"}
     assert why["benchmark:tiny"] == why["benchmark_profile:tiny"] == "benchmark settings changed"
@@ -140,14 +152,22 @@ def test_traces_the_analysis_cannot_read_are_a_failed_analysis_in_the_report(tmp
     run_dir = tmp_path / "profiled"
     (run_dir / "torch_trace").mkdir(parents=True)
     (run_dir / "torch_trace" / "host_1.pt.trace.json").write_text('{"traceEvents": [')
-    job = SimpleNamespace(spec=SimpleNamespace(params={"benchmark": {"id": "tiny"}}),
-                          dep_dirs={"benchmark_profile:tiny": str(run_dir)},
-                          dep_results={"benchmark_profile:tiny": {"summary": {"completed": 3}}})
+    job = SimpleNamespace(
+        spec=SimpleNamespace(params={"benchmark": {"id": "tiny"}}),
+        dep_dirs={"benchmark_profile:tiny": str(run_dir)},
+        dep_results={"benchmark_profile:tiny": {"summary": {"completed": 3}}},
+    )
     (tmp_path / "out").mkdir()
     result = trace_analysis_rule(job, tmp_path / "out")
     assert result["state"] == "FAILED" and result["errors"] and result["profiled_run"] == {"completed": 3}
-    bench = {"benchmark": "tiny", "engine": "transformers", "model": "m", "run_kind": "measurement",
-             "summary": {"completed": 3, "failed": 0, "errors": []}, "analysis": result}
+    bench = {
+        "benchmark": "tiny",
+        "engine": "transformers",
+        "model": "m",
+        "run_kind": "measurement",
+        "summary": {"completed": 3, "failed": 0, "errors": []},
+        "analysis": result,
+    }
     md = render([], "p", [], [bench])["summary.md"]
     assert "### tiny: profiled run and its trace analysis" in md and "Trace analysis failed: " in md
 
@@ -155,7 +175,10 @@ def test_traces_the_analysis_cannot_read_are_a_failed_analysis_in_the_report(tmp
 def _declare_kept(root: Path, port: int) -> None:
     """Two benchmarks of one engine and model whose servers would be the same (their loads differ), both kept."""
     base = (root / "magpie.toml").read_text().split("\n[[benchmark]]")[0]
-    (root / "magpie.toml").write_text(base + "".join(f"""
+    (root / "magpie.toml").write_text(
+        base
+        + "".join(
+            f"""
 [[benchmark]]
 id = "{name}"
 engine = "transformers"
@@ -169,7 +192,10 @@ concurrency = 2
 input_len = 8
 output_len = 4
 num_prompts = {prompts}
-""" for name, prompts in (("a", 2), ("b", 3))))
+"""
+            for name, prompts in (("a", 2), ("b", 3))
+        )
+    )
 
 
 def test_keep_server_is_validated_and_not_in_the_key(tmp_path):
@@ -186,8 +212,9 @@ def test_keep_server_is_validated_and_not_in_the_key(tmp_path):
     assert key(keep_server=True) == key()
     for bad in ({"run_mode": "docker"}, {"engine": "external", "base_url": "http://127.0.0.1:1"}):
         with pytest.raises(ValidationError, match="keep_server keeps a local server of magpie's"):
-            Manifest.model_validate({"benchmark": [{"id": "t", "engine": "vllm", "model": "m", "keep_server": True,
-                                                    **bad}]})
+            Manifest.model_validate(
+                {"benchmark": [{"id": "t", "engine": "vllm", "model": "m", "keep_server": True, **bad}]}
+            )
 
 
 def test_a_build_reuses_a_kept_server_across_its_benchmarks_and_clean_stops_it(project, monkeypatch):
@@ -202,15 +229,17 @@ def test_a_build_reuses_a_kept_server_across_its_benchmarks_and_clean_stops_it(p
     try:
         built = build_json(project)
         assert {"benchmark:a", "benchmark:b"} <= set(built["executed"]) and built["failed"] == []
-        reports = {name: json.loads((_artifact(project, f"benchmark:{name}") / "benchmark_report.json").read_text())
-                   for name in "ab"}
+        reports = {
+            name: json.loads((_artifact(project, f"benchmark:{name}") / "benchmark_report.json").read_text())
+            for name in "ab"
+        }
         first, second = sorted(reports.values(), key=lambda r: r["provenance"]["server_reused"])
         assert first["success"] and second["success"] and second["run"]["completed"] + first["run"]["completed"] == 5
         assert not first["provenance"]["server_reused"] and second["provenance"]["server_reused"]
         assert second["server"]["reused"] and second["server"]["pid"] == first["server"]["pid"]
         assert second["server"]["ready_after_s"] == 0.0
         pid = first["server"]["pid"]
-        assert group_alive(pid)                                            # kept past the build's end
+        assert group_alive(pid)  # kept past the build's end
         cleaned = magpie("clean", cwd=project, check=0).stdout
         assert f"magpie: stopped transformers {project / 'models' / 'tiny'} on 127.0.0.1:" in cleaned, cleaned
         assert not group_alive(pid) and not list((project / "servers").glob("*.json"))

@@ -1,5 +1,6 @@
 """`magpie benchmark --compare A B`: refused (exit 2, one line naming the field) unless the workloads are
 equivalent; the before/after table with ratios; "within noise" for repeats whose ranges overlap; --json."""
+
 import json
 
 import pytest
@@ -11,18 +12,41 @@ from magpie.serving.report import BenchmarkConfig
 STATS = ("mean", "median", "std", "p50", "p90", "p95", "p99")
 
 
-def write_report(path, *, rps=10.0, ttft=50.0, framework="vllm", engine_version="0.11.0", model_hash="abc",
-                 success=True, folder=False, **config):
-    cfg = dict(framework=framework, model="/models/llama", input_len=1024, output_len=128, num_prompts=100,
-               concurrency=16)
+def write_report(
+    path,
+    *,
+    rps=10.0,
+    ttft=50.0,
+    framework="vllm",
+    engine_version="0.11.0",
+    model_hash="abc",
+    success=True,
+    folder=False,
+    **config,
+):
+    cfg = dict(
+        framework=framework, model="/models/llama", input_len=1024, output_len=128, num_prompts=100, concurrency=16
+    )
     cfg.update(config)
-    lat = {name: {f"{s}_ms": (ttft if name == "ttft" else 10.0) * (1.5 if s == "p99" else 1.0) for s in STATS}
-           for name in ("ttft", "tpot", "itl", "e2el")}
-    report = {"success": success, "framework": framework, "model": cfg["model"],
-              "throughput": {"request_throughput": rps, "request_goodput": None, "output_throughput": rps * 128,
-                             "total_token_throughput": rps * 1152, "max_output_tokens_per_s": rps * 200},
-              "latency": lat, "config": BenchmarkConfig(**cfg).model_dump(mode="json"),
-              "provenance": {"engine_version": engine_version, "model_hash": model_hash}}
+    lat = {
+        name: {f"{s}_ms": (ttft if name == "ttft" else 10.0) * (1.5 if s == "p99" else 1.0) for s in STATS}
+        for name in ("ttft", "tpot", "itl", "e2el")
+    }
+    report = {
+        "success": success,
+        "framework": framework,
+        "model": cfg["model"],
+        "throughput": {
+            "request_throughput": rps,
+            "request_goodput": None,
+            "output_throughput": rps * 128,
+            "total_token_throughput": rps * 1152,
+            "max_output_tokens_per_s": rps * 200,
+        },
+        "latency": lat,
+        "config": BenchmarkConfig(**cfg).model_dump(mode="json"),
+        "provenance": {"engine_version": engine_version, "model_hash": model_hash},
+    }
     if folder:
         path.mkdir(parents=True)
         path = path / "benchmark_report.json"
@@ -49,16 +73,19 @@ def test_single_runs_table_with_ratios(tmp_path):
     assert "request_throughput (req/s)" in text and "1.250" in text and "vllm 0.11.0 x1" in text
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(model_hash="other"), "model content"),
-    (dict(input_len=2048), "input_len"),
-    (dict(output_len=64), "output_len"),
-    (dict(range_ratio=0.5), "dataset"),
-    (dict(concurrency=32), "concurrency"),
-    (dict(request_rate=4.0), "request_rate"),
-    (dict(num_prompts=200), "num_prompts"),
-    (dict(endpoint="chat"), "endpoint"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(model_hash="other"), "model content"),
+        (dict(input_len=2048), "input_len"),
+        (dict(output_len=64), "output_len"),
+        (dict(range_ratio=0.5), "dataset"),
+        (dict(concurrency=32), "concurrency"),
+        (dict(request_rate=4.0), "request_rate"),
+        (dict(num_prompts=200), "num_prompts"),
+        (dict(endpoint="chat"), "endpoint"),
+    ],
+)
 def test_different_workloads_are_refused_naming_the_field(tmp_path, change, field):
     a = write_report(tmp_path / "a.json")
     b = write_report(tmp_path / "b.json", **change)
@@ -73,15 +100,18 @@ def test_another_engine_on_the_same_workload_compares(tmp_path):
 
 
 def test_repeats_within_noise_and_beyond(tmp_path):
-    a = ",".join(write_report(tmp_path / f"a{i}.json", rps=v, ttft=t)
-                 for i, (v, t) in enumerate([(10.0, 50.0), (10.4, 52.0), (9.8, 51.0)]))
-    b = ",".join(write_report(tmp_path / f"b{i}.json", rps=v, ttft=t)
-                 for i, (v, t) in enumerate([(10.2, 40.0), (10.6, 41.0)]))
+    a = ",".join(
+        write_report(tmp_path / f"a{i}.json", rps=v, ttft=t)
+        for i, (v, t) in enumerate([(10.0, 50.0), (10.4, 52.0), (9.8, 51.0)])
+    )
+    b = ",".join(
+        write_report(tmp_path / f"b{i}.json", rps=v, ttft=t) for i, (v, t) in enumerate([(10.2, 40.0), (10.6, 41.0)])
+    )
     s = compare(a, b)
     thr = row(s, "request_throughput")
     assert thr["verdict"] == "within noise" and thr["before_range"] == [9.8, 10.4] and len(s["before"]) == 3
     assert thr["before"] == pytest.approx(10.066666, rel=1e-5)
-    assert row(s, "ttft median")["verdict"] == "better"      # lower latency, ranges apart
+    assert row(s, "ttft median")["verdict"] == "better"  # lower latency, ranges apart
     worse = compare(b, a)
     assert row(worse, "ttft median")["verdict"] == "worse"
 

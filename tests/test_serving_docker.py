@@ -9,6 +9,7 @@ line and a written report with no container left; a container whose magpie was k
 the image; the container settings of NVIDIA and AMD GPUs (unverified on a GPU: no GPU here).
 
 Without a reachable Docker engine the tests that need one fail when CI is set, and are skipped otherwise."""
+
 import json
 import os
 import re
@@ -52,7 +53,7 @@ def image(client):
 def tiny_model(tiny_model, tmp_path_factory):
     """The session's tiny model, a copy of it owned by the user the container runs as."""
     path = shutil.copytree(tiny_model, tmp_path_factory.mktemp("tiny") / "model")
-    if os.geteuid() == 0:        # the user's own model, readable by the container's user
+    if os.geteuid() == 0:  # the user's own model, readable by the container's user
         for p in [path, *path.rglob("*")]:
             os.lchown(p, *INVOKER)
     return path
@@ -78,9 +79,34 @@ def test_transformers_serve_in_a_container_end_to_end(client, image, tiny_model,
     import transformers
 
     out = tmp_path / "ws"
-    rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--run-mode", "docker", "--docker-image", image,
-               "--port", str(free_port()), "--num-prompts", "6", "--concurrency", "3", "--input-len", "16",
-               "--output-len", "12", "--num-warmups", "1", "--timeout", "240", "-o", str(out)])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tiny_model),
+            "--run-mode",
+            "docker",
+            "--docker-image",
+            image,
+            "--port",
+            str(free_port()),
+            "--num-prompts",
+            "6",
+            "--concurrency",
+            "3",
+            "--input-len",
+            "16",
+            "--output-len",
+            "12",
+            "--num-warmups",
+            "1",
+            "--timeout",
+            "240",
+            "-o",
+            str(out),
+        ]
+    )
     report = json.loads((out / REPORT).read_text())
     assert rc == 0, report["errors"]
     assert report["success"] and report["errors"] == [] and report["config"]["run_mode"] == "docker"
@@ -91,13 +117,16 @@ def test_transformers_serve_in_a_container_end_to_end(client, image, tiny_model,
     assert lat["tpot"]["mean_ms"] > 0 and lat["itl"]["p99_ms"] > 0
     prov, server = report["provenance"], report["server"]
     assert prov["image"] == image and prov["image_id"] == client.images.get(image).id
-    assert prov["engine_version"] == transformers.__version__      # asked of the container
-    assert prov["environment"] == {"HF_HUB_OFFLINE": "1"}           # the container's, none of ours
+    assert prov["engine_version"] == transformers.__version__  # asked of the container
+    assert prov["environment"] == {"HF_HUB_OFFLINE": "1"}  # the container's, none of ours
     assert server["mode"] == "docker" and server["container"] and server["ready_after_s"] > 0
     assert server["command"][:2] == ["transformers", "serve"]
     log = (out / "server.log").read_text()
-    assert log.startswith("$ docker run --network host") and f"--user {INVOKER[0]}:{INVOKER[1]}" in log.splitlines()[0] \
+    assert (
+        log.startswith("$ docker run --network host")
+        and f"--user {INVOKER[0]}:{INVOKER[1]}" in log.splitlines()[0]
         or INVOKER == (0, 0)
+    )
     statuses = re.findall(r'"POST /v1/\S+ HTTP/[\d.]+" (\d{3})', log)
     assert statuses and set(statuses) == {"200"}, statuses
     assert left(client, out) == []
@@ -106,6 +135,7 @@ def test_transformers_serve_in_a_container_end_to_end(client, image, tiny_model,
 
 def test_declared_docker_benchmark_is_built_and_keyed_by_its_image(client, image, tiny_model, tmp_path):
     from conftest import build_json
+
     from magpie.graph.expand import expand
     from magpie.graph.rules import builtin_rules
     from magpie.manifest.load import load_manifest
@@ -141,12 +171,27 @@ def test_daemon_unreachable_is_one_line_and_a_report(tmp_path, monkeypatch, caps
     dead = tmp_path / "dead.sock"
     monkeypatch.setenv("DOCKER_HOST", f"unix://{dead}")
     out = tmp_path / "ws"
-    rc = main(["benchmark", "transformers", "-m", str(tmp_path), "--run-mode", "docker", "--docker-image", "any:1",
-               "--timeout", "30", "-o", str(out)])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tmp_path),
+            "--run-mode",
+            "docker",
+            "--docker-image",
+            "any:1",
+            "--timeout",
+            "30",
+            "-o",
+            str(out),
+        ]
+    )
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"magpie: benchmark failed: docker mode: cannot reach the Docker "
-                                               f"daemon at unix://{dead}")
+    assert len(err) == 1 and err[0].startswith(
+        f"magpie: benchmark failed: docker mode: cannot reach the Docker daemon at unix://{dead}"
+    )
     report = json.loads((out / REPORT).read_text())
     assert not report["success"] and "start dockerd" in report["errors"][0]
     assert report["config"]["run_mode"] == "docker" and report["server"] is None
@@ -154,8 +199,22 @@ def test_daemon_unreachable_is_one_line_and_a_report(tmp_path, monkeypatch, caps
 
 def test_missing_image_is_one_line(client, tmp_path, capsys):
     out = tmp_path / "ws"
-    rc = main(["benchmark", "transformers", "-m", str(tmp_path), "--run-mode", "docker", "--docker-image",
-               "magpie-no-such-image:0", "--timeout", "30", "-o", str(out)])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tmp_path),
+            "--run-mode",
+            "docker",
+            "--docker-image",
+            "magpie-no-such-image:0",
+            "--timeout",
+            "30",
+            "-o",
+            str(out),
+        ]
+    )
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "image magpie-no-such-image:0 is not on this machine" in err[0] and "docker pull" in err[0]
@@ -168,8 +227,26 @@ def test_container_that_exits_at_start_leaves_its_log_tail(client, image, tmp_pa
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "llama", "hidden_size": "wide"}')
     out = tmp_path / "ws"
-    rc = main(["benchmark", "transformers", "-m", str(broken), "--run-mode", "docker", "--docker-image", image,
-               "--port", str(free_port()), "--num-prompts", "2", "--timeout", "120", "-o", str(out)])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(broken),
+            "--run-mode",
+            "docker",
+            "--docker-image",
+            image,
+            "--port",
+            str(free_port()),
+            "--num-prompts",
+            "2",
+            "--timeout",
+            "120",
+            "-o",
+            str(out),
+        ]
+    )
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the server's container exited with code 1 before it was ready" in err[0]
@@ -181,34 +258,106 @@ def test_container_that_exits_at_start_leaves_its_log_tail(client, image, tmp_pa
 
 def test_ready_timeout_and_taken_port_leave_no_container(client, image, tiny_model, tmp_path):
     out = tmp_path / "slow"
-    rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--run-mode", "docker", "--docker-image", image,
-               "--port", str(free_port()), "--ready-timeout", "1", "--timeout", "60", "-o", str(out)])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tiny_model),
+            "--run-mode",
+            "docker",
+            "--docker-image",
+            image,
+            "--port",
+            str(free_port()),
+            "--ready-timeout",
+            "1",
+            "--timeout",
+            "60",
+            "-o",
+            str(out),
+        ]
+    )
     report = json.loads((out / REPORT).read_text())
     assert rc == 1 and "was not ready within 1 s" in report["errors"][0] and left(client, out) == []
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         out = tmp_path / "taken"
-        rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--run-mode", "docker", "--docker-image", image,
-                   "--port", str(taken.getsockname()[1]), "--timeout", "60", "-o", str(out)])
+        rc = main(
+            [
+                "benchmark",
+                "transformers",
+                "-m",
+                str(tiny_model),
+                "--run-mode",
+                "docker",
+                "--docker-image",
+                image,
+                "--port",
+                str(taken.getsockname()[1]),
+                "--timeout",
+                "60",
+                "-o",
+                str(out),
+            ]
+        )
     report = json.loads((out / REPORT).read_text())
     assert rc == 1 and "is already taken" in report["errors"][0] and report["server"]["container"] is None
 
 
 def test_transformers_profiler_is_refused_in_docker_mode(tmp_path, capsys):
-    rc = main(["benchmark", "transformers", "-m", str(tmp_path), "--run-mode", "docker", "--torch-profiler",
-               "-o", str(tmp_path / "ws")])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tmp_path),
+            "--run-mode",
+            "docker",
+            "--torch-profiler",
+            "-o",
+            str(tmp_path / "ws"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and "profiled by magpie's launcher" in err[0] and "local mode" in err[0]
 
 
 def test_sigterm_mid_run_removes_the_container(client, image, tiny_model, tmp_path):
     out = tmp_path / "ws"
-    proc = subprocess.Popen([sys.executable, "-m", "magpie", "benchmark", "transformers", "-m", str(tiny_model),
-                             "--run-mode", "docker", "--docker-image", image, "--port", str(free_port()),
-                             "--num-prompts", "400", "--concurrency", "2", "--input-len", "16", "--output-len", "64",
-                             "--timeout", "240", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "magpie",
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tiny_model),
+            "--run-mode",
+            "docker",
+            "--docker-image",
+            image,
+            "--port",
+            str(free_port()),
+            "--num-prompts",
+            "400",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "64",
+            "--timeout",
+            "240",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and '"POST /v1/completions' not in _read(out / "server.log"):
         time.sleep(0.25)
@@ -221,18 +370,44 @@ def test_sigterm_mid_run_removes_the_container(client, image, tiny_model, tmp_pa
     assert left(client, out) == []
 
 
-def test_a_container_left_by_a_killed_magpie_is_removed_and_a_live_ones_is_not(client, image, tiny_model, tmp_path,
-                                                                                 capsys, monkeypatch):
+def test_a_container_left_by_a_killed_magpie_is_removed_and_a_live_ones_is_not(
+    client, image, tiny_model, tmp_path, capsys, monkeypatch
+):
     from magpie import environment
 
-    monkeypatch.setenv(environment.SERVER_DIR, str(tmp_path / "servers"))      # the user's kept servers stay
+    monkeypatch.setenv(environment.SERVER_DIR, str(tmp_path / "servers"))  # the user's kept servers stay
     out = tmp_path / "ws"
-    proc = subprocess.Popen([sys.executable, "-m", "magpie", "benchmark", "transformers", "-m", str(tiny_model),
-                             "--run-mode", "docker", "--docker-image", image, "--port", str(free_port()),
-                             "--timeout", "240", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    live = client.containers.run(image, entrypoint=["python3", "-c", "import time; time.sleep(300)"], command=None,
-                                 detach=True, network_mode="none",
-                                 labels={docker_mode.LABEL: str(tmp_path / "live"), **docker_mode.owner_labels()})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "magpie",
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tiny_model),
+            "--run-mode",
+            "docker",
+            "--docker-image",
+            image,
+            "--port",
+            str(free_port()),
+            "--timeout",
+            "240",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    live = client.containers.run(
+        image,
+        entrypoint=["python3", "-c", "import time; time.sleep(300)"],
+        command=None,
+        detach=True,
+        network_mode="none",
+        labels={docker_mode.LABEL: str(tmp_path / "live"), **docker_mode.owner_labels()},
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not left(client, out):
@@ -243,8 +418,10 @@ def test_a_container_left_by_a_killed_magpie_is_removed_and_a_live_ones_is_not(c
         assert left(client, out), "SIGKILL: nothing of magpie's removed the container"
         assert main(["benchmark", "--stop-servers"]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
-        assert lines == [f"removed container {container.short_id} ({image}, workspace {out}), left by magpie pid "
-                         f"{proc.pid}, which is gone"]
+        assert lines == [
+            f"removed container {container.short_id} ({image}, workspace {out}), left by magpie pid "
+            f"{proc.pid}, which is gone"
+        ]
         assert left(client, out) == [] and left(client, tmp_path / "live") != []
     finally:
         live.remove(force=True)
@@ -262,25 +439,41 @@ def test_root_written_outputs_are_given_back_through_a_root_container(client, im
     work.mkdir()
     if os.geteuid() == 0:
         os.chown(work, *INVOKER)
-    client.containers.run(image, entrypoint=["python3", "-c", "import os; os.makedirs('torch_trace'); "
-                                             "open('torch_trace/t.json', 'w').write('{}')"],
-                          command=None, user="0:0", remove=True, working_dir=str(work),
-                          volumes={str(work): {"bind": str(work), "mode": "rw"}})
+    client.containers.run(
+        image,
+        entrypoint=[
+            "python3",
+            "-c",
+            "import os; os.makedirs('torch_trace'); open('torch_trace/t.json', 'w').write('{}')",
+        ],
+        command=None,
+        user="0:0",
+        remove=True,
+        working_dir=str(work),
+        volumes={str(work): {"bind": str(work), "mode": "rw"}},
+    )
     assert (work / "torch_trace" / "t.json").stat().st_uid == 0
     prepared = docker_mode.Prepared(client=client, image=image, image_id="", kind="cpu", run_as="root", owner=INVOKER)
-    monkeypatch.setattr(docker_mode.os, "geteuid", lambda: 1000)   # magpie not root: it cannot chown, the image can
+    monkeypatch.setattr(docker_mode.os, "geteuid", lambda: 1000)  # magpie not root: it cannot chown, the image can
     docker_mode.give_back(work, INVOKER, prepared)
     assert not_theirs(work) == [] and left(client, work) == []
 
 
 def test_gpu_settings_nvidia_and_amd(tmp_path):
     command, work = ["vllm", "serve", "/m"], tmp_path / "ws"
-    nvidia = docker_mode.container_settings(image="vllm/vllm-openai:latest", command=command,
-                                            env={"CUDA_VISIBLE_DEVICES": "2,3", "VLLM_USE_V1": "1"}, workspace=work,
-                                            model_path=Path("/m"), kind="nvidia", devices=[2, 3], user=None)
+    nvidia = docker_mode.container_settings(
+        image="vllm/vllm-openai:latest",
+        command=command,
+        env={"CUDA_VISIBLE_DEVICES": "2,3", "VLLM_USE_V1": "1"},
+        workspace=work,
+        model_path=Path("/m"),
+        kind="nvidia",
+        devices=[2, 3],
+        user=None,
+    )
     request = nvidia["device_requests"][0]
     assert request["DeviceIDs"] == ["2", "3"] and request["Capabilities"] == [["gpu"]]
-    assert nvidia["environment"] == {"VLLM_USE_V1": "1"}          # renumbered from 0 inside: not passed
+    assert nvidia["environment"] == {"VLLM_USE_V1": "1"}  # renumbered from 0 inside: not passed
     assert nvidia["volumes"]["/m"] == {"bind": "/m", "mode": "ro"} and nvidia["network_mode"] == "host"
     assert nvidia["entrypoint"] == command and "user" not in nvidia
     nvidia["environment"]["HF_TOKEN"] = "hf_secret"
@@ -290,9 +483,18 @@ def test_gpu_settings_nvidia_and_amd(tmp_path):
     for node in (dev / "kfd", dev / "dri" / "renderD128"):
         node.touch()
     if os.geteuid() == 0:
-        os.chown(dev / "dri" / "renderD128", 0, 44)      # the video group owns render nodes
-    amd = docker_mode.container_settings(image="rocm/vllm:latest", command=command, env={}, workspace=work,
-                                         model_path=None, kind="rocm", devices=[1], user=(1000, 1000), dev=dev)
+        os.chown(dev / "dri" / "renderD128", 0, 44)  # the video group owns render nodes
+    amd = docker_mode.container_settings(
+        image="rocm/vllm:latest",
+        command=command,
+        env={},
+        workspace=work,
+        model_path=None,
+        kind="rocm",
+        devices=[1],
+        user=(1000, 1000),
+        dev=dev,
+    )
     assert amd["devices"] == [f"{dev}/kfd:{dev}/kfd:rwm", f"{dev}/dri:{dev}/dri:rwm"]
     assert set(amd["group_add"]) == {str((dev / "kfd").stat().st_gid), str((dev / "dri" / "renderD128").stat().st_gid)}
     assert amd["security_opt"] == ["seccomp=unconfined"]
@@ -320,8 +522,10 @@ def test_image_table_and_config(tmp_path):
 
 
 def test_the_docker_sdk_is_imported_only_by_docker_mode():
-    code = ("import sys, magpie, magpie.cli, magpie.serving.runner, magpie.serving.docker_mode; "
-            "print([m for m in ('docker', 'torch') if m in sys.modules])")
+    code = (
+        "import sys, magpie, magpie.cli, magpie.serving.runner, magpie.serving.docker_mode; "
+        "print([m for m in ('docker', 'torch') if m in sys.modules])"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 

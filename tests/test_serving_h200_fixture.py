@@ -1,6 +1,7 @@
 """The reports of a real `transformers serve` run on the H200 (tests/fixtures/serving/h200/: a 0.38B random
 Llama-style model in bf16, a clean measurement run and a profiled diagnostic run, 2026-11-30) still read as the
 reports magpie writes today: a drift of the report format from what the GPU produced fails here, on the CPU."""
+
 import json
 from pathlib import Path
 
@@ -14,9 +15,24 @@ from magpie.serving.report import BenchmarkReport
 H200 = Path(__file__).resolve().parent / "fixtures" / "serving" / "h200"
 RUNS = ("clean", "profiled")
 # The keys the issue asks of benchmark_report.json, as Magpie names them.
-MAGPIE_KEYS = {"success", "framework", "model", "throughput", "latency", "kernel_summary", "top_bottlenecks",
-               "tracelens_analysis", "gap_analysis", "gpu_monitor", "workspace_dir", "execution_time",
-               "profiling_enabled", "run_kind", "reward_eligible", "errors"}
+MAGPIE_KEYS = {
+    "success",
+    "framework",
+    "model",
+    "throughput",
+    "latency",
+    "kernel_summary",
+    "top_bottlenecks",
+    "tracelens_analysis",
+    "gap_analysis",
+    "gpu_monitor",
+    "workspace_dir",
+    "execution_time",
+    "profiling_enabled",
+    "run_kind",
+    "reward_eligible",
+    "errors",
+}
 # Where the H200 run wrote its workspaces; trace_files.txt lists the profiled one's files relative to it.
 RUN_ROOT = "/tmp/h200_serving/"
 
@@ -56,7 +72,7 @@ def test_profiled_run_is_a_diagnostic_with_its_trace_analysis():
     assert (report.run_kind, report.reward_eligible, report.profiling_enabled) == ("diagnostic", False, True)
     assert config.profiler and report.run.completed == config.num_prompts and report.run.failed == 0
     assert len(report.gap_analysis["traces"]) == 1 and report.gap_analysis["kernels"] == 25188
-    busiest = report.kernel_summary[0]                  # Magpie's list, from the gap analysis's top rows
+    busiest = report.kernel_summary[0]  # Magpie's list, from the gap analysis's top rows
     assert busiest.name == report.gap_analysis["top"][0]["Name"] and busiest.calls == 1920
     assert busiest.time_ms == pytest.approx(13.441051) and busiest.percent == pytest.approx(19.344)
     assert report.top_bottlenecks and report.gap_analysis["top"]
@@ -85,17 +101,31 @@ def test_bench_serve_result_is_what_the_client_writes_from_the_report(run):
     result = load(run, "bench_serve_result.json")
     assert report.raw_result == result
     config = report.config
-    load_config = LoadConfig(model=config.model, endpoint=config.endpoint, num_prompts=config.num_prompts,
-                             dataset=DatasetConfig(input_len=config.input_len, output_len=config.output_len),
-                             request_rate=config.request_rate, burstiness=config.burstiness,
-                             max_concurrency=config.concurrency, label=config.framework)
+    load_config = LoadConfig(
+        model=config.model,
+        endpoint=config.endpoint,
+        num_prompts=config.num_prompts,
+        dataset=DatasetConfig(input_len=config.input_len, output_len=config.output_len),
+        request_rate=config.request_rate,
+        burstiness=config.burstiness,
+        max_concurrency=config.concurrency,
+        label=config.framework,
+    )
     run_counts = report.run.model_dump(exclude={"duration_s"})
     stats = report.latency.model_dump(by_alias=False)
     thr = report.throughput
-    metrics = ServingMetrics(duration=report.run.duration_s, latency=stats, **run_counts, throughput=Throughput(
-        request_throughput=thr.request_throughput, request_goodput=thr.request_goodput,
-        output_throughput=thr.output_throughput, total_token_throughput=thr.total_token_throughput,
-        max_output_tokens_per_s=thr.max_output_tokens_per_s))
+    metrics = ServingMetrics(
+        duration=report.run.duration_s,
+        latency=stats,
+        **run_counts,
+        throughput=Throughput(
+            request_throughput=thr.request_throughput,
+            request_goodput=thr.request_goodput,
+            output_throughput=thr.output_throughput,
+            total_token_throughput=thr.total_token_throughput,
+            max_output_tokens_per_s=thr.max_output_tokens_per_s,
+        ),
+    )
     flat = {f"{stat}_{name}_ms": value for name, block in stats.items() for stat, value in block.items()}
     rebuilt = vllm_result(load_config, RunRecord([], report.run.duration_s, []), metrics, flat, date=result["date"])
     assert {key: rebuilt[key] for key in result} == result

@@ -3,6 +3,7 @@
 /health, a mismatching one is stopped and a fresh one started, a recorded server that died is replaced, a failed run
 stops its server for good, `--stop-servers` ends them all, and nothing is left running after each test. A server
 whose magpie was killed with SIGKILL is stopped by the next run, and one of a live run is left alone."""
+
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_serving_local import Fake
 
 from magpie import environment
 from magpie.cli import main
@@ -19,7 +21,6 @@ from magpie.serving import engines, lifecycle
 from magpie.serving.local import free_port, group_alive
 from magpie.serving.report import BenchmarkConfig
 from magpie.serving.runner import run_benchmark
-from test_serving_local import Fake
 
 
 @pytest.fixture
@@ -35,9 +36,24 @@ def kept(monkeypatch, tmp_path):
 
 
 def _run(tmp_path, name, port, *args, **kw):
-    config = BenchmarkConfig(**{**dict(framework="vllm", model="fake-model", port=port, input_len=8, output_len=4,
-                                       num_prompts=4, concurrency=2, output_dir=str(tmp_path / name), timeout_s=60,
-                                       extra_server_args=list(args), server_lifecycle="reuse"), **kw})
+    config = BenchmarkConfig(
+        **{
+            **dict(
+                framework="vllm",
+                model="fake-model",
+                port=port,
+                input_len=8,
+                output_len=4,
+                num_prompts=4,
+                concurrency=2,
+                output_dir=str(tmp_path / name),
+                timeout_s=60,
+                extra_server_args=list(args),
+                server_lifecycle="reuse",
+            ),
+            **kw,
+        }
+    )
     return run_benchmark(config)
 
 
@@ -58,12 +74,12 @@ def test_a_matching_server_is_reused_and_a_different_one_replaces_it(kept, tmp_p
     second = _run(tmp_path, "b", port, "--child")
     assert second.success and second.server.reused and second.server.pid == first.server.pid
     assert second.server.ready_after_s == 0.0 and second.run.completed == 4
-    assert "fake engine: listening" not in (tmp_path / "b" / "server.log").read_text()   # only its own part
+    assert "fake engine: listening" not in (tmp_path / "b" / "server.log").read_text()  # only its own part
 
-    other = _run(tmp_path, "c", port, "--child", "--delay", "0.001")           # another command line
+    other = _run(tmp_path, "c", port, "--child", "--delay", "0.001")  # another command line
     kept.append(other.server.pid)
     assert other.success and not other.server.reused and other.server.pid != first.server.pid
-    assert not group_alive(first.server.pid)                                    # the stale one was stopped
+    assert not group_alive(first.server.pid)  # the stale one was stopped
     assert _record(tmp_path, port)["pid"] == other.server.pid
 
 
@@ -72,7 +88,7 @@ def test_a_recorded_server_that_died_is_replaced(kept, tmp_path):
     first = _run(tmp_path, "a", port)
     kept.append(first.server.pid)
     os.killpg(first.server.pid, signal.SIGKILL)
-    os.waitpid(first.server.pid, 0)                                             # our child: reaped, gone
+    os.waitpid(first.server.pid, 0)  # our child: reaped, gone
     again = _run(tmp_path, "b", port)
     kept.append(again.server.pid)
     assert again.success and not again.server.reused and again.server.pid != first.server.pid
@@ -112,9 +128,32 @@ def test_transformers_serve_is_kept_and_reused(tmp_path, tmp_path_factory, monke
     reports = []
     try:
         for name, precision in (("a", "auto"), ("b", "auto"), ("c", "fp32")):
-            rc = main(["benchmark", "transformers", "-m", str(model), "--port", str(port), "--keep-server",
-                       "-p", precision, "--num-prompts", "2", "--concurrency", "2", "--input-len", "8",
-                       "--output-len", "4", "--timeout", "240", "-o", str(tmp_path / name), "--json"])
+            rc = main(
+                [
+                    "benchmark",
+                    "transformers",
+                    "-m",
+                    str(model),
+                    "--port",
+                    str(port),
+                    "--keep-server",
+                    "-p",
+                    precision,
+                    "--num-prompts",
+                    "2",
+                    "--concurrency",
+                    "2",
+                    "--input-len",
+                    "8",
+                    "--output-len",
+                    "4",
+                    "--timeout",
+                    "240",
+                    "-o",
+                    str(tmp_path / name),
+                    "--json",
+                ]
+            )
             capsys.readouterr()
             reports.append(json.loads((tmp_path / name / "benchmark_report.json").read_text()))
             assert rc == 0, reports[-1]["errors"]
@@ -157,18 +196,21 @@ def test_the_server_of_a_killed_run_is_stopped_by_the_next_and_a_live_runs_is_no
     try:
         killed.kill()
         killed.wait()
-        assert group_alive(orphan)                                   # SIGKILL: nothing of magpie's stopped it
+        assert group_alive(orphan)  # SIGKILL: nothing of magpie's stopped it
         report = _run(tmp_path, "next", free_port(), server_lifecycle="fresh")
         assert report.success
         warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("magpie: warning:")]
-        assert warnings == [f"magpie: warning: stopped the server vllm fake-model on 127.0.0.1:{ports[0]} (pid "
-                            f"{orphan}), left by magpie pid {killed.pid}, which is gone"]
+        assert warnings == [
+            f"magpie: warning: stopped the server vllm fake-model on 127.0.0.1:{ports[0]} (pid "
+            f"{orphan}), left by magpie pid {killed.pid}, which is gone"
+        ]
         assert not group_alive(orphan) and not (tmp_path / "servers" / f"127.0.0.1_{ports[0]}.json").exists()
         assert group_alive(serving) and _record(tmp_path, ports[1])["owner"] == live.pid
 
-        assert main(["benchmark", "--stop-servers"]) == 0                # it leaves a live run's server too
-        assert capsys.readouterr().out.strip() == (f"left vllm fake-model on 127.0.0.1:{ports[1]} (pid {serving}): "
-                                                   f"it serves the run of magpie pid {live.pid}")
+        assert main(["benchmark", "--stop-servers"]) == 0  # it leaves a live run's server too
+        assert capsys.readouterr().out.strip() == (
+            f"left vllm fake-model on 127.0.0.1:{ports[1]} (pid {serving}): it serves the run of magpie pid {live.pid}"
+        )
         assert group_alive(serving)
     finally:
         live.send_signal(signal.SIGTERM)
@@ -188,5 +230,7 @@ def test_a_kept_server_whose_reusing_run_was_killed_is_not_reused(kept, tmp_path
     again = _run(tmp_path, "b", port)
     kept.append(again.server.pid)
     assert again.success and not again.server.reused and not group_alive(first.server.pid)
-    assert f"stopped the server vllm fake-model on 127.0.0.1:{port} (pid {first.server.pid}), left by magpie pid " \
-           f"{dead.pid}, which is gone" in capsys.readouterr().err
+    assert (
+        f"stopped the server vllm fake-model on 127.0.0.1:{port} (pid {first.server.pid}), left by magpie pid "
+        f"{dead.pid}, which is gone" in capsys.readouterr().err
+    )

@@ -3,8 +3,8 @@ and external mode against the stub: the report and the files of a good run, and 
 exits at start (its log tail in the report), never ready (timeout), port taken, model path wrong, dies during the
 run (success false, errors, no process of its group left), the benchmark's timeout, Ctrl-C — each a clear first
 error and a written report, with the server's whole process group stopped."""
+
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -41,8 +41,18 @@ def fake(monkeypatch):
 
 
 def cfg(tmp_path, *args, **kw):
-    base = dict(framework="vllm", model="fake-model", port=free_port(), input_len=8, output_len=5, num_prompts=8,
-                concurrency=4, output_dir=str(tmp_path / "ws"), timeout_s=60, extra_server_args=list(args))
+    base = dict(
+        framework="vllm",
+        model="fake-model",
+        port=free_port(),
+        input_len=8,
+        output_len=5,
+        num_prompts=8,
+        concurrency=4,
+        output_dir=str(tmp_path / "ws"),
+        timeout_s=60,
+        extra_server_args=list(args),
+    )
     base.update(kw)
     return BenchmarkConfig(**base)
 
@@ -86,8 +96,9 @@ def test_port_taken(fake, tmp_path):
         s.listen()
         port = s.getsockname()[1]
         r = run_benchmark(cfg(tmp_path, port=port))
-    assert not r.success and r.errors == [f"port {port} on 127.0.0.1 is already taken (another server?); "
-                                          "stop it or choose another port"]
+    assert not r.success and r.errors == [
+        f"port {port} on 127.0.0.1 is already taken (another server?); stop it or choose another port"
+    ]
 
 
 def test_model_path_wrong(fake, tmp_path):
@@ -97,8 +108,9 @@ def test_model_path_wrong(fake, tmp_path):
 
 
 def test_dies_during_the_run(fake, tmp_path):
-    r = run_benchmark(cfg(tmp_path, "--mode", "die-after", "--n", "4", "--child", "--delay", "0.05",
-                          num_prompts=12, concurrency=2))
+    r = run_benchmark(
+        cfg(tmp_path, "--mode", "die-after", "--n", "4", "--child", "--delay", "0.05", num_prompts=12, concurrency=2)
+    )
     assert not r.success and r.server.died_during_run and r.server.exit_code == 7
     assert r.errors[0].startswith("the server exited with code 7 during the run")
     assert any("requests failed" in e for e in r.errors) and r.run.failed > 0
@@ -123,7 +135,7 @@ import test_serving_local as t
 engines.get = lambda name: t.Fake()
 from magpie.serving.report import BenchmarkConfig
 from magpie.serving.runner import run_benchmark
-run_benchmark(BenchmarkConfig(framework="vllm", model="m", port={port}, output_dir={str(tmp_path / 'ws')!r},
+run_benchmark(BenchmarkConfig(framework="vllm", model="m", port={port}, output_dir={str(tmp_path / "ws")!r},
     extra_server_args=["--delay", "0.5", "--child"], output_len=200, num_prompts=4, timeout_s=120))
 """
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
@@ -142,8 +154,26 @@ run_benchmark(BenchmarkConfig(framework="vllm", model="m", port={port}, output_d
 
 def test_cli_external_against_the_stub(tmp_path, capsys):
     with ThreadedStubServer() as srv:
-        rc = main(["benchmark", "vllm", "-m", "tiny", "--base-url", srv.base_url, "--num-prompts", "5",
-                   "--input-len", "4", "--output-len", "3", "--concurrency", "2", "-o", str(tmp_path)])
+        rc = main(
+            [
+                "benchmark",
+                "vllm",
+                "-m",
+                "tiny",
+                "--base-url",
+                srv.base_url,
+                "--num-prompts",
+                "5",
+                "--input-len",
+                "4",
+                "--output-len",
+                "3",
+                "--concurrency",
+                "2",
+                "-o",
+                str(tmp_path),
+            ]
+        )
     assert rc == 0
     out = capsys.readouterr().out
     assert "vllm tiny: 5 requests" in out and "written:" in out

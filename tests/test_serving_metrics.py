@@ -1,5 +1,6 @@
 """The load client's arithmetic on the CPU: SSE streams → records (scripted clock), records → metrics
 (against a direct computation), arrivals, datasets, config and HTTP framing. No network."""
+
 import json
 import math
 import statistics
@@ -11,8 +12,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from magpie.serving import metrics
-from magpie.serving.datasets import (SampleRequest, custom_dataset, length_range, random_dataset, sharegpt_dataset,
-                                     vocabulary)
+from magpie.serving.datasets import (
+    SampleRequest,
+    custom_dataset,
+    length_range,
+    random_dataset,
+    sharegpt_dataset,
+    vocabulary,
+)
 from magpie.serving.endpoints import ChatCompletions, Completions, endpoint
 from magpie.serving.http import _Connection
 from magpie.serving.load import arrival_offsets
@@ -73,22 +80,26 @@ def test_scripted_clock_chat_stream():
     msgs = chat_stream(["a", "b", "c"], usage=5)
     out = record(ChatCompletions(), msgs, [1.1, 1.25, 1.30, 1.45, 1.5, 1.55, 1.6], start=1.0)
     assert out.success and out.generated_text == "abc"
-    assert out.ttft == pytest.approx(0.25)          # the role-only chunk is not a token
-    assert out.latency == pytest.approx(0.45)       # nor are the finish and usage chunks
+    assert out.ttft == pytest.approx(0.25)  # the role-only chunk is not a token
+    assert out.latency == pytest.approx(0.45)  # nor are the finish and usage chunks
     assert out.itl == pytest.approx([0.05, 0.15])
-    assert out.output_tokens == 5 and out.prompt_len == 7        # from usage
+    assert out.output_tokens == 5 and out.prompt_len == 7  # from usage
     assert metrics.tpot(out) == pytest.approx(0.2 / 4)
 
 
 def test_scripted_clock_completions_without_usage_counts_chunks_and_crlf_comments():
-    msgs = [b": ping\r\n\r\n", b"data: " + json.dumps({"choices": [{"text": "x"}]}).encode() + b"\r\n\r\n",
-            b"event: x\r\ndata: " + json.dumps({"choices": [{"text": ""}]}).encode() + b"\r\n\r\n",
-            b"data: " + json.dumps({"choices": [{"text": "y"}]}).encode() + b"\r\n\r\n", b"data: [DONE]\r\n\r\n"]
-    clock = ScriptedClock([0.5, 0.6, 0.9, 1.0])    # the comment-only message takes no time stamp
+    msgs = [
+        b": ping\r\n\r\n",
+        b"data: " + json.dumps({"choices": [{"text": "x"}]}).encode() + b"\r\n\r\n",
+        b"event: x\r\ndata: " + json.dumps({"choices": [{"text": ""}]}).encode() + b"\r\n\r\n",
+        b"data: " + json.dumps({"choices": [{"text": "y"}]}).encode() + b"\r\n\r\n",
+        b"data: [DONE]\r\n\r\n",
+    ]
+    clock = ScriptedClock([0.5, 0.6, 0.9, 1.0])  # the comment-only message takes no time stamp
     rec = StreamRecorder(Completions(), RequestOutput(0, 0.0), clock)
     data = b"".join(msgs)
-    for i in range(len(data)):                      # one byte at a time: CRLF split across feeds
-        rec.feed(data[i:i + 1])
+    for i in range(len(data)):  # one byte at a time: CRLF split across feeds
+        rec.feed(data[i : i + 1])
     out = rec.finish()
     assert out.success and out.output_tokens == 2 and out.generated_text == "xy"
     assert (out.ttft, out.latency) == (0.5, 0.9) and out.itl == pytest.approx([0.4])
@@ -104,15 +115,20 @@ def test_stream_without_a_chunk_or_with_error_fails():
 
 
 @settings(max_examples=300)
-@given(n=st.integers(1, 40), chat=st.booleans(), usage_over=st.one_of(st.none(), st.integers(0, 5)),
-       start=st.floats(0, 100), data=st.data())
+@given(
+    n=st.integers(1, 40),
+    chat=st.booleans(),
+    usage_over=st.one_of(st.none(), st.integers(0, 5)),
+    start=st.floats(0, 100),
+    data=st.data(),
+)
 def test_property_e2el_minus_ttft_is_sum_of_itl(n, chat, usage_over, start, data):
     """Any stream, its bytes cut anywhere, its messages arriving at any times after the send."""
     usage = None if usage_over is None else n + usage_over
-    texts = ["t%d " % i for i in range(n)]
+    texts = [f"t{i} " for i in range(n)]
     msgs = chat_stream(texts, usage) if chat else completion_stream(texts, usage)
     gaps = data.draw(st.lists(st.floats(0, 1), min_size=len(msgs), max_size=len(msgs)), label="gaps")
-    times = [start + sum(gaps[:i + 1]) for i in range(len(msgs))]
+    times = [start + sum(gaps[: i + 1]) for i in range(len(msgs))]
     cuts = data.draw(st.lists(st.integers(1, len(b"".join(msgs)) - 1), max_size=12), label="cuts")
     token_idx = [i for i in range(len(msgs)) if (1 <= i <= n if chat else i < n)]
     out = record(ChatCompletions() if chat else Completions(), msgs, times, cuts=cuts, start=start)
@@ -146,8 +162,11 @@ def recorded_output(draw, failed: bool) -> RequestOutput:
 
 
 @settings(max_examples=25)
-@given(succeeded=st.lists(recorded_output(failed=False), min_size=1, max_size=60),
-       failed=st.lists(recorded_output(failed=True), min_size=1, max_size=10), data=st.data())
+@given(
+    succeeded=st.lists(recorded_output(failed=False), min_size=1, max_size=60),
+    failed=st.lists(recorded_output(failed=True), min_size=1, max_size=10),
+    data=st.data(),
+)
 def test_metrics_equal_a_direct_computation(succeeded, failed, data):
     assume(any(o.output_tokens > 1 for o in succeeded))  # else no request has a time per output token
     outs = data.draw(st.permutations(succeeded + failed), label="outputs")
@@ -171,7 +190,8 @@ def test_metrics_equal_a_direct_computation(succeeded, failed, data):
     assert m.throughput.request_throughput == pytest.approx(len(ok) / duration)
     assert m.throughput.output_throughput == pytest.approx(sum(o.output_tokens for o in ok) / duration)
     assert m.throughput.total_token_throughput == pytest.approx(
-        sum(o.output_tokens + o.prompt_len for o in ok) / duration)
+        sum(o.output_tokens + o.prompt_len for o in ok) / duration
+    )
     good = sum(1 for o in ok if o.ttft <= 0.8 and metrics.tpot(o) <= 0.15)
     assert m.throughput.request_goodput == pytest.approx(good / duration)
     # peak concurrency by brute force over every start instant
@@ -194,7 +214,7 @@ def test_arrivals_rescaled_so_the_last_send_is_at_n_over_rate(burstiness):
     gaps = [b - a for a, b in zip([0.0] + offsets, offsets)]
     assert min(gaps) >= 0
     assert statistics.fmean(gaps) == pytest.approx(1 / rate)
-    cv = statistics.pstdev(gaps) / statistics.fmean(gaps)       # gamma(k): CV = 1/sqrt(k)
+    cv = statistics.pstdev(gaps) / statistics.fmean(gaps)  # gamma(k): CV = 1/sqrt(k)
     assert cv == pytest.approx(0.0 if math.isinf(burstiness) else 1 / math.sqrt(burstiness), abs=0.06)
     assert arrival_offsets(n, rate, burstiness, seed=3) == offsets
     if math.isinf(burstiness):
@@ -224,9 +244,10 @@ def test_random_dataset_lengths_and_vocabulary():
 
 class CharTokenizer:
     """One token per character over a 65-character alphabet: a stand-in for a real tokenizer."""
+
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,"
     vocab_size = len(alphabet)
-    all_special_ids = [64]   # ","
+    all_special_ids = [64]  # ","
 
     def encode(self, text, add_special_tokens=False):
         return [self.alphabet.index(c) for c in text]
@@ -241,10 +262,16 @@ def test_random_dataset_with_a_tokenizer():
 
 
 def test_sharegpt_and_custom(tmp_path):
-    convs = [{"conversations": [{"from": "human", "value": "one two three four five"},
-                                {"from": "gpt", "value": "a b c d e f"}]},
-             {"conversations": [{"from": "human", "value": "too short"}, {"from": "gpt", "value": "a b c d"}]},
-             {"conversations": [{"from": "human", "value": "only one turn here"}]}]
+    convs = [
+        {
+            "conversations": [
+                {"from": "human", "value": "one two three four five"},
+                {"from": "gpt", "value": "a b c d e f"},
+            ]
+        },
+        {"conversations": [{"from": "human", "value": "too short"}, {"from": "gpt", "value": "a b c d"}]},
+        {"conversations": [{"from": "human", "value": "only one turn here"}]},
+    ]
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(convs))
     assert sharegpt_dataset(path, 3) == [SampleRequest("one two three four five", 5, 6)] * 3
@@ -265,8 +292,14 @@ def test_config_and_goodput_parsing():
             parse_goodput(bad)
     c = LoadConfig(model="m", request_rate=5, goodput={"tpot": 20})
     assert c.dataset.name == "random" and c.burstiness == 1.0 and math.isinf(LoadConfig(model="m").request_rate)
-    for bad in ({"burstiness": 0}, {"goodput": {"itl": 1}}, {"goodput": {"ttft": -1}}, {"rate": 3},
-                {"dataset": {"name": "custom"}}, {"dataset": {"name": "random", "path": "x"}}):
+    for bad in (
+        {"burstiness": 0},
+        {"goodput": {"itl": 1}},
+        {"goodput": {"ttft": -1}},
+        {"rate": 3},
+        {"dataset": {"name": "custom"}},
+        {"dataset": {"name": "random", "path": "x"}},
+    ):
         with pytest.raises(ValueError):
             LoadConfig(model="m", **bad)
     with pytest.raises(ValueError, match="unknown endpoint"):
@@ -276,8 +309,15 @@ def test_config_and_goodput_parsing():
 
 def test_request_bodies():
     chat = ChatCompletions().body(model="m", prompt="hi", output_len=4, ignore_eos=True, extra_body={"temperature": 0})
-    assert chat == {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4,
-                    "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0}
+    assert chat == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_completion_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     comp = Completions().body(model="m", prompt="hi", output_len=4, ignore_eos=False, extra_body=None)
     assert comp["max_tokens"] == 4 and "ignore_eos" not in comp and comp["stream_options"] == {"include_usage": True}
 
@@ -330,7 +370,7 @@ def test_http_framing_at_any_byte_boundary(chunked, step):
     waiter = _Waiter()
     conn.start(b"req", StreamRecorder(Completions(), out, iter(range(1, 100)).__next__), waiter)
     for i in range(0, len(data), step):
-        conn.data_received(data[i:i + step])
+        conn.data_received(data[i : i + step])
     assert waiter.result == "" and conn._state == 0 and not conn.closed
     assert out.token_times == [1, 2, 3] and out.usage_tokens == 3
 
@@ -340,8 +380,9 @@ def test_http_error_status_and_close():
     conn.connection_made(_Transport())
     waiter = _Waiter()
     conn.start(b"req", StreamRecorder(Completions(), RequestOutput()), waiter)
-    conn.data_received(_response([b'{"error": "overloaded"}'], chunked=False, status=503,
-                                 extra=b"Connection: close\r\n"))
+    conn.data_received(
+        _response([b'{"error": "overloaded"}'], chunked=False, status=503, extra=b"Connection: close\r\n")
+    )
     assert waiter.result == 'HTTP 503: {"error": "overloaded"}' and conn.closed
     conn = _Connection()
     conn.connection_made(_Transport())
@@ -353,8 +394,10 @@ def test_http_error_status_and_close():
 
 
 def test_importing_magpie_and_the_serving_modules_is_light():
-    code = ("import sys, magpie, magpie.cli, magpie.serving.load, magpie.serving.http, magpie.serving.stub_server;"
-            "heavy = [m for m in ('torch', 'numpy', 'aiohttp') if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, magpie, magpie.cli, magpie.serving.load, magpie.serving.http, magpie.serving.stub_server;"
+        "heavy = [m for m in ('torch', 'numpy', 'aiohttp') if m in sys.modules]; print(heavy)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
     code = "import sys, magpie, magpie.cli; print([m for m in sys.modules if m.startswith('magpie.serving')])"

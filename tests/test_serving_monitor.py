@@ -2,6 +2,7 @@
 (the hardware is what the double replaces): the sampling thread started and stopped around the run, the
 aggregation, idle-GPU selection from NVML and from recorded nvidia-smi CSV, pinning, the one-line errors, and
 the report's gpu_monitor / provenance.gpu_allocation on a run with the stand-in engine."""
+
 import json
 import threading
 import time
@@ -25,7 +26,7 @@ class FakeNvml:
     NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 0, 1, 0
 
     def __init__(self, devices):
-        self.devices = devices      # list of dicts: total, free, procs, sm (list of clocks, cycled), power_mw, temp
+        self.devices = devices  # list of dicts: total, free, procs, sm (list of clocks, cycled), power_mw, temp
         self.calls = {}
         self.shutdowns = 0
         self.sampling_threads = set()
@@ -74,8 +75,12 @@ class FakeNvml:
 
 
 def two_gpus(**first):
-    return FakeNvml([{"total": 1000, "free": 990, "sm": [1000, 2000], "power_mw": 300_000, "temp": 50, **first},
-                     {"total": 1000, "free": 500, "sm": [1500], "power_mw": 100_000, "temp": 40}])
+    return FakeNvml(
+        [
+            {"total": 1000, "free": 990, "sm": [1000, 2000], "power_mw": 300_000, "temp": 50, **first},
+            {"total": 1000, "free": 500, "sm": [1500], "power_mw": 100_000, "temp": 40},
+        ]
+    )
 
 
 class ListSampler:
@@ -101,8 +106,13 @@ class ListSampler:
 def test_nvml_sampler_reads_every_metric_of_each_device():
     nvml = two_gpus()
     readings = NvmlSampler(nvml).sample()
-    assert readings[0] == {"sm_clock_mhz": 1000, "mem_clock_mhz": 2619, "power_w": 300.0, "temperature_c": 50,
-                           "memory_used_mib": 10.0}
+    assert readings[0] == {
+        "sm_clock_mhz": 1000,
+        "mem_clock_mhz": 2619,
+        "power_w": 300.0,
+        "temperature_c": 50,
+        "memory_used_mib": 10.0,
+    }
     assert readings[1]["memory_used_mib"] == 500.0 and readings[1]["power_w"] == 100.0
     assert NvmlSampler(nvml, [1]).sample()[0]["sm_clock_mhz"] == 1500
 
@@ -119,7 +129,7 @@ def test_monitor_samples_in_a_thread_between_start_and_stop():
     assert not mon.running() and nvml.shutdowns == 1
     n = len(mon.readings)
     time.sleep(0.05)
-    assert len(mon.readings) == n                      # nothing sampled after the stop
+    assert len(mon.readings) == n  # nothing sampled after the stop
     assert "magpie-gpu-monitor" in nvml.sampling_threads
     s = mon.summary()
     assert s["samples"] == n >= 5 and s["source"] == "nvml" and s["interval_s"] == 0.01 and s["devices"] == [0]
@@ -131,7 +141,7 @@ def test_monitor_samples_in_a_thread_between_start_and_stop():
 
 def test_aggregation_pools_devices_and_keeps_each_device():
     nvml = two_gpus()
-    mon = GpuMonitor(NvmlSampler(nvml), interval_s=100)    # the start's and the stop's readings only
+    mon = GpuMonitor(NvmlSampler(nvml), interval_s=100)  # the start's and the stop's readings only
     mon.start()
     summary = mon.stop()
     assert summary["samples"] == 2 and summary["devices"] == [0, 1]
@@ -155,11 +165,16 @@ def test_interval_must_be_positive():
 
 
 def test_idle_gpus_from_nvml():
-    states = gpus.nvml_states(FakeNvml([
-        {"total": 80000, "free": 79000},
-        {"total": 80000, "free": 79000, "procs": 2},
-        {"total": 80000, "free": 30000},
-        {"total": 80000, "free": 80000}]))
+    states = gpus.nvml_states(
+        FakeNvml(
+            [
+                {"total": 80000, "free": 79000},
+                {"total": 80000, "free": 79000, "procs": 2},
+                {"total": 80000, "free": 30000},
+                {"total": 80000, "free": 80000},
+            ]
+        )
+    )
     assert [s.uuid for s in states] == ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]
     assert select_idle(states, 2) == [0, 3]
     assert select_idle(states, 3, min_free_fraction=0.3) == [0, 2, 3]
@@ -325,8 +340,11 @@ def test_gpu_states_falls_back_from_nvml_to_nvidia_smi_then_none(monkeypatch):
     monkeypatch.setattr(gpus.shutil, "which", lambda name: None)
     monkeypatch.setattr(gpus, "load_amdsmi", lambda: (None, "amdsmi is not installed"))
     found, source, reason = gpus.gpu_states()
-    assert found == [] and source == "" and reason == (
-        "no GPU found (NVML: NVML_ERROR_UNINITIALIZED; no nvidia-smi; amdsmi is not installed)")
+    assert (
+        found == []
+        and source == ""
+        and reason == ("no GPU found (NVML: NVML_ERROR_UNINITIALIZED; no nvidia-smi; amdsmi is not installed)")
+    )
 
 
 def test_open_sampler_uses_nvml_and_says_why_it_cannot(monkeypatch):
@@ -336,5 +354,5 @@ def test_open_sampler_uses_nvml_and_says_why_it_cannot(monkeypatch):
     nvml = two_gpus()
     monkeypatch.setattr(gpus, "load_nvml", lambda: (nvml, ""))
     monkeypatch.setattr(gpus, "load_amdsmi", lambda: (None, "amdsmi is not installed"))
-    sampler, why = gpus.open_sampler([5])              # no such device
+    sampler, why = gpus.open_sampler([5])  # no such device
     assert sampler is None and why.startswith("no GPU to monitor (NVML: ") and nvml.shutdowns == 1

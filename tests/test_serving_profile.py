@@ -5,6 +5,7 @@ magpie's torch launcher, which follows the server's child processes (transformer
 end on the CPU with the tiny offline model: the trace of the model's ops lands in torch_trace/, the trace analysis
 reads it in inference mode and says that a CPU trace has no GPU kernels; a profile without model ops is one error
 line."""
+
 import json
 import threading
 import time
@@ -25,8 +26,7 @@ from magpie.serving.runner import REPORT, run_benchmark
 
 def test_a_profiled_config_is_diagnostic():
     assert BenchmarkConfig(framework="vllm", model="m", profiler=True).run_kind == "diagnostic"
-    assert BenchmarkConfig(framework="vllm", model="m", profiler=True, run_kind="measurement").run_kind == \
-        "diagnostic"
+    assert BenchmarkConfig(framework="vllm", model="m", profiler=True, run_kind="measurement").run_kind == "diagnostic"
     assert BenchmarkConfig(framework="vllm", model="m").run_kind == "measurement"
 
 
@@ -38,8 +38,9 @@ def test_yaml_profiler_true_is_accepted_and_diagnostic(tmp_path, value):
     assert config.profiler and config.run_kind == "diagnostic"
 
 
-@pytest.mark.parametrize("engine, variable", [("vllm", "VLLM_TORCH_PROFILER_DIR"),
-                                              ("sglang", "SGLANG_TORCH_PROFILER_DIR")])
+@pytest.mark.parametrize(
+    "engine, variable", [("vllm", "VLLM_TORCH_PROFILER_DIR"), ("sglang", "SGLANG_TORCH_PROFILER_DIR")]
+)
 def test_endpoint_engines_get_their_profiler_dir_and_unchanged_command(tmp_path, engine, variable):
     assert profiling.environment(engine, tmp_path / "torch_trace") == {variable: str(tmp_path / "torch_trace")}
     command = get(engine).command(ServerSpec(model="m"))
@@ -57,6 +58,7 @@ def test_transformers_runs_under_the_launcher(tmp_path):
 
 class _Recorder(BaseHTTPRequestHandler):
     """vLLM's profiler routes as documented: POST /start_profile, POST /stop_profile (the trace is then written)."""
+
     paths: list = []
     trace_dir: Path = Path(".")
 
@@ -108,16 +110,19 @@ def test_signalling_a_server_that_is_gone_is_a_profiler_error(tmp_path):
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    for call in (lambda: profiling.start("transformers", "http://unused", proc.pid, tmp_path),
-                 lambda: profiling.stop("transformers", "http://unused", proc.pid, tmp_path, wait_s=0.6)):
+    for call in (
+        lambda: profiling.start("transformers", "http://unused", proc.pid, tmp_path),
+        lambda: profiling.stop("transformers", "http://unused", proc.pid, tmp_path, wait_s=0.6),
+    ):
         with pytest.raises(profiling.ProfilerError, match=f"cannot signal the server \\(pid {proc.pid}\\)"):
             call()
 
 
 @pytest.mark.parametrize("framework, extra", [("atom", {}), ("vllm", {"base_url": "http://127.0.0.1:9"})])
 def test_engines_without_a_mechanism_are_refused_before_anything_starts(tmp_path, framework, extra):
-    report = run_benchmark(BenchmarkConfig(framework=framework, model="m", profiler=True,
-                                           output_dir=str(tmp_path / "ws"), **extra))
+    report = run_benchmark(
+        BenchmarkConfig(framework=framework, model="m", profiler=True, output_dir=str(tmp_path / "ws"), **extra)
+    )
     assert not report.success and not report.reward_eligible and report.run_kind == "diagnostic"
     assert report.errors[0].startswith(f"--torch-profiler: no profiler mechanism for {framework}")
     assert report.server is None or report.server.pid is None
@@ -132,11 +137,17 @@ def test_the_window_opens_after_the_warm_ups_and_before_the_measured_requests():
 
     with ThreadedStubServer(script=lambda p, b: Reply(tokens=3), record=True) as srv:
         seen = []
-        cfg = LoadConfig(base_url=srv.base_url, model="m", num_prompts=3, num_warmups=2,
-                         dataset=DatasetConfig(input_len=4, output_len=3))
-        record = asyncio.run(load.run(cfg, load.load_samples(cfg), before_measured=lambda: seen.append(
-            len(srv.requests))))
-        assert seen == [3]                      # the ready check and two warm-ups were sent before it
+        cfg = LoadConfig(
+            base_url=srv.base_url,
+            model="m",
+            num_prompts=3,
+            num_warmups=2,
+            dataset=DatasetConfig(input_len=4, output_len=3),
+        )
+        record = asyncio.run(
+            load.run(cfg, load.load_samples(cfg), before_measured=lambda: seen.append(len(srv.requests)))
+        )
+        assert seen == [3]  # the ready check and two warm-ups were sent before it
         assert len(srv.requests) == 6 and len(record.outputs) == 3 and len(record.warmups) == 2
 
 
@@ -177,21 +188,42 @@ def test_the_launcher_records_the_model_in_the_process_that_runs_it(tmp_path, st
 
     (tmp_path / "child_model_server.py").write_text(_CHILD_MODEL_SERVER)
     trace_dir = tmp_path / "torch_trace"
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           environment.TORCH_TRACE_DIR: str(trace_dir)}
-    server = subprocess.Popen([sys.executable, "-m", "magpie.serving.torch_launcher", "--", sys.executable, "-m",
-                               "child_model_server", start_method], env=env, stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        environment.TORCH_TRACE_DIR: str(trace_dir),
+    }
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "magpie.serving.torch_launcher",
+            "--",
+            sys.executable,
+            "-m",
+            "child_model_server",
+            start_method,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         model_pid = int(server.stdout.readline())
         # the model's process was born with both signals blocked (so one sent before it takes them waits, and kills
         # nothing); a thread of its own takes them
-        blocked = int(next(line for line in Path(f"/proc/{model_pid}/status").read_text().splitlines()
-                           if line.startswith("SigBlk:")).split()[1], 16)
+        blocked = int(
+            next(
+                line
+                for line in Path(f"/proc/{model_pid}/status").read_text().splitlines()
+                if line.startswith("SigBlk:")
+            ).split()[1],
+            16,
+        )
         assert all(blocked & (1 << (sig - 1)) for sig in (signal.SIGUSR1, signal.SIGUSR2))
         profiling.start("transformers", "http://unused", server.pid, trace_dir, wait_s=60)
-        assert {p.name for p in trace_dir.glob("*.recording")} == {f"{server.pid}.recording",
-                                                                    f"{model_pid}.recording"}
+        assert {p.name for p in trace_dir.glob("*.recording")} == {f"{server.pid}.recording", f"{model_pid}.recording"}
         # the stand-in model runs an op every 5 ms; a window closed at once may hold none on a busy machine
         time.sleep(1.0)
         found = profiling.stop("transformers", "http://unused", server.pid, trace_dir, wait_s=60)
@@ -201,9 +233,9 @@ def test_the_launcher_records_the_model_in_the_process_that_runs_it(tmp_path, st
         assert profiling.missing_model_ops(found) is None
         names = {e["name"] for e in json.loads(found[0].read_text())["traceEvents"] if e.get("cat") == "cpu_op"}
         assert "aten::mm" in names
-        assert server.poll() is None          # the signals ended no process of the server
+        assert server.poll() is None  # the signals ended no process of the server
     finally:
-        os.killpg(server.pid, signal.SIGKILL)          # the server and its model process
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its model process
         server.wait()
 
 
@@ -218,25 +250,51 @@ def _real_trace(path: Path, work) -> Path:
 
 
 def test_a_profile_without_model_ops_is_one_error_line(tmp_path):
-    copies = _real_trace(tmp_path / "api_server.pt.trace.json",
-                         lambda torch: [torch.ones(8).clone().to(torch.float64) for _ in range(5)])
+    copies = _real_trace(
+        tmp_path / "api_server.pt.trace.json", lambda torch: [torch.ones(8).clone().to(torch.float64) for _ in range(5)]
+    )
     line = profiling.missing_model_ops([copies])
     assert line is not None and "\n" not in line
     assert line.startswith("the profile holds no model op (no matmul, attention or graph replay in 1 trace(s))")
     assert "the profiler did not record the process that runs the model" in line and "aten::copy_ x10" in line
-    model = _real_trace(tmp_path / "model.pt.trace.json",
-                        lambda torch: torch.nn.functional.linear(torch.ones(4, 8), torch.ones(16, 8)))
+    model = _real_trace(
+        tmp_path / "model.pt.trace.json", lambda torch: torch.nn.functional.linear(torch.ones(4, 8), torch.ones(16, 8))
+    )
     assert profiling.missing_model_ops([copies, model]) is None
-    attention = _real_trace(tmp_path / "attention.pt.trace.json", lambda torch: torch.nn.functional.
-                            scaled_dot_product_attention(*(torch.ones(1, 2, 4, 8) for _ in range(3))))
+    attention = _real_trace(
+        tmp_path / "attention.pt.trace.json",
+        lambda torch: torch.nn.functional.scaled_dot_product_attention(*(torch.ones(1, 2, 4, 8) for _ in range(3))),
+    )
     assert profiling.missing_model_ops([attention]) is None
 
 
 def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
     out = tmp_path / "ws"
-    rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--port", str(free_port()), "--num-prompts", "4",
-               "--concurrency", "2", "--input-len", "16", "--output-len", "8", "--num-warmups", "1", "--timeout", "240",
-               "--torch-profiler", "-o", str(out)])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(free_port()),
+            "--num-prompts",
+            "4",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--num-warmups",
+            "1",
+            "--timeout",
+            "240",
+            "--torch-profiler",
+            "-o",
+            str(out),
+        ]
+    )
     report = json.loads((out / REPORT).read_text())
     assert rc == 0, report["errors"]
     assert report["success"] and report["errors"] == []
@@ -274,16 +332,38 @@ def test_transformers_serve_profiled_on_the_gpu_records_the_models_kernels_by_st
     from magpie.traces.kernels import category
 
     out = tmp_path / "ws"
-    rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--port", str(free_port()), "--num-prompts", "4",
-               "--concurrency", "2", "--input-len", "16", "--output-len", "8", "--num-warmups", "1", "--timeout", "300",
-               "--torch-profiler", "-o", str(out)])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(free_port()),
+            "--num-prompts",
+            "4",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--num-warmups",
+            "1",
+            "--timeout",
+            "300",
+            "--torch-profiler",
+            "-o",
+            str(out),
+        ]
+    )
     report = json.loads((out / REPORT).read_text())
     assert rc == 0 and report["success"], report["errors"]
     traces = sorted((out / "torch_trace").glob("*.pt.trace.json"))
     assert len(traces) == 1 and not list((out / "torch_trace").glob("*.recording"))
     kernels = [e["name"] for e in json.loads(traces[0].read_text())["traceEvents"] if e.get("cat") == "kernel"]
     assert any(category(name) == "gemm" for name in kernels), sorted(set(kernels))[:20]
-    rows = report["kernel_summary"]                      # Magpie's list of the busiest kernels
+    rows = report["kernel_summary"]  # Magpie's list of the busiest kernels
     assert rows and set(rows[0]) == {"name", "time_ms", "percent", "calls"} and rows[0]["time_ms"] > 0
     tl = report["tracelens_analysis"]
     assert tl["errors"] == [] and tl["per_stage"], tl["warnings"]

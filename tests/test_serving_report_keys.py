@@ -14,6 +14,7 @@ The key paths below are data, written down from the consumers' public source:
   generation backend with its default `--percentile-metrics ttft,tpot,itl` and `--metric-percentiles 99`, and the
   per-request lists `--save-detailed` keeps (without it `latencies` and `queue_times` stay, the others go).
 """
+
 import itertools
 import json
 import math
@@ -29,29 +30,73 @@ from magpie.serving.stub_server import Reply, ThreadedStubServer
 METRICS = ("ttft", "tpot", "itl", "e2el")
 MAGPIE_STATS = ("mean", "median", "p99", "std")
 
-MAGPIE_REPORT_KEYS = ("success", "framework", "model", "throughput", "latency", "kernel_summary", "top_bottlenecks",
-                      "tracelens_analysis", "gap_analysis", "gpu_monitor", "workspace_dir", "execution_time",
-                      "profiling_enabled", "errors", "raw_result")
-MAGPIE_THROUGHPUT_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "completed_requests",
-                          "total_input_tokens", "total_output_tokens", "duration_seconds")
-MAGPIE_KERNEL_KEYS = ("name", "time_ms", "percent", "calls")          # each row of kernel_summary
+MAGPIE_REPORT_KEYS = (
+    "success",
+    "framework",
+    "model",
+    "throughput",
+    "latency",
+    "kernel_summary",
+    "top_bottlenecks",
+    "tracelens_analysis",
+    "gap_analysis",
+    "gpu_monitor",
+    "workspace_dir",
+    "execution_time",
+    "profiling_enabled",
+    "errors",
+    "raw_result",
+)
+MAGPIE_THROUGHPUT_KEYS = (
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "completed_requests",
+    "total_input_tokens",
+    "total_output_tokens",
+    "duration_seconds",
+)
+MAGPIE_KERNEL_KEYS = ("name", "time_ms", "percent", "calls")  # each row of kernel_summary
 MAGPIE_LATENCY_PATHS = tuple(("latency", m, f"{s}_ms") for m in METRICS for s in MAGPIE_STATS)
 # Magpie's parse_inferencex_result: report path <- key of the vLLM result file
-MAGPIE_FROM_VLLM = {("throughput", "request_throughput"): "request_throughput",
-                    ("throughput", "output_throughput"): "output_throughput",
-                    ("throughput", "total_token_throughput"): "total_token_throughput",
-                    ("throughput", "completed_requests"): "completed",
-                    ("throughput", "total_input_tokens"): "total_input_tokens",
-                    ("throughput", "total_output_tokens"): "total_output_tokens",
-                    ("throughput", "duration_seconds"): "duration",
-                    **{("latency", m, f"{s}_ms"): f"{s}_{m}_ms" for m in METRICS for s in MAGPIE_STATS}}
+MAGPIE_FROM_VLLM = {
+    ("throughput", "request_throughput"): "request_throughput",
+    ("throughput", "output_throughput"): "output_throughput",
+    ("throughput", "total_token_throughput"): "total_token_throughput",
+    ("throughput", "completed_requests"): "completed",
+    ("throughput", "total_input_tokens"): "total_input_tokens",
+    ("throughput", "total_output_tokens"): "total_output_tokens",
+    ("throughput", "duration_seconds"): "duration",
+    **{("latency", m, f"{s}_ms"): f"{s}_{m}_ms" for m in METRICS for s in MAGPIE_STATS},
+}
 
-VLLM_DEFAULT_KEYS = ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
-                     "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
-                     "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
-                     "output_throughput", "total_token_throughput", "latencies", "queue_times",
-                     "max_output_tokens_per_s", "max_concurrent_requests", "rtfx",
-                     *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl") for s in ("mean", "median", "std", "p99")))
+VLLM_DEFAULT_KEYS = (
+    "date",
+    "endpoint_type",
+    "backend",
+    "label",
+    "model_id",
+    "tokenizer_id",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "latencies",
+    "queue_times",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    "rtfx",
+    *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl") for s in ("mean", "median", "std", "p99")),
+)
 VLLM_DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors")
 # with --max-concurrency and --percentile-metrics naming them
 VLLM_QUEUE_KEYS = tuple(f"{s}_client_queue_time_ms" for s in ("mean", "median", "std", "p99"))
@@ -59,8 +104,10 @@ VLLM_QUEUE_KEYS = tuple(f"{s}_client_queue_time_ms" for s in ("mean", "median", 
 
 def strict_json(text: str):
     """json.loads refusing NaN and Infinity, which are not JSON."""
+
     def refuse(word):
         raise ValueError(f"not JSON: {word}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -72,10 +119,13 @@ def at(data: dict, path: tuple[str, ...]):
 
 def inferencex_process(result: dict, tp: int = 1) -> dict:
     """InferenceX's utils/process_result.py on a result file, as it reads it."""
-    data = {"conc": int(result["max_concurrency"]), "model": result["model_id"],
-            "tput_per_gpu": float(result["total_token_throughput"]) / tp,
-            "output_tput_per_gpu": float(result["output_throughput"]) / tp,
-            "input_tput_per_gpu": (float(result["total_token_throughput"]) - float(result["output_throughput"])) / tp}
+    data = {
+        "conc": int(result["max_concurrency"]),
+        "model": result["model_id"],
+        "tput_per_gpu": float(result["total_token_throughput"]) / tp,
+        "output_tput_per_gpu": float(result["output_throughput"]) / tp,
+        "input_tput_per_gpu": (float(result["total_token_throughput"]) - float(result["output_throughput"])) / tp,
+    }
     for key, value in result.items():
         if key.endswith("ms"):
             data[key.replace("_ms", "")] = float(value) / 1000.0
@@ -96,8 +146,18 @@ def run(tmp_path_factory):
         return Reply(tokens=1) if next(calls) == 3 else Reply(delays=[0.002] * 8)
 
     with ThreadedStubServer(script=script) as srv:
-        report = run_benchmark(BenchmarkConfig(framework="vllm", model="tiny", base_url=srv.base_url, num_prompts=6,
-                                               input_len=4, output_len=4, concurrency=2, output_dir=str(out)))
+        report = run_benchmark(
+            BenchmarkConfig(
+                framework="vllm",
+                model="tiny",
+                base_url=srv.base_url,
+                num_prompts=6,
+                input_len=4,
+                output_len=4,
+                concurrency=2,
+                output_dir=str(out),
+            )
+        )
     texts = {name: (out / name).read_text() for name in (REPORT, RESULT, CONFIG)}
     return report, texts
 
@@ -119,7 +179,7 @@ def test_the_report_has_every_key_of_magpies_benchmark_result(run):
         assert isinstance(at(data, path), float), path
     assert data["throughput"]["completed_requests"] == 6 and data["throughput"]["duration_seconds"] > 0
     assert isinstance(data["top_bottlenecks"], list) and data["raw_result"] == strict_json(run[1][RESULT])
-    assert data["kernel_summary"] == []                  # Magpie's list; a run without a profile has none
+    assert data["kernel_summary"] == []  # Magpie's list; a run without a profile has none
     assert BenchmarkReport.model_validate(data).latency.ttft.mean == data["latency"]["ttft"]["mean_ms"]
 
 
@@ -143,8 +203,13 @@ def test_the_result_file_has_vllms_default_keys_and_inferencex_reads_it(run):
 
 def test_save_detailed_keys():
     with ThreadedStubServer() as srv:
-        cfg = LoadConfig(base_url=srv.base_url, model="m", num_prompts=3, max_concurrency=1,
-                         dataset=DatasetConfig(input_len=4, output_len=3))
+        cfg = LoadConfig(
+            base_url=srv.base_url,
+            model="m",
+            num_prompts=3,
+            max_concurrency=1,
+            dataset=DatasetConfig(input_len=4, output_len=3),
+        )
         _, result, _ = benchmark(cfg, detailed=True)
     assert [key for key in (*VLLM_DEFAULT_KEYS, *VLLM_DETAILED_KEYS) if key not in result] == []
     assert all(len(result[key]) == 3 for key in VLLM_DETAILED_KEYS)
@@ -153,13 +218,23 @@ def test_save_detailed_keys():
 
 def test_an_empty_distribution_is_null_in_the_report_and_zero_in_vllms_file(tmp_path):
     with ThreadedStubServer(script=lambda path, body: Reply(tokens=1)) as srv:
-        report = run_benchmark(BenchmarkConfig(framework="vllm", model="tiny", base_url=srv.base_url, num_prompts=3,
-                                               input_len=4, output_len=1, output_dir=str(tmp_path)))
+        report = run_benchmark(
+            BenchmarkConfig(
+                framework="vllm",
+                model="tiny",
+                base_url=srv.base_url,
+                num_prompts=3,
+                input_len=4,
+                output_len=1,
+                output_dir=str(tmp_path),
+            )
+        )
     data, result = strict_json((tmp_path / REPORT).read_text()), strict_json((tmp_path / RESULT).read_text())
-    assert report.success and data["latency"]["tpot"] == {f"{s}_ms": None for s in
-                                                          ("mean", "median", "p99", "std", "p50", "p90", "p95")}
+    assert report.success and data["latency"]["tpot"] == {
+        f"{s}_ms": None for s in ("mean", "median", "p99", "std", "p50", "p90", "p95")
+    }
     assert data["latency"]["itl"]["mean_ms"] is None and data["latency"]["ttft"]["mean_ms"] > 0
-    assert result["mean_tpot_ms"] == 0.0 and result["p99_itl_ms"] == 0.0     # vLLM's numpy over [0]
+    assert result["mean_tpot_ms"] == 0.0 and result["p99_itl_ms"] == 0.0  # vLLM's numpy over [0]
 
 
 def test_a_profiled_reports_kernel_summary_is_magpies_list():

@@ -2,14 +2,14 @@
 any artifact, keyed by their config, the model folder's content and the engine's version, cached otherwise; the build
 report's serving section. Graph behaviour against the stub server (engine external); one real `transformers serve`
 build on the tiny offline model."""
+
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import COMMAND_PROJECT, build_json, magpie, write
-from magpie.errors import UserError
+
 from magpie.serving.local import free_port
 from magpie.serving.stub_server import ThreadedStubServer
 
@@ -59,7 +59,7 @@ def test_declared_benchmark_is_built_cached_and_rebuilt_when_its_config_changes(
         assert "benchmark:stub" in first["executed"] and "report" in first["executed"] and first["failed"] == []
         report = json.loads(_stored(project, "benchmark:stub").read_text())
         assert report["success"] and report["run"]["completed"] == 4 and report["config"]["goodput"] == {"ttft": 5000}
-        assert build_json(project)["executed"] == []                   # cached: nothing runs
+        assert build_json(project)["executed"] == []  # cached: nothing runs
         _with(project, _bench(srv.base_url, num_prompts=5))
         plan = json.loads(magpie("build", "--dry-run", "--json", cwd=project, check=0).stdout)
         why = {item["task"]: item["why"] for item in plan["would_run"]}
@@ -74,9 +74,9 @@ def test_declared_benchmark_is_built_cached_and_rebuilt_when_its_config_changes(
 
 def test_the_port_is_not_part_of_the_key(project):
     with ThreadedStubServer() as srv:
-        _with(project, _bench(srv.base_url, extra='port = 1234'))
+        _with(project, _bench(srv.base_url, extra="port = 1234"))
         build_json(project)
-        _with(project, _bench(srv.base_url, extra='port = 4321'))
+        _with(project, _bench(srv.base_url, extra="port = 4321"))
         assert build_json(project)["executed"] == []
 
 
@@ -119,7 +119,9 @@ def test_real_transformers_serve_build(project, tmp_path_factory, monkeypatch, t
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
     shutil.copytree(tiny_model, project / "models" / "tiny")
-    _with(project, f"""
+    _with(
+        project,
+        f"""
 [[benchmark]]
 id = "tiny"
 engine = "transformers"
@@ -132,7 +134,8 @@ concurrency = 2
 input_len = 8
 output_len = 4
 num_prompts = 3
-""")
+""",
+    )
     first = build_json(project)
     assert "benchmark:tiny" in first["executed"] and first["failed"] == []
     report = json.loads(_stored(project, "benchmark:tiny").read_text())
@@ -144,7 +147,10 @@ num_prompts = 3
     cfg.write_text(cfg.read_text().replace("{", '{\n  "_touched": 1,', 1))
     plan = json.loads(magpie("build", "--dry-run", "--json", cwd=project, check=0).stdout)
     why = {item["task"]: item["why"] for item in plan["would_run"]}
-    assert set(why) == {"benchmark:tiny", "report"} and "models/tiny/generation_config.json changed" in why["benchmark:tiny"]
+    assert (
+        set(why) == {"benchmark:tiny", "report"}
+        and "models/tiny/generation_config.json changed" in why["benchmark:tiny"]
+    )
 
 
 def test_a_project_of_benchmarks_alone_builds(tmp_path):

@@ -2,6 +2,7 @@
 completed even with no output text, and the run says how many were empty. vLLM (`endpoint_request_func.py`)
 marks a request successful once a chunk with a choice arrived, whatever its text, and counts every successful
 request in `completed`; magpie counted such a request failed and the run unsuccessful."""
+
 import itertools
 import json
 from pathlib import Path
@@ -29,17 +30,27 @@ def feed(endpoint, messages, times, start=0.0) -> RequestOutput:
 
 
 def test_an_empty_chat_completion_is_a_success_timed_by_its_chunks():
-    out = feed(ChatCompletions(), [sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]}),
-                                   sse({"choices": [{"delta": {}, "finish_reason": "stop"}]}),
-                                   sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}),
-                                   sse(b"[DONE]")], [1.0, 1.5, 1.75, 2.0], start=0.5)
+    out = feed(
+        ChatCompletions(),
+        [
+            sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]}),
+            sse({"choices": [{"delta": {}, "finish_reason": "stop"}]}),
+            sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}),
+            sse(b"[DONE]"),
+        ],
+        [1.0, 1.5, 1.75, 2.0],
+        start=0.5,
+    )
     assert out.success and out.error == "" and out.generated_text == "" and out.output_tokens == 0
     assert (out.ttft, out.latency, out.itl) == (0.5, 1.25, [])
 
 
 def test_a_completion_of_only_the_end_token_is_a_success_with_its_usage_count():
-    out = feed(Completions(), [sse({"choices": [{"text": "", "finish_reason": "stop"}],
-                                    "usage": {"completion_tokens": 1}}), sse(b"[DONE]")], [3.0, 3.0])
+    out = feed(
+        Completions(),
+        [sse({"choices": [{"text": "", "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}), sse(b"[DONE]")],
+        [3.0, 3.0],
+    )
     assert out.success and out.output_tokens == 1 and out.ttft == out.latency == 3.0
 
 
@@ -68,8 +79,18 @@ def mixed_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("mixed")
     with ThreadedStubServer(script=script) as srv:
-        report = run_benchmark(BenchmarkConfig(framework="vllm", model="tiny", base_url=srv.base_url, num_prompts=6,
-                                               input_len=4, output_len=3, concurrency=2, output_dir=str(out)))
+        report = run_benchmark(
+            BenchmarkConfig(
+                framework="vllm",
+                model="tiny",
+                base_url=srv.base_url,
+                num_prompts=6,
+                input_len=4,
+                output_len=3,
+                concurrency=2,
+                output_dir=str(out),
+            )
+        )
     return report, out
 
 

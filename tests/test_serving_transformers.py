@@ -2,9 +2,9 @@
 with a tokenizer trained here (magpie.serving.tiny_model; HF_HUB_OFFLINE=1, nothing downloaded), benchmarked through
 `magpie benchmark transformers`; and the engine failing to start on a broken model. Needs `transformers[serving]`
 (.ci/run installs it): without it these tests fail, they are not skipped."""
+
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -19,15 +19,38 @@ def test_transformers_serve_end_to_end(tiny_model, tmp_path, endpoint):
     import transformers
 
     out = tmp_path / "ws"
-    rc = main(["benchmark", "transformers", "-m", str(tiny_model), "--port", str(free_port()), "--endpoint", endpoint,
-               "--num-prompts", "6", "--concurrency", "3", "--input-len", "16", "--output-len", "12",
-               "--num-warmups", "1", "--timeout", "240", "-o", str(out)])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(free_port()),
+            "--endpoint",
+            endpoint,
+            "--num-prompts",
+            "6",
+            "--concurrency",
+            "3",
+            "--input-len",
+            "16",
+            "--output-len",
+            "12",
+            "--num-warmups",
+            "1",
+            "--timeout",
+            "240",
+            "-o",
+            str(out),
+        ]
+    )
     report = json.loads((out / REPORT).read_text())
     assert rc == 0, report["errors"]
     assert report["success"] and report["errors"] == [] and report["framework"] == "transformers"
     assert report["run"]["completed"] == 6 and report["run"]["failed"] == 0
-    assert report["run"]["total_output_tokens"] == 6 * 12          # the forced length, from usage
-    assert report["run"]["total_input_tokens"] >= 6 * 16           # the server's prompt token counts
+    assert report["run"]["total_output_tokens"] == 6 * 12  # the forced length, from usage
+    assert report["run"]["total_input_tokens"] >= 6 * 16  # the server's prompt token counts
     lat = report["latency"]
     assert 0 < lat["ttft"]["mean_ms"] <= lat["e2el"]["mean_ms"]
     assert lat["tpot"]["mean_ms"] > 0 and lat["itl"]["p99_ms"] > 0
@@ -40,7 +63,7 @@ def test_transformers_serve_end_to_end(tiny_model, tmp_path, endpoint):
     assert vllm["backend"] == ("openai-chat" if endpoint == "chat" else "openai")
     log = (out / "server.log").read_text()
     statuses = re.findall(r'"POST /v1/\S+ HTTP/[\d.]+" (\d{3})', log)
-    assert statuses and set(statuses) == {"200"}, statuses      # no request the server refused (422 etc.)
+    assert statuses and set(statuses) == {"200"}, statuses  # no request the server refused (422 etc.)
     assert report["server"]["ready_after_s"] > 0 and not group_alive(report["server"]["pid"])
 
 
@@ -48,8 +71,22 @@ def test_transformers_serve_fails_to_start(tmp_path, capsys):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "llama", "hidden_size": "wide"}')
-    rc = main(["benchmark", "transformers", "-m", str(broken), "--port", str(free_port()), "--num-prompts", "2",
-               "--timeout", "120", "-o", str(tmp_path / "ws")])
+    rc = main(
+        [
+            "benchmark",
+            "transformers",
+            "-m",
+            str(broken),
+            "--port",
+            str(free_port()),
+            "--num-prompts",
+            "2",
+            "--timeout",
+            "120",
+            "-o",
+            str(tmp_path / "ws"),
+        ]
+    )
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("magpie: benchmark failed: the server exited with code 1 before")

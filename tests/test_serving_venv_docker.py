@@ -10,6 +10,7 @@ test's processes changes. The README's `/tmp/tiny` is replaced by a folder of th
 small load (`--input-len 32 --output-len 8 --num-prompts 4`) after the README's words, the root run uses them alone.
 Needs root (namespaces, setpriv) and a Docker engine: without them the tests fail when CI is set, and are skipped
 otherwise."""
+
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from magpie.serving import docker_mode
 from magpie.serving.runner import REPORT
 
 REPO = Path(__file__).resolve().parents[1]
-REPOSITORY = "magpie-serve-env"             # env_image's images, labelled with their environment's sys.prefix
+REPOSITORY = "magpie-serve-env"  # env_image's images, labelled with their environment's sys.prefix
 PREFIX_LABEL = "magpie.env_prefix"
 USER = (4242, 4242)
 SOCKET = Path("/var/run/docker.sock")
@@ -45,8 +46,9 @@ def readme_commands(model: Path) -> tuple[str, str]:
     docker = re.search(r"^magpie benchmark transformers .*--run-mode docker.*\\\n.*$", text, re.M)
     assert tiny and docker, "the README's serving example changed: update this test"
     # the lines' trailing comments dropped, so that words can follow them
-    return tuple(re.sub(r"[ \t]+#[^\n]*", "", line.group(0)).replace("/tmp/tiny", str(model))
-                 for line in (tiny, docker))
+    return tuple(
+        re.sub(r"[ \t]+#[^\n]*", "", line.group(0)).replace("/tmp/tiny", str(model)) for line in (tiny, docker)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +64,35 @@ def venv():
     root.chmod(0o755)
     prefix = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(prefix)], check=True)
-    install = subprocess.run([str(prefix / "bin" / "pip"), "install", "-q", "--no-index", "--no-build-isolation",
-                              "--no-deps", "-e", str(REPO)], capture_output=True, text=True)
-    assert install.returncode == 0, install.stdout + install.stderr       # needs hatchling, editables (dev extra)
+    install = subprocess.run(
+        [
+            str(prefix / "bin" / "pip"),
+            "install",
+            "-q",
+            "--no-index",
+            "--no-build-isolation",
+            "--no-deps",
+            "-e",
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr  # needs hatchling, editables (dev extra)
     yield prefix
     for image in client.images.list(REPOSITORY, filters={"label": f"{PREFIX_LABEL}={prefix}"}):
-        client.images.remove(image.id, force=True)                        # 1.3 GB, of this venv alone
+        client.images.remove(image.id, force=True)  # 1.3 GB, of this venv alone
     shutil.rmtree(root)
 
 
 def _shell(venv: Path, home: Path) -> dict[str, str]:
     """What an activated venv's shell has: its bin first on PATH."""
-    return {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv), "HOME": str(home),
-            "LANG": "C.UTF-8"}
+    return {
+        "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "VIRTUAL_ENV": str(venv),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+    }
 
 
 def _owners(folder: Path) -> set[tuple[int, int]]:
@@ -94,8 +112,14 @@ def test_the_readme_docker_example_from_a_venv_as_root(venv):
     work = Path(tempfile.mkdtemp(prefix="magpie-venv-root-"))
     try:
         tiny, docker = readme_commands(work / "tiny")
-        proc = subprocess.run(["bash", "-ec", f"{tiny}\n{docker}"], cwd=work, env=_shell(venv, work),
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            ["bash", "-ec", f"{tiny}\n{docker}"],
+            cwd=work,
+            env=_shell(venv, work),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         report = _check(work / "results" / "tiny-docker", (0, 0), proc)
         assert report["run"]["completed"] == 20
     finally:
@@ -107,13 +131,17 @@ def test_the_readme_docker_example_from_a_venv_as_a_user(venv):
     try:
         os.chown(work, *USER)
         tiny, docker = readme_commands(work / "tiny")
-        as_user = (f"{tiny}\n{docker} --input-len 32 --output-len 8 --num-prompts 4")
+        as_user = f"{tiny}\n{docker} --input-len 32 --output-len 8 --num-prompts 4"
         # Python under a home only root may enter (here /root, 0700): in a private mount namespace a 0755 tmpfs
         # over that home and the Python tree bound back in place; then the user's shell with no capability
         python_home = Path(sys.base_prefix).resolve()
-        closed = next((p for p in python_home.parents if p != Path("/") and not os.stat(p).st_mode & stat.S_IXOTH),
-                      None)
-        opened = "" if closed is None else f"""
+        closed = next(
+            (p for p in python_home.parents if p != Path("/") and not os.stat(p).st_mode & stat.S_IXOTH), None
+        )
+        opened = (
+            ""
+            if closed is None
+            else f"""
             kept={work}/.python-home
             mkdir "$kept"
             mount --bind {python_home} "$kept"
@@ -121,13 +149,18 @@ def test_the_readme_docker_example_from_a_venv_as_a_user(venv):
             mkdir -p {python_home}
             mount --bind "$kept" {python_home}
         """
+        )
         script = f"""{opened}
             cd {work}
             exec setpriv --reuid={USER[0]} --regid={USER[1]} --groups={SOCKET.stat().st_gid} --inh-caps=-all \\
-                env -i {' '.join(f'{k}={v}' for k, v in _shell(venv, work).items())} bash -ec "$0"
+                env -i {" ".join(f"{k}={v}" for k, v in _shell(venv, work).items())} bash -ec "$0"
         """
-        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-ec", script, as_user],
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "bash", "-ec", script, as_user],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         out = work / "results" / "tiny-docker"
         report = _check(out, USER, proc)
         assert report["run"]["completed"] == 4

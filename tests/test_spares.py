@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import FIXTURES, build_json, magpie, relu2_report
+
 from magpie import environment
 from magpie.harness import spares, triton_warmup
 from magpie.supervision import device_lock, zygote_server
@@ -24,8 +24,7 @@ pathlib.Path(os.environ["TRITON_CACHE_DIR"], "loaded-" + os.environ.get("MARK", 
 """
 
 
-def test_an_edited_candidate_kept_warm_is_loaded_into_a_spare_whose_caches_become_its_contents(tmp_path,
-                                                                                              monkeypatch):
+def test_an_edited_candidate_kept_warm_is_loaded_into_a_spare_whose_caches_become_its_contents(tmp_path, monkeypatch):
     monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "20")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a warm zygote of this test's own
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -38,8 +37,9 @@ def test_an_edited_candidate_kept_warm_is_loaded_into_a_spare_whose_caches_becom
     (tmp_path / "twin.py").write_text(good + MARKING + "# edited\n")
     assert build_json(tmp_path, "-j", "2")["failed"] == []
     results = [json.loads(p.read_text()) for p in (tmp_path / "workspaces/store").glob("*/*/result.json")]
-    checked = max((r for r in results if r.get("task") == "correctness:relu2/twin"),
-                  key=lambda r: r["task_started_unix"])
+    checked = max(
+        (r for r in results if r.get("task") == "correctness:relu2/twin"), key=lambda r: r["task_started_unix"]
+    )
     assert [load.get("spare") for load in checked["worker_loads_s"]] == [True], checked["worker_loads_s"]
     assert not waiting[0].exists()  # renamed: now the edited content's caches
     marks = sorted(p.relative_to(compiled).parts[0] for p in compiled.rglob("loaded-*"))
@@ -53,7 +53,7 @@ def test_one_spare_at_a_time_per_way_of_starting(monkeypatch):
     children = zygote_server.Children()
     assert children.reserve("spare-a") and not children.reserve("spare-a")
     assert children.reserve("spare-b")
-    monkeypatch.setattr(time, "monotonic", lambda: 10 ** 9)  # a reservation whose spare never came
+    monkeypatch.setattr(time, "monotonic", lambda: 10**9)  # a reservation whose spare never came
     assert children.reserve("spare-a")
 
 
@@ -86,21 +86,36 @@ def test_the_caches_of_spares_that_ended_unadopted_are_removed(tmp_path, monkeyp
 def test_launch_signatures_from_a_worker_are_lists_of_type_names_at_most_four():
     kernel = ["*fp32", "*fp32", "*fp32", "i32", "constexpr"]
     assert triton_warmup.signatures([kernel, kernel, ["*kbf16", "fp8e4nv", "u1", "nvTmaDesc"]]) == [
-        kernel, ["*kbf16", "fp8e4nv", "u1", "nvTmaDesc"]]
-    assert triton_warmup.signatures([["*fp32", "i32);system(\"x\")"], ["tensordesc<fp16[64, 64]>"], [],
-                                     ["i32"] * 65, "i32", [3], None]) == []
+        kernel,
+        ["*kbf16", "fp8e4nv", "u1", "nvTmaDesc"],
+    ]
+    assert (
+        triton_warmup.signatures(
+            [["*fp32", 'i32);system("x")'], ["tensordesc<fp16[64, 64]>"], [], ["i32"] * 65, "i32", [3], None]
+        )
+        == []
+    )
     assert triton_warmup.signatures({"a": ["i32"]}) == []
     assert len(triton_warmup.signatures([["i32"] * n for n in range(1, 9)])) == triton_warmup.MOST_SIGNATURES
 
 
 def test_a_workers_recorder_keeps_each_compiled_kernels_signature_once():
     recorder = triton_warmup.Recorder()
-    for signature in ({"x": "*fp32", "n": "i32", "B": "constexpr"}, {"x": "*fp32", "n": "i32", "B": "constexpr"},
-                      {"pair": ("*fp32", "*fp32")}, {"y": "*fp16"}):  # as Triton calls its post-compile hook
-        recorder(key=None, repr="k", fn=None, compile={"signature": signature}, is_manual_warmup=False,
-                 already_compiled=False)
+    for signature in (
+        {"x": "*fp32", "n": "i32", "B": "constexpr"},
+        {"x": "*fp32", "n": "i32", "B": "constexpr"},
+        {"pair": ("*fp32", "*fp32")},
+        {"y": "*fp16"},
+    ):  # as Triton calls its post-compile hook
+        recorder(
+            key=None,
+            repr="k",
+            fn=None,
+            compile={"signature": signature},
+            is_manual_warmup=False,
+            already_compiled=False,
+        )
     assert recorder.signatures == [["*fp32", "i32", "constexpr"], ["*fp16"]]
-
 
 
 def test_a_spares_triton_warm_up_runs_beside_its_preparing_and_the_load_waits_for_it(monkeypatch):
@@ -140,8 +155,9 @@ def kernel(x):
 
 def _listing(folder, since: float) -> str:
     """Every file under folder, with its age against `since`: what a failure shows."""
-    return "\n".join(f"{p.relative_to(folder)}  {p.stat().st_mtime - since:+.3f} s"
-                     for p in sorted(folder.rglob("*")) if p.is_file())
+    return "\n".join(
+        f"{p.relative_to(folder)}  {p.stat().st_mtime - since:+.3f} s" for p in sorted(folder.rglob("*")) if p.is_file()
+    )
 
 
 @pytest.mark.gpu
@@ -157,8 +173,26 @@ def test_an_edited_triton_candidate_finds_its_launcher_built_by_the_spare(tmp_pa
     (tmp_path / "spec.py").write_text((FIXTURES / "adversarial" / "spec.py").read_text())
     (tmp_path / "good.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
     (tmp_path / "tri.py").write_text(TRITON_CANDIDATE)
-    args = ["compare", "good.py", "tri.py", "--type", "triton", "--entry", "kernel", "--spec", "spec.py",
-            "--shapes", "33x65", "--budget-ms", "60", "--device", "cuda", "--no-profile", "-o", "out"]
+    args = [
+        "compare",
+        "good.py",
+        "tri.py",
+        "--type",
+        "triton",
+        "--entry",
+        "kernel",
+        "--spec",
+        "spec.py",
+        "--shapes",
+        "33x65",
+        "--budget-ms",
+        "60",
+        "--device",
+        "cuda",
+        "--no-profile",
+        "-o",
+        "out",
+    ]
     compiled = tmp_path / "cache" / "magpie" / "compiled"
     magpie(*args, cwd=tmp_path, check=0)
     for edit in range(2):  # the second finds the spare the first edit's timing started
@@ -166,8 +200,11 @@ def test_an_edited_triton_candidate_finds_its_launcher_built_by_the_spare(tmp_pa
         edited_at = time.time()
         magpie(*args, cwd=tmp_path, check=0)
     # how the workers start / what they loaded: the caches the last edit's kernel was compiled into
-    edited = [folder for folder in compiled.glob("*/*")
-              if any(p.stat().st_mtime > edited_at for p in folder.rglob("_k.cubin"))]
+    edited = [
+        folder
+        for folder in compiled.glob("*/*")
+        if any(p.stat().st_mtime > edited_at for p in folder.rglob("_k.cubin"))
+    ]
     assert len(edited) == 1, _listing(compiled, edited_at)
     assert list(edited[0].rglob("magpie_warmup.cubin")), _listing(edited[0], edited_at)  # a spare's cache
     launchers = list(edited[0].rglob("__triton_launcher*.so"))

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import FIXTURES, REPO, SPIN_SOURCE, magpie, magpie_in_process, write
 
 
@@ -22,11 +21,33 @@ def kernels(tmp_path):
 
 
 def test_analyze_correct_kernel_writes_magpie_state_keys(kernels):
-    proc = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
-                             "--shapes", "16x32,5x7", "--budget-ms", "40", "-o", "out", cwd=kernels, check=0)
+    proc = magpie_in_process(
+        "analyze",
+        "good.py",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--spec",
+        "spec.py",
+        "--shapes",
+        "16x32,5x7",
+        "--budget-ms",
+        "40",
+        "-o",
+        "out",
+        cwd=kernels,
+        check=0,
+    )
     report = json.loads((kernels / "out/analyze_report.json").read_text())
-    for key in ("compiling_state", "correctness_state", "performance_state", "performance_result", "errors",
-                "numerics"):
+    for key in (
+        "compiling_state",
+        "correctness_state",
+        "performance_state",
+        "performance_result",
+        "errors",
+        "numerics",
+    ):
         assert key in report
     assert report["correctness_state"] == "SUCCESS" and report["numerics"] == "verified"
     assert report["performance_state"] == "SUCCESS" and report["performance_result"]["n"] > 0
@@ -34,18 +55,34 @@ def test_analyze_correct_kernel_writes_magpie_state_keys(kernels):
 
 
 def test_analyze_incorrect_kernel_exits_nonzero_and_no_perf_skips_timing(kernels):
-    proc = magpie_in_process("analyze", "nan.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py",
-                             "--shapes", "16x32", "--no-perf", "-o", "out", cwd=kernels)
+    proc = magpie_in_process(
+        "analyze",
+        "nan.py",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--spec",
+        "spec.py",
+        "--shapes",
+        "16x32",
+        "--no-perf",
+        "-o",
+        "out",
+        cwd=kernels,
+    )
     assert proc.returncode == 1
     report = json.loads((kernels / "out/analyze_report.json").read_text())
     assert report["correctness_state"] == "FAILED" and report["performance_state"] == "SKIPPED"
 
 
 def test_command_testcase_exit_code_decides(kernels):
-    ok = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--testcase", "test -f good.py", "--no-perf",
-                           "-o", "a", cwd=kernels)
-    bad = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b",
-                            cwd=kernels)
+    ok = magpie_in_process(
+        "analyze", "good.py", "--type", "pytorch", "--testcase", "test -f good.py", "--no-perf", "-o", "a", cwd=kernels
+    )
+    bad = magpie_in_process(
+        "analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b", cwd=kernels
+    )
     assert ok.returncode == 0 and bad.returncode == 1
     report = json.loads((kernels / "b/analyze_report.json").read_text())
     assert "exited with code 3" in report["verdict"]
@@ -53,19 +90,36 @@ def test_command_testcase_exit_code_decides(kernels):
 
 def test_no_testcase_is_finite_only_and_says_unverified(kernels):
     (kernels / "own_inputs.py").write_text(
-        "import torch\n\ndef kernel(x):\n    return x.sin()\n\ndef get_inputs():\n    return [torch.randn(4, 4)]\n")
-    magpie_in_process("analyze", "own_inputs.py", "--type", "pytorch", "--entry", "kernel", "--no-perf", "-o", "o",
-                      cwd=kernels, check=0)
+        "import torch\n\ndef kernel(x):\n    return x.sin()\n\ndef get_inputs():\n    return [torch.randn(4, 4)]\n"
+    )
+    magpie_in_process(
+        "analyze",
+        "own_inputs.py",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--no-perf",
+        "-o",
+        "o",
+        cwd=kernels,
+        check=0,
+    )
     report = json.loads((kernels / "o/analyze_report.json").read_text())
     assert report["correctness_state"] == "SUCCESS" and report["numerics"] == "unverified"
 
 
 def test_kernelbench_reference_judges_model_new(kernels):
-    write(kernels, {"kb.yaml": """
+    write(
+        kernels,
+        {
+            "kb.yaml": """
         kernels:
           - {id: right, type: pytorch, source_files: [model_new.py], spec: reference.py}
           - {id: wrong, type: pytorch, source_files: [model_new_wrong.py], spec: reference.py}
-        """})
+        """
+        },
+    )
     magpie_in_process("compare", "--kernel-config", "kb.yaml", "--no-perf", "-o", "kb", cwd=kernels, check=0)
     report = json.loads((kernels / "kb/compare_report.json").read_text())
     states = {r["implementation"]: (r["correctness_state"], r["verdict"]) for r in report["results"]}
@@ -74,10 +128,15 @@ def test_kernelbench_reference_judges_model_new(kernels):
 
 
 def test_a_kernelbench_timing_job_takes_the_worker_its_correctness_job_parked(kernels):
-    write(kernels, {"kb.yaml": """
+    write(
+        kernels,
+        {
+            "kb.yaml": """
         kernels:
           - {id: right, type: pytorch, source_files: [model_new.py], spec: reference.py}
-        """})
+        """
+        },
+    )
     magpie_in_process("compare", "--kernel-config", "kb.yaml", "--budget-ms", "20", "-o", "kb", cwd=kernels)
     results = [json.loads(p.read_text()) for p in (kernels / "kb/workspace/store").glob("*/*/result.json")]
     timing = next(r for r in results if r.get("task") == "timing:compare/right")
@@ -86,10 +145,31 @@ def test_a_kernelbench_timing_job_takes_the_worker_its_correctness_job_parked(ke
 
 def test_compare_uses_the_explicit_baseline_and_gates_correctness(kernels):
     (kernels / "slow.py").write_text(
-        SPIN_SOURCE + "\n\ndef kernel(x):\n    spin(0.0005)\n    return torch.relu(x) * 2.0\n")
-    proc = magpie_in_process("compare", "slow.py", "good.py", "mutates.py", "--baseline", "1", "--type", "pytorch",
-                             "--entry", "kernel", "--spec", "spec.py", "--shapes", "16x32", "--budget-ms", "60",
-                             "-o", "c", "--json", cwd=kernels, check=0)
+        SPIN_SOURCE + "\n\ndef kernel(x):\n    spin(0.0005)\n    return torch.relu(x) * 2.0\n"
+    )
+    proc = magpie_in_process(
+        "compare",
+        "slow.py",
+        "good.py",
+        "mutates.py",
+        "--baseline",
+        "1",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--spec",
+        "spec.py",
+        "--shapes",
+        "16x32",
+        "--budget-ms",
+        "60",
+        "-o",
+        "c",
+        "--json",
+        cwd=kernels,
+        check=0,
+    )
     report = json.loads(proc.stdout)
     assert report["baseline"] == "good"
     assert [e["implementation"] for e in report["excluded"]] == ["mutates"]
@@ -142,9 +222,24 @@ def test_help_answers():
 def test_a_spec_that_makes_zeros_is_refused(kernels):
     (kernels / "zeros_spec.py").write_text(
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n    return (torch.zeros(shape, dtype=dtype),)\n"
-        "\ndef reference(x):\n    return torch.relu(x) * 2.0\n")
-    proc = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "zeros_spec.py",
-                             "--shapes", "4x4", "--no-perf", "-o", "z", cwd=kernels)
+        "\ndef reference(x):\n    return torch.relu(x) * 2.0\n"
+    )
+    proc = magpie_in_process(
+        "analyze",
+        "good.py",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--spec",
+        "zeros_spec.py",
+        "--shapes",
+        "4x4",
+        "--no-perf",
+        "-o",
+        "z",
+        cwd=kernels,
+    )
     assert proc.returncode == 1
     report = json.loads((kernels / "z/analyze_report.json").read_text())
     assert "all zeros" in report["verdict"] and report["verdict"].startswith("not judged: spec error in zeros_spec.py:")
@@ -154,9 +249,24 @@ def test_a_spec_whose_inputs_or_reference_fail_is_one_line_naming_it(kernels):
     (kernels / "broken_spec.py").write_text(
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
         "    return (torch.randn(shape, generator=generator, device='meta'),)\n"
-        "\ndef reference(x):\n    return torch.relu(x) * 2.0\n")
-    proc = magpie_in_process("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_spec.py",
-                             "--shapes", "4x4", "--no-perf", "-o", "b", cwd=kernels)
+        "\ndef reference(x):\n    return torch.relu(x) * 2.0\n"
+    )
+    proc = magpie_in_process(
+        "analyze",
+        "good.py",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--spec",
+        "broken_spec.py",
+        "--shapes",
+        "4x4",
+        "--no-perf",
+        "-o",
+        "b",
+        cwd=kernels,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
     verdict = json.loads((kernels / "b/analyze_report.json").read_text())["verdict"]
     assert verdict.startswith("not judged: spec error in broken_spec.py: make_inputs() failed for [4, 4] float32: ")
@@ -164,9 +274,25 @@ def test_a_spec_whose_inputs_or_reference_fail_is_one_line_naming_it(kernels):
     (kernels / "broken_reference.py").write_text(
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
         "    return (torch.randn(shape, generator=generator),)\n"
-        "\ndef reference(x):\n    return x @ torch.ones(3, 3)\n")
-    magpie_in_process("analyze", "good.py", "--type", "pytorch", "--entry", "kernel", "--spec", "broken_reference.py",
-                      "--shapes", "4x4", "--no-perf", "-o", "r", cwd=kernels, check=1)
+        "\ndef reference(x):\n    return x @ torch.ones(3, 3)\n"
+    )
+    magpie_in_process(
+        "analyze",
+        "good.py",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--spec",
+        "broken_reference.py",
+        "--shapes",
+        "4x4",
+        "--no-perf",
+        "-o",
+        "r",
+        cwd=kernels,
+        check=1,
+    )
     verdict = json.loads((kernels / "r/analyze_report.json").read_text())["verdict"]
     assert verdict.startswith("not judged: spec error in broken_reference.py: reference() failed: RuntimeError: ")
 
@@ -221,10 +347,12 @@ def test_inputs_are_the_seeds_whether_or_not_the_factory_takes_a_generator(tmp_p
 
     (tmp_path / "with_generator.py").write_text(
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
-        "    return (torch.randn(shape, generator=generator, dtype=dtype),)\n\ndef reference(x):\n    return x\n")
+        "    return (torch.randn(shape, generator=generator, dtype=dtype),)\n\ndef reference(x):\n    return x\n"
+    )
     (tmp_path / "global_rng.py").write_text(
         "import torch\n\ndef make_inputs(shape, dtype):\n"
-        "    return (torch.rand(shape, dtype=dtype), torch.randint(0, 9, shape))\n\ndef reference(x, i):\n    return x\n")
+        "    return (torch.rand(shape, dtype=dtype), torch.randint(0, 9, shape))\n\ndef reference(x, i):\n    return x\n"
+    )
     testcase = {"inputs": "make_inputs", "reference": "reference", "shapes": [[5, 7]], "dtypes": ["float32"]}
     for name in ("with_generator.py", "global_rng.py"):
         spec = ReferenceSpec(tmp_path / name, testcase, "cpu")

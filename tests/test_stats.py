@@ -13,7 +13,7 @@ def test_summary_of_known_samples():
     assert s["median_us"] == 3.0 and s["min_us"] == 1.0 and s["n"] == 5
     assert s["p20_us"] == 1.8 and s["p80_us"] == 4.2
     assert abs(s["spread_rel"] - 0.4) < 1e-12
-    assert abs(s["cv"] - (2 ** 0.5) / 3) < 1e-12
+    assert abs(s["cv"] - (2**0.5) / 3) < 1e-12
     assert quantile([], 0.5) != quantile([], 0.5)  # NaN for no data
 
 
@@ -29,10 +29,10 @@ def test_thinning_by_rounds_keeps_the_rounds_apart():
     sizes = [1100, 900, 1000, 1300, 700]
     kept, counts = thin_rounds(values, sizes, 2000)
     assert kept == thin(values, 2000) and sum(counts) == 2000
-    ends = [sum(sizes[:r + 1]) for r in range(len(sizes))]
+    ends = [sum(sizes[: r + 1]) for r in range(len(sizes))]
     start = 0
     for r, count in enumerate(counts):
-        assert all(ends[r] - sizes[r] <= v < ends[r] for v in kept[start:start + count])
+        assert all(ends[r] - sizes[r] <= v < ends[r] for v in kept[start : start + count])
         assert abs(count - sizes[r] * 2000 / 5000) <= 1
         start += count
     assert thin_rounds(values[:10], [4, 6], 2000) == (values[:10], [4, 6])
@@ -65,8 +65,9 @@ def test_round_to_round_shifts_widen_the_interval_and_it_covers_the_truth():
         rng = random.Random(100 + trial)
         base, base_sizes = _rounds(rng, 100.0, 0.02, 0.005)
         cand, cand_sizes = _rounds(rng, 80.0, 0.02, 0.005)
-        blocks = bootstrap_speedup(base, cand, baseline_rounds=base_sizes, candidate_rounds=cand_sizes,
-                                   resamples=400, seed=trial)
+        blocks = bootstrap_speedup(
+            base, cand, baseline_rounds=base_sizes, candidate_rounds=cand_sizes, resamples=400, seed=trial
+        )
         iid = bootstrap_speedup(base, cand, resamples=400, seed=trial)
         assert blocks["rounds"] == 5 and iid["rounds"] == 1
         assert blocks["ci_high"] - blocks["ci_low"] > 3 * (iid["ci_high"] - iid["ci_low"])
@@ -83,8 +84,9 @@ def test_equal_implementations_with_drifting_rounds_are_within_noise():
         rng = random.Random(500 + trial)
         base, base_sizes = _rounds(rng, 50.0, 0.01, 0.01)
         same, same_sizes = _rounds(rng, 50.0, 0.01, 0.01)
-        result = bootstrap_speedup(base, same, baseline_rounds=base_sizes, candidate_rounds=same_sizes,
-                                   resamples=400, seed=trial)
+        result = bootstrap_speedup(
+            base, same, baseline_rounds=base_sizes, candidate_rounds=same_sizes, resamples=400, seed=trial
+        )
         alarms += result["verdict"] != "within noise"
     assert alarms <= 0.1 * trials
 
@@ -94,8 +96,9 @@ def test_the_point_estimate_is_always_inside_its_interval():
     rng = random.Random(11)
     for case in range(60):
         rounds = rng.randint(1, 8)
+
         def draw(level):
-            sizes = [rng.randint(1, 60) for _ in range(rounds)]
+            sizes = [rng.randint(1, 60) for _ in range(rounds)]  # noqa: B023 (draw() runs within the iteration)
             kind = rng.choice(("normal", "lognormal", "ticks", "tail"))
             values = []
             for _ in range(sum(sizes)):
@@ -108,11 +111,19 @@ def test_the_point_estimate_is_always_inside_its_interval():
                 else:
                     values.append(level * (5 if rng.random() < 0.1 else 1) + rng.random())
             return values, sizes
+
         level = rng.uniform(1, 100)
         base, base_sizes = draw(level)
         cand, cand_sizes = draw(level * rng.choice((0.5, 1.0, 1.0, 1.02, 2.0)))
-        result = bootstrap_speedup(base, cand, baseline_rounds=base_sizes, candidate_rounds=cand_sizes,
-                                   resamples=200, seed=case, max_samples=rng.choice((20, 100, 1000)))
+        result = bootstrap_speedup(
+            base,
+            cand,
+            baseline_rounds=base_sizes,
+            candidate_rounds=cand_sizes,
+            resamples=200,
+            seed=case,
+            max_samples=rng.choice((20, 100, 1000)),
+        )
         assert result["ci_low"] <= result["value"] <= result["ci_high"], (case, result)
         assert (result["verdict"] == "within noise") == (result["ci_low"] <= 1.0 <= result["ci_high"])
 
@@ -140,8 +151,10 @@ def test_the_timing_job_hands_the_rounds_to_the_bootstrap():
     base, base_sizes = _rounds(rng, 100.0, 0.02, 0.005)
     cand, cand_sizes = _rounds(rng, 80.0, 0.02, 0.005)
     # the evaluator's kept samples are in ns
-    kept = {"baseline": ([round(s * 1000) for s in base], base_sizes),
-            "candidate": ([round(s * 1000) for s in cand], cand_sizes)}
+    kept = {
+        "baseline": ([round(s * 1000) for s in base], base_sizes),
+        "candidate": ([round(s * 1000) for s in cand], cand_sizes),
+    }
     speedup = paired_speedup(kept, 100.0)
     assert speedup["rounds"] == 5 and speedup["resampling"] == "5 rounds, paired"
     assert speedup["baseline_median_us"] == 100.0 and "block bootstrap" in speedup["method"]
@@ -173,19 +186,28 @@ def test_a_real_shift_is_detected_in_the_right_direction():
 
 def _row(impl, correct=True, median=10.0, samples=None, paired=None):
     perf = {"median_us": median} if correct else None
-    return {"implementation": impl, "correctness_state": "SUCCESS" if correct else "FAILED",
-            "performance_state": "SUCCESS" if correct else "SKIPPED", "performance_result": perf,
-            "baseline_result": {"median_us": 10.0}, "samples_us": samples,
-            "_paired_speedup": bootstrap_speedup(paired, samples) if paired else None,
-            "verdict": "correct" if correct else "incorrect: allclose", "errors": []}
+    return {
+        "implementation": impl,
+        "correctness_state": "SUCCESS" if correct else "FAILED",
+        "performance_state": "SUCCESS" if correct else "SKIPPED",
+        "performance_result": perf,
+        "baseline_result": {"median_us": 10.0},
+        "samples_us": samples,
+        "_paired_speedup": bootstrap_speedup(paired, samples) if paired else None,
+        "verdict": "correct" if correct else "incorrect: allclose",
+        "errors": [],
+    }
 
 
 def test_ranking_excludes_incorrect_and_uses_the_baseline():
     rng = random.Random(2)
     base = [10 + rng.random() for _ in range(200)]
     quick = [5 + rng.random() for _ in range(200)]
-    rows = [_row("base", samples=base), _row("quick", median=5.5, samples=quick, paired=base),
-            _row("broken", correct=False)]
+    rows = [
+        _row("base", samples=base),
+        _row("quick", median=5.5, samples=quick, paired=base),
+        _row("broken", correct=False),
+    ]
     report = rank("k", rows, {"id": "base"})
     assert report["ranking"] == ["quick", "base"] and report["best"] == "quick"
     assert report["excluded"][0]["implementation"] == "broken"

@@ -9,7 +9,6 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-
 from conftest import COMMAND_PROJECT, magpie_in_process, write
 
 WARNING = "store: artifact of {task} was modified after it was written ({problem}); rebuilding it"
@@ -23,8 +22,15 @@ def build_json(cwd, *args) -> dict:
 def built_failing_b(tmp_path_factory) -> Path:
     """The command project with candidate k1/b failing its testcase, built once."""
     root = tmp_path_factory.mktemp("failing_b") / "project"
-    write(root, {**COMMAND_PROJECT, "magpie.toml": COMMAND_PROJECT["magpie.toml"].replace(
-        "command = \"python -c 'import sys; sys.exit(0)'\"", "command = 'test \"$MAGPIE_IMPL_ID\" != b'", 1)})
+    write(
+        root,
+        {
+            **COMMAND_PROJECT,
+            "magpie.toml": COMMAND_PROJECT["magpie.toml"].replace(
+                "command = \"python -c 'import sys; sys.exit(0)'\"", "command = 'test \"$MAGPIE_IMPL_ID\" != b'", 1
+            ),
+        },
+    )
     build_json(root)
     assert result(root, "correctness:k1/b")["correctness_state"] == "FAILED"
     return root
@@ -60,8 +66,10 @@ def test_a_flipped_verdict_is_found_and_rebuilt(failing_b):
     verify = magpie_in_process("verify", cwd=failing_b, check=1)
     assert "correctness:k1/b" in verify.stdout and "result.json digest mismatch" in verify.stdout
     plan = json.loads(magpie_in_process("build", "--dry-run", "--json", cwd=failing_b, check=0).stdout)
-    assert plan["would_run"][0] == {"task": "correctness:k1/b",
-                                    "why": "modified after it was written: result.json digest mismatch"}
+    assert plan["would_run"][0] == {
+        "task": "correctness:k1/b",
+        "why": "modified after it was written: result.json digest mismatch",
+    }
     # what reads its result follows it (the check run again gives another result)
     readers = {"timing:k1/b", "comparison:k1", "report"}
     assert {row["task"] for row in plan["would_run"][1:]} == readers
@@ -82,12 +90,15 @@ def test_truncated_and_deleted_files_are_rebuilt(failing_b):
 
     verify = json.loads(magpie_in_process("verify", "--json", cwd=failing_b, check=1).stdout)
     assert {(bad["task"], bad["problem"]) for bad in verify["bad"]} == {
-        ("report", "report.html truncated"), ("correctness:k2/c", "result.json missing")}
+        ("report", "report.html truncated"),
+        ("correctness:k2/c", "result.json missing"),
+    }
 
     proc = magpie_in_process("build", "--json", cwd=failing_b, check=0)
     assert sorted(warnings(proc.stderr)) == [
         WARNING.format(task="correctness:k2/c", problem="result.json missing"),
-        WARNING.format(task="report", problem="report.html truncated")]
+        WARNING.format(task="report", problem="report.html truncated"),
+    ]
     executed = set(json.loads(proc.stdout)["executed"])  # and what reads the check's new result
     assert {"correctness:k2/c", "report"} <= executed <= {"correctness:k2/c", "timing:k2/c", "comparison:k2", "report"}
     rebuilt = artifact(failing_b, "report") / "report.html"  # under a new key where the comparison's result is new
@@ -117,16 +128,17 @@ def test_build_verify_hashes_even_what_the_no_op_path_would_trust(failing_b):
     index.write_text(json.dumps(record))
     assert build_json(failing_b)["executed"] == []  # trusted by stat, never read
     proc = magpie_in_process("build", "--verify", "--json", cwd=failing_b, check=0)
-    assert warnings(proc.stderr) == ["store: artifact of correctness:k1/a has no recorded digest "
-                                     "(written by an older magpie); rebuilding it"]
+    assert warnings(proc.stderr) == [
+        "store: artifact of correctness:k1/a has no recorded digest (written by an older magpie); rebuilding it"
+    ]
     executed = json.loads(proc.stdout)["executed"]  # and what reads the check's new result
     assert executed[0] == "correctness:k1/a" and set(executed[1:]) <= {"timing:k1/a", "comparison:k1", "report"}
     magpie_in_process("verify", cwd=failing_b, check=0)
 
 
 def test_a_dependency_modified_during_the_build_is_rebuilt_before_it_is_read(failing_b, capsys):
-    from magpie.execution.executors import make_executor
     from magpie.execution.doit_glue import run_task
+    from magpie.execution.executors import make_executor
     from magpie.project import Project
 
     project = Project.load(failing_b / "magpie.toml")
@@ -139,7 +151,8 @@ def test_a_dependency_modified_during_the_build_is_rebuilt_before_it_is_read(fai
     finally:
         executor.shutdown()
     assert capsys.readouterr().err.splitlines() == [
-        WARNING.format(task="correctness:k1/b", problem="result.json digest mismatch")]
+        WARNING.format(task="correctness:k1/b", problem="result.json digest mismatch")
+    ]
     assert result(failing_b, "correctness:k1/b")["correctness_state"] == "FAILED"
     rows = {row["implementation"]: row for row in result(failing_b, "comparison:k1")["results"]}
     assert rows["b"]["correctness_state"] == "FAILED"
@@ -156,8 +169,9 @@ def test_a_modified_artifact_is_never_published(failing_b, capsys):
     published.unlink()
     (store.path(key) / "result.json").write_text(honest.replace('"FAILED"', '"SUCCESS"'))
     assert publish(store, [("comparison:k1", "comparison", "k1", key)]) == ["comparison:k1"]
-    assert capsys.readouterr().err.strip() == WARNING.format(task="comparison:k1",
-                                                             problem="result.json digest mismatch")
+    assert capsys.readouterr().err.strip() == WARNING.format(
+        task="comparison:k1", problem="result.json digest mismatch"
+    )
     assert not published.exists() and not store.has(key)
     assert build_json(failing_b)["executed"] in (["comparison:k1"], ["comparison:k1", "report"])
     rows = {row["implementation"]: row for row in json.loads(published.read_text())["results"]}

@@ -14,18 +14,20 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-
 from conftest import COMMAND_PROJECT, magpie_in_process, write
 
 # A candidate whose testcase fails, and a testcase that fails wherever the signing secret reached it.
-FAILING_B = COMMAND_PROJECT["magpie.toml"].replace(
-    "command = \"python -c 'import sys; sys.exit(0)'\"", "command = 'test \"$MAGPIE_IMPL_ID\" != b'", 1).replace(
-    "command = \"python -c 'import sys; sys.exit(0)'\"", "command = 'test -z \"$MAGPIE_SIGNING_KEY\"'", 1)
+FAILING_B = (
+    COMMAND_PROJECT["magpie.toml"]
+    .replace("command = \"python -c 'import sys; sys.exit(0)'\"", "command = 'test \"$MAGPIE_IMPL_ID\" != b'", 1)
+    .replace("command = \"python -c 'import sys; sys.exit(0)'\"", "command = 'test -z \"$MAGPIE_SIGNING_KEY\"'", 1)
+)
 KEY_B = "b7" * 32  # a CI secret
 BAD = "signature does not match its task, key and files"
 REBUILT = "store: artifact of {task} was modified after it was written ({problem}); rebuilding it"
-UNSIGNED = ("store: artifact of {task} is not signed (written by an older magpie, or its signature removed); "
-            "rebuilding it")
+UNSIGNED = (
+    "store: artifact of {task} is not signed (written by an older magpie, or its signature removed); rebuilding it"
+)
 
 
 def env_of(config: Path, secret: str = "") -> dict:
@@ -115,9 +117,12 @@ def test_a_verdict_forged_with_its_digests_and_stamps_is_rebuilt_not_published(p
     shutil.copy(artifact(project, "comparison:k1") / "result.json", published)
     ledger_path = project / "workspaces/reports/.published.json"
     ledger = json.loads(ledger_path.read_text())
-    ledger["comparison:k1"] = {"key": json.dumps([artifact(project, "comparison:k1").name,
-                                                  stat_of(artifact(project, "comparison:k1") / ".digest.json")]),
-                               "files": {"k1/compare_report.json": stat_of(published)}}
+    ledger["comparison:k1"] = {
+        "key": json.dumps(
+            [artifact(project, "comparison:k1").name, stat_of(artifact(project, "comparison:k1") / ".digest.json")]
+        ),
+        "files": {"k1/compare_report.json": stat_of(published)},
+    }
     ledger_path.write_text(json.dumps(ledger))
 
     summary, lines = build(project, env_of(built[1]))
@@ -178,14 +183,17 @@ def test_artifacts_of_an_untrusted_signer_are_rebuilt_and_of_a_trusted_one_used(
 
     verify = json.loads(magpie_in_process("verify", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=1).stdout)
     assert {bad["problem"] for bad in verify["bad"]} == {f"signed by {signer_a}, not a trusted signer"}
-    plan = json.loads(magpie_in_process("build", "--dry-run", "--json", cwd=project, env=env_of(tmp_path, KEY_B),
-                                        check=0).stdout)
+    plan = json.loads(
+        magpie_in_process("build", "--dry-run", "--json", cwd=project, env=env_of(tmp_path, KEY_B), check=0).stdout
+    )
     assert {"task": "correctness:k1/a", "why": f"signed by {signer_a}, not a trusted signer"} in plan["would_run"]
     assert len(verify["bad"]) == verify["checked"] == 18
     summary, lines = build(project, env_of(tmp_path, KEY_B))
     assert len(summary["executed"]) == len(lines) == 18 and summary["failed"] == []  # re-judged here
-    assert lines[0].endswith(f"is signed by {signer_a}, not a trusted signer (magpie key prints a machine's "
-                             f"signer; trust one with [store] trusted_signers in magpie.toml); rebuilding it")
+    assert lines[0].endswith(
+        f"is signed by {signer_a}, not a trusted signer (magpie key prints a machine's "
+        f"signer; trust one with [store] trusted_signers in magpie.toml); rebuilding it"
+    )
     assert rows(project / "workspaces/reports/k1/compare_report.json")["b"] == "FAILED"
     # k2's testcase fails wherever MAGPIE_SIGNING_KEY reached it
     assert rows(project / "workspaces/reports/k2/compare_report.json")["c"] == "SUCCESS"
@@ -203,8 +211,10 @@ def test_a_signer_trusted_in_the_users_file_is_used(project, built, tmp_path):
     assert len(summary["executed"]) == len(lines) == 18
     (config / "magpie/trusted-signers").write_text("ed25519:not-a-key\n")
     proc = magpie_in_process("build", cwd=project, env=env_of(config, KEY_B), check=2)
-    assert proc.stderr == (f"magpie: {config}/magpie/trusted-signers: line 1: not a signer: give one \"ed25519:\" "
-                           f"and 64 lowercase hex digits a line (what `magpie key` prints on the machine to trust)\n")
+    assert proc.stderr == (
+        f'magpie: {config}/magpie/trusted-signers: line 1: not a signer: give one "ed25519:" '
+        f"and 64 lowercase hex digits a line (what `magpie key` prints on the machine to trust)\n"
+    )
 
 
 def test_the_key_file_is_made_private_and_refused_once_others_can_read_it(tmp_path):
@@ -216,8 +226,12 @@ def test_the_key_file_is_made_private_and_refused_once_others_can_read_it(tmp_pa
     assert magpie_in_process("key", cwd=tmp_path, env=env_of(config), check=0).stdout.strip() == signer  # made once
     key_file.chmod(0o644)
     proc = magpie_in_process("key", cwd=tmp_path, env=env_of(config), check=2)
-    assert proc.stderr.startswith(f"magpie: {key_file}: the store's signing key must be yours and readable by you "
-                                  f"alone (mode 644") and proc.stderr.count("\n") == 1
+    assert (
+        proc.stderr.startswith(
+            f"magpie: {key_file}: the store's signing key must be yours and readable by you alone (mode 644"
+        )
+        and proc.stderr.count("\n") == 1
+    )
     proc = magpie_in_process("key", cwd=tmp_path, env=env_of(config, "abc"), check=2)
     assert proc.stderr.startswith("magpie: the environment variable MAGPIE_SIGNING_KEY: not an ed25519 key")
 

@@ -7,17 +7,26 @@ from statistics import median
 import pytest
 
 from magpie.harness.context import EvaluationContext
+from magpie.harness.measurement import (
+    UNEXPLAINED_ALLOWANCE,
+    UNEXPLAINED_FRACTION,
+    few_samples,
+    request_account,
+    timer_inconsistency,
+    wall_check,
+)
 from magpie.harness.method_choice import chosen_method, probed_method
 from magpie.harness.pool import WorkerPool
-from magpie.harness.measurement import (
-    UNEXPLAINED_ALLOWANCE, UNEXPLAINED_FRACTION, few_samples, request_account, timer_inconsistency, wall_check)
 from magpie.harness.rounds import Rounds
 from magpie.harness.timing import CpuWallTimer, calibrate
 
 # Costs of the order calibrate() measures on the H200 (per sample: events pays an L2 flush of
 # 4x the L2, graph a replay's launch, events and synchronisation).
-COSTS = {"events": {"per_sample_ns": 60_000.0, "per_request_ns": 400_000.0},
-         "graph": {"per_sample_ns": 15_000.0, "per_request_ns": 400_000.0}, "host_check_ns": 30_000.0}
+COSTS = {
+    "events": {"per_sample_ns": 60_000.0, "per_request_ns": 400_000.0},
+    "graph": {"per_sample_ns": 15_000.0, "per_request_ns": 400_000.0},
+    "host_check_ns": 30_000.0,
+}
 
 
 def judged(requests: list[tuple[list[int], float]], mode: str, calls_per_sample: int = 1) -> dict:
@@ -79,7 +88,9 @@ def test_the_limit_is_the_timers_own_measured_cost_not_a_constant():
     account = request_account([100_000] * 10, 1, cheap, "events")
     dear = request_account([100_000] * 10, 1, COSTS, "events")
     share = UNEXPLAINED_FRACTION * 100.0  # of a 100 µs median: the device idling while the host is held up
-    assert wall_check(1.0, account, 100.0)["unexplained_limit_us"] == pytest.approx(20.0 * UNEXPLAINED_ALLOWANCE + share)
+    assert wall_check(1.0, account, 100.0)["unexplained_limit_us"] == pytest.approx(
+        20.0 * UNEXPLAINED_ALLOWANCE + share
+    )
     assert wall_check(1.0, dear, 100.0)["unexplained_limit_us"] == pytest.approx(60.0 * UNEXPLAINED_ALLOWANCE + share)
 
 
@@ -98,10 +109,16 @@ def test_a_kernel_too_slow_for_its_budget_gets_a_note():
 
 
 def evaluator(tmp_path, impl: dict, timing_method: dict | None = None) -> EvaluationContext:
-    return EvaluationContext({"root": str(tmp_path), "kernel": "k", "impl": impl, "work_dir": str(tmp_path),
-                      "settings": {"correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
-                                   "project": {"device": "cuda"}},
-                      "timing_method": timing_method})
+    return EvaluationContext(
+        {
+            "root": str(tmp_path),
+            "kernel": "k",
+            "impl": impl,
+            "work_dir": str(tmp_path),
+            "settings": {"correctness": {"timeout_s": 10, "seed": 0, "testcases": []}, "project": {"device": "cuda"}},
+            "timing_method": timing_method,
+        }
+    )
 
 
 def test_the_baselines_timing_chooses_the_method_for_every_candidate(tmp_path):
@@ -129,12 +146,23 @@ def test_a_worker_serves_later_builds_unless_it_times_itself_on_a_gpu(tmp_path):
     from magpie.supervision import zygote
 
     def judge(secret: str, device: str = "cuda", vouched: bool = True) -> EvaluationContext:
-        return EvaluationContext({"root": str(tmp_path), "kernel": "k", "impl": {"id": "impl"}, "work_dir": str(tmp_path),
-                          "input_secret": secret,
-                          "settings": {"correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
-                                       "project": {"device": device}, "timing": {"vouched": vouched}}})
+        return EvaluationContext(
+            {
+                "root": str(tmp_path),
+                "kernel": "k",
+                "impl": {"id": "impl"},
+                "work_dir": str(tmp_path),
+                "input_secret": secret,
+                "settings": {
+                    "correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
+                    "project": {"device": device},
+                    "timing": {"vouched": vouched},
+                },
+            }
+        )
 
     assert judge("a").seed != judge("b").seed and judge("a").init_seed == judge("b").init_seed
+
     def build_of_workers(secret: str, device: str = "cuda", vouched: bool = True) -> str | None:
         return WorkerPool(judge(secret, device, vouched)).build_of_workers
 
@@ -173,14 +201,24 @@ def test_a_launch_bound_implementation_timed_as_graph_replays_passes():
     each (the launches), which inside the last round made 105 ms no sample explained; they are
     a request of their own now, and the rounds' requests explain their wall time (the third
     round's wall without them is not on record: 46.9 ms, between the other two's)."""
-    costs = {"events": {"per_request_ns": 60_408.0, "per_sample_ns": 74_184.8},
-             "graph": {"per_request_ns": 48_034.1, "per_sample_ns": 26_403.2}, "host_check_ns": 50_774.7}
+    costs = {
+        "events": {"per_request_ns": 60_408.0, "per_sample_ns": 74_184.8},
+        "graph": {"per_request_ns": 48_034.1, "per_sample_ns": 26_403.2},
+        "host_check_ns": 50_774.7,
+    }
     rounds = Rounds(["candidate"])
     for sample_ns, wall_ms in ((2_277_331, 47.232), (2_280_191, 46.602), (2_287_795, 46.9)):
-        rounds.add("candidate", {"samples_ns": [sample_ns], "wall_s": wall_ms / 1000,
-                                 "info": {"mode": "graph"}, "method": "graph"}, "graph", costs)
-    summary = {"median_us": 2280.191, "early_rounds_ms": [],
-               **wall_check(rounds.wall["candidate"], rounds.account["candidate"], 2280.191)}
+        rounds.add(
+            "candidate",
+            {"samples_ns": [sample_ns], "wall_s": wall_ms / 1000, "info": {"mode": "graph"}, "method": "graph"},
+            "graph",
+            costs,
+        )
+    summary = {
+        "median_us": 2280.191,
+        "early_rounds_ms": [],
+        **wall_check(rounds.wall["candidate"], rounds.account["candidate"], 2280.191),
+    }
     assert timer_inconsistency(summary) is None
 
 

@@ -17,8 +17,12 @@ FIXTURES = Path(__file__).parent / "fixtures" / "h200"
 
 def roles(name: str) -> list[tuple[str, dict]]:
     rows = json.loads((FIXTURES / name).read_text())["rows"]
-    return [(f"{name}: {r['kernel']}/{r['implementation']}/{role}", r[role]) for r in rows
-            for role in ("candidate", "baseline") if r[role] and r[role].get("wall_account")]
+    return [
+        (f"{name}: {r['kernel']}/{r['implementation']}/{role}", r[role])
+        for r in rows
+        for role in ("candidate", "baseline")
+        if r[role] and r[role].get("wall_account")
+    ]
 
 
 # the sweep twice (the second in a busier build: up to 11% of a slow kernel's median went
@@ -32,8 +36,11 @@ def test_no_honest_kernel_of_the_sweep_fails_the_wall_clock_check():
     failing = {}
     for name, role in SWEEPS:
         account = role["wall_account"]
-        summary = {"median_us": role["median_us"], "early_rounds_ms": [],
-                   **wall_check(account["wall_s"], account, role["median_us"])}
+        summary = {
+            "median_us": role["median_us"],
+            "early_rounds_ms": [],
+            **wall_check(account["wall_s"], account, role["median_us"]),
+        }
         problem = timer_inconsistency(summary)
         if problem is not None:
             failing[name] = problem
@@ -77,11 +84,19 @@ def test_on_the_cpu_intervals_hold_only_widened_by_the_cpus_own_spread_between_r
     cpu = for_device(TimingSettings().between_runs, DEFAULT_BETWEEN_RUNS, "cpu")
     for name in ("between_runs_1_percent_a", "between_runs_1_percent_b"):
         part = data[name]
-        assert {row["speedup"]["between_runs"] for run in part["runs"] for row in run["rows"].values()
-                if row["speedup"] and row["speedup"]["verdict"] != "baseline"} == {0.01}
+        assert {
+            row["speedup"]["between_runs"]
+            for run in part["runs"]
+            for row in run["rows"].values()
+            if row["speedup"] and row["speedup"]["verdict"] != "baseline"
+        } == {0.01}
         assert coverage(part, None) < 0.8
         assert coverage(part, cpu) >= 0.95
     default = data["between_runs_default"]
-    assert {row["speedup"]["between_runs"] for run in default["runs"] for row in run["rows"].values()
-            if row["speedup"] and row["speedup"]["verdict"] != "baseline"} == {cpu}
+    assert {
+        row["speedup"]["between_runs"]
+        for run in default["runs"]
+        for row in run["rows"].values()
+        if row["speedup"] and row["speedup"]["verdict"] != "baseline"
+    } == {cpu}
     assert coverage(default, None) >= 0.95

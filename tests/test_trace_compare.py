@@ -10,8 +10,8 @@ import shutil
 
 import msgspec
 import pytest
-
 from conftest import FIXTURES, magpie_in_process
+
 from magpie.traces.compare import COLUMNS, FASTER, NEW, NO_REPEATS, SLOWER, VANISHED, WITHIN, compare_traces
 from magpie.traces.ingest import load_trace
 
@@ -33,12 +33,24 @@ def _scaled(source, target, factor=1.0, kernels=lambda name: True):
 
 
 def test_a_trace_against_itself_is_unchanged_everywhere(tmp_path):
-    proc = magpie_in_process("benchmark", "--compare-traces", DECODE, DECODE, "-o", tmp_path / "out", "--top-k", "3",
-                             cwd=tmp_path, check=0)
+    proc = magpie_in_process(
+        "benchmark", "--compare-traces", DECODE, DECODE, "-o", tmp_path / "out", "--top-k", "3", cwd=tmp_path, check=0
+    )
     assert "1.000x, within noise" in proc.stdout and "written:" in proc.stdout
     summary = json.loads((tmp_path / "out/trace_compare.json").read_text())
-    assert list(summary) == ["before", "after", "repeats", "rule", "noise_model", "total_kernel_time_us", "counts",
-                             "ops", "kernels", "warnings", "outputs"]
+    assert list(summary) == [
+        "before",
+        "after",
+        "repeats",
+        "rule",
+        "noise_model",
+        "total_kernel_time_us",
+        "counts",
+        "ops",
+        "kernels",
+        "warnings",
+        "outputs",
+    ]
     for rows in (summary["ops"], summary["kernels"]):
         assert rows and all(r["status"] == "common" and r["verdict"] == WITHIN and r["diff_us"] == 0 for r in rows)
         assert all(r["ratio"] == 1.0 for r in rows if r["before_us"] > 0)
@@ -79,8 +91,17 @@ def test_a_scaled_kernel_is_found_with_its_ratio_and_judged_against_the_repeats(
     mm = [r for r in single["ops"] if r["name"] == "aten::mm"]
     assert mm and all(r["ratio"] == pytest.approx(1.5, rel=1e-3) for r in mm)
     # repeats: a folder one side, a comma list the other
-    proc = magpie_in_process("benchmark", "--compare-traces", tmp_path / "a", f"{tmp_path / 'b' / 'r1.json'},{scaled}",
-                             "-o", tmp_path / "out", "--json", cwd=tmp_path, check=0)
+    proc = magpie_in_process(
+        "benchmark",
+        "--compare-traces",
+        tmp_path / "a",
+        f"{tmp_path / 'b' / 'r1.json'},{scaled}",
+        "-o",
+        tmp_path / "out",
+        "--json",
+        cwd=tmp_path,
+        check=0,
+    )
     summary = json.loads(proc.stdout)
     assert summary["repeats"] == {"before": 2, "after": 2}
     for row in summary["kernels"]:
@@ -206,9 +227,12 @@ def test_repeated_h200_captures_flag_at_most_one_percent_of_rows():
     assert flagged <= 0.01 * rows, f"{flagged} of {rows} rows flagged without a change"
 
 
-@pytest.mark.xfail(strict=True, reason="the slower_* captures are not slower: _passes_kernel with its eleventh pass "
-                                       "takes 61.5 us against the repeats' 61.8 us; a capture whose change really "
-                                       "costs 10% is needed (then this test passes and the mark goes)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the slower_* captures are not slower: _passes_kernel with its eleventh pass "
+    "takes 61.5 us against the repeats' 61.8 us; a capture whose change really "
+    "costs 10% is needed (then this test passes and the mark goes)",
+)
 def test_the_kernel_made_slower_on_the_h200_is_found():
     """Issue 45.4's power on real captures: the three captures whose Triton kernel makes an
     eleventh pass over its data against each three of the six repeats: that kernel is slower in
@@ -229,13 +253,15 @@ def test_the_noise_model_learns_how_far_rows_stray_from_it():
     from magpie.traces.noise import digamma, fit, trigamma, trigamma_inverse
 
     assert digamma(1.0) == pytest.approx(-0.5772156649015329, abs=1e-10)
-    assert trigamma(0.5) == pytest.approx(math.pi ** 2 / 2, rel=1e-10)
+    assert trigamma(0.5) == pytest.approx(math.pi**2 / 2, rel=1e-10)
     assert trigamma_inverse(trigamma(2.7)) == pytest.approx(2.7, rel=1e-8)
     rng = random.Random(7)
 
     def rows(noise_of):
-        return [([rng.gauss(100.0, noise_of(r)) for _ in range(3)], [rng.gauss(100.0, noise_of(r)) for _ in range(3)], 1)
-                for r in range(200)]
+        return [
+            ([rng.gauss(100.0, noise_of(r)) for _ in range(3)], [rng.gauss(100.0, noise_of(r)) for _ in range(3)], 1)
+            for r in range(200)
+        ]
 
     alike, unalike = fit(rows(lambda r: 1.0)), fit(rows(lambda r: 0.2 * 10 ** (r % 3)))
     assert alike.prior_df > 30 and unalike.prior_df < 3

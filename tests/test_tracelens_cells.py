@@ -8,7 +8,6 @@ magpie's, as a join on those columns (pandas `merge`, a spreadsheet lookup) woul
 from __future__ import annotations
 
 import pytest
-
 from test_tracelens_parity import REFERENCE, TRACE_NAMES, _read_csv, magpie_outputs
 
 SIGNATURE = ("name", "Input Dims", "Input type", "Input Strides", "Concrete Inputs")
@@ -45,9 +44,10 @@ def test_rows_of_equal_time_come_in_tracelens_order(tmp_path):
     import gzip
     import json
 
+    from test_tracelens_parity import FIXTURES, TRACES
+
     from magpie.traces.ingest import load_trace
     from magpie.traces.perf_rows import trace_tables
-    from test_tracelens_parity import FIXTURES, TRACES
 
     doc = json.loads(gzip.decompress((TRACES / "train_step_mlp.json.gz").read_bytes()))
     for event in doc["traceEvents"]:
@@ -66,11 +66,12 @@ def test_rows_of_equal_time_come_in_tracelens_order(tmp_path):
 def test_a_perf_table_without_any_roofline_leaves_out_the_roofline_columns():
     """As TraceLens's: a sheet has the seven roofline columns only where some row has a roofline
     (here: none without the device's peaks; with them, the columns)."""
+    from test_tracelens_parity import TRACES
+
     from magpie.roofline.specs import lookup
     from magpie.traces.ingest import load_trace
     from magpie.traces.ops_tables import ROOFLINE, table_columns
     from magpie.traces.perf_rows import trace_tables
-    from test_tracelens_parity import TRACES
 
     trace = load_trace(TRACES / "train_step_mlp.json.gz")
     _, bare = trace_tables(trace, None)

@@ -43,12 +43,19 @@ def test_every_op_tracelens_knows_has_its_category_and_sheet():
     assert TABLE["source"]["commit"] == "171dd74721ca1ec45709e5805b68ae1f65e27811" and len(TABLE["models"]) == 245
 
     # a category-only entry wins over the model's category, as in TraceLens's registry
-    wrong = {op: (tracelens_ops.CATEGORY.get(op), TRACELENS_MODELS.get(op))
-             for op, model in TABLE["models"].items()
-             if (tracelens_ops.CATEGORY.get(op), TRACELENS_MODELS.get(op))
-             != (TABLE["category_only"].get(op, model["category"]), _sheet(model["category"], model["sheet"]))}
-    wrong.update({op: tracelens_ops.CATEGORY.get(op) for op, category in TABLE["category_only"].items()
-                  if tracelens_ops.CATEGORY.get(op) != category})
+    wrong = {
+        op: (tracelens_ops.CATEGORY.get(op), TRACELENS_MODELS.get(op))
+        for op, model in TABLE["models"].items()
+        if (tracelens_ops.CATEGORY.get(op), TRACELENS_MODELS.get(op))
+        != (TABLE["category_only"].get(op, model["category"]), _sheet(model["category"], model["sheet"]))
+    }
+    wrong.update(
+        {
+            op: tracelens_ops.CATEGORY.get(op)
+            for op, category in TABLE["category_only"].items()
+            if tracelens_ops.CATEGORY.get(op) != category
+        }
+    )
     assert not wrong, f"ops TraceLens {TABLE['source']['commit'][:8]} knows otherwise: {wrong}"
     assert set(TRACELENS_MODELS) == set(TABLE["models"])  # nothing modelled whole that TraceLens does not
     assert all(models_whole_op(op) for op in TABLE["models"])
@@ -67,8 +74,8 @@ def test_every_aten_op_tracelens_models_has_a_magpie_model():
 
 
 def test_categories_follow_tracelens_tables_then_names_then_kernels():
-    from magpie.traces.ops_tables import op_category
     from magpie.traces.ingest import GpuActivity
+    from magpie.traces.ops_tables import op_category
 
     assert op_category("aten::cumsum", []) == "reduce"  # issue 45: was "other"
     assert op_category("aten::group_norm", []) == "NORM_fwd"
@@ -88,12 +95,19 @@ def test_scans_and_other_reductions_by_hand():
     assert cumsum.params["num_output_elems"] == 8 * 1024 and cumsum.params["reduce_type"] == "sum"
     cumprod = estimate(_op("aten::cumprod", [[4, 6], [], []], [BF16, "Scalar", ""], ["", "0", ""]))
     assert cumprod.bytes == 2 * 24 * 2
-    logsumexp = estimate(_op("aten::logsumexp", [[4, 16, 32], [], []], [F32, "ScalarList", "Scalar"],
-                             ["", "[2]", "False"]))
+    logsumexp = estimate(
+        _op("aten::logsumexp", [[4, 16, 32], [], []], [F32, "ScalarList", "Scalar"], ["", "[2]", "False"])
+    )
     assert (logsumexp.flops, logsumexp.bytes) == (4 * 16 * 32, (4 * 16 * 32 + 4 * 16) * 4)
     # linalg_norm(self, ord, dim, keepdim, dtype): the dims come after the order
-    norm = estimate(_op("aten::linalg_norm", [[6, 10], [], [], [], []], [F32, "Scalar", "ScalarList", "Scalar", ""],
-                        ["", "2", "[1]", "False", ""]))
+    norm = estimate(
+        _op(
+            "aten::linalg_norm",
+            [[6, 10], [], [], [], []],
+            [F32, "Scalar", "ScalarList", "Scalar", ""],
+            ["", "2", "[1]", "False", ""],
+        )
+    )
     assert norm.params["num_output_elems"] == 6 and norm.params["reduce_type"] == "norm"
     whole = estimate(_op("aten::norm", [[6, 10], []], [F32, "Scalar"], ["", "2"]))
     assert whole.params["num_output_elems"] == 1  # the order is not a dim
@@ -117,22 +131,44 @@ def test_group_and_instance_norm_by_hand():
     from magpie.traces.perf_models import estimate
 
     n = 2 * 32 * 16 * 16
-    group = estimate(_op("aten::group_norm", [[2, 32, 16, 16], [], [32], [32], [], []],
-                         [F32, "Scalar", F32, F32, "Scalar", "Scalar"], ["", "8", "", "", "1e-05", "True"]))
+    group = estimate(
+        _op(
+            "aten::group_norm",
+            [[2, 32, 16, 16], [], [32], [32], [], []],
+            [F32, "Scalar", F32, F32, "Scalar", "Scalar"],
+            ["", "8", "", "", "1e-05", "True"],
+        )
+    )
     assert group.flops == 5 * n + 6 * 32 and group.bytes == (2 * n + 6 * 32) * 4
-    native = estimate(_op("aten::native_group_norm", [[2, 32, 16, 16], [], [], [], [], [], [], []],
-                          [F32] + ["Scalar"] * 7, ["", "", "", "2", "32", "256", "8", "1e-05"]))
+    native = estimate(
+        _op(
+            "aten::native_group_norm",
+            [[2, 32, 16, 16], [], [], [], [], [], [], []],
+            [F32] + ["Scalar"] * 7,
+            ["", "", "", "2", "32", "256", "8", "1e-05"],
+        )
+    )
     assert native.bytes == (2 * n + 4 * 32) * 4 and not native.params["is_affine"]  # no weight, no bias
     # group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask): per group
-    backward = estimate(_op("aten::native_group_norm_backward",
-                            [[2, 32, 16, 16], [2, 32, 16, 16], [2, 8], [2, 8], [32], [], [], [], [], []],
-                            [F32] * 5 + ["Scalar"] * 4 + [""],
-                            ["", "", "", "", "", "2", "32", "256", "8", "[True, True, True]"]))
+    backward = estimate(
+        _op(
+            "aten::native_group_norm_backward",
+            [[2, 32, 16, 16], [2, 32, 16, 16], [2, 8], [2, 8], [32], [], [], [], [], []],
+            [F32] * 5 + ["Scalar"] * 4 + [""],
+            ["", "", "", "", "", "2", "32", "256", "8", "[True, True, True]"],
+        )
+    )
     per_channel = n / 4
     assert backward.params["num_channels"] == 4 and backward.flops == 4 * 9 * per_channel
     assert backward.bytes == (n + 2 * n + 4 + 4 + 2 * 4) * 4
-    instance = estimate(_op("aten::instance_norm", [[4, 3, 10, 10], [3], [3], [], [], [], [], [], []],
-                            [F32] * 3 + [""] * 6, ["", "", "", "", "", "True", "0.1", "1e-05", "False"]))
+    instance = estimate(
+        _op(
+            "aten::instance_norm",
+            [[4, 3, 10, 10], [3], [3], [], [], [], [], [], []],
+            [F32] * 3 + [""] * 6,
+            ["", "", "", "", "", "True", "0.1", "1e-05", "False"],
+        )
+    )
     assert instance.flops == 5 * 1200 + 6 * 3
 
 
@@ -142,32 +178,55 @@ def test_norm_backwards_and_rms_norm_by_hand():
     n, c = 4 * 128, 128
     # native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
     # train, eps, output_mask)
-    bn = estimate(_op("aten::native_batch_norm_backward", [[4, 128], [4, 128], [128], [128], [128], [128], [128],
-                                                           [], [], []],
-                      [F32] * 7 + ["Scalar", "Scalar", ""], ["", "", "", "", "", "", "", "True", "1e-05",
-                                                             "[True, True, True]"]))
+    bn = estimate(
+        _op(
+            "aten::native_batch_norm_backward",
+            [[4, 128], [4, 128], [128], [128], [128], [128], [128], [], [], []],
+            [F32] * 7 + ["Scalar", "Scalar", ""],
+            ["", "", "", "", "", "", "", "True", "1e-05", "[True, True, True]"],
+        )
+    )
     assert bn.flops == c * 9 * (n / c) and bn.bytes == (3 * n + c + c + 2 * c) * 4
-    cudnn = estimate(_op("aten::cudnn_batch_norm_backward", [[4, 128], [4, 128], [128], [128], [128], [128], [128],
-                                                             [], []], [F32] * 7 + ["Scalar", ""],
-                         ["", "", "", "", "", "", "", "1e-05", ""]))
+    cudnn = estimate(
+        _op(
+            "aten::cudnn_batch_norm_backward",
+            [[4, 128], [4, 128], [128], [128], [128], [128], [128], [], []],
+            [F32] * 7 + ["Scalar", ""],
+            ["", "", "", "", "", "", "", "1e-05", ""],
+        )
+    )
     assert cudnn.flops == c * (3 + 4 * (n / c)) and cudnn.bytes == (2 * n + c) * 4  # eval statistics
-    rms = estimate(_op("aten::_fused_rms_norm", [[4, 128], [], [128], []], [BF16, "", BF16, "Scalar"],
-                       ["", "[128]", "", "1e-06"]))
+    rms = estimate(
+        _op("aten::_fused_rms_norm", [[4, 128], [], [128], []], [BF16, "", BF16, "Scalar"], ["", "[128]", "", "1e-06"])
+    )
     assert rms.flops == 4 * (2 * 128 + 2) + 2 * n and rms.bytes == (2 * n + c) * 2
     # _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask)
-    rms_bwd = estimate(_op("aten::_fused_rms_norm_backward", [[4, 128], [4, 128], [], [4, 1], [128], []],
-                           [BF16, BF16, "", F32, BF16, ""], ["", "", "[128]", "", "", "[True, True]"]))
+    rms_bwd = estimate(
+        _op(
+            "aten::_fused_rms_norm_backward",
+            [[4, 128], [4, 128], [], [4, 1], [128], []],
+            [BF16, BF16, "", F32, BF16, ""],
+            ["", "", "[128]", "", "", "[True, True]"],
+        )
+    )
     assert rms_bwd.flops == 2 * n + 6 * n + 2 * n and rms_bwd.bytes == (3 * n + 2 * c) * 2
-    layer = estimate(_op("aten::layer_norm", [[8, 256], [], [256], [256], [], []],
-                         [BF16, "", BF16, BF16, "Scalar", "Scalar"], ["", "[256]", "", "", "1e-05", "True"]))
+    layer = estimate(
+        _op(
+            "aten::layer_norm",
+            [[8, 256], [], [256], [256], [], []],
+            [BF16, "", BF16, BF16, "Scalar", "Scalar"],
+            ["", "[256]", "", "", "1e-05", "True"],
+        )
+    )
     assert layer.flops == 5 * 2048 + 6 * 256 and layer.bytes == (2 * 2048 + 6 * 256) * 2
 
 
 def test_pads_and_nearest_upsampling_by_hand():
     from magpie.traces.perf_models import estimate
 
-    pad = estimate(_op("aten::replication_pad2d", [[1, 3, 8, 8], []], [F32, ""], ["", "[1, 2, 3, 4]"],
-                       [[192, 64, 8, 1], []]))
+    pad = estimate(
+        _op("aten::replication_pad2d", [[1, 3, 8, 8], []], [F32, ""], ["", "[1, 2, 3, 4]"], [[192, 64, 8, 1], []])
+    )
     assert pad.params["output_shape"] == (1, 3, 8 + 3 + 4, 8 + 1 + 2) and pad.params["padding"] == [1, 2, 3, 4]
     assert pad.flops == 3 * 15 * 11 and pad.bytes == (192 + 3 * 15 * 11) * 4
     assert pad.params["stride_input"] == (192, 64, 8, 1)
@@ -180,8 +239,9 @@ def test_convolution_backward_is_two_forward_convolutions_and_the_bias():
 
     x, w, out = [8, 16, 32, 32], [32, 16, 3, 3], [8, 32, 32, 32]
     concrete = ["", "", "", "[32]", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1", "[True, True, True]"]
-    est = estimate(_op("aten::convolution_backward", [out, x, w, [], [], [], [], [], [], [], []],
-                       [BF16] * 3 + [""] * 8, concrete))
+    est = estimate(
+        _op("aten::convolution_backward", [out, x, w, [], [], [], [], [], [], [], []], [BF16] * 3 + [""] * 8, concrete)
+    )
     forward = 2 * 8 * 32 * 32 * 32 * 16 * 9
     out_numel, x_numel, w_numel = math.prod(out), math.prod(x), math.prod(w)
     assert est.flops == 2 * forward + out_numel
@@ -194,13 +254,43 @@ def test_a_cumsum_in_a_trace_is_a_reduce_row_on_the_reduce_sheet(tmp_path):
     the Reduce_fwd sheet with its model's numbers."""
     from magpie.traces.perf_rows import trace_tables
 
-    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::cumsum", "ts": 0, "dur": 10, "pid": 1, "tid": 1,
-               "args": {"Input Dims": [[64, 512], [], []], "Input type": ["float", "Scalar", ""],
-                        "Input Strides": [[512, 1], [], []], "Concrete Inputs": ["", "1", ""]}},
-              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 2, "pid": 1, "tid": 1,
-               "args": {"correlation": 7}},
-              {"ph": "X", "cat": "kernel", "name": "void at_cuda_detail::cub::DeviceScanKernel<float>(float*)",
-               "ts": 5, "dur": 4, "pid": 0, "tid": 7, "args": {"correlation": 7}}]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::cumsum",
+            "ts": 0,
+            "dur": 10,
+            "pid": 1,
+            "tid": 1,
+            "args": {
+                "Input Dims": [[64, 512], [], []],
+                "Input type": ["float", "Scalar", ""],
+                "Input Strides": [[512, 1], [], []],
+                "Concrete Inputs": ["", "1", ""],
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 1,
+            "dur": 2,
+            "pid": 1,
+            "tid": 1,
+            "args": {"correlation": 7},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "void at_cuda_detail::cub::DeviceScanKernel<float>(float*)",
+            "ts": 5,
+            "dur": 4,
+            "pid": 0,
+            "tid": 7,
+            "args": {"correlation": 7},
+        },
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
     _, tables = trace_tables(load_trace(path))
@@ -213,17 +303,38 @@ def test_flash_attention_forward_and_backward_by_hand():
     from magpie.traces.perf_models import causal_pairs, estimate
 
     q, kv = [2, 128, 8, 64], [2, 128, 2, 64]  # (batch, seq, heads, dim), grouped-query heads
-    forward = estimate(_op("flash_attn::_flash_attn_forward", [q, kv, kv, [], [], [], [], []],
-                           [BF16] * 3 + ["Scalar"] * 5, ["", "", "", "0.0", "0.125", "True", "-1", "-1"],
-                           [[65536, 512, 64, 1], [16384, 128, 64, 1], [16384, 128, 64, 1], [], [], [], [], []]))
+    forward = estimate(
+        _op(
+            "flash_attn::_flash_attn_forward",
+            [q, kv, kv, [], [], [], [], []],
+            [BF16] * 3 + ["Scalar"] * 5,
+            ["", "", "", "0.0", "0.125", "True", "-1", "-1"],
+            [[65536, 512, 64, 1], [16384, 128, 64, 1], [16384, 128, 64, 1], [], [], [], [], []],
+        )
+    )
     assert forward.flops == 2 * 2 * 8 * causal_pairs(128, 128) * (64 + 64)
     assert forward.bytes == (2 * 128 * 8 * 64 * 2 + 2 * 2 * 128 * 2 * 64) * 2
     assert forward.params["q_stride"] == (65536, 512, 64, 1) and forward.params["causal"]
-    assert estimate(_op("FlashAttnFunc", [q, kv, kv, [], [], []], [BF16] * 3 + ["Scalar"] * 3,
-                        ["", "", "", "0.0", "0.125", "False"])).flops == 2 * 2 * 8 * 128 * 128 * 128
+    assert (
+        estimate(
+            _op(
+                "FlashAttnFunc",
+                [q, kv, kv, [], [], []],
+                [BF16] * 3 + ["Scalar"] * 3,
+                ["", "", "", "0.0", "0.125", "False"],
+            )
+        ).flops
+        == 2 * 2 * 8 * 128 * 128 * 128
+    )
     # (dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal...) as TraceLens reads it
-    backward = estimate(_op("flash_attn::_flash_attn_backward", [q, q, kv, kv, q, [2, 8, 128]] + [[]] * 6,
-                            [BF16] * 5 + [F32] + [""] * 6, [""] * 8 + ["0.0", "", "False", ""]))
+    backward = estimate(
+        _op(
+            "flash_attn::_flash_attn_backward",
+            [q, q, kv, kv, q, [2, 8, 128]] + [[]] * 6,
+            [BF16] * 5 + [F32] + [""] * 6,
+            [""] * 8 + ["0.0", "", "False", ""],
+        )
+    )
     pairs = 128 * 128
     assert backward.flops == 2 * 2 * 8 * pairs * (3 * 64 + 2 * 64) + 2 * 128 * 128 * (8 // 2 - 1)
     assert backward.bytes == (2 * (2 * 128 * 8 * 64 + 2 * 2 * 128 * 2 * 64) + 2 * 128 * 8 * 64) * 2
@@ -235,7 +346,17 @@ def test_a_sum_given_a_dtype_reduces_every_dim():
     from magpie.traces.perf_models import estimate
 
     whole = estimate(CpuOp("aten::sum", 0.0, 0.0, 0, 0, [[8, 64, 64], []], ["float", "Scalar"], ["", "6"]))
-    along_last = estimate(CpuOp("aten::sum", 0.0, 0.0, 0, 0, [[8, 64, 64], [], [], []],
-                                ["float", "ScalarList", "Scalar", ""], ["", "[-1]", "False", ""]))
+    along_last = estimate(
+        CpuOp(
+            "aten::sum",
+            0.0,
+            0.0,
+            0,
+            0,
+            [[8, 64, 64], [], [], []],
+            ["float", "ScalarList", "Scalar", ""],
+            ["", "[-1]", "False", ""],
+        )
+    )
     assert whole.params["num_output_elems"] == 1
     assert along_last.params["num_output_elems"] == 8 * 64

@@ -23,9 +23,9 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -48,8 +48,12 @@ ROW_KEYS = {
     "ops_summary_by_category": [("op category",)],
     "coll_analysis": [("Process Group Name",), ("Collective name",), ("dtype",), ("In msg nelems",), ("stream",)],
 }
-SIGNATURE_KEY = [("name",), ("Input Dims_first", "Input Dims"), ("Input type_first", "Input type"),
-                 ("Concrete Inputs_first", "Concrete Inputs")]
+SIGNATURE_KEY = [
+    ("name",),
+    ("Input Dims_first", "Input Dims"),
+    ("Input type_first", "Input type"),
+    ("Concrete Inputs_first", "Concrete Inputs"),
+]
 
 
 @dataclass(frozen=True)
@@ -87,15 +91,40 @@ def _columns(files, columns, aspects=("value",), rows: Callable[[tuple], bool] =
     return lambda d: d.file in files and d.aspect in aspects and d.column in columns and rows(d.key)
 
 
-FAMILY_SHEETS = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise",
-                 "Reduce_fwd", "Normalization")
+FAMILY_SHEETS = (
+    "GEMM",
+    "CONV_fwd",
+    "CONV_bwd",
+    "SDPA_fwd",
+    "SDPA_bwd",
+    "UnaryElementwise",
+    "BinaryElementwise",
+    "Reduce_fwd",
+    "Normalization",
+)
 # the time at the roof (and so its percent and bound) follows from both FLOPs and bytes
-ROOFLINE_COLUMNS = ("Roofline Bound", "Roofline Bound_first", "Roofline Time (µs)_first",
-                    *(f"Pct Roofline_{s}" for s in ("mean", "median", "std", "min", "max")))
-FLOP_COLUMNS = ("GFLOPS", "GFLOPS_first", "FLOPS/Byte", "FLOPS/Byte_first",
-                *(f"TFLOPS/s_{s}" for s in ("mean", "median", "std", "min", "max")), *ROOFLINE_COLUMNS)
-BYTE_COLUMNS = ("Data Moved (MB)", "Data Moved (MB)_first", "FLOPS/Byte", "FLOPS/Byte_first",
-                *(f"TB/s_{s}" for s in ("mean", "median", "std", "min", "max")), *ROOFLINE_COLUMNS)
+ROOFLINE_COLUMNS = (
+    "Roofline Bound",
+    "Roofline Bound_first",
+    "Roofline Time (µs)_first",
+    *(f"Pct Roofline_{s}" for s in ("mean", "median", "std", "min", "max")),
+)
+FLOP_COLUMNS = (
+    "GFLOPS",
+    "GFLOPS_first",
+    "FLOPS/Byte",
+    "FLOPS/Byte_first",
+    *(f"TFLOPS/s_{s}" for s in ("mean", "median", "std", "min", "max")),
+    *ROOFLINE_COLUMNS,
+)
+BYTE_COLUMNS = (
+    "Data Moved (MB)",
+    "Data Moved (MB)_first",
+    "FLOPS/Byte",
+    "FLOPS/Byte_first",
+    *(f"TB/s_{s}" for s in ("mean", "median", "std", "min", "max")),
+    *ROOFLINE_COLUMNS,
+)
 
 
 def _causal_sdpa(key: tuple) -> bool:
@@ -105,8 +134,12 @@ def _causal_sdpa(key: tuple) -> bool:
 def _modelled_by_tracelens(trace: str) -> set[str]:
     """The ops TraceLens models in a trace: those on its family sheets."""
     if trace not in _MODELLED:
-        _MODELLED[trace] = {row["name"] for path in (REFERENCE / trace).glob("*.csv.gz")
-                            if path.name.removesuffix(".csv.gz") in FAMILY_SHEETS for row in _read_csv(path)[1]}
+        _MODELLED[trace] = {
+            row["name"]
+            for path in (REFERENCE / trace).glob("*.csv.gz")
+            if path.name.removesuffix(".csv.gz") in FAMILY_SHEETS
+            for row in _read_csv(path)[1]
+        }
     return _MODELLED[trace]
 
 
@@ -125,10 +158,13 @@ def _named(*names):
 
 OPERAND_OPS = ("aten::_scaled_mm", "aten::convolution", "aten::cudnn_convolution", "aten::convolution_backward")
 # TraceLens's reductions that keep values (its scans, cumsum and cumprod, it counts right)
-REDUCTIONS = tuple(f"aten::{n}" for n in ("mean", "sum", "max", "min", "norm", "linalg_norm", "std", "var",
-                                          "logsumexp", "amin", "amax"))
+REDUCTIONS = tuple(
+    f"aten::{n}"
+    for n in ("mean", "sum", "max", "min", "norm", "linalg_norm", "std", "var", "logsumexp", "amin", "amax")
+)
 PERF_TABLES = ("unified_perf_summary", "ops_unique_args", *FAMILY_SHEETS)
 PERF_COLUMNS = {*FLOP_COLUMNS, *BYTE_COLUMNS, "has_perf_model", "compute_spec", "Compute Spec", "perf_params"}
+
 
 def _parameters(files, names, rows: Callable[[tuple], bool]):
     """Cells of these model parameters on these rows: their `param:` columns, and perf_params where
@@ -138,8 +174,12 @@ def _parameters(files, names, rows: Callable[[tuple], bool]):
     def others(text: str) -> dict:
         return {k: v for k, v in (_literal(text) or ()) if k not in names}
 
-    return lambda d: d.aspect == "value" and d.file in files and rows(d.key) and (
-        d.column in columns or d.column == "perf_params" and others(d.ours) == others(d.theirs))
+    return lambda d: (
+        d.aspect == "value"
+        and d.file in files
+        and rows(d.key)
+        and (d.column in columns or d.column == "perf_params" and others(d.ours) == others(d.theirs))
+    )
 
 
 def _either(*matchers):
@@ -147,70 +187,123 @@ def _either(*matchers):
 
 
 MAGPIE_IS_RIGHT = [
-    Explained("causal-sdpa-flops",
-              "causal attention does N(N+1)/2 query/key pairs (bottom-right aligned for decode); TraceLens counts "
-              "N*N/2, so its FLOPs, intensity and TFLOP/s are off",
-              _columns(("unified_perf_summary", "SDPA_fwd"), FLOP_COLUMNS, rows=_causal_sdpa)),
-    Explained("reduce-output-bytes",
-              "a reduction (aten::sum, aten::mean) writes one value per kept element; TraceLens counts one value "
-              "in all (its num_output_elems is 1: it never reads the reduced dims from the trace)"
-              "; num_output_elems is a parameter the Reduce_fwd sheet groups calls by, so magpie splits a row where "
-              "the calls keep different numbers of values",
-              _either(_columns(("unified_perf_summary", "Reduce_fwd"), BYTE_COLUMNS, rows=_named(*REDUCTIONS)),
-                      _parameters(("unified_perf_summary", "Reduce_fwd"), ("num_output_elems",), _named(*REDUCTIONS)),
-                      lambda d: d.file == "Reduce_fwd" and d.aspect in ("row-split", "row-extra", "row-missing")
-                      and _named(*REDUCTIONS)(d.key))),
-    Explained("reduce-bwd-sheet",
-              "TraceLens writes a Reduce_bwd sheet that holds the forward reductions again, each re-modelled with "
-              "its backward formula (a reduction's gradient is a broadcast); no op in it is a backward op, so "
-              "magpie writes none",
-              lambda d: d.file == "Reduce_bwd" and d.aspect == "file-missing"),
-    Explained("copy-broadcast-source",
-              "copy_ from a broadcast source (a [1, 1, 256] source into [8, 64, 256]) reads the source's own "
-              "elements, as TraceLens counts a broadcast operand of a binary op; TraceLens's unary model counts "
-              "one source element read per element written",
-              _columns(("unified_perf_summary", "UnaryElementwise"), BYTE_COLUMNS,
-                       rows=lambda key: _named("aten::copy_")(key) and _broadcast_copy(key[1]))),
-    Explained("operand-bytes",
-              "aten::_scaled_mm reads its scales (vectors when row- or column-wise) and a convolution its bias; "
-              "TraceLens leaves them out of the bytes (and its bias parameter says False for a convolution that "
-              "has one); so the bias gradient of a convolution's backward (its FLOPs too)",
-              _either(_columns(("unified_perf_summary", "GEMM", "CONV_fwd"), BYTE_COLUMNS, rows=_named(*OPERAND_OPS)),
-                      _columns(("unified_perf_summary", "CONV_bwd"), (*BYTE_COLUMNS, *FLOP_COLUMNS),
-                               rows=_named("aten::convolution_backward")),
-                      _parameters(("unified_perf_summary", "CONV_fwd", "CONV_bwd"), ("bias",),
-                                  _named(*OPERAND_OPS)))),
-    Explained("copy-direction",
-              "copy_(self, src) reads src and writes self; TraceLens's unary model takes the first input for the "
-              "input and the second for the output, so its dtype_in_out and strides name them the other way round "
-              "(the bytes are the same)",
-              _parameters(("unified_perf_summary", "UnaryElementwise"),
-                          ("dtype_in_out", "stride_input", "stride_output"), _named("aten::copy_"))),
-    Explained("kernel-places",
-              "a family sheet groups calls by model parameters, and such calls can launch different kernels "
-              "(_scaled_mm with tensor-wise and row-wise scales), as can calls of one signature (remainder's "
-              "unrolled and vectorized kernels); magpie lists each kernel at its place in the "
-              "launches, TraceLens names each place after the first call's kernel and pools the others' durations "
-              "under it",
-              lambda d: d.aspect == "value" and d.file in PERF_TABLES
-              and d.column in ("kernel_details__summarize_kernel_stats", "kernel_details_summary", "trunc_kernel_details")
-              and len(_literal(d.ours) or ()) > len(_literal(d.theirs) or ())),
-    Explained("models-more-ops",
-              "magpie models ops TraceLens has none for (cat, index_select, sin, cos, gelu, fill_, _foreach_*): "
-              "their perf cells are filled where TraceLens leaves them blank",
-              lambda d: d.aspect == "value" and d.file in PERF_TABLES and d.column in PERF_COLUMNS
-              and d.theirs in ("", "False") and d.key[0] not in _modelled_by_tracelens(d.trace)),
-    Explained("bool-bytes",
-              "a bool tensor is one byte, as PyTorch stores it; TraceLens has no size for bool and leaves the "
-              "bytes (and so the roofline) of an op with a bool operand blank",
-              lambda d: d.aspect == "value" and d.file in PERF_TABLES and d.column in BYTE_COLUMNS
-              and d.theirs == "" and "'bool'" in str(d.key[2])),
-    Explained("integer-roofline",
-              "TraceLens has no peak for integer dtypes and leaves an integer op's roofline blank; magpie holds "
-              "it against the memory bandwidth (and the fp32 vector peak): an integer elementwise op moves 8 "
-              "bytes or more per operation, memory bound",
-              lambda d: d.aspect == "value" and d.file in PERF_TABLES and d.column in ROOFLINE_COLUMNS
-              and d.theirs == "" and "'long int'" in str(d.key[2])),
+    Explained(
+        "causal-sdpa-flops",
+        "causal attention does N(N+1)/2 query/key pairs (bottom-right aligned for decode); TraceLens counts "
+        "N*N/2, so its FLOPs, intensity and TFLOP/s are off",
+        _columns(("unified_perf_summary", "SDPA_fwd"), FLOP_COLUMNS, rows=_causal_sdpa),
+    ),
+    Explained(
+        "reduce-output-bytes",
+        "a reduction (aten::sum, aten::mean) writes one value per kept element; TraceLens counts one value "
+        "in all (its num_output_elems is 1: it never reads the reduced dims from the trace)"
+        "; num_output_elems is a parameter the Reduce_fwd sheet groups calls by, so magpie splits a row where "
+        "the calls keep different numbers of values",
+        _either(
+            _columns(("unified_perf_summary", "Reduce_fwd"), BYTE_COLUMNS, rows=_named(*REDUCTIONS)),
+            _parameters(("unified_perf_summary", "Reduce_fwd"), ("num_output_elems",), _named(*REDUCTIONS)),
+            lambda d: (
+                d.file == "Reduce_fwd"
+                and d.aspect in ("row-split", "row-extra", "row-missing")
+                and _named(*REDUCTIONS)(d.key)
+            ),
+        ),
+    ),
+    Explained(
+        "reduce-bwd-sheet",
+        "TraceLens writes a Reduce_bwd sheet that holds the forward reductions again, each re-modelled with "
+        "its backward formula (a reduction's gradient is a broadcast); no op in it is a backward op, so "
+        "magpie writes none",
+        lambda d: d.file == "Reduce_bwd" and d.aspect == "file-missing",
+    ),
+    Explained(
+        "copy-broadcast-source",
+        "copy_ from a broadcast source (a [1, 1, 256] source into [8, 64, 256]) reads the source's own "
+        "elements, as TraceLens counts a broadcast operand of a binary op; TraceLens's unary model counts "
+        "one source element read per element written",
+        _columns(
+            ("unified_perf_summary", "UnaryElementwise"),
+            BYTE_COLUMNS,
+            rows=lambda key: _named("aten::copy_")(key) and _broadcast_copy(key[1]),
+        ),
+    ),
+    Explained(
+        "operand-bytes",
+        "aten::_scaled_mm reads its scales (vectors when row- or column-wise) and a convolution its bias; "
+        "TraceLens leaves them out of the bytes (and its bias parameter says False for a convolution that "
+        "has one); so the bias gradient of a convolution's backward (its FLOPs too)",
+        _either(
+            _columns(("unified_perf_summary", "GEMM", "CONV_fwd"), BYTE_COLUMNS, rows=_named(*OPERAND_OPS)),
+            _columns(
+                ("unified_perf_summary", "CONV_bwd"),
+                (*BYTE_COLUMNS, *FLOP_COLUMNS),
+                rows=_named("aten::convolution_backward"),
+            ),
+            _parameters(("unified_perf_summary", "CONV_fwd", "CONV_bwd"), ("bias",), _named(*OPERAND_OPS)),
+        ),
+    ),
+    Explained(
+        "copy-direction",
+        "copy_(self, src) reads src and writes self; TraceLens's unary model takes the first input for the "
+        "input and the second for the output, so its dtype_in_out and strides name them the other way round "
+        "(the bytes are the same)",
+        _parameters(
+            ("unified_perf_summary", "UnaryElementwise"),
+            ("dtype_in_out", "stride_input", "stride_output"),
+            _named("aten::copy_"),
+        ),
+    ),
+    Explained(
+        "kernel-places",
+        "a family sheet groups calls by model parameters, and such calls can launch different kernels "
+        "(_scaled_mm with tensor-wise and row-wise scales), as can calls of one signature (remainder's "
+        "unrolled and vectorized kernels); magpie lists each kernel at its place in the "
+        "launches, TraceLens names each place after the first call's kernel and pools the others' durations "
+        "under it",
+        lambda d: (
+            d.aspect == "value"
+            and d.file in PERF_TABLES
+            and d.column in ("kernel_details__summarize_kernel_stats", "kernel_details_summary", "trunc_kernel_details")
+            and len(_literal(d.ours) or ()) > len(_literal(d.theirs) or ())
+        ),
+    ),
+    Explained(
+        "models-more-ops",
+        "magpie models ops TraceLens has none for (cat, index_select, sin, cos, gelu, fill_, _foreach_*): "
+        "their perf cells are filled where TraceLens leaves them blank",
+        lambda d: (
+            d.aspect == "value"
+            and d.file in PERF_TABLES
+            and d.column in PERF_COLUMNS
+            and d.theirs in ("", "False")
+            and d.key[0] not in _modelled_by_tracelens(d.trace)
+        ),
+    ),
+    Explained(
+        "bool-bytes",
+        "a bool tensor is one byte, as PyTorch stores it; TraceLens has no size for bool and leaves the "
+        "bytes (and so the roofline) of an op with a bool operand blank",
+        lambda d: (
+            d.aspect == "value"
+            and d.file in PERF_TABLES
+            and d.column in BYTE_COLUMNS
+            and d.theirs == ""
+            and "'bool'" in str(d.key[2])
+        ),
+    ),
+    Explained(
+        "integer-roofline",
+        "TraceLens has no peak for integer dtypes and leaves an integer op's roofline blank; magpie holds "
+        "it against the memory bandwidth (and the fp32 vector peak): an integer elementwise op moves 8 "
+        "bytes or more per operation, memory bound",
+        lambda d: (
+            d.aspect == "value"
+            and d.file in PERF_TABLES
+            and d.column in ROOFLINE_COLUMNS
+            and d.theirs == ""
+            and "'long int'" in str(d.key[2])
+        ),
+    ),
 ]
 
 GAPS: list[Explained] = []
@@ -293,8 +386,12 @@ def _close(a, b) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
     if isinstance(a, float) or isinstance(b, float):
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-                and not isinstance(b, bool):
+        if (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+        ):
             return abs(a - b) <= ATOL + RTOL * max(abs(a), abs(b))
         return False
     return a == b
@@ -333,13 +430,15 @@ def diff_file(trace: str, name: str, ours: Path | None, theirs: Path | None) -> 
         if key not in theirs_keyed:
             diffs.append(Diff(trace, name, "row-extra", key=key))
         elif len(rows) != len(theirs_keyed[key]):
-            diffs.append(Diff(trace, name, "row-extra" if len(rows) > len(theirs_keyed[key]) else "row-missing",
-                              key=key))
+            diffs.append(
+                Diff(trace, name, "row-extra" if len(rows) > len(theirs_keyed[key]) else "row-missing", key=key)
+            )
         else:
             for ours_row, theirs_row in zip(rows, theirs_keyed[key]):
                 if _calls(ours_row) != _calls(theirs_row):  # one side split the signature: its cells differ too
-                    diffs.append(Diff(trace, name, "row-split", key=key, ours=_calls(ours_row),
-                                      theirs=_calls(theirs_row)))
+                    diffs.append(
+                        Diff(trace, name, "row-split", key=key, ours=_calls(ours_row), theirs=_calls(theirs_row))
+                    )
                     continue
                 for column in shared:
                     if not same_value(ours_row[column], theirs_row[column]):
@@ -358,8 +457,11 @@ def trace_diffs(trace: str, tmp_root: Path) -> list[Diff]:
     if trace not in _DIFFS:
         ours = magpie_outputs(trace, tmp_root / trace)
         theirs = {p.name.removesuffix(".csv.gz"): p for p in (REFERENCE / trace).glob("*.csv.gz")}
-        _DIFFS[trace] = [d for name in sorted(set(ours) | set(theirs))
-                         for d in diff_file(trace, name, ours.get(name), theirs.get(name))]
+        _DIFFS[trace] = [
+            d
+            for name in sorted(set(ours) | set(theirs))
+            for d in diff_file(trace, name, ours.get(name), theirs.get(name))
+        ]
     return _DIFFS[trace]
 
 
@@ -391,8 +493,13 @@ def test_the_reference_outputs_cover_every_fixture_trace_with_the_peaks_magpie_u
     h200 = lookup("NVIDIA H200")
     assert h200.memory_tbps * 1000 == arch["mem_bw_gbps"]
     peaks = arch["max_achievable_tflops"]
-    for theirs, ours in (("matrix_bf16", "bf16_tensor"), ("matrix_fp16", "fp16_tensor"), ("matrix_fp8", "fp8_tensor"),
-                         ("matrix_fp32", "tf32_tensor"), ("vector_fp32", "fp32")):
+    for theirs, ours in (
+        ("matrix_bf16", "bf16_tensor"),
+        ("matrix_fp16", "fp16_tensor"),
+        ("matrix_fp8", "fp8_tensor"),
+        ("matrix_fp32", "tf32_tensor"),
+        ("vector_fp32", "fp32"),
+    ):
         assert h200.peak(ours) == peaks[theirs], theirs
 
 
@@ -402,12 +509,17 @@ def test_outputs_match_tracelens(trace, diffs_of):
     assert not left, f"{len(left)} differences from TraceLens:\n" + "\n".join(map(str, left[:40]))
 
 
-@pytest.mark.parametrize("gap", [pytest.param(g, id=g.id, marks=pytest.mark.xfail(strict=True, reason=g.reason))
-                                 for g in GAPS])
+@pytest.mark.parametrize(
+    "gap", [pytest.param(g, id=g.id, marks=pytest.mark.xfail(strict=True, reason=g.reason)) for g in GAPS]
+)
 def test_parity_gap_closed(gap, diffs_of):
     # a difference kept on purpose (MAGPIE_IS_RIGHT) is no part of a gap, even where the gap's match covers it
-    left = [d for trace in TRACE_NAMES for d in diffs_of(trace)
-            if gap.match(d) and not any(known.match(d) for known in MAGPIE_IS_RIGHT)]
+    left = [
+        d
+        for trace in TRACE_NAMES
+        for d in diffs_of(trace)
+        if gap.match(d) and not any(known.match(d) for known in MAGPIE_IS_RIGHT)
+    ]
     assert not left, f"{len(left)} differences:\n" + "\n".join(map(str, left[:20]))
 
 
@@ -438,8 +550,9 @@ def _model_rows():
             if sheet not in FAMILY_SHEETS:
                 continue
             for row in _read_csv(path)[1]:
-                args = [plain(ast.literal_eval(row[f"{c}_first"])) for c in ("Input Dims", "Input type",
-                                                                             "Concrete Inputs")]
+                args = [
+                    plain(ast.literal_eval(row[f"{c}_first"])) for c in ("Input Dims", "Input type", "Concrete Inputs")
+                ]
                 yield trace, sheet, row, estimate(CpuOp(row["name"], 0.0, 0.0, 0, 0, *args))
 
 
@@ -450,15 +563,19 @@ def test_perf_models_agree_with_tracelens_on_the_same_arguments():
     for trace, sheet, row, est in _model_rows():
         assert est is not None, f"{trace}/{sheet}: no magpie model for {row['name']}"
         name, causal = row["name"], est.params.get("causal")
-        pairs = [("GFLOPS_first", est.flops / 1e9), ("Data Moved (MB)_first", est.bytes / 2 ** 20)]
+        pairs = [("GFLOPS_first", est.flops / 1e9), ("Data Moved (MB)_first", est.bytes / 2**20)]
         if causal:
             pairs = pairs[1:]
         if name in (*REDUCTIONS, *OPERAND_OPS):
             pairs = pairs[:1]
         if name == "aten::convolution_backward" and est.params["bias"]:
             pairs = []  # operand-bytes: the bias gradient's FLOPs and bytes
-        if "bool" in row["Input type_first"] and row["Data Moved (MB)_first"] == "" or \
-                name == "aten::copy_" and _broadcast_copy(row["Input Dims_first"]):
+        if (
+            "bool" in row["Input type_first"]
+            and row["Data Moved (MB)_first"] == ""
+            or name == "aten::copy_"
+            and _broadcast_copy(row["Input Dims_first"])
+        ):
             pairs = [pair for pair in pairs if pair[0] != "Data Moved (MB)_first"]  # bool-bytes, copy-broadcast-source
         for column, ours in pairs:
             checked += 1
@@ -482,16 +599,19 @@ def test_causal_attention_flops_differ_only_by_the_causal_count():
 
 def test_reduction_output_bytes_differ_only_by_the_kept_values():
     """`reduce-output-bytes`: TraceLens counts one output value whatever the reduction keeps."""
-    means = [(row, est) for _, sheet, row, est in _model_rows() if row["name"] in REDUCTIONS
-             and row["Data Moved (MB)_first"] != ""]  # bool-bytes: TraceLens has no size for a bool input
+    means = [
+        (row, est)
+        for _, sheet, row, est in _model_rows()
+        if row["name"] in REDUCTIONS and row["Data Moved (MB)_first"] != ""
+    ]  # bool-bytes: TraceLens has no size for a bool input
     assert any(est.params["num_output_elems"] > 1 for _, est in means)
     for row, est in means:
         kept = est.params["num_output_elems"]
-        out_dtype_bytes = (est.bytes - float(row["Data Moved (MB)_first"]) * 2 ** 20) / (kept - 1) if kept > 1 else None
+        out_dtype_bytes = (est.bytes - float(row["Data Moved (MB)_first"]) * 2**20) / (kept - 1) if kept > 1 else None
         if out_dtype_bytes is not None:
             assert out_dtype_bytes in (2.0, 4.0, 8.0)
         else:
-            assert est.bytes == float(row["Data Moved (MB)_first"]) * 2 ** 20
+            assert est.bytes == float(row["Data Moved (MB)_first"]) * 2**20
 
 
 def summary(trace_names=TRACE_NAMES) -> dict[str, int]:

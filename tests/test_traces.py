@@ -8,19 +8,26 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, magpie_in_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES, magpie_in_process
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
 from magpie.traces.ingest import TraceError, load_trace
 from magpie.traces.kernels import category, normalize
 from magpie.traces.timeline import gpu_timeline, length, subtract, union
 
 TRACES = FIXTURES / "traces" / "h200"
-ALL = ["llama_decode_bf16.json.gz", "triton_rmsnorm_matmul.json.gz", "train_step_mlp.json.gz",
-       "serving_steps_vllm_format.json.gz", "llama_unannotated.json.gz", "conv_bf16.json.gz", "fp8_scaled_mm.json.gz",
-       "graph_replay.json.gz"]
+ALL = [
+    "llama_decode_bf16.json.gz",
+    "triton_rmsnorm_matmul.json.gz",
+    "train_step_mlp.json.gz",
+    "serving_steps_vllm_format.json.gz",
+    "llama_unannotated.json.gz",
+    "conv_bf16.json.gz",
+    "fp8_scaled_mm.json.gz",
+    "graph_replay.json.gz",
+]
 
 
 FIRST_THREE = ALL[:3]
@@ -67,10 +74,26 @@ def test_unlinked_kernels_are_counted_not_dropped(tmp_path):
     events = [
         {"ph": "X", "cat": "kernel", "name": "k_linked", "ts": 10, "dur": 5, "args": {"correlation": 1}},
         {"ph": "X", "cat": "kernel", "name": "k_orphan", "ts": 20, "dur": 7, "args": {"correlation": 99}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5, "dur": 2, "pid": 1, "tid": 1,
-         "args": {"correlation": 1}},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "ts": 4, "dur": 4, "pid": 1, "tid": 1,
-         "args": {"Input Dims": [[8, 8]]}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 5,
+            "dur": 2,
+            "pid": 1,
+            "tid": 1,
+            "args": {"correlation": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::relu",
+            "ts": 4,
+            "dur": 4,
+            "pid": 1,
+            "tid": 1,
+            "args": {"Input Dims": [[8, 8]]},
+        },
     ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
@@ -85,13 +108,36 @@ def test_launches_outside_any_op_are_attributed_to_the_python_function_around_th
     """with_stack traces: a Triton launcher's driver call has no aten op around it, but a
     Python function; an aten op, where there is one, still wins."""
     events = [
-        {"ph": "X", "cat": "python_function", "name": "kernels.py(12): rmsnorm", "ts": 0, "dur": 50,
-         "pid": 1, "tid": 1},
-        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 5, "dur": 2, "pid": 1, "tid": 1,
-         "args": {"correlation": 1}},
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": "kernels.py(12): rmsnorm",
+            "ts": 0,
+            "dur": 50,
+            "pid": 1,
+            "tid": 1,
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_driver",
+            "name": "cuLaunchKernelEx",
+            "ts": 5,
+            "dur": 2,
+            "pid": 1,
+            "tid": 1,
+            "args": {"correlation": 1},
+        },
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 20, "dur": 10, "pid": 1, "tid": 1},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 22, "dur": 2, "pid": 1, "tid": 1,
-         "args": {"correlation": 2}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 22,
+            "dur": 2,
+            "pid": 1,
+            "tid": 1,
+            "args": {"correlation": 2},
+        },
         {"ph": "X", "cat": "kernel", "name": "_rms_kernel", "ts": 10, "dur": 5, "args": {"correlation": 1}},
         {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "ts": 30, "dur": 5, "args": {"correlation": 2}},
     ]
@@ -127,12 +173,16 @@ def test_window_and_filters():
 
 
 def test_name_normalization_and_categories():
-    assert normalize("void at::native::vectorized_elementwise_kernel<4, F, std::array<char*, 2ul> >(int, F)") == \
-        "at::native::vectorized_elementwise_kernel"
+    assert (
+        normalize("void at::native::vectorized_elementwise_kernel<4, F, std::array<char*, 2ul> >(int, F)")
+        == "at::native::vectorized_elementwise_kernel"
+    )
     assert normalize("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "nvjet_sm90_tst_NxM_NxM_NxM_h_bz_coopA_TNT"
     assert normalize("triton_poi_fused_add_mul_0") == "triton_poi_fused_add_mul"
-    assert normalize("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int>(int)") == \
-        "at::native::CatArrayBatchedCopy"
+    assert (
+        normalize("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int>(int)")
+        == "at::native::CatArrayBatchedCopy"
+    )
     assert category("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
     assert category("_rms_kernel", op_name=None) == "other"
     assert category("Memcpy HtoD", kind="memcpy") == "memcpy"
@@ -158,10 +208,12 @@ def test_timeline_by_hand_with_communication_and_memcpy():
     busy is the union of all three."""
     from magpie.traces.ingest import GpuActivity, Trace
 
-    gpu = [GpuActivity("gemm", "kernel", 0.0, 10.0, 0, 7, None),
-           GpuActivity("ncclKernel_AllReduce", "kernel", 8.0, 6.0, 0, 8, None),
-           GpuActivity("Memcpy DtoH", "memcpy", 12.0, 6.0, 0, 9, None),
-           GpuActivity("gemm", "kernel", 30.0, 5.0, 0, 7, None)]
+    gpu = [
+        GpuActivity("gemm", "kernel", 0.0, 10.0, 0, 7, None),
+        GpuActivity("ncclKernel_AllReduce", "kernel", 8.0, 6.0, 0, 8, None),
+        GpuActivity("Memcpy DtoH", "memcpy", 12.0, 6.0, 0, 9, None),
+        GpuActivity("gemm", "kernel", 30.0, 5.0, 0, 7, None),
+    ]
     t = {r["type"]: r["time ms"] * 1000 for r in gpu_timeline(Trace("t", None, [], gpu))[0]}
     assert t["computation_time"] == pytest.approx(15) and t["exposed_comm_time"] == pytest.approx(4)  # 10-14
     assert t["exposed_memcpy_time"] == pytest.approx(4)  # 14-18
@@ -178,13 +230,29 @@ def test_timeline_adds_up(name):
     # intervals from the recorded timestamps (2**-10 µs resolution near 5e12 µs, as TraceLens reads them)
     assert t["computation_time"] <= sum(a.dur for a in computing) / 1000 * (1 + 1e-4)
     assert t["busy_time"] >= t["computation_time"]
-    assert {r["type"] for r in rows} >= {"computation_time", "exposed_comm_time", "exposed_memcpy_time",
-                                          "busy_time", "idle_time", "total_time"}
+    assert {r["type"] for r in rows} >= {
+        "computation_time",
+        "exposed_comm_time",
+        "exposed_memcpy_time",
+        "busy_time",
+        "idle_time",
+        "total_time",
+    }
 
 
 def test_cli_writes_tracelens_and_magpie_outputs(tmp_path):
-    proc = magpie_in_process("benchmark", "--trace-dir", first_three(tmp_path), "--top-k", "5", "-o", tmp_path / "out",
-                             "--json", cwd=tmp_path, check=0)
+    proc = magpie_in_process(
+        "benchmark",
+        "--trace-dir",
+        first_three(tmp_path),
+        "--top-k",
+        "5",
+        "-o",
+        tmp_path / "out",
+        "--json",
+        cwd=tmp_path,
+        check=0,
+    )
     summary = json.loads(proc.stdout)
     assert len(summary["traces"]) == 3 and any("capture_info.json" in w for w in summary["warnings"])
     with open(tmp_path / "out/gap_analysis/gap_analysis.csv") as handle:
@@ -196,8 +264,11 @@ def test_cli_writes_tracelens_and_magpie_outputs(tmp_path):
         assert list(csv.DictReader(handle))[0].keys() == {"type", "time ms", "percent"}
     from magpie.traces.ops_tables import BY_CATEGORY, OPS_SUMMARY, UNIFIED
 
-    for table, columns in (("ops_summary", OPS_SUMMARY), ("ops_summary_by_category", BY_CATEGORY),
-                           ("unified_perf_summary", UNIFIED)):
+    for table, columns in (
+        ("ops_summary", OPS_SUMMARY),
+        ("ops_summary_by_category", BY_CATEGORY),
+        ("unified_perf_summary", UNIFIED),
+    ):
         with open(tmp_path / f"out/tracelens/train_step_mlp/{table}.csv") as handle:
             assert next(csv.reader(handle)) == columns
 
@@ -217,8 +288,10 @@ def test_bad_traces_are_one_line(tmp_path):
 
 
 def test_bad_window_and_top_k_are_one_line(tmp_path):
-    for args, expected in ((["--start-pct", "60", "--end-pct", "40"], "--start-pct/--end-pct"),
-                           (["--top-k", "0"], "--top-k")):
+    for args, expected in (
+        (["--start-pct", "60", "--end-pct", "40"], "--start-pct/--end-pct"),
+        (["--top-k", "0"], "--top-k"),
+    ):
         proc = magpie_in_process("benchmark", "--trace-dir", TRACES, *args, cwd=tmp_path)
         assert proc.returncode == 2 and expected in proc.stderr and proc.stderr.count("\n") == 1
 
@@ -237,18 +310,28 @@ def test_perf_models_match_hand_counts():
     assert mm.flops == 2 * 4 * 512 * 8192 and mm.bytes == (4 * 512 + 512 * 8192 + 4 * 8192) * 2
     assert mm.precision == "bf16_tensor"
     # TraceLens's parameters, in its names and order
-    assert mm.params == {"M": 4, "N": 8192, "K": 512, "bias": False, "stride_A": None, "stride_B": None,
-                         "dtype_A_B": (bf16, bf16), "B": 1}
-    addmm = estimate(_op("aten::addmm", [[1024], [512, 4096], [4096, 1024], [], []],
-                         [bf16, bf16, bf16, "Scalar", "Scalar"]))
+    assert mm.params == {
+        "M": 4,
+        "N": 8192,
+        "K": 512,
+        "bias": False,
+        "stride_A": None,
+        "stride_B": None,
+        "dtype_A_B": (bf16, bf16),
+        "B": 1,
+    }
+    addmm = estimate(
+        _op("aten::addmm", [[1024], [512, 4096], [4096, 1024], [], []], [bf16, bf16, bf16, "Scalar", "Scalar"])
+    )
     assert addmm.flops == 2 * 512 * 1024 * 4096 + 512 * 1024
     qkv = [[4, 8, 96, 64], [4, 2, 96, 64], [4, 2, 96, 64]]
     flags = ["", "", "", "", "", "", "96", "96", "False", "0.", "True", "False", "0.125"]
     prefill = estimate(_op("aten::_cudnn_attention_forward", qkv + [[]] * 10, [bf16] * 3 + [""] * 10, flags))
     assert prefill.params["causal"] and prefill.flops == 2 * 4 * 8 * (96 * 97 // 2) * (64 + 64)
     assert causal_pairs(1, 112) == 112 and causal_pairs(4, 10) == 4 * 6 + 10  # decode sees every key so far
-    mean = estimate(_op("aten::mean", [[4, 96, 512], [], [], []], ["float", "ScalarList", "Scalar", ""],
-                        ["", "[-1]", "True", ""]))
+    mean = estimate(
+        _op("aten::mean", [[4, 96, 512], [], [], []], ["float", "ScalarList", "Scalar", ""], ["", "[-1]", "True", ""])
+    )
     assert mean.params["num_output_elems"] == 4 * 96 and mean.bytes == 4 * 96 * 512 * 4 + 4 * 96 * 4
     cat = estimate(_op("aten::cat", [[[1, 96, 32], [1, 96, 32]], []], ["TensorList", "Scalar"], ["", "-1"]))
     assert cat.bytes == 2 * 2 * 96 * 32 * 4
@@ -262,13 +345,41 @@ def test_kernel_roofline_simple_csv_has_tracelens_columns(tmp_path):
     path = tmp_path / "out/tracelens/llama_decode_bf16_kernel_roofline_simple.csv"
     with open(path) as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ROOF == [
-        "source_category", "op_name", "param_signature", "params_json", "operation_count", "num_kernels",
-        "kernel_time_ms_sum", "time_pct", "kernel_time_us_mean", "gflops", "data_moved_mb",
-        "arithmetic_intensity_flops_per_byte", "achieved_tflops_mean", "achieved_tbps_mean", "compute_spec",
-        "roofline_bound", "pct_roofline_mean", "roofline_time_us", "has_perf_model", "input_dims", "input_type"]
-    expected_ms = sum(e["dur"] for e in raw_events("llama_decode_bf16.json.gz")  # memcpy and memset count too
-                      if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X") / 1000
+    assert (
+        list(rows[0])
+        == ROOF
+        == [
+            "source_category",
+            "op_name",
+            "param_signature",
+            "params_json",
+            "operation_count",
+            "num_kernels",
+            "kernel_time_ms_sum",
+            "time_pct",
+            "kernel_time_us_mean",
+            "gflops",
+            "data_moved_mb",
+            "arithmetic_intensity_flops_per_byte",
+            "achieved_tflops_mean",
+            "achieved_tbps_mean",
+            "compute_spec",
+            "roofline_bound",
+            "pct_roofline_mean",
+            "roofline_time_us",
+            "has_perf_model",
+            "input_dims",
+            "input_type",
+        ]
+    )
+    expected_ms = (
+        sum(
+            e["dur"]
+            for e in raw_events("llama_decode_bf16.json.gz")  # memcpy and memset count too
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X"
+        )
+        / 1000
+    )
     assert sum(float(r["kernel_time_ms_sum"]) for r in rows) == pytest.approx(expected_ms, rel=1e-4)
     mm = next(r for r in rows if r["op_name"] == "aten::mm" and json.loads(r["input_dims"]) == [[4, 512], [512, 512]])
     assert float(mm["gflops"]) == pytest.approx(2 * 4 * 512 * 512 / 1e9, rel=1e-3)
@@ -287,10 +398,10 @@ def test_kernel_sources_resolved_ambiguous_library_unresolved(tmp_path, monkeypa
     repo = tmp_path / "repo"
     write_files = {
         "a.py": "import triton\n\n@triton.autotune(\n    configs=[],\n    key=['n'],\n)\n@triton.jit\n"
-                "def twice(x):\n    pass\n",
+        "def twice(x):\n    pass\n",
         "b.py": "import triton\n@triton.jit\ndef twice(x):\n    pass\n\ndef not_a_kernel():\n    pass\n",
         "k.cu": "template <int N>\n__global__ void __launch_bounds__(256) tiled_add(float* x) {}\n"
-                "__device__ float helper(float v) { return v; }\n",
+        "__device__ float helper(float v) { return v; }\n",
         "tests/test_tiled.py": "def test_tiled_add():\n    assert 'tiled_add'\n",
     }
     for name, text in write_files.items():
@@ -311,10 +422,21 @@ def test_kernel_sources_resolved_ambiguous_library_unresolved(tmp_path, monkeypa
 
 
 def test_trace_kernels_mapped_to_this_repository(tmp_path):
-    proc = magpie_in_process("benchmark", "--trace-dir", first_three(tmp_path), "--top-k", "1000",
-                             "--find-kernel-sources",
-                             "--kernel-source-repos", FIXTURES.parents[1] / "bench", "-o", tmp_path / "o", "--json",
-                             cwd=tmp_path, check=0)
+    proc = magpie_in_process(
+        "benchmark",
+        "--trace-dir",
+        first_three(tmp_path),
+        "--top-k",
+        "1000",
+        "--find-kernel-sources",
+        "--kernel-source-repos",
+        FIXTURES.parents[1] / "bench",
+        "-o",
+        tmp_path / "o",
+        "--json",
+        cwd=tmp_path,
+        check=0,
+    )
     top = json.loads(proc.stdout)["top"]
     rows = {r["Name"]: r for r in top}
     rms = rows["_rms_kernel"]["source"]
@@ -342,8 +464,10 @@ def test_ops_tables_add_up_to_the_trace(name):
     for spans in replays.values():
         spans.sort()
         total_us -= sum(max(0.0, min(spans[i][1], spans[i + 1][1]) - spans[i + 1][0]) for i in range(len(spans) - 1))
-    for table, key in (("ops_summary", "total_direct_kernel_time_ms"),
-                       ("ops_summary_by_category", "total_direct_kernel_time_ms")):
+    for table, key in (
+        ("ops_summary", "total_direct_kernel_time_ms"),
+        ("ops_summary_by_category", "total_direct_kernel_time_ms"),
+    ):
         rows = tables[table]
         # each call's time comes from its timestamps (2**-10 µs resolution near 5e12 µs), as in TraceLens
         assert sum(r[key] for r in rows) == pytest.approx(total_us / 1000, rel=1e-4)
@@ -352,7 +476,9 @@ def test_ops_tables_add_up_to_the_trace(name):
     # every activity in one perf row; one row per replayed kernel: their own durations
     unified = tables["unified_perf_summary"]
     assert sum(r["Kernel Time (µs)_sum"] for r in unified) == pytest.approx(sum(a.dur for a in trace.gpu), rel=1e-4)
-    assert sum(r["Count"] for r in tables["ops_summary"]) == sum(r["operation_count"] for r in tables["ops_unique_args"])
+    assert sum(r["Count"] for r in tables["ops_summary"]) == sum(
+        r["operation_count"] for r in tables["ops_unique_args"]
+    )
 
 
 def test_ops_categories_on_real_traces():
@@ -376,14 +502,25 @@ def test_convolution_model_by_hand():
 
     bf16 = "c10::BFloat16"
     # 3x3, stride 1, padding 1: output 56x56; FLOPs 2*N*K*P*Q*C*R*S
-    conv = estimate(_op("aten::convolution", [[8, 64, 56, 56], [128, 64, 3, 3], [128], [], [], [], [], [], []],
-                        [bf16, bf16, bf16] + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"],
-                        ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]))
+    conv = estimate(
+        _op(
+            "aten::convolution",
+            [[8, 64, 56, 56], [128, 64, 3, 3], [128], [], [], [], [], [], []],
+            [bf16, bf16, bf16] + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"],
+            ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"],
+        )
+    )
     assert conv.params["convNd"] == "conv2d" and conv.params["bias"] and conv.params["padding"] == (1, 1)
     assert conv.flops == 2 * 8 * 128 * 56 * 56 * 64 * 3 * 3  # a 56x56 output
     assert conv.bytes == (8 * 64 * 56 * 56 + 128 * 64 * 9 + 8 * 128 * 56 * 56 + 128) * 2
-    strided = estimate(_op("aten::cudnn_convolution", [[1, 32, 32, 32], [32, 1, 3, 3]], ["float", "float"],
-                           ["", "", "[0, 0]", "[2, 2]", "[1, 1]", "32", "False", "False", "True"]))
+    strided = estimate(
+        _op(
+            "aten::cudnn_convolution",
+            [[1, 32, 32, 32], [32, 1, 3, 3]],
+            ["float", "float"],
+            ["", "", "[0, 0]", "[2, 2]", "[1, 1]", "32", "False", "False", "True"],
+        )
+    )
     assert strided.params["stride"] == (2, 2) and strided.params["groups"] == 32
     assert strided.flops == 2 * 1 * 32 * 15 * 15 * 1 * 9  # a 15x15 output; depthwise: one input channel each
 
@@ -402,9 +539,19 @@ def test_steady_state_window_from_step_annotations(tmp_path):
     assert window_total_us(trace, window) < window_total_us(trace, Window())
     none, why = steady_state_window(load_trace(TRACES / "train_step_mlp.json.gz"))
     assert none is None and "no numbered step annotations" in why["reason"]
-    summary = json.loads(magpie_in_process("benchmark", "--trace-dir", first_three(tmp_path), "--steady-state",
-                                           "-o", tmp_path / "o",
-                                           "--json", cwd=tmp_path, check=0).stdout)
+    summary = json.loads(
+        magpie_in_process(
+            "benchmark",
+            "--trace-dir",
+            first_three(tmp_path),
+            "--steady-state",
+            "-o",
+            tmp_path / "o",
+            "--json",
+            cwd=tmp_path,
+            check=0,
+        ).stdout
+    )
     assert [p["picked"] for p in summary["window_picks"]] == [True, False, True]
     assert any("no steady state picked" in w for w in summary["warnings"])
 
@@ -465,19 +612,24 @@ def test_steps_and_stages_from_vllm_step_annotations():
     assert "".join(s.stage[0] for s in steps) == "pdddd" + "pddddd" + "pdddddd"
     assert [s.stage for s in steps if s.detail["context_requests"]] == ["prefill", "prefilldecode", "prefilldecode"]
     views = stage_traces(trace, steps)
-    assert {stage: (pick["steps"], pick["kept_steps"]) for stage, (_, _, pick) in views.items()} == \
-        {"prefill": (1, 1), "decode": (15, 13), "prefilldecode": (2, 2)}
+    assert {stage: (pick["steps"], pick["kept_steps"]) for stage, (_, _, pick) in views.items()} == {
+        "prefill": (1, 1),
+        "decode": (15, 13),
+        "prefilldecode": (2, 2),
+    }
     # an independent count: kernel events that start inside the kept steps' GPU annotations
     events = raw_events("serving_steps_vllm_format.json.gz")
     spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "gpu_user_annotation")
     decode = [(s, e) for s, e, name in spans if name.startswith("execute_context_0(0)")][1:-1]
-    expected = sum(e["dur"] for e in events if e.get("cat") == "kernel"
-                   and any(s <= e["ts"] <= end for s, end in decode))
+    expected = sum(
+        e["dur"] for e in events if e.get("cat") == "kernel" and any(s <= e["ts"] <= end for s, end in decode)
+    )
     assert views["decode"][2]["kernel_time_us"] == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("name", ["serving_steps_vllm_format.json.gz", "llama_unannotated.json.gz",
-                                  "graph_replay.json.gz"])
+@pytest.mark.parametrize(
+    "name", ["serving_steps_vllm_format.json.gz", "llama_unannotated.json.gz", "graph_replay.json.gz"]
+)
 def test_a_stages_tables_from_its_traces_calls_are_those_of_the_stage_walked_anew(name):
     from magpie.traces.perf_rows import TraceCalls, trace_tables
     from magpie.traces.stages import split_steps, stage_traces
@@ -525,8 +677,7 @@ def test_steps_from_the_call_tree_when_nothing_is_annotated():
     assert [s.stage for s in steps] == ["prefill"] + ["decode"] * 12
     assert [s.detail["gemm_rows"] for s in steps[:2]] == [320, 4]
     launched = sum(k.dur for k in trace.kernels if k.launch is not None)
-    assert sum(k.dur for k in trace.kernels if any(s.start <= k.ts <= s.end for s in steps)) == \
-        pytest.approx(launched)
+    assert sum(k.dur for k in trace.kernels if any(s.start <= k.ts <= s.end for s in steps)) == pytest.approx(launched)
     steps, how = split_steps(load_trace(TRACES / "train_step_mlp.json.gz"))
     assert steps == [] and "no top-level op repeats" in how["reason"]
 
@@ -557,8 +708,20 @@ def test_inference_mode_writes_per_stage_outputs_and_the_tracelens_block(tmp_pat
     folder.mkdir()
     for name in ("serving_steps_vllm_format.json.gz", "train_step_mlp.json.gz"):
         shutil.copy(TRACES / name, folder / name)
-    summary = json.loads(magpie_in_process("benchmark", "--trace-dir", folder, "--analysis-mode", "inference", "-o",
-                                           tmp_path / "o", "--json", cwd=tmp_path, check=0).stdout)
+    summary = json.loads(
+        magpie_in_process(
+            "benchmark",
+            "--trace-dir",
+            folder,
+            "--analysis-mode",
+            "inference",
+            "-o",
+            tmp_path / "o",
+            "--json",
+            cwd=tmp_path,
+            check=0,
+        ).stdout
+    )
     from magpie.report.models import TraceSummary
 
     TraceSummary.model_validate(summary)  # the CLI's summary keeps the rule's contract
@@ -586,18 +749,20 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     trace = load_trace(TRACES / "conv_bf16.json.gz")
     _, tables = trace_tables(trace, lookup("H200"))  # with the peaks: the roofline columns too
     unique = tables["ops_unique_args"]
-    assert sum(r["total_direct_kernel_time_sum"] for r in unique) == pytest.approx(sum(a.dur for a in trace.gpu),
-                                                                                    rel=1e-4)
+    assert sum(r["total_direct_kernel_time_sum"] for r in unique) == pytest.approx(
+        sum(a.dur for a in trace.gpu), rel=1e-4
+    )
     assert sum(sum(d["count"] for d in ast.literal_eval(r["kernel_details_summary"])) for r in unique) == len(trace.gpu)
     for row in tables["unified_perf_summary"]:
         assert row["Kernel Time (µs)_min"] <= row["Kernel Time (µs)_median"] <= row["Kernel Time (µs)_max"]
-        assert row["Kernel Time (µs)_mean"] * row["operation_count"] == \
-            pytest.approx(row["Kernel Time (µs)_sum"], rel=1e-3)
+        assert row["Kernel Time (µs)_mean"] * row["operation_count"] == pytest.approx(
+            row["Kernel Time (µs)_sum"], rel=1e-3
+        )
     conv = tables["CONV_fwd"]
     # the op TraceLens models, with the cudnn_convolution (plain or transposed) inside it
     assert {r["name"] for r in conv} == {"aten::convolution"} and sum(r["name_count"] for r in conv) == 15
     columns = table_columns("CONV_fwd", conv)
-    assert columns[0] == "name" and columns[-len(FAMILY_SHEET):] == FAMILY_SHEET
+    assert columns[0] == "name" and columns[-len(FAMILY_SHEET) :] == FAMILY_SHEET
     assert {"param: stride", "param: groups", "param: transposed_conv"} <= set(table_columns("CONV_fwd", conv))
     assert {r["name"] for r in tables["UnaryElementwise"]} == {"aten::clamp_min"}  # relu's kernel
     assert {r["name"] for r in tables["BinaryElementwise"]} == {"aten::add_"}  # the bias, inside the convolution
@@ -605,8 +770,11 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
     assert gemm and all({"param: M", "param: N", "param: K"} <= set(r) for r in gemm)
     # the operands' strides, in TraceLens's names, from the first call's Input Strides
     for r in gemm:
-        strides = ast.literal_eval(r["Input Strides_first"])[1:] if r["name"] == "aten::addmm" else \
-            ast.literal_eval(r["Input Strides_first"])
+        strides = (
+            ast.literal_eval(r["Input Strides_first"])[1:]
+            if r["name"] == "aten::addmm"
+            else ast.literal_eval(r["Input Strides_first"])
+        )
         assert (r["param: stride_A"], r["param: stride_B"]) == tuple(map(tuple, strides[:2]))
     assert any(r["name"] == "aten::mm" and r["param: stride_A"] == (512, 1) for r in gemm)
     # cuBLAS's nvjet kernels name the transposes (TN: A transposed, B not)
@@ -618,8 +786,13 @@ def test_unique_args_and_family_sheets_with_tracelens_columns():
 
 # What a trace's op tables hold: durations in 2**-10 µs steps, rates derived from them, few
 # distinct values, magnitudes far apart, signs mixed.
-TABLE_VALUES = st.one_of(st.integers(1, 200_000).map(lambda n: n / 1024), st.floats(0.5, 5e4).map(lambda d: 3.1e9 / d),
-                         st.sampled_from([1.5, 2.25, 7.0]), st.floats(1e-15, 1e15), st.floats(-1, 1))
+TABLE_VALUES = st.one_of(
+    st.integers(1, 200_000).map(lambda n: n / 1024),
+    st.floats(0.5, 5e4).map(lambda d: 3.1e9 / d),
+    st.sampled_from([1.5, 2.25, 7.0]),
+    st.floats(1e-15, 1e15),
+    st.floats(-1, 1),
+)
 
 
 @settings(max_examples=500)
@@ -695,17 +868,36 @@ def test_perf_rows_leave_out_collective_communication(tmp_path):
     from magpie.traces.perf_rows import trace_tables
 
     def launch(ts, correlation, kernel):
-        return [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "pid": 1,
-                 "tid": 1, "args": {"correlation": correlation}},
-                {"ph": "X", "cat": "kernel", "name": kernel, "ts": ts + 5, "dur": 4,
-                 "args": {"correlation": correlation}}]
+        return [
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "ts": ts,
+                "dur": 2,
+                "pid": 1,
+                "tid": 1,
+                "args": {"correlation": correlation},
+            },
+            {"ph": "X", "cat": "kernel", "name": kernel, "ts": ts + 5, "dur": 4, "args": {"correlation": correlation}},
+        ]
 
-    events = [{"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
-              *launch(1, 1, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage)"),
-              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 20, "dur": 10, "pid": 1, "tid": 1,
-               "args": {"Input Dims": [[4, 8], [8, 16]], "Input type": ["float", "float"]}},
-              *launch(21, 2, "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"),
-              *launch(40, 3, "ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage)")]
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+        *launch(1, 1, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage)"),
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "ts": 20,
+            "dur": 10,
+            "pid": 1,
+            "tid": 1,
+            "args": {"Input Dims": [[4, 8], [8, 16]], "Input type": ["float", "float"]},
+        },
+        *launch(21, 2, "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"),
+        *launch(40, 3, "ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage)"),
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
     tables = trace_tables(load_trace(path))[1]
@@ -725,9 +917,16 @@ def test_signatures_split_by_strides_and_carry_process_thread_and_first_uid():
     assert len(muls) == 2 and muls[0].op.strides != muls[1].op.strides
     for group in groups:
         if group.op is not None:
-            first = min(i for i, op in enumerate(trace.cpu_ops) if op.name == group.name and op.strides ==
-                        group.op.strides and op.input_dims == group.op.input_dims and op.concrete == group.op.concrete
-                        and op.input_types == group.op.input_types and (op.pid, op.tid) == (group.op.pid, group.op.tid))
+            first = min(
+                i
+                for i, op in enumerate(trace.cpu_ops)
+                if op.name == group.name
+                and op.strides == group.op.strides
+                and op.input_dims == group.op.input_dims
+                and op.concrete == group.op.concrete
+                and op.input_types == group.op.input_types
+                and (op.pid, op.tid) == (group.op.pid, group.op.tid)
+            )
             assert group.uid == trace.op_uids[first]
     row = tables["ops_unique_args"][0]
     assert row["process_label"] == "CPU" and row["thread_name"].startswith("thread ")
@@ -747,13 +946,18 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
     (tmp_path / "traces").mkdir()
     for name in ("serving_steps_vllm_format.json.gz", "triton_rmsnorm_matmul.json.gz"):
         shutil.copy(TRACES / name, tmp_path / "traces" / name)
-    write(tmp_path, {"magpie.toml": """
+    write(
+        tmp_path,
+        {
+            "magpie.toml": """
         [[traces]]
         id = "serving"
         dir = "traces"
         analysis_mode = "inference"
         top_k = 5
-    """})
+    """
+        },
+    )
     first = magpie_in_process("build", "--json", cwd=tmp_path, check=0)
     assert json.loads(first.stdout)["executed"] == ["trace_analysis:serving", "report"], first.stdout
     assert build_json(tmp_path)["executed"] == []
@@ -767,19 +971,30 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
     assert "traces/serving/trace_report.html" in html
     shutil.copy(TRACES / "llama_unannotated.json.gz", tmp_path / "traces" / "extra.json.gz")
     assert build_json(tmp_path)["executed"] == ["trace_analysis:serving", "report"]
-    write(tmp_path, {"magpie.toml": """
+    write(
+        tmp_path,
+        {
+            "magpie.toml": """
         [[traces]]
         id = "serving"
         dir = "no_such_folder"
-    """})
+    """
+        },
+    )
     proc = magpie_in_process("build", cwd=tmp_path, check=2)
     assert proc.stderr.strip().count("\n") == 0 and "traces[0].dir" in proc.stderr and "Traceback" not in proc.stderr
-    for manifest, field in (("""
+    for manifest, field in (
+        (
+            """
         [[traces]]
         id = "serving"
         dir = "traces"
         kernel_source_repos = ["no_such_repo"]
-    """, "traces[0].kernel_source_repos"), ("""
+    """,
+            "traces[0].kernel_source_repos",
+        ),
+        (
+            """
         [[traces]]
         id = "serving"
         dir = "traces"
@@ -787,7 +1002,10 @@ def test_declared_trace_sets_build_as_rules_into_the_report(tmp_path):
         [[traces]]
         id = "serving"
         dir = "traces"
-    """, "'serving' is used twice")):
+    """,
+            "'serving' is used twice",
+        ),
+    ):
         write(tmp_path, {"magpie.toml": manifest})
         proc = magpie_in_process("build", cwd=tmp_path, check=2)
         assert proc.stderr.strip().count("\n") == 0 and field in proc.stderr and "Traceback" not in proc.stderr
@@ -798,8 +1016,7 @@ def test_graph_replays_link_to_their_graph_launch_and_are_grouped_by_kernel_kind
     from magpie.traces.stages import split_steps, stage_traces
 
     trace = load_trace(TRACES / "graph_replay.json.gz")
-    replayed = [k for k in trace.kernels if k.launch is not None
-                and trace.launches[k.launch].name == "cudaGraphLaunch"]
+    replayed = [k for k in trace.kernels if k.launch is not None and trace.launches[k.launch].name == "cudaGraphLaunch"]
     assert len(replayed) == 24 and all(k.op is None for k in replayed)  # 6 replays of a 4-kernel graph
     assert trace.unlinked["kernels_without_launch"] == 0 and trace.unlinked["kernels_without_cpu_op"] == 24
     ops = {r["name"]: r for r in trace_tables(trace)[1]["ops_summary"]}
@@ -815,8 +1032,11 @@ def test_traces_with_one_file_name_in_two_folders_keep_their_own_outputs(tmp_pat
     for rank, name in (("rank0", "llama_decode_bf16.json.gz"), ("rank1", "triton_rmsnorm_matmul.json.gz")):
         (tmp_path / "t" / rank).mkdir(parents=True)
         shutil.copy(TRACES / name, tmp_path / "t" / rank / "trace.json.gz")
-    summary = json.loads(magpie_in_process("benchmark", "--trace-dir", tmp_path / "t", "-o", tmp_path / "o", "--json",
-                                           cwd=tmp_path, check=0).stdout)
+    summary = json.loads(
+        magpie_in_process(
+            "benchmark", "--trace-dir", tmp_path / "t", "-o", tmp_path / "o", "--json", cwd=tmp_path, check=0
+        ).stdout
+    )
     assert [p["label"] for p in summary["pages"]] == ["rank0_trace", "rank1_trace"]
     for label in ("rank0_trace", "rank1_trace"):
         assert (tmp_path / "o" / "tracelens" / f"{label}_kernel_roofline_simple.csv").is_file()
@@ -837,8 +1057,9 @@ def _gpu_free_copy(source: Path, target: Path) -> Path:
 
 def test_a_cpu_only_trace_warns_in_one_line_and_explains_in_the_summary(tmp_path):
     _gpu_free_copy(TRACES / "train_step_mlp.json.gz", tmp_path / "cpu" / "cpu_only.json")
-    proc = magpie_in_process("benchmark", "--trace-dir", tmp_path / "cpu", "-o", tmp_path / "out", cwd=tmp_path,
-                             check=0)
+    proc = magpie_in_process(
+        "benchmark", "--trace-dir", tmp_path / "cpu", "-o", tmp_path / "out", cwd=tmp_path, check=0
+    )
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "cpu_only.json" in warnings[0] and "no GPU activity" in warnings[0]
     summary = json.loads((tmp_path / "out/gap_analysis/gap_analysis.json").read_text())
@@ -849,8 +1070,7 @@ def test_a_cpu_only_trace_warns_in_one_line_and_explains_in_the_summary(tmp_path
 def test_a_trace_with_kernels_has_no_explanation_and_memcpy_alone_is_named(tmp_path):
     from magpie.traces.report import analyze_traces
 
-    summary = analyze_traces(_one(tmp_path, "graph_replay"),
-                             tmp_path / "out")
+    summary = analyze_traces(_one(tmp_path, "graph_replay"), tmp_path / "out")
     assert summary["explanation"] == "" and summary["bad_traces"] == []
     doc = json.load(gzip.open(TRACES / "train_step_mlp.json.gz"))
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kernel"]
@@ -874,8 +1094,9 @@ def test_a_bad_rank_among_several_is_reported_and_skipped(tmp_path):
     data = (TRACES / "train_step_mlp.json.gz").read_bytes()
     (folder / "rank3.json.gz").write_bytes(data[: len(data) // 2])  # truncated
     (folder / "rank4.json").write_text('{"traceEvents": [{"ph": "X"')  # corrupt
-    proc = magpie_in_process("benchmark", "--trace-dir", folder, "--top-k", "60", "-o", tmp_path / "out", cwd=tmp_path,
-                             check=0)
+    proc = magpie_in_process(
+        "benchmark", "--trace-dir", folder, "--top-k", "60", "-o", tmp_path / "out", cwd=tmp_path, check=0
+    )
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning: skipped a bad trace")]
     assert len(warnings) == 2
     assert any("rank3.json.gz" in w and "cannot decompress" in w for w in warnings)
@@ -889,7 +1110,7 @@ def test_a_bad_rank_among_several_is_reported_and_skipped(tmp_path):
     assert lines[header].split()[0] == "rank"
     top = summary["top"]
     assert len(top) == 60
-    for line, row in zip(lines[header + 1: header + 1 + len(top)], top, strict=True):
+    for line, row in zip(lines[header + 1 : header + 1 + len(top)], top, strict=True):
         assert line.split()[0] == row["Rank"]
     assert len({row["Rank"] for row in top}) > 1
 
@@ -904,7 +1125,8 @@ def test_traces_claiming_one_rank_keep_their_own_rows_csvs_and_timelines(tmp_pat
     for folder, rank in (("a", 0), ("b", 0), ("c", 1)):
         (tmp_path / "traces" / folder).mkdir(parents=True)
         (tmp_path / "traces" / folder / "trace.json").write_text(
-            json.dumps({**data, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2}}))
+            json.dumps({**data, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2}})
+        )
     summary = analyze_traces(tmp_path / "traces", tmp_path / "out", top_k=1000)
     assert [t["rank"] for t in summary["traces"]] == ["0_0", "0_1", "1"]
     assert {row["Rank"] for row in summary["top"]} == {"0_0", "0_1", "1"}
@@ -912,13 +1134,15 @@ def test_traces_claiming_one_rank_keep_their_own_rows_csvs_and_timelines(tmp_pat
     for rank in ("0_0", "0_1", "1"):
         assert (tmp_path / f"out/gap_analysis/gap_analysis_rank{rank}.csv").is_file()
         assert (tmp_path / f"out/gpu_timeline_rank{rank}_dev0.csv").is_file()
-    assert any(w.startswith("rank 0 is claimed by 2 traces") and w.endswith("labelled 0_0, 0_1")
-               for w in summary["warnings"])
+    assert any(
+        w.startswith("rank 0 is claimed by 2 traces") and w.endswith("labelled 0_0, 0_1") for w in summary["warnings"]
+    )
 
 
 def test_one_trace_prints_no_rank_column_and_all_bad_is_still_an_error(tmp_path):
-    proc = magpie_in_process("benchmark", "--trace-dir", _one(tmp_path, "conv_bf16"), "-o", tmp_path / "out",
-                             cwd=tmp_path, check=0)
+    proc = magpie_in_process(
+        "benchmark", "--trace-dir", _one(tmp_path, "conv_bf16"), "-o", tmp_path / "out", cwd=tmp_path, check=0
+    )
     assert "rank" not in next(line for line in proc.stdout.splitlines() if "% Total" in line)
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -953,19 +1177,63 @@ def test_streamed_decode_in_small_batches_matches_the_whole_document(tmp_path, m
 
     from magpie.traces import ingest
 
-    events = [{"ph": "X", "cat": "cpu_op", "name": "op}, {x", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
-               "args": {"Input Dims": [[2, 3], []], "Input type": ["float", ""], "Input Strides": [[3, 1], []],
-                        "nested": [{"a": 1}, {"b": 2}]}}
-              for i in range(40)]
-    events += [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python3"}},
-               {"ph": "M", "name": "process_labels", "pid": 1, "tid": 0, "args": {"labels": "CPU"}},
-               {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "thread 1 (python3)"}}]
-    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10.0 * i + 1,
-                "dur": 1.0, "args": {"correlation": i}} for i in range(40)]
-    events += [{"ph": "X", "cat": "kernel", "name": "k]}, {", "pid": 0, "tid": 7, "ts": 10.0 * i + 2, "dur": 3.0,
-                "args": {"correlation": i, "device": 0, "stream": 7}} for i in range(40)]
-    text = js.dumps({"traceEvents": events, "deviceProperties": [{"name": "NVIDIA H200"}, {"name": "x"}],
-                     "distributedInfo": {"rank": 3}}, indent=1)
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "op}, {x",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10.0 * i,
+            "dur": 5.0,
+            "args": {
+                "Input Dims": [[2, 3], []],
+                "Input type": ["float", ""],
+                "Input Strides": [[3, 1], []],
+                "nested": [{"a": 1}, {"b": 2}],
+            },
+        }
+        for i in range(40)
+    ]
+    events += [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python3"}},
+        {"ph": "M", "name": "process_labels", "pid": 1, "tid": 0, "args": {"labels": "CPU"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "thread 1 (python3)"}},
+    ]
+    events += [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10.0 * i + 1,
+            "dur": 1.0,
+            "args": {"correlation": i},
+        }
+        for i in range(40)
+    ]
+    events += [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k]}, {",
+            "pid": 0,
+            "tid": 7,
+            "ts": 10.0 * i + 2,
+            "dur": 3.0,
+            "args": {"correlation": i, "device": 0, "stream": 7},
+        }
+        for i in range(40)
+    ]
+    text = js.dumps(
+        {
+            "traceEvents": events,
+            "deviceProperties": [{"name": "NVIDIA H200"}, {"name": "x"}],
+            "distributedInfo": {"rank": 3},
+        },
+        indent=1,
+    )
     path = tmp_path / "t.json.gz"
     path.write_bytes(gz.compress(text.encode()))
     monkeypatch.setattr(ingest, "_CHUNK", 97)
@@ -975,22 +1243,44 @@ def test_streamed_decode_in_small_batches_matches_the_whole_document(tmp_path, m
     assert streamed_documents[0] is not None  # read in batches, not whole
     monkeypatch.setattr(ingest, "_stream", lambda *_: None)  # the whole-document path
     whole = load_trace(path)
-    assert (streamed.rank, streamed.device_name(), len(streamed.cpu_ops), len(streamed.gpu)) == (3, "NVIDIA H200", 40, 40)
+    assert (streamed.rank, streamed.device_name(), len(streamed.cpu_ops), len(streamed.gpu)) == (
+        3,
+        "NVIDIA H200",
+        40,
+        40,
+    )
     assert streamed == whole
     assert streamed.gpu[5].op == 5 and streamed.cpu_ops[5].input_dims == [[2, 3], []]
     # strides shared like the other inputs; the event's index in traceEvents; the metadata events
     assert streamed.cpu_ops[5].strides == [[3, 1], []] and streamed.cpu_ops[5].strides is streamed.cpu_ops[6].strides
     assert streamed.op_uids[5] == 5 and streamed.launch_uids[2] == 45 and streamed.events == len(events)
-    assert (streamed.process_names, streamed.process_labels, streamed.thread_names) == \
-        ({1: "python3"}, {1: "CPU"}, {(1, 1): "thread 1 (python3)"})
+    assert (streamed.process_names, streamed.process_labels, streamed.thread_names) == (
+        {1: "python3"},
+        {1: "CPU"},
+        {(1, 1): "thread 1 (python3)"},
+    )
 
 
 def test_op_inputs_are_looked_up_together_and_each_distinct_text_decoded_once(tmp_path):
     """An op's four inputs are found by their joined texts: ops alike but for one input keep their
     own, and every op with the same text of an input shares its one decoded value."""
-    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
-               "args": {"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"],
-                        "Input Strides": [[3, 1], [4, 1] if i % 2 else [1, 3]]}} for i in range(4)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10.0 * i,
+            "dur": 5.0,
+            "args": {
+                "Input Dims": [[2, 3], [3, 4]],
+                "Input type": ["float", "float"],
+                "Input Strides": [[3, 1], [4, 1] if i % 2 else [1, 3]],
+            },
+        }
+        for i in range(4)
+    ]
     path = tmp_path / "ops.json"
     path.write_text(json.dumps({"traceEvents": events}))
     ops = load_trace(path).cpu_ops
@@ -1005,12 +1295,23 @@ def test_streamed_decode_of_a_broken_trace_says_what_the_whole_document_decode_s
 
     from magpie.traces import ingest
 
-    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": float(i), "dur": 1.0, "pid": 0, "tid": 7,
-               "args": {"correlation": i}} for i in range(200)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": f"k{i}",
+            "ts": float(i),
+            "dur": 1.0,
+            "pid": 0,
+            "tid": 7,
+            "args": {"correlation": i},
+        }
+        for i in range(200)
+    ]
     text = js.dumps({"traceEvents": events}).encode()
     middle = len(text) // 2
     monkeypatch.setattr(ingest, "_CHUNK", 64)
-    for name, broken in (("middle.json", text[:middle] + b"}}}" + text[middle + 3:]), ("short.json", text[:middle])):
+    for name, broken in (("middle.json", text[:middle] + b"}}}" + text[middle + 3 :]), ("short.json", text[:middle])):
         path = tmp_path / name
         path.write_bytes(broken)
         with pytest.raises(TraceError) as streamed:

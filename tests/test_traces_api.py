@@ -18,9 +18,11 @@ pandas = pytest.importorskip("pandas")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 # a training step (GEMM, elementwise, reduce, norm sheets), convolutions, and a rank of an NCCL capture (collectives)
-TRACES = {"train_step_mlp": FIXTURES / "h200" / "train_step_mlp.json.gz",
-          "conv_bf16": FIXTURES / "h200" / "conv_bf16.json.gz",
-          "nccl_tp2_rank0": FIXTURES / "h200_nccl_tp2" / "nccl_tp2_rank0.json.gz"}
+TRACES = {
+    "train_step_mlp": FIXTURES / "h200" / "train_step_mlp.json.gz",
+    "conv_bf16": FIXTURES / "h200" / "conv_bf16.json.gz",
+    "nccl_tp2_rank0": FIXTURES / "h200_nccl_tp2" / "nccl_tp2_rank0.json.gz",
+}
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
@@ -68,9 +70,19 @@ def test_op_tables_are_the_csvs(analysed):
     assert_frame_is_csv(trace.ops_summary_by_category(), tables / "ops_summary_by_category.csv")
     assert_frame_is_csv(trace.ops_unique_args(), tables / "ops_unique_args.csv")
     assert_frame_is_csv(trace.unified_perf_summary(), tables / "unified_perf_summary.csv")
-    written = sorted(p.stem for p in tables.glob("*.csv")
-                     if p.stem not in ("ops_summary", "ops_summary_by_category", "ops_unique_args",
-                                       "unified_perf_summary", "gpu_timeline", "coll_analysis"))
+    written = sorted(
+        p.stem
+        for p in tables.glob("*.csv")
+        if p.stem
+        not in (
+            "ops_summary",
+            "ops_summary_by_category",
+            "ops_unique_args",
+            "unified_perf_summary",
+            "gpu_timeline",
+            "coll_analysis",
+        )
+    )
     assert sorted(trace.perf_families()) == written
     for family in written:
         assert_frame_is_csv(trace.perf_table(family), tables / f"{family}.csv")
@@ -91,7 +103,10 @@ def test_kernels_timeline_and_collectives_are_the_csvs(analysed):
 def test_comparison_is_the_csv(tmp_path):
     import magpie.traces
 
-    before, after = FIXTURES / "h200_nccl_tp2" / "nccl_tp2_rank0.json.gz", FIXTURES / "h200_nccl_tp2" / "nccl_tp2_rank1.json.gz"
+    before, after = (
+        FIXTURES / "h200_nccl_tp2" / "nccl_tp2_rank0.json.gz",
+        FIXTURES / "h200_nccl_tp2" / "nccl_tp2_rank1.json.gz",
+    )
     magpie_in_process("benchmark", "--compare-traces", before, after, "-o", tmp_path, cwd=tmp_path, check=0)
     compared = magpie.traces.comparison([before], after)
     assert_frame_is_csv(compared.table(), tmp_path / "trace_compare.csv")
@@ -120,8 +135,10 @@ def test_bad_input_is_one_user_error(tmp_path):
 
 
 def test_pandas_only_when_the_api_is_used():
-    code = ("import sys, magpie, magpie.traces, magpie.cli; from magpie.traces import open as open_trace; "
-            f"before = 'pandas' in sys.modules; open_trace({str(TRACES['conv_bf16'])!r}).ops_summary(); "
-            "print(before, 'pandas' in sys.modules)")
+    code = (
+        "import sys, magpie, magpie.traces, magpie.cli; from magpie.traces import open as open_trace; "
+        f"before = 'pandas' in sys.modules; open_trace({str(TRACES['conv_bf16'])!r}).ops_summary(); "
+        "print(before, 'pandas' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]

@@ -12,18 +12,18 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
+import tomllib
 from conftest import FIXTURES, REPO, magpie_in_process
+from test_tracelens_parity import MAGPIE_IS_RIGHT, diff_file
+
 from magpie.traces.gap import COLUMNS
 from magpie.traces.ingest import load_trace
 from magpie.traces.kernels import normalize
 from magpie.traces.report import analyze_traces
-from test_tracelens_parity import MAGPIE_IS_RIGHT, diff_file
 
 GLOO = FIXTURES / "traces" / "cpu_gloo_tp2"
 RANKS = ["gloo_tp2_rank0.json.gz", "gloo_tp2_rank1.json.gz"]
@@ -35,9 +35,12 @@ def _shape(path: Path) -> dict:
     """What a rank's trace is made of, timings aside: its distributed facts, op and annotation names."""
     doc = json.load(gzip.open(path))
     trace = load_trace(path)
-    return {"distributed": {k: doc["distributedInfo"][k] for k in ("backend", "rank", "world_size")},
-            "multicast_off": doc["multicast_off"], "ops": Counter(op.name for op in trace.cpu_ops),
-            "annotations": Counter(name for name, *_ in trace.annotations)}
+    return {
+        "distributed": {k: doc["distributedInfo"][k] for k in ("backend", "rank", "world_size")},
+        "multicast_off": doc["multicast_off"],
+        "ops": Counter(op.name for op in trace.cpu_ops),
+        "annotations": Counter(name for name, *_ in trace.annotations),
+    }
 
 
 def test_each_rank_traced_its_steps_and_collectives():
@@ -78,8 +81,14 @@ def test_two_ranks_are_analysed_each_with_its_own_outputs(tmp_path):
 
 def test_the_capture_writes_what_is_committed(tmp_path):
     """The fixture is what bench/capture_traces.py writes where it finds no two GPUs."""
-    subprocess.run([sys.executable, "bench/capture_traces.py", str(tmp_path), "tp2_collectives"], cwd=REPO,
-                   check=True, capture_output=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    subprocess.run(
+        [sys.executable, "bench/capture_traces.py", str(tmp_path), "tp2_collectives"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["capture_info.json", *RANKS]
     assert json.loads((tmp_path / "capture_info.json").read_text())["captures"] == ["tp2_collectives"]
     for name in RANKS:
@@ -90,8 +99,11 @@ NCCL = FIXTURES / "traces" / "h200_nccl_tp2"
 NCCL_RANKS = ["nccl_tp2_rank0.json.gz", "nccl_tp2_rank1.json.gz"]
 TRACELENS_NCCL = FIXTURES / "tracelens_nccl_tp2"
 # per rank and step: the sequence shards gathered, the partial sums all-reduced, the gated sums reduce-scattered
-NCCL_KERNELS = {"ncclDevKernel_AllGather_RING_LL": 4, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": 4,
-                "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": 4}
+NCCL_KERNELS = {
+    "ncclDevKernel_AllGather_RING_LL": 4,
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": 4,
+    "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": 4,
+}
 
 
 def _timeline(path: Path) -> dict[str, float]:
@@ -110,8 +122,11 @@ def nccl_run(tmp_path_factory):
 def test_each_nccl_rank_ran_its_collectives_on_its_own_gpu():
     for rank, name in enumerate(NCCL_RANKS):
         doc, trace = json.load(gzip.open(NCCL / name)), load_trace(NCCL / name)
-        assert {k: doc["distributedInfo"][k] for k in ("backend", "rank", "world_size")} == \
-            {"backend": "nccl", "rank": rank, "world_size": 2}
+        assert {k: doc["distributedInfo"][k] for k in ("backend", "rank", "world_size")} == {
+            "backend": "nccl",
+            "rank": rank,
+            "world_size": 2,
+        }
         assert doc["multicast_off"] == MULTICAST_OFF and trace.rank == rank
         # each rank's process saw both GPUs and ran on its own
         assert [p["id"] for p in trace.device_properties] == [0, 1]
@@ -124,15 +139,19 @@ def test_each_nccl_rank_ran_its_collectives_on_its_own_gpu():
 def test_nccl_ranks_get_a_timeline_each_with_their_communication(nccl_run):
     _, out = nccl_run
     summary = json.loads((out / "gap_analysis" / "gap_analysis.json").read_text())
-    assert [(Path(t["path"]).name, t["rank"], t["device"]) for t in summary["traces"]] == \
-        [(NCCL_RANKS[0], "0", "NVIDIA H200"), (NCCL_RANKS[1], "1", "NVIDIA H200")]
+    assert [(Path(t["path"]).name, t["rank"], t["device"]) for t in summary["traces"]] == [
+        (NCCL_RANKS[0], "0", "NVIDIA H200"),
+        (NCCL_RANKS[1], "1", "NVIDIA H200"),
+    ]
     assert summary["bad_traces"] == [] and summary["explanation"] == ""
     # nothing to warn of but the capture's record beside the traces
     [warning] = summary["warnings"]
     assert warning.startswith(f"skipped {NCCL / 'capture_info.json'}: not a PyTorch profiler")
     # one timeline per rank, of the GPU it ran on; no aggregate timeline of both
-    assert sorted(p.name for p in out.glob("gpu_timeline*.csv")) == \
-        ["gpu_timeline_rank0_dev0.csv", "gpu_timeline_rank1_dev1.csv"]
+    assert sorted(p.name for p in out.glob("gpu_timeline*.csv")) == [
+        "gpu_timeline_rank0_dev0.csv",
+        "gpu_timeline_rank1_dev1.csv",
+    ]
     assert {rank: list(devices) for rank, devices in summary["gpu_timeline"].items()} == {"0": ["0"], "1": ["1"]}
     timelines = [_timeline(out / f"gpu_timeline_rank{r}_dev{r}.csv") for r in (0, 1)]
     for t in timelines:
@@ -162,8 +181,9 @@ def test_nccl_kernels_are_each_ranks_communication_rows_and_no_op_table_row(nccl
             assert "aten::mm" in names and not names & {"record_param_comms", "c10d::allreduce_"}, table
     with open(out / "gap_analysis" / "gap_analysis.csv") as handle:
         top = [r for r in csv.DictReader(handle) if r["Category"] == "communication"]
-    assert sorted((r["Rank"], r["Normalized Name"]) for r in top) == \
-        sorted((str(rank), kernel) for rank in (0, 1) for kernel in NCCL_KERNELS)
+    assert sorted((r["Rank"], r["Normalized Name"]) for r in top) == sorted(
+        (str(rank), kernel) for rank in (0, 1) for kernel in NCCL_KERNELS
+    )
 
 
 def test_the_console_and_the_page_say_whose_each_row_is(nccl_run):
@@ -171,11 +191,11 @@ def test_the_console_and_the_page_say_whose_each_row_is(nccl_run):
     lines = stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if "% Total" in line)
     assert lines[header].split()[0] == "rank"
-    rows = [line.split() for line in lines[header + 1:] if line[:4].strip() in ("0", "1")]
+    rows = [line.split() for line in lines[header + 1 :] if line[:4].strip() in ("0", "1")]
     assert {row[0] for row in rows} == {"0", "1"}
     assert ["0", "communication", "ncclDevKernel_AllGather_RING_LL"] == [rows[0][0], rows[0][4], rows[0][5]]
     page = (out / "trace_report.html").read_text()
-    top = page[page.index("Top kernels across traces"):]
+    top = page[page.index("Top kernels across traces") :]
     assert "<th>rank</th><th>kernel</th>" in top
     assert '<td class="num">1</td><td>ncclDevKernel_AllGather_RING_LL</td>' in top
 
@@ -191,17 +211,31 @@ def test_nccl_outputs_match_tracelens(tmp_path, monkeypatch):
         ours = {p.stem: p for p in (tmp_path / "out" / "tracelens" / label).glob("*.csv")}  # gpu_timeline's too
         theirs = {p.name.removesuffix(".csv.gz"): p for p in (TRACELENS_NCCL / label).glob("*.csv.gz")}
         assert sorted(ours) == sorted(theirs)
-        diffs = [d for table in sorted(theirs) for d in diff_file(label, table, ours[table], theirs[table])
-                 if not any(known.match(d) for known in MAGPIE_IS_RIGHT)]
-        assert [(d.file, d.column, d.ours, d.theirs) for d in diffs] == \
-            [("coll_analysis", "rank", str(rank), "0")] * 3 * rank, "\n".join(map(str, diffs))
+        diffs = [
+            d
+            for table in sorted(theirs)
+            for d in diff_file(label, table, ours[table], theirs[table])
+            if not any(known.match(d) for known in MAGPIE_IS_RIGHT)
+        ]
+        assert [(d.file, d.column, d.ours, d.theirs) for d in diffs] == [
+            ("coll_analysis", "rank", str(rank), "0")
+        ] * 3 * rank, "\n".join(map(str, diffs))
         with open(tmp_path / "out" / "tracelens" / label / "coll_analysis.csv") as handle:
-            collectives = {r["Collective name"]: (r["rank"], r["In msg size (MB)_first"], r["Out msg size (MB)_first"],
-                                                  r["operation_count"]) for r in csv.DictReader(handle)}
+            collectives = {
+                r["Collective name"]: (
+                    r["rank"],
+                    r["In msg size (MB)_first"],
+                    r["Out msg size (MB)_first"],
+                    r["operation_count"],
+                )
+                for r in csv.DictReader(handle)
+            }
         # bf16 shards of 512 x 4096 gathered into 1024 x 4096, and 1024 x 4096 partial sums reduced
-        assert collectives == {"_allgather_base": (str(rank), "4.0", "8.0", "4"),
-                               "allreduce": (str(rank), "8.0", "8.0", "4"),
-                               "_reduce_scatter_base": (str(rank), "8.0", "4.0", "4")}
+        assert collectives == {
+            "_allgather_base": (str(rank), "4.0", "8.0", "4"),
+            "allreduce": (str(rank), "8.0", "8.0", "4"),
+            "_reduce_scatter_base": (str(rank), "8.0", "4.0", "4"),
+        }
 
 
 def test_each_collective_kernel_has_its_own_record_read_in_batches_or_whole(monkeypatch):

@@ -10,8 +10,8 @@ from pathlib import Path
 from statistics import fmean, median
 
 import pytest
-
 from conftest import SPIN_SOURCE, relu2_report
+
 from magpie.compare.stats import bootstrap_speedup
 from magpie.harness.measurement import (
     SPEEDUP_METHOD_MEAN,
@@ -22,15 +22,20 @@ from magpie.harness.measurement import (
 )
 from magpie.harness.rounds import Rounds
 
-STEADY = SPIN_SOURCE + """
+STEADY = (
+    SPIN_SOURCE
+    + """
 
 def kernel(x):
     spin(0.0005)
     return torch.relu(x) * 2.0
 """
+)
 # The same work per four calls as the baseline, all of it in one: the median of its per-call
 # times is the cheap calls', 50x under the baseline's.
-BURSTY = SPIN_SOURCE + """
+BURSTY = (
+    SPIN_SOURCE
+    + """
 _calls = [0]
 
 
@@ -40,20 +45,30 @@ def kernel(x):
         spin(0.002)
     return torch.relu(x) * 2.0
 """
-HONEST = SPIN_SOURCE + """
+)
+HONEST = (
+    SPIN_SOURCE
+    + """
 
 def kernel(x):
     spin(0.00025)
     return torch.relu(x) * 2.0
 """
+)
 
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     root = tmp_path_factory.mktemp("uneven")
-    report = relu2_report(root, ["bursty", "honest"], shapes="[[8, 128]]", defaults="trials = 1", baseline="steady",
-                          timing="warmup_ms = 5\nbudget_ms = 90\nrounds = 3",
-                          sources={"steady": STEADY, "bursty": BURSTY, "honest": HONEST})
+    report = relu2_report(
+        root,
+        ["bursty", "honest"],
+        shapes="[[8, 128]]",
+        defaults="trials = 1",
+        baseline="steady",
+        timing="warmup_ms = 5\nbudget_ms = 90\nrounds = 3",
+        sources={"steady": STEADY, "bursty": BURSTY, "honest": HONEST},
+    )
     return {row["implementation"]: row for row in report["results"]}
 
 
@@ -82,6 +97,7 @@ def test_an_honest_candidate_is_not_flagged_and_is_ranked_by_medians(rows):
 
 
 # -- the rule, on synthetic samples ---------------------------------------------------------
+
 
 def _bursty(n, cheap=3.0, dear=850.0, period=4, phase=3):
     """Per-call µs: all the work in one call of every `period`."""

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import magpie_in_process
 
 MAGPIE = f"{sys.executable} -m magpie"
@@ -23,21 +22,20 @@ MAGPIE = f"{sys.executable} -m magpie"
 def _can_mount() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True)
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True)
     return probe.returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _can_mount(), reason="needs root and unshare -m to mount a read-only "
-                                                         "workspace or a small tmpfs")
+pytestmark = pytest.mark.skipif(
+    not _can_mount(), reason="needs root and unshare -m to mount a read-only workspace or a small tmpfs"
+)
 
 READ_ONLY = "mount --bind workspaces workspaces && mount -o remount,bind,ro workspaces && "
 
 
 def in_namespace(root, script: str) -> subprocess.CompletedProcess:
     """`script` (sh) in a mount namespace of its own, in the project's folder: its mounts end with it."""
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=root, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=root, capture_output=True, text=True, timeout=600)
 
 
 def one_line(proc: subprocess.CompletedProcess, start: str) -> None:
@@ -74,8 +72,10 @@ def test_a_read_only_workspace_with_something_to_store_is_one_line(built):
     source.write_text("def kernel(x):\n    return x + 0.0\n")
     try:
         proc = in_namespace(built, READ_ONLY + f"{MAGPIE} build")
-        one_line(proc, "magpie: workspaces/ is read-only: 5 stale tasks would store their artifacts there "
-                       "(first: compile:k1/a)")
+        one_line(
+            proc,
+            "magpie: workspaces/ is read-only: 5 stale tasks would store their artifacts there (first: compile:k1/a)",
+        )
         dry = in_namespace(built, READ_ONLY + f"{MAGPIE} build --dry-run")
         assert dry.returncode == 0 and "5 to run, 13 up to date" in dry.stdout, dry.stderr
     finally:
@@ -102,10 +102,9 @@ rm workspaces/filler
     proc = in_namespace(command_project, script)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    failed = out[:out.index("exit=")].strip().splitlines()
+    failed = out[: out.index("exit=")].strip().splitlines()
     assert "Traceback" not in out
     assert out.count("exit=2\n") == 1
-    assert failed[-1].startswith("magpie: no space left on the device of workspaces/: could not write "
-                                 "workspaces/"), out
+    assert failed[-1].startswith("magpie: no space left on the device of workspaces/: could not write workspaces/"), out
     assert all(line.startswith("run ") for line in failed[:-1]), out  # no line per task failed after it
     assert "5 to run, 13 up to date" in out  # every artifact stored before is there, and intact

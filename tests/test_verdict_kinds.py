@@ -6,11 +6,11 @@ import shutil
 import signal
 
 import pytest
-
 from conftest import ADVERSARIAL, FIXTURES, magpie
+
 from magpie.harness.kinds import command_kind, failure_kind
-from magpie.supervision.session import signal_verdict
 from magpie.sandbox import SANDBOX_FAILED
+from magpie.supervision.session import signal_verdict
 
 FIRST = "[33, 65] float32"
 TIMED = "[33, 65] float32"  # the largest shape is the one timed
@@ -59,7 +59,10 @@ def test_failure_kind_stage_and_case(rows, impl):
 
 def test_what_a_failure_kept_from_running_follows_it(rows):
     assert [(f["kind"], f["stage"]) for f in rows["syntax_error"]["failures"]] == [
-        ("compile", "compile"), ("not_compiled", "correctness"), ("not_correct", "timing")]
+        ("compile", "compile"),
+        ("not_compiled", "correctness"),
+        ("not_correct", "timing"),
+    ]
     assert [f["kind"] for f in rows["segfaults"]["failures"]] == ["crash", "not_correct"]
 
 
@@ -78,24 +81,29 @@ def test_a_passing_row_says_how_close_it_came(rows):
     margin = good["numerics_margin"]
     assert margin["max_abs_err"] >= 0 and margin["max_rel_err"] >= 0 and 0 <= margin["tolerance_used"] <= 1
     assert margin["cases"] >= 2 and margin["case"] in (FIRST, "[8, 128] float32")
-    assert all(rows[name]["numerics_margin"] is None for name in EXPECTED if rows[name]["correctness_state"] != "SUCCESS")
+    assert all(
+        rows[name]["numerics_margin"] is None for name in EXPECTED if rows[name]["correctness_state"] != "SUCCESS"
+    )
     assert rows["degrades"]["numerics_margin"]["max_abs_err"] >= 0  # correct, then failed its timing
 
 
-@pytest.mark.parametrize("message, kind", [
-    ("timeout after 8 s", "timeout"),
-    (signal_verdict(-signal.SIGSEGV), "crash"),
-    (signal_verdict(-signal.SIGKILL), "crash"),
-    (signal_verdict(-signal.SIGSYS), "sandbox_violation"),
-    (f"{signal_verdict(SANDBOX_FAILED)}: sandbox: landlock: not supported", "sandbox"),
-    ("exited with code 1: Traceback", "crash"),
-    ("stopped answering (closed its pipe)", "crash"),
-    ("error: out of memory (MemoryError)", "out_of_memory"),
-    ("error while timing good: out of memory (CUDA out of memory)", "out_of_memory"),
-    ("error: ValueError: this candidate always fails", "error"),
-    ("error while loading: ImportError: no module named x", "load_error"),
-    ("the timer of good returned no samples", "timer_integrity"),
-])
+@pytest.mark.parametrize(
+    "message, kind",
+    [
+        ("timeout after 8 s", "timeout"),
+        (signal_verdict(-signal.SIGSEGV), "crash"),
+        (signal_verdict(-signal.SIGKILL), "crash"),
+        (signal_verdict(-signal.SIGSYS), "sandbox_violation"),
+        (f"{signal_verdict(SANDBOX_FAILED)}: sandbox: landlock: not supported", "sandbox"),
+        ("exited with code 1: Traceback", "crash"),
+        ("stopped answering (closed its pipe)", "crash"),
+        ("error: out of memory (MemoryError)", "out_of_memory"),
+        ("error while timing good: out of memory (CUDA out of memory)", "out_of_memory"),
+        ("error: ValueError: this candidate always fails", "error"),
+        ("error while loading: ImportError: no module named x", "load_error"),
+        ("the timer of good returned no samples", "timer_integrity"),
+    ],
+)
 def test_worker_failure_messages_map_to_kinds(message, kind):
     assert failure_kind(message) == kind
 
@@ -109,14 +117,19 @@ def test_a_commands_exit_is_its_own_kind_unless_the_sandbox_stopped_it():
 
 def test_analyze_report_carries_the_kind_of_a_failing_command_testcase(tmp_path):
     shutil.copy(FIXTURES / "adversarial" / "good.py", tmp_path / "good.py")
-    proc = magpie("analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b",
-                  cwd=tmp_path, check=1)
+    proc = magpie(
+        "analyze", "good.py", "--type", "pytorch", "--testcase", "exit 3", "--no-perf", "-o", "b", cwd=tmp_path, check=1
+    )
     assert (tmp_path / "b/analyze_report.json").exists(), proc.stdout + proc.stderr
     report = json.loads((tmp_path / "b/analyze_report.json").read_text())
     assert "exited with code 3" in report["verdict"]
     first = report["failures"][0]
     assert (first["kind"], first["stage"], first["case"], first["testcase"]) == (
-        "testcase_command", "correctness", "command", 0)
+        "testcase_command",
+        "correctness",
+        "command",
+        0,
+    )
     assert report["numerics_margin"] is None
 
 
@@ -170,11 +183,15 @@ def test_the_quick_output_check_passes_nothing_the_full_one_fails():
         dtype = (torch.float32, torch.float64, torch.bfloat16, torch.float16)[trial % 4]
         rtol, atol = ((1e-5, 1e-8), (1e-2, 1e-2), (1e-3, 1e-5))[trial % 3]
         shape = (int(torch.randint(1, 300, (1,), generator=generator)),)
-        expected = (torch.randn(shape, generator=generator, dtype=torch.float64)
-                    * 10.0 ** float(torch.randint(-3, 3, (1,), generator=generator))).to(dtype)
+        expected = (
+            torch.randn(shape, generator=generator, dtype=torch.float64)
+            * 10.0 ** float(torch.randint(-3, 3, (1,), generator=generator))
+        ).to(dtype)
         off_by = 10.0 ** float(torch.rand(1, generator=generator) * 6 - 7)
-        got = (expected.double() + torch.randn(shape, generator=generator, dtype=torch.float64) * off_by
-               * (expected.double().abs() + 1)).to(dtype)
+        got = (
+            expected.double()
+            + torch.randn(shape, generator=generator, dtype=torch.float64) * off_by * (expected.double().abs() + 1)
+        ).to(dtype)
         spoil = trial % 10
         if spoil == 1:
             got[0] = float("nan")

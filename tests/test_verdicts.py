@@ -5,7 +5,6 @@ import json
 import re
 
 import pytest
-
 from conftest import (
     ADVERSARIAL,
     FIXTURES,
@@ -100,7 +99,8 @@ def test_a_candidate_wrong_only_while_timed_is_caught_by_the_check_of_its_timed_
 
 
 def test_a_candidate_that_keeps_results_per_input_tensor_earns_nothing_where_every_timed_input_is_new(
-        adversarial_report):
+    adversarial_report,
+):
     """Right every time in the checks, computing (1 ms) only the first time it sees an input
     tensor, keyed by its address and version: every timed call on the CPU gets values it has
     never seen. Where its key changes with them it computes every time; where it did not, what
@@ -139,10 +139,14 @@ def build_scenarios(root, scenarios: dict) -> dict[str, dict]:
     """One implementation or two against a baseline, each scenario a kernel of its own (its
     baseline, shape and timing: kernel -> (baseline, candidates, shapes, timing)) in one project
     built once: kernel -> its compare_report.json."""
-    sources = {"threaded": THREADED_RELU, "spoils_its_output_file": SPOILS_ITS_OUTPUT_FILE,
-               "same_slow_call": (FIXTURES / "adversarial" / "slow_cpu_call.py").read_text(),
-               **{name: WRITES_TO_ITS_ANSWER_PIPE.replace("{payload}", payload)
-                  for name, (payload, _) in PIPE_WRITERS.items()}}
+    sources = {
+        "threaded": THREADED_RELU,
+        "spoils_its_output_file": SPOILS_ITS_OUTPUT_FILE,
+        "same_slow_call": (FIXTURES / "adversarial" / "slow_cpu_call.py").read_text(),
+        **{
+            name: WRITES_TO_ITS_ANSWER_PIPE.replace("{payload}", payload) for name, (payload, _) in PIPE_WRITERS.items()
+        },
+    }
     tables = []
     for kernel_id, (baseline, candidates, shapes, timing) in scenarios.items():
         for name in (baseline, *candidates):
@@ -153,38 +157,56 @@ def build_scenarios(root, scenarios: dict) -> dict[str, dict]:
     copy_fixtures(root, ["spec"])
     (root / "magpie.toml").write_text(project_toml(*tables, name="scenarios", timing=QUICK_TIMING))
     assert build_json(root, "-j", "2")["failed"] == []
-    return {kernel_id: json.loads((root / f"workspaces/reports/{kernel_id}/compare_report.json").read_text())
-            for kernel_id in scenarios}
+    return {
+        kernel_id: json.loads((root / f"workspaces/reports/{kernel_id}/compare_report.json").read_text())
+        for kernel_id in scenarios
+    }
 
 
 @pytest.fixture(scope="module")
 def worker_scenarios(tmp_path_factory) -> dict[str, dict]:
     """What a candidate's worker does besides its calls, at the tests' usual small timing."""
-    return build_scenarios(tmp_path_factory.mktemp("worker_scenarios"), {
-        "plain": ("good", ["works_in_a_passing_process", "claims_handed_over_calls", "claims_calls_not_made",
-                           "spoils_its_output_file", *PIPE_WRITERS], "[[33, 65]]", QUICK_TIMING),
-        "passing_thread": ("works_inline", ["works_on_a_passing_thread"], "[[33, 65]]", QUICK_TIMING),
-        "threaded": ("good", ["threaded"], "[[512, 512]]", QUICK_TIMING),
-    })
+    return build_scenarios(
+        tmp_path_factory.mktemp("worker_scenarios"),
+        {
+            "plain": (
+                "good",
+                [
+                    "works_in_a_passing_process",
+                    "claims_handed_over_calls",
+                    "claims_calls_not_made",
+                    "spoils_its_output_file",
+                    *PIPE_WRITERS,
+                ],
+                "[[33, 65]]",
+                QUICK_TIMING,
+            ),
+            "passing_thread": ("works_inline", ["works_on_a_passing_thread"], "[[33, 65]]", QUICK_TIMING),
+            "threaded": ("good", ["threaded"], "[[512, 512]]", QUICK_TIMING),
+        },
+    )
 
 
 @pytest.fixture(scope="module")
 def batching_scenarios(tmp_path_factory) -> dict[str, dict]:
     """Calls done together and bounded by calls made alone, at the default budget (see DEFAULT_TIMING)."""
-    return build_scenarios(tmp_path_factory.mktemp("batching_scenarios"), {
-        "small": ("good", ["batches_its_calls", "many_ops", "batches_and_moves"], "[[8, 8]]", DEFAULT_TIMING),
-        "small_many_ops": ("many_ops", ["batches_many_ops", "good"], "[[8, 8]]", DEFAULT_TIMING),
-        "wide_many_ops": ("many_ops", ["batches_many_ops", "batches_above_floor"], "[[33, 65]]", DEFAULT_TIMING),
-        "wide": ("good", ["batches_and_sleeps"], "[[33, 65]]", DEFAULT_TIMING),
-        "slow_call": ("slow_cpu_call", ["batches_slow_cpu_call", "same_slow_call"], "[[33, 65]]", DEFAULT_TIMING),
-    })
+    return build_scenarios(
+        tmp_path_factory.mktemp("batching_scenarios"),
+        {
+            "small": ("good", ["batches_its_calls", "many_ops", "batches_and_moves"], "[[8, 8]]", DEFAULT_TIMING),
+            "small_many_ops": ("many_ops", ["batches_many_ops", "good"], "[[8, 8]]", DEFAULT_TIMING),
+            "wide_many_ops": ("many_ops", ["batches_many_ops", "batches_above_floor"], "[[33, 65]]", DEFAULT_TIMING),
+            "wide": ("good", ["batches_and_sleeps"], "[[33, 65]]", DEFAULT_TIMING),
+            "slow_call": ("slow_cpu_call", ["batches_slow_cpu_call", "same_slow_call"], "[[33, 65]]", DEFAULT_TIMING),
+        },
+    )
 
 
 def _rows(report: dict) -> dict[str, dict]:
     return {r["implementation"]: r for r in report["results"]}
 
 
-CHATTER = '''
+CHATTER = """
 import threading
 import time
 
@@ -202,8 +224,8 @@ threading.Thread(target=_tick, daemon=True).start()
 
 def kernel(x):
     return torch.relu(x) * 2.0
-'''
-MARKED_BASELINE = '''
+"""
+MARKED_BASELINE = """
 import time
 
 import torch
@@ -213,7 +235,7 @@ import torch
 def kernel(x):
     print("call", time.monotonic(), flush=True)
     return torch.relu(x) * 2.0
-'''
+"""
 
 
 def test_a_thread_the_candidate_leaves_running_is_stopped_while_the_baseline_is_timed(tmp_path):
@@ -226,15 +248,18 @@ def check_candidate_thread_is_stopped(tmp_path, device: str) -> None:
     relu2_project(tmp_path, ["chatter"], shapes="[[33, 65]]", device=device)
     assert build_json(tmp_path, "-j", "1")["failed"] == []
     # code under test writes nowhere but its own scratch folder: what it printed is in the timing job's logs
-    timing_dir = next(p.parent for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
-                      if json.loads(p.read_text()).get("task") == "timing:relu2/chatter")
+    timing_dir = next(
+        p.parent
+        for p in (tmp_path / "workspaces/store").glob("*/*/result.json")
+        if json.loads(p.read_text()).get("task") == "timing:relu2/chatter"
+    )
     ticks = printed(timing_dir / "worker-chatter.log", "tick")
     calls = printed(timing_dir / "worker-good.log", "call")
     # consecutive baseline calls less than 0.3 ms apart are inside one timing request (calls
     # made alone, handed over in short batches, put the candidate's between two of the
     # baseline's within a few ms)
     gaps = [(a, b) for a, b in zip(calls, calls[1:]) if b - a < 0.0003]
-    during = [t for a, b in gaps for t in ticks[bisect.bisect_right(ticks, a):bisect.bisect_left(ticks, b)]]
+    during = [t for a, b in gaps for t in ticks[bisect.bisect_right(ticks, a) : bisect.bisect_left(ticks, b)]]
     assert len(gaps) > 100, len(gaps)
     assert not during, (during[:5], [g for g in gaps if any(g[0] < t < g[1] for t in during[:5])][:5])
     # the candidate did run between the baseline's requests
@@ -256,7 +281,8 @@ def test_one_baseline_process_is_timed_beside_every_candidate(tmp_path):
     on this 2-core machine about one build in four."""
     (tmp_path / "good.py").write_text(
         "import uuid\nimport torch\n\nprint('process', uuid.uuid4(), flush=True)\n\n"
-        "def kernel(x):\n    return torch.relu(x) * 2.0\n")
+        "def kernel(x):\n    return torch.relu(x) * 2.0\n"
+    )
     names = [f"copy{i}" for i in range(5)]
     for i, name in enumerate(names):
         (tmp_path / f"{name}.py").write_text(f"import torch\n\ndef kernel(x):  # {i}\n    return torch.relu(x) * 2.0\n")
@@ -283,14 +309,18 @@ def test_each_kernels_spec_imports_its_own_helpers_when_one_evaluator_judges_bot
             "import torch\nfrom common import scale\n\n"
             "def make_inputs(shape, dtype, generator):\n"
             "    return (torch.randn(shape, generator=generator, dtype=dtype),)\n\n"
-            "def reference(x):\n    return scale(x)\n")
+            "def reference(x):\n    return scale(x)\n"
+        )
         (folder / "impl.py").write_text(f"def kernel(x):\n    return x * {factor}\n")
-        kernels += (f'[[kernel]]\nid = "{name}"\ntype = "pytorch"\nentry = "kernel"\n\n'
-                    f'[kernel.baseline]\nid = "impl"\nsource = "{name}/impl.py"\n\n'
-                    f'[[kernel.testcases]]\nspec = "{name}/spec.py"\nspec_files = ["{name}/common.py"]\n'
-                    f'shapes = [[16, 8]]\n\n')
+        kernels += (
+            f'[[kernel]]\nid = "{name}"\ntype = "pytorch"\nentry = "kernel"\n\n'
+            f'[kernel.baseline]\nid = "impl"\nsource = "{name}/impl.py"\n\n'
+            f'[[kernel.testcases]]\nspec = "{name}/spec.py"\nspec_files = ["{name}/common.py"]\n'
+            f"shapes = [[16, 8]]\n\n"
+        )
     (tmp_path / "magpie.toml").write_text(
-        '[project]\nname = "helpers"\n\n[defaults.timing]\nwarmup_ms = 1\nbudget_ms = 10\nrounds = 1\n\n' + kernels)
+        '[project]\nname = "helpers"\n\n[defaults.timing]\nwarmup_ms = 1\nbudget_ms = 10\nrounds = 1\n\n' + kernels
+    )
     assert build_json(tmp_path, "-j", "1")["failed"] == []
     for name in ("double", "triple"):
         report = json.loads((tmp_path / f"workspaces/reports/{name}/compare_report.json").read_text())
@@ -351,8 +381,9 @@ def test_on_a_busy_machine_a_batch_done_together_fails_and_an_honest_faster_cand
 
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
-        report = relu2_report(tmp_path, ["batches_many_ops", "good"], shapes="[[8, 8]]", timing=DEFAULT_TIMING,
-                              baseline="many_ops")
+        report = relu2_report(
+            tmp_path, ["batches_many_ops", "good"], shapes="[[8, 8]]", timing=DEFAULT_TIMING, baseline="many_ops"
+        )
     finally:
         for hog in hogs:
             hog.kill()
@@ -482,7 +513,7 @@ def test_a_timer_that_claims_calls_it_did_not_make_is_not_credited(worker_scenar
     assert _speedup(worker_scenarios["plain"], "claims_calls_not_made") < 0.25
 
 
-WRITES_TO_ITS_ANSWER_PIPE = '''
+WRITES_TO_ITS_ANSWER_PIPE = """
 import os
 
 import torch
@@ -497,15 +528,17 @@ for fd in os.listdir("/proc/self/fd"):
 
 def kernel(x):
     return torch.relu(x) * 2
-'''
+"""
 
 
 # candidate: (what its module writes to every pipe it holds, what its verdict says)
 PIPE_WRITERS = {
     "writes_too_much": ('b"x" * (80 << 20)', "sent more than 64 MiB without ending its answer"),
     "writes_no_json": ('b"not an answer\\\\n"', "sent an answer that is not a JSON object"),
-    "writes_wrong_form": ('b\'{"ok": true, "steps_s": "fast", "samples_ns": [1, "2"]}\\n\'',
-                          "sent an answer of the wrong form"),
+    "writes_wrong_form": (
+        'b\'{"ok": true, "steps_s": "fast", "samples_ns": [1, "2"]}\\n\'',
+        "sent an answer of the wrong form",
+    ),
 }
 
 
@@ -521,7 +554,7 @@ def test_code_that_writes_to_the_workers_answer_pipe_fails_that_worker_only(work
     assert row["correctness_state"] == "FAILED" and said in row["verdict"], row["verdict"]
 
 
-SPOILS_ITS_OUTPUT_FILE = '''
+SPOILS_ITS_OUTPUT_FILE = """
 import torch
 
 _save = torch.save
@@ -540,7 +573,7 @@ torch.save = _spoiled
 
 def kernel(x):
     return torch.relu(x) * 2
-'''
+"""
 
 
 def test_an_output_file_that_is_no_file_of_tensors_is_the_workers_failure(worker_scenarios):
@@ -583,8 +616,23 @@ def test_a_worker_that_left_a_process_running_is_not_parked(tmp_path, monkeypatc
     token = f"magpie-left-{uuid.uuid4().hex[:8]}"
     (tmp_path / "leaves.py").write_text(LEAVES_A_PROCESS.format(token=token))
     shutil.copy(FIXTURES / "adversarial" / "spec.py", tmp_path / "spec.py")
-    magpie("analyze", "leaves.py", "--type", "pytorch", "--entry", "kernel", "--spec", "spec.py", "--shapes", "8x8",
-           "--no-perf", "-o", "out", cwd=tmp_path, check=0)
+    magpie(
+        "analyze",
+        "leaves.py",
+        "--type",
+        "pytorch",
+        "--entry",
+        "kernel",
+        "--spec",
+        "spec.py",
+        "--shapes",
+        "8x8",
+        "--no-perf",
+        "-o",
+        "out",
+        cwd=tmp_path,
+        check=0,
+    )
     assert json.loads((tmp_path / "out/analyze_report.json").read_text())["correctness_state"] == "SUCCESS"
     deadline = time.monotonic() + 5
     while subprocess.run(["pgrep", "-f", token], capture_output=True).returncode == 0:

@@ -4,8 +4,8 @@
 import contextlib
 import json
 import os
-import signal
 import shutil
+import signal
 import tempfile
 import textwrap
 import time
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from magpie import environment, sandbox
+from magpie.paths import subprocess_env
 from magpie.supervision import zygote, zygote_server
 from magpie.supervision.process import all_stopped
 from magpie.supervision.session import Worker
-from magpie.paths import subprocess_env
 
 PROBE = textwrap.dedent("""
     import json, os, signal, sys, time
@@ -68,11 +68,21 @@ def test_children_are_forked_with_torch_imported_and_their_own_folder_environmen
     workdir.mkdir()
     with zygote.session():
         folder = Path(os.environ[environment.ZYGOTE_DIR])
-        proc = zygote.launch("zygote_probe", ["report"], cwd=str(workdir), env={**probe_env, "PROBE_VAR": "a"},
-                             log_path=tmp_path / "a.log")
+        proc = zygote.launch(
+            "zygote_probe",
+            ["report"],
+            cwd=str(workdir),
+            env={**probe_env, "PROBE_VAR": "a"},
+            log_path=tmp_path / "a.log",
+        )
         assert proc.wait(timeout=120) == 0
-        other = zygote.launch("zygote_probe", ["report"], cwd=str(workdir), env={**probe_env, "PROBE_VAR": "b"},
-                              log_path=tmp_path / "b.log")
+        other = zygote.launch(
+            "zygote_probe",
+            ["report"],
+            cwd=str(workdir),
+            env={**probe_env, "PROBE_VAR": "b"},
+            log_path=tmp_path / "b.log",
+        )
         assert other.wait(timeout=120) == 0
         pids = [int(p.read_text()) for p in folder.glob("*.pid")]
     seen = [json.loads((tmp_path / f"{v}.log").read_text()) for v in "ab"]
@@ -127,11 +137,28 @@ IMPLEMENTATION = "def kernel(x):\n    return x * 2\n"
 
 
 def _worker(tmp_path: Path, key: str, name: str, sandbox: dict | None = None) -> Worker:
-    worker = Worker(label="impl", cwd=str(tmp_path), env=subprocess_env(), memory_mb=0,
-                    log_path=tmp_path / f"{name}.log", key=key, sandbox=sandbox)
-    message = {"op": "relog", "log": str(worker.live_log)} if worker.adopted else {
-        "op": "load", "id": "impl", "source": str(tmp_path / "impl.py"), "entry": "kernel", "device": "cpu",
-        "seed": 0, "threads": 1}
+    worker = Worker(
+        label="impl",
+        cwd=str(tmp_path),
+        env=subprocess_env(),
+        memory_mb=0,
+        log_path=tmp_path / f"{name}.log",
+        key=key,
+        sandbox=sandbox,
+    )
+    message = (
+        {"op": "relog", "log": str(worker.live_log)}
+        if worker.adopted
+        else {
+            "op": "load",
+            "id": "impl",
+            "source": str(tmp_path / "impl.py"),
+            "entry": "kernel",
+            "device": "cpu",
+            "seed": 0,
+            "threads": 1,
+        }
+    )
     assert worker.request(message, 60)["ok"]
     return worker
 
@@ -206,8 +233,7 @@ def test_a_prestarted_zygote_is_the_one_later_launches_use(tmp_path, probe_env):
         # the environment of now (pytest's variables change between a fixture and the test), where
         # the probe module is found: magpie's processes never look in their working folder
         env = {**subprocess_env(), "PYTHONPATH": probe_env["PYTHONPATH"]}
-        proc = zygote.launch("zygote_probe", ["exit", "0"], cwd=str(tmp_path), env=env,
-                             log_path=tmp_path / "p.log")
+        proc = zygote.launch("zygote_probe", ["exit", "0"], cwd=str(tmp_path), env=env, log_path=tmp_path / "p.log")
         assert isinstance(proc, zygote.ForkedProcess) and proc.wait(timeout=60) == 0
         assert [p.read_text() for p in folder.glob("*.pid")] == started
 
@@ -322,8 +348,15 @@ def get_inputs():
 
 def test_a_parked_kernelbench_worker_hands_on_the_model_a_fresh_process_would_build(tmp_path):
     (tmp_path / "model.py").write_text(STATEFUL_MODEL)
-    load = {"op": "load", "id": "model", "source": str(tmp_path / "model.py"), "device": "cpu", "seed": 1,
-            "init_from_module": True, "threads": 1}
+    load = {
+        "op": "load",
+        "id": "model",
+        "source": str(tmp_path / "model.py"),
+        "device": "cpu",
+        "seed": 1,
+        "init_from_module": True,
+        "threads": 1,
+    }
 
     def first_output(worker: Worker) -> float:
         out = tmp_path / "out.pt"
@@ -331,25 +364,40 @@ def test_a_parked_kernelbench_worker_hands_on_the_model_a_fresh_process_would_bu
         return float(torch.load(out, weights_only=True)["outputs"][0][0])
 
     with zygote.session():
-        worker = Worker(label="model", cwd=str(tmp_path), env=subprocess_env(), memory_mb=0,
-                        log_path=tmp_path / "a.log", key="model")
+        worker = Worker(
+            label="model",
+            cwd=str(tmp_path),
+            env=subprocess_env(),
+            memory_mb=0,
+            log_path=tmp_path / "a.log",
+            key="model",
+        )
         assert worker.request(load, 60)["ok"]
         assert [first_output(worker), first_output(worker)] == [1.0, 2.0]
         worker.release()
-        again = Worker(label="model", cwd=str(tmp_path), env=subprocess_env(), memory_mb=0,
-                       log_path=tmp_path / "b.log", key="model")
+        again = Worker(
+            label="model",
+            cwd=str(tmp_path),
+            env=subprocess_env(),
+            memory_mb=0,
+            log_path=tmp_path / "b.log",
+            key="model",
+        )
         assert again.adopted and first_output(again) == 1.0
         again.close()
 
 
 def test_when_too_many_are_parked_a_second_copy_goes_before_a_unique_one():
     children = zygote_server.Children()
-    children.parked = {10: ("candidate-a", [], 1.0), 11: ("evaluator", [], 2.0), 12: ("evaluator", [], 3.0),
-                       13: ("candidate-b", [], 4.0)}
+    children.parked = {
+        10: ("candidate-a", [], 1.0),
+        11: ("evaluator", [], 2.0),
+        12: ("evaluator", [], 3.0),
+        13: ("candidate-b", [], 4.0),
+    }
     assert children.victim() == 11  # not candidate-a, parked longer but the only one of its kind
     children.parked = {10: ("candidate-a", [], 1.0), 13: ("candidate-b", [], 4.0)}
     assert children.victim() == 10
-
 
 
 def test_parking_an_implementations_new_content_ends_its_earlier_contents_workers_not_the_evaluators():
@@ -357,9 +405,14 @@ def test_parking_an_implementations_new_content_ends_its_earlier_contents_worker
     content is never adopted again (unless the edit is undone), and left parked such workers
     pushed the evaluators (duplicate keys, evicted first) out."""
     children = zygote_server.Children()
-    children.parked = {10: ("worker-a/old", [], 1.0), 11: ("evaluator-1", [], 2.0),
-                       12: ("evaluator-1", [], 3.0), 13: ("worker-b/other", [], 4.0),
-                       14: ("worker-a/new", [], 5.0), 15: ("worker-a/new", [], 6.0)}
+    children.parked = {
+        10: ("worker-a/old", [], 1.0),
+        11: ("evaluator-1", [], 2.0),
+        12: ("evaluator-1", [], 3.0),
+        13: ("worker-b/other", [], 4.0),
+        14: ("worker-a/new", [], 5.0),
+        15: ("worker-a/new", [], 6.0),
+    }
     assert children.stale("worker-a/new") == [10]  # not its twin, not another implementation's
     assert children.stale("evaluator-1") == []  # an evaluator's parking ends nothing
     assert zygote.slot("worker-a/new") == "worker-a" and zygote.slot("evaluator-1") is None
@@ -389,8 +442,9 @@ def test_what_cuda_ipc_made_in_shared_memory_for_a_child_goes_with_it(tmp_path, 
             assert code == 0 and not any(f.exists() for f in files(ended))
             staying_log = tmp_path / "stay.log"
             # held: a child whose requester's handle is gone is killed (`Children.heard_from`)
-            _held = zygote.launch("zygote_probe", ["shm", "stay"], cwd=str(tmp_path), env=probe_env,
-                                  log_path=staying_log)
+            _held = zygote.launch(
+                "zygote_probe", ["shm", "stay"], cwd=str(tmp_path), env=probe_env, log_path=staying_log
+            )
             deadline = time.monotonic() + 60
             while not (staying_log.exists() and staying_log.read_text().strip()) and time.monotonic() < deadline:
                 time.sleep(0.05)

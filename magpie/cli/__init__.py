@@ -17,7 +17,7 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="magpie",
         description="Declarative build system for GPU kernel evaluation: correctness verdicts, timings, "
-                    "comparisons and reports, rebuilt only when their inputs change.",
+        "comparisons and reports, rebuilt only when their inputs change.",
     )
     top.add_argument("--version", action="version", version=f"magpie {__version__}")
     top.add_argument("--gpu-info", action="store_true", help="describe the devices, compilers and profilers found")

@@ -8,9 +8,12 @@ from magpie.cli.oneshot import add_common, options_from, progress
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("analyze", help="analyze one kernel",
-                       description="Compile, check and time one kernel in isolated subprocesses. Exits 1 if the "
-                                   "kernel is not correct.")
+    p = sub.add_parser(
+        "analyze",
+        help="analyze one kernel",
+        description="Compile, check and time one kernel in isolated subprocesses. Exits 1 if the "
+        "kernel is not correct.",
+    )
     add_common(p, "the kernel's source file")
     p.add_argument("--json", action="store_true", help="print the report JSON on stdout")
     p.set_defaults(run=run)
@@ -27,8 +30,12 @@ def run(args) -> int:
         from magpie.report.render import spread_text
 
         perf = report["performance_result"]
-        timing = f"median {perf['median_us']:.2f} µs (n={perf['n']}, p20-p80 {spread_text(perf)})" if perf else "not timed"
-        print(f"{report['kernel']}: compile {report['compiling_state']}, correctness {report['correctness_state']} "
-              f"({report['verdict']}), {timing}")
+        timing = (
+            f"median {perf['median_us']:.2f} µs (n={perf['n']}, p20-p80 {spread_text(perf)})" if perf else "not timed"
+        )
+        print(
+            f"{report['kernel']}: compile {report['compiling_state']}, correctness {report['correctness_state']} "
+            f"({report['verdict']}), {timing}"
+        )
         print(f"report: {analyzed.path}")
     return 0 if report["correctness_state"] == "SUCCESS" else 1

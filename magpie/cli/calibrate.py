@@ -16,8 +16,9 @@ COPY_BYTES = 2 * 2**30
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("calibrate", help="measure this GPU's bandwidth and matrix peaks for rooflines",
-                       description=__doc__)
+    p = sub.add_parser(
+        "calibrate", help="measure this GPU's bandwidth and matrix peaks for rooflines", description=__doc__
+    )
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     p.add_argument("--dry-run", action="store_true", help="measure and print, store nothing")
     p.set_defaults(run=run)
@@ -39,6 +40,13 @@ def _median_ms(torch, fn, reps: int = 10) -> float:
     return times[len(times) // 2]
 
 
+def _copy_ms(torch) -> float:
+    """A 4 GiB device-to-device copy's median; its buffers are freed on return, before the GEMMs."""
+    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    return _median_ms(torch, lambda: dst.copy_(src))
+
+
 def measure() -> dict:
     try:
         import torch
@@ -46,14 +54,15 @@ def measure() -> dict:
         raise UserError("calibrate needs torch with a GPU: pip install 'magpie[gpu]'") from None
     if not torch.cuda.is_available():
         raise UserError("calibrate: no GPU visible to torch; nothing to measure on a CPU machine")
-    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    copy_ms = _median_ms(torch, lambda: dst.copy_(src))
-    memory_tbps = 2 * COPY_BYTES / (copy_ms / 1e3) / 1e12
-    del src, dst  # give the 4 GiB back before the GEMMs
+    memory_tbps = 2 * COPY_BYTES / (_copy_ms(torch) / 1e3) / 1e12
     peaks = {}
-    gemms = {"bf16_tensor": (torch.bfloat16, True), "fp16_tensor": (torch.float16, True),
-             "tf32_tensor": (torch.float32, True), "fp32": (torch.float32, False), "fp64_tensor": (torch.float64, True)}
+    gemms = {
+        "bf16_tensor": (torch.bfloat16, True),
+        "fp16_tensor": (torch.float16, True),
+        "tf32_tensor": (torch.float32, True),
+        "fp32": (torch.float32, False),
+        "fp64_tensor": (torch.float64, True),
+    }
     previous = torch.backends.cuda.matmul.allow_tf32
     try:
         for name, (dtype, tf32) in gemms.items():
@@ -65,9 +74,13 @@ def measure() -> dict:
             peaks[name] = 2 * n**3 / (ms / 1e3) / 1e12
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
-    return {"device": torch.cuda.get_device_name(), "memory_tbps": memory_tbps, "peak_tflops": peaks,
-            "method": f"median of 10 CUDA-event timings after 3 warm-ups; copy of {COPY_BYTES >> 20} MiB counted "
-                      f"as read+write; {GEMM_SIZE}^3 GEMMs on random data (fp64: {GEMM_SIZE // 2}^3)"}
+    return {
+        "device": torch.cuda.get_device_name(),
+        "memory_tbps": memory_tbps,
+        "peak_tflops": peaks,
+        "method": f"median of 10 CUDA-event timings after 3 warm-ups; copy of {COPY_BYTES >> 20} MiB counted "
+        f"as read+write; {GEMM_SIZE}^3 GEMMs on random data (fp64: {GEMM_SIZE // 2}^3)",
+    }
 
 
 def run(args) -> int:

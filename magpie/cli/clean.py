@@ -6,13 +6,20 @@ import shutil
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("clean", help="remove artifacts (of given kernels, or all with --all)",
-                       description="Remove the current artifacts of the given kernels (and the report that "
-                                   "depends on them); with no kernel, of the whole project; --all empties the store. "
-                                   "Cleaning a benchmark stops the servers the project's build kept (keep_server).")
+    p = sub.add_parser(
+        "clean",
+        help="remove artifacts (of given kernels, or all with --all)",
+        description="Remove the current artifacts of the given kernels (and the report that "
+        "depends on them); with no kernel, of the whole project; --all empties the store. "
+        "Cleaning a benchmark stops the servers the project's build kept (keep_server).",
+    )
     p.add_argument("kernels", nargs="*", help="kernel ids or task names")
     p.add_argument("-m", "--manifest", default="magpie.toml", help="project manifest (default: %(default)s)")
-    p.add_argument("--all", action="store_true", help="remove the whole store, index, kept inputs, published reports and the graph snapshot")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="remove the whole store, index, kept inputs, published reports and the graph snapshot",
+    )
     p.set_defaults(run=run)
 
 
@@ -30,7 +37,7 @@ def run(args) -> int:
 
         try:
             lines = stop_all(project=str(project.root))
-        except ServerError as err:      # the records' folder is unusable: the artifacts still go
+        except ServerError as err:  # the records' folder is unusable: the artifacts still go
             lines = [f"warning: {err}"]
         for line in lines:
             print(f"magpie: {line}")

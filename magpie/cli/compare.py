@@ -8,9 +8,12 @@ from magpie.cli.oneshot import add_common, options_from, progress
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("compare", help="compare two or more kernels",
-                       description="Check every implementation, exclude incorrect ones, then time the rest "
-                                   "interleaved with the baseline and report speedups with 95% intervals.")
+    p = sub.add_parser(
+        "compare",
+        help="compare two or more kernels",
+        description="Check every implementation, exclude incorrect ones, then time the rest "
+        "interleaved with the baseline and report speedups with 95% intervals.",
+    )
     add_common(p, "kernel source files; the first is the baseline unless --baseline says otherwise")
     p.add_argument("--baseline", type=int, default=0, metavar="I", help="index of the baseline (default: 0)")
     p.add_argument("--json", action="store_true", help="print the report JSON on stdout")
@@ -34,8 +37,11 @@ def table(report: dict) -> str:
     for row in report["results"]:
         perf = row.get("performance_result")
         s = row.get("speedup")
-        speed = "baseline" if row.get("is_baseline") else (
-            f"{s['value']:.2f}x [{s['ci_low']:.2f},{s['ci_high']:.2f}] {s['verdict']}" if s else "-")
+        speed = (
+            "baseline"
+            if row.get("is_baseline")
+            else (f"{s['value']:.2f}x [{s['ci_low']:.2f},{s['ci_high']:.2f}] {s['verdict']}" if s else "-")
+        )
         if s and s.get("implausible"):
             speed += f" (implausible: re-timed {s['implausible']['retimed']:.2f}x)"
         if s and s.get("bounded_by_calls_alone"):
@@ -51,8 +57,10 @@ def table(report: dict) -> str:
     for item in report["excluded"]:
         lines.append(f"excluded {item['implementation']}: {item['reason']}")
     if report.get("timed_shapes"):
-        lines.append(f"timed on {'; '.join(report['timed_shapes'])}; each speedup against the baseline timed beside "
-                     f"that candidate (its median after the speedup), the baseline's row its own timing")
+        lines.append(
+            f"timed on {'; '.join(report['timed_shapes'])}; each speedup against the baseline timed beside "
+            f"that candidate (its median after the speedup), the baseline's row its own timing"
+        )
     if report.get("time_s"):
         from magpie.report.render import time_spent_text
 

@@ -41,9 +41,16 @@ def _torch_devices() -> list[dict]:
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
         arch = props.gcnArchName if torch.version.hip else f"sm_{props.major}{props.minor}"
-        out.append({"name": props.name, "architecture": arch.split(":")[0], "sm_count": props.multi_processor_count,
-                    "memory_mib": props.total_memory // 2**20, "l2_bytes": getattr(props, "L2_cache_size", None),
-                    "runtime": f"hip {torch.version.hip}" if torch.version.hip else f"cuda {torch.version.cuda}"})
+        out.append(
+            {
+                "name": props.name,
+                "architecture": arch.split(":")[0],
+                "sm_count": props.multi_processor_count,
+                "memory_mib": props.total_memory // 2**20,
+                "l2_bytes": getattr(props, "L2_cache_size", None),
+                "runtime": f"hip {torch.version.hip}" if torch.version.hip else f"cuda {torch.version.cuda}",
+            }
+        )
     return out
 
 
@@ -76,10 +83,13 @@ def run(args) -> int:
         return 0
     if info["gpus"]:
         for i, gpu in enumerate(info["gpus"]):
-            extra = ", ".join(f"{k} {gpu[k]}" for k in ("sm_count", "l2_bytes", "max_sm_clock_mhz", "runtime")
-                              if gpu.get(k))
-            print(f"GPU {i}: {gpu_label(gpu)} ({gpu['architecture']}), {gpu['memory_mib']} MiB, "
-                  f"driver {gpu.get('driver', '?')}{', ' + extra if extra else ''}")
+            extra = ", ".join(
+                f"{k} {gpu[k]}" for k in ("sm_count", "l2_bytes", "max_sm_clock_mhz", "runtime") if gpu.get(k)
+            )
+            print(
+                f"GPU {i}: {gpu_label(gpu)} ({gpu['architecture']}), {gpu['memory_mib']} MiB, "
+                f"driver {gpu.get('driver', '?')}{', ' + extra if extra else ''}"
+            )
     else:
         print("GPU: none found (no nvidia-smi or rocm-smi device); kernels run on the CPU default")
     print(f"CPU: {info['cpu']['model']}, {info['cpu']['cores']} cores")

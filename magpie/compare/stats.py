@@ -61,7 +61,7 @@ def thin_rounds(values: list[float], sizes: list[int], limit: int) -> tuple[list
 def _split(values: list[float], sizes: list[int]) -> list[list[float]]:
     out, start = [], 0
     for size in sizes:
-        out.append(values[start:start + size])
+        out.append(values[start : start + size])
         start += size
     return out
 
@@ -97,13 +97,16 @@ def t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2
 
 
-def widen_for_runs(point: float, low: float, high: float, between_runs: float,
-                   confidence: float = 0.95) -> tuple[float, float]:
+def widen_for_runs(
+    point: float, low: float, high: float, between_runs: float, confidence: float = 0.95
+) -> tuple[float, float]:
     """An interval of one run widened by the spread between runs (`between_runs`, a relative
     standard deviation): each half-width, on the log scale, added in quadrature to z times it."""
     extra = NormalDist().inv_cdf(1 - (1 - confidence) / 2) * between_runs
-    return (point * math.exp(-math.hypot(math.log(point / low), extra)),
-            point * math.exp(math.hypot(math.log(high / point), extra)))
+    return (
+        point * math.exp(-math.hypot(math.log(point / low), extra)),
+        point * math.exp(math.hypot(math.log(high / point), extra)),
+    )
 
 
 # What a speedup may be the ratio of: "median" (the default, robust to the tails of honest
@@ -118,10 +121,19 @@ def speedup_verdict(low: float, high: float) -> str:
     return "faster" if low > 1.0 else "slower"
 
 
-def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
-                      baseline_rounds: list[int] | None = None, candidate_rounds: list[int] | None = None,
-                      resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
-                      max_samples: int = 1000, statistic: str = "median", between_runs: float = 0.0) -> dict:
+def bootstrap_speedup(
+    baseline_us: list[float],
+    candidate_us: list[float],
+    *,
+    baseline_rounds: list[int] | None = None,
+    candidate_rounds: list[int] | None = None,
+    resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    max_samples: int = 1000,
+    statistic: str = "median",
+    between_runs: float = 0.0,
+) -> dict:
     """Speedup = median(baseline) / median(candidate) over all samples, with a confidence
     interval from a block bootstrap over the interleaved rounds. An interval that contains
     1.0 means the difference is within the noise of these measurements ("within noise").
@@ -181,16 +193,24 @@ def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
     by_mean = statistic == "mean"
     centre_of = fmean if by_mean else median
     point = centre_of(baseline_us) / centre_of(candidate_us)
-    paired = (baseline_rounds is not None and candidate_rounds is not None
-              and len(baseline_rounds) == len(candidate_rounds)
-              and sum(baseline_rounds) == len(baseline_us) and sum(candidate_rounds) == len(candidate_us))
+    paired = (
+        baseline_rounds is not None
+        and candidate_rounds is not None
+        and len(baseline_rounds) == len(candidate_rounds)
+        and sum(baseline_rounds) == len(baseline_us)
+        and sum(candidate_rounds) == len(candidate_us)
+    )
     # the Nones are implied by paired, spelled out for a type checker
     if not paired or baseline_rounds is None or candidate_rounds is None:
         baseline_rounds, candidate_rounds = [len(baseline_us)], [len(candidate_us)]
     rng = random.Random(seed)
     if by_mean:  # every sample: a round's sum and count are all a resample of rounds needs
-        base, base_sizes, cand, cand_sizes = list(baseline_us), list(baseline_rounds), list(candidate_us), \
-            list(candidate_rounds)
+        base, base_sizes, cand, cand_sizes = (
+            list(baseline_us),
+            list(baseline_rounds),
+            list(candidate_us),
+            list(candidate_rounds),
+        )
     else:
         base, base_sizes = thin_rounds(baseline_us, baseline_rounds, max_samples)
         cand, cand_sizes = thin_rounds(candidate_us, candidate_rounds, max_samples)
@@ -221,14 +241,26 @@ def bootstrap_speedup(baseline_us: list[float], candidate_us: list[float], *,
             base = base if len(base) <= max_samples else rng.sample(base, max_samples)
             cand = cand if len(cand) <= max_samples else rng.sample(cand, max_samples)
         for _ in range(resamples):
-            stats.append(math.log(centre_of(rng.choices(base, k=len(base)))
-                                  / centre_of(rng.choices(cand, k=len(cand)))))
+            stats.append(
+                math.log(centre_of(rng.choices(base, k=len(base))) / centre_of(rng.choices(cand, k=len(cand))))
+            )
     stats.sort()
     centre = quantile(stats, 0.5)
     within_low = point * math.exp(scale * (quantile(stats, alpha) - centre))
     within_high = point * math.exp(scale * (quantile(stats, 1 - alpha) - centre))
     low, high = widen_for_runs(point, within_low, within_high, between_runs, confidence)
-    return {"value": point, "ci_low": low, "ci_high": high, "confidence": confidence,
-            "resamples": resamples, "verdict": speedup_verdict(low, high), "rounds": blocks, "resampling": resampling,
-            "few_rounds_factor": scale, "bootstrap_median": math.exp(centre), "statistic": statistic,
-            "between_runs": between_runs, "ci_within_run": [within_low, within_high]}
+    return {
+        "value": point,
+        "ci_low": low,
+        "ci_high": high,
+        "confidence": confidence,
+        "resamples": resamples,
+        "verdict": speedup_verdict(low, high),
+        "rounds": blocks,
+        "resampling": resampling,
+        "few_rounds_factor": scale,
+        "bootstrap_median": math.exp(centre),
+        "statistic": statistic,
+        "between_runs": between_runs,
+        "ci_within_run": [within_low, within_high],
+    }

@@ -39,16 +39,23 @@ def compile_python(job, out_dir: Path) -> dict:
         except py_compile.PyCompileError as err:
             errors.append(f"{rel}: {err.exc_type_name}: {str(err.exc_value).splitlines()[0]}")
     (out_dir / "bytecode.pyc").unlink(missing_ok=True)
-    return {"compiling_state": "FAILED" if errors else "SUCCESS", "errors": errors,
-            "failures": [failed("compile", "compile", e) for e in errors]}
+    return {
+        "compiling_state": "FAILED" if errors else "SUCCESS",
+        "errors": errors,
+        "failures": [failed("compile", "compile", e) for e in errors],
+    }
 
 
 def _template_context(job, out_dir: Path) -> dict:
     spec = job.spec
     impl = spec.params.get("impl") or {}
     return {
-        "impl": SimpleNamespace(id=impl.get("id", ""), source=impl.get("source", ""),
-                                source_files=" ".join(impl.get("source_files", [])), type=impl.get("type", "")),
+        "impl": SimpleNamespace(
+            id=impl.get("id", ""),
+            source=impl.get("source", ""),
+            source_files=" ".join(impl.get("source_files", [])),
+            type=impl.get("type", ""),
+        ),
         "kernel": SimpleNamespace(id=spec.kernel or ""),
         "arch": spec.params.get("settings", {}).get("compile", {}).get("arch", ""),
         "out": str(out_dir),
@@ -70,18 +77,26 @@ def command(job, out_dir: Path) -> dict:
         return _command_result(spec, False, [f"rule {spec.rule!r}: bad placeholder {err} in action {spec.action!r}"])
     program = shlex.split(line)[0] if line.strip() else ""
     if program and not shutil.which(program) and not (Path(spec.params["root"]) / program).exists():
-        return _command_result(spec, False, [
-            f"{program} not found: install {TOOLCHAINS.get(program, 'it')} or override the action of rule "
-            f"{spec.rule!r} for {spec.params.get('impl', {}).get('type', 'these')} kernels in magpie.toml "
-            f"([[rule]] name = \"{spec.rule}\")"])
+        return _command_result(
+            spec,
+            False,
+            [
+                f"{program} not found: install {TOOLCHAINS.get(program, 'it')} or override the action of rule "
+                f"{spec.rule!r} for {spec.params.get('impl', {}).get('type', 'these')} kernels in magpie.toml "
+                f'([[rule]] name = "{spec.rule}")'
+            ],
+        )
     cwd = Path(spec.params["root"]) / (settings.get("working_dir") or ".")
     scratch = scratch_folders.make("cmd-")
     # A rule's command (a candidate's compile command among them) writes its artifact's folder
     # and its own temporary folder, nothing else.
     impl = spec.params.get("impl")
     read = code_reads(Path(spec.params["root"]), impl, cwd) if impl else [spec.params["root"], str(cwd)]
-    policy = None if sandbox.trusted() else sandbox.Policy(write=[str(out_dir), str(scratch)], read=read,
-                                                           hide=workspace_of(job))
+    policy = (
+        None
+        if sandbox.trusted()
+        else sandbox.Policy(write=[str(out_dir), str(scratch)], read=read, hide=workspace_of(job))
+    )
     env = subprocess_env({**os.environ, **(settings.get("env") or {}), "TMPDIR": str(scratch)})
     started = time.monotonic()
     try:
@@ -92,10 +107,14 @@ def command(job, out_dir: Path) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
     (out_dir / "command.log").write_bytes(proc.stdout + proc.stderr)
     ok = proc.returncode == 0
-    errors = [] if ok else [
-        f"{signal_verdict(proc.returncode)}: "
-        + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])
-    ]
+    errors = (
+        []
+        if ok
+        else [
+            f"{signal_verdict(proc.returncode)}: "
+            + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])
+        ]
+    )
     result = _command_result(spec, ok, errors, line)
     result["seconds"] = round(time.monotonic() - started, 3)
     return result
@@ -128,8 +147,11 @@ def snapshots_of(job) -> dict[str, str]:
     folder = job.spec.params.get("snapshots")
     if not folder:
         return {}
-    return {name: str(snapshot_path(Path(folder), digest))
-            for name, digest in (job.spec.parts or {}).get("inputs", {}).items() if digest != "missing"}
+    return {
+        name: str(snapshot_path(Path(folder), digest))
+        for name, digest in (job.spec.parts or {}).get("inputs", {}).items()
+        if digest != "missing"
+    }
 
 
 def workspace_of(job) -> list[str]:
@@ -139,15 +161,24 @@ def workspace_of(job) -> list[str]:
     return [str(Path(folder).parents[2])] if folder else []
 
 
-def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | None = None,
-              baseline_own_timing: dict | None = None) -> dict:
+def _evaluate(
+    mode: str, job, out_dir: Path, baseline, timing_method: dict | None = None, baseline_own_timing: dict | None = None
+) -> dict:
     spec = job.spec
     settings = spec.params["settings"]
-    request = {"mode": mode, "root": spec.params["root"], "kernel": spec.kernel,
-               "impl": with_library(job, spec.params["impl"]), "baseline": with_library(job, baseline),
-               "settings": settings, "input_secret": job.input_secret,
-               "hide": workspace_of(job), "snapshots": snapshots_of(job), "timing_method": timing_method,
-               "baseline_own_timing": baseline_own_timing}
+    request = {
+        "mode": mode,
+        "root": spec.params["root"],
+        "kernel": spec.kernel,
+        "impl": with_library(job, spec.params["impl"]),
+        "baseline": with_library(job, baseline),
+        "settings": settings,
+        "input_secret": job.input_secret,
+        "hide": workspace_of(job),
+        "snapshots": snapshots_of(job),
+        "timing_method": timing_method,
+        "baseline_own_timing": baseline_own_timing,
+    }
     limit = step_limit_s(mode, settings)
     kind = "evaluator"
     work = scratch_folders.make(f"{mode}-")
@@ -159,16 +190,25 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
         env = subprocess_env()
         asked = time.monotonic()
         # An evaluator runs no candidate code, so one that finished a job may take the next.
-        evaluator = Worker(label="evaluator", cwd=os.getcwd(), env=env, memory_mb=0, log_path=log_path,
-                           key=evaluator_key(env),
-                           module="magpie.harness.evaluate")
+        evaluator = Worker(
+            label="evaluator",
+            cwd=os.getcwd(),
+            env=env,
+            memory_mb=0,
+            log_path=log_path,
+            key=evaluator_key(env),
+            module="magpie.harness.evaluate",
+        )
         started = None
         try:
             if evaluator.adopted:
                 evaluator.request({"op": "relog", "log": str(log_path)}, 30)
             started = time.monotonic()
-            answer = evaluator.request({"op": "evaluate", "request": str(work / "request.json")}, limit,
-                                       not_counted=lambda: device_lock.waited_s(waits))
+            answer = evaluator.request(
+                {"op": "evaluate", "request": str(work / "request.json")},
+                limit,
+                not_counted=lambda: device_lock.waited_s(waits),
+            )
             failure = None if answer["ok"] else f"evaluator error: {answer['error']}"
         except WorkerFailure as err:
             if started is not None and evaluator.timed_out:
@@ -188,17 +228,28 @@ def _evaluate(mode: str, job, out_dir: Path, baseline, timing_method: dict | Non
             # a build's first evaluators wait here for the zygote's imports
             result["evaluator_start_s"] = round(started - asked, 3)
             result["evaluator_park_s"] = round(parked - answered, 3)
-            result["step_limit"] = {"limit_s": limit, "ran_s": round(answered - started, 3),
-                                    "device_wait_s": round(device_lock.waited_s(waits), 3)}
+            result["step_limit"] = {
+                "limit_s": limit,
+                "ran_s": round(answered - started, 3),
+                "device_wait_s": round(device_lock.waited_s(waits), 3),
+            }
             return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
     state_key = "correctness_state" if mode == "correctness" else "performance_state"
-    return {state_key: "FAILED", "verdict": failure, "errors": [failure], "numerics": "unverified",
-            "performance_result": None, "failures": [failed(kind, mode, failure)],
-            **({"step_limit": {"limit_s": limit, "ran_s": round(answered - started, 3),
-                               "device_wait_s": round(waited, 3)}}
-               if kind == "timeout" and started is not None else {})}  # (a timeout: always started)
+    return {
+        state_key: "FAILED",
+        "verdict": failure,
+        "errors": [failure],
+        "numerics": "unverified",
+        "performance_result": None,
+        "failures": [failed(kind, mode, failure)],
+        **(
+            {"step_limit": {"limit_s": limit, "ran_s": round(answered - started, 3), "device_wait_s": round(waited, 3)}}
+            if kind == "timeout" and started is not None
+            else {}
+        ),
+    }  # (a timeout: always started)
 
 
 def correctness(job, out_dir: Path) -> dict:
@@ -206,8 +257,14 @@ def correctness(job, out_dir: Path) -> dict:
     compiled = job.dep_results.get(f"compile:{spec.kernel}/{spec.impl}")
     if compiled is not None and compiled.get("compiling_state") != "SUCCESS":
         reason = "; ".join(compiled.get("errors", [])) or "compile failed"
-        return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"not compiled: {reason}",
-                "checks": [], "errors": [reason], "failures": [failed("not_compiled", "correctness", reason)]}
+        return {
+            "correctness_state": "SKIPPED",
+            "numerics": "unverified",
+            "verdict": f"not compiled: {reason}",
+            "checks": [],
+            "errors": [reason],
+            "failures": [failed("not_compiled", "correctness", reason)],
+        }
     return _evaluate("correctness", job, out_dir, baseline=None)
 
 
@@ -216,8 +273,12 @@ def timing(job, out_dir: Path) -> dict:
     own = job.dep_results[f"correctness:{spec.kernel}/{spec.impl}"]
     if own.get("correctness_state") != "SUCCESS":
         reason = f"not timed: correctness {own.get('correctness_state')}: {own.get('verdict')}"
-        return {"performance_state": "SKIPPED", "performance_result": None, "errors": [reason],
-                "failures": [failed("not_correct", "timing", reason)]}
+        return {
+            "performance_state": "SKIPPED",
+            "performance_result": None,
+            "errors": [reason],
+            "failures": [failed("not_correct", "timing", reason)],
+        }
     baseline = spec.params["baseline"]
     warnings = []
     if baseline is not None and not spec.params["impl"]["is_baseline"]:
@@ -231,9 +292,18 @@ def timing(job, out_dir: Path) -> dict:
         set_method = its_timing.get("timing_method")
         # what it read alone (what it reads beside this candidate is checked against it), and
         # whether that ran in this build (its worker is then around)
-        own = {k: (its_timing.get("performance_result") or {}).get(k)
-               for k in ("shape", "median_us", "harness_us_per_call", "calibration_us", "sizing_us_per_call",
-                         "kernel_us", "kernels")}
+        own = {
+            k: (its_timing.get("performance_result") or {}).get(k)
+            for k in (
+                "shape",
+                "median_us",
+                "harness_us_per_call",
+                "calibration_us",
+                "sizing_us_per_call",
+                "kernel_us",
+                "kernels",
+            )
+        }
         own["mode"] = (set_method or {}).get("mode")
         own["this_build"] = its_timing.get("input_secret") == job.input_secret
     result = _evaluate("timing", job, out_dir, baseline=baseline, timing_method=set_method, baseline_own_timing=own)
@@ -259,46 +329,50 @@ def compare_results(kernel: str, results: dict[str, dict], baseline: dict | None
     """A kernel's comparison from its implementations' results (task name -> result): the
     comparison's artifact, and what `magpie build --check` judges where a build covered some of
     a kernel's tasks but not its comparison."""
-    impl_names = sorted({name.split("/", 1)[1] for name in results
-                         if name.split(":", 1)[0] in ("compile", "correctness", "timing")})
+    impl_names = sorted(
+        {name.split("/", 1)[1] for name in results if name.split(":", 1)[0] in ("compile", "correctness", "timing")}
+    )
     rows = []
     for impl_id in impl_names:
         comp = results.get(f"compile:{kernel}/{impl_id}", {})
         corr = results.get(f"correctness:{kernel}/{impl_id}", {})
         tim = results.get(f"timing:{kernel}/{impl_id}", {})
         prof = results.get(f"profile:{kernel}/{impl_id}")
-        rows.append({
-            "implementation": impl_id,
-            "compiling_state": comp.get("compiling_state", "SKIPPED"),
-            "correctness_state": corr.get("correctness_state", "SKIPPED"),
-            "numerics": corr.get("numerics", "unverified"),
-            "verdict": corr.get("verdict", ""),
-            "performance_state": tim.get("performance_state", "SKIPPED"),
-            "performance_result": tim.get("performance_result"),
-            "baseline_result": tim.get("baseline_result"),
-            "samples_us": tim.get("samples_us"),
-            "speedup": None,
-            "profile": prof,
-            # a command-only kernel's kernels as ncu measured them: labelled profiler time, never ranked
-            "profiler_time": (prof or {}).get("profiler_time"),
-            "errors": [*comp.get("errors", []), *corr.get("errors", []), *tim.get("errors", [])],
-            # the same, machine-readable (kind, stage, case): the cause first, then what it kept from running
-            "failures": [*comp.get("failures", []), *corr.get("failures", []), *tim.get("failures", [])],
-            "numerics_margin": corr.get("numerics_margin"),
-            "warnings": [*tim.get("warnings", []), *profile_warnings(prof)],
-            "flags": tim.get("flags", []),
-            "timing_method": tim.get("timing_method"),
-            "_paired_speedup": tim.get("speedup"),
-            "time_s": time_spent(comp, corr, tim),
-            "spec_error": corr.get("spec_error") or tim.get("spec_error"),
-        })
+        rows.append(
+            {
+                "implementation": impl_id,
+                "compiling_state": comp.get("compiling_state", "SKIPPED"),
+                "correctness_state": corr.get("correctness_state", "SKIPPED"),
+                "numerics": corr.get("numerics", "unverified"),
+                "verdict": corr.get("verdict", ""),
+                "performance_state": tim.get("performance_state", "SKIPPED"),
+                "performance_result": tim.get("performance_result"),
+                "baseline_result": tim.get("baseline_result"),
+                "samples_us": tim.get("samples_us"),
+                "speedup": None,
+                "profile": prof,
+                # a command-only kernel's kernels as ncu measured them: labelled profiler time, never ranked
+                "profiler_time": (prof or {}).get("profiler_time"),
+                "errors": [*comp.get("errors", []), *corr.get("errors", []), *tim.get("errors", [])],
+                # the same, machine-readable (kind, stage, case): the cause first, then what it kept from running
+                "failures": [*comp.get("failures", []), *corr.get("failures", []), *tim.get("failures", [])],
+                "numerics_margin": corr.get("numerics_margin"),
+                "warnings": [*tim.get("warnings", []), *profile_warnings(prof)],
+                "flags": tim.get("flags", []),
+                "timing_method": tim.get("timing_method"),
+                "_paired_speedup": tim.get("speedup"),
+                "time_s": time_spent(comp, corr, tim),
+                "spec_error": corr.get("spec_error") or tim.get("spec_error"),
+            }
+        )
     report = rank(kernel, rows, baseline)
     # one error for the kernel per spec that failed, however many implementations it kept from being judged
     report["spec_errors"] = list({(e["spec"], e["detail"]): e for e in (r["spec_error"] for r in rows) if e}.values())
     report["errors"] = [f"spec error in {e['spec']}: {e['detail']}" for e in report["spec_errors"]]
     # what was timed: the shape and dtype of each timing (the first shape of the first spec testcase)
-    report["timed_shapes"] = sorted({r["performance_result"]["shape"] for r in rows
-                                     if (r["performance_result"] or {}).get("shape")})
+    report["timed_shapes"] = sorted(
+        {r["performance_result"]["shape"] for r in rows if (r["performance_result"] or {}).get("shape")}
+    )
     report["time_s"] = {key: round(sum(row["time_s"][key] or 0.0 for row in rows), 3) for key in TIME_KEYS}
     return report
 
@@ -322,13 +396,19 @@ def time_spent(compiled: dict, checked: dict, timed: dict) -> dict:
     done already); its correctness and timing jobs (waits included); and how long its timing
     job held the device alone (warm-up, measurement, kernel list)."""
     first_calls = [steps.get("first_call", 0.0) for steps in checked.get("worker_steps_s") or [] if steps]
-    starts = [load.get("start", 0.0) + load.get("context", 0.0) + load.get("module", 0.0)
-              for job in (checked, timed) for load in job.get("worker_loads_s") or []]
-    return {"compile": compiled.get("task_seconds"),
-            "worker_starts": round(sum(starts), 4) if starts else None,
-            "first_calls": round(sum(first_calls), 4) if first_calls else None,
-            "correctness": checked.get("task_seconds"), "timing": timed.get("task_seconds"),
-            "device_held": timed.get("device_held_s")}
+    starts = [
+        load.get("start", 0.0) + load.get("context", 0.0) + load.get("module", 0.0)
+        for job in (checked, timed)
+        for load in job.get("worker_loads_s") or []
+    ]
+    return {
+        "compile": compiled.get("task_seconds"),
+        "worker_starts": round(sum(starts), 4) if starts else None,
+        "first_calls": round(sum(first_calls), 4) if first_calls else None,
+        "correctness": checked.get("task_seconds"),
+        "timing": timed.get("task_seconds"),
+        "device_held": timed.get("device_held_s"),
+    }
 
 
 def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:
@@ -338,16 +418,28 @@ def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:
         row["is_baseline"] = row["implementation"] == baseline_id
         paired = row.pop("_paired_speedup", None)
         if row.get("spec_error"):
-            excluded.append({"implementation": row["implementation"],
-                             "reason": f"not judged: spec error in {row['spec_error']['spec']}"})
+            excluded.append(
+                {
+                    "implementation": row["implementation"],
+                    "reason": f"not judged: spec error in {row['spec_error']['spec']}",
+                }
+            )
             continue
         if row["correctness_state"] != "SUCCESS":
-            excluded.append({"implementation": row["implementation"],
-                             "reason": f"correctness {row['correctness_state']}: {row['verdict']}"})
+            excluded.append(
+                {
+                    "implementation": row["implementation"],
+                    "reason": f"correctness {row['correctness_state']}: {row['verdict']}",
+                }
+            )
             continue
         if row["performance_state"] != "SUCCESS":
-            excluded.append({"implementation": row["implementation"],
-                             "reason": f"performance {row['performance_state']}: {'; '.join(row['errors'])}"})
+            excluded.append(
+                {
+                    "implementation": row["implementation"],
+                    "reason": f"performance {row['performance_state']}: {'; '.join(row['errors'])}",
+                }
+            )
             continue
         if row["is_baseline"]:
             row["speedup"] = {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": "baseline"}
@@ -362,8 +454,9 @@ def rank(kernel: str, rows: list[dict], baseline: dict | None) -> dict:
         "baseline": baseline_id,
         # one method for the whole set (the baseline's timing chose it); where rows differ (a
         # candidate timed while its baseline was not), each row says its own
-        "timing_method": next((r["timing_method"] for r in rows if r["is_baseline"] and r.get("timing_method")),
-                              None) if len(set(methods.values())) <= 1 else {"mixed": methods},
+        "timing_method": next((r["timing_method"] for r in rows if r["is_baseline"] and r.get("timing_method")), None)
+        if len(set(methods.values())) <= 1
+        else {"mixed": methods},
         "ranking": [r["implementation"] for r in ranked],
         "best": best,
         "excluded": excluded,

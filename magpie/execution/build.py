@@ -33,9 +33,19 @@ if TYPE_CHECKING:
 class BuildOptions:
     """What a build is asked to do; `magpie build`'s flags of the same names say each."""
 
-    def __init__(self, *, targets: list[str] | None = None, manifest: str | Path = "magpie.toml", jobs: int = 1,
-                 executor: str | None = None, force: bool = False, verify: bool = False, trust_code: bool = False,
-                 check: bool = False, summarize: bool = True):
+    def __init__(
+        self,
+        *,
+        targets: list[str] | None = None,
+        manifest: str | Path = "magpie.toml",
+        jobs: int = 1,
+        executor: str | None = None,
+        force: bool = False,
+        verify: bool = False,
+        trust_code: bool = False,
+        check: bool = False,
+        summarize: bool = True,
+    ):
         self.targets = list(targets or [])  # kernel ids or task names; none: everything
         self.manifest = manifest
         self.jobs = jobs
@@ -54,8 +64,16 @@ class BuildResult:
     3 tasks, 0 failed; reports in ...`); `summary`: per implementation its verdict and the
     check (None unless asked for)."""
 
-    def __init__(self, *, line: str, executed: list[str], failures: list[tuple[str, str]], tasks_failed: bool,
-                 summary: BuildSummary | None, check: bool):
+    def __init__(
+        self,
+        *,
+        line: str,
+        executed: list[str],
+        failures: list[tuple[str, str]],
+        tasks_failed: bool,
+        summary: BuildSummary | None,
+        check: bool,
+    ):
         self.line = line
         self.executed = executed
         self.failures = failures  # (task, its last error line)
@@ -107,8 +125,9 @@ class Build:
         options = self.options
         self._admit_trusted_code()
         if not options.targets and not options.verify:
-            result = up_to_date_by_snapshot(Path(options.manifest), summarize=options.summarize, check=options.check,
-                                            progress=self.progress)
+            result = up_to_date_by_snapshot(
+                Path(options.manifest), summarize=options.summarize, check=options.check, progress=self.progress
+            )
             if result is not None:
                 return result
         from magpie.execution import pool
@@ -119,9 +138,16 @@ class Build:
         refuse_on_read_only(project, selected)
         self._building = True
         try:
-            return build_selected(project, selected, jobs=options.jobs, executor_name=options.executor,
-                                  progress=self.progress, verify=options.verify, summarize=options.summarize,
-                                  check=options.check)
+            return build_selected(
+                project,
+                selected,
+                jobs=options.jobs,
+                executor_name=options.executor,
+                progress=self.progress,
+                verify=options.verify,
+                summarize=options.summarize,
+                check=options.check,
+            )
         finally:
             self._building = False
             snapshot.save(project, saved)  # with the stamps of the artifacts checked or written
@@ -199,8 +225,11 @@ class Build:
         project = self.project
         assert project is not None  # loaded before the build began, the only time this runs
         unstored = [task for task in running if not project.store.has(project.tasks[task].key)]
-        self.progress.urgent(f"magpie: stopped by {name} while running {', '.join(unstored)}; nothing of them "
-                             f"was stored" if unstored else f"magpie: stopped by {name}; no task was running")
+        self.progress.urgent(
+            f"magpie: stopped by {name} while running {', '.join(unstored)}; nothing of them was stored"
+            if unstored
+            else f"magpie: stopped by {name}; no task was running"
+        )
         raise SystemExit(128 + signum)
 
 
@@ -212,8 +241,12 @@ def refuse_on_read_only(project, selected: list[str]) -> None:
         return
     stale = project.stale(selected)
     if stale:
-        raise UserError(workspace.read_only_line(
-            project.store.workspace, f"{len(stale)} stale tasks would store their artifacts there (first: {stale[0]})"))
+        raise UserError(
+            workspace.read_only_line(
+                project.store.workspace,
+                f"{len(stale)} stale tasks would store their artifacts there (first: {stale[0]})",
+            )
+        )
 
 
 def plan(project, selected: list[str], progress: Progress | None = None) -> DryRun:
@@ -222,8 +255,10 @@ def plan(project, selected: list[str], progress: Progress | None = None) -> DryR
     from magpie.store import reason
 
     covered = closure(project, selected)
-    modified = {name: reason(problem) for name, problem in
-                check_artifacts(project, covered, remove=False, warn=(progress or Progress()).line).items()}
+    modified = {
+        name: reason(problem)
+        for name, problem in check_artifacts(project, covered, remove=False, warn=(progress or Progress()).line).items()
+    }
     project.forced.update(modified)  # a build removes and rebuilds them: so do their dependents
     again = run_provisional_again(project, covered)
     rows = list(stale_reasons(project, selected, {**again, **modified}).items())  # in run order
@@ -234,9 +269,17 @@ def plan(project, selected: list[str], progress: Progress | None = None) -> DryR
 EVALUATING_ACTIONS = ("magpie:correctness", "magpie:timing")
 
 
-def build_selected(project, selected: list[str], *, jobs: int = 1, executor_name: str | None = None,
-                   progress: Progress | None = None, verify: bool = False, summarize: bool = True,
-                   check: bool = False) -> BuildResult:
+def build_selected(
+    project,
+    selected: list[str],
+    *,
+    jobs: int = 1,
+    executor_name: str | None = None,
+    progress: Progress | None = None,
+    verify: bool = False,
+    summarize: bool = True,
+    check: bool = False,
+) -> BuildResult:
     """Build `selected` (task names) of a loaded project, and what they depend on."""
     from magpie.execution.doit_glue import closure, run_doit
     from magpie.execution.executors import make_executor
@@ -248,17 +291,26 @@ def build_selected(project, selected: list[str], *, jobs: int = 1, executor_name
     project.store.sweep_temporaries()
     # what this build reads or publishes, checked first: a modified artifact is rebuilt
     published = [name for name, spec in project.tasks.items() if spec.rule in PUBLISHED]
-    modified = check_artifacts(project, list(dict.fromkeys(closure(project, selected) + published)),
-                               trust_stamps=not verify, warn=progress.line)
+    modified = check_artifacts(
+        project,
+        list(dict.fromkeys(closure(project, selected) + published)),
+        trust_stamps=not verify,
+        warn=progress.line,
+    )
     selected = selected + [name for name in modified if name not in selected]
     again = run_provisional_again(project, closure(project, selected))
     stale = project.stale(selected)
     if not stale:
         bad = publish_project(project, progress.line)
         if not bad:
-            return BuildResult(line=f"magpie: {len(selected)} artifacts up to date", executed=[], failures=[],
-                               tasks_failed=False, check=check,
-                               summary=_summary(project, selected, [], []) if summarize else None)
+            return BuildResult(
+                line=f"magpie: {len(selected)} artifacts up to date",
+                executed=[],
+                failures=[],
+                tasks_failed=False,
+                check=check,
+                summary=_summary(project, selected, [], []) if summarize else None,
+            )
         selected += [name for name in bad if name not in selected]  # modified since checked
         stale = project.stale(selected)
     evaluates = any(project.tasks[name].action in EVALUATING_ACTIONS for name in stale)
@@ -282,11 +334,18 @@ def build_selected(project, selected: list[str], *, jobs: int = 1, executor_name
             executor.shutdown()
     from magpie.report.verdicts import relative
 
-    line = (f"magpie: ran {len(reporter.executed)} tasks, {len(reporter.failures)} failed; "
-            f"reports in {relative(project.store.workspace / 'reports', project.root)}")
-    return BuildResult(line=line, executed=reporter.executed, failures=reporter.failures, tasks_failed=code != 0,
-                       check=check,
-                       summary=_summary(project, selected, reporter.executed, reporter.failures) if summarize else None)
+    line = (
+        f"magpie: ran {len(reporter.executed)} tasks, {len(reporter.failures)} failed; "
+        f"reports in {relative(project.store.workspace / 'reports', project.root)}"
+    )
+    return BuildResult(
+        line=line,
+        executed=reporter.executed,
+        failures=reporter.failures,
+        tasks_failed=code != 0,
+        check=check,
+        summary=_summary(project, selected, reporter.executed, reporter.failures) if summarize else None,
+    )
 
 
 def run_provisional_again(project, closure: list[str]) -> dict[str, str]:
@@ -321,15 +380,27 @@ def _summary(project, selected: list[str], executed: list[str], failed: list[tup
     from magpie.report.verdicts import build_summary
 
     names = closure(project, selected)
-    covered = [(name, project.tasks[name].rule, project.tasks[name].kernel, project.tasks[name].key)
-               for name in names]
+    covered = [(name, project.tasks[name].rule, project.tasks[name].kernel, project.tasks[name].key) for name in names]
     done = set(executed) | {name for name, _ in failed}
     up_to_date = sum(1 for name, _, _, key in covered if name not in done and project.store.has(key))
-    expected = {(kernel.id, impl.id) for kernel in project.manifest.kernel for impl in kernel.implementations()
-                if impl.expect_faster}
-    return BuildSummary.model_validate(build_summary(
-        project.root, project.store, covered, expected, executed=executed, failed=failed, up_to_date=up_to_date,
-        uncompared=_uncompared(project, names)))
+    expected = {
+        (kernel.id, impl.id)
+        for kernel in project.manifest.kernel
+        for impl in kernel.implementations()
+        if impl.expect_faster
+    }
+    return BuildSummary.model_validate(
+        build_summary(
+            project.root,
+            project.store,
+            covered,
+            expected,
+            executed=executed,
+            failed=failed,
+            up_to_date=up_to_date,
+            uncompared=_uncompared(project, names),
+        )
+    )
 
 
 def _uncompared(project, closure: list[str]) -> list[dict]:
@@ -341,15 +412,20 @@ def _uncompared(project, closure: list[str]) -> list[dict]:
     results: dict[str, dict[str, dict]] = {}
     for name in closure:
         spec = project.tasks[name]
-        if spec.kernel not in compared and spec.impl and spec.rule in ("compile", "correctness", "timing", "profile") \
-                and project.store.has(spec.key):
+        if (
+            spec.kernel not in compared
+            and spec.impl
+            and spec.rule in ("compile", "correctness", "timing", "profile")
+            and project.store.has(spec.key)
+        ):
             results.setdefault(spec.kernel, {})[name] = project.store.read(spec.key)
     baselines = {project.tasks[name].kernel: project.tasks[name].params["baseline"] for name in closure}
     return [compare_results(kernel, found, baselines[kernel]) for kernel, found in sorted(results.items())]
 
 
-def check_artifacts(project, names: list[str], *, warn: Callable[[str], None], trust_stamps: bool = True,
-                    remove: bool = True) -> dict[str, str]:
+def check_artifacts(
+    project, names: list[str], *, warn: Callable[[str], None], trust_stamps: bool = True, remove: bool = True
+) -> dict[str, str]:
     """{task: problem} for the built artifacts among `names` whose files are not the ones
     recorded when they were written; each is announced in one line (to `warn`) and removed
     (so that the build rebuilds it) unless `remove` is false. An artifact whose files' stat is
@@ -371,8 +447,9 @@ def check_artifacts(project, names: list[str], *, warn: Callable[[str], None], t
     return found
 
 
-def up_to_date_by_snapshot(manifest: Path, *, summarize: bool = False, check: bool = False,
-                           progress: Progress | None = None) -> BuildResult | None:
+def up_to_date_by_snapshot(
+    manifest: Path, *, summarize: bool = False, check: bool = False, progress: Progress | None = None
+) -> BuildResult | None:
     """The fast no-op: keys from the snapshot, one stat per artifact file, no manifest validation.
     None where the build is not a no-op by the snapshot. The summary (with `summarize` or
     `check`) is made of the stored comparisons."""
@@ -399,7 +476,16 @@ def up_to_date_by_snapshot(manifest: Path, *, summarize: bool = False, check: bo
         from magpie.report.verdicts import build_summary, expected_faster_in
 
         expected = expected_faster_in(tomllib.loads(manifest.read_text()))
-        summary = BuildSummary.model_validate(build_summary(manifest.resolve().parent, store, covered, expected,
-                                                            executed=[], failed=[], up_to_date=len(tasks)))
-    return BuildResult(line=f"magpie: {len(tasks)} artifacts up to date", executed=[], failures=[],
-                       tasks_failed=False, summary=summary, check=check)
+        summary = BuildSummary.model_validate(
+            build_summary(
+                manifest.resolve().parent, store, covered, expected, executed=[], failed=[], up_to_date=len(tasks)
+            )
+        )
+    return BuildResult(
+        line=f"magpie: {len(tasks)} artifacts up to date",
+        executed=[],
+        failures=[],
+        tasks_failed=False,
+        summary=summary,
+        check=check,
+    )

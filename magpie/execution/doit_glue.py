@@ -23,7 +23,7 @@ from magpie.graph.expand import changed_inputs, explain
 # each run, four scans of every distribution's metadata (0.12 s a build on the H200's image of
 # 200-odd packages); magpie names the one it adds (its backend), and another package's reporter
 # or backend has no business in its builds.
-doit.plugin.entry_points_impl = lambda: (lambda **_: ())
+doit.plugin.entry_points_impl = lambda: lambda **_: ()
 
 
 class MemoryDB:
@@ -67,14 +67,18 @@ class BuildReporter:
         self.silent = False  # the build is being stopped: it says so in one line of its own
         self._progress = None
         if progress.bar and reasons:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
 
-            from rich.console import Console
-
-            self._progress = Bar(TextColumn(f"[bold]{progress.title}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"),
-                                 console=Console(file=progress.stream))
+            self._progress = Bar(
+                TextColumn(f"[bold]{progress.title}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=Console(file=progress.stream),
+            )
             self._bar = self._progress.add_task("", total=len(reasons))
             self._progress.start()
 
@@ -153,8 +157,9 @@ class BuildReporter:
 
 
 class StoreTaskLoader(TaskLoader2):
-    def __init__(self, project, executor, jobs: int, reporter: BuildReporter, within: set[str] | None = None,
-                 secret: str = ""):
+    def __init__(
+        self, project, executor, jobs: int, reporter: BuildReporter, within: set[str] | None = None, secret: str = ""
+    ):
         super().__init__()
         self.project = project
         self.executor = executor
@@ -187,14 +192,17 @@ def doit_fields(project, executor, within: set[str] | None = None, secret: str =
     def waited(spec) -> list[str]:
         return [d for d in spec.after if d in project.tasks and (within is None or d in within)]
 
-    return [{
-        "name": name,
-        "actions": [(run_task, [project, executor, name, secret])],
-        "task_dep": list(spec.deps) + waited(spec),
-        "uptodate": [(up_to_date, [project, name])],
-        "doc": f"{spec.rule}: {spec.params['description']}".rstrip(": "),
-        "io": {"capture": False},  # doit's capture swaps sys.stdout, which races across threads
-    } for name, spec in project.tasks.items()]
+    return [
+        {
+            "name": name,
+            "actions": [(run_task, [project, executor, name, secret])],
+            "task_dep": list(spec.deps) + waited(spec),
+            "uptodate": [(up_to_date, [project, name])],
+            "doc": f"{spec.rule}: {spec.params['description']}".rstrip(": "),
+            "io": {"capture": False},  # doit's capture swaps sys.stdout, which races across threads
+        }
+        for name, spec in project.tasks.items()
+    ]
 
 
 def up_to_date(project, name: str) -> bool:
@@ -209,8 +217,12 @@ def run_task(project, executor, name: str, secret: str = "") -> bool:
         raise Stopped(f"{name}: not started, the build is being stopped")
     dep_results = {d: read_dependency(project, executor, d, secret) for d in spec.deps}
     project.resolve(name)  # keyed by the results read: one rebuilt by read_dependency has a new digest
-    job = Job(spec, dep_results=dep_results, dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps},
-              input_secret=secret)
+    job = Job(
+        spec,
+        dep_results=dep_results,
+        dep_dirs={d: str(store.path(tasks[d].key)) for d in spec.deps},
+        input_secret=secret,
+    )
     output = executor.submit(job).result()
     changed = changed_inputs(project.root, spec.parts, store.file_digests)
     if changed:  # what ran may not be what the key says: an edit during the build is never stored under it
@@ -313,8 +325,9 @@ def read_dependency(project, executor, name: str, secret: str = "") -> dict:
         try:
             return project.store.read_verified(key, name)
         except Modified as err:
-            raise RuntimeError(f"store: artifact of {name} was modified again right after it was rebuilt "
-                               f"({err.problem})") from None
+            raise RuntimeError(
+                f"store: artifact of {name} was modified again right after it was rebuilt ({err.problem})"
+            ) from None
 
 
 _REBUILDING = threading.Lock()
@@ -328,21 +341,27 @@ def _warn(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def run_doit(project, selected: list[str], executor, jobs: int, progress: Progress,
-             why: dict[str, str] | None = None, secret: str = "") -> tuple[int, BuildReporter]:
+def run_doit(
+    project,
+    selected: list[str],
+    executor,
+    jobs: int,
+    progress: Progress,
+    why: dict[str, str] | None = None,
+    secret: str = "",
+) -> tuple[int, BuildReporter]:
     """`why`: reasons known beforehand (an artifact found modified), over explain()'s.
     `secret`: the build's input secret, handed to each job."""
     reasons = stale_reasons(project, selected, why)
-    reporter = BuildReporter(reasons=reasons, progress=progress,
-                             verdict_of=lambda name: stored_verdict(project, name))
+    reporter = BuildReporter(reasons=reasons, progress=progress, verdict_of=lambda name: stored_verdict(project, name))
     _REPORTER[:] = [reporter]
     _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
     _AFTER_STORING.clear()
     _UNWRITABLE.clear()
-    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(closure(project, selected)),
-                             secret=secret)
-    main = DoitMain(loader, config_filenames=(),
-                    extra_config={"BACKEND": {"magpie-memory": "magpie.execution.doit_glue:MemoryDB"}})
+    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(closure(project, selected)), secret=secret)
+    main = DoitMain(
+        loader, config_filenames=(), extra_config={"BACKEND": {"magpie-memory": "magpie.execution.doit_glue:MemoryDB"}}
+    )
     try:
         code = main.run(["run", *selected])
     finally:
@@ -370,10 +389,16 @@ def stale_reasons(project, selected: list[str], why: dict[str, str] | None = Non
     why = why or {}
     stale = project.stale(closure(project, selected))
     runs = set(stale)
-    return {name: why.get(name) or explain(project.tasks[name].parts, project.store.recorded(name),
-                                           first=runs.intersection(project.tasks[name].deps),
-                                           forced=name in project.forced)
-            for name in stale}
+    return {
+        name: why.get(name)
+        or explain(
+            project.tasks[name].parts,
+            project.store.recorded(name),
+            first=runs.intersection(project.tasks[name].deps),
+            forced=name in project.forced,
+        )
+        for name in stale
+    }
 
 
 def closure(project, selected: list[str]) -> list[str]:

@@ -91,8 +91,12 @@ class LocalProcessExecutor:
 
     def __init__(self, workers: int):
         self.workers = workers
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=pool.context(),
-                                         initializer=_start_job_process, initargs=(dict(os.environ), os.getpid()))
+        self._pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=pool.context(),
+            initializer=_start_job_process,
+            initargs=(dict(os.environ), os.getpid()),
+        )
 
     def submit(self, job: Job) -> Future:
         return self._pool.submit(run_job, job)

@@ -46,7 +46,7 @@ class JobOutput:
 
 
 def resolve_action(spec: TaskSpec):
-    name = spec.action[len("magpie:"):] if spec.is_builtin else None
+    name = spec.action[len("magpie:") :] if spec.is_builtin else None
     if name is not None and name not in ACTIONS:
         raise KeyError(f"unknown built-in action magpie:{name} (known: {', '.join(ACTIONS)})")
     module_name, attr = (ACTIONS[name] if name else COMMAND_ACTION).split(":")

@@ -19,20 +19,48 @@ from magpie.execution.progress import Progress
 JOBS_CAP = 16
 
 # analyze_report.json's keys taken from the implementation's comparison row
-STATE_KEYS = ("compiling_state", "correctness_state", "performance_state", "performance_result", "numerics",
-              "verdict", "errors", "warnings", "failures", "flags", "numerics_margin", "time_s")
+STATE_KEYS = (
+    "compiling_state",
+    "correctness_state",
+    "performance_state",
+    "performance_result",
+    "numerics",
+    "verdict",
+    "errors",
+    "warnings",
+    "failures",
+    "flags",
+    "numerics_margin",
+    "time_s",
+)
 
 
 class OneShotOptions:
     """What `magpie analyze` / `magpie compare` are asked to do; the flags of the same names
     (cli/oneshot.py) say each."""
 
-    def __init__(self, *, paths: list[str] | None = None, kernel_config: str | None = None, type: str | None = None,
-                 entry: str | None = None, testcase: str | None = None, spec: str | None = None, shapes: str = "",
-                 dtypes: str = "float32", rtol: float | None = None, atol: float | None = None, no_perf: bool = False,
-                 trust_code: bool = False, no_profile: bool = False, budget_ms: float = 300.0,
-                 timeout: float = 120.0, device: str = "cpu", output_dir: str | Path = "magpie_results",
-                 jobs: int | None = None):
+    def __init__(
+        self,
+        *,
+        paths: list[str] | None = None,
+        kernel_config: str | None = None,
+        type: str | None = None,
+        entry: str | None = None,
+        testcase: str | None = None,
+        spec: str | None = None,
+        shapes: str = "",
+        dtypes: str = "float32",
+        rtol: float | None = None,
+        atol: float | None = None,
+        no_perf: bool = False,
+        trust_code: bool = False,
+        no_profile: bool = False,
+        budget_ms: float = 300.0,
+        timeout: float = 120.0,
+        device: str = "cpu",
+        output_dir: str | Path = "magpie_results",
+        jobs: int | None = None,
+    ):
         self.paths = list(paths or [])
         self.kernel_config = kernel_config
         self.type = type
@@ -157,8 +185,11 @@ def implementations(options: OneShotOptions) -> tuple[list[tuple[dict, str]], li
     if options.spec:
         if not Path(options.spec).is_file():
             raise UserError(f"--spec: file not found: {options.spec}")
-        tc = {"spec": _relative(Path(options.spec).resolve(), root), "shapes": _shapes(options.shapes),
-              "dtypes": [d.strip() for d in options.dtypes.split(",") if d.strip()]}
+        tc = {
+            "spec": _relative(Path(options.spec).resolve(), root),
+            "shapes": _shapes(options.shapes),
+            "dtypes": [d.strip() for d in options.dtypes.split(",") if d.strip()],
+        }
         testcases.append(tc)
     return impls, testcases, root
 
@@ -207,8 +238,9 @@ def one_kernel_project(options: OneShotOptions, kernel_id: str, baseline_index: 
         raise describe_validation_error(options.kernel_config or "command line", err) from None
     check_files(manifest, root, options.kernel_config or "command line")
     _check_entries(manifest.kernel[0], root, options.kernel_config)
-    project = Project.from_manifest(manifest, root, Path(options.kernel_config or "command line"),
-                                    workspace=out / "workspace")
+    project = Project.from_manifest(
+        manifest, root, Path(options.kernel_config or "command line"), workspace=out / "workspace"
+    )
     dropped = {"timing"} if options.no_perf else set()
     dropped |= {"profile"} if options.no_perf or options.no_profile else set()
     if dropped:
@@ -233,10 +265,14 @@ def _check_entries(kernel, root: Path, kernel_config: str | None) -> None:
         if _binds_a_model_class(root / impl.source):
             continue
         if kernel_config:
-            raise UserError(f"{kernel_config}: kernel {impl.id!r}: no entry, and {impl.source} has no ModelNew or "
-                            f"Model class: add 'entry: NAME', the function to evaluate")
-        raise UserError(f"{impl.source}: no --entry given and no ModelNew or Model class in it: "
-                        f"pass --entry NAME, the function to evaluate")
+            raise UserError(
+                f"{kernel_config}: kernel {impl.id!r}: no entry, and {impl.source} has no ModelNew or "
+                f"Model class: add 'entry: NAME', the function to evaluate"
+            )
+        raise UserError(
+            f"{impl.source}: no --entry given and no ModelNew or Model class in it: "
+            f"pass --entry NAME, the function to evaluate"
+        )
 
 
 def _binds_a_model_class(source: Path) -> bool:

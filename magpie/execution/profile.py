@@ -45,21 +45,31 @@ PER_LAUNCH_S = 1.5  # ncu's set-up per profiled launch: saving and restoring mem
 REPLAY_PASSES = 40  # replay passes per profiled launch (the instruction counters need several)
 COMMAND_LAUNCH_S = 0.05  # a command's launches are not timed beforehand: this much each, per pass
 FLOOR_S = 120.0
-PROFILER_TIME_METHOD = ("ncu gpu__time_duration of the testcase command's kernels "
-                        "(profiler time, not a timed measurement)")
+PROFILER_TIME_METHOD = (
+    "ncu gpu__time_duration of the testcase command's kernels (profiler time, not a timed measurement)"
+)
 # Kernels a timing saw that are no kernels to ncu (copies and fills by the driver).
 NOT_KERNELS = ("Memcpy", "Memset")
 
 
-def profile_timeout(bounds: dict, *, call_s: float, launches: int, first_call_s: float = 0.0,
-                    fixed_s: float = 0.0) -> tuple[float, dict]:
+def profile_timeout(
+    bounds: dict, *, call_s: float, launches: int, first_call_s: float = 0.0, fixed_s: float = 0.0
+) -> tuple[float, dict]:
     """Seconds ncu may take, and how they were reckoned (recorded in the result)."""
     per_launch = PER_LAUNCH_S + REPLAY_PASSES * call_s
     reckoned = STARTUP_S + FIRST_CALL_FACTOR * first_call_s + fixed_s + CALLS * call_s + launches * per_launch
     timeout = min(max(reckoned, FLOOR_S), float(bounds["max_timeout_s"]))
-    basis = {"startup_s": STARTUP_S, "first_call_s": round(first_call_s, 3), "fixed_s": round(fixed_s, 3),
-             "call_s": call_s, "launches": launches, "per_launch_s": round(per_launch, 3),
-             "reckoned_s": round(reckoned, 1), "floor_s": FLOOR_S, "ceiling_s": float(bounds["max_timeout_s"])}
+    basis = {
+        "startup_s": STARTUP_S,
+        "first_call_s": round(first_call_s, 3),
+        "fixed_s": round(fixed_s, 3),
+        "call_s": call_s,
+        "launches": launches,
+        "per_launch_s": round(per_launch, 3),
+        "reckoned_s": round(reckoned, 1),
+        "floor_s": FLOOR_S,
+        "ceiling_s": float(bounds["max_timeout_s"]),
+    }
     return round(timeout, 1), basis
 
 
@@ -86,8 +96,10 @@ def profile(job, out_dir: Path) -> dict:
             return _result("SKIPPED", errors=["not profiled: the implementation is not correct"])
         tool = _ncu if shutil.which("ncu") else _rocprof if shutil.which("rocprofv3") else None
         if tool is None:
-            return _result("SKIPPED", errors=["ncu not found: install Nsight Compute (rocprofv3 on ROCm) or drop "
-                                              "the rule 'profile'"])
+            return _result(
+                "SKIPPED",
+                errors=["ncu not found: install Nsight Compute (rocprofv3 on ROCm) or drop the rule 'profile'"],
+            )
         with device_lock.exclusive(spec.params["settings"]["project"]["device"]):
             return tool(job, out_dir)
     except Exception as err:  # a profile is a warning on its row, never a lost comparison
@@ -135,20 +147,44 @@ def implementation_target(job, work: Path, bounds: dict, profiler_start: bool = 
     timing = job.dep_results.get(f"timing:{spec.kernel}/{spec.impl}", {})
     minors = timing.get("gpu_minors")
     # a sandbox that opens one GPU's node shows CUDA that GPU alone, as its device 0
-    request = {"root": str(root), "kernel": spec.kernel, "impl": impl, "settings": spec.params["settings"],
-               "reps": 1, "profiler_start": profiler_start, "device": "cuda:0" if minors else None}
+    request = {
+        "root": str(root),
+        "kernel": spec.kernel,
+        "impl": impl,
+        "settings": spec.params["settings"],
+        "reps": 1,
+        "profiler_start": profiler_start,
+        "device": "cuda:0" if minors else None,
+    }
     (work / "request.json").write_text(json.dumps(request))
     median_us = ((timing.get("performance_result") or {}).get("median_us")) or 0.0
     correct = job.dep_results.get(f"correctness:{spec.kernel}/{spec.impl}", {})
-    timeout, basis = profile_timeout(bounds, call_s=median_us / 1e6, launches=int(bounds["max_launches"]),
-                                     first_call_s=_first_call_s(correct))
+    timeout, basis = profile_timeout(
+        bounds, call_s=median_us / 1e6, launches=int(bounds["max_launches"]), first_call_s=_first_call_s(correct)
+    )
     basis["median_us"] = median_us
-    policy = None if sandbox.trusted() else sandbox.Policy(
-        write=[str(work), "/tmp"], read=code_reads(root, impl, root / (impl.get("working_dir") or ".")),
-        hide=workspace_of(job), gpu=True, network=True, gpu_minors=minors)
-    return Target(argv=[sys.executable, "-m", "magpie.harness.profile", str(work / "request.json")],
-                  cwd=os.getcwd(), env=subprocess_env({**os.environ, **_private_caches(work)}), policy=policy,
-                  timeout_s=timeout, timeout_basis=basis, nvtx_range=RANGE, expects_kernels=_timed_kernels(timing))
+    policy = (
+        None
+        if sandbox.trusted()
+        else sandbox.Policy(
+            write=[str(work), "/tmp"],
+            read=code_reads(root, impl, root / (impl.get("working_dir") or ".")),
+            hide=workspace_of(job),
+            gpu=True,
+            network=True,
+            gpu_minors=minors,
+        )
+    )
+    return Target(
+        argv=[sys.executable, "-m", "magpie.harness.profile", str(work / "request.json")],
+        cwd=os.getcwd(),
+        env=subprocess_env({**os.environ, **_private_caches(work)}),
+        policy=policy,
+        timeout_s=timeout,
+        timeout_basis=basis,
+        nvtx_range=RANGE,
+        expects_kernels=_timed_kernels(timing),
+    )
 
 
 def command_target(job, work: Path, bounds: dict, index: int, testcase: dict) -> Target:
@@ -158,22 +194,48 @@ def command_target(job, work: Path, bounds: dict, index: int, testcase: dict) ->
     root = Path(spec.params["root"])
     impl = with_library(job, spec.params["impl"])
     cwd = root / (testcase.get("working_dir") or ".")
-    env = subprocess_env({**os.environ, **(impl.get("env") or {}), **(testcase.get("env") or {}),
-                          **_private_caches(work), environment.IMPL_ID: impl["id"],
-                          environment.IMPL_SOURCE: str(root / impl["source"])})
+    env = subprocess_env(
+        {
+            **os.environ,
+            **(impl.get("env") or {}),
+            **(testcase.get("env") or {}),
+            **_private_caches(work),
+            environment.IMPL_ID: impl["id"],
+            environment.IMPL_SOURCE: str(root / impl["source"]),
+        }
+    )
     correct = job.dep_results.get(f"correctness:{spec.kernel}/{spec.impl}", {})
-    ran: dict = next((c for c in correct.get("checks") or []
-                      if c.get("testcase") == index and c.get("case") == "command"), {})
+    ran: dict = next(
+        (c for c in correct.get("checks") or [] if c.get("testcase") == index and c.get("case") == "command"), {}
+    )
     wall_s = float(ran.get("wall_s") or 0.0)
-    timeout, basis = profile_timeout(bounds, call_s=COMMAND_LAUNCH_S, launches=int(bounds["max_launches"]),
-                                     fixed_s=3 * wall_s)
+    timeout, basis = profile_timeout(
+        bounds, call_s=COMMAND_LAUNCH_S, launches=int(bounds["max_launches"]), fixed_s=3 * wall_s
+    )
     basis["command_wall_s"] = round(wall_s, 3)
-    policy = None if sandbox.trusted() else sandbox.Policy(
-        write=[str(work), "/tmp"], read=code_reads(root, impl, cwd), hide=workspace_of(job), gpu=True, network=True,
-        gpu_minors=correct.get("gpu_minors"))
-    return Target(argv=["/bin/sh", "-c", testcase["command"]], cwd=str(cwd), env=env, policy=policy,
-                  timeout_s=timeout, timeout_basis=basis, nvtx_range=None, expects_kernels=None,
-                  extra={"testcase": index, "command": testcase["command"]})
+    policy = (
+        None
+        if sandbox.trusted()
+        else sandbox.Policy(
+            write=[str(work), "/tmp"],
+            read=code_reads(root, impl, cwd),
+            hide=workspace_of(job),
+            gpu=True,
+            network=True,
+            gpu_minors=correct.get("gpu_minors"),
+        )
+    )
+    return Target(
+        argv=["/bin/sh", "-c", testcase["command"]],
+        cwd=str(cwd),
+        env=env,
+        policy=policy,
+        timeout_s=timeout,
+        timeout_basis=basis,
+        nvtx_range=None,
+        expects_kernels=None,
+        extra={"testcase": index, "command": testcase["command"]},
+    )
 
 
 def _private_caches(work: Path) -> dict[str, str]:
@@ -208,16 +270,34 @@ def _run_ncu(target: Target, per_kernel: int, total: int) -> NcuRun:
     while True:
         argv = ncu_command(metric_sets[which], per_kernel, total, mode, target.nvtx_range)
         started = time.monotonic()
-        proc = run_tree(sandbox.command([*argv, *target.argv], target.policy), cwd=target.cwd, env=target.env,
-                        text=True, timeout=max(deadline - started, 1.0))
-        outcome = ("profiled" if '"ID"' in proc.stdout
-                   else "nothing profiled" if profiled_nothing(proc.stdout, proc.stderr) else "error")
-        attempts.append({"filter": mode, "metrics": "roofline" if which == 0 else "basic",
-                         "exit": proc.returncode, "outcome": outcome,
-                         "wall_s": round(time.monotonic() - started, 3)})
+        proc = run_tree(
+            sandbox.command([*argv, *target.argv], target.policy),
+            cwd=target.cwd,
+            env=target.env,
+            text=True,
+            timeout=max(deadline - started, 1.0),
+        )
+        outcome = (
+            "profiled"
+            if '"ID"' in proc.stdout
+            else "nothing profiled"
+            if profiled_nothing(proc.stdout, proc.stderr)
+            else "error"
+        )
+        attempts.append(
+            {
+                "filter": mode,
+                "metrics": "roofline" if which == 0 else "basic",
+                "exit": proc.returncode,
+                "outcome": outcome,
+                "wall_s": round(time.monotonic() - started, 3),
+            }
+        )
         if outcome == "nothing profiled" and mode == KERNEL_ID and target.expects_kernels:
-            notes.append("--kernel-id profiled no kernel although the timing saw kernels run: "
-                         "profiled again with --filter-mode per-launch-config")
+            notes.append(
+                "--kernel-id profiled no kernel although the timing saw kernels run: "
+                "profiled again with --filter-mode per-launch-config"
+            )
             mode = PER_LAUNCH_CONFIG
         elif outcome == "error" and which + 1 < len(metric_sets):
             which += 1
@@ -237,27 +317,43 @@ def _ncu(job, out_dir: Path) -> dict:
     work = scratch_folders.make("ncu-")
     try:
         command = _command_testcase(job.spec.params["settings"])
-        target = (command_target(job, work, bounds, *command) if command
-                  else implementation_target(job, work, bounds))
-        known = {"tool": "ncu", "isolation": sandbox.describe(target.policy), "timeout_s": target.timeout_s,
-                 "timeout_basis": target.timeout_basis, **target.extra}
+        target = command_target(job, work, bounds, *command) if command else implementation_target(job, work, bounds)
+        known = {
+            "tool": "ncu",
+            "isolation": sandbox.describe(target.policy),
+            "timeout_s": target.timeout_s,
+            "timeout_basis": target.timeout_basis,
+            **target.extra,
+        }
         try:
             run = _run_ncu(target, per_kernel, total)
         except subprocess.TimeoutExpired:
-            return _result("FAILED", **known, errors=[
-                f"ncu timeout after {target.timeout_s:g} s (derived from its measured time; "
-                f"[defaults.profile] max_timeout_s caps it)"])
+            return _result(
+                "FAILED",
+                **known,
+                errors=[
+                    f"ncu timeout after {target.timeout_s:g} s (derived from its measured time; "
+                    f"[defaults.profile] max_timeout_s caps it)"
+                ],
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     (out_dir / "ncu.csv").write_text(run.proc.stdout)
     (out_dir / "ncu.log").write_text(run.proc.stderr)
-    common = {**known, "launch_cap": {"per_kernel": per_kernel, "total": total if run.mode == KERNEL_ID else None,
-                                      "filter": run.mode},
-              "metrics": run.metric_set, "attempts": run.attempts}
+    common = {
+        **known,
+        "launch_cap": {"per_kernel": per_kernel, "total": total if run.mode == KERNEL_ID else None, "filter": run.mode},
+        "metrics": run.metric_set,
+        "attempts": run.attempts,
+    }
     if run.outcome == "nothing profiled":
         where = " of the testcase command" if target.nvtx_range is None else " (a copy such as x.clone() is a memcpy)"
-        return _result("SUCCESS", **common, total_duration_us=0.0,
-                       notes=[*run.notes, f"no kernel ran in the profiled range{where}"])
+        return _result(
+            "SUCCESS",
+            **common,
+            total_duration_us=0.0,
+            notes=[*run.notes, f"no kernel ran in the profiled range{where}"],
+        )
     try:
         kernels = parse_raw_csv(run.proc.stdout)
     except NcuParseError as err:
@@ -266,9 +362,15 @@ def _ncu(job, out_dir: Path) -> dict:
     gpu = gpu_description()
     arch = lookup(gpu[0]) if gpu else None
     rows = [kernel_roofline(k, arch) for k in kernels]
-    result = _result("SUCCESS", **common, arch=arch.name if arch else None,
-                     peaks_source=(arch.source if not arch.measured else "magpie calibrate") if arch else None,
-                     kernels=rows, total_duration_us=sum(r["duration_us"] for r in rows), notes=run.notes)
+    result = _result(
+        "SUCCESS",
+        **common,
+        arch=arch.name if arch else None,
+        peaks_source=(arch.source if not arch.measured else "magpie calibrate") if arch else None,
+        kernels=rows,
+        total_duration_us=sum(r["duration_us"] for r in rows),
+        notes=run.notes,
+    )
     if target.nvtx_range is None:
         result["profiler_time"] = profiler_time(rows)
     return result
@@ -277,8 +379,12 @@ def _ncu(job, out_dir: Path) -> dict:
 def profiler_time(rows: list[dict]) -> dict:
     """A command's kernels as profiler time: what ncu measured of each launch it profiled (under
     its replays, clocks as they were), labelled so; not comparable with a timed median."""
-    return {"method": PROFILER_TIME_METHOD, "kernel_us": sum(r["duration_us"] for r in rows),
-            "launches": len(rows), "kernels": sorted({r["name"] for r in rows})}
+    return {
+        "method": PROFILER_TIME_METHOD,
+        "kernel_us": sum(r["duration_us"] for r in rows),
+        "launches": len(rows),
+        "kernels": sorted({r["name"] for r in rows}),
+    }
 
 
 def _rocprof(job, out_dir: Path) -> dict:
@@ -286,14 +392,29 @@ def _rocprof(job, out_dir: Path) -> dict:
     from magpie.roofline.rocprof import parse_rocprof
 
     if _command_testcase(job.spec.params["settings"]):
-        return _result("SKIPPED", errors=["not profiled: a kernel judged by testcase commands is profiled with ncu "
-                                          "only"])
+        return _result(
+            "SKIPPED", errors=["not profiled: a kernel judged by testcase commands is profiled with ncu only"]
+        )
     bounds = bounds_of(job)
     with tempfile.TemporaryDirectory(prefix="magpie-rocprof-") as tmp:
         outdir = Path(tmp) / "out"
         target = implementation_target(job, Path(tmp), bounds, profiler_start=False)
-        command = sandbox.command(["rocprofv3", "--kernel-trace", "--pmc", "FETCH_SIZE", "WRITE_SIZE",
-                                   "--output-format", "csv", "-d", str(outdir), "--", *target.argv], target.policy)
+        command = sandbox.command(
+            [
+                "rocprofv3",
+                "--kernel-trace",
+                "--pmc",
+                "FETCH_SIZE",
+                "WRITE_SIZE",
+                "--output-format",
+                "csv",
+                "-d",
+                str(outdir),
+                "--",
+                *target.argv,
+            ],
+            target.policy,
+        )
         try:
             proc = run_tree(command, text=True, timeout=target.timeout_s, env=target.env, cwd=target.cwd)
         except subprocess.TimeoutExpired:
@@ -305,5 +426,11 @@ def _rocprof(job, out_dir: Path) -> dict:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])[:500]
         return _result("FAILED", errors=[f"rocprofv3 wrote no CSV (exit {proc.returncode}): {tail}"])
     rows = parse_rocprof(traces)
-    return _result("SUCCESS", tool="rocprofv3", isolation=sandbox.describe(target.policy), kernels=rows,
-                   timeout_s=target.timeout_s, total_duration_us=sum(r["duration_us"] for r in rows))
+    return _result(
+        "SUCCESS",
+        tool="rocprofv3",
+        isolation=sandbox.describe(target.policy),
+        kernels=rows,
+        timeout_s=target.timeout_s,
+        total_duration_us=sum(r["duration_us"] for r in rows),
+    )

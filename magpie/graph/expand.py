@@ -28,7 +28,6 @@ from magpie.manifest.models import BenchmarkSpec, Implementation, Kernel, Manife
 from magpie.paths import templates_dir
 from magpie.store.digests import FileDigests
 
-
 # The key of a task whose dependency has no artifact yet: its recipe's hash behind a prefix that
 # no stored key has (they are hex digests), so the task is stale, and two recipes still differ.
 UNKNOWN_PREFIX = "unknown-"
@@ -121,8 +120,11 @@ def input_path(root: Path, name: str) -> Path:
 def changed_inputs(root: Path, parts: dict, digests: FileDigests | None = None) -> list[str]:
     """The inputs whose bytes are no longer those the task's key was computed from."""
     digests = digests if digests is not None else FileDigests(None)
-    return [name for name, digest in parts.get("inputs", {}).items()
-            if file_digest(input_path(root, name), digests) != digest]
+    return [
+        name
+        for name, digest in parts.get("inputs", {}).items()
+        if file_digest(input_path(root, name), digests) != digest
+    ]
 
 
 def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) -> dict:
@@ -140,8 +142,12 @@ def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) 
         testcases.append(item)
     limits = {"timeout_s": kernel.timeout_s or d.timeout_s, "memory_mb": d.memory_mb}
     return {
-        "compile": {"env": impl.env, "working_dir": impl.working_dir, "compile_command": impl.compile_command,
-                    **({"arch": cuda_arch(manifest)} if kernel.impl_type(impl) == "cuda" else {})},
+        "compile": {
+            "env": impl.env,
+            "working_dir": impl.working_dir,
+            "compile_command": impl.compile_command,
+            **({"arch": cuda_arch(manifest)} if kernel.impl_type(impl) == "cuda" else {}),
+        },
         "correctness": {"testcases": testcases, "seed": d.seed, "entry": impl.entry or kernel.entry, **limits},
         "timing": {**timing, **limits},
         "profile": d.profile.model_dump(),
@@ -181,8 +187,14 @@ class Expander:
         self.tasks: dict[str, TaskSpec] = {}
 
     # -- inputs -----------------------------------------------------------------------------
-    def _placeholder_files(self, name: str, kernel: Kernel | None, impl: Implementation | None,
-                           trace: TraceSet | None = None, bench: BenchmarkSpec | None = None) -> list[str]:
+    def _placeholder_files(
+        self,
+        name: str,
+        kernel: Kernel | None,
+        impl: Implementation | None,
+        trace: TraceSet | None = None,
+        bench: BenchmarkSpec | None = None,
+    ) -> list[str]:
         baseline = kernel.baseline if kernel else None
         table = {
             "trace.files": lambda: self._trace_files(trace) if trace else [],
@@ -217,8 +229,9 @@ class Expander:
         root = self.root.resolve()
         return sorted(p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p) for p in found)
 
-    def _inputs(self, rule: Rule, kernel, impl, trace: TraceSet | None = None,
-                bench: BenchmarkSpec | None = None) -> list[str]:
+    def _inputs(
+        self, rule: Rule, kernel, impl, trace: TraceSet | None = None, bench: BenchmarkSpec | None = None
+    ) -> list[str]:
         files: list[str] = []
         for pattern in rule.inputs:
             if pattern.startswith("{") and pattern.endswith("}") and pattern.count("{") == 1:
@@ -330,22 +343,41 @@ class Expander:
         else:
             keyed["engine_version"] = engines.get(bench.engine).version()
         settings = {"benchmark": keyed, "project": {"device": self.device}}
-        self._add_unit(rule, f"{rule.name}:{bench.id}", settings, self._inputs(rule, None, None, bench=bench),
-                       bench.id, benchmark=bench.model_dump(mode="json"))
+        self._add_unit(
+            rule,
+            f"{rule.name}:{bench.id}",
+            settings,
+            self._inputs(rule, None, None, bench=bench),
+            bench.id,
+            benchmark=bench.model_dump(mode="json"),
+        )
 
     def _add_unit(self, rule: Rule, name: str, settings: dict, inputs: list[str], unit: str, **params) -> None:
         """A task of a rule whose scope is one declared unit (a trace set, a benchmark) of id `unit`."""
         self.tasks[name] = TaskSpec(
-            name=name, rule=rule.name, scope=rule.scope, action=rule.action, kernel=None, impl=None,
+            name=name,
+            rule=rule.name,
+            scope=rule.scope,
+            action=rule.action,
+            kernel=None,
+            impl=None,
             inputs=inputs,
             config={section: settings[section] for section in rule.config if section in settings},
             fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
-            deps=self._deps(rule, None, None, unit=unit), after=self._deps(rule, None, None, rule.after, unit),
-            params={"root": str(self.root), "rule_identity": rule.identity(), "description": rule.description,
-                    "impl": None, "baseline": None, "settings": settings, "project": self.manifest.project.name,
-                    # the workspace's (None when read-only): a failed benchmark keeps its run's logs beside it
-                    "snapshots": str(self.hash_file.snapshots) if self.hash_file.snapshots else None,
-                    **params},
+            deps=self._deps(rule, None, None, unit=unit),
+            after=self._deps(rule, None, None, rule.after, unit),
+            params={
+                "root": str(self.root),
+                "rule_identity": rule.identity(),
+                "description": rule.description,
+                "impl": None,
+                "baseline": None,
+                "settings": settings,
+                "project": self.manifest.project.name,
+                # the workspace's (None when read-only): a failed benchmark keeps its run's logs beside it
+                "snapshots": str(self.hash_file.snapshots) if self.hash_file.snapshots else None,
+                **params,
+            },
         )
 
     def _deps(self, rule: Rule, kernel, impl, deps: list[str] | None = None, unit: str | None = None) -> list[str]:
@@ -432,8 +464,9 @@ def resolve_key(spec: TaskSpec, tasks: dict[str, TaskSpec], result_digest) -> st
     return spec.key
 
 
-def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | None = None,
-           digests: FileDigests | None = None) -> dict[str, TaskSpec]:
+def expand(
+    manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | None = None, digests: FileDigests | None = None
+) -> dict[str, TaskSpec]:
     tasks = Expander(manifest, Path(root), rules, FileHasher(snapshots, digests)).expand()
     for spec in tasks.values():  # with no store: the keys of tasks without dependencies (Project's has one)
         resolve_key(spec, tasks, lambda name, key: None)
@@ -448,8 +481,7 @@ def expand(manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | 
     return tasks
 
 
-def explain(parts: dict, recorded: dict | None, first: set[str] | frozenset = frozenset(),
-            forced: bool = False) -> str:
+def explain(parts: dict, recorded: dict | None, first: set[str] | frozenset = frozenset(), forced: bool = False) -> str:
     """Why a task must run, comparing its key's parts with those of its last build; `first`:
     its dependencies that run before it in this build."""
     if forced:

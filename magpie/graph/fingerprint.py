@@ -12,7 +12,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
@@ -32,14 +32,14 @@ def _tool(name: str) -> str:
     return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def cpu_model() -> str:
     from magpie.linux.procfs import cpu_model_name
 
     return cpu_model_name() or platform.processor() or platform.machine()
 
 
-@lru_cache(maxsize=None)
+@cache
 def nvidia_gpus() -> tuple[dict, ...]:
     """NVIDIA GPUs as nvidia-smi lists them, asked once per process (keys and --gpu-info alike)."""
     smi = shutil.which("nvidia-smi")
@@ -47,8 +47,9 @@ def nvidia_gpus() -> tuple[dict, ...]:
         return ()
     fields = "name,memory.total,driver_version,compute_cap,clocks.max.sm"
     try:
-        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ()
     return tuple(parse_nvidia_smi(out))
@@ -61,8 +62,16 @@ def parse_nvidia_smi(out: str) -> list[dict]:
         if len(parts) != 5:
             continue
         name, mem, driver, cap, clock = parts
-        gpus.append({"vendor": "NVIDIA", "name": name, "memory_mib": int(float(mem)), "driver": driver,
-                     "architecture": "sm_" + cap.replace(".", ""), "max_sm_clock_mhz": clock})
+        gpus.append(
+            {
+                "vendor": "NVIDIA",
+                "name": name,
+                "memory_mib": int(float(mem)),
+                "driver": driver,
+                "architecture": "sm_" + cap.replace(".", ""),
+                "max_sm_clock_mhz": clock,
+            }
+        )
     return gpus
 
 
@@ -103,6 +112,6 @@ _FACTS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def fingerprint(name: str, device: str) -> str:
     return _FACTS[name](device)

@@ -7,7 +7,7 @@ override fields of the built-in rule with the same name and types, or add new ru
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,19 +39,19 @@ class Rule(BaseModel):
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
     # Only for the declared units whose flag this names is set (a profiled benchmark's extra nodes); not in
     # the key: it decides whether a task exists, not what it computes.
-    when: Optional[Literal["benchmark.profiler"]] = None
-    config: list[Literal["compile", "correctness", "timing", "profile", "project", "trace",
-                        "benchmark"]] = []
-    fingerprint: list[Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu",
-                              "rocprofv3"]] = []
+    when: Literal["benchmark.profiler"] | None = None
+    config: list[Literal["compile", "correctness", "timing", "profile", "project", "trace", "benchmark"]] = []
+    fingerprint: list[
+        Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu", "rocprofv3"]
+    ] = []
     action: str
     version: int = 1
     description: str = ""
     source: str = Field("", exclude=True, description="file the rule came from, for messages")
 
     @property
-    def builtin_action(self) -> Optional[str]:
-        return self.action[len("magpie:"):] if self.action.startswith("magpie:") else None
+    def builtin_action(self) -> str | None:
+        return self.action[len("magpie:") :] if self.action.startswith("magpie:") else None
 
     def identity(self) -> dict:
         """What of the rule keys its artifacts."""
@@ -83,7 +83,8 @@ def resolve_rules(project_rules: list[dict], manifest_path) -> list[Rule]:
         if not isinstance(table, dict) or "name" not in table:
             raise located(manifest_path, f"rule[{i}].name", "required field is missing")
         targets = [
-            j for j, rule in enumerate(rules)
+            j
+            for j, rule in enumerate(rules)
             if rule.name == table["name"] and ("types" not in table or set(table["types"]) & set(rule.types))
         ]
         if targets:
@@ -106,5 +107,8 @@ def _check_deps(rules: list[Rule], manifest_path) -> None:
             for dep in getattr(rule, field):
                 bare = dep.split(".", 1)[1] if dep.startswith(DEP_PREFIXES) else dep
                 if bare not in names:
-                    raise located(rule.source or manifest_path, f"rule {rule.name!r}.{field}",
-                                  f"no rule named {bare!r} (known: {', '.join(sorted(names))})")
+                    raise located(
+                        rule.source or manifest_path,
+                        f"rule {rule.name!r}.{field}",
+                        f"no rule named {bare!r} (known: {', '.join(sorted(names))})",
+                    )

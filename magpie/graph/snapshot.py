@@ -96,8 +96,10 @@ def save(project, data: dict | None = None) -> dict:
             "trusted_signers": trusted,
             "environment": environment(),
             "stamps": {p: _stat(p) for p in _watched(project)},
-            "tasks": {name: {"key": spec.key, "rule": spec.rule, "kernel": spec.kernel}
-                      for name, spec in project.tasks.items()},
+            "tasks": {
+                name: {"key": spec.key, "rule": spec.rule, "kernel": spec.kernel}
+                for name, spec in project.tasks.items()
+            },
         }
     else:  # after the build: a task it re-ran under the same key gave its dependents new keys
         project.resolve_keys()
@@ -140,8 +142,12 @@ def _read(path: Path) -> dict | None:
 def _previous_stamps(path: Path, store, trusted: list[str]) -> dict:
     try:
         data = _read(path)
-        if (data is None or data.get("version") != VERSION or data.get("workspace") != str(store.workspace.resolve())
-                or data.get("trusted_signers") != trusted):
+        if (
+            data is None
+            or data.get("version") != VERSION
+            or data.get("workspace") != str(store.workspace.resolve())
+            or data.get("trusted_signers") != trusted
+        ):
             return {}
         return {t["key"]: t["stamp"] for t in data["tasks"].values() if t.get("stamp")}
     except (OSError, ValueError, AttributeError, KeyError, TypeError):

@@ -18,8 +18,16 @@ from magpie.harness.checks import compare_inputs, compare_outputs, surely_close
 from magpie.harness.context import EvaluationContext
 from magpie.harness.device_region import DeviceRegion
 from magpie.harness.laps import Laps
-from magpie.harness.measurement import (ALONE_PAIRS, ALONE_SHARE, HANDOVER_CALLS, HANDOVER_MIN_CALLS, HANDOVER_TRIM,
-                                        HANDOVER_WAIT_NS, HANDOVER_WAIT_SHARE, launch_floor)
+from magpie.harness.measurement import (
+    ALONE_PAIRS,
+    ALONE_SHARE,
+    HANDOVER_CALLS,
+    HANDOVER_MIN_CALLS,
+    HANDOVER_TRIM,
+    HANDOVER_WAIT_NS,
+    HANDOVER_WAIT_SHARE,
+    launch_floor,
+)
 from magpie.harness.pool import Turns
 from magpie.harness.regions import Layout, Region, calls_that_fit, region_bytes
 from magpie.harness.rounds import Batch, Rounds, batch_phases, other_size, vouched_method
@@ -49,8 +57,18 @@ WALL_SHARE = 4.0
 
 
 class BatchMeasurement:
-    def __init__(self, context: EvaluationContext, turns: Turns, spec: ReferenceSpec, case: Case, testcase: dict,
-                 t: dict, salt: str, mode: str | None, known: dict):
+    def __init__(
+        self,
+        context: EvaluationContext,
+        turns: Turns,
+        spec: ReferenceSpec,
+        case: Case,
+        testcase: dict,
+        t: dict,
+        salt: str,
+        mode: str | None,
+        known: dict,
+    ):
         """`t`: the timing settings; `salt`: what the seeds of its input sets are drawn with;
         `mode`: the GPU timing method; `known`: what the baseline's own timing job measured
         that this one may take (`TimingSession.known_of_baseline`)."""
@@ -82,22 +100,30 @@ class BatchMeasurement:
         round_ns = t["budget_ms"] / rounds * 1e6
         try:
             for role in roles:
-                regions[role] = DeviceRegion(torch, layout, self.context.device, graph=measured.graph) \
-                    if on_gpu else Region(torch, self.turns.workers[role].scratch or self.context.work, layout)
-                answer = self.turns.give(role).request({"op": "batch_map", "region": regions[role].offer()},
-                                                       self.context.timeout)
+                regions[role] = (
+                    DeviceRegion(torch, layout, self.context.device, graph=measured.graph)
+                    if on_gpu
+                    else Region(torch, self.turns.workers[role].scratch or self.context.work, layout)
+                )
+                answer = self.turns.give(role).request(
+                    {"op": "batch_map", "region": regions[role].offer()}, self.context.timeout
+                )
                 if not answer["ok"]:
                     raise WorkerFailure(f"error while timing {self.turns.workers[role].label}: {answer['error']}")
                 # the process that says it runs the calls: a false one makes no batch count less
                 # than its worker's CPU time (`busy_wall_ns`)
-                regions[role].caller = cputime.process_named(self.turns.workers[role].proc.pid,
-                                                             int(answer.get("pid", 0)))
+                regions[role].caller = cputime.process_named(
+                    self.turns.workers[role].proc.pid, int(answer.get("pid", 0))
+                )
             machine = None if on_gpu else cputime.MachineShare([region.caller for region in regions.values()])
             steps.mark("regions")
             # what this measurement takes (the kernel list is the timing job's): on the CPU only
             # the sizing, the harness's price and a calibration being a GPU's
-            known = {key: value for key, value in self.known.items()
-                     if key == "sizing_us_per_call" or (on_gpu and key != "kernels")}
+            known = {
+                key: value
+                for key, value in self.known.items()
+                if key == "sizing_us_per_call" or (on_gpu and key != "kernels")
+            }
             measured.reused = {"baseline": sorted(known)} if known else {}
             if on_gpu:
                 if "harness_us_per_call" in known:
@@ -105,11 +131,14 @@ class BatchMeasurement:
                 else:
                     sets = self._fresh_sets(f"{self.salt} copies", min(limit, COPY_CALIBRATION_CALLS))
                     measured.harness_ns = batches.copy_ns_per_call(
-                        torch, lambda args: spec.reference(args, self.context.init_seed), sets, expected,
-                        measured.graph)
+                        torch, lambda args: spec.reference(args, self.context.init_seed), sets, expected, measured.graph
+                    )
                 steps.mark("copy_price")
-                calibrated = {role: region for role, region in regions.items()
-                              if not (role == "baseline" and "calibration_us" in known)}
+                calibrated = {
+                    role: region
+                    for role, region in regions.items()
+                    if not (role == "baseline" and "calibration_us" in known)
+                }
                 measured.calibration_ns, measured.calibration_phases = self._calibrate(calibrated)
                 if "calibration_us" in known:
                     measured.calibration_ns["baseline"] = known["calibration_us"] * 1000
@@ -120,9 +149,12 @@ class BatchMeasurement:
                 steps.mark("harness_price")
             shortest_ms = DEVICE_BATCH_MIN_MS if on_gpu else BATCH_MIN_MS
             target_ns = min(BATCH_MAX_MS * 1e6, max(shortest_ms * 1e6, round_ns / BATCHES_PER_ROUND))
-            per_call = {role: known["sizing_us_per_call"] * 1000
-                        if role == "baseline" and "sizing_us_per_call" in known
-                        else self._size_batches(role, regions[role], limit, target_ns) for role in roles}
+            per_call = {
+                role: known["sizing_us_per_call"] * 1000
+                if role == "baseline" and "sizing_us_per_call" in known
+                else self._size_batches(role, regions[role], limit, target_ns)
+                for role in roles
+            }
             measured.per_call_ns = per_call
             steps.mark("sizing")
             sets_a_round = int(GENERATION_FACTOR * t["budget_ms"] * 1e6 / max(measured.set_ns, 1.0) / rounds)
@@ -144,10 +176,17 @@ class BatchMeasurement:
                 b = 0
                 # on a GPU, batches of two sizes in turn tell what a batch costs besides its calls
                 # (`fixed_cost`)
-                while due := {role: min(calls[role] if not on_gpu or b % 2 == 0 else other_size(calls[role], limit),
-                                        a_round[role] - made[role]) for role in roles if made[role] < a_round[role]}:
-                    batch = Batch(self._fresh_sets(f"{self.salt} {r} {b}", max(due.values())), spec,
-                                  self.context.init_seed)
+                while due := {
+                    role: min(
+                        calls[role] if not on_gpu or b % 2 == 0 else other_size(calls[role], limit),
+                        a_round[role] - made[role],
+                    )
+                    for role in roles
+                    if made[role] < a_round[role]
+                }:
+                    batch = Batch(
+                        self._fresh_sets(f"{self.salt} {r} {b}", max(due.values())), spec, self.context.init_seed
+                    )
                     measured.lap("draw")
                     for role in roles if b % 2 == 0 else reversed(roles):
                         if role in due:
@@ -179,19 +218,28 @@ class BatchMeasurement:
         for role in roles:
             raw_ns = measured.raw_median_ns(role)
             # the copy's price whole, not what the cap left taken off: the floor is the copy's
-            floor = launch_floor(max(1.0, raw_ns - measured.harness_ns), measured.harness_ns) \
-                if raw_ns is not None else None
+            floor = (
+                launch_floor(max(1.0, raw_ns - measured.harness_ns), measured.harness_ns)
+                if raw_ns is not None
+                else None
+            )
             if floor and role not in measured.failed:
                 # a call that read more than its copy may have been read short by a busy machine
-                measured.failed[role] = {"passed": False, "check": "launch_floor", "kind": "calls_done_together",
-                                         "where": "its batches", "detail": floor,
-                                         "floor_in_doubt": not on_gpu and raw_ns >= measured.harness_ns}
+                measured.failed[role] = {
+                    "passed": False,
+                    "check": "launch_floor",
+                    "kind": "calls_done_together",
+                    "where": "its batches",
+                    "detail": floor,
+                    "floor_in_doubt": not on_gpu and raw_ns >= measured.harness_ns,
+                }
         measured.judge_calls_alone()
         measured.methods = {role: vouched_method(calls[role], measured, t, self.context.device) for role in roles}
         return measured
 
-    def _alone(self, round_index: int, per_call: dict[str, float], limit: int, round_ns: float,
-               candidate_calls: int) -> None:
+    def _alone(
+        self, round_index: int, per_call: dict[str, float], limit: int, round_ns: float, candidate_calls: int
+    ) -> None:
         """A round's calls made alone (`alone_bound`), not samples but checked like any batch:
         both roles on the same input sets of new seeds, back to back, the order flipped every
         two pairs. On the CPU (one torch thread, timed by CPU time), batches handed over one call
@@ -216,7 +264,8 @@ class BatchMeasurement:
             if calls < 1 or not stream_words.available():
                 return
             self.measured.alone_launched_apart = self.measured.graph and not stream_words.capturable(
-                self.regions[roles[0]].copy.device.index)
+                self.regions[roles[0]].copy.device.index
+            )
             pairs = max(1, min(most, int(share_ns / (2 * step_ns * calls))))
         else:
             calls = min(limit, HANDOVER_CALLS, int(share_ns / most / slowest))
@@ -227,22 +276,26 @@ class BatchMeasurement:
             pairs = max(1, min(most, int(share_ns / (2 * slowest * calls))))
         self.measured.alone_calls = calls
         # a GPU's batches run with no host taking part, on no CPUs apart: -1 stands for "none pinned"
-        with contextlib.nullcontext(-1) if on_gpu else \
-                cputime.apart([worker.proc.pid for worker in self.turns.workers.values()]) as workers_cpu:
+        with (
+            contextlib.nullcontext(-1)
+            if on_gpu
+            else cputime.apart([worker.proc.pid for worker in self.turns.workers.values()]) as workers_cpu
+        ):
             for k in range(pairs if workers_cpu is not None else 0):
-                batch = Batch(self._fresh_sets(f"{self.salt} {round_index} alone {k}", calls), self.spec,
-                              self.context.init_seed)
+                batch = Batch(
+                    self._fresh_sets(f"{self.salt} {round_index} alone {k}", calls), self.spec, self.context.init_seed
+                )
                 taken, disturbed = {}, False
                 for role in roles if k // 2 % 2 == 0 else reversed(roles):
                     allowed_s = 20 * calls * per_call[role] / 1e9 + 1.0
                     if on_gpu:
-                        batch_ns, early = self._device_handover_batch(role, self.regions[role], batch, calls,
-                                                                      allowed_s)
+                        batch_ns, early = self._device_handover_batch(role, self.regions[role], batch, calls, allowed_s)
                         taken[role] = batch_ns / calls
                         disturbed |= early
                     else:
                         taken[role], batch_ns, waited_ns, own_threads = self._handover_batch(
-                            role, self.regions[role], batch, calls, allowed_s, workers_cpu)
+                            role, self.regions[role], batch, calls, allowed_s, workers_cpu
+                        )
                         if own_threads and waited_ns > HANDOVER_WAIT_NS + HANDOVER_WAIT_SHARE * batch_ns:
                             self.measured.alone_held_by_own_threads[role] += 1
                             disturbed = True
@@ -256,8 +309,9 @@ class BatchMeasurement:
                         self.measured.alone[role].append(taken[role])
                 self.measured.lap("alone")
 
-    def _handover_batch(self, role: str, region: Region, batch: Batch, calls: int, allowed_s: float,
-                        workers_cpu: int) -> tuple[float, float, int, bool]:
+    def _handover_batch(
+        self, role: str, region: Region, batch: Batch, calls: int, allowed_s: float, workers_cpu: int
+    ) -> tuple[float, float, int, bool]:
         """A CPU batch whose input sets the worker sees one at a time (`batches.run_handed_over`):
         each written and released once the last call said it was done, that call's outputs
         taken as they were then. Returns what a call cost: the evaluator's clock from each
@@ -312,26 +366,33 @@ class BatchMeasurement:
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         if before is None or after is None:
-            raise WorkerFailure(f"error while timing {worker.label}: it answered a batch handed over one call at a "
-                                "time before its calls were done")
+            raise WorkerFailure(
+                f"error while timing {worker.label}: it answered a batch handed over one call at a "
+                "time before its calls were done"
+            )
         _note_processes(self.measured, role, calls, before, after)
         moved = cputime.moved_threads(worker.proc.pid, workers_cpu)
         if moved and role not in self.measured.failed:
             self.measured.failed[role] = {
-                "passed": False, "check": "affinity", "kind": "timer_integrity", "where": f"a batch of {calls} calls "
-                "made alone", "detail": f"{len(moved)} thread(s) of the worker left the CPU its calls made alone were "
-                "given: on the evaluator's it could hold the evaluator up and have those calls left out"}
+                "passed": False,
+                "check": "affinity",
+                "kind": "timer_integrity",
+                "where": f"a batch of {calls} calls made alone",
+                "detail": f"{len(moved)} thread(s) of the worker left the CPU its calls made alone were "
+                "given: on the evaluator's it could hold the evaluator up and have those calls left out",
+            }
         self._judge_batch(role, region, batch, calls, taken=True)
         cpu_ns = after.cpu_since(before)
         others_ns = cpu_ns - (after.main_cpu - before.main_cpu)
         own_threads = others_ns > HANDOVER_WAIT_NS
         call_ns = batches.calls_handed_over_ns(walls, call_ns, others_ns)
         kept = sorted(call_ns[1:] or call_ns)
-        kept = kept[:len(kept) - math.ceil(HANDOVER_TRIM * (len(kept) - 1))]
+        kept = kept[: len(kept) - math.ceil(HANDOVER_TRIM * (len(kept) - 1))]
         return fmean(kept), cpu_ns, after.waiting - before.waiting, own_threads
 
-    def _device_handover_batch(self, role: str, region: DeviceRegion, batch: Batch, calls: int,
-                               allowed_s: float) -> tuple[float, bool]:
+    def _device_handover_batch(
+        self, role: str, region: DeviceRegion, batch: Batch, calls: int, allowed_s: float
+    ) -> tuple[float, bool]:
         """A GPU batch handed over one call at a time (`DeviceRegion.start_handover`; in graph
         mode one replay of the worker's graph of such a batch, `_capture`), checked like any
         batch: its GPU time in ns, and whether its first set was released before the worker had
@@ -354,7 +415,7 @@ class BatchMeasurement:
                 raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
             taken_ns = region.end_handover(time.monotonic() + limit_s)
         except TimeoutError:
-            raise worker.overdue(f"timeout after {limit_s:g} s: a call handed over was never said to be done")
+            raise worker.overdue(f"timeout after {limit_s:g} s: a call handed over was never said to be done") from None
         except BaseException:
             region.release_handover()  # its stream would wait on the worker's word for good
             raise
@@ -393,8 +454,9 @@ class BatchMeasurement:
         for attempt in range(SIZING_BATCHES):
             self._capture(role, region, calls, allowed_s)  # once per size: not a call's cost
             started = time.perf_counter_ns()
-            batch = Batch(self._fresh_sets(f"{self.salt} sizing {role} {attempt}", calls), self.spec,
-                          self.context.init_seed)
+            batch = Batch(
+                self._fresh_sets(f"{self.salt} sizing {role} {attempt}", calls), self.spec, self.context.init_seed
+            )
             taken_ns = self._batch(role, region, batch, calls, None, allowed_s)
             if on_gpu:
                 per_call = max(taken_ns, time.perf_counter_ns() - started) / calls
@@ -421,8 +483,9 @@ class BatchMeasurement:
         self.measured.set_ns = min(self.measured.set_ns, took) if on_cpu and self.measured.set_ns else took
         return sets
 
-    def _batch(self, role: str, region: Region, batch: Batch, calls: int, round_index: int | None,
-               allowed_s: float) -> float:
+    def _batch(
+        self, role: str, region: Region, batch: Batch, calls: int, round_index: int | None, allowed_s: float
+    ) -> float:
         """The first `calls` sets of a batch, for one worker: the time it took in ns, the CPU time
         of all the worker's threads and processes (`measured.by_cpu_time`, one torch thread) or
         its wall time less the scheduler's waits (`busy_wall_ns`). The worker is stopped while
@@ -449,8 +512,11 @@ class BatchMeasurement:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         after = cputime.TreeTimes(worker.proc.pid, region.caller)
         cpu_ns = after.cpu_since(before)
-        taken_ns = cpu_ns if self.measured.by_cpu_time else \
-            batches.busy_wall_ns(wall_ns, cpu_ns, after.waiting - before.waiting + waited)
+        taken_ns = (
+            cpu_ns
+            if self.measured.by_cpu_time
+            else batches.busy_wall_ns(wall_ns, cpu_ns, after.waiting - before.waiting + waited)
+        )
         _note_processes(self.measured, role, calls, before, after)
         self.measured.last_wall_ns = wall_ns
         if round_index is not None:
@@ -460,8 +526,7 @@ class BatchMeasurement:
         self.measured.lap("check")
         return taken_ns
 
-    def _capture(self, role: str, region: Region, calls: int, allowed_s: float,
-                 handed_over: bool = False) -> None:
+    def _capture(self, role: str, region: Region, calls: int, allowed_s: float, handed_over: bool = False) -> None:
         """In graph mode, the worker's CUDA graph of a batch of `calls` calls (`handed_over`: of
         one handed over one call at a time, whose calls' kernels then cost what a batch's do),
         once per size: captured on the last batch's input sets, before the next one's are written."""
@@ -473,19 +538,23 @@ class BatchMeasurement:
             answer = self.turns.give(role).request({"op": op, "calls": calls}, self.context.timeout + 2 * allowed_s)
             if not answer["ok"]:
                 what = "a batch handed over one call at a time" if handed_over else "a batch"
-                raise WorkerFailure(f"error while timing {self.turns.workers[role].label}: capturing the CUDA graph of "
-                                    f"{what}: {answer['error']}")
+                raise WorkerFailure(
+                    f"error while timing {self.turns.workers[role].label}: capturing the CUDA graph of "
+                    f"{what}: {answer['error']}"
+                )
             captured.add(calls)
 
-    def _device_batch(self, role: str, region: DeviceRegion, batch: Batch, calls: int,
-                      round_index: int | None, allowed_s: float) -> float:
+    def _device_batch(
+        self, role: str, region: DeviceRegion, batch: Batch, calls: int, round_index: int | None, allowed_s: float
+    ) -> float:
         """A batch on a GPU, its input sets written: the GPU time between the evaluator's own
         events around the worker's calls (`DeviceRegion`). Work the worker left running behind
         its event (on a stream of its own, say) has written the outputs the checks read by the
         time the evaluator's stream took them, or fails them; a probe after the checks that
         still waits on such work fails the batch."""
         taken_ns, self.measured.last_wall_ns = self._device_request(
-            role, region, calls, allowed_s, self.measured.phases[role] if round_index is not None else None)
+            role, region, calls, allowed_s, self.measured.phases[role] if round_index is not None else None
+        )
         self.measured.device_batches[role].append((round_index, taken_ns, calls, self.measured.last_wall_ns / 1e9))
         self.measured.lap("request")
         self._judge_batch(role, region, batch, calls)
@@ -500,13 +569,24 @@ class BatchMeasurement:
         late = late_ns > max(LATE_PROBE_FACTOR * region.idle_probe_ns, LATE_PROBE_MIN_NS)
         if late and role not in self.measured.failed:
             self.measured.failed[role] = {
-                "passed": False, "check": "gpu_idle", "kind": "timer_integrity", "where": where,
+                "passed": False,
+                "check": "gpu_idle",
+                "kind": "timer_integrity",
+                "where": where,
                 "detail": f"the GPU was still busy with the worker's work after it answered and its outputs were "
-                          f"read (a probe took {late_ns / 1000:.0f} µs, {region.idle_probe_ns / 1000:.0f} µs idle): "
-                          f"its time cannot be vouched for"}
+                f"read (a probe took {late_ns / 1000:.0f} µs, {region.idle_probe_ns / 1000:.0f} µs idle): "
+                f"its time cannot be vouched for",
+            }
 
-    def _device_request(self, role: str, region: DeviceRegion, calls: int, allowed_s: float,
-                        phases: list | None = None, own_kernel: bool = False) -> tuple[float, int]:
+    def _device_request(
+        self,
+        role: str,
+        region: DeviceRegion,
+        calls: int,
+        allowed_s: float,
+        phases: list | None = None,
+        own_kernel: bool = False,
+    ) -> tuple[float, int]:
         """GPU ns between the evaluator's events around a batch request (`DeviceRegion.start`,
         `stop_clock`), and the host's wall ns from the request until the worker was stopped;
         where the time went goes to `phases` (`batch_phases`). `own_kernel`: a batch of no calls
@@ -514,8 +594,7 @@ class BatchMeasurement:
         worker = self.turns.give(role)
         started = time.perf_counter_ns()
         region.start()
-        worker.send({"op": "batch", "calls": calls, "graph": region.graph and not own_kernel,
-                     "own_kernel": own_kernel})
+        worker.send({"op": "batch", "calls": calls, "graph": region.graph and not own_kernel, "own_kernel": own_kernel})
         answer = worker.receive(self.context.timeout + allowed_s + region.sleep_ns / 1e9)
         answered = time.perf_counter_ns()
         opened_early = region.answered(answered - started)
@@ -526,9 +605,16 @@ class BatchMeasurement:
         if not answer["ok"]:
             raise WorkerFailure(f"error while timing {worker.label}: {answer['error']}")
         if phases is not None:
-            phases.append({"calls": calls, "clock_ns": taken_ns, "answer_ns": answered - started,
-                           "stop_ns": held - answered, "worker_loop_ns": answer.get("loop_ns"),
-                           "opened_early": opened_early})
+            phases.append(
+                {
+                    "calls": calls,
+                    "clock_ns": taken_ns,
+                    "answer_ns": answered - started,
+                    "stop_ns": held - answered,
+                    "worker_loop_ns": answer.get("loop_ns"),
+                    "opened_early": opened_early,
+                }
+            )
         return taken_ns, held - started
 
     def _calibrate(self, calibrated: dict[str, DeviceRegion]) -> tuple[dict[str, float], dict]:
@@ -544,8 +630,7 @@ class BatchMeasurement:
                 taken[role].append(self._device_request(role, region, 0, 1.0, trips, own_kernel=True)[0])
         return {role: median(times) for role, times in taken.items()}, batch_phases(trips)
 
-    def _judge_batch(self, role: str, region: Region, batch: Batch, calls: int,
-                     taken: bool = False) -> None:
+    def _judge_batch(self, role: str, region: Region, batch: Batch, calls: int, taken: bool = False) -> None:
         """`taken`: the outputs are already in the evaluator's copy (a handed-over batch's)."""
         if role not in self.measured.failed:
             record = self._check_batch(region, batch, calls, taken)
@@ -558,8 +643,10 @@ class BatchMeasurement:
         """Stop a worker whose timing is vouched for: a process of it that keeps running while it
         is stopped (one that left its process group) could read the next batch's inputs early."""
         if not worker.stop():
-            raise WorkerFailure(f"error while timing {worker.label}: a process it started kept running while it "
-                                "was stopped (it left its process group): its time cannot be vouched for")
+            raise WorkerFailure(
+                f"error while timing {worker.label}: a process it started kept running while it "
+                "was stopped (it left its process group): its time cannot be vouched for"
+            )
 
     def _check_batch(self, region: Region, batch: Batch, calls: int, taken: bool = False) -> dict:
         """Every output slot written, and a few calls, chosen after the answer, right with their
@@ -568,9 +655,14 @@ class BatchMeasurement:
             region.read(calls)
         unwritten = region.unwritten(calls)
         if unwritten is not None:
-            return {"passed": False, "check": "finite", "kind": "finite", "checked": calls,
-                    "where": f"timed call {unwritten + 1} of a batch of {calls}",
-                    "detail": "its output slot still held the NaN it was filled with: the call did not write it"}
+            return {
+                "passed": False,
+                "check": "finite",
+                "kind": "finite",
+                "checked": calls,
+                "where": f"timed call {unwritten + 1} of a batch of {calls}",
+                "detail": "its output slot still held the NaN it was filled with: the call did not write it",
+            }
         for call in region.picks(calls):
             record = compare_inputs(batch.sets[call], region.inputs(call))
             if record is None:
@@ -583,11 +675,16 @@ class BatchMeasurement:
         return {"passed": True, "checked": calls}
 
 
-def _note_processes(measured: Rounds, role: str, calls: int, before: cputime.TreeTimes,
-                    after: cputime.TreeTimes) -> None:
+def _note_processes(
+    measured: Rounds, role: str, calls: int, before: cputime.TreeTimes, after: cputime.TreeTimes
+) -> None:
     """A batch in which a process of the worker started or ended fails the role's timing."""
     if after.processes_changed(before) and role not in measured.failed:
         measured.failed[role] = {
-            "passed": False, "check": "processes", "kind": "timer_integrity", "where": f"a batch of {calls}",
+            "passed": False,
+            "check": "processes",
+            "kind": "timer_integrity",
+            "where": f"a batch of {calls}",
             "detail": "a process of the worker started or ended during a timed batch: what an ended process "
-                      "spent is known only in clock ticks, so its time cannot be vouched for"}
+            "spent is known only in clock ticks, so its time cannot be vouched for",
+        }

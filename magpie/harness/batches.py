@@ -54,6 +54,7 @@ COPY_RUNS = 10
 # gives up (`run_handed_over`).
 HANDOVER_WAIT_S = 60.0
 
+
 class BatchOutputError(RuntimeError):
     """An output of a timed call that is not a tensor of its slot's shape and dtype."""
 
@@ -69,7 +70,7 @@ class WorkerViews:
 
             region = loads_shared(offer["ipc"])
             # [sets released, calls done] of a batch handed over one call at a time (`run_handed_over_on_gpu`)
-            self.words = region[offer["words_at"]:offer["words_at"] + 8].view(torch.int32)
+            self.words = region[offer["words_at"] : offer["words_at"] + 8].view(torch.int32)
             self.done = loads_shared(offer["done_event"])  # recorded behind each batch's calls
             self.gate = loads_shared(offer["gate_event"])  # waited on before them
             self.mark = torch.zeros(1, device=region.device)  # the kernel of a calibration batch's own
@@ -92,8 +93,9 @@ def run_batch(torch, fn, inputs: list, outputs: list) -> None:
             raise BatchOutputError(f"a timed call returned {len(produced)} outputs, expected {len(slots)}")
         for value, slot in zip(produced, slots):
             if not isinstance(value, torch.Tensor) or value.shape != slot.shape or value.dtype != slot.dtype:
-                raise BatchOutputError("a timed call returned an output that is not a plain tensor of the "
-                                       "reference's shape and dtype")
+                raise BatchOutputError(
+                    "a timed call returned an output that is not a plain tensor of the reference's shape and dtype"
+                )
             slot.copy_(value)
 
 
@@ -116,7 +118,7 @@ def run_handed_over(torch, fn, inputs: Sequence, outputs: Sequence, control) -> 
                 raise TimeoutError(f"no input set released in {HANDOVER_WAIT_S:g} s")
         if control[0] < 0:
             return
-        run_batch(torch, fn, inputs[call:call + 1], outputs[call:call + 1])
+        run_batch(torch, fn, inputs[call : call + 1], outputs[call : call + 1])
         call += 1
         control[1] = call
 
@@ -132,7 +134,7 @@ def run_handed_over_on_gpu(torch, fn, inputs: Sequence, outputs: Sequence, words
     released, done = words.data_ptr(), words.data_ptr() + 4
     for call in range(calls):
         stream_words.wait_at_least(stream, released, call + 1)
-        run_batch(torch, fn, inputs[call:call + 1], outputs[call:call + 1])
+        run_batch(torch, fn, inputs[call : call + 1], outputs[call : call + 1])
         stream_words.write(stream, done, call + 1)
 
 

@@ -27,8 +27,9 @@ def output_form(torch, value, index: int, device=None) -> tuple[str, str] | None
     given), else None. Its strides are not judged: a transposed or channels_last output holds
     the same values, and the checks compare values."""
     if type(value) not in (torch.Tensor, torch.nn.Parameter):
-        return "type", (f"output {index} is a {type(value).__name__} (a subclass of torch.Tensor); a plain "
-                        f"torch.Tensor is expected")
+        return "type", (
+            f"output {index} is a {type(value).__name__} (a subclass of torch.Tensor); a plain torch.Tensor is expected"
+        )
     if value.is_nested:
         return "layout", f"output {index} is a nested tensor; a dense tensor is expected"
     if value.layout != torch.strided:
@@ -58,8 +59,9 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
 
     got_t, exp_t = as_tuple(got), as_tuple(expected)
     if len(got_t) != len(exp_t):
-        return _fail("output count", kind="output_count",
-                     detail=f"returned {len(got_t)} outputs, expected {len(exp_t)}")
+        return _fail(
+            "output count", kind="output_count", detail=f"returned {len(got_t)} outputs, expected {len(exp_t)}"
+        )
     # tolerance_used: the largest |got - expected| / (atol + rtol |expected|), 1 at the allclose bound
     worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "rel_err_norm": 0.0, "tolerance_used": 0.0}
     for i, (g, e) in enumerate(zip(got_t, exp_t)):
@@ -80,15 +82,21 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
         if not e.is_floating_point() and not e.is_complex():
             mismatched = int((g != e).sum())
             if mismatched:
-                return _fail("values", kind="exact",
-                             detail=f"{where}{mismatched} of {e.numel()} elements differ (exact match needed)")
+                return _fail(
+                    "values",
+                    kind="exact",
+                    detail=f"{where}{mismatched} of {e.numel()} elements differ (exact match needed)",
+                )
             continue
         g64, e64 = g.double(), e.double()
         if bool(torch.isfinite(e).all()):  # the usual case: no element to leave out (a mask copies)
             got_bad = ~torch.isfinite(g64)
             if bool(got_bad.any()):
-                return _fail("finite", f"{where}{int(got_bad.sum())} of {e.numel()} elements are NaN/Inf where "
-                                       "the reference is finite (unwritten output memory reads as NaN)")
+                return _fail(
+                    "finite",
+                    f"{where}{int(got_bad.sum())} of {e.numel()} elements are NaN/Inf where "
+                    "the reference is finite (unwritten output memory reads as NaN)",
+                )
             diff = (g64 - e64).abs()
             ref = e64.abs()
             kept = e64
@@ -96,8 +104,11 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
             expected_finite = torch.isfinite(e64)
             bad = expected_finite & ~torch.isfinite(g64)
             if bad.any():
-                return _fail("finite", f"{where}{int(bad.sum())} of {e.numel()} elements are NaN/Inf where "
-                                       "the reference is finite (unwritten output memory reads as NaN)")
+                return _fail(
+                    "finite",
+                    f"{where}{int(bad.sum())} of {e.numel()} elements are NaN/Inf where "
+                    "the reference is finite (unwritten output memory reads as NaN)",
+                )
             diff = (g64 - e64).abs()[expected_finite]
             ref = e64.abs()[expected_finite]
             kept = e64[expected_finite]
@@ -106,18 +117,31 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
         used = float((diff / (atol + rtol * ref).clamp_min(1e-30)).max()) if diff.numel() else 0.0
         ref_norm = float(kept.norm())
         rel_norm = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
-        worst = {k: max(worst[k], v) for k, v in
-                 (("max_abs_err", max_abs), ("max_rel_err", max_rel), ("rel_err_norm", rel_norm),
-                  ("tolerance_used", used))}
+        worst = {
+            k: max(worst[k], v)
+            for k, v in (
+                ("max_abs_err", max_abs),
+                ("max_rel_err", max_rel),
+                ("rel_err_norm", rel_norm),
+                ("tolerance_used", used),
+            )
+        }
         close = torch.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
         if not close.all():
-            return _fail("allclose", f"{where}{int((~close).sum())} of {e.numel()} elements outside "
-                         f"rtol={rtol:g} atol={atol:g}", **worst)
+            return _fail(
+                "allclose",
+                f"{where}{int((~close).sum())} of {e.numel()} elements outside rtol={rtol:g} atol={atol:g}",
+                **worst,
+            )
         rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 0.0
         norm_bound = rtol + (atol / rms if rms > 0 else 0.0)
         if rel_norm > norm_bound:
-            return _fail("error norm", kind="error_norm",
-                         detail=f"{where}relative error norm {rel_norm:.3g} > {norm_bound:.3g}", **worst)
+            return _fail(
+                "error norm",
+                kind="error_norm",
+                detail=f"{where}relative error norm {rel_norm:.3g} > {norm_bound:.3g}",
+                **worst,
+            )
     return {"passed": True, "check": "all", "detail": "", **worst}
 
 
@@ -138,8 +162,14 @@ def surely_close(got, expected, rtol: float, atol: float) -> bool:
         return False
     verdicts = []
     for g, e in zip(got_t, exp_t):
-        if not (torch.is_tensor(g) and torch.is_tensor(e) and output_form(torch, g, 0) is None
-                and g.shape == e.shape and g.dtype == e.dtype and e.is_floating_point()):
+        if not (
+            torch.is_tensor(g)
+            and torch.is_tensor(e)
+            and output_form(torch, g, 0) is None
+            and g.shape == e.shape
+            and g.dtype == e.dtype
+            and e.is_floating_point()
+        ):
             return False
         g32, e32 = (g, e) if e.dtype in (torch.float32, torch.float64) else (g.float(), e.float())
         diff = (g32 - e32).abs_()  # NaN or Inf anywhere fails every comparison below
@@ -159,8 +189,9 @@ def compare_inputs(before: tuple, after: tuple) -> dict | None:
 
     for i, (b, a) in enumerate(zip(before, after)):
         if torch.is_tensor(b) and not (a.shape == b.shape and torch.equal(a, b)):
-            return _fail("inputs unchanged", kind="mutation",
-                         detail=f"input {i} was modified in place by the implementation")
+            return _fail(
+                "inputs unchanged", kind="mutation", detail=f"input {i} was modified in place by the implementation"
+            )
     return None
 
 

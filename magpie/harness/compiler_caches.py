@@ -30,8 +30,11 @@ def implementation_caches(key: str) -> Path:
 def compiler_caches(base: Path) -> dict[str, str]:
     """The variables that put Triton's, CUDA's and torch extensions' caches under `base`, the
     folders made."""
-    folders = {"TRITON_CACHE_DIR": base / "triton", "CUDA_CACHE_PATH": base / "cuda",
-               "TORCH_EXTENSIONS_DIR": base / "torch_extensions"}
+    folders = {
+        "TRITON_CACHE_DIR": base / "triton",
+        "CUDA_CACHE_PATH": base / "cuda",
+        "TORCH_EXTENSIONS_DIR": base / "torch_extensions",
+    }
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     return {name: str(folder) for name, folder in folders.items()}
@@ -77,12 +80,15 @@ def triton_driver_utilities() -> Path | None:
         import triton
     except ImportError:
         return None
-    folder = cache_root() / "triton-driver" / hashlib.sha256(
-        f"{triton.__version__} {triton.__file__} {sys.version}".encode()).hexdigest()[:24]
+    folder = (
+        cache_root()
+        / "triton-driver"
+        / hashlib.sha256(f"{triton.__version__} {triton.__file__} {sys.version}".encode()).hexdigest()[:24]
+    )
     previous = os.environ.get("TRITON_CACHE_DIR")
     os.environ["TRITON_CACHE_DIR"] = str(folder)  # Triton reads it when it builds a module
     try:
-        triton.runtime.driver.active.utils
+        _ = triton.runtime.driver.active.utils  # the attribute's first read loads the driver's helpers
     except Exception:  # no GPU driver for Triton here: its workers compile their own, as without this
         return None
     finally:

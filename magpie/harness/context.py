@@ -27,8 +27,11 @@ class EvaluationContext:
         self.timeout = float(self.correctness_settings["timeout_s"])
         self.input_secret = request.get("input_secret", "")
         # the manifest's seed, made unpredictable to code under test by the build's secret
-        self.seed = derive_seed(int(self.correctness_settings["seed"]), self.input_secret) if self.input_secret \
+        self.seed = (
+            derive_seed(int(self.correctness_settings["seed"]), self.input_secret)
+            if self.input_secret
             else int(self.correctness_settings["seed"])
+        )
         self.hide = list(request.get("hide") or [])
         self.snapshots: dict[str, str] = request.get("snapshots") or {}
         self.set_method: dict | None = request.get("timing_method")  # chosen by the baseline's timing

@@ -41,29 +41,59 @@ def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
                 checks.append(_command_check(context, pool, index, testcase))
                 continue
             if impl["type"] in ("cuda", "hip") and device == "cpu":
-                return skipped(f"{impl['type']} implementations are loaded on a GPU device only; "
-                               f"this project's device is {device}")
+                return skipped(
+                    f"{impl['type']} implementations are loaded on a GPU device only; this project's device is {device}"
+                )
             spec = context.spec(index, testcase)
             cases = spec.cases(context.seed, context.kernel_id, index, int(testcase["trials"]))
             init_file = context.init_file(spec)
             with pool.start(impl, init_file, wait=False) as worker:
                 laps.mark("start")
-                records = run_cases(context, pool, worker, spec, cases, f"tc{index}", testcase["rtol"],
-                                    testcase["atol"], laps, worker_steps)
+                records = run_cases(
+                    context,
+                    pool,
+                    worker,
+                    spec,
+                    cases,
+                    f"tc{index}",
+                    testcase["rtol"],
+                    testcase["atol"],
+                    laps,
+                    worker_steps,
+                )
             laps.mark("park")  # the worker reset and parked for the timing job (or ended)
             checks.extend({"testcase": index, **r} for r in records)
     except SpecError as err:
         return not_judged("correctness", testcases[index]["spec"], err, index)
     except WorkerFailure as err:
-        return {"correctness_state": "FAILED", "numerics": numerics, "verdict": str(err),
-                "checks": checks, "errors": [str(err)],
-                "failures": [failure(failure_kind(str(err)), "correctness", str(err), {"testcase": index})]}
-    return {**correctness_verdict(checks, numerics), "phases_s": laps.seconds, "worker_steps_s": worker_steps,
-            "worker_loads_s": pool.worker_loads}
+        return {
+            "correctness_state": "FAILED",
+            "numerics": numerics,
+            "verdict": str(err),
+            "checks": checks,
+            "errors": [str(err)],
+            "failures": [failure(failure_kind(str(err)), "correctness", str(err), {"testcase": index})],
+        }
+    return {
+        **correctness_verdict(checks, numerics),
+        "phases_s": laps.seconds,
+        "worker_steps_s": worker_steps,
+        "worker_loads_s": pool.worker_loads,
+    }
 
 
-def run_cases(context: EvaluationContext, pool: WorkerPool, worker: Worker, spec: ReferenceSpec, cases: list,
-              tag: str, rtol, atol, laps: Laps | None = None, worker_steps: list | None = None) -> list[dict]:
+def run_cases(
+    context: EvaluationContext,
+    pool: WorkerPool,
+    worker: Worker,
+    spec: ReferenceSpec,
+    cases: list,
+    tag: str,
+    rtol,
+    atol,
+    laps: Laps | None = None,
+    worker_steps: list | None = None,
+) -> list[dict]:
     """Each case's inputs run by the worker in one request, its outputs compared with the
     reference and its inputs checked for changes: one record per case. `worker_steps` gets
     where the worker's time went."""
@@ -77,9 +107,15 @@ def run_cases(context: EvaluationContext, pool: WorkerPool, worker: Worker, spec
     outputs = exchange.offer_outputs(tag, expected, inputs, folder)
     pool.loaded(worker)
     laps.mark("offer")
-    answer = worker.request({"op": "run", "inputs": exchange.offer_inputs(tag, inputs, folder),
-                             "outputs": outputs,
-                             "out_specs": [output_specs(e) for e in expected]}, context.timeout)
+    answer = worker.request(
+        {
+            "op": "run",
+            "inputs": exchange.offer_inputs(tag, inputs, folder),
+            "outputs": outputs,
+            "out_specs": [output_specs(e) for e in expected],
+        },
+        context.timeout,
+    )
     if not answer["ok"]:
         raise WorkerFailure(f"error: {pool.undeclared(worker, answer['error'])}")
     laps.mark("run")
@@ -93,8 +129,16 @@ def run_cases(context: EvaluationContext, pool: WorkerPool, worker: Worker, spec
         record = compare_inputs(inputs[i], produced["inputs_after"][i])
         if record is None:
             record = compare_outputs(produced["outputs"][i], expected[i], rtol, atol)
-        records.append({"case": case.label, "shape": case.shape, "dtype": case.dtype, "trial": case.trial,
-                        "seed": case.seed, **record})
+        records.append(
+            {
+                "case": case.label,
+                "shape": case.shape,
+                "dtype": case.dtype,
+                "trial": case.trial,
+                "seed": case.seed,
+                **record,
+            }
+        )
     laps.mark("compare")
     return records
 
@@ -108,8 +152,9 @@ def _unverified(context: EvaluationContext, pool: WorkerPool) -> dict:
         return skipped("no testcase declared: add a [[kernel.testcases]] with a spec or a command")
     with pool.start(impl, None, init_from_module=True) as worker:
         outputs_file = str((worker.scratch or context.work) / "outputs.pt")
-        answer = worker.request({"op": "run_own_inputs", "seed": context.seed, "outputs_file": outputs_file},
-                                context.timeout)
+        answer = worker.request(
+            {"op": "run_own_inputs", "seed": context.seed, "outputs_file": outputs_file}, context.timeout
+        )
         if not answer["ok"]:
             raise WorkerFailure(f"error: {answer['error']}")
         produced = load_left(context.torch, outputs_file)
@@ -123,32 +168,64 @@ def _command_check(context: EvaluationContext, pool: WorkerPool, index: int, tes
     impl, timeout = context.impl, context.timeout
     cwd = context.root / (testcase.get("working_dir") or ".")
     scratch = scratch_folders.make("testcase-", owner=os.getpid())
-    env = {**context.env(impl), **(testcase.get("env") or {}), "TMPDIR": str(scratch),
-           environment.IMPL_ID: impl["id"], environment.IMPL_SOURCE: str(context.root / impl["source"])}
+    env = {
+        **context.env(impl),
+        **(testcase.get("env") or {}),
+        "TMPDIR": str(scratch),
+        environment.IMPL_ID: impl["id"],
+        environment.IMPL_SOURCE: str(context.root / impl["source"]),
+    }
     # The command runs the implementation: it reads the project, writes only its TMPDIR.
-    policy = None if sandbox.trusted() else sandbox.Policy(
-        write=[str(scratch)], read=[str(context.root), str(cwd)], hide=context.hide, gpu=context.device != "cpu",
-        gpu_minors=pool.gpu_minors)
+    policy = (
+        None
+        if sandbox.trusted()
+        else sandbox.Policy(
+            write=[str(scratch)],
+            read=[str(context.root), str(cwd)],
+            hide=context.hide,
+            gpu=context.device != "cpu",
+            gpu_minors=pool.gpu_minors,
+        )
+    )
     pool.isolation = sandbox.describe(policy)
     started = time.monotonic()
     output = scratch / "output.log"  # read back by its end only: a command may print gigabytes
     # Forked from the zygote, which enters the sandbox and then executes the command: no
     # interpreter to start per command.
     argv = ["/bin/sh", "-c", testcase["command"]]
-    proc = zygote.launch("magpie.sandbox.__main__", [json.dumps(policy.to_json() if policy else None), "--", *argv],
-                         cwd=str(cwd), env=env, log_path=output)
+    proc = zygote.launch(
+        "magpie.sandbox.__main__",
+        [json.dumps(policy.to_json() if policy else None), "--", *argv],
+        cwd=str(cwd),
+        env=env,
+        log_path=output,
+    )
     try:
         returncode = proc.wait(timeout=timeout)
         tail = scratch_folders.last_lines(output)
     except subprocess.TimeoutExpired:
-        return {"testcase": index, "case": "command", "trial": 0, "passed": False, "check": "exit code",
-                "kind": "timeout", "detail": f"timeout after {timeout:g} s"}
+        return {
+            "testcase": index,
+            "case": "command",
+            "trial": 0,
+            "passed": False,
+            "check": "exit code",
+            "kind": "timeout",
+            "detail": f"timeout after {timeout:g} s",
+        }
     finally:
         proc.kill()  # its process group, whatever the command left
         proc.wait()
         shutil.rmtree(scratch, ignore_errors=True)
     passed = returncode == 0
     detail = "" if passed else f"{signal_verdict(returncode)}: {tail}"
-    return {"testcase": index, "case": "command", "trial": 0, "passed": passed, "check": "exit code",
-            "kind": None if passed else command_kind(detail, "testcase_command"), "detail": detail,
-            "wall_s": time.monotonic() - started}
+    return {
+        "testcase": index,
+        "case": "command",
+        "trial": 0,
+        "passed": passed,
+        "check": "exit code",
+        "kind": None if passed else command_kind(detail, "testcase_command"),
+        "detail": detail,
+        "wall_s": time.monotonic() - started,
+    }

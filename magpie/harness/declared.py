@@ -56,8 +56,10 @@ def undeclared_read(error: str, root: Path, impl: dict) -> str | None:
         return None
     role = "baseline" if impl.get("is_baseline") else "candidate"
     name = path.relative_to(project).as_posix()
-    return (f"{role} {impl['id']} read {name}, which is not declared: add it to source_files of implementation "
-            f"{impl['id']} in magpie.toml")
+    return (
+        f"{role} {impl['id']} read {name}, which is not declared: add it to source_files of implementation "
+        f"{impl['id']} in magpie.toml"
+    )
 
 
 def spec_inputs(root: Path, kernel) -> list[str]:
@@ -76,8 +78,9 @@ def spec_inputs(root: Path, kernel) -> list[str]:
             where = f"magpie.toml: kernel {kernel.id}: testcases[{t}].spec_files[{j}]"
             real = os.path.realpath(os.path.join(root, name))
             if not real.startswith(project + os.sep):
-                raise UserError(f"{where}: {name!r} resolves outside the project ({real}); keep spec files inside "
-                                f"{project}")
+                raise UserError(
+                    f"{where}: {name!r} resolves outside the project ({real}); keep spec files inside {project}"
+                )
             if not os.path.isfile(real):
                 raise UserError(f"{where}: file not found: {name}")
             names.append(name)
@@ -92,8 +95,9 @@ class SpecImports:
 
     def __init__(self, root: Path, testcase: dict, where: str, libraries: tuple[str, ...]):
         self.project = os.path.realpath(root) + os.sep
-        self.declared = {os.path.realpath(root / name) for name in (testcase["spec"], *(testcase.get("spec_files")
-                                                                                         or []))}
+        self.declared = {
+            os.path.realpath(root / name) for name in (testcase["spec"], *(testcase.get("spec_files") or []))
+        }
         self.spec, self.where, self.libraries = testcase["spec"], where, libraries
 
     def find_spec(self, fullname, path=None, target=None):
@@ -105,8 +109,10 @@ class SpecImports:
         if not origin.startswith(self.project) or origin.startswith(self.libraries) or origin in self.declared:
             return None
         name = origin.removeprefix(self.project)
-        raise ImportError(f"spec {self.spec} imported {name}, which is not declared: add it to spec_files of "
-                          f"{self.where} in magpie.toml")
+        raise ImportError(
+            f"spec {self.spec} imported {name}, which is not declared: add it to spec_files of "
+            f"{self.where} in magpie.toml"
+        )
 
     @contextlib.contextmanager
     def guarding(self):
@@ -146,6 +152,13 @@ def library_roots() -> tuple[str, ...]:
     magpie = Path(__file__).resolve().parent.parent
     # magpie puts its own parent on PYTHONPATH (a source checkout, where projects may live too)
     pythonpath = {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p} - {str(magpie.parent)}
-    places = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(), site.getusersitepackages(),
-              *pythonpath, str(magpie)}
+    places = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        *site.getsitepackages(),
+        site.getusersitepackages(),
+        *pythonpath,
+        str(magpie),
+    }
     return tuple(os.path.realpath(p).rstrip(os.sep) + os.sep for p in places)

@@ -57,7 +57,7 @@ class DeviceRegion(Region):
             # behind the calls' sets and slots, two words of a batch handed over one call at a
             # time (`start_handover`): [sets released, calls done]
             self.copy = torch.empty(layout.size + WORDS_BYTES, dtype=torch.uint8, device=device)
-        self._words = self.copy[layout.size:layout.size + 8].view(torch.int32)
+        self._words = self.copy[layout.size : layout.size + 8].view(torch.int32)
         self._unblock = torch.full((2,), UNBLOCKED, dtype=torch.int32).pin_memory()
         self._aside = None  # a handed-over batch's outputs, copied out as each call said it was done
         self._handover: tuple | None = None  # its clock's events and its first release's
@@ -88,7 +88,7 @@ class DeviceRegion(Region):
         once the gate's sleep is over (`start`)."""
         copy_sets(self.torch, input_sets, self._staged)
         self._staged_bytes = len(input_sets) * self.layout.in_stride
-        for outs in self._outputs[:len(input_sets)]:
+        for outs in self._outputs[: len(input_sets)]:
             for slot in outs:
                 slot.fill_(float("nan") if slot.is_floating_point() else 0)
         self._words.zero_()
@@ -117,14 +117,16 @@ class DeviceRegion(Region):
         cuda._sleep(int(self.handover_sleep_ns * self._cycles_per_ns))
         clock[0].record()
         for call in range(calls):
-            self.copy[call * in_stride:(call + 1) * in_stride].copy_(
-                self._staging[call * in_stride:(call + 1) * in_stride])
+            self.copy[call * in_stride : (call + 1) * in_stride].copy_(
+                self._staging[call * in_stride : (call + 1) * in_stride]
+            )
             stream_words.write(stream, released, call + 1)
             if not call:
                 first_release.record()
             stream_words.wait_at_least(stream, done, call + 1)
-            self._aside[call * out_stride:(call + 1) * out_stride].copy_(
-                self.copy[out_base + call * out_stride:out_base + (call + 1) * out_stride])
+            self._aside[call * out_stride : (call + 1) * out_stride].copy_(
+                self.copy[out_base + call * out_stride : out_base + (call + 1) * out_stride]
+            )
         clock[1].record()
         self._handover = (clock, first_release, calls)
 
@@ -149,10 +151,14 @@ class DeviceRegion(Region):
             time.sleep(HANDOVER_POLL_S)
         stride = self.layout.out_stride
         picks = sample_calls(calls)
-        self._taken = {"nan_left": self._nan_left(calls, self._aside), "picks": picks,
-                       "outputs": {c: tuple(views(self.torch, self._aside, [(o[0] + c * stride, o[1], o[2])
-                                                                              for o in self.layout.outs]))
-                                   for c in picks}}
+        self._taken = {
+            "nan_left": self._nan_left(calls, self._aside),
+            "picks": picks,
+            "outputs": {
+                c: tuple(views(self.torch, self._aside, [(o[0] + c * stride, o[1], o[2]) for o in self.layout.outs]))
+                for c in picks
+            },
+        }
         return clock[0].elapsed_time(clock[1]) * 1e6
 
     def release_handover(self) -> None:
@@ -173,7 +179,7 @@ class DeviceRegion(Region):
         cuda = self.torch.cuda
         self._clock = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
         cuda._sleep(int(self.sleep_ns * self._cycles_per_ns))
-        self.copy[:self._staged_bytes].copy_(self._staging[:self._staged_bytes])
+        self.copy[: self._staged_bytes].copy_(self._staging[: self._staged_bytes])
         self._clock[0].record()
         self._gate.record()
 
@@ -206,8 +212,11 @@ class DeviceRegion(Region):
         torch.cuda.current_stream().wait_event(self._done)
         self._clock[1].record()
         picks = sample_calls(calls)
-        self._taken = {"nan_left": self._nan_left(calls), "picks": picks,
-                       "outputs": {c: tuple(v.clone() for v in self._outputs[c]) for c in picks}}
+        self._taken = {
+            "nan_left": self._nan_left(calls),
+            "picks": picks,
+            "outputs": {c: tuple(v.clone() for v in self._outputs[c]) for c in picks},
+        }
 
     def taken_ns(self) -> float:
         """GPU time between the batch's two events."""

@@ -61,7 +61,8 @@ class _OnTheOneGpu(pickle.Unpickler):
             return found
 
         def on_device_zero(*args):
-            return found(*args[:at], 0, *args[at + 1:])
+            return found(*args[:at], 0, *args[at + 1 :])
+
         return on_device_zero
 
 
@@ -76,8 +77,10 @@ def loads_shared(payload: str):
             return _OnTheOneGpu(io.BytesIO(data)).load()
         return pickle.loads(data)
     except RuntimeError as err:
-        raise LentMemoryError(f"could not map memory lent through CUDA IPC ({str(err).splitlines()[0]}); "
-                              f"set {environment.CUDA_IPC}=0 to pass inputs and outputs as files") from None
+        raise LentMemoryError(
+            f"could not map memory lent through CUDA IPC ({str(err).splitlines()[0]}); "
+            f"set {environment.CUDA_IPC}=0 to pass inputs and outputs as files"
+        ) from None
 
 
 # -- the evaluator's side ----------------------------------------------------------------
@@ -89,16 +92,21 @@ def load_left(torch, path: str) -> dict:
     try:
         fd = scratch.open_left(Path(path))
     except OSError as err:
-        raise WorkerFailure(f"error: its output file {name} is not a regular file of its own ({err.strerror})") \
-            from None
+        raise WorkerFailure(
+            f"error: its output file {name} is not a regular file of its own ({err.strerror})"
+        ) from None
     with os.fdopen(fd, "rb") as handle:
         try:
             produced = torch.load(handle, weights_only=True)
         except Exception as err:  # noqa: BLE001 - whatever the file holds, it is the worker's
-            raise WorkerFailure(f"error: its output file {name} holds no tensors magpie can read "
-                                f"({type(err).__name__})") from None
-    if not (isinstance(produced, dict) and set(produced) == {"outputs", "inputs_after"}
-            and all(isinstance(v, list) for v in produced.values())):
+            raise WorkerFailure(
+                f"error: its output file {name} holds no tensors magpie can read ({type(err).__name__})"
+            ) from None
+    if not (
+        isinstance(produced, dict)
+        and set(produced) == {"outputs", "inputs_after"}
+        and all(isinstance(v, list) for v in produced.values())
+    ):
         raise WorkerFailure(f"error: its output file {name} holds something other than its outputs")
     return produced
 
@@ -148,7 +156,8 @@ class CudaIpcExchange(FileExchange):
         # Each offer lends copies: what one worker does to lent memory reaches no other worker,
         # and not the evaluator's originals, which the checks compare against.
         copies = self._in_own_memory(
-            lambda: [tuple(x.clone() if self.torch.is_tensor(x) else x for x in args) for args in input_sets])
+            lambda: [tuple(x.clone() if self.torch.is_tensor(x) else x for x in args) for args in input_sets]
+        )
         return {"key": tag, "ipc": dumps_shared(copies)}
 
     def offer_outputs(self, tag: str, expected: list | None, input_sets: list, folder: Path) -> dict:
@@ -158,10 +167,18 @@ class CudaIpcExchange(FileExchange):
         torch = self.torch
         if not all(torch.is_tensor(e) for exp in expected for e in as_tuple(exp)):
             return offer
-        outputs, after = self._in_own_memory(lambda: (
-            [tuple(torch.full_like(e, float("nan")) if e.is_floating_point() else torch.empty_like(e)
-                   for e in as_tuple(exp)) for exp in expected],
-            [tuple(torch.empty_like(x) if torch.is_tensor(x) else x for x in args) for args in input_sets]))
+        outputs, after = self._in_own_memory(
+            lambda: (
+                [
+                    tuple(
+                        torch.full_like(e, float("nan")) if e.is_floating_point() else torch.empty_like(e)
+                        for e in as_tuple(exp)
+                    )
+                    for exp in expected
+                ],
+                [tuple(torch.empty_like(x) if torch.is_tensor(x) else x for x in args) for args in input_sets],
+            )
+        )
         self._buffers[tag] = (outputs, after, [isinstance(exp, (tuple, list)) for exp in expected])
         return {**offer, "ipc": dumps_shared({"outputs": outputs, "inputs_after": after}), "tag": tag}
 
@@ -169,8 +186,7 @@ class CudaIpcExchange(FileExchange):
         if answer.get("outputs_in_file") or "ipc" not in offer:
             return super().collect(offer, answer)
         outputs, after, as_tuples = self._buffers[offer["tag"]]
-        return {"outputs": [out if many else out[0] for out, many in zip(outputs, as_tuples)],
-                "inputs_after": after}
+        return {"outputs": [out if many else out[0] for out, many in zip(outputs, as_tuples)], "inputs_after": after}
 
     def release(self) -> None:
         """Drop what was lent so far: workers have taken their copies and written their outputs."""
@@ -183,7 +199,11 @@ class CudaIpcExchange(FileExchange):
 
 def exchange_for(torch, device: str) -> FileExchange:
     """Memory is lent only where it can be lent alone (torch's private memory pools)."""
-    lend = device.startswith("cuda") and os.environ.get(environment.CUDA_IPC, "1") != "0" and hasattr(torch.cuda, "MemPool")
+    lend = (
+        device.startswith("cuda")
+        and os.environ.get(environment.CUDA_IPC, "1") != "0"
+        and hasattr(torch.cuda, "MemPool")
+    )
     return (CudaIpcExchange if lend else FileExchange)(torch, device)
 
 
@@ -211,8 +231,10 @@ def deliver(torch, offer: dict, outputs: list, inputs_after: list) -> dict:
             torch.cuda.synchronize()
             del buffers
             return {"outputs_in_file": False}
-    torch.save({"outputs": [_to(v, "cpu") for v in outputs], "inputs_after": [_to(v, "cpu") for v in inputs_after]},
-               offer["file"])
+    torch.save(
+        {"outputs": [_to(v, "cpu") for v in outputs], "inputs_after": [_to(v, "cpu") for v in inputs_after]},
+        offer["file"],
+    )
     return {"outputs_in_file": True}
 
 

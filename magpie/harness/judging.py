@@ -12,9 +12,20 @@ from pathlib import Path
 from magpie.compare.stats import summarize_ns
 from magpie.harness.checks import as_tuple
 from magpie.harness.kinds import failure
-from magpie.harness.measurement import (DEFAULT_DISTURBED_FRACTION, INCONCLUSIVE, alone_line, for_device,
-                                        implausible_speedup, paired_speedup, roofline_floor, timer_inconsistency,
-                                        uneven_calls, uneven_line, unvouched_on_a_busy_machine, wall_check)
+from magpie.harness.measurement import (
+    DEFAULT_DISTURBED_FRACTION,
+    INCONCLUSIVE,
+    alone_line,
+    for_device,
+    implausible_speedup,
+    paired_speedup,
+    roofline_floor,
+    timer_inconsistency,
+    uneven_calls,
+    uneven_line,
+    unvouched_on_a_busy_machine,
+    wall_check,
+)
 from magpie.harness.rounds import Rounds, batch_phases
 from magpie.harness.spec import SpecError
 
@@ -30,8 +41,15 @@ def correctness_verdict(checks: list[dict], numerics: str) -> dict:
     failed = next((c for c in checks if not c["passed"]), None)
     if failed is None:
         verdict = "runs, output finite (numerics unverified)" if numerics == "unverified" else "correct"
-        return {"correctness_state": "SUCCESS", "numerics": numerics, "verdict": verdict,
-                "checks": checks, "errors": [], "failures": [], "numerics_margin": numerics_margin(checks)}
+        return {
+            "correctness_state": "SUCCESS",
+            "numerics": numerics,
+            "verdict": verdict,
+            "checks": checks,
+            "errors": [],
+            "failures": [],
+            "numerics_margin": numerics_margin(checks),
+        }
     where = f" on {failed['case']} trial {failed['trial']}" if failed.get("case") != "command" else ""
     errs = ""
     if "max_abs_err" in failed:
@@ -39,8 +57,14 @@ def correctness_verdict(checks: list[dict], numerics: str) -> dict:
     verdict = f"incorrect: {failed['check']}{where}: {failed['detail']}{errs}"
     # every failing case, the one the verdict names first
     failures = [failure(c.get("kind") or c["check"], "correctness", c["detail"], c) for c in checks if not c["passed"]]
-    return {"correctness_state": "FAILED", "numerics": numerics, "verdict": verdict, "checks": checks,
-            "errors": [verdict], "failures": failures}
+    return {
+        "correctness_state": "FAILED",
+        "numerics": numerics,
+        "verdict": verdict,
+        "checks": checks,
+        "errors": [verdict],
+        "failures": failures,
+    }
 
 
 def numerics_margin(checks: list[dict]) -> dict | None:
@@ -50,14 +74,29 @@ def numerics_margin(checks: list[dict]) -> dict | None:
     if not compared:
         return None
     worst = max(compared, key=lambda c: (c.get("tolerance_used", 0.0), c["max_rel_err"]))
-    keys = ("max_abs_err", "max_rel_err", "rel_err_norm", "tolerance_used", "testcase", "case", "shape", "dtype",
-            "trial")
+    keys = (
+        "max_abs_err",
+        "max_rel_err",
+        "rel_err_norm",
+        "tolerance_used",
+        "testcase",
+        "case",
+        "shape",
+        "dtype",
+        "trial",
+    )
     return {**{k: worst[k] for k in keys if k in worst}, "cases": len(compared)}
 
 
 def skipped(reason: str) -> dict:
-    return {"correctness_state": "SKIPPED", "numerics": "unverified", "verdict": f"skipped: {reason}",
-            "checks": [], "errors": [reason], "failures": [failure("skipped", "correctness", reason)]}
+    return {
+        "correctness_state": "SKIPPED",
+        "numerics": "unverified",
+        "verdict": f"skipped: {reason}",
+        "checks": [],
+        "errors": [reason],
+        "failures": [failure("skipped", "correctness", reason)],
+    }
 
 
 def not_judged(stage: str, spec: str, err: SpecError, testcase: int | None) -> dict:
@@ -66,8 +105,12 @@ def not_judged(stage: str, spec: str, err: SpecError, testcase: int | None) -> d
     the implementation is not judged (SKIPPED, not FAILED)."""
     detail = str(err).removeprefix(f"{Path(spec).name}: ")  # SpecError names the file: here by its path
     line = f"not judged: spec error in {spec}: {detail}"
-    result = {"verdict": line, "errors": [line], "spec_error": {"spec": spec, "detail": detail},
-              "failures": [failure("spec", stage, detail, {"testcase": testcase})]}
+    result = {
+        "verdict": line,
+        "errors": [line],
+        "spec_error": {"spec": spec, "detail": detail},
+        "failures": [failure("spec", stage, detail, {"testcase": testcase})],
+    }
     if stage == "correctness":
         return {"correctness_state": "SKIPPED", "numerics": "unverified", "checks": [], **result}
     return {"performance_state": "SKIPPED", "performance_result": None, **result}
@@ -75,8 +118,12 @@ def not_judged(stage: str, spec: str, err: SpecError, testcase: int | None) -> d
 
 # -- timing -----------------------------------------------------------------------------------
 def not_timed(state: str, kind: str, error: str, testcase: int | None = None) -> dict:
-    return {"performance_state": state, "performance_result": None, "errors": [error],
-            "failures": [failure(kind, "timing", error, {"testcase": testcase})]}
+    return {
+        "performance_state": state,
+        "performance_result": None,
+        "errors": [error],
+        "failures": [failure(kind, "timing", error, {"testcase": testcase})],
+    }
 
 
 def record(result: dict, key: str, kind: str, detail: str, case, testcase: int) -> None:
@@ -105,8 +152,10 @@ def inconclusive(result: dict, doubts: list[str], shares: list[float], case, tes
     (`Rounds.in_doubt`): no verdict. What they read stays in the warnings; not stored as final
     (`INCONCLUSIVE`), the next build measures it again."""
     waits = ", ".join(f"{share:.0%}" for share in shares)
-    line = (f"inconclusive: machine busy: its threads waited for a CPU {waits} of the time they could run in "
-            f"{len(shares)} measurement(s), each read near a limit a busy machine can cross: {'; '.join(doubts)}")
+    line = (
+        f"inconclusive: machine busy: its threads waited for a CPU {waits} of the time they could run in "
+        f"{len(shares)} measurement(s), each read near a limit a busy machine can cross: {'; '.join(doubts)}"
+    )
     result["performance_state"] = INCONCLUSIVE
     result["warnings"].extend(f"in doubt: {error}" for error in result["errors"])
     result["errors"] = [line]
@@ -134,11 +183,12 @@ def disturbed(measured: Rounds, case, t: dict, own: dict, device: str) -> str | 
         return None
     here = summarize_ns(measured.samples["baseline"])["median_us"]
     ratio = here / own["median_us"]
-    if abs(math.log(ratio)) <= math.log1p(for_device(t.get("disturbed_fraction"), DEFAULT_DISTURBED_FRACTION,
-                                                     device)):
+    if abs(math.log(ratio)) <= math.log1p(for_device(t.get("disturbed_fraction"), DEFAULT_DISTURBED_FRACTION, device)):
         return None
-    return (f"the baseline read {here:.4g} µs beside this candidate and {own['median_us']:.4g} µs in its own "
-            f"timing ({ratio:.2f}x): something else ran on the device")
+    return (
+        f"the baseline read {here:.4g} µs beside this candidate and {own['median_us']:.4g} µs in its own "
+        f"timing ({ratio:.2f}x): something else ran on the device"
+    )
 
 
 def method_line(impl: dict, method: str, device: str) -> str:
@@ -150,8 +200,13 @@ def method_line(impl: dict, method: str, device: str) -> str:
 def worker_timer_summary(samples_ns: list[int], wall_s: float, account: dict, method: str, case: str) -> dict:
     """A role's samples from the timer in its worker, with the wall-clock check of its account."""
     summary = summarize_ns(samples_ns)
-    summary.update(method=method, shape=case, wall_per_call_us=wall_s * 1e6 / account["calls"],
-                   wall_account={"wall_s": wall_s, **account}, **wall_check(wall_s, account, summary["median_us"]))
+    summary.update(
+        method=method,
+        shape=case,
+        wall_per_call_us=wall_s * 1e6 / account["calls"],
+        wall_account={"wall_s": wall_s, **account},
+        **wall_check(wall_s, account, summary["median_us"]),
+    )
     return summary
 
 
@@ -163,39 +218,45 @@ def summaries(measured: Rounds, case, kernels: dict, impls: dict[str, dict], dev
         method = method_line(impls[role], measured.methods[role], device)
         if measured.vouched:
             calls = sum(measured.calls[role])
-            summaries[role] = {**summarize_ns(measured.samples[role]), "method": method, "shape": case.label,
-                               "clock": "evaluator", "batches": len(measured.samples[role]), "calls": calls,
-                               "calls_per_round": measured.calls[role],
-                               "wall_per_call_us": measured.wall[role] * 1e6 / max(calls, 1),
-                               "harness_us_per_call": measured.harness_ns / 1000,
-                               # what was taken off its calls (`harness_taken_off`), and each run that priced it
-                               "harness_taken_off_us": measured.subtracted_ns.get(role, 0.0) / 1000,
-                               "harness_runs_us": [round(ns / 1000, 3) for ns in measured.harness_runs_ns]
-                               or None,
-                               "cpu_wait_share": measured.cpu_wait_share,
-                               "round_trip_us": measured.fixed_ns / 1000,
-                               "calibration_us": measured.calibration_ns[role] / 1000
-                               if role in measured.calibration_ns else None,
-                               "sizing_us_per_call": measured.per_call_ns[role] / 1000
-                               if role in measured.per_call_ns else None,
-                               "from_own_timing": measured.reused.get(role),
-                               "batch_phases": {"batches": batch_phases(measured.phases[role]),
-                                                "calibration_batches": measured.calibration_phases}
-                               if measured.phases.get(role) else None,
-                               # on a GPU, every batch (round, calls, µs on the events): what
-                               # `fixed_cost` drew its line through
-                               "device_batches": [[r, n, round(ns / 1000, 3)] for r, ns, n, _
-                                                  in measured.device_batches[role]] or None,
-                               "outputs_checked": measured.checked.get(role, 0),
-                               "alone_bound": measured.alone_bound if role == "candidate" else None}
+            summaries[role] = {
+                **summarize_ns(measured.samples[role]),
+                "method": method,
+                "shape": case.label,
+                "clock": "evaluator",
+                "batches": len(measured.samples[role]),
+                "calls": calls,
+                "calls_per_round": measured.calls[role],
+                "wall_per_call_us": measured.wall[role] * 1e6 / max(calls, 1),
+                "harness_us_per_call": measured.harness_ns / 1000,
+                # what was taken off its calls (`harness_taken_off`), and each run that priced it
+                "harness_taken_off_us": measured.subtracted_ns.get(role, 0.0) / 1000,
+                "harness_runs_us": [round(ns / 1000, 3) for ns in measured.harness_runs_ns] or None,
+                "cpu_wait_share": measured.cpu_wait_share,
+                "round_trip_us": measured.fixed_ns / 1000,
+                "calibration_us": measured.calibration_ns[role] / 1000 if role in measured.calibration_ns else None,
+                "sizing_us_per_call": measured.per_call_ns[role] / 1000 if role in measured.per_call_ns else None,
+                "from_own_timing": measured.reused.get(role),
+                "batch_phases": {
+                    "batches": batch_phases(measured.phases[role]),
+                    "calibration_batches": measured.calibration_phases,
+                }
+                if measured.phases.get(role)
+                else None,
+                # on a GPU, every batch (round, calls, µs on the events): what
+                # `fixed_cost` drew its line through
+                "device_batches": [[r, n, round(ns / 1000, 3)] for r, ns, n, _ in measured.device_batches[role]]
+                or None,
+                "outputs_checked": measured.checked.get(role, 0),
+                "alone_bound": measured.alone_bound if role == "candidate" else None,
+            }
         else:
             infos = measured.infos[role]
-            summaries[role] = worker_timer_summary(measured.samples[role], measured.wall[role],
-                                                   measured.account[role], method, case.label)
+            summaries[role] = worker_timer_summary(
+                measured.samples[role], measured.wall[role], measured.account[role], method, case.label
+            )
             summaries[role]["timer_info"] = {**infos[-1], "host_wall_median_us": measured.host_wall.get(role)}
             summaries[role]["early_rounds_ms"] = measured.early[role]
-            summaries[role]["rounds_info"] = [{k: v for k, v in info.items() if k in ROUND_INFO}
-                                              for info in infos]
+            summaries[role]["rounds_info"] = [{k: v for k, v in info.items() if k in ROUND_INFO} for info in infos]
         summary = summaries[role]
         if role in kernels:
             summary["kernel_us"] = kernels[role].get("kernel_us")
@@ -207,8 +268,17 @@ def summaries(measured: Rounds, case, kernels: dict, impls: dict[str, dict], dev
     return summaries
 
 
-def judge_retiming(result: dict, retimed: Rounds, threshold: float, case, spec_index: int, impls: dict[str, dict],
-                   device: str, statistic: str = "median", between_runs: float = 0.0) -> None:
+def judge_retiming(
+    result: dict,
+    retimed: Rounds,
+    threshold: float,
+    case,
+    spec_index: int,
+    impls: dict[str, dict],
+    device: str,
+    statistic: str = "median",
+    between_runs: float = 0.0,
+) -> None:
     """The second measurement of an implausible speedup: checked like the first (its calls
     made alone too), then either a label on the first (`speedup["implausible"]`, a flag) or
     the timing's failure. Its speedup is the ratio of the same statistic as the first's."""
@@ -216,8 +286,13 @@ def judge_retiming(result: dict, retimed: Rounds, threshold: float, case, spec_i
     result["retiming"] = {"performance_result": again["candidate"], "baseline_result": again["baseline"]}
     flagged = {f["detail"].split(":", 1)[0] for f in result.get("flags", []) if f["kind"] == "uneven_calls"}
     for role, failed in retimed.failed.items():
-        fail(result, failed["kind"], f"{role}, re-timed: {failed['where']}: {failed['check']}: {failed['detail']}",
-             case, spec_index)
+        fail(
+            result,
+            failed["kind"],
+            f"{role}, re-timed: {failed['where']}: {failed['check']}: {failed['detail']}",
+            case,
+            spec_index,
+        )
     for role, summary in again.items():
         problem = None if retimed.vouched else timer_inconsistency(summary, device)
         if problem:
@@ -225,16 +300,20 @@ def judge_retiming(result: dict, retimed: Rounds, threshold: float, case, spec_i
         if role not in flagged and uneven_calls(summary["mean_us"], summary["median_us"]):
             flag_uneven(result, summary, f"{role}, re-timed", True, case, spec_index)
     if retimed.alone_bound and retimed.alone_bound["failed"]:
-        fail(result, "calls_done_together", f"candidate, re-timed: {alone_line(retimed.alone_bound)}", case,
-             spec_index)
+        fail(result, "calls_done_together", f"candidate, re-timed: {alone_line(retimed.alone_bound)}", case, spec_index)
     if result["performance_state"] != "SUCCESS":
         return
     second = paired_speedup(retimed.for_speedup(statistic), again["baseline"]["median_us"], statistic, between_runs)
     label, line = implausible_speedup(result["speedup"], second, threshold)
     result["speedup"]["implausible"] = label
     if unvouched_on_a_busy_machine(label["confirmed"], retimed.busy(), retimed.alone_bound):
-        inconclusive(result, [f"candidate: {line}; its calls made alone drew no bound"],
-                     [retimed.cpu_wait_share], case, spec_index)
+        inconclusive(
+            result,
+            [f"candidate: {line}; its calls made alone drew no bound"],
+            [retimed.cpu_wait_share],
+            case,
+            spec_index,
+        )
     elif label["confirmed"]:
         result["warnings"].append(f"candidate: {line}")
         record(result, "flags", "implausible_speedup", f"candidate: {line}", case, spec_index)
@@ -257,5 +336,11 @@ def roofline(torch, device: str, summary: dict, min_bytes: int, expected) -> tup
     l2 = int(getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0) or 0)
     warm = any(info.get("mode") != "events" for info in summary.get("rounds_info") or [])
     outputs = sum(x.numel() * x.element_size() for x in as_tuple(expected) if torch.is_tensor(x))
-    return roofline_floor(summary["median_us"], min_bytes, arch.memory_tbps, arch.name,
-                          cached_bytes=l2 if warm else min(outputs, l2), measured=bool(arch.measured))
+    return roofline_floor(
+        summary["median_us"],
+        min_bytes,
+        arch.memory_tbps,
+        arch.name,
+        cached_bytes=l2 if warm else min(outputs, l2),
+        measured=bool(arch.measured),
+    )

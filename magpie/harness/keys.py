@@ -17,11 +17,15 @@ def worker_key(load: dict, impl: dict, root: Path, build: str | None = None, **p
     loaded, and the build where only that build may adopt it. A worker parked under a how with
     another what is its implementation's earlier content, or an earlier build's
     (`zygote.Children.stale`)."""
-    how = hashlib.sha256(json.dumps({**load, "code": None, "init_inputs_file": None, **process},
-                                    sort_keys=True).encode())
+    how = hashlib.sha256(
+        json.dumps({**load, "code": None, "init_inputs_file": None, **process}, sort_keys=True).encode()
+    )
     what = hashlib.sha256(f"{build}:{load.get('code') or ''}".encode())
-    files = [root / impl["source"], *(root / f for f in impl.get("source_files") or []),
-             *(Path(p) for p in (load["library"], load["init_inputs_file"]) if p)]
+    files = [
+        root / impl["source"],
+        *(root / f for f in impl.get("source_files") or []),
+        *(Path(p) for p in (load["library"], load["init_inputs_file"]) if p),
+    ]
     for path in files:
         what.update(path.read_bytes() if path.is_file() else b"-")
     return f"worker-{how.hexdigest()[:16]}/{what.hexdigest()[:24]}"

@@ -15,15 +15,38 @@ from magpie.sandbox import SANDBOX_FAILED, SANDBOX_LIMIT
 
 KINDS = (
     # output checks (checks.py)
-    "allclose", "error_norm", "exact", "value", "type", "output_count", "shape", "dtype", "finite", "mutation",
+    "allclose",
+    "error_norm",
+    "exact",
+    "value",
+    "type",
+    "output_count",
+    "shape",
+    "dtype",
+    "finite",
+    "mutation",
     # an output the checks do not judge: sparse or nested (layout), on another device than its inputs
-    "layout", "device",
+    "layout",
+    "device",
     # the process that ran the code under test
-    "crash", "timeout", "out_of_memory", "error", "load_error", "sandbox", "sandbox_violation",
+    "crash",
+    "timeout",
+    "out_of_memory",
+    "error",
+    "load_error",
+    "sandbox",
+    "sandbox_violation",
     # measurement (calls_done_together: batches faster than the calls made alone allow), build
     # steps, and what was not run because of an earlier failure
-    "timer_integrity", "calls_done_together", "compile", "testcase_command", "spec", "evaluator", "skipped",
-    "not_compiled", "not_correct",
+    "timer_integrity",
+    "calls_done_together",
+    "compile",
+    "testcase_command",
+    "spec",
+    "evaluator",
+    "skipped",
+    "not_compiled",
+    "not_correct",
     # a time under the roofline floor: a failure; where the L2 may explain it, a flag
     "impossible_time",
     # no verdict: a busy machine may have caused the only failures, in every measurement
@@ -32,7 +55,11 @@ KINDS = (
     # compared by means; disturbed_measurement: the baseline read far from its own timing, twice;
     # unbounded_calls: threads of its own kept its calls made alone from bounding its batches;
     # bounded_by_calls_alone: credited at what its calls made alone cost, above what its batches read)
-    "untimed_work", "implausible_speedup", "uneven_calls", "disturbed_measurement", "unbounded_calls",
+    "untimed_work",
+    "implausible_speedup",
+    "uneven_calls",
+    "disturbed_measurement",
+    "unbounded_calls",
     "bounded_by_calls_alone",
 )
 STAGES = ("compile", "correctness", "timing")

@@ -51,10 +51,18 @@ def request_account(samples_ns: list[int], calls_per_sample: int, costs: dict, m
     cost = costs[mode or next(k for k in costs if k != "host_check_ns")]
     n = len(samples_ns)
     calls = n * calls_per_sample
-    explained = (sum(samples_ns) * calls_per_sample + n * cost["per_sample_ns"] + cost["per_request_ns"]
-                 + REQUEST_OVERHEAD_MS * 1e6)
-    return {"calls": calls, "explained_ns": explained, "timed_ns": sum(samples_ns) * calls_per_sample,
-            "allowance_ns": UNEXPLAINED_ALLOWANCE * n * cost["per_sample_ns"]}
+    explained = (
+        sum(samples_ns) * calls_per_sample
+        + n * cost["per_sample_ns"]
+        + cost["per_request_ns"]
+        + REQUEST_OVERHEAD_MS * 1e6
+    )
+    return {
+        "calls": calls,
+        "explained_ns": explained,
+        "timed_ns": sum(samples_ns) * calls_per_sample,
+        "allowance_ns": UNEXPLAINED_ALLOWANCE * n * cost["per_sample_ns"],
+    }
 
 
 def wall_check(wall_s: float, account: dict, median_us: float) -> dict:
@@ -62,9 +70,11 @@ def wall_check(wall_s: float, account: dict, median_us: float) -> dict:
     the time per call that neither they nor the timer's own costs explain, with its limit."""
     calls = max(account["calls"], 1)
     unexplained_us = max(0.0, wall_s * 1e9 - account["explained_ns"]) / calls / 1000
-    return {"wall_coverage": account["timed_ns"] / 1e9 / wall_s if wall_s > 0 else 0.0,
-            "unexplained_us_per_call": unexplained_us,
-            "unexplained_limit_us": account["allowance_ns"] / calls / 1000 + UNEXPLAINED_FRACTION * median_us}
+    return {
+        "wall_coverage": account["timed_ns"] / 1e9 / wall_s if wall_s > 0 else 0.0,
+        "unexplained_us_per_call": unexplained_us,
+        "unexplained_limit_us": account["allowance_ns"] / calls / 1000 + UNEXPLAINED_FRACTION * median_us,
+    }
 
 
 def first_use_verdict(samples_ns: list[int], measured_mean_us: float) -> dict:
@@ -74,8 +84,10 @@ def first_use_verdict(samples_ns: list[int], measured_mean_us: float) -> dict:
     ratio = first_us / measured_mean_us if measured_mean_us > 0 else float("inf")
     line = None
     if first_us > FIRST_USE_FACTOR * measured_mean_us + FIRST_USE_MARGIN_US:
-        line = (f"calls on {len(samples_ns)} input sets it had not seen took {first_us:.3g} µs (median), {ratio:.2g}x "
-                f"its measured mean of {measured_mean_us:.3g} µs: results kept from earlier calls?")
+        line = (
+            f"calls on {len(samples_ns)} input sets it had not seen took {first_us:.3g} µs (median), {ratio:.2g}x "
+            f"its measured mean of {measured_mean_us:.3g} µs: results kept from earlier calls?"
+        )
     return {"sets": len(samples_ns), "median_us": first_us, "ratio": ratio, "line": line}
 
 
@@ -83,23 +95,31 @@ def few_samples(summary: dict, round_sizes: list[int], budget_ms: float) -> str 
     """A kernel too slow for its budget is measured on what the budget allows, and says so."""
     if min(round_sizes) >= FEW_SAMPLES_PER_ROUND:
         return None
-    return (f"{summary['n']} samples of {summary['median_us'] / 1000:.3g} ms in {len(round_sizes)} rounds "
-            f"(timing.budget_ms = {budget_ms:g}): the interval is wide; raise budget_ms for a tighter one")
+    return (
+        f"{summary['n']} samples of {summary['median_us'] / 1000:.3g} ms in {len(round_sizes)} rounds "
+        f"(timing.budget_ms = {budget_ms:g}): the interval is wide; raise budget_ms for a tighter one"
+    )
 
 
 def timer_inconsistency(summary: dict, device: str = "cpu") -> str | None:
     """The in-process timer is checked against the evaluator's own wall clock."""
     if summary.get("early_rounds_ms"):
-        return (f"timer returned after {summary['early_rounds_ms'][0]:g} ms with fewer samples than its cap, before "
-                "its budget had passed: the timer in the implementation's process was replaced")
+        return (
+            f"timer returned after {summary['early_rounds_ms'][0]:g} ms with fewer samples than its cap, before "
+            "its budget had passed: the timer in the implementation's process was replaced"
+        )
     if summary["wall_coverage"] > 1.05:
-        return (f"timer reported {summary['wall_coverage']:.0%} of the wall time the evaluator measured: "
-                "the in-process clock was tampered with")
+        return (
+            f"timer reported {summary['wall_coverage']:.0%} of the wall time the evaluator measured: "
+            "the in-process clock was tampered with"
+        )
     limit = summary["unexplained_limit_us"]
     if summary["unexplained_us_per_call"] > limit:
-        return (f"timer inconsistent with the evaluator's wall clock: {summary['unexplained_us_per_call']:.1f} µs "
-                f"per call unaccounted for (limit {limit:.1f} µs); samples cover "
-                f"{summary['wall_coverage']:.0%} of the wall time")
+        return (
+            f"timer inconsistent with the evaluator's wall clock: {summary['unexplained_us_per_call']:.1f} µs "
+            f"per call unaccounted for (limit {limit:.1f} µs); samples cover "
+            f"{summary['wall_coverage']:.0%} of the wall time"
+        )
     return None
 
 
@@ -117,8 +137,10 @@ def host_wall_gap(summary: dict, host_check_us: float = 0.0) -> str | None:
         return None
     gap = wall - host_check_us - summary["median_us"]
     if gap >= 0.5 * summary["median_us"] and gap > 30:
-        return (f"host-synchronised wall time {wall:.1f} µs is {wall / summary['median_us']:.1f}x the event time "
-                f"{summary['median_us']:.1f} µs: work outside the timed stream?")
+        return (
+            f"host-synchronised wall time {wall:.1f} µs is {wall / summary['median_us']:.1f}x the event time "
+            f"{summary['median_us']:.1f} µs: work outside the timed stream?"
+        )
     return None
 
 
@@ -132,8 +154,15 @@ FLOOR_TOLERANCE = 0.9
 EVENT_RESOLUTION_US = 0.5
 
 
-def roofline_floor(median_us: float, min_bytes: int, peak_tbps: float, device_name: str, *,
-                   cached_bytes: int = 0, measured: bool = False) -> tuple[str, str] | None:
+def roofline_floor(
+    median_us: float,
+    min_bytes: int,
+    peak_tbps: float,
+    device_name: str,
+    *,
+    cached_bytes: int = 0,
+    measured: bool = False,
+) -> tuple[str, str] | None:
     """A median under the time moving `min_bytes` once at `peak_tbps` takes: ("impossible",
     line) where it is under that floor less what the L2 may have held (`cached_bytes`) and
     the tolerance above; ("flag", line) where only those allowances explain it; else None."""
@@ -150,9 +179,11 @@ def roofline_floor(median_us: float, min_bytes: int, peak_tbps: float, device_na
         if must_move < min_bytes:
             moved = f"{must_move / 1e6:.1f} MB of {moved} (the L2 may hold the rest)"
         return "impossible", f"{median_us:.2f} µs is below the {hbm_us:.2f} µs it takes to move {moved} once at {peak}"
-    return "flag", (f"faster than the memory roofline floor: {median_us:.2f} µs < {floor_us:.2f} µs to move "
-                    f"{min_bytes / 1e6:.1f} MB at {peak}; the L2 may hold up to {cached_bytes / 1e6:.1f} MB of it, "
-                    "check the measurement")
+    return "flag", (
+        f"faster than the memory roofline floor: {median_us:.2f} µs < {floor_us:.2f} µs to move "
+        f"{min_bytes / 1e6:.1f} MB at {peak}; the L2 may hold up to {cached_bytes / 1e6:.1f} MB of it, "
+        "check the measurement"
+    )
 
 
 def implausible_speedup(first: dict, second: dict, threshold: float) -> tuple[dict, str]:
@@ -165,17 +196,26 @@ def implausible_speedup(first: dict, second: dict, threshold: float) -> tuple[di
     about one time in 180."""
     meet = second["ci_low"] <= first["ci_high"] and first["ci_low"] <= second["ci_high"]
     confirmed = second["value"] > threshold or meet
-    label = {"threshold": threshold, "retimed": second["value"], "retimed_ci_low": second["ci_low"],
-             "retimed_ci_high": second["ci_high"], "confirmed": confirmed}
+    label = {
+        "threshold": threshold,
+        "retimed": second["value"],
+        "retimed_ci_low": second["ci_low"],
+        "retimed_ci_high": second["ci_high"],
+        "confirmed": confirmed,
+    }
     if confirmed:
-        line = (f"speedup {_times(first['value'])} is above the implausible_speedup threshold of {threshold:g}x; "
-                f"re-timed on fresh inputs: {_times(second['value'])} "
-                f"[{second['ci_low']:.3g}, {second['ci_high']:.3g}], confirmed: check the baseline")
+        line = (
+            f"speedup {_times(first['value'])} is above the implausible_speedup threshold of {threshold:g}x; "
+            f"re-timed on fresh inputs: {_times(second['value'])} "
+            f"[{second['ci_low']:.3g}, {second['ci_high']:.3g}], confirmed: check the baseline"
+        )
     else:
-        line = (f"speedup not reproducible: {_times(first['value'])} then {_times(second['value'])} "
-                f"(re-timed on fresh inputs, being above the implausible_speedup threshold of {threshold:g}x; "
-                f"intervals [{first['ci_low']:.3g}, {first['ci_high']:.3g}] and "
-                f"[{second['ci_low']:.3g}, {second['ci_high']:.3g}] do not meet)")
+        line = (
+            f"speedup not reproducible: {_times(first['value'])} then {_times(second['value'])} "
+            f"(re-timed on fresh inputs, being above the implausible_speedup threshold of {threshold:g}x; "
+            f"intervals [{first['ci_low']:.3g}, {first['ci_high']:.3g}] and "
+            f"[{second['ci_low']:.3g}, {second['ci_high']:.3g}] do not meet)"
+        )
     return label, line
 
 
@@ -206,11 +246,15 @@ def uneven_line(mean_us: float, median_us: float, paired: bool) -> str:
     return f"per-call times uneven (mean {mean_us:.3g} µs, median {median_us:.3g} µs): {consequence}"
 
 
-_INTERVAL = ("block bootstrap over the rounds (paired), few-rounds t correction, centred on the estimate, "
-             "widened by the spread between runs (timing.between_runs)")
+_INTERVAL = (
+    "block bootstrap over the rounds (paired), few-rounds t correction, centred on the estimate, "
+    "widened by the spread between runs (timing.between_runs)"
+)
 SPEEDUP_METHOD = f"median(baseline)/median(candidate) over all samples, timed in interleaved rounds; {_INTERVAL}"
-SPEEDUP_METHOD_MEAN = ("mean(baseline)/mean(candidate) over all samples (per-call times uneven: mean over "
-                       f"{UNEVEN_CALLS_FACTOR:g}x the median), timed in interleaved rounds; {_INTERVAL}")
+SPEEDUP_METHOD_MEAN = (
+    "mean(baseline)/mean(candidate) over all samples (per-call times uneven: mean over "
+    f"{UNEVEN_CALLS_FACTOR:g}x the median), timed in interleaved rounds; {_INTERVAL}"
+)
 
 
 # How much a speedup varies between runs of one comparison (a relative standard deviation),
@@ -233,16 +277,22 @@ def for_device(configured: float | None, defaults: dict[str, float], device: str
     return float(configured) if configured is not None else defaults["cpu" if device == "cpu" else "gpu"]
 
 
-def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "median",
-                   between_runs: float = 0.0) -> dict:
+def paired_speedup(kept: dict, baseline_median_us: float, statistic: str = "median", between_runs: float = 0.0) -> dict:
     """The speedup of one measurement, from its samples (ns) and their rounds: the kept ones
     for the median, every one for the mean (`Rounds.for_speedup`)."""
     (base, base_rounds), (cand, cand_rounds) = kept["baseline"], kept["candidate"]
-    return {**bootstrap_speedup([s / 1000 for s in base], [s / 1000 for s in cand],
-                                baseline_rounds=base_rounds, candidate_rounds=cand_rounds, statistic=statistic,
-                                between_runs=between_runs),
-            "baseline_median_us": baseline_median_us,
-            "method": SPEEDUP_METHOD_MEAN if statistic == "mean" else SPEEDUP_METHOD}
+    return {
+        **bootstrap_speedup(
+            [s / 1000 for s in base],
+            [s / 1000 for s in cand],
+            baseline_rounds=base_rounds,
+            candidate_rounds=cand_rounds,
+            statistic=statistic,
+            between_runs=between_runs,
+        ),
+        "baseline_median_us": baseline_median_us,
+        "method": SPEEDUP_METHOD_MEAN if statistic == "mean" else SPEEDUP_METHOD,
+    }
 
 
 # A vouched round's calls made alone (`alone_bound`), beside its batches: each role's on the same
@@ -302,8 +352,9 @@ ALONE_FAIL = 1.5
 ALONE_FAIL_LAUNCHED_APART = 2.5
 
 
-def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float],
-                launched_apart: bool = False) -> dict | None:
+def alone_bound(
+    alone: dict[str, list[float]], batched_ns: dict[str, float], launched_apart: bool = False
+) -> dict | None:
     """What the candidate's calls made alone say its calls cost, against the baseline's.
 
     Each entry of `alone` is what a call cost in one batch whose calls could not be done
@@ -333,14 +384,24 @@ def alone_bound(alone: dict[str, list[float]], batched_ns: dict[str, float],
     difference = median(differences)
     spread = 1.4826 * median(abs(d - difference) for d in differences) / math.sqrt(len(pairs))
     baseline_alone = median(base for _, base in pairs)
-    margin = (ALONE_STANDARD_ERRORS * spread + ALONE_ALLOWANCE * batched_ns["baseline"]
-              + ALONE_SHORTFALL * max(0.0, -difference))
+    margin = (
+        ALONE_STANDARD_ERRORS * spread
+        + ALONE_ALLOWANCE * batched_ns["baseline"]
+        + ALONE_SHORTFALL * max(0.0, -difference)
+    )
     lower = batched_ns["baseline"] + difference - margin
     ratio = lower / max(batched_ns["candidate"], 1.0)
-    return {"pairs": len(pairs), "baseline_alone_us": baseline_alone / 1000,
-            "difference_us": difference / 1000, "margin_us": margin / 1000, "lower_us": lower / 1000,
-            "batched_us": batched_ns["candidate"] / 1000, "ratio": ratio, "launched_apart": launched_apart,
-            "failed": ratio > (ALONE_FAIL_LAUNCHED_APART if launched_apart else ALONE_FAIL)}
+    return {
+        "pairs": len(pairs),
+        "baseline_alone_us": baseline_alone / 1000,
+        "difference_us": difference / 1000,
+        "margin_us": margin / 1000,
+        "lower_us": lower / 1000,
+        "batched_us": batched_ns["candidate"] / 1000,
+        "ratio": ratio,
+        "launched_apart": launched_apart,
+        "failed": ratio > (ALONE_FAIL_LAUNCHED_APART if launched_apart else ALONE_FAIL),
+    }
 
 
 def unvouched_on_a_busy_machine(confirmed: bool, busy: bool, bound: dict | None) -> bool:
@@ -369,9 +430,11 @@ def launch_floor(per_call_ns: float, harness_ns: float) -> str | None:
     of calls made alone can miss them when its noise is as large as a call of a few µs)."""
     if harness_ns <= 0 or per_call_ns >= LAUNCH_FLOOR * harness_ns:
         return None
-    return (f"a call read {per_call_ns / 1000:.3g} µs, under {LAUNCH_FLOOR:g} of what copying its outputs costs "
-            f"({harness_ns / 1000:.3g} µs): its batches' calls did not each make their outputs, but were done "
-            f"together")
+    return (
+        f"a call read {per_call_ns / 1000:.3g} µs, under {LAUNCH_FLOOR:g} of what copying its outputs costs "
+        f"({harness_ns / 1000:.3g} µs): its batches' calls did not each make their outputs, but were done "
+        f"together"
+    )
 
 
 # On the CPU no more than this share of a role's median time a call in its batches is taken off
@@ -422,8 +485,10 @@ def unbounded_line(measured: Rounds) -> str | None:
     held = measured.alone_held_by_own_threads.get("candidate", 0)
     if measured.alone_bound is not None or not held or 2 * held < measured.alone_disturbed:
         return None
-    return (f"its calls made alone drew no bound on its batches: threads of its own kept its calling thread waiting "
-            f"in {held} of {measured.alone_pairs_made()} pairs, so calls done together in its batches would go unseen")
+    return (
+        f"its calls made alone drew no bound on its batches: threads of its own kept its calling thread waiting "
+        f"in {held} of {measured.alone_pairs_made()} pairs, so calls done together in its batches would go unseen"
+    )
 
 
 def unvouched_speedup_line(speedup: dict, first: Rounds, again: Rounds | None = None) -> str | None:
@@ -435,20 +500,25 @@ def unvouched_speedup_line(speedup: dict, first: Rounds, again: Rounds | None = 
     2-core machine, its pairs left out by a busy machine)."""
     if speedup["ci_low"] <= 1 or not first.alone_left_out() or (again is not None and again.alone_bound is not None):
         return None
-    return (f"its calls made alone drew no bound on its batches ({first.alone_disturbed} of {first.alone_pairs_made()} "
-            f"pairs left out: threads of its own kept its calling thread waiting, or on a GPU its calls were queued "
-            f"after their batch began), so its speedup cannot be vouched for")
+    return (
+        f"its calls made alone drew no bound on its batches ({first.alone_disturbed} of {first.alone_pairs_made()} "
+        f"pairs left out: threads of its own kept its calling thread waiting, or on a GPU its calls were queued "
+        f"after their batch began), so its speedup cannot be vouched for"
+    )
 
 
 def alone_line(bound: dict) -> str:
-    return (f"its calls made alone took {bound['difference_us']:+.3g} µs a call against the baseline's, so at least "
-            f"{bound['lower_us']:.3g} µs a call, {bound['ratio']:.2g}x what its batches read "
-            f"({bound['batched_us']:.3g} µs a call): their calls were not made one by one, so their time cannot be "
-            f"vouched for")
+    return (
+        f"its calls made alone took {bound['difference_us']:+.3g} µs a call against the baseline's, so at least "
+        f"{bound['lower_us']:.3g} µs a call, {bound['ratio']:.2g}x what its batches read "
+        f"({bound['batched_us']:.3g} µs a call): their calls were not made one by one, so their time cannot be "
+        f"vouched for"
+    )
 
 
-def credit_within_calls_alone(speedup: dict, bound: dict | None, candidate_ns: list[float],
-                              statistic: str) -> str | None:
+def credit_within_calls_alone(
+    speedup: dict, bound: dict | None, candidate_ns: list[float], statistic: str
+) -> str | None:
     """Where a candidate's calls made alone bound its calls above what its batches read
     (`bound`, from `alone_bound`, over 1, not over ALONE_FAIL), its speedup is credited at that
     bound: the point and interval divided by the bound over its batches' time a call (the
@@ -463,16 +533,20 @@ def credit_within_calls_alone(speedup: dict, bound: dict | None, candidate_ns: l
     if centre_us <= 0 or bound["lower_us"] <= centre_us:
         return None
     factor = bound["lower_us"] / centre_us
-    speedup["bounded_by_calls_alone"] = {"factor": factor, "lower_us": bound["lower_us"],
-                                         "batches_us": centre_us,
-                                         **{f"batches_{key}": speedup[key] for key in ("value", "ci_low", "ci_high",
-                                                                                        "verdict")}}
+    speedup["bounded_by_calls_alone"] = {
+        "factor": factor,
+        "lower_us": bound["lower_us"],
+        "batches_us": centre_us,
+        **{f"batches_{key}": speedup[key] for key in ("value", "ci_low", "ci_high", "verdict")},
+    }
     for key in ("value", "ci_low", "ci_high"):
         speedup[key] /= factor
     if speedup.get("ci_within_run"):
         speedup["ci_within_run"] = [end / factor for end in speedup["ci_within_run"]]
     speedup["verdict"] = speedup_verdict(speedup["ci_low"], speedup["ci_high"])
-    return (f"its calls made alone cost at least {bound['lower_us']:.3g} µs a call, {factor:.2f}x what its batches "
-            f"read ({centre_us:.3g} µs): credited at that, {speedup['value']:.3g}x "
-            f"[{speedup['ci_low']:.3g}, {speedup['ci_high']:.3g}] {speedup['verdict']} (its batches read "
-            f"{speedup['bounded_by_calls_alone']['batches_value']:.3g}x)")
+    return (
+        f"its calls made alone cost at least {bound['lower_us']:.3g} µs a call, {factor:.2f}x what its batches "
+        f"read ({centre_us:.3g} µs): credited at that, {speedup['value']:.3g}x "
+        f"[{speedup['ci_low']:.3g}, {speedup['ci_high']:.3g}] {speedup['verdict']} (its batches read "
+        f"{speedup['bounded_by_calls_alone']['batches_value']:.3g}x)"
+    )

@@ -14,14 +14,15 @@ def chosen_method(device: str, t: dict, set_method: dict | None) -> dict | None:
     if device == "cpu":
         return {"mode": None, "why": "batches of calls on fresh inputs, timed from outside the worker (CPU device)"}
     if t.get("mode", "auto") != "auto":
-        return {"mode": t["mode"], "why": f"timing.mode = \"{t['mode']}\" in the manifest"}
+        return {"mode": t["mode"], "why": f'timing.mode = "{t["mode"]}" in the manifest'}
     if set_method is not None:
         return {**set_method, "why": f"{set_method['why']}; chosen by the baseline's timing"}
     return None
 
 
-def probed_method(probes: dict[str, float], launches: dict[str, float | None] | None = None,
-                  is_baseline: bool = False) -> dict:
+def probed_method(
+    probes: dict[str, float], launches: dict[str, float | None] | None = None, is_baseline: bool = False
+) -> dict:
     """From device time per call (a short graph replay, free of launch overhead) and the
     host's time to queue a call (`launch_probe`), per role: graph mode under
     GRAPH_THRESHOLD_US, or where the host takes longer to queue a call than the device to run
@@ -37,10 +38,21 @@ def probed_method(probes: dict[str, float], launches: dict[str, float | None] | 
     if probe_us < GRAPH_THRESHOLD_US:
         mode, why = "graph", f"{who} probed {probe_us:.3g} µs per call, under {GRAPH_THRESHOLD_US:g} µs"
     elif launch_us is not None and launch_us > probe_us:
-        mode, why = "graph", (f"{who} takes {launch_us:.3g} µs to launch a call that runs {probe_us:.3g} µs on "
-                              "the device: launch-bound")
+        mode, why = (
+            "graph",
+            (
+                f"{who} takes {launch_us:.3g} µs to launch a call that runs {probe_us:.3g} µs on "
+                "the device: launch-bound"
+            ),
+        )
     else:
-        mode, why = "events", (f"{who} probed {probe_us:.3g} µs per call, at or over "
-                               f"{GRAPH_THRESHOLD_US:g} µs{launched}")
-    return {"mode": mode, "probe_us": round(probe_us, 3),
-            "launch_us": round(launch_us, 3) if launch_us is not None else None, "why": why}
+        mode, why = (
+            "events",
+            (f"{who} probed {probe_us:.3g} µs per call, at or over {GRAPH_THRESHOLD_US:g} µs{launched}"),
+        )
+    return {
+        "mode": mode,
+        "probe_us": round(probe_us, 3),
+        "launch_us": round(launch_us, 3) if launch_us is not None else None,
+        "why": why,
+    }

@@ -33,8 +33,9 @@ class WorkerPool:
         self.worker_loads: list[dict] = []
         self.isolation: str | None = None  # of the workers that ran code under test
 
-    def start(self, impl: dict, init_file: str | None, init_from_module: bool = False,
-              fork: bool = True, wait: bool = True) -> Worker | None:
+    def start(
+        self, impl: dict, init_file: str | None, init_from_module: bool = False, fork: bool = True, wait: bool = True
+    ) -> Worker | None:
         """A loaded worker for impl: one a job parked if there is one, else a new process
         (with fork=False, None). With wait=False the load is under way when it returns, and
         `loaded` waits for it: a new process's CUDA context is made while the evaluator makes
@@ -50,10 +51,15 @@ class WorkerPool:
         # a sandbox that opens one GPU's node shows CUDA that GPU alone, as its device 0
         device = "cuda:0" if policy is not None and policy.gpu_minors else self.context.device
         load = {
-            "op": "load", "id": impl["id"], "source": str(self.context.root / impl["source"]),
+            "op": "load",
+            "id": impl["id"],
+            "source": str(self.context.root / impl["source"]),
             "library": impl.get("library"),
-            "entry": impl.get("entry"), "device": device, "seed": self.context.init_seed,
-            "init_inputs_file": init_file, "init_from_module": init_from_module,
+            "entry": impl.get("entry"),
+            "device": device,
+            "seed": self.context.init_seed,
+            "init_inputs_file": init_file,
+            "init_from_module": init_from_module,
             "threads": self.context.settings.get("timing", {}).get("threads", 1),
         }
         if policy is not None:
@@ -69,8 +75,11 @@ class WorkerPool:
         self.isolation = sandbox.describe(policy)
         asked = time.time()
         # a spare, where no worker ever loaded this content (its caches would exist)
-        worker = self._adopt_spare(spare, impl, base, log_path, **process) \
-            if spare is not None and not base.exists() else None
+        worker = (
+            self._adopt_spare(spare, impl, base, log_path, **process)
+            if spare is not None and not base.exists()
+            else None
+        )
         if worker is not None:
             load = {**load, "log": str(worker.live_log), "caches": compiler_caches(base)}
         else:
@@ -78,8 +87,16 @@ class WorkerPool:
             if policy is not None:
                 policy.write += list(caches.values())
             try:
-                worker = Worker(label=impl["id"], cwd=str(cwd), env={**env, **caches}, memory_mb=memory_mb,
-                                log_path=log_path, key=key, fork=fork, sandbox=policy.to_json() if policy else None)
+                worker = Worker(
+                    label=impl["id"],
+                    cwd=str(cwd),
+                    env={**env, **caches},
+                    memory_mb=memory_mb,
+                    log_path=log_path,
+                    key=key,
+                    fork=fork,
+                    sandbox=policy.to_json() if policy else None,
+                )
             except NothingParked:
                 return None
         worker.key = key
@@ -139,9 +156,16 @@ class WorkerPool:
         caches = self._new_caches(impl, spares.caches_folder(scratch))
         policy = {**process["sandbox"], "write": [*process["sandbox"]["write"], *caches.values()]}
         try:
-            worker = Worker(label="spare", cwd=process["cwd"], env={**process["env"], **caches},
-                            memory_mb=process["memory_mb"], log_path=self.context.work / "worker-spare.log",
-                            sandbox=policy, scratch=scratch, held_fd=held)
+            worker = Worker(
+                label="spare",
+                cwd=process["cwd"],
+                env={**process["env"], **caches},
+                memory_mb=process["memory_mb"],
+                log_path=self.context.work / "worker-spare.log",
+                sandbox=policy,
+                scratch=scratch,
+                held_fd=held,
+            )
         finally:
             os.close(held)
         try:
@@ -178,9 +202,15 @@ class WorkerPool:
         it writes only its scratch folder (added by the Worker) and its compiler cache. The same
         for every implementation in one folder, so that a spare serves any of them."""
         context = self.context
-        return sandbox.Policy(write=[], read=code_reads(context.root, impl, cwd), project=str(context.root),
-                              hide=context.hide, gpu=context.device != "cpu", gpu_minors=self.gpu_minors,
-                              memory_mb=memory_mb)
+        return sandbox.Policy(
+            write=[],
+            read=code_reads(context.root, impl, cwd),
+            project=str(context.root),
+            hide=context.hide,
+            gpu=context.device != "cpu",
+            gpu_minors=self.gpu_minors,
+            memory_mb=memory_mb,
+        )
 
     @functools.cached_property
     def gpu_minors(self) -> list[int] | None:
@@ -227,12 +257,24 @@ class WorkerPool:
         if asked is None or not answer.get("started_unix"):
             return
         if answer.get("prepared"):
-            self.worker_loads.append({"label": worker.label, "spare": True, **steps,
-                                      "until_read": round(now - asked - sum(steps.values()), 4)})
+            self.worker_loads.append(
+                {
+                    "label": worker.label,
+                    "spare": True,
+                    **steps,
+                    "until_read": round(now - asked - sum(steps.values()), 4),
+                }
+            )
             return
         began = answer["started_unix"] - asked
-        self.worker_loads.append({"label": worker.label, "start": round(began, 4), **steps,
-                                  "until_read": round(now - asked - began - sum(steps.values()), 4)})
+        self.worker_loads.append(
+            {
+                "label": worker.label,
+                "start": round(began, 4),
+                **steps,
+                "until_read": round(now - asked - began - sum(steps.values()), 4),
+            }
+        )
 
 
 class Turns:

@@ -32,9 +32,19 @@ def main(argv: list[str]) -> int:
     args = spec.make_inputs(case)
     init_seed = weights_seed(seed, request["kernel"])
     expected = spec.reference(args, init_seed)  # shapes of what a native entry allocates
-    runner = Implementation({"id": impl["id"], "source": str(root / impl["source"]), "entry": impl.get("entry"),
-                             "library": impl.get("library"), "device": device, "seed": init_seed,
-                             "init_inputs_file": None, "init_from_module": False, "threads": 1})
+    runner = Implementation(
+        {
+            "id": impl["id"],
+            "source": str(root / impl["source"]),
+            "entry": impl.get("entry"),
+            "library": impl.get("library"),
+            "device": device,
+            "seed": init_seed,
+            "init_inputs_file": None,
+            "init_from_module": False,
+            "threads": 1,
+        }
+    )
     if hasattr(runner.fn, "out_specs"):
         runner.fn.out_specs = output_specs(expected)
     on_device = tuple(a.to(device) if torch.is_tensor(a) else a for a in args)

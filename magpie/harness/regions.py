@@ -145,7 +145,7 @@ def views(torch, region, offsets: list) -> list:
     out = []
     for offset, shape, dtype in offsets:
         kind = getattr(torch, dtype)
-        out.append(region[offset:offset + math.prod(shape) * kind.itemsize].view(kind).view(shape))
+        out.append(region[offset : offset + math.prod(shape) * kind.itemsize].view(kind).view(shape))
     return out
 
 
@@ -188,17 +188,17 @@ class Region:
         layout = self.layout
         copy_sets(self.torch, input_sets, self._inputs)
         calls = len(input_sets)
-        os.pwrite(self.fd, self._bytes[:calls * layout.in_stride], 0)
-        os.pwrite(self.fd, self._poison[:calls * layout.out_stride], layout.out_base)
+        os.pwrite(self.fd, self._bytes[: calls * layout.in_stride], 0)
+        os.pwrite(self.fd, self._poison[: calls * layout.out_stride], layout.out_base)
 
     def read(self, calls: int) -> None:
         """What the worker left in the first `calls` output slots (input sets are read one by
         one, for the calls the checks pick: `inputs`)."""
         layout = self.layout
         outputs = calls * layout.out_stride
-        got = os.preadv(self.fd, [self._bytes[layout.out_base:layout.out_base + outputs]], layout.out_base)
+        got = os.preadv(self.fd, [self._bytes[layout.out_base : layout.out_base + outputs]], layout.out_base)
         # what is missing reads as the fill it had before the batch, byte for byte: unwritten
-        self._bytes[layout.out_base + got:layout.out_base + outputs] = self._poison[got:outputs]
+        self._bytes[layout.out_base + got : layout.out_base + outputs] = self._poison[got:outputs]
 
     def start_handover(self, input_sets: list) -> None:
         """Before a batch handed over one call at a time (`run_handed_over`): no set released,
@@ -209,14 +209,15 @@ class Region:
         calls = len(input_sets)
         copy_sets(self.torch, input_sets, self._inputs)
         os.pwrite(self.control_fd, (0).to_bytes(8, "little") + (-1).to_bytes(8, "little", signed=True), 0)
-        os.pwrite(self.fd, self._poison[:calls * layout.out_stride], layout.out_base)
-        self._bytes[layout.out_base:layout.out_base + calls * layout.out_stride] = \
-            self._poison[:calls * layout.out_stride]
+        os.pwrite(self.fd, self._poison[: calls * layout.out_stride], layout.out_base)
+        self._bytes[layout.out_base : layout.out_base + calls * layout.out_stride] = self._poison[
+            : calls * layout.out_stride
+        ]
 
     def put(self, call: int) -> None:
         """Input set `call` into its slot: until now the slot held the last batch's."""
         stride = self.layout.in_stride
-        os.pwrite(self.fd, self._bytes[call * stride:(call + 1) * stride], call * stride)
+        os.pwrite(self.fd, self._bytes[call * stride : (call + 1) * stride], call * stride)
 
     def release(self, call: int) -> None:
         """Input set `call`, put in its slot, released to the worker."""
@@ -237,8 +238,8 @@ class Region:
         of a handed-over batch read (what the worker writes there later is never seen)."""
         layout = self.layout
         start = layout.out_base + call * layout.out_stride
-        got = os.preadv(self.fd, [self._bytes[start:start + layout.out_stride]], start)
-        self._bytes[start + got:start + layout.out_stride] = self._poison[got:layout.out_stride]
+        got = os.preadv(self.fd, [self._bytes[start : start + layout.out_stride]], start)
+        self._bytes[start + got : start + layout.out_stride] = self._poison[got : layout.out_stride]
 
     def picks(self, calls: int) -> list[int]:
         """The calls whose outputs are checked against the reference, chosen now."""
@@ -250,8 +251,8 @@ class Region:
     def inputs(self, call: int) -> tuple:
         """What the worker left in the input set of `call`."""
         stride = self.layout.in_stride
-        got = os.preadv(self.fd, [self._bytes[call * stride:(call + 1) * stride]], call * stride)
-        self._bytes[call * stride + got:(call + 1) * stride] = bytes(stride - got)  # past the end of a shrunk file
+        got = os.preadv(self.fd, [self._bytes[call * stride : (call + 1) * stride]], call * stride)
+        self._bytes[call * stride + got : (call + 1) * stride] = bytes(stride - got)  # past the end of a shrunk file
         return self.layout.arguments([view.clone() for view in self._inputs[call]])
 
     def unwritten(self, calls: int) -> int | None:
@@ -273,7 +274,7 @@ class Region:
             if not kind.is_floating_point or not numel or not calls:
                 continue
             offset -= shift
-            span = buffer[offset:offset + (calls - 1) * stride + numel * kind.itemsize].view(kind)
+            span = buffer[offset : offset + (calls - 1) * stride + numel * kind.itemsize].view(kind)
             rows = span.as_strided((calls, numel), (stride // kind.itemsize, 1)).isnan().any(dim=1)
             found = rows if found is None else found | rows
         return found

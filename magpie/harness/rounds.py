@@ -12,8 +12,15 @@ from statistics import fmean, median
 from magpie.compare.stats import thin_rounds
 from magpie.harness.checks import as_tuple
 from magpie.harness.laps import Laps
-from magpie.harness.measurement import (BUSY_DOUBT_ALONE, BUSY_WAIT_SHARE, KEPT_SAMPLES, alone_bound,
-                                        harness_taken_off, request_account, uneven_calls)
+from magpie.harness.measurement import (
+    BUSY_DOUBT_ALONE,
+    BUSY_WAIT_SHARE,
+    KEPT_SAMPLES,
+    alone_bound,
+    harness_taken_off,
+    request_account,
+    uneven_calls,
+)
 from magpie.harness.regions import CHECKED_PER_BATCH
 from magpie.harness.spec import ReferenceSpec
 from magpie.harness.timing import CudaTimer
@@ -73,8 +80,9 @@ class Rounds:
         self.infos: dict[str, list[dict]] = {role: [] for role in roles}
         self.methods: dict[str, str] = {}
         self.host_wall: dict[str, float | None] = {}  # µs, of the host-synchronised calls after the rounds
-        self.account: dict[str, dict] = {role: {"calls": 0, "explained_ns": 0.0, "timed_ns": 0, "allowance_ns": 0.0}
-                                         for role in roles}
+        self.account: dict[str, dict] = {
+            role: {"calls": 0, "explained_ns": 0.0, "timed_ns": 0, "allowance_ns": 0.0} for role in roles
+        }
 
     def lap(self, part: str) -> None:
         """The time since the last part of a round went to `part` (drawing input sets, writing
@@ -158,8 +166,9 @@ class Rounds:
     def judge_calls_alone(self) -> None:
         """The candidate's calls made alone against its batches (`alone_bound`)."""
         if self.samples.get("candidate") and self.samples.get("baseline"):
-            self.alone_bound = alone_bound(self.alone, {role: median(self.samples[role]) for role in self.samples},
-                                           self.alone_launched_apart)
+            self.alone_bound = alone_bound(
+                self.alone, {role: median(self.samples[role]) for role in self.samples}, self.alone_launched_apart
+            )
             if self.alone_bound is not None:
                 self.alone_bound["left_out"] = self.alone_disturbed
                 self.alone_bound["calls_a_batch"] = self.alone_calls
@@ -237,8 +246,7 @@ def fixed_cost(device_batches: dict[str, list[tuple]], calibration_ns: dict[str,
     read 0.80."""
     intercepts = []
     for records in device_batches.values():
-        points = [(calls, taken_ns) for round_index, taken_ns, calls, _ in records
-                  if calls and round_index is not None]
+        points = [(calls, taken_ns) for round_index, taken_ns, calls, _ in records if calls and round_index is not None]
         line = robust_line(points)
         if line is not None and line[0] > 0:
             intercepts.append(max(0.0, line[1]))
@@ -250,7 +258,7 @@ def robust_line(points: list[tuple[float, float]]) -> tuple[float, float] | None
     """Theil-Sen's line through (x, y) points: the median of the slopes between points of
     different x, and the median of what each point leaves at x = 0 along it; None where no two
     points differ in x."""
-    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:] if x2 != x1]
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1 :] if x2 != x1]
     if not slopes:
         return None
     slope = median(slopes)
@@ -280,21 +288,30 @@ def batch_phases(records: list[dict]) -> dict:
 
 def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -> str:
     if device.startswith("cuda"):
-        clock = ("the evaluator's own CUDA events, one recorded as a gate the worker's calls wait on opens (their "
-                 "input sets copied in just before), one behind an event the worker records after its calls")
+        clock = (
+            "the evaluator's own CUDA events, one recorded as a gate the worker's calls wait on opens (their "
+            "input sets copied in just before), one behind an event the worker records after its calls"
+        )
         if measured.graph:
             clock += " (each batch one replay of a CUDA graph of its calls)"
-        less = (f"what a batch costs besides its calls ({measured.fixed_ns / 1000:.3g} µs) and the copies of its "
-                f"outputs into their slots ({measured.harness_ns / 1000:.2g} µs of GPU time a call)")
+        less = (
+            f"what a batch costs besides its calls ({measured.fixed_ns / 1000:.3g} µs) and the copies of its "
+            f"outputs into their slots ({measured.harness_ns / 1000:.2g} µs of GPU time a call)"
+        )
     else:
-        clock = ("the CPU time the kernel counted for all the worker's threads and processes" if measured.by_cpu_time
-                 else "the evaluator's clock less the scheduler's waits")
+        clock = (
+            "the CPU time the kernel counted for all the worker's threads and processes"
+            if measured.by_cpu_time
+            else "the evaluator's clock less the scheduler's waits"
+        )
         less = f"the harness loop's {measured.harness_ns / 1000:.2g} µs"
-    return (f"batches of up to {calls} calls timed from outside the worker by {clock}, over its calls, less "
-            f"{less}; each call on an input set of new seeds written "
-            f"while the worker was stopped, every output slot checked for writes and {CHECKED_PER_BATCH} "
-            f"calls a batch, chosen after the answer, against the reference; warm-up {t['warmup_ms']:g} ms, torch "
-            f"threads={t['threads']}, {t['rounds']} rounds interleaved with the baseline")
+    return (
+        f"batches of up to {calls} calls timed from outside the worker by {clock}, over its calls, less "
+        f"{less}; each call on an input set of new seeds written "
+        f"while the worker was stopped, every output slot checked for writes and {CHECKED_PER_BATCH} "
+        f"calls a batch, chosen after the answer, against the reference; warm-up {t['warmup_ms']:g} ms, torch "
+        f"threads={t['threads']}, {t['rounds']} rounds interleaved with the baseline"
+    )
 
 
 def vouched_inputs(torch, args: tuple, expected, device: str = "cpu") -> bool:
@@ -302,5 +319,6 @@ def vouched_inputs(torch, args: tuple, expected, device: str = "cpu") -> bool:
     values in, tensors on `device` out."""
     plain = (int, float, bool, str, type(None))
     kind = torch.device(device).type
-    return (all((torch.is_tensor(x) and x.device.type == kind) or type(x) in plain for x in args)
-            and all(torch.is_tensor(e) and e.device.type == kind for e in as_tuple(expected)))
+    return all((torch.is_tensor(x) and x.device.type == kind) or type(x) in plain for x in args) and all(
+        torch.is_tensor(e) and e.device.type == kind for e in as_tuple(expected)
+    )

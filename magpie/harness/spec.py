@@ -125,16 +125,21 @@ class ReferenceSpec:
                 if self.kernelbench:
                     args = tuple(factory())
                 else:
-                    kwargs = {"generator": torch.Generator(device=self.device).manual_seed(case.seed)} \
-                        if self._takes_generator else {}
+                    kwargs = (
+                        {"generator": torch.Generator(device=self.device).manual_seed(case.seed)}
+                        if self._takes_generator
+                        else {}
+                    )
                     args = factory(tuple(case.shape), getattr(torch, case.dtype), **kwargs)
                     if not isinstance(args, (tuple, list)):
                         args = (args,)
             args = tuple(to_device(a, self.device) for a in args)
         except Exception as err:
-            raise SpecError(f"{self.path.name}: {factory.__name__}() failed for {case.label}: {type(err).__name__}: "
-                            f"{str(err).splitlines()[0] if str(err) else ''} (inputs are made on {self.device}, "
-                            "with the generator passed on that device)") from None
+            raise SpecError(
+                f"{self.path.name}: {factory.__name__}() failed for {case.label}: {type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''} (inputs are made on {self.device}, "
+                "with the generator passed on that device)"
+            ) from None
         for i, arg in enumerate(args if checked else ()):
             if torch.is_tensor(arg) and arg.numel() > 0 and arg.is_floating_point() and not arg.any():
                 raise SpecError(
@@ -159,8 +164,10 @@ class ReferenceSpec:
                 result = getattr(self.module, name)(*pristine)
             return to_device(result, self.device)
         except Exception as err:
-            raise SpecError(f"{self.path.name}: {name}() failed: {type(err).__name__}: "
-                            f"{str(err).splitlines()[0] if str(err) else ''}") from None
+            raise SpecError(
+                f"{self.path.name}: {name}() failed: {type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}"
+            ) from None
 
     def min_bytes(self, args: tuple, expected) -> int:
         """Fewest bytes a kernel must move: each input read once, each output written once, unless the

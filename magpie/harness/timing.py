@@ -45,7 +45,7 @@ class Timer(ABC):
         self._settle()
         return calls
 
-    def _settle(self) -> None:
+    def _settle(self) -> None:  # noqa: B027 (a no-op by design: only device timers override it)
         """Wait for work the calls queued (nothing to wait for on the CPU)."""
 
     def probe(self, fn, input_sets: list, budget_ms: float = 20.0) -> float:
@@ -54,8 +54,9 @@ class Timer(ABC):
         return median(samples) / 1000 if samples else 0.0
 
     @abstractmethod
-    def measure(self, fn, input_sets: list, budget_ms: float, max_reps: int, offset: int,
-                mode: str | None = None) -> list[int]:
+    def measure(
+        self, fn, input_sets: list, budget_ms: float, max_reps: int, offset: int, mode: str | None = None
+    ) -> list[int]:
         """Per-call durations in nanoseconds, rotating through input_sets from offset."""
 
     def host_check(self, fn, input_sets: list, offset: int, calls: int) -> float | None:
@@ -306,18 +307,25 @@ class CudaTimer(Timer):
 
     def describe(self, settings, mode=None):
         if mode == "graph":
-            how = (f"CUDA graph of {self.GRAPH_CALLS} calls replayed, event time per replay divided by "
-                   f"{self.GRAPH_CALLS} (kernels under {GRAPH_THRESHOLD_US:g} µs; warm L2)")
+            how = (
+                f"CUDA graph of {self.GRAPH_CALLS} calls replayed, event time per replay divided by "
+                f"{self.GRAPH_CALLS} (kernels under {GRAPH_THRESHOLD_US:g} µs; warm L2)"
+            )
         else:
-            how = (f"CUDA events around each call, L2 flushed before each ({4 * self.l2_bytes >> 20} MiB read), "
-                   f"calls queued back to back, device-wide synchronisation every ~{self.BATCH_US / 1000:g} ms of "
-                   "device time")
-        return (f"{how}; warm-up {settings['warmup_ms']:g} ms, {settings['input_sets']} fresh input sets rotated, "
-                f"{settings['rounds']} rounds interleaved with the baseline; host-synchronised wall time cross-checked")
+            how = (
+                f"CUDA events around each call, L2 flushed before each ({4 * self.l2_bytes >> 20} MiB read), "
+                f"calls queued back to back, device-wide synchronisation every ~{self.BATCH_US / 1000:g} ms of "
+                "device time"
+            )
+        return (
+            f"{how}; warm-up {settings['warmup_ms']:g} ms, {settings['input_sets']} fresh input sets rotated, "
+            f"{settings['rounds']} rounds interleaved with the baseline; host-synchronised wall time cross-checked"
+        )
 
 
-def calibrate(timer: Timer, short_ms: float = 5.0, long_ms: float = 25.0, repeats: int = 3,
-              host_checks: int = 10) -> dict:
+def calibrate(
+    timer: Timer, short_ms: float = 5.0, long_ms: float = 25.0, repeats: int = 3, host_checks: int = 10
+) -> dict:
     """What the timer costs beside the time its samples report, measured by running it on a
     call that does next to nothing: per sample (in events mode the L2 flush, events, batched
     synchronisations and the loop; in graph mode a replay's launch, events and

@@ -15,14 +15,37 @@ from magpie.harness.batch_measurement import BatchMeasurement
 from magpie.harness.checks import compare_inputs, compare_outputs
 from magpie.harness.context import EvaluationContext
 from magpie.harness.correctness import run_cases
-from magpie.harness.judging import (disturbed, fail, flag_uneven, inconclusive, judge_retiming, not_judged,
-                                    not_timed, probe_waited, record, roofline, summaries)
+from magpie.harness.judging import (
+    disturbed,
+    fail,
+    flag_uneven,
+    inconclusive,
+    judge_retiming,
+    not_judged,
+    not_timed,
+    probe_waited,
+    record,
+    roofline,
+    summaries,
+)
 from magpie.harness.kinds import failure, failure_kind
 from magpie.harness.laps import Laps
-from magpie.harness.measurement import (BUSY_BACKOFF_S, BUSY_RETRIES, DEFAULT_BETWEEN_RUNS, alone_line,
-                                        credit_within_calls_alone, few_samples, first_use_verdict, for_device,
-                                        host_wall_gap, paired_speedup, timer_inconsistency, unbounded_line,
-                                        uneven_calls, unvouched_speedup_line)
+from magpie.harness.measurement import (
+    BUSY_BACKOFF_S,
+    BUSY_RETRIES,
+    DEFAULT_BETWEEN_RUNS,
+    alone_line,
+    credit_within_calls_alone,
+    few_samples,
+    first_use_verdict,
+    for_device,
+    host_wall_gap,
+    paired_speedup,
+    timer_inconsistency,
+    unbounded_line,
+    uneven_calls,
+    unvouched_speedup_line,
+)
 from magpie.harness.method_choice import chosen_method, probed_method
 from magpie.harness.pool import Turns, WorkerPool
 from magpie.harness.rounds import Rounds, vouched_inputs
@@ -51,8 +74,9 @@ def timing(context: EvaluationContext, pool: WorkerPool) -> dict:
         return not_timed("SKIPPED", "skipped", "no Python spec testcase to build timing inputs from")
     impl_type, device = context.impl["type"], context.device
     if impl_type in ("cuda", "hip") and device == "cpu":
-        return not_timed("SKIPPED", "skipped", f"{impl_type} timing needs a GPU device; this project's "
-                                               f"device is {device}")
+        return not_timed(
+            "SKIPPED", "skipped", f"{impl_type} timing needs a GPU device; this project's device is {device}"
+        )
     testcase = testcases[spec_index]
     try:
         return TimingSession(context, pool, spec_index, testcase).run()
@@ -169,8 +193,10 @@ class TimingSession:
         for worker in workers.values():
             pool.loaded(worker)
         self.phases.mark("loaded")
-        self.offers = {role: context.exchange.offer_inputs("timing", self.inputs, worker.scratch or context.work)
-                       for role, worker in workers.items()}
+        self.offers = {
+            role: context.exchange.offer_inputs("timing", self.inputs, worker.scratch or context.work)
+            for role, worker in workers.items()
+        }
         for role, worker in workers.items():
             self._send_time(worker, self.offers[role], first_call=True)
         for role, worker in workers.items():
@@ -187,22 +213,32 @@ class TimingSession:
         late = self.pair and "baseline" not in workers
         if late:
             workers["baseline"] = self.pool.start(context.baseline, self.init_file)
-            self.offers["baseline"] = context.exchange.offer_inputs("timing", self.inputs,
-                                                                    workers["baseline"].scratch or context.work)
+            self.offers["baseline"] = context.exchange.offer_inputs(
+                "timing", self.inputs, workers["baseline"].scratch or context.work
+            )
             self.phases.mark("start_baseline")
         chosen = chosen_method(context.device, t, context.set_method)
         with Turns(workers) as turns:
-            warmed = {role: self._time_request(turns.give(role), self.offers[role],
-                                               first_call=late and role == "baseline", warmup_ms=t["warmup_ms"],
-                                               probe=chosen is None, mode=(chosen or {}).get("mode"))
-                      for role in workers}
+            warmed = {
+                role: self._time_request(
+                    turns.give(role),
+                    self.offers[role],
+                    first_call=late and role == "baseline",
+                    warmup_ms=t["warmup_ms"],
+                    probe=chosen is None,
+                    mode=(chosen or {}).get("mode"),
+                )
+                for role in workers
+            }
             if late:
                 self.first_steps["baseline"] = warmed["baseline"].get("steps_s")
                 context.exchange.release()
             self.phases.mark("warmup_probe")
-            self.method = chosen or probed_method({role: a["probe_us"] for role, a in warmed.items()},
-                                                  {role: a.get("launch_us") for role, a in warmed.items()},
-                                                  is_baseline=bool(context.impl.get("is_baseline")))
+            self.method = chosen or probed_method(
+                {role: a["probe_us"] for role, a in warmed.items()},
+                {role: a.get("launch_us") for role, a in warmed.items()},
+                is_baseline=bool(context.impl.get("is_baseline")),
+            )
             self.mode = self.method["mode"]
             self.clocks = {"before": nvml_snapshot(context.device_index())}
             self.measured = self._measure(turns)
@@ -225,8 +261,9 @@ class TimingSession:
         the worker's timer has each role's last timed call checked, and the candidate timed on
         input sets it never saw (`_first_use`)."""
         if not self.measured.vouched:
-            self.timed_outputs = {role: self._timed_output(turns.give(role), self.offers[role])
-                                  for role in self.workers}
+            self.timed_outputs = {
+                role: self._timed_output(turns.give(role), self.offers[role]) for role in self.workers
+            }
         self.phases.mark("timed_outputs")
         if self.pair and self.mode != "graph" and not self.measured.vouched:  # a graph replay runs no Python
             self.first_use = self._first_use(turns.give("candidate"))
@@ -237,12 +274,13 @@ class TimingSession:
         wall time is the host's too. Either is measured again, on new input sets, the device
         still held; a failure then stands. An implausible speedup is measured a second time."""
         measured = self.measured
-        first = probe_waited(measured) or (
-            self._disturbed(measured) if self.pair and not measured.failed else None)
+        first = probe_waited(measured) or (self._disturbed(measured) if self.pair and not measured.failed else None)
         if first:
             self.measured = measured = self._retime(turns, "remeasure")
-            self.remeasured = {"first": first, "again": self._disturbed(measured)
-                               if self.pair and not measured.failed else None}
+            self.remeasured = {
+                "first": first,
+                "again": self._disturbed(measured) if self.pair and not measured.failed else None,
+            }
             self.phases.mark("remeasured")
         if self.pair and self.threshold and measured.speedup(measured.statistic()) > self.threshold:
             self.retimed = self._retime(turns)
@@ -255,19 +293,31 @@ class TimingSession:
         for role in self.workers:
             known = self.known_of_baseline() if role == "baseline" else {}
             if "kernels" in known:  # the same code on the same inputs as in its own timing
-                self.kernels[role] = {"kernel_us": self.context.baseline_own_timing.get("kernel_us"),
-                                      "kernels": known["kernels"], "from_own_timing": True}
+                self.kernels[role] = {
+                    "kernel_us": self.context.baseline_own_timing.get("kernel_us"),
+                    "kernels": known["kernels"],
+                    "from_own_timing": True,
+                }
                 continue
-            reply = turns.give(role).request({"op": "kernels", "inputs": self.offers[role],
-                                              "out_specs": self.out_specs}, self.context.timeout)
+            reply = turns.give(role).request(
+                {"op": "kernels", "inputs": self.offers[role], "out_specs": self.out_specs}, self.context.timeout
+            )
             self.kernels[role] = reply if reply["ok"] else {"error": reply["error"]}
 
     def _recheck(self) -> None:
         """The candidate's outputs checked once more, on a case of a new seed, after its timing."""
         case, testcase = self.case, self.testcase
         recheck_cases = [type(case)(case.label, case.shape, case.dtype, 0, derive_seed(case.seed, "recheck"))]
-        self.recheck = run_cases(self.context, self.pool, self.workers["candidate"], self.spec, recheck_cases,
-                                 "recheck", testcase["rtol"], testcase["atol"])[0]
+        self.recheck = run_cases(
+            self.context,
+            self.pool,
+            self.workers["candidate"],
+            self.spec,
+            recheck_cases,
+            "recheck",
+            testcase["rtol"],
+            testcase["atol"],
+        )[0]
 
     # -- measurements ---------------------------------------------------------------------------
     def _measure(self, turns: Turns) -> Rounds:
@@ -286,8 +336,10 @@ class TimingSession:
         if self._vouching():  # as `_measure` chose
             return self._vouched(turns, salt)
         inputs = [self.spec.make_inputs(c) for c in rotation(self.case, salt, int(self.t["input_sets"]))]
-        offers = {role: context.exchange.offer_inputs("retiming", inputs, worker.scratch or context.work)
-                  for role, worker in turns.workers.items()}
+        offers = {
+            role: context.exchange.offer_inputs("retiming", inputs, worker.scratch or context.work)
+            for role, worker in turns.workers.items()
+        }
         for role in turns.workers:  # each takes the new sets, warms up on them, prepares the mode
             self._time_request(turns.give(role), offers[role], warmup_ms=self.t["warmup_ms"], mode=self.mode)
         context.exchange.release()
@@ -303,8 +355,9 @@ class TimingSession:
 
     def _vouched(self, turns: Turns, salt: str) -> Rounds:
         known = self.known_of_baseline() if "baseline" in turns.workers else {}
-        measurement = BatchMeasurement(self.context, turns, self.spec, self.case, self.testcase, self.t, salt,
-                                       self.mode, known)
+        measurement = BatchMeasurement(
+            self.context, turns, self.spec, self.case, self.testcase, self.t, salt, self.mode, known
+        )
         return measurement.measure(self.inputs[0], self.expected)
 
     def known_of_baseline(self) -> dict:
@@ -317,11 +370,17 @@ class TimingSession:
         device and the process that build measured, kept warm: an edit's rebuild); never from
         another case or another method."""
         own = self.context.baseline_own_timing
-        if not (own.get("this_build") or self.baseline_kept_warm) or own.get("shape") != self.case.label \
-                or own.get("mode") != self.mode:
+        if (
+            not (own.get("this_build") or self.baseline_kept_warm)
+            or own.get("shape") != self.case.label
+            or own.get("mode") != self.mode
+        ):
             return {}
-        return {key: own[key] for key in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")
-                if own.get(key) is not None}
+        return {
+            key: own[key]
+            for key in ("harness_us_per_call", "calibration_us", "sizing_us_per_call", "kernels")
+            if own.get(key) is not None
+        }
 
     def _rounds(self, turns: Turns, offers: dict) -> Rounds:
         """One measurement by the timer in each worker: the workers take turns for `rounds`
@@ -337,11 +396,20 @@ class TimingSession:
         costs = timer_costs(self.context.device)
         for r in range(rounds):
             for role in roles if r % 2 == 0 else reversed(roles):
-                answer = self._time_request(turns.give(role), offers[role], budget_ms=budget_ms,
-                                            max_reps=max_reps, offset=r, mode=mode, settings=t)
+                answer = self._time_request(
+                    turns.give(role),
+                    offers[role],
+                    budget_ms=budget_ms,
+                    max_reps=max_reps,
+                    offset=r,
+                    mode=mode,
+                    settings=t,
+                )
                 measured.add(role, answer, mode, costs)
-                if (len(answer["samples_ns"]) < sample_cap(mode, max_reps)
-                        and answer["wall_s"] * 1000 < EARLY_FRACTION * budget_ms):
+                if (
+                    len(answer["samples_ns"]) < sample_cap(mode, max_reps)
+                    and answer["wall_s"] * 1000 < EARLY_FRACTION * budget_ms
+                ):
                     measured.early[role].append(round(answer["wall_s"] * 1000, 3))
         if self.context.device != "cpu":  # on the CPU the clock around a call already is host time
             for role in roles:
@@ -362,17 +430,28 @@ class TimingSession:
         index = answer.get("index")
         if index is None:
             exchange.release()
-            return {"passed": False, "kind": "timer_integrity", "check": "kept output", "index": None,
-                    "detail": "the timer kept no output of a timed call: the timer in the implementation's "
-                              "process was replaced"}
+            return {
+                "passed": False,
+                "kind": "timer_integrity",
+                "check": "kept output",
+                "index": None,
+                "detail": "the timer kept no output of a timed call: the timer in the implementation's "
+                "process was replaced",
+            }
         produced = exchange.collect(outputs, answer)
         exchange.release()
         if not 0 <= int(index) < len(inputs):
-            return {"passed": False, "kind": "timer_integrity", "check": "kept output", "index": index,
-                    "detail": f"the timer named input set {index} of {len(inputs)}"}
+            return {
+                "passed": False,
+                "kind": "timer_integrity",
+                "check": "kept output",
+                "index": index,
+                "detail": f"the timer named input set {index} of {len(inputs)}",
+            }
         reference = expected if index == 0 else self.spec.reference(inputs[index], context.init_seed)
-        checked = compare_inputs(inputs[index], produced["inputs_after"][0]) or \
-            compare_outputs(produced["outputs"][0], reference, testcase["rtol"], testcase["atol"])
+        checked = compare_inputs(inputs[index], produced["inputs_after"][0]) or compare_outputs(
+            produced["outputs"][0], reference, testcase["rtol"], testcase["atol"]
+        )
         return {**checked, "index": index}
 
     def _first_use(self, worker: Worker) -> list[int] | None:
@@ -389,8 +468,9 @@ class TimingSession:
         sets = [self.spec.make_inputs(c) for c in rotation(self.case, "first use", count)]
         offer = context.exchange.offer_inputs("first_use", sets, worker.scratch or context.work)
         try:
-            answer = self._time_request(worker, offer, budget_ms=FIRST_USE_BUDGET_MS, max_reps=count,
-                                        offset=0, mode=self.mode, settings=self.t)
+            answer = self._time_request(
+                worker, offer, budget_ms=FIRST_USE_BUDGET_MS, max_reps=count, offset=0, mode=self.mode, settings=self.t
+            )
         finally:
             context.exchange.release()
         return answer["samples_ns"]
@@ -440,35 +520,50 @@ class TimingSession:
             "timer_costs": None if measured.vouched else timer_costs(device),
             "nvml": self.clocks if device != "cpu" else None,
         }
-        result["timed_output_check"] = {role: {k: checked.get(k) for k in ("passed", "check", "index")}
-                                        for role, checked in timed_outputs.items()}
+        result["timed_output_check"] = {
+            role: {k: checked.get(k) for k in ("passed", "check", "index")} for role, checked in timed_outputs.items()
+        }
         for role, failed in measured.failed.items():
-            fail(result, failed["kind"], f"{role}: {failed['where']}: {failed['check']}: {failed['detail']}",
-                 case, spec_index)
+            fail(
+                result,
+                failed["kind"],
+                f"{role}: {failed['where']}: {failed['check']}: {failed['detail']}",
+                case,
+                spec_index,
+            )
         if self.first_use is not None:
             result["first_use"] = first_use_verdict(self.first_use, fmean(measured.samples["candidate"]) / 1000)
             if result["first_use"]["line"]:
                 fail(result, "timer_integrity", f"candidate: {result['first_use']['line']}", case, spec_index)
         for role, checked in timed_outputs.items():
             if not checked["passed"]:
-                fail(result, checked["kind"], f"{role}: the last timed call: {checked['check']}: {checked['detail']}",
-                     case, spec_index)
+                fail(
+                    result,
+                    checked["kind"],
+                    f"{role}: the last timed call: {checked['check']}: {checked['detail']}",
+                    case,
+                    spec_index,
+                )
         by_role = summaries(measured, case, self.kernels, self.impls, device)
         for role, summary in by_role.items():  # the baseline's worker is parked by now, its samples kept
             result["performance_result" if role == "candidate" else "baseline_result"] = summary
             problem = None if measured.vouched else timer_inconsistency(summary, device)
             if problem:
                 fail(result, "timer_integrity", f"{role}: {problem}", case, spec_index)
-            flag = None if measured.vouched else host_wall_gap(summary,
-                                                               timer_costs(device).get("host_check_ns", 0.0) / 1000)
+            flag = (
+                None
+                if measured.vouched
+                else host_wall_gap(summary, timer_costs(device).get("host_check_ns", 0.0) / 1000)
+            )
             if flag:
                 summary.setdefault("flags", []).append(flag)
                 result["warnings"].append(f"{role}: {flag}")
                 record(result, "flags", "untimed_work", f"{role}: {flag}", case, spec_index)
             if uneven_calls(summary["mean_us"], summary["median_us"]):
                 flag_uneven(result, summary, role, pair, case, spec_index)
-            note = few_samples(summary, measured.calls[role] if measured.vouched else measured.sizes[role],
-                               t["budget_ms"])
+            note = few_samples(
+                summary, measured.calls[role] if measured.vouched else measured.sizes[role], t["budget_ms"]
+            )
             if note:
                 result["warnings"].append(f"{role}: {note}")
         if measured.alone_bound and measured.alone_bound["failed"]:
@@ -484,8 +579,11 @@ class TimingSession:
                 continue
             kind, line = verdict
             if kind == "impossible":
-                consequence = "impossible, not ranked" if role == "candidate" else \
-                    "impossible: a comparison with it cannot be trusted"
+                consequence = (
+                    "impossible, not ranked"
+                    if role == "candidate"
+                    else "impossible: a comparison with it cannot be trusted"
+                )
                 fail(result, "impossible_time", f"{role}: {line}: {consequence}", case, spec_index)
             else:
                 summary.setdefault("flags", []).append(line)
@@ -501,8 +599,9 @@ class TimingSession:
             result["performance_state"] = "FAILED"
             result["errors"].append(f"incorrect after timing: {recheck['check']}: {recheck['detail']}")
             detail = f"after timing: {recheck['detail']}"
-            result.setdefault("failures", []).append(failure(recheck["kind"], "timing", detail,
-                                                             {**recheck, "testcase": spec_index}))
+            result.setdefault("failures", []).append(
+                failure(recheck["kind"], "timing", detail, {**recheck, "testcase": spec_index})
+            )
         if self.busy_shares:
             result["busy_remeasured"] = {"cpu_wait_shares": [*self.busy_shares, measured.cpu_wait_share]}
         doubts = measured.in_doubt()
@@ -523,13 +622,21 @@ class TimingSession:
         samples = measured.for_speedup(statistic)
         result["speedup"] = paired_speedup(samples, result["baseline_result"]["median_us"], statistic, between_runs)
         if retimed is not None:
-            judge_retiming(result, retimed, float(self.threshold), case, spec_index, self.impls, self.context.device,
-                           statistic, between_runs)
+            judge_retiming(
+                result,
+                retimed,
+                float(self.threshold),
+                case,
+                spec_index,
+                self.impls,
+                self.context.device,
+                statistic,
+                between_runs,
+            )
         unvouched = unvouched_speedup_line(result["speedup"], measured, retimed)
         if unvouched and result["performance_state"] == "SUCCESS":
             fail(result, "timer_integrity", f"candidate: {unvouched}", case, spec_index)
-        bounded = credit_within_calls_alone(result["speedup"], measured.alone_bound, samples["candidate"][0],
-                                            statistic)
+        bounded = credit_within_calls_alone(result["speedup"], measured.alone_bound, samples["candidate"][0], statistic)
         if bounded:
             result["warnings"].append(f"candidate: {bounded}")
             record(result, "flags", "bounded_by_calls_alone", f"candidate: {bounded}", case, spec_index)

@@ -36,9 +36,12 @@ def signatures(given) -> list[list[str]]:
         return []
     kept: list[list[str]] = []
     for signature in given:
-        if (isinstance(signature, list) and 0 < len(signature) <= MOST_ARGUMENTS
-                and all(isinstance(t, str) and TYPE_NAME.fullmatch(t) for t in signature)
-                and signature not in kept):
+        if (
+            isinstance(signature, list)
+            and 0 < len(signature) <= MOST_ARGUMENTS
+            and all(isinstance(t, str) and TYPE_NAME.fullmatch(t) for t in signature)
+            and signature not in kept
+        ):
             kept.append(signature)
         if len(kept) == MOST_SIGNATURES:
             break
@@ -61,8 +64,11 @@ class Recorder:
 
     def __call__(self, *, compile: dict, **_) -> None:
         signature = [t for t in (compile.get("signature") or {}).values()]
-        if (len(self.signatures) < MOST_SIGNATURES and all(isinstance(t, str) for t in signature)
-                and signature not in self.signatures):
+        if (
+            len(self.signatures) < MOST_SIGNATURES
+            and all(isinstance(t, str) for t in signature)
+            and signature not in self.signatures
+        ):
             self.signatures.append(signature)
 
 
@@ -88,7 +94,12 @@ def warm(given: list[list[str]]) -> None:
         try:
             source = driver.make_launcher({}, dict(enumerate(signature)), None)
             # as CudaLauncher builds it: its key, the source's hash, is the one a kernel of this signature looks up
-            driver.compile_module_from_src(src=source, name="__triton_launcher", library_dirs=driver.library_dirs(),
-                                           include_dirs=driver.include_dirs, libraries=driver.libraries)
+            driver.compile_module_from_src(
+                src=source,
+                name="__triton_launcher",
+                library_dirs=driver.library_dirs(),
+                include_dirs=driver.include_dirs,
+                libraries=driver.libraries,
+            )
         except Exception:  # noqa: BLE001 - the first launch builds it, as without this
             traceback.print_exc()

@@ -14,5 +14,6 @@ def magpie_warmup(x, out, n, BLOCK: tl.constexpr):
 def compile_it() -> None:
     from triton.compiler import ASTSource
 
-    triton.compile(ASTSource(magpie_warmup, {"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"},
-                             {"BLOCK": 128}))
+    triton.compile(
+        ASTSource(magpie_warmup, {"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 128})
+    )

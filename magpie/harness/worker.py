@@ -22,9 +22,9 @@ from magpie.harness import triton_warmup
 from magpie.harness.batches import WorkerViews, run_batch, run_handed_over, run_handed_over_on_gpu
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
-from magpie.supervision.process import log_to, release_memory, serve_pipes
 from magpie.harness.spec import load_module, to_cpu, to_device
 from magpie.harness.timing import collector_paused, timer_for
+from magpie.supervision.process import log_to, release_memory, serve_pipes
 
 
 class Implementation:
@@ -65,14 +65,17 @@ class Implementation:
             target = next((getattr(module, n) for n in ("ModelNew", "Model") if hasattr(module, n)), None)
             if target is None:
                 raise LookupError(
-                    f"{request['source']}: no entry declared and no ModelNew/Model class; set entry = \"fn\""
+                    f'{request["source"]}: no entry declared and no ModelNew/Model class; set entry = "fn"'
                 )
         if isinstance(target, type):  # KernelBench convention: a module built from init inputs
             if request.get("init_from_module"):
                 init = list(getattr(module, "get_init_inputs", list)())
             else:
-                init = list(self.torch.load(request["init_inputs_file"], weights_only=True)[0]) \
-                    if request.get("init_inputs_file") else []
+                init = (
+                    list(self.torch.load(request["init_inputs_file"], weights_only=True)[0])
+                    if request.get("init_inputs_file")
+                    else []
+                )
             self._build = lambda: self._model(target, init, int(request["seed"]))
             return self._build()
         if not callable(target):
@@ -197,8 +200,14 @@ class Implementation:
             reply["launch_us"] = timer.launch_probe(self.fn, input_sets)
             steps.mark("probe")
         if request.get("budget_ms"):
-            reply["samples_ns"] = timer.measure(self.fn, input_sets, request["budget_ms"], request["max_reps"],
-                                                request.get("offset", 0), mode=request.get("mode"))
+            reply["samples_ns"] = timer.measure(
+                self.fn,
+                input_sets,
+                request["budget_ms"],
+                request["max_reps"],
+                request.get("offset", 0),
+                mode=request.get("mode"),
+            )
             reply["info"] = timer.info
             reply["method"] = timer.describe(request["settings"], timer.info.get("mode"))
         if request.get("host_checks"):  # a request of its own: its wall time is no sample's
@@ -279,8 +288,9 @@ class Implementation:
         with torch.cuda.stream(side):  # the first calls outside a capture: lazy initialisation, autotuning
             run_batch(torch, self.fn, views.inputs[:calls], views.outputs[:calls])
         torch.cuda.current_stream(self.device).wait_stream(side)
-        self._batch_graphs[calls] = self._captured(lambda: run_batch(torch, self.fn, views.inputs[:calls],
-                                                                     views.outputs[:calls]))
+        self._batch_graphs[calls] = self._captured(
+            lambda: run_batch(torch, self.fn, views.inputs[:calls], views.outputs[:calls])
+        )
         return {}
 
     def handover_graph(self, request: dict) -> dict:
@@ -294,8 +304,9 @@ class Implementation:
         if calls not in self._handover_graphs:
             views = self._batch_views
             self._poison(False)
-            self._handover_graphs[calls] = self._captured(lambda: run_handed_over_on_gpu(
-                self.torch, self.fn, views.inputs, views.outputs, views.words, calls))
+            self._handover_graphs[calls] = self._captured(
+                lambda: run_handed_over_on_gpu(self.torch, self.fn, views.inputs, views.outputs, views.words, calls)
+            )
         return {}
 
     def _captured(self, calls):
@@ -410,8 +421,9 @@ def prepare(request: dict) -> None:
     global PREPARED, TIMER, WARMUP
     PREPARED = True
     if request.get("triton_signatures") is not None:  # C and Triton compiles, on the host's CPU
-        WARMUP = threading.Thread(target=triton_warmup.warm, args=(request["triton_signatures"],),
-                                  name="magpie-triton-warmup", daemon=True)
+        WARMUP = threading.Thread(
+            target=triton_warmup.warm, args=(request["triton_signatures"],), name="magpie-triton-warmup", daemon=True
+        )
         WARMUP.start()
     try:
         import torch

@@ -39,9 +39,10 @@ def map_own_ids(uid: int, gid: int) -> None:
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: None if s is None else s.encode())
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {target}")
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
 # mount_setattr(2) (Linux 5.12; every kernel with Landlock has it): one mount's flags, or a
@@ -52,9 +53,17 @@ AT_FDCWD = -100
 
 def _set_read_only(path: str, read_only: bool, recursive: bool) -> None:
     attr = struct.pack("=QQQQ", MOUNT_ATTR_RDONLY if read_only else 0, 0 if read_only else MOUNT_ATTR_RDONLY, 0, 0)
-    _check(_libc.syscall(MOUNT_SETATTR, ctypes.c_int(AT_FDCWD), path.encode(),
-                         ctypes.c_uint(AT_RECURSIVE if recursive else 0), ctypes.c_char_p(attr),
-                         ctypes.c_size_t(len(attr))), f"mount_setattr {path}")
+    _check(
+        _libc.syscall(
+            MOUNT_SETATTR,
+            ctypes.c_int(AT_FDCWD),
+            path.encode(),
+            ctypes.c_uint(AT_RECURSIVE if recursive else 0),
+            ctypes.c_char_p(attr),
+            ctypes.c_size_t(len(attr)),
+        ),
+        f"mount_setattr {path}",
+    )
 
 
 def read_only_but(writable: list[str]) -> None:
@@ -116,8 +125,18 @@ def mount_proc() -> None:
 # What of /proc stays read-only where the rest of it is writable: the files the host's root
 # may write (this namespace's root is the host's root to file permissions), as container
 # runtimes keep them.
-PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
-                  "/proc/scsi", "/proc/driver", "/proc/sysvipc", "/proc/tty")
+PROC_READ_ONLY = (
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/acpi",
+    "/proc/scsi",
+    "/proc/driver",
+    "/proc/sysvipc",
+    "/proc/tty",
+)
 
 
 def protect_proc() -> None:

@@ -182,7 +182,7 @@ def start_time(pid: int) -> int | None:
             text = stat_file.read()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
@@ -196,7 +196,7 @@ def group_has_live_process(pgid: int) -> bool:
                 text = stat_file.read()
         except OSError:
             continue
-        fields = text[text.rindex(")") + 2:].split()
+        fields = text[text.rindex(")") + 2 :].split()
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False

@@ -16,8 +16,22 @@ from magpie.manifest.load import describe_validation_error, keep_inside, read_te
 from magpie.manifest.models import Implementation, Testcase
 
 ALLOWED = {
-    "id", "name", "type", "source_files", "source", "working_dir", "env", "compile_command",
-    "testcase_command", "entry", "spec", "shapes", "dtypes", "rtol", "atol", "trials",
+    "id",
+    "name",
+    "type",
+    "source_files",
+    "source",
+    "working_dir",
+    "env",
+    "compile_command",
+    "testcase_command",
+    "entry",
+    "spec",
+    "shapes",
+    "dtypes",
+    "rtol",
+    "atol",
+    "trials",
 }
 
 
@@ -45,8 +59,9 @@ def load_kernel_config(path: str | Path) -> tuple[list[YamlKernel], Path]:
     else:
         entries, prefix = [data["kernel"]], "kernel"
     root = path.resolve().parent
-    kernels = [_one(path, root, entry, f"{prefix}[{i}]" if prefix == "kernels" else prefix)
-               for i, entry in enumerate(entries)]
+    kernels = [
+        _one(path, root, entry, f"{prefix}[{i}]" if prefix == "kernels" else prefix) for i, entry in enumerate(entries)
+    ]
     ids = [k.impl.id for k in kernels]
     if len(set(ids)) != len(ids):
         raise located(path, prefix, f"kernel ids must be unique, got {ids}")
@@ -99,16 +114,22 @@ def _one(path: Path, root: Path, entry, where: str) -> YamlKernel:
         )
         testcases = []
         if entry.get("testcase_command"):
-            testcases.append(Testcase(command=entry["testcase_command"],
-                                      working_dir=impl.working_dir, env=impl.env))
+            testcases.append(Testcase(command=entry["testcase_command"], working_dir=impl.working_dir, env=impl.env))
         if entry.get("spec"):
             keep_inside(root, str(base / entry["spec"]), path, where, "spec", "specs", shown=str(entry["spec"]))
             spec = (base / entry["spec"]).resolve()
             if not spec.is_file():
                 raise located(path, f"{where}.spec", f"file not found: {entry['spec']}")
-            testcases.append(Testcase(spec=_relative(spec, root), shapes=entry.get("shapes", []),
-                                      dtypes=entry.get("dtypes", ["float32"]), rtol=entry.get("rtol"),
-                                      atol=entry.get("atol"), trials=entry.get("trials")))
+            testcases.append(
+                Testcase(
+                    spec=_relative(spec, root),
+                    shapes=entry.get("shapes", []),
+                    dtypes=entry.get("dtypes", ["float32"]),
+                    rtol=entry.get("rtol"),
+                    atol=entry.get("atol"),
+                    trials=entry.get("trials"),
+                )
+            )
     except ValidationError as err:
         sub = describe_validation_error(path, err)
         raise UserError(str(sub).replace(f"{path}: ", f"{path}: {where}.", 1)) from None

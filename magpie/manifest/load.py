@@ -68,9 +68,10 @@ def read_text(path: Path, missing_hint: str = "") -> str:
         example = f" (e.g. {inside})" if inside.is_file() else ""
         raise UserError(f"{path}: is a folder, not a file: name the file itself{example}") from None
     except UnicodeDecodeError as err:
-        line = err.object[:err.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: byte 0x{err.object[err.start]:02x} is not UTF-8: save the file as UTF-8") \
-            from None
+        line = err.object[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}:{line}: byte 0x{err.object[err.start]:02x} is not UTF-8: save the file as UTF-8"
+        ) from None
     except OSError as err:
         raise UserError(f"{path}: cannot be read: {err.strerror}") from None
 
@@ -93,8 +94,10 @@ def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
         raise describe_validation_error(path, err, data) from None
     if not manifest.kernel and not manifest.traces and not manifest.benchmark:
         # Otherwise the build "succeeds" with an empty report, which reads as all is well.
-        raise UserError(f"{path}: declares nothing to build: add a [[kernel]] with a baseline or candidates, "
-                        f"a [[traces]] folder or a [[benchmark]] (see the manifest in README.md)")
+        raise UserError(
+            f"{path}: declares nothing to build: add a [[kernel]] with a baseline or candidates, "
+            f"a [[traces]] folder or a [[benchmark]] (see the manifest in README.md)"
+        )
     root = path.resolve().parent
     check_files(manifest, root, path)
     return manifest, root
@@ -114,16 +117,21 @@ def keep_inside(root: Path, name: str, path, where: str, field: str, kept: str, 
     a CI cache uploads."""
     real = outside(root, name)
     if real is not None:
-        raise located(path, where, f"{field} {_quoted(shown or name)} resolves outside the project ({real}); "
-                                   f"keep {kept} inside {os.path.realpath(root)}")
+        raise located(
+            path,
+            where,
+            f"{field} {_quoted(shown or name)} resolves outside the project ({real}); "
+            f"keep {kept} inside {os.path.realpath(root)}",
+        )
 
 
 def _quoted(name: str) -> str:
     return '"' + name.replace('"', '\\"') + '"'
 
 
-def _keep_folder_inside(root: Path, name: str, path, where: str, field: str, kept: str,
-                        folder: Path | None = None) -> None:
+def _keep_folder_inside(
+    root: Path, name: str, path, where: str, field: str, kept: str, folder: Path | None = None
+) -> None:
     """The folder (`name` as written, read from `folder` where that is not beside the manifest)
     and every file in it as a build lists them (rglob) inside the project: a link in a trace or
     model folder would otherwise bring in a file from elsewhere."""
@@ -134,9 +142,13 @@ def _keep_folder_inside(root: Path, name: str, path, where: str, field: str, kep
     for found in folder.rglob("*"):
         real = outside(root, str(found))
         if real is not None:
-            raise located(path, where, f"{field} {_quoted(name)} holds {found.relative_to(folder).as_posix()}, "
-                                       f"which resolves outside the project ({real}); keep {kept} inside "
-                                       f"{os.path.realpath(root)}")
+            raise located(
+                path,
+                where,
+                f"{field} {_quoted(name)} holds {found.relative_to(folder).as_posix()}, "
+                f"which resolves outside the project ({real}); keep {kept} inside "
+                f"{os.path.realpath(root)}",
+            )
 
 
 def check_paths_inside(manifest: Manifest, root: Path, path) -> None:
@@ -155,8 +167,14 @@ def check_paths_inside(manifest: Manifest, root: Path, path) -> None:
             for j, name in enumerate(testcase.spec_files or []):
                 keep_inside(root, name, path, f"kernel {kernel.id}", f"testcases[{t}].spec_files[{j}]", "spec files")
             if testcase.working_dir:
-                keep_inside(root, testcase.working_dir, path, f"kernel {kernel.id}", f"testcases[{t}].working_dir",
-                            "working folders")
+                keep_inside(
+                    root,
+                    testcase.working_dir,
+                    path,
+                    f"kernel {kernel.id}",
+                    f"testcases[{t}].working_dir",
+                    "working folders",
+                )
     for trace in manifest.traces:
         _keep_folder_inside(root, trace.dir, path, f"traces {trace.id}", "dir", "traces")
         for j, repo in enumerate(trace.kernel_source_repos):
@@ -198,8 +216,12 @@ def _check_rule_inputs(root: Path, table, path, index: int) -> None:
         if name.startswith("magpie-templates/"):  # read from magpie's own templates (graph/expand.py)
             real = outside(templates_dir(), name.split("/", 1)[1])
             if real is not None:
-                raise located(path, where, f"inputs[{j}] {_quoted(name)} resolves outside magpie's templates "
-                                           f"({real}); name a template, or a file inside the project")
+                raise located(
+                    path,
+                    where,
+                    f"inputs[{j}] {_quoted(name)} resolves outside magpie's templates "
+                    f"({real}); name a template, or a file inside the project",
+                )
             continue
         keep_inside(root, name, path, where, f"inputs[{j}]", "rule inputs")
 

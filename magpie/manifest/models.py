@@ -6,7 +6,7 @@ that the files exist once the shape of the document is known to be right.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,42 +21,69 @@ class Strict(BaseModel):
 
 class TimingSettings(Strict):
     warmup_ms: float = Field(20.0, ge=0)
-    budget_ms: float = Field(300.0, gt=0, description="measured time per implementation (on a GPU, vouched: the wall "
-                             "time of its timed batches, their inputs drawn and outputs checked included)")
+    budget_ms: float = Field(
+        300.0,
+        gt=0,
+        description="measured time per implementation (on a GPU, vouched: the wall "
+        "time of its timed batches, their inputs drawn and outputs checked included)",
+    )
     rounds: int = Field(5, ge=1, description="interleaved baseline/candidate rounds")
     max_reps: int = Field(100_000, ge=1)
-    input_sets: int = Field(4, ge=1, description="GPU: fresh input sets rotated between calls (on the CPU every "
-                                                 "timed call gets new ones)")
+    input_sets: int = Field(
+        4, ge=1, description="GPU: fresh input sets rotated between calls (on the CPU every timed call gets new ones)"
+    )
     threads: int = Field(1, ge=1, description="torch intra-op threads on the CPU")
     mode: Literal["auto", "events", "graph"] = Field(
-        "auto", description="how a GPU kernel is timed, for the baseline and every candidate alike: auto chooses "
-        "from the baseline's probe (CUDA-graph replays under 10 µs per call, else events around each call)")
-    vouched: bool = Field(True, description="GPU: time as batches of calls on input sets of new seeds, timed by the "
-                          "evaluator's own clock and proven by their outputs, as the CPU always is; false: CUDA "
-                          "events or graph replays timed in the worker's process, which code under test can forge "
-                          "(docs/security.md)")
-    between_runs: Optional[float] = Field(None, ge=0, description="how much a speedup varies between runs of the "
-                                          "same comparison (relative standard deviation), added to each interval; "
-                                          "default: the device's, as measured by bench/interval_coverage.py (a GPU "
-                                          "1%, an H200's 0.9%; the CPU 6.5%, a 2-core VM's); measure yours with it")
-    implausible_speedup: float = Field(10.0, gt=1, description="a speedup above this is timed again on fresh "
-                                       "inputs: labelled if it holds, the timing failed if it does not")
-    disturbed_fraction: Optional[float] = Field(None, ge=0, description="a baseline that reads more than this "
-                                                "fraction off its own timing beside a candidate has that measurement "
-                                                "taken again (flagged if it still does); default: the device's, 10% "
-                                                "on a GPU, 25% on the CPU (above what an undisturbed baseline reads "
-                                                "apart between jobs: docs/performance.md)")
+        "auto",
+        description="how a GPU kernel is timed, for the baseline and every candidate alike: auto chooses "
+        "from the baseline's probe (CUDA-graph replays under 10 µs per call, else events around each call)",
+    )
+    vouched: bool = Field(
+        True,
+        description="GPU: time as batches of calls on input sets of new seeds, timed by the "
+        "evaluator's own clock and proven by their outputs, as the CPU always is; false: CUDA "
+        "events or graph replays timed in the worker's process, which code under test can forge "
+        "(docs/security.md)",
+    )
+    between_runs: float | None = Field(
+        None,
+        ge=0,
+        description="how much a speedup varies between runs of the "
+        "same comparison (relative standard deviation), added to each interval; "
+        "default: the device's, as measured by bench/interval_coverage.py (a GPU "
+        "1%, an H200's 0.9%; the CPU 6.5%, a 2-core VM's); measure yours with it",
+    )
+    implausible_speedup: float = Field(
+        10.0,
+        gt=1,
+        description="a speedup above this is timed again on fresh "
+        "inputs: labelled if it holds, the timing failed if it does not",
+    )
+    disturbed_fraction: float | None = Field(
+        None,
+        ge=0,
+        description="a baseline that reads more than this "
+        "fraction off its own timing beside a candidate has that measurement "
+        "taken again (flagged if it still does); default: the device's, 10% "
+        "on a GPU, 25% on the CPU (above what an undisturbed baseline reads "
+        "apart between jobs: docs/performance.md)",
+    )
 
 
 class ProfileSettings(Strict):
     """Bounds of a hardware-counter profile (Nsight Compute): how much of an implementation it
     replays, and for how long at most."""
 
-    launches_per_kernel: int = Field(3, ge=1, description="profile the first N launches of each distinct kernel "
-                                     "(a kernel name with one grid, block and shared-memory size)")
+    launches_per_kernel: int = Field(
+        3,
+        ge=1,
+        description="profile the first N launches of each distinct kernel "
+        "(a kernel name with one grid, block and shared-memory size)",
+    )
     max_launches: int = Field(48, ge=1, description="profile at most this many launches in all")
-    max_timeout_s: float = Field(600.0, gt=0, description="ceiling of the timeout derived from the "
-                                 "implementation's measured time")
+    max_timeout_s: float = Field(
+        600.0, gt=0, description="ceiling of the timeout derived from the implementation's measured time"
+    )
 
 
 class Defaults(Strict):
@@ -74,14 +101,17 @@ class ProjectSettings(Strict):
     name: str = "magpie-project"
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N (ROCm too)")
     workspace: str = "workspaces"
-    cuda_arch: Optional[str] = Field(None, pattern=r"^(sm|compute)_\d+a?$", description="nvcc -arch; default: detected")
+    cuda_arch: str | None = Field(None, pattern=r"^(sm|compute)_\d+a?$", description="nvcc -arch; default: detected")
     trust_code: bool = Field(False, description="run code under test without a sandbox, where none can be set up")
 
 
 class StoreSettings(Strict):
-    trusted_signers: list[str] = Field([], description="public keys (`magpie key` on the machine that signed) whose "
-                                                       "artifacts this project uses as its own; an artifact signed "
-                                                       "by any other key is built again here")
+    trusted_signers: list[str] = Field(
+        [],
+        description="public keys (`magpie key` on the machine that signed) whose "
+        "artifacts this project uses as its own; an artifact signed "
+        "by any other key is built again here",
+    )
 
     @field_validator("trusted_signers")
     @classmethod
@@ -90,40 +120,48 @@ class StoreSettings(Strict):
 
         for signer in value:
             if not well_formed_signer(signer):
-                raise ValueError(f"{signer!r} is not a signer: give \"ed25519:\" and 64 lowercase hex digits, as "
-                                 f"`magpie key` prints them")
+                raise ValueError(
+                    f'{signer!r} is not a signer: give "ed25519:" and 64 lowercase hex digits, as '
+                    f"`magpie key` prints them"
+                )
         return value
 
 
 class Implementation(Strict):
     id: str = Field(pattern=IDENT)
     source: str
-    type: Optional[KernelType] = None
-    entry: Optional[str] = None
+    type: KernelType | None = None
+    entry: str | None = None
     source_files: list[str] = []
-    working_dir: Optional[str] = None
+    working_dir: str | None = None
     env: dict[str, str] = {}
-    compile_command: Optional[str] = None
-    expect_faster: bool = Field(False, description="`magpie build --check` fails unless this implementation is "
-                                "correct and faster than the baseline beyond noise (in no task's key: changing it "
-                                "re-runs nothing)")
+    compile_command: str | None = None
+    expect_faster: bool = Field(
+        False,
+        description="`magpie build --check` fails unless this implementation is "
+        "correct and faster than the baseline beyond noise (in no task's key: changing it "
+        "re-runs nothing)",
+    )
 
 
 class Testcase(Strict):
     """Either a command whose exit code decides, or a Python reference spec."""
 
-    command: Optional[str] = None
-    spec: Optional[str] = None
-    spec_files: Optional[list[str]] = Field(None, description="the project's files the spec imports besides "
-                                            "itself (its tasks are keyed by them; another is refused)")
+    command: str | None = None
+    spec: str | None = None
+    spec_files: list[str] | None = Field(
+        None,
+        description="the project's files the spec imports besides "
+        "itself (its tasks are keyed by them; another is refused)",
+    )
     reference: str = "reference"
     inputs: str = "make_inputs"
     shapes: list[list[int]] = []
     dtypes: list[str] = ["float32"]
-    rtol: Optional[float] = Field(None, ge=0)
-    atol: Optional[float] = Field(None, ge=0)
-    trials: Optional[int] = Field(None, ge=1)
-    working_dir: Optional[str] = None
+    rtol: float | None = Field(None, ge=0)
+    atol: float | None = Field(None, ge=0)
+    trials: int | None = Field(None, ge=1)
+    working_dir: str | None = None
     env: dict[str, str] = {}
 
     @model_validator(mode="after")
@@ -153,8 +191,10 @@ def check_shape(shape: list[int]) -> None:
     implementation, however wrong, matches an empty reference."""
     bad = next((d for d in shape if d < 1), None)
     if bad is not None:
-        raise ValueError(f"shape {shape} has a dimension of {bad}: every dimension must be at least 1 "
-                         f"(on an empty tensor any implementation passes)")
+        raise ValueError(
+            f"shape {shape} has a dimension of {bad}: every dimension must be at least 1 "
+            f"(on an empty tensor any implementation passes)"
+        )
 
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8", "bool")
@@ -163,15 +203,15 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "int8",
 class Kernel(Strict):
     id: str = Field(pattern=IDENT)
     type: KernelType
-    entry: Optional[str] = None
-    baseline: Optional[Implementation] = None
+    entry: str | None = None
+    baseline: Implementation | None = None
     candidates: list[Implementation] = []
     testcases: list[Testcase] = []
-    rtol: Optional[float] = Field(None, ge=0)
-    atol: Optional[float] = Field(None, ge=0)
-    trials: Optional[int] = Field(None, ge=1)
-    timeout_s: Optional[float] = Field(None, gt=0)
-    timing: Optional[TimingSettings] = None
+    rtol: float | None = Field(None, ge=0)
+    atol: float | None = Field(None, ge=0)
+    trials: int | None = Field(None, ge=1)
+    timeout_s: float | None = Field(None, gt=0)
+    timing: TimingSettings | None = None
 
     @model_validator(mode="after")
     def _unique_ids(self):
@@ -199,20 +239,24 @@ class TraceSet(Strict):
     analysis_mode: Literal["pytorch", "inference"] = "pytorch"
     top_k: int = Field(20, ge=1)
     steady_state: bool = False
-    arch: Optional[str] = Field(None, description="accelerator when the traces do not name one")
+    arch: str | None = Field(None, description="accelerator when the traces do not name one")
     kernel_source_repos: list[str] = Field([], description="repositories to map top kernels to source")
 
 
 class BenchmarkLoad(Strict):
     """The load of a declared benchmark (vLLM `bench serve`'s meaning of each)."""
 
-    concurrency: Optional[int] = Field(None, ge=1, description="requests in flight at most; none: no limit")
+    concurrency: int | None = Field(None, ge=1, description="requests in flight at most; none: no limit")
     input_len: int = Field(1024, ge=1)
     output_len: int = Field(128, ge=1)
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="lengths uniform over len*(1±ratio)")
     prefix_len: int = Field(0, ge=0, description="tokens of a prefix shared by every prompt (--random-prefix-len)")
-    tokenizer: Optional[str] = Field(None, min_length=1, description="the tokenizer lengths are counted in: a folder "
-                                     "(relative to magpie.toml) or cached hub id; none: the model's own")
+    tokenizer: str | None = Field(
+        None,
+        min_length=1,
+        description="the tokenizer lengths are counted in: a folder "
+        "(relative to magpie.toml) or cached hub id; none: the model's own",
+    )
     num_prompts: int = Field(100, ge=1)
     request_rate: float = Field(float("inf"), gt=0, description="requests/s; inf: all at once")
     burstiness: float = Field(1.0, gt=0)
@@ -224,9 +268,9 @@ class BenchmarkLoad(Strict):
 class BenchmarkSLO(Strict):
     """Service-level objectives: the run's goodput counts the requests that meet all of them."""
 
-    ttft_ms: Optional[float] = Field(None, gt=0)
-    tpot_ms: Optional[float] = Field(None, gt=0)
-    e2el_ms: Optional[float] = Field(None, gt=0)
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    e2el_ms: float | None = Field(None, gt=0)
 
 
 class BenchmarkSpec(Strict):
@@ -237,22 +281,29 @@ class BenchmarkSpec(Strict):
     model: str = Field(min_length=1, description="model folder (relative to magpie.toml) or hub id")
     precision: str = "auto"
     tp: int = Field(1, ge=1)
-    max_model_len: Optional[int] = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
     extra_server_args: list[str] = []
     env: dict[str, str] = {}
-    base_url: Optional[str] = Field(None, description="a running server (engine external): nothing is started")
+    base_url: str | None = Field(None, description="a running server (engine external): nothing is started")
     host: str = "127.0.0.1"
-    port: Optional[int] = Field(None, ge=1, le=65535, description="default: the engine's")
+    port: int | None = Field(None, ge=1, le=65535, description="default: the engine's")
     run_mode: Literal["local", "docker"] = Field(
-        "local", description="docker: the server in a container of docker_image, or of images.yaml's for the engine")
-    docker_image: Optional[str] = Field(None, description="docker mode's image (on this machine: nothing is pulled)")
+        "local", description="docker: the server in a container of docker_image, or of images.yaml's for the engine"
+    )
+    docker_image: str | None = Field(None, description="docker mode's image (on this machine: nothing is pulled)")
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
-    profiler: bool = Field(False, description="also a separate profiled (diagnostic) run and the trace analysis "
-                                              "of its traces, each a node of its own; the measurement stays clean")
-    keep_server: bool = Field(False, description="leave the local server running after a clean run, for the next "
-                                                 "benchmark (of this build or a later one) whose server's recorded "
-                                                 "config matches: engine and version, model content, command line, "
-                                                 "environment, port; `magpie clean` stops it. Not in the result's key")
+    profiler: bool = Field(
+        False,
+        description="also a separate profiled (diagnostic) run and the trace analysis "
+        "of its traces, each a node of its own; the measurement stays clean",
+    )
+    keep_server: bool = Field(
+        False,
+        description="leave the local server running after a clean run, for the next "
+        "benchmark (of this build or a later one) whose server's recorded "
+        "config matches: engine and version, model content, command line, "
+        "environment, port; `magpie clean` stops it. Not in the result's key",
+    )
     load: BenchmarkLoad = BenchmarkLoad()
     slo: BenchmarkSLO = BenchmarkSLO()
     timeout_s: float = Field(3600.0, gt=0, description="the whole run, server start included")
@@ -262,10 +313,12 @@ class BenchmarkSpec(Strict):
         if self.engine == "external" and not self.base_url:
             raise ValueError("engine 'external' benchmarks a running server: give its base_url")
         if self.docker_image and self.run_mode != "docker":
-            raise ValueError("docker_image is docker mode's: add run_mode = \"docker\"")
+            raise ValueError('docker_image is docker mode\'s: add run_mode = "docker"')
         if self.keep_server and (self.run_mode == "docker" or self.engine == "external"):
-            raise ValueError("keep_server keeps a local server of magpie's: drop it, or use run_mode = \"local\" "
-                             "with an engine that starts one")
+            raise ValueError(
+                'keep_server keeps a local server of magpie\'s: drop it, or use run_mode = "local" '
+                "with an engine that starts one"
+            )
         return self
 
 

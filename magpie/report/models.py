@@ -11,7 +11,7 @@ info, kernel lists, per-round data) are allowed through unchecked.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,9 +37,9 @@ class PerformanceResult(Open):
     n: int
     cv: float
     method: str
-    shape: Optional[str] = None
-    kernel_us: Optional[float] = None
-    dispatch_overhead_us: Optional[float] = None
+    shape: str | None = None
+    kernel_us: float | None = None
+    dispatch_overhead_us: float | None = None
     flags: list[str] = []
 
 
@@ -63,14 +63,14 @@ class Failure(Open):
     kind: Literal[KINDS]  # type: ignore[valid-type]
     stage: Literal[STAGES]  # type: ignore[valid-type]
     detail: str
-    check: Optional[str] = None
-    testcase: Optional[int] = None
-    case: Optional[str] = None
-    shape: Optional[list] = None
-    dtype: Optional[str] = None
-    trial: Optional[int] = None
-    max_abs_err: Optional[float] = None
-    max_rel_err: Optional[float] = None
+    check: str | None = None
+    testcase: int | None = None
+    case: str | None = None
+    shape: list | None = None
+    dtype: str | None = None
+    trial: int | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
 
 
 class NumericsMargin(Open):
@@ -80,9 +80,9 @@ class NumericsMargin(Open):
     max_abs_err: float
     max_rel_err: float
     rel_err_norm: float
-    tolerance_used: Optional[float] = None
-    case: Optional[str] = None
-    trial: Optional[int] = None
+    tolerance_used: float | None = None
+    case: str | None = None
+    trial: int | None = None
     cases: int
 
 
@@ -109,20 +109,20 @@ class ResultRow(Open):
     numerics: Numerics
     verdict: str
     performance_state: State
-    performance_result: Optional[PerformanceResult]
-    baseline_result: Optional[PerformanceResult]
-    samples_us: Optional[list[float]]
-    speedup: Optional[Speedup]
-    profile: Optional[dict]
-    profiler_time: Optional[ProfilerTime] = None
+    performance_result: PerformanceResult | None
+    baseline_result: PerformanceResult | None
+    samples_us: list[float] | None
+    speedup: Speedup | None
+    profile: dict | None
+    profiler_time: ProfilerTime | None = None
     errors: list[str]
     warnings: list[str]
     failures: list[Failure] = []
     flags: list[Failure] = []  # a timing that stands but needs a look (impossible_time, untimed_work,
     # implausible_speedup, uneven_calls)
-    numerics_margin: Optional[NumericsMargin] = None
-    timing_method: Optional[dict] = None  # mode (events, graph; none on the CPU) and why
-    spec_error: Optional[SpecError] = None  # its kernel's spec failed: not judged
+    numerics_margin: NumericsMargin | None = None
+    timing_method: dict | None = None  # mode (events, graph; none on the CPU) and why
+    spec_error: SpecError | None = None  # its kernel's spec failed: not judged
 
 
 class Excluded(Open):
@@ -134,13 +134,13 @@ class CompareReport(Open):
     """compare_report.json: one kernel's implementations, the correctness gate, the ranking."""
 
     kernel: str
-    baseline: Optional[str]
+    baseline: str | None
     ranking: list[str]
-    best: Optional[str]
+    best: str | None
     excluded: list[Excluded]
     results: list[ResultRow]
     errors: list[str]
-    timing_method: Optional[dict] = None
+    timing_method: dict | None = None
     spec_errors: list[SpecError] = []
     timed_shapes: list[str] = []  # the shape and dtype each timing measured, e.g. "[64, 1024] float32"
 
@@ -158,20 +158,22 @@ class ImplementationSummary(BaseModel):
     numerics: str
     verdict: str
     failures: list[dict]
-    performance_result: Optional[dict]
-    speedup: Optional[dict]
+    performance_result: dict | None
+    speedup: dict | None
     expect_faster: bool
-    check: Optional[str]
+    check: str | None
 
 
 class KernelSummary(BaseModel):
     kernel: str
-    baseline: Optional[str]
-    best: Optional[str]
+    baseline: str | None
+    best: str | None
     ranking: list[str]
-    compare_report: Optional[str] = Field(description="the published compare_report.json, relative to magpie.toml's "
-                                          "folder; null where the build covered the kernel's tasks but not its "
-                                          "comparison (their results judged as it would)")
+    compare_report: str | None = Field(
+        description="the published compare_report.json, relative to magpie.toml's "
+        "folder; null where the build covered the kernel's tasks but not its "
+        "comparison (their results judged as it would)"
+    )
     spec_errors: list[SpecError]
     implementations: list[ImplementationSummary]
 
@@ -189,8 +191,9 @@ class BuildSummary(BaseModel):
     failures: dict[str, str] = Field(description="each failed task's last error line")
     up_to_date: int
     kernels: list[KernelSummary]
-    reports: Optional[dict[str, str]] = Field(description="report.html and summary.md, relative to magpie.toml's "
-                                                          "folder; null where no report was built")
+    reports: dict[str, str] | None = Field(
+        description="report.html and summary.md, relative to magpie.toml's folder; null where no report was built"
+    )
     check: BuildCheck
 
 
@@ -203,14 +206,14 @@ class AnalyzeReport(Open):
     compiling_state: State
     correctness_state: State
     performance_state: State
-    performance_result: Optional[PerformanceResult]
+    performance_result: PerformanceResult | None
     numerics: Numerics
     verdict: str
     errors: list[str]
-    warnings: Optional[list[str]]
+    warnings: list[str] | None
     failures: list[Failure] = []
     flags: list[Failure] = []
-    numerics_margin: Optional[NumericsMargin] = None
+    numerics_margin: NumericsMargin | None = None
 
 
 class StagePick(Open):
@@ -237,7 +240,7 @@ class TracelensAnalysis(Open):
 class TraceInfo(Open):
     path: str
     rank: str
-    device: Optional[str]
+    device: str | None
     kernels: int
     unlinked: dict[str, int]
 

@@ -33,11 +33,13 @@ class Scale:
         parts = []
         for i in range(5):
             v = self.lo + self.span * i / 4
-            value = 10 ** v if self.log else v
+            value = 10**v if self.log else v
             x = LEFT + (WIDTH - LEFT - RIGHT) * i / 4
-            parts.append(f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 18}" stroke="#ddd"/>'
-                         f'<text x="{x:.1f}" y="{height - 4}" font-size="10" text-anchor="middle">'
-                         f'{value:.3g}{unit}</text>')
+            parts.append(
+                f'<line x1="{x:.1f}" y1="4" x2="{x:.1f}" y2="{height - 18}" stroke="#ddd"/>'
+                f'<text x="{x:.1f}" y="{height - 4}" font-size="10" text-anchor="middle">'
+                f"{value:.3g}{unit}</text>"
+            )
         if self.log:
             parts.append(f'<text x="{WIDTH - 4}" y="{height - 4}" font-size="10" text-anchor="end">log</text>')
         return "".join(parts)
@@ -51,16 +53,22 @@ def timing_boxes(rows: list[dict]) -> str:
     perf = [r["performance_result"] for r in rows]
     scale = Scale([p["min_us"] for p in perf] + [p["p80_us"] for p in perf], floor_at_zero=True)
     height = ROW * len(rows) + 24
-    out = [f'<svg class="plot" role="img" aria-label="timing distribution" width="{WIDTH}" height="{height}" '
-           f'xmlns="http://www.w3.org/2000/svg">', scale.axis(height, " µs")]
+    out = [
+        f'<svg class="plot" role="img" aria-label="timing distribution" width="{WIDTH}" height="{height}" '
+        f'xmlns="http://www.w3.org/2000/svg">',
+        scale.axis(height, " µs"),
+    ]
     for i, row in enumerate(rows):
         p = row["performance_result"]
         y = 6 + i * ROW
-        out.append(f'<text x="{LEFT - 6}" y="{y + 13}" font-size="12" text-anchor="end">'
-                   f'{escape(row["implementation"])}</text>')
+        out.append(
+            f'<text x="{LEFT - 6}" y="{y + 13}" font-size="12" text-anchor="end">{escape(row["implementation"])}</text>'
+        )
         x20, x80 = scale.x(p["p20_us"]), scale.x(p["p80_us"])
-        out.append(f'<rect x="{x20:.1f}" y="{y + 3}" width="{max(x80 - x20, 1):.1f}" height="14" '
-                   f'fill="{"#9bb" if row.get("is_baseline") else "#7ad"}"/>')
+        out.append(
+            f'<rect x="{x20:.1f}" y="{y + 3}" width="{max(x80 - x20, 1):.1f}" height="14" '
+            f'fill="{"#9bb" if row.get("is_baseline") else "#7ad"}"/>'
+        )
         xm = scale.x(p["median_us"])
         out.append(f'<line x1="{xm:.1f}" y1="{y}" x2="{xm:.1f}" y2="{y + 20}" stroke="#123" stroke-width="2"/>')
         out.append(f'<circle cx="{scale.x(p["min_us"]):.1f}" cy="{y + 10}" r="2.5" fill="#123"/>')
@@ -78,22 +86,29 @@ def speedup_bars(rows: list[dict]) -> str:
     scale = Scale(values, floor_at_zero=True)
     height = ROW * len(rows) + 24
     colour = {"faster": "#2a2", "slower": "#c33", "within noise": "#999"}
-    out = [f'<svg class="plot" role="img" aria-label="speedup" width="{WIDTH}" height="{height}" '
-           f'xmlns="http://www.w3.org/2000/svg">', scale.axis(height, "×")]
+    out = [
+        f'<svg class="plot" role="img" aria-label="speedup" width="{WIDTH}" height="{height}" '
+        f'xmlns="http://www.w3.org/2000/svg">',
+        scale.axis(height, "×"),
+    ]
     one = scale.x(1.0)
-    out.append(f'<line x1="{one:.1f}" y1="0" x2="{one:.1f}" y2="{height - 18}" stroke="#000" '
-               'stroke-dasharray="4 3"/>')
+    out.append(f'<line x1="{one:.1f}" y1="0" x2="{one:.1f}" y2="{height - 18}" stroke="#000" stroke-dasharray="4 3"/>')
     for i, row in enumerate(rows):
         s = row["speedup"]
         y = 6 + i * ROW
         c = colour.get(s["verdict"], "#999")
-        out.append(f'<text x="{LEFT - 6}" y="{y + 13}" font-size="12" text-anchor="end">'
-                   f'{escape(row["implementation"])}</text>')
+        out.append(
+            f'<text x="{LEFT - 6}" y="{y + 13}" font-size="12" text-anchor="end">{escape(row["implementation"])}</text>'
+        )
         start, end = sorted((one, scale.x(s["value"])))
-        out.append(f'<rect x="{start:.1f}" y="{y + 4}" width="{max(end - start, 1):.1f}" height="12" '
-                   f'fill="{c}" opacity="0.55"/>')
-        out.append(f'<line x1="{scale.x(s["ci_low"]):.1f}" y1="{y + 10}" x2="{scale.x(s["ci_high"]):.1f}" '
-                   f'y2="{y + 10}" stroke="#000" stroke-width="2"/>')
+        out.append(
+            f'<rect x="{start:.1f}" y="{y + 4}" width="{max(end - start, 1):.1f}" height="12" '
+            f'fill="{c}" opacity="0.55"/>'
+        )
+        out.append(
+            f'<line x1="{scale.x(s["ci_low"]):.1f}" y1="{y + 10}" x2="{scale.x(s["ci_high"]):.1f}" '
+            f'y2="{y + 10}" stroke="#000" stroke-width="2"/>'
+        )
         out.append(f'<text x="{WIDTH - RIGHT + 4}" y="{y + 13}" font-size="11">{s["value"]:.3g}×</text>')
     out.append("</svg>")
     return "".join(out)
@@ -130,44 +145,61 @@ def roofline_chart(points: list[tuple[str, dict]]) -> str:
     def py(tflops: float) -> float:
         return 10 + (height - bottom - 10) * (1 - (math.log10(max(tflops, 1e-9)) - y_lo) / (y_hi - y_lo))
 
-    out = [f'<svg class="plot roofline" role="img" aria-label="roofline" width="{width}" height="{height}" '
-           'xmlns="http://www.w3.org/2000/svg">']
+    out = [
+        f'<svg class="plot roofline" role="img" aria-label="roofline" width="{width}" height="{height}" '
+        'xmlns="http://www.w3.org/2000/svg">'
+    ]
     for decade in range(int(x_lo), int(x_hi) + 1):
         x = px(10**decade)
-        out.append(f'<line x1="{x:.1f}" y1="10" x2="{x:.1f}" y2="{height - bottom}" stroke="#eee"/>'
-                   f'<text x="{x:.1f}" y="{height - 14}" font-size="10" text-anchor="middle">{10.0**decade:g}</text>')
+        out.append(
+            f'<line x1="{x:.1f}" y1="10" x2="{x:.1f}" y2="{height - bottom}" stroke="#eee"/>'
+            f'<text x="{x:.1f}" y="{height - 14}" font-size="10" text-anchor="middle">{10.0**decade:g}</text>'
+        )
     for decade in range(math.ceil(y_lo), math.floor(y_hi) + 1):
         y = py(10**decade)
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{left - 4}" y="{y + 3:.1f}" font-size="10" text-anchor="end">{10.0**decade:g}</text>')
+        out.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#eee"/>'
+            f'<text x="{left - 4}" y="{y + 3:.1f}" font-size="10" text-anchor="end">{10.0**decade:g}</text>'
+        )
     ridge = peak / bandwidth
-    out.append(f'<polyline fill="none" stroke="#123" stroke-width="2" points="{px(10**x_lo):.1f},'
-               f'{py(bandwidth * 10**x_lo):.1f} {px(ridge):.1f},{py(peak):.1f} {px(10**x_hi):.1f},{py(peak):.1f}"/>')
-    roof_text = (f'{peak:.4g} TFLOP/s ({roof["precision"]}), {bandwidth:.3g} TB/s, {roof["arch"]}'
-                 f'{" measured" if roof.get("peaks_measured") else " datasheet"}')
-    out.append(f'<text x="{width - 22}" y="{py(peak) - 4:.1f}" font-size="10" text-anchor="end">'
-               f'{escape(roof_text)}</text>')
+    out.append(
+        f'<polyline fill="none" stroke="#123" stroke-width="2" points="{px(10**x_lo):.1f},'
+        f'{py(bandwidth * 10**x_lo):.1f} {px(ridge):.1f},{py(peak):.1f} {px(10**x_hi):.1f},{py(peak):.1f}"/>'
+    )
+    roof_text = (
+        f"{peak:.4g} TFLOP/s ({roof['precision']}), {bandwidth:.3g} TB/s, {roof['arch']}"
+        f"{' measured' if roof.get('peaks_measured') else ' datasheet'}"
+    )
+    out.append(
+        f'<text x="{width - 22}" y="{py(peak) - 4:.1f}" font-size="10" text-anchor="end">{escape(roof_text)}</text>'
+    )
     where = [(px(r["arithmetic_intensity"]), py(r["achieved_tflops"])) for _, r in points]
-    labels = Labels(bounds=(left, 0, width, height - bottom),
-                    taken=[(width - 22 - _text_width(roof_text, 10), py(peak) - 14, width - 22, py(peak) - 2)]
-                    + [(x - 4, y - 4, x + 4, y + 4) for x, y in where])
+    labels = Labels(
+        bounds=(left, 0, width, height - bottom),
+        taken=[(width - 22 - _text_width(roof_text, 10), py(peak) - 14, width - 22, py(peak) - 2)]
+        + [(x - 4, y - 4, x + 4, y + 4) for x, y in where],
+    )
     legend, hidden = [], 0
     for n, ((name, r), (x, y)) in enumerate(zip(points, where), start=1):
-        pct = "" if r.get("pct_of_roofline") is None else f'{r["pct_of_roofline"]:.0f}%'  # no peak for its precision
+        pct = "" if r.get("pct_of_roofline") is None else f"{r['pct_of_roofline']:.0f}%"  # no peak for its precision
         label = labels.place(x, y, f"{n} {name} {pct}".strip())
         if not label:
             hidden += 1
             label = labels.place(x, y, str(n))
         tooltip = _point_tooltip(name, r)
-        out.append(f'<g class="point"><title>{n}. {escape(tooltip)}</title>'
-                   f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#c60"/>{label}</g>')
+        out.append(
+            f'<g class="point"><title>{n}. {escape(tooltip)}</title>'
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#c60"/>{label}</g>'
+        )
         legend.append(f"<li>{escape(tooltip)}</li>")
     out.append(f'<text x="{left}" y="{height - 2}" font-size="10">FLOP/byte (log) · TFLOP/s (log)</text></svg>')
-    out.append(f'<p class="note">% beside a point: its achieved TFLOP/s as a share of the roof at its arithmetic '
-               f'intensity (the lower of peak compute and bandwidth × intensity; of bandwidth alone for pure data '
-               f'movement). Points are numbered as listed below; a name that would overlap another is left off '
-               f'its point{f" ({hidden} here)" if hidden else ""}; hover a point for its figures.</p>'
-               f'<ol class="roofline-legend">{"".join(legend)}</ol>')
+    out.append(
+        f'<p class="note">% beside a point: its achieved TFLOP/s as a share of the roof at its arithmetic '
+        f"intensity (the lower of peak compute and bandwidth × intensity; of bandwidth alone for pure data "
+        f"movement). Points are numbered as listed below; a name that would overlap another is left off "
+        f"its point{f' ({hidden} here)' if hidden else ''}; hover a point for its figures.</p>"
+        f'<ol class="roofline-legend">{"".join(legend)}</ol>'
+    )
     return "".join(out)
 
 
@@ -176,8 +208,9 @@ def _point_tooltip(name: str, r: dict) -> str:
     share = "no roof for its precision" if pct is None else f"{pct:.0f}% of the roof at its intensity"
     bound = f", {r['bound']}-bound" if r.get("bound") else ""
     shapes = f" {r['shapes']}" if r.get("shapes") else ""
-    return (f"{name}{shapes}: {share}{bound}; {r['arithmetic_intensity']:.3g} FLOP/byte, "
-            f"{r['achieved_tflops']:.3g} TFLOP/s")
+    return (
+        f"{name}{shapes}: {share}{bound}; {r['arithmetic_intensity']:.3g} FLOP/byte, {r['achieved_tflops']:.3g} TFLOP/s"
+    )
 
 
 def _text_width(text: str, size: float) -> float:
@@ -206,8 +239,10 @@ class Labels:
             own = (x - 4, y - 4, x + 4, y + 4)
             if self._inside(box) and not any(_overlap(box, t) for t in self.taken if t != own):
                 self.taken.append(box)
-                return (f'<text x="{tx:.1f}" y="{ty:.1f}" font-size="{self.SIZE}" text-anchor="{anchor}">'
-                        f'{escape(text)}</text>')
+                return (
+                    f'<text x="{tx:.1f}" y="{ty:.1f}" font-size="{self.SIZE}" text-anchor="{anchor}">'
+                    f"{escape(text)}</text>"
+                )
         return ""
 
     def _inside(self, box) -> bool:
@@ -219,20 +254,28 @@ def _overlap(a, b) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-TIMELINE_COLOURS = {"computation_time": "#2a7", "exposed_comm_time": "#c60", "exposed_memcpy_time": "#36c",
-                    "idle_time": "#ccc"}
+TIMELINE_COLOURS = {
+    "computation_time": "#2a7",
+    "exposed_comm_time": "#c60",
+    "exposed_memcpy_time": "#36c",
+    "idle_time": "#ccc",
+}
 
 
 def timeline_bar(rows: list[dict]) -> str:
     """One stacked bar of a device's time: computation, exposed communication, exposed memcpy, idle."""
     parts = [(r["type"], r["percent"]) for r in rows if r["type"] in TIMELINE_COLOURS]
     width, x = WIDTH - 20, 10.0
-    out = [f'<svg class="plot timeline" role="img" aria-label="gpu timeline" width="{WIDTH}" height="44" '
-           'xmlns="http://www.w3.org/2000/svg">']
+    out = [
+        f'<svg class="plot timeline" role="img" aria-label="gpu timeline" width="{WIDTH}" height="44" '
+        'xmlns="http://www.w3.org/2000/svg">'
+    ]
     for name, pct in parts:
         w = width * pct / 100
-        out.append(f'<rect x="{x:.1f}" y="4" width="{max(w, 0):.1f}" height="18" fill="{TIMELINE_COLOURS[name]}">'
-                   f'<title>{escape(name)} {pct:.1f}%</title></rect>')
+        out.append(
+            f'<rect x="{x:.1f}" y="4" width="{max(w, 0):.1f}" height="18" fill="{TIMELINE_COLOURS[name]}">'
+            f"<title>{escape(name)} {pct:.1f}%</title></rect>"
+        )
         x += w
     labels = ", ".join(f"{name.replace('_time', '').replace('_', ' ')} {pct:.1f}%" for name, pct in parts)
     out.append(f'<text x="10" y="38" font-size="11">{escape(labels)}</text></svg>')

@@ -16,8 +16,9 @@ def _to_stderr(line: str) -> None:
 
 def publish_project(project, warn: Callable[[str], None] = _to_stderr) -> list[str]:
     """publish() over every task of a loaded project."""
-    return publish(project.store, [(name, spec.rule, spec.kernel, spec.key) for name, spec in project.tasks.items()],
-                   warn)
+    return publish(
+        project.store, [(name, spec.rule, spec.kernel, spec.key) for name, spec in project.tasks.items()], warn
+    )
 
 
 PUBLISHED = ("comparison", "report", "trace_analysis", "benchmark_trace_analysis")
@@ -26,8 +27,9 @@ PUBLISHED_FOLDERS = {"trace_analysis": "traces", "benchmark_trace_analysis": "be
 LEDGER = ".published.json"  # under reports/: task -> {"key": artifact key, "files": {published file: stat}}
 
 
-def publish(store, artifacts: list[tuple[str, str, str | None, str]],
-            warn: Callable[[str], None] = _to_stderr) -> list[str]:
+def publish(
+    store, artifacts: list[tuple[str, str, str | None, str]], warn: Callable[[str], None] = _to_stderr
+) -> list[str]:
     """Copy the current comparison, trace analysis (of declared trace sets and of profiled
     benchmarks) and report artifacts to stable paths under reports/. What is there already
     from the same artifact, untouched since, is left alone (a no-op build reads no
@@ -73,8 +75,11 @@ def publish(store, artifacts: list[tuple[str, str, str | None, str]],
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
             continue
-        wanted = ({"result.json": f"{kernel}/compare_report.json"} if rule == "comparison"
-                  else {"report.html": "report.html", "summary.md": "summary.md"})
+        wanted = (
+            {"result.json": f"{kernel}/compare_report.json"}
+            if rule == "comparison"
+            else {"report.html": "report.html", "summary.md": "summary.md"}
+        )
         files = {}
         for produced, rel in wanted.items():
             if produced in contents:
@@ -129,8 +134,13 @@ def unpublish(project, names: list[str]) -> None:
         entry = ledger.pop(name, None)
         changed |= entry is not None
         published = (entry or {}).get("files") if isinstance(entry, dict) else None
-        files = list(published) if isinstance(published, dict) else (
-            [f"{spec.kernel}/compare_report.json"] if spec.rule == "comparison" else ["report.html", "summary.md"])
+        files = (
+            list(published)
+            if isinstance(published, dict)
+            else (
+                [f"{spec.kernel}/compare_report.json"] if spec.rule == "comparison" else ["report.html", "summary.md"]
+            )
+        )
         for rel in files:
             (out / rel).unlink(missing_ok=True)
     if changed:

@@ -15,10 +15,12 @@ from magpie.report.plots import roofline_chart, roofline_plot, speedup_bars, tim
 
 def time_spent_text(spent: dict) -> str:
     """A comparison's `time_s` in one sentence (the compare table, the HTML and Markdown reports)."""
-    return (f"compile {spent['compile']:.1f} s; new workers' start (sandbox, CUDA context) "
-            f"{spent.get('worker_starts') or 0.0:.1f} s; first calls in new workers (JIT, autotuning) "
-            f"{spent['first_calls']:.1f} s; device held alone {spent['device_held']:.1f} s; job time summed: "
-            f"correctness {spent['correctness']:.1f} s, timing {spent['timing']:.1f} s")
+    return (
+        f"compile {spent['compile']:.1f} s; new workers' start (sandbox, CUDA context) "
+        f"{spent.get('worker_starts') or 0.0:.1f} s; first calls in new workers (JIT, autotuning) "
+        f"{spent['first_calls']:.1f} s; device held alone {spent['device_held']:.1f} s; job time summed: "
+        f"correctness {spent['correctness']:.1f} s, timing {spent['timing']:.1f} s"
+    )
 
 
 def bounded_text(speedup: dict | None) -> str:
@@ -45,17 +47,29 @@ def profile_notes(rows: list[dict]) -> list[dict]:
     for row in rows:
         profile = row.get("profile") or {}
         if profile.get("state") == "FAILED":
-            text = (f"profile failed, no counters or roofline ({'; '.join(profile.get('errors') or [])}); "
-                    f"its timing and ranking stand")
+            text = (
+                f"profile failed, no counters or roofline ({'; '.join(profile.get('errors') or [])}); "
+                f"its timing and ranking stand"
+            )
             notes.append({"implementation": row["implementation"], "warning": True, "text": text})
         elif row.get("profiler_time"):
             spent = row["profiler_time"]
-            notes.append({"implementation": row["implementation"], "warning": False,
-                          "text": f"{spent['kernel_us']:,.2f} µs of kernel time over {spent['launches']} profiled "
-                                  f"launch(es): {spent['method']}"})
+            notes.append(
+                {
+                    "implementation": row["implementation"],
+                    "warning": False,
+                    "text": f"{spent['kernel_us']:,.2f} µs of kernel time over {spent['launches']} profiled "
+                    f"launch(es): {spent['method']}",
+                }
+            )
         elif profile.get("notes"):
-            notes.append({"implementation": row["implementation"], "warning": False,
-                          "text": "profile: " + "; ".join(profile["notes"])})
+            notes.append(
+                {
+                    "implementation": row["implementation"],
+                    "warning": False,
+                    "text": "profile: " + "; ".join(profile["notes"]),
+                }
+            )
     return notes
 
 
@@ -64,16 +78,26 @@ def template_environment(markup: str = "html") -> Environment:
     compiled once and kept in magpie's cache folder, one per kind (the kind changes the code
     Jinja makes, which its cache does not key by): compiling the report's took 40-60 ms in
     every report job on the CPU machine, loading them takes a few."""
-    env = Environment(loader=FileSystemLoader(str(templates_dir())),
-                      autoescape=select_autoescape(["html", "j2"], default_for_string=False) if markup == "html"
-                      else False, trim_blocks=True, lstrip_blocks=True, bytecode_cache=_compiled_templates(markup))
+    env = Environment(
+        loader=FileSystemLoader(str(templates_dir())),
+        autoescape=select_autoescape(["html", "j2"], default_for_string=False) if markup == "html" else False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        bytecode_cache=_compiled_templates(markup),
+    )
     env.filters["us"] = lambda v: "—" if v is None else f"{v:,.2f}"
     env.filters["time_spent"] = time_spent_text
     env.filters["spread"] = lambda p: "—" if not p else spread_text(p)
-    env.filters["x"] = lambda s: "—" if not s else (
-        "baseline" if s.get("verdict") == "baseline" else
-        f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}{bounded_text(s)}"
-        f"{against_text(s)}")
+    env.filters["x"] = lambda s: (
+        "—"
+        if not s
+        else (
+            "baseline"
+            if s.get("verdict") == "baseline"
+            else f"{s['value']:.3g}× [{s['ci_low']:.3g}, {s['ci_high']:.3g}] {s['verdict']}{bounded_text(s)}"
+            f"{against_text(s)}"
+        )
+    )
     env.filters["md"] = markdown_text
     return env
 
@@ -108,21 +132,37 @@ def _compiled_templates(markup: str) -> FileSystemBytecodeCache | None:
     return FileSystemBytecodeCache(str(folder)) if os.access(folder, os.W_OK) else None
 
 
-def render(comparisons: list[dict], project: str, trace_sets: list[dict] | None = None,
-           benchmarks: list[dict] | None = None) -> dict[str, str]:
+def render(
+    comparisons: list[dict], project: str, trace_sets: list[dict] | None = None, benchmarks: list[dict] | None = None
+) -> dict[str, str]:
     env = template_environment()
     kernels = []
     for comp in comparisons:
         methods = sorted({r["performance_result"]["method"] for r in comp["results"] if r.get("performance_result")})
-        kernels.append({**comp, "methods": methods, "profile_notes": profile_notes(comp["results"]),
-                        "timed_shapes": comp.get("timed_shapes", []),
-                        "timing_svg": Markup(timing_boxes(comp["results"])),
-                        "speedup_svg": Markup(speedup_bars(comp["results"])),
-                        "roofline_svg": Markup(roofline_plot(comp["results"]))})
-    traces = [{**t, "pages": _trace_pages(t["summary"]), "per_stage": t["summary"]["tracelens_analysis"]["per_stage"]}
-              if t.get("summary") else t for t in trace_sets or []]
-    context = {"project": project, "kernels": kernels, "trace_sets": traces, "benchmarks": benchmarks or [],
-               "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        kernels.append(
+            {
+                **comp,
+                "methods": methods,
+                "profile_notes": profile_notes(comp["results"]),
+                "timed_shapes": comp.get("timed_shapes", []),
+                "timing_svg": Markup(timing_boxes(comp["results"])),
+                "speedup_svg": Markup(speedup_bars(comp["results"])),
+                "roofline_svg": Markup(roofline_plot(comp["results"])),
+            }
+        )
+    traces = [
+        {**t, "pages": _trace_pages(t["summary"]), "per_stage": t["summary"]["tracelens_analysis"]["per_stage"]}
+        if t.get("summary")
+        else t
+        for t in trace_sets or []
+    ]
+    context = {
+        "project": project,
+        "kernels": kernels,
+        "trace_sets": traces,
+        "benchmarks": benchmarks or [],
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
     html = env.get_template("report.html.j2").render(**context)
     markdown = template_environment("markdown").get_template("summary.md.j2").render(**context)
     return {"report.html": html, "summary.md": markdown}
@@ -132,23 +172,38 @@ def report(job, out_dir: Path) -> dict:
     comparisons = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("comparison:")]
     trace_sets = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("trace_analysis:")]
     # a profiled benchmark's trace analysis is shown with its measurement (the row it belongs to)
-    analyses = {result["benchmark"]: result for name, result in job.dep_results.items()
-                if name.startswith("benchmark_trace_analysis:")}
-    benchmarks = [{**job.dep_results[name], "analysis": analyses.get(job.dep_results[name]["benchmark"])}
-                  for name in sorted(job.dep_results) if name.startswith("benchmark:")]
+    analyses = {
+        result["benchmark"]: result
+        for name, result in job.dep_results.items()
+        if name.startswith("benchmark_trace_analysis:")
+    }
+    benchmarks = [
+        {**job.dep_results[name], "analysis": analyses.get(job.dep_results[name]["benchmark"])}
+        for name in sorted(job.dep_results)
+        if name.startswith("benchmark:")
+    ]
     for name, text in render(comparisons, job.spec.params["project"], trace_sets, benchmarks).items():
         (out_dir / name).write_text(text)
-    return {"state": "SUCCESS", "kernels": [c["kernel"] for c in comparisons],
-            "trace_sets": [t["trace_set"] for t in trace_sets], "files": ["report.html", "summary.md"], "errors": []}
+    return {
+        "state": "SUCCESS",
+        "kernels": [c["kernel"] for c in comparisons],
+        "trace_sets": [t["trace_set"] for t in trace_sets],
+        "files": ["report.html", "summary.md"],
+        "errors": [],
+    }
 
 
 def _trace_pages(summary: dict) -> list[dict]:
     """The summary's per-trace pages with their plots drawn (the summary is left as it is)."""
     pages = []
     for page in summary["pages"]:
-        pages.append({**page, "timeline_svgs": [(device, Markup(timeline_bar(rows)))
-                                                for device, rows in page["timelines"].items()],
-                      "roofline_svg": Markup(roofline_chart([tuple(p) for p in page["roofline_points"]]))})
+        pages.append(
+            {
+                **page,
+                "timeline_svgs": [(device, Markup(timeline_bar(rows))) for device, rows in page["timelines"].items()],
+                "roofline_svg": Markup(roofline_chart([tuple(p) for p in page["roofline_points"]])),
+            }
+        )
     return pages
 
 
@@ -158,5 +213,9 @@ def render_trace_report(summary: dict) -> str:
     env = template_environment()
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return env.get_template("trace_report.html.j2").render(
-        pages=_trace_pages(summary), per_stage=summary["tracelens_analysis"]["per_stage"], top=summary["top"],
-        window=summary["window"], generated=generated)
+        pages=_trace_pages(summary),
+        per_stage=summary["tracelens_analysis"]["per_stage"],
+        top=summary["top"],
+        window=summary["window"],
+        generated=generated,
+    )

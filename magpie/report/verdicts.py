@@ -77,6 +77,7 @@ def _first_kind(result: dict, otherwise: str) -> str:
 
 # -- the `done` line of each task -----------------------------------------------------------
 
+
 def task_line(rule: str, result: dict) -> str:
     """What a finished task found, for its `done` line: e.g. `correct · 1.43× faster [1.31,
     1.58]`, `FAILED allclose`, `not judged: spec error in spec.py`; "" for a task whose result
@@ -143,6 +144,7 @@ def comparison_line(report: dict) -> str:
 
 # -- the build's summary (--json) and its check (--check) ---------------------------------
 
+
 def implementation_summary(row: dict, expect_faster: bool) -> dict:
     perf = row.get("performance_result")
     speedup = row.get("speedup")
@@ -150,12 +152,18 @@ def implementation_summary(row: dict, expect_faster: bool) -> dict:
     check = None
     if said in CHECK_FAILS:
         # the cause: the first error (what it kept from running follows from it)
-        reason = (f"spec error in {row['spec_error']['spec']}" if said == "not_judged" else
-                  next(iter(row.get("errors") or []), "") or row.get("verdict") or said)
+        reason = (
+            f"spec error in {row['spec_error']['spec']}"
+            if said == "not_judged"
+            else next(iter(row.get("errors") or []), "") or row.get("verdict") or said
+        )
         check = _labelled(said.replace("_", " "), reason)
     elif expect_faster and said == "passed" and (speedup or {}).get("verdict") != "faster":
-        check = (f"expected faster, measured {speedup_text(speedup)}" if speedup
-                 else "expected faster, but no speedup was measured")
+        check = (
+            f"expected faster, measured {speedup_text(speedup)}"
+            if speedup
+            else "expected faster, but no speedup was measured"
+        )
     elif expect_faster and said == "skipped":
         check = f"expected faster, but skipped: {row.get('verdict', '')}"
     return {
@@ -167,12 +175,16 @@ def implementation_summary(row: dict, expect_faster: bool) -> dict:
         "performance_state": row.get("performance_state", "SKIPPED"),
         "numerics": row.get("numerics", "unverified"),
         "verdict": row.get("verdict", ""),
-        "failures": [{"kind": f.get("kind"), "stage": f.get("stage"), "detail": f.get("detail")}
-                     for f in row.get("failures") or []],
+        "failures": [
+            {"kind": f.get("kind"), "stage": f.get("stage"), "detail": f.get("detail")}
+            for f in row.get("failures") or []
+        ],
         "performance_result": {key: perf.get(key) for key in ("median_us", "p20_us", "p80_us", "n", "shape")}
-        if perf else None,
+        if perf
+        else None,
         "speedup": {key: speedup.get(key) for key in ("value", "ci_low", "ci_high", "verdict", "baseline_median_us")}
-        if speedup else None,
+        if speedup
+        else None,
         "expect_faster": expect_faster,
         "check": check,
     }
@@ -180,24 +192,44 @@ def implementation_summary(row: dict, expect_faster: bool) -> dict:
 
 def kernel_summary(report: dict, report_path: str | None, expected_faster: set[str]) -> dict:
     rows = [implementation_summary(row, row["implementation"] in expected_faster) for row in report["results"]]
-    return {"kernel": report["kernel"], "baseline": report.get("baseline"), "best": report.get("best"),
-            "ranking": list(report.get("ranking") or []), "compare_report": report_path,
-            "spec_errors": list(report.get("spec_errors") or []), "implementations": rows}
+    return {
+        "kernel": report["kernel"],
+        "baseline": report.get("baseline"),
+        "best": report.get("best"),
+        "ranking": list(report.get("ranking") or []),
+        "compare_report": report_path,
+        "spec_errors": list(report.get("spec_errors") or []),
+        "implementations": rows,
+    }
 
 
-def summary(*, executed: list[str], failed: list[tuple[str, str]], up_to_date: int,
-            comparisons: list[dict], reports: dict[str, str] | None) -> dict:
+def summary(
+    *,
+    executed: list[str],
+    failed: list[tuple[str, str]],
+    up_to_date: int,
+    comparisons: list[dict],
+    reports: dict[str, str] | None,
+) -> dict:
     """The build's summary (models.BuildSummary): `comparisons` are kernel_summary()s; the check
     fails on a failed task, a spec error, and an implementation whose `check` says why."""
     problems = [f"task {name} failed: {why}" for name, why in failed]
     for kernel in comparisons:
         problems += [f"{kernel['kernel']}: spec error in {e['spec']}: {e['detail']}" for e in kernel["spec_errors"]]
-        problems += [f"{kernel['kernel']}/{row['implementation']}: {row['check']}"
-                     for row in kernel["implementations"] if row["check"] and row["outcome"] != "not_judged"]
-    return {"executed": executed, "failed": [name for name, _ in failed],
-            "failures": {name: why for name, why in failed}, "up_to_date": up_to_date,
-            "kernels": comparisons, "reports": reports,
-            "check": {"passed": not problems, "problems": problems}}
+        problems += [
+            f"{kernel['kernel']}/{row['implementation']}: {row['check']}"
+            for row in kernel["implementations"]
+            if row["check"] and row["outcome"] != "not_judged"
+        ]
+    return {
+        "executed": executed,
+        "failed": [name for name, _ in failed],
+        "failures": {name: why for name, why in failed},
+        "up_to_date": up_to_date,
+        "kernels": comparisons,
+        "reports": reports,
+        "check": {"passed": not problems, "problems": problems},
+    }
 
 
 def relative(path: Path, root: Path) -> str:
@@ -206,9 +238,17 @@ def relative(path: Path, root: Path) -> str:
     return os.path.relpath(path, root)
 
 
-def build_summary(root: Path, store, tasks: list[tuple[str, str, str | None, str]],
-                  expected_faster: set[tuple[str, str]], *, executed: list[str],
-                  failed: list[tuple[str, str]], up_to_date: int, uncompared: Sequence[dict] = ()) -> dict:
+def build_summary(
+    root: Path,
+    store,
+    tasks: list[tuple[str, str, str | None, str]],
+    expected_faster: set[tuple[str, str]],
+    *,
+    executed: list[str],
+    failed: list[tuple[str, str]],
+    up_to_date: int,
+    uncompared: Sequence[dict] = (),
+) -> dict:
     """The summary of a build over `tasks` ((name, rule, kernel, key) each): the verdicts of
     the kernels whose comparison is stored (read from the store, as a no-op build reads
     nothing else) and of those in `uncompared` (comparisons made here of the results of a
@@ -220,8 +260,9 @@ def build_summary(root: Path, store, tasks: list[tuple[str, str, str | None, str
     for _name, rule, kernel, key in tasks:
         if rule == "comparison" and store.has(key):
             wanted = {impl for k, impl in expected_faster if k == kernel}
-            kernels.append(kernel_summary(store.read(key), relative(out / kernel / "compare_report.json", root),
-                                          wanted))
+            kernels.append(
+                kernel_summary(store.read(key), relative(out / kernel / "compare_report.json", root), wanted)
+            )
         elif rule == "report" and store.has(key):
             reports = {"html": relative(out / "report.html", root), "summary": relative(out / "summary.md", root)}
     for report in uncompared:

@@ -28,11 +28,15 @@ NON_TENSOR = {
 # Tensor-core math operations per source type, as Hopper names them: warpgroup (hgmma,
 # igmma) and warp-level (hmma, imma) paths are counted apart and added.
 TENSOR = {
-    "bf16_tensor": ("sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum",
-                    "sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32.sum"),
+    "bf16_tensor": (
+        "sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum",
+        "sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32.sum",
+    ),
     "fp16_tensor": ("sm__ops_path_tensor_op_hgmma_src_fp16.sum", "sm__ops_path_tensor_op_hmma_src_fp16.sum"),
-    "tf32_tensor": ("sm__ops_path_tensor_op_hgmma_src_tf32_dst_fp32.sum",
-                    "sm__ops_path_tensor_op_hmma_src_tf32_dst_fp32.sum"),
+    "tf32_tensor": (
+        "sm__ops_path_tensor_op_hgmma_src_tf32_dst_fp32.sum",
+        "sm__ops_path_tensor_op_hmma_src_tf32_dst_fp32.sum",
+    ),
     "fp8_tensor": ("sm__ops_path_tensor_src_fp8.sum",),
     "int8_tensor": ("sm__ops_path_tensor_op_igmma_src_int8.sum", "sm__ops_path_tensor_op_imma_src_int8.sum"),
 }
@@ -44,8 +48,11 @@ def _inst(op: str) -> str:
 
 
 def metrics(available: set[str] | None = None) -> list[str]:
-    names = [*BASIC, *(_inst(op) for ops in NON_TENSOR.values() for op in ops),
-             *(n for ns in TENSOR.values() for n in ns)]
+    names = [
+        *BASIC,
+        *(_inst(op) for ops in NON_TENSOR.values() for op in ops),
+        *(n for ns in TENSOR.values() for n in ns),
+    ]
     return [n for n in names if available is None or n in available]
 
 
@@ -75,8 +82,9 @@ def cap_options(per_kernel: int, total: int, mode: str = KERNEL_ID) -> list[str]
     raise ValueError(f"unknown launch cap mode {mode!r}")
 
 
-def ncu_command(metric_set: list[str], per_kernel: int, total: int, mode: str = KERNEL_ID,
-                nvtx_range: str | None = None) -> list[str]:
+def ncu_command(
+    metric_set: list[str], per_kernel: int, total: int, mode: str = KERNEL_ID, nvtx_range: str | None = None
+) -> list[str]:
     """ncu's arguments before the profiled command. With an NVTX range, only kernels inside it
     (and after cudaProfilerStart, which the profiled process calls at the range): the warm-up
     call before it, and its launches, are not profiled. ncu waits for every process it follows:
@@ -84,8 +92,19 @@ def ncu_command(metric_set: list[str], per_kernel: int, total: int, mode: str = 
     its code left (a double fork, a new session) cannot hold ncu, and the device, until the
     profile's timeout; a command's kernels run in the processes it starts, all followed."""
     processes = "application-only" if nvtx_range else "all"
-    argv = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--target-processes", processes,
-            *cap_options(per_kernel, total, mode), "--metrics", ",".join(metric_set)]
+    argv = [
+        "ncu",
+        "--csv",
+        "--page",
+        "raw",
+        "--clock-control",
+        "none",
+        "--target-processes",
+        processes,
+        *cap_options(per_kernel, total, mode),
+        "--metrics",
+        ",".join(metric_set),
+    ]
     if nvtx_range:
         argv += ["--profile-from-start", "off", "--nvtx", "--nvtx-include", f"{nvtx_range}/"]
     return argv
@@ -116,8 +135,20 @@ def _number(text: str) -> float | None:
 
 # Base units: bytes and nanoseconds. ncu writes 'ns' and 'byte' by default and scaled units
 # ('usecond', 'Mbyte') when asked to; counts ('inst') and percentages pass through.
-_SCALE = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3,
-          "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
+_SCALE = {
+    "byte": 1,
+    "kbyte": 1e3,
+    "mbyte": 1e6,
+    "gbyte": 1e9,
+    "ns": 1,
+    "nsecond": 1,
+    "us": 1e3,
+    "usecond": 1e3,
+    "ms": 1e6,
+    "msecond": 1e6,
+    "s": 1e9,
+    "second": 1e9,
+}
 
 
 def parse_raw_csv(text: str) -> list[dict]:
@@ -141,23 +172,35 @@ def parse_raw_csv(text: str) -> list[dict]:
                 number = _number(cell)
                 if number is not None:
                     values[column] = number * _SCALE.get(unit.strip().lower(), 1)
-        kernels.append({"id": record.get("ID"), "name": record.get("Kernel Name", ""),
-                        "grid": record.get("Grid Size"), "block": record.get("Block Size"), "metrics": values})
+        kernels.append(
+            {
+                "id": record.get("ID"),
+                "name": record.get("Kernel Name", ""),
+                "grid": record.get("Grid Size"),
+                "block": record.get("Block Size"),
+                "metrics": values,
+            }
+        )
     return kernels
 
 
 def kernel_roofline(kernel: dict, arch: Arch | None) -> dict:
     m = kernel["metrics"]
-    flops = {p: sum(m.get(_inst(op), 0.0) * (2 if op.endswith("fma") else 1) for op in ops)
-             for p, ops in NON_TENSOR.items()}
-    flops.update({p: sum(m.get(n, 0.0) for n in names) for p, names in TENSOR.items()
-                  if any(m.get(n) for n in names)})
+    flops = {
+        p: sum(m.get(_inst(op), 0.0) * (2 if op.endswith("fma") else 1) for op in ops) for p, ops in NON_TENSOR.items()
+    }
+    flops.update({p: sum(m.get(n, 0.0) for n in names) for p, names in TENSOR.items() if any(m.get(n) for n in names)})
     total_flops = sum(flops.values())
     bytes_moved = m.get(DRAM_READ, 0.0) + m.get(DRAM_WRITE, 0.0)
     seconds = m.get(DURATION, 0.0) / 1e9
     precision = max(flops, key=lambda p: flops[p]) if total_flops else "fp32"
-    out = {"name": kernel["name"], "duration_us": seconds * 1e6, "dram_bytes": bytes_moved, "flops": flops,
-           **{k: kernel[k] for k in ("grid", "block") if kernel.get(k)}}
+    out = {
+        "name": kernel["name"],
+        "duration_us": seconds * 1e6,
+        "dram_bytes": bytes_moved,
+        "flops": flops,
+        **{k: kernel[k] for k in ("grid", "block") if kernel.get(k)},
+    }
     if arch is not None and seconds:
         out["roofline"] = roofline(total_flops, bytes_moved, seconds, arch, precision)
     return out

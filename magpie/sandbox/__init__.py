@@ -40,6 +40,23 @@ from magpie.sandbox.devices import device_files, nvidia_gpu_nodes, nvidia_minor
 from magpie.sandbox.init import SANDBOX_FAILED, SANDBOX_LIMIT, SANDBOX_MEMORY
 from magpie.sandbox.policy import SHARED_MEMORY, Policy, describe, temporary_folders
 
-__all__ = ["SANDBOX_FAILED", "SANDBOX_LIMIT", "SANDBOX_MEMORY", "SHARED_MEMORY", "Policy", "SandboxError", "admit", "command", "contain",
-           "describe", "device_files", "enter_or_exit", "narrow", "nvidia_gpu_nodes", "nvidia_minor",
-           "temporary_folders", "trusted", "unavailable_reason"]
+__all__ = [
+    "SANDBOX_FAILED",
+    "SANDBOX_LIMIT",
+    "SANDBOX_MEMORY",
+    "SHARED_MEMORY",
+    "Policy",
+    "SandboxError",
+    "admit",
+    "command",
+    "contain",
+    "describe",
+    "device_files",
+    "enter_or_exit",
+    "narrow",
+    "nvidia_gpu_nodes",
+    "nvidia_minor",
+    "temporary_folders",
+    "trusted",
+    "unavailable_reason",
+]

@@ -46,8 +46,11 @@ def unavailable_reason() -> str | None:
 
 # What a host's answer to "can a sandbox be set up" depends on besides the kernel and its boot:
 # the switches that allow or forbid unprivileged user namespaces.
-USER_NAMESPACE_SWITCHES = ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces",
-                           "/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+USER_NAMESPACE_SWITCHES = (
+    "/proc/sys/kernel/unprivileged_userns_clone",
+    "/proc/sys/user/max_user_namespaces",
+    "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+)
 
 
 def _proof() -> tuple[Path, str] | None:
@@ -107,5 +110,7 @@ def admit(trust: bool) -> None:
     if reason is not None:
         from magpie.errors import UserError
 
-        raise UserError(f"cannot sandbox code under test here: {reason}; run it only if you trust it, "
-                        "with --trust-code or [project] trust_code = true")
+        raise UserError(
+            f"cannot sandbox code under test here: {reason}; run it only if you trust it, "
+            "with --trust-code or [project] trust_code = true"
+        )

@@ -13,8 +13,17 @@ from magpie.linux import namespaces, procfs
 from magpie.sandbox import landlock, memory, pids, seccomp
 from magpie.sandbox.devices import device_files
 from magpie.sandbox.init import SANDBOX_FAILED, wait_as_parent
-from magpie.sandbox.policy import (GPU_SOCKET_FAMILIES, SECRET_FILES, SECRET_FOLDERS, SHARED_MEMORY, SOCKET_FOLDERS,
-                                   Policy, listed_folders, read_trees, write_trees)
+from magpie.sandbox.policy import (
+    GPU_SOCKET_FAMILIES,
+    SECRET_FILES,
+    SECRET_FOLDERS,
+    SHARED_MEMORY,
+    SOCKET_FOLDERS,
+    Policy,
+    listed_folders,
+    read_trees,
+    write_trees,
+)
 
 
 class SandboxError(RuntimeError):
@@ -63,8 +72,14 @@ def narrow(readable: list[str]) -> None:
         # REFER (moving a file from one folder to another: Triton's cache moves each compiled file
         # out of a folder of its own) is refused by every layer that does not grant it, handled or
         # not: granted here where the first layer grants it, in the write trees.
-        landlock.restrict(read=[*_BESIDE_PROJECT, *readable], write=held, devices=[], network=True,
-                          handled=landlock.READ_FILE | landlock.REFER, scopes=0)
+        landlock.restrict(
+            read=[*_BESIDE_PROJECT, *readable],
+            write=held,
+            devices=[],
+            network=True,
+            handled=landlock.READ_FILE | landlock.REFER,
+            scopes=0,
+        )
     finally:
         # held for this layer alone: the code that loads next gets no descriptor it does not need
         for fd in _WRITE_TREES:
@@ -87,21 +102,35 @@ def contain(policy: Policy, fork: bool = True) -> None:
     try:
         # System V IPC of its own: a segment made in the host's namespace outlives the build and
         # lets candidates meet by key
-        namespaces.unshare(namespaces.CLONE_NEWUSER | namespaces.CLONE_NEWNS | namespaces.CLONE_NEWPID
-                           | namespaces.CLONE_NEWIPC | (namespaces.CLONE_NEWNET if isolate_network else 0))
+        namespaces.unshare(
+            namespaces.CLONE_NEWUSER
+            | namespaces.CLONE_NEWNS
+            | namespaces.CLONE_NEWPID
+            | namespaces.CLONE_NEWIPC
+            | (namespaces.CLONE_NEWNET if isolate_network else 0)
+        )
         namespaces.map_own_ids(uid, gid)
         namespaces.make_private()
         # what the sandbox may use stays where it is, hidden folders around it or not (a source
         # checkout of magpie, or a project, under /tmp)
         # (a file, by the folder it is in: only a folder can be bound back into an empty tmpfs)
-        usable = list(dict.fromkeys(p if os.path.isdir(p) else os.path.dirname(p)
-                                    for p in (*policy.write, *reads, *listed_folders()) if os.path.exists(p)))
+        usable = list(
+            dict.fromkeys(
+                p if os.path.isdir(p) else os.path.dirname(p)
+                for p in (*policy.write, *reads, *listed_folders())
+                if os.path.exists(p)
+            )
+        )
         system = [f for f in (*SOCKET_FOLDERS, *SECRET_FOLDERS) if os.path.isdir(f)]
         hidden = [*policy.hide, *policy.temporary, *system]
         if policy.gpu and os.path.isdir(SHARED_MEMORY):
             shared = os.path.realpath(SHARED_MEMORY)
-            namespaces.cover(shared, [p for p in usable if os.path.realpath(p).startswith(shared + os.sep)],
-                             backing=policy.shared_memory, size_mb=policy.written_mb)
+            namespaces.cover(
+                shared,
+                [p for p in usable if os.path.realpath(p).startswith(shared + os.sep)],
+                backing=policy.shared_memory,
+                size_mb=policy.written_mb,
+            )
             # what lies beneath (the scratch root) is covered with it
             hidden = [f for f in hidden if not os.path.realpath(f).startswith(shared + os.sep)]
         for folder in dict.fromkeys(os.path.realpath(f) for f in hidden):
@@ -135,12 +164,18 @@ def contain(policy: Policy, fork: bool = True) -> None:
             global _BESIDE_PROJECT
             own = [*read_trees(Policy(write=[])), *device_files(policy), *listed_folders()]
             _BESIDE_PROJECT = _beside(os.path.realpath(policy.project), own)
-            _WRITE_TREES[:] = [os.open(tree, os.O_PATH | os.O_CLOEXEC) for tree in write_trees(policy)
-                               if os.path.isdir(tree)]
+            _WRITE_TREES[:] = [
+                os.open(tree, os.O_PATH | os.O_CLOEXEC) for tree in write_trees(policy) if os.path.isdir(tree)
+            ]
         _limits(policy, address_space=account is None and not policy.gpu)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
-        landlock.restrict(read=reads, write=[*write_trees(policy), *proc], devices=device_files(policy),
-                          network=policy.network, listed=listed_folders())
+        landlock.restrict(
+            read=reads,
+            write=[*write_trees(policy), *proc],
+            devices=device_files(policy),
+            network=policy.network,
+            listed=listed_folders(),
+        )
         if seccomp.supported():
             seccomp.install(policy.network, GPU_SOCKET_FAMILIES if policy.gpu else ())
         namespaces.drop_capabilities()

@@ -10,7 +10,6 @@ import stat
 from magpie.linux import procfs
 from magpie.sandbox.policy import Policy
 
-
 # The device nodes code under test may open: the byte sources and sinks; a GPU's nodes only for
 # a GPU project. Nothing else: as root, a process in the sandbox could otherwise open a loop
 # device's blocks, /dev/kvm or btrfs-control for writing, or a terminal (TIOCSTI types into
@@ -25,9 +24,12 @@ def device_files(policy: Policy) -> list[str]:
         names = os.listdir("/dev")
     except OSError:
         return []
-    found = [os.path.join("/dev", n) for n in names
-             if (n in DEVICES or (policy.gpu and _is_gpu_node(n) and _one_of_its_gpus(n, policy.gpu_minors)))
-             and _is_device(os.path.join("/dev", n))]
+    found = [
+        os.path.join("/dev", n)
+        for n in names
+        if (n in DEVICES or (policy.gpu and _is_gpu_node(n) and _one_of_its_gpus(n, policy.gpu_minors)))
+        and _is_device(os.path.join("/dev", n))
+    ]
     return found
 
 

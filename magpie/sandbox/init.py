@@ -15,7 +15,6 @@ from magpie.linux.processes import close_all_but, end_like
 from magpie.sandbox import memory, pids
 from magpie.sandbox.policy import MAX_FILES, WATCH_S, Policy, write_trees
 
-
 # Exit status of a process whose sandbox could not be set up (nothing of the code under test ran).
 SANDBOX_FAILED = 70
 # Exit status of a sandbox whose code went over what its folders may hold: every process of it
@@ -57,8 +56,12 @@ def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool, ac
         status = int.from_bytes(reported, "little")
     if account:
         if memory.oom_kills(account):
-            print(f"sandbox: {memory.EXCEEDED} ({policy.memory_mb} MiB, its memfds, shared memory and scratch files "
-                  "counted): a process of it was killed", file=sys.stderr, flush=True)
+            print(
+                f"sandbox: {memory.EXCEEDED} ({policy.memory_mb} MiB, its memfds, shared memory and scratch files "
+                "counted): a process of it was killed",
+                file=sys.stderr,
+                flush=True,
+            )
             status = SANDBOX_MEMORY << 8
         memory.release(account)
     end_like(status)
@@ -97,8 +100,7 @@ def _serve_as_init(status_write: int, policy: Policy, count_processes: bool) -> 
                 break
         over = _over_its_limits(policy, count_processes)
         if over:
-            print(f"sandbox: {over} (the sandbox's limit): every process of it was killed", file=sys.stderr,
-                  flush=True)
+            print(f"sandbox: {over} (the sandbox's limit): every process of it was killed", file=sys.stderr, flush=True)
             os.kill(-1, signal.SIGKILL)  # in its PID namespace: every process but this one
             os.write(status_write, (SANDBOX_LIMIT << 8).to_bytes(4, "little"))
             os._exit(0)

@@ -47,8 +47,16 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-def restrict(*, read: list[str], write: list[str], devices: list[str], network: bool, listed: list[str] = (),
-             scopes: int = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL, handled: int | None = None) -> int:
+def restrict(
+    *,
+    read: list[str],
+    write: list[str],
+    devices: list[str],
+    network: bool,
+    listed: list[str] = (),
+    scopes: int = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL,
+    handled: int | None = None,
+) -> int:
     """Enforce on this process (and its future children): `read` trees (or files) readable and
     executable, `listed` folders' (and their subfolders') entries listable but their files not
     readable, `write` trees fully usable, `devices` readable, writable and ioctl-able, nothing else; no
@@ -63,8 +71,10 @@ def restrict(*, read: list[str], write: list[str], devices: list[str], network: 
     scoped = scopes if abi >= 6 else 0
     attr = struct.pack("=QQQ", handled_fs, handled_net, scoped)
     size = 8 if abi < 4 else (16 if abi < 6 else 24)
-    ruleset = _check(_libc.syscall(CREATE_RULESET, ctypes.c_char_p(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)),
-                     "create_ruleset")
+    ruleset = _check(
+        _libc.syscall(CREATE_RULESET, ctypes.c_char_p(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)),
+        "create_ruleset",
+    )
     try:
         for paths, access in ((listed, READ_DIR), (read, READ), (devices, DEVICE), (write, handled_fs)):
             for path in paths:
@@ -84,7 +94,15 @@ def _allow(ruleset: int, path: str, access: int) -> None:
         if not os.path.isdir(path):
             access &= FILE_ONLY
         rule = struct.pack("=Qi", access, fd)
-        _check(_libc.syscall(ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH), ctypes.c_char_p(rule),
-                             ctypes.c_uint32(0)), f"add_rule {path}")
+        _check(
+            _libc.syscall(
+                ADD_RULE,
+                ctypes.c_int(ruleset),
+                ctypes.c_int(RULE_PATH_BENEATH),
+                ctypes.c_char_p(rule),
+                ctypes.c_uint32(0),
+            ),
+            f"add_rule {path}",
+        )
     finally:
         os.close(fd)

@@ -88,14 +88,19 @@ def describe(policy: Policy | None) -> str:
     """The isolation a report records."""
     if policy is None:
         return "none: code trusted (--trust-code)"
-    layers = ["user, PID, mount and IPC namespaces" + ("" if policy.network or policy.gpu else ", network namespace"),
-              f"landlock ABI {landlock.abi_version()}"]
+    layers = [
+        "user, PID, mount and IPC namespaces" + ("" if policy.network or policy.gpu else ", network namespace"),
+        f"landlock ABI {landlock.abi_version()}",
+    ]
     if seccomp.supported():
         layers.append("seccomp")
     layers.append("no_new_privs, no capabilities")
     if policy.gpu:
-        layers.append("every GPU of the host" if policy.gpu_minors is None
-                      else "GPU " + ", ".join(f"/dev/nvidia{m}" for m in policy.gpu_minors) + " only")
+        layers.append(
+            "every GPU of the host"
+            if policy.gpu_minors is None
+            else "GPU " + ", ".join(f"/dev/nvidia{m}" for m in policy.gpu_minors) + " only"
+        )
         layers.append("a /dev/shm of its own" + (" (what is lent to it linked there)" if policy.shared_memory else ""))
     if policy.network:
         layers.append("network sockets allowed")
@@ -112,16 +117,33 @@ def _process_limit(policy: Policy) -> str:
     root (which it does not bind) a pids cgroup, where one can be made."""
     if os.geteuid() != 0:
         return f"{policy.processes} processes"
-    return f"{policy.processes} processes (pids cgroup)" if pids.available() else \
-        f"{policy.processes} processes (counted every {WATCH_S:g} s: root, and no pids cgroup to be had)"
+    return (
+        f"{policy.processes} processes (pids cgroup)"
+        if pids.available()
+        else f"{policy.processes} processes (counted every {WATCH_S:g} s: root, and no pids cgroup to be had)"
+    )
 
 
 # The system's trees code under test may read: programs, libraries, configuration, the kernel's
 # views. Not the others: home folders (keys, tokens, cloud credentials: code that read them
 # could print them into its log, which the report shows), other projects and their stores,
 # other mounts (/mnt, /srv, /media, a host's old root).
-SYSTEM_TREES = ("usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "etc", "opt", "proc", "sys", "nix", "gnu",
-                "snap")
+SYSTEM_TREES = (
+    "usr",
+    "lib",
+    "lib32",
+    "lib64",
+    "libx32",
+    "bin",
+    "sbin",
+    "etc",
+    "opt",
+    "proc",
+    "sys",
+    "nix",
+    "gnu",
+    "snap",
+)
 
 
 def _system_reads() -> list[str]:
@@ -139,8 +161,18 @@ def read_trees(policy: Policy) -> list[str]:
     policy's trees: not the temporary folder (where other jobs' scratch, magpie's locks and
     sockets live)."""
     paths = sysconfig.get_paths()
-    interpreter = [sys.prefix, sys.base_prefix, sys.exec_prefix, paths["stdlib"], paths["platstdlib"],
-                   paths["purelib"], paths["platlib"], PACKAGE, *site.getsitepackages(), site.getusersitepackages()]
+    interpreter = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        paths["stdlib"],
+        paths["platstdlib"],
+        paths["purelib"],
+        paths["platlib"],
+        PACKAGE,
+        *site.getsitepackages(),
+        site.getusersitepackages(),
+    ]
     # the built-in rules and templates, beside the package in a checkout
     data = [str(magpie_paths.rules_dir()), str(magpie_paths.templates_dir())]
     return [*_system_reads(), *interpreter, *data, *policy.read]

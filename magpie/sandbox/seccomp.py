@@ -18,26 +18,99 @@ LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
 ALLOW, KILL_PROCESS = 0x7FFF0000, 0x80000000
 ERRNO = 0x00050000
 
-DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "kexec_load",
-          "init_module", "finit_module", "delete_module", "bpf", "keyctl", "add_key", "request_key", "unshare",
-          "setns", "userfaultfd", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
-          "io_uring_setup", "io_uring_enter", "io_uring_register", "mount_setattr")
+DENIED = (
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "kexec_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "bpf",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "unshare",
+    "setns",
+    "userfaultfd",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "mount_setattr",
+)
 # (audit architecture, syscall numbers, numbers at or above this are another ABI's)
 ARCHES = {
-    "x86_64": (0xC000003E, 0x40000000, {
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "mount": 165, "umount2": 166,
-        "pivot_root": 155, "kexec_load": 246, "init_module": 175, "finit_module": 313, "delete_module": 176,
-        "bpf": 321, "keyctl": 250, "add_key": 248, "request_key": 249, "unshare": 272, "setns": 308,
-        "userfaultfd": 323, "socket": 41}),
-    "aarch64": (0xC00000B7, 1 << 31, {
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "mount": 40, "umount2": 39,
-        "pivot_root": 41, "kexec_load": 104, "init_module": 105, "finit_module": 273, "delete_module": 106,
-        "bpf": 280, "keyctl": 219, "add_key": 217, "request_key": 218, "unshare": 97, "setns": 268,
-        "userfaultfd": 282, "socket": 198}),
+    "x86_64": (
+        0xC000003E,
+        0x40000000,
+        {
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "mount": 165,
+            "umount2": 166,
+            "pivot_root": 155,
+            "kexec_load": 246,
+            "init_module": 175,
+            "finit_module": 313,
+            "delete_module": 176,
+            "bpf": 321,
+            "keyctl": 250,
+            "add_key": 248,
+            "request_key": 249,
+            "unshare": 272,
+            "setns": 308,
+            "userfaultfd": 323,
+            "socket": 41,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        1 << 31,
+        {
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "mount": 40,
+            "umount2": 39,
+            "pivot_root": 41,
+            "kexec_load": 104,
+            "init_module": 105,
+            "finit_module": 273,
+            "delete_module": 106,
+            "bpf": 280,
+            "keyctl": 219,
+            "add_key": 217,
+            "request_key": 218,
+            "unshare": 97,
+            "setns": 268,
+            "userfaultfd": 282,
+            "socket": 198,
+        },
+    ),
 }
 # Added after the tables were unified: one number everywhere.
-COMMON = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-          "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "mount_setattr": 442}
+COMMON = {
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "mount_setattr": 442,
+}
 
 
 class SeccompError(OSError):

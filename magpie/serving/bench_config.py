@@ -31,11 +31,12 @@
 
 Every mistake is one `UserError` line naming the file, the field and what to do (the CLI exits 2).
 """
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -51,21 +52,23 @@ class Envs(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     TP: int = Field(1, ge=1)
-    CONC: Optional[int] = Field(None, ge=1)
+    CONC: int | None = Field(None, ge=1)
     ISL: int = Field(1024, ge=1)
     OSL: int = Field(128, ge=1)
     RANDOM_RANGE_RATIO: float = Field(0.0, ge=0.0, lt=1.0)
-    NUM_PROMPTS: Optional[int] = Field(None, ge=1, description="default: 10 x CONC, or 100 without CONC")
-    MAX_MODEL_LEN: Optional[int] = Field(None, ge=1)
+    NUM_PROMPTS: int | None = Field(None, ge=1, description="default: 10 x CONC, or 100 without CONC")
+    MAX_MODEL_LEN: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _extras(self):
         for key, value in (self.model_extra or {}).items():
             if not EXTRA_ARGS.match(key):
-                raise ValueError(f"unknown variable {key!r} (known: {', '.join(ENV_KEYS)}, EXTRA_<FRAMEWORK>_ARGS, "
-                                 f"EXTRA_SERVER_ARGS; server environment variables go under benchmark.env)")
+                raise ValueError(
+                    f"unknown variable {key!r} (known: {', '.join(ENV_KEYS)}, EXTRA_<FRAMEWORK>_ARGS, "
+                    f"EXTRA_SERVER_ARGS; server environment variables go under benchmark.env)"
+                )
             if not isinstance(value, str):
-                raise ValueError(f"{key}: give the arguments as one string, e.g. \"--enforce-eager\"")
+                raise ValueError(f'{key}: give the arguments as one string, e.g. "--enforce-eager"')
         return self
 
 
@@ -76,14 +79,15 @@ class _Block(BaseModel):
         """Magpie's keys whose other values magpie has no counterpart for: one line naming the value it takes."""
         for key, (value, why) in what_magpie_does.items():
             if getattr(self, key) != value:
-                raise ValueError(f"{key}: {getattr(self, key)!r} is not supported: {why}; set {key}: "
-                                 f"{_yaml_word(value)} or remove it")
+                raise ValueError(
+                    f"{key}: {getattr(self, key)!r} is not supported: {why}; set {key}: "
+                    f"{_yaml_word(value)} or remove it"
+                )
         return self
 
 
 def _yaml_word(value) -> str:
-    return {True: "true", False: "false", None: "null"}.get(value, str(value)) if not isinstance(value, str) \
-        else value
+    return {True: "true", False: "false", None: "null"}.get(value, str(value)) if not isinstance(value, str) else value
 
 
 class TorchProfiler(_Block):
@@ -105,32 +109,36 @@ class TraceLens(_Block):
 
     enabled: bool = False
     analysis_mode: Literal["inference", "pytorch"] = "inference"
-    analysis_stages: Union[Literal["all"], list[Literal["prefilldecode", "decode", "prefill"]]] = "all"
+    analysis_stages: Literal["all"] | list[Literal["prefilldecode", "decode", "prefill"]] = "all"
     export_format: Literal["csv", "excel"] = "csv"
     perf_report_enabled: bool = True
     multi_rank_report_enabled: bool = True
-    gpu_arch_config: Optional[str] = None
+    gpu_arch_config: str | None = None
     auto_patch_runtime: bool = True
-    tracelens_repo_path: Optional[str] = None
+    tracelens_repo_path: str | None = None
 
     @model_validator(mode="after")
     def _what_magpie_writes(self):
-        return self._only(analysis_stages=("all", "magpie's inference analysis reports every stage"),
-                          export_format=("csv", "magpie writes CSV tables"),
-                          perf_report_enabled=(True, "magpie always writes the performance report"),
-                          multi_rank_report_enabled=(True, "magpie always reports across the traces"),
-                          gpu_arch_config=(None, "magpie takes the accelerator from the trace"))
+        return self._only(
+            analysis_stages=("all", "magpie's inference analysis reports every stage"),
+            export_format=("csv", "magpie writes CSV tables"),
+            perf_report_enabled=(True, "magpie always writes the performance report"),
+            multi_rank_report_enabled=(True, "magpie always reports across the traces"),
+            gpu_arch_config=(None, "magpie takes the accelerator from the trace"),
+        )
 
 
 class GpuMonitor(_Block):
     enabled: bool = True
-    interval_sec: float = Field(1.0, gt=0)      # magpie's sampling interval unless given (Magpie's is 2 s)
-    device_id: Optional[int] = None
+    interval_sec: float = Field(1.0, gt=0)  # magpie's sampling interval unless given (Magpie's is 2 s)
+    device_id: int | None = None
 
     @model_validator(mode="after")
     def _always_on(self):
-        return self._only(enabled=(True, "magpie monitors the GPUs of every run"),
-                          device_id=(None, "magpie monitors the run's allocated devices (gpu_selection)"))
+        return self._only(
+            enabled=(True, "magpie monitors the GPUs of every run"),
+            device_id=(None, "magpie monitors the run's allocated devices (gpu_selection)"),
+        )
 
 
 class Profiler(_Block):
@@ -138,10 +146,10 @@ class Profiler(_Block):
     diagnostic run), `tracelens` (its trace analysis; `analysis_mode` inference or pytorch), `system_profiler`,
     `gpu_monitor`."""
 
-    enabled: Optional[bool] = None
-    torch_profiler: Optional[TorchProfiler] = None
+    enabled: bool | None = None
+    torch_profiler: TorchProfiler | None = None
     system_profiler: SystemProfiler = SystemProfiler()
-    tracelens: Optional[TraceLens] = None
+    tracelens: TraceLens | None = None
     gpu_monitor: GpuMonitor = GpuMonitor()
 
     @model_validator(mode="before")
@@ -155,8 +163,10 @@ class Profiler(_Block):
             raise ValueError("give either enabled (magpie's switch) or torch_profiler.enabled (Magpie's), not both")
         tracelens = self.tracelens is not None and self.tracelens.enabled
         if tracelens and not self.records:
-            raise ValueError("tracelens analyses the torch profiler's traces: set torch_profiler.enabled: true "
-                             "or tracelens.enabled: false")
+            raise ValueError(
+                "tracelens analyses the torch profiler's traces: set torch_profiler.enabled: true "
+                "or tracelens.enabled: false"
+            )
         return self
 
     @property
@@ -167,7 +177,7 @@ class Profiler(_Block):
         return self.torch_profiler is not None and self.torch_profiler.enabled
 
     @property
-    def analysis_mode(self) -> Optional[str]:
+    def analysis_mode(self) -> str | None:
         """The trace analysis's mode; None: the traces are kept unanalysed (Magpie's block without tracelens
         enabled). Magpie's own switch (`true`, `enabled`) analyses in inference mode."""
         if self.enabled is not None:
@@ -193,12 +203,12 @@ class BenchmarkSection(BaseModel):
     env: dict[str, str] = {}
     profiler: Profiler = Profiler()
     run_mode: Literal["local", "docker"] = "local"
-    docker_image: Optional[str] = None
+    docker_image: str | None = None
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
-    gpu_selection: Union[Literal["auto"], list[int], GpuSelection] = "auto"
+    gpu_selection: Literal["auto"] | list[int] | GpuSelection = "auto"
     timeout_seconds: float = Field(3600.0, gt=0)
-    base_url: Optional[str] = None
-    tokenizer: Optional[str] = Field(None, min_length=1)
+    base_url: str | None = None
+    tokenizer: str | None = Field(None, min_length=1)
     random_prefix_len: int = Field(0, ge=0)
 
 
@@ -214,8 +224,12 @@ def _server_args(path: Path, section: BenchmarkSection) -> list[str]:
     for key, value in (section.envs.model_extra or {}).items():
         name = EXTRA_ARGS.match(key).group(1)
         if name not in ("SERVER", section.framework.upper()):
-            raise located(path, f"benchmark.envs.{key}", f"arguments for {name.lower()}, but the framework is "
-                          f"{section.framework}: name it EXTRA_{section.framework.upper()}_ARGS or remove it")
+            raise located(
+                path,
+                f"benchmark.envs.{key}",
+                f"arguments for {name.lower()}, but the framework is "
+                f"{section.framework}: name it EXTRA_{section.framework.upper()}_ARGS or remove it",
+            )
         try:
             args += shlex.split(value)
         except ValueError as err:
@@ -232,7 +246,7 @@ def _gpus(section: BenchmarkSection) -> list[int] | None:
     return None
 
 
-def _beside(path: Path, name: Optional[str]) -> Optional[str]:
+def _beside(path: Path, name: str | None) -> str | None:
     """A `./` or `../` path relative to the YAML's folder; other names (hub ids, absolute paths) as written."""
     if name is not None and name.startswith(("./", "../")):
         return str((path.resolve().parent / name).resolve())
@@ -268,20 +282,36 @@ def load_benchmark_config(path: str | Path, **overrides):
         env.setdefault("HIP_VISIBLE_DEVICES", ",".join(map(str, gpus)))
     e = section.envs
     model, tokenizer = (_beside(path, name) for name in (section.model, section.tokenizer))
-    fields = dict(framework=section.framework, model=model, precision=section.precision, tp=e.TP,
-                  max_model_len=e.MAX_MODEL_LEN, extra_server_args=_server_args(path, section), env=env,
-                  concurrency=e.CONC, input_len=e.ISL, output_len=e.OSL, range_ratio=e.RANDOM_RANGE_RATIO,
-                  num_prompts=e.NUM_PROMPTS or (10 * e.CONC if e.CONC else 100), run_kind=section.run_kind,
-                  prefix_len=section.random_prefix_len, tokenizer=tokenizer, profiler=section.profiler.records,
-                  # unprofiled here, --torch-profiler may still profile it: then magpie's default analysis
-                  analysis_mode=section.profiler.analysis_mode if section.profiler.records else "inference",
-                  run_mode=section.run_mode, docker_image=section.docker_image,
-                  timeout_s=section.timeout_seconds, base_url=section.base_url,
-                  gpu_monitor_interval_s=section.profiler.gpu_monitor.interval_sec)
+    fields = dict(
+        framework=section.framework,
+        model=model,
+        precision=section.precision,
+        tp=e.TP,
+        max_model_len=e.MAX_MODEL_LEN,
+        extra_server_args=_server_args(path, section),
+        env=env,
+        concurrency=e.CONC,
+        input_len=e.ISL,
+        output_len=e.OSL,
+        range_ratio=e.RANDOM_RANGE_RATIO,
+        num_prompts=e.NUM_PROMPTS or (10 * e.CONC if e.CONC else 100),
+        run_kind=section.run_kind,
+        prefix_len=section.random_prefix_len,
+        tokenizer=tokenizer,
+        profiler=section.profiler.records,
+        # unprofiled here, --torch-profiler may still profile it: then magpie's default analysis
+        analysis_mode=section.profiler.analysis_mode if section.profiler.records else "inference",
+        run_mode=section.run_mode,
+        docker_image=section.docker_image,
+        timeout_s=section.timeout_seconds,
+        base_url=section.base_url,
+        gpu_monitor_interval_s=section.profiler.gpu_monitor.interval_sec,
+    )
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return BenchmarkConfig(**fields)
     except ValidationError as err:
         first = err.errors()[0]
-        raise located(path, ".".join(map(str, first["loc"])) or "benchmark",
-                      first["msg"].removeprefix("Value error, ")) from None
+        raise located(
+            path, ".".join(map(str, first["loc"])) or "benchmark", first["msg"].removeprefix("Value error, ")
+        ) from None

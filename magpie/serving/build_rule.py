@@ -15,6 +15,7 @@ unanalysed) and `benchmark_trace_analysis` (`trace_analysis_rule`: those traces 
 `tracelens_analysis`, `gap_analysis`, `kernel_summary` and `top_bottlenecks` filled). The measurement run never
 runs under a profiler.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,19 +41,38 @@ def config_of(bench: dict, root: Path, out_dir: Path, profiler: bool = False):
     load, slo = bench["load"], bench["slo"]
     rate = load["request_rate"]
     return BenchmarkConfig(
-        framework=bench["engine"], model=model, precision=bench["precision"], tp=bench["tp"],
-        max_model_len=bench["max_model_len"], extra_server_args=bench["extra_server_args"], env=bench["env"],
-        run_kind=bench["run_kind"], run_mode=bench["run_mode"], docker_image=bench["docker_image"],
-        host=bench["host"], port=bench["port"], base_url=bench["base_url"],
-        endpoint=load["endpoint"], concurrency=load["concurrency"], input_len=load["input_len"],
-        output_len=load["output_len"], range_ratio=load["range_ratio"], num_prompts=load["num_prompts"],
-        prefix_len=load["prefix_len"], tokenizer=beside_manifest(load["tokenizer"]),
-        request_rate=math.inf if rate in (None, "inf", "Infinity") else float(rate), burstiness=load["burstiness"],
-        num_warmups=load["num_warmups"], seed=load["seed"], timeout_s=bench["timeout_s"],
+        framework=bench["engine"],
+        model=model,
+        precision=bench["precision"],
+        tp=bench["tp"],
+        max_model_len=bench["max_model_len"],
+        extra_server_args=bench["extra_server_args"],
+        env=bench["env"],
+        run_kind=bench["run_kind"],
+        run_mode=bench["run_mode"],
+        docker_image=bench["docker_image"],
+        host=bench["host"],
+        port=bench["port"],
+        base_url=bench["base_url"],
+        endpoint=load["endpoint"],
+        concurrency=load["concurrency"],
+        input_len=load["input_len"],
+        output_len=load["output_len"],
+        range_ratio=load["range_ratio"],
+        num_prompts=load["num_prompts"],
+        prefix_len=load["prefix_len"],
+        tokenizer=beside_manifest(load["tokenizer"]),
+        request_rate=math.inf if rate in (None, "inf", "Infinity") else float(rate),
+        burstiness=load["burstiness"],
+        num_warmups=load["num_warmups"],
+        seed=load["seed"],
+        timeout_s=bench["timeout_s"],
         goodput={name[:-3]: value for name, value in slo.items() if value is not None},
-        output_dir=str(out_dir), profiler=profiler,
+        output_dir=str(out_dir),
+        profiler=profiler,
         # a profiled run's server runs under the profiler's launcher: never one to keep or reuse
-        server_lifecycle="reuse" if bench.get("keep_server") and not profiler else "fresh")
+        server_lifecycle="reuse" if bench.get("keep_server") and not profiler else "fresh",
+    )
 
 
 def summary(report) -> dict:
@@ -62,11 +82,16 @@ def summary(report) -> dict:
         thr = report.throughput
         out["throughput"] = {"request": thr.request_throughput, "output_tokens": thr.output_throughput}
     if report.latency is not None:
-        out["latency"] = {name: {"median": getattr(report.latency, name).median,
-                                 "p99": getattr(report.latency, name).p99}
-                          for name in ("ttft", "tpot", "itl", "e2el")}
+        out["latency"] = {
+            name: {"median": getattr(report.latency, name).median, "p99": getattr(report.latency, name).p99}
+            for name in ("ttft", "tpot", "itl", "e2el")
+        }
     if report.run is not None:
-        out["completed"], out["failed"], out["duration_s"] = report.run.completed, report.run.failed, report.run.duration_s
+        out["completed"], out["failed"], out["duration_s"] = (
+            report.run.completed,
+            report.run.failed,
+            report.run.duration_s,
+        )
     if report.provenance is not None:
         out["engine_version"] = report.provenance.engine_version
         out["server_reused"] = report.provenance.server_reused
@@ -90,7 +115,7 @@ def _keep_failed_run(out_dir: Path, kept: Path) -> None:
     from magpie.serving.profiling import TRACE_DIR
 
     shutil.rmtree(kept, ignore_errors=True)
-    shutil.copytree(out_dir, kept, ignore=shutil.ignore_patterns(TRACE_DIR))     # traces: too large to keep
+    shutil.copytree(out_dir, kept, ignore=shutil.ignore_patterns(TRACE_DIR))  # traces: too large to keep
     for path in kept.glob("*.json"):
         text = path.read_text()
         for old in {str(out_dir), str(out_dir.resolve())}:
@@ -115,15 +140,24 @@ def _run(job, out_dir: Path, profiler: bool):
                 _keep_failed_run(out_dir, kept)
                 first = first.replace(str(out_dir.resolve()), str(kept)).replace(str(out_dir), str(kept))
                 where = f"; its files are kept in {kept}"
-            except OSError as err:         # a full disk: the failure's own line matters more
+            except OSError as err:  # a full disk: the failure's own line matters more
                 where = f"; its files could not be kept in {kept}: {err.strerror}"
-        raise BenchmarkFailed(f"benchmark {bench['id']!r} ({bench['engine']} {bench['model']}) "
-                              f"{'profiled run ' if profiler else ''}failed: {first}{where}")
+        raise BenchmarkFailed(
+            f"benchmark {bench['id']!r} ({bench['engine']} {bench['model']}) "
+            f"{'profiled run ' if profiler else ''}failed: {first}{where}"
+        )
     if kept is not None:
-        shutil.rmtree(kept, ignore_errors=True)      # an earlier failure's files, superseded
-    return bench, {"state": "SUCCESS", "benchmark": bench["id"], "engine": bench["engine"], "model": bench["model"],
-                   "run_kind": report.run_kind, "summary": summary(report), "files": sorted(report.outputs),
-                   "errors": []}
+        shutil.rmtree(kept, ignore_errors=True)  # an earlier failure's files, superseded
+    return bench, {
+        "state": "SUCCESS",
+        "benchmark": bench["id"],
+        "engine": bench["engine"],
+        "model": bench["model"],
+        "run_kind": report.run_kind,
+        "summary": summary(report),
+        "files": sorted(report.outputs),
+        "errors": [],
+    }
 
 
 def benchmark_rule(job, out_dir: Path) -> dict:
@@ -161,16 +195,29 @@ def trace_analysis_rule(job, out_dir: Path) -> dict:
     recorded = json.loads((run_dir / REPORT).read_text())
     text = json.dumps(recorded).replace(json.dumps(recorded["workspace_dir"])[1:-1], json.dumps(str(run_dir))[1:-1])
     report = {**json.loads(text), **fields}
-    report["outputs"] = {**report["outputs"], "tracelens": str(out_dir / "tracelens"),
-                         "gap_analysis": fields["gap_analysis"]["outputs"]["gap_analysis"],
-                         "trace_report": str(out_dir / "trace_report.html")}
+    report["outputs"] = {
+        **report["outputs"],
+        "tracelens": str(out_dir / "tracelens"),
+        "gap_analysis": fields["gap_analysis"]["outputs"]["gap_analysis"],
+        "trace_report": str(out_dir / "trace_report.html"),
+    }
     BenchmarkReport.model_validate(report)
     text = json.dumps(report, indent=1).replace(json.dumps(str(out_dir) + "/")[1:-1], "")
     (out_dir / REPORT).write_text(text + "\n")
     analysed = json.loads(text)
-    gap = analysed["gap_analysis"]           # the totals the build report shows (the report's kernel_summary lists)
-    kernels = {"traces": len(gap["traces"]), "kernels": gap["kernels"],
-               "total_kernel_time_us": gap["total_kernel_time_us"], "explanation": gap["explanation"]}
-    return {"state": "SUCCESS", **base, "tracelens_analysis": analysed["tracelens_analysis"],
-            "kernel_summary": kernels, "top_bottlenecks": analysed["top_bottlenecks"][:5],
-            "warnings": analysed["gap_analysis"]["warnings"], "errors": []}
+    gap = analysed["gap_analysis"]  # the totals the build report shows (the report's kernel_summary lists)
+    kernels = {
+        "traces": len(gap["traces"]),
+        "kernels": gap["kernels"],
+        "total_kernel_time_us": gap["total_kernel_time_us"],
+        "explanation": gap["explanation"],
+    }
+    return {
+        "state": "SUCCESS",
+        **base,
+        "tracelens_analysis": analysed["tracelens_analysis"],
+        "kernel_summary": kernels,
+        "top_bottlenecks": analysed["top_bottlenecks"][:5],
+        "warnings": analysed["gap_analysis"]["warnings"],
+        "errors": [],
+    }

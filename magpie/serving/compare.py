@@ -11,6 +11,7 @@ the mean over its runs; with repeats on both sides the verdict is "within noise"
 (min..max over the runs) overlap, else better or worse by the metric's direction; with a single run on a
 side there is no spread to judge against and the verdict says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,25 @@ from pathlib import Path
 REPORT = "benchmark_report.json"
 
 # (label, path into the report, higher is better)
-METRICS = [("request_throughput (req/s)", ("throughput", "request_throughput"), True),
-           ("output_throughput (tok/s)", ("throughput", "output_throughput"), True),
-           ("total_token_throughput (tok/s)", ("throughput", "total_token_throughput"), True)]
+METRICS = [
+    ("request_throughput (req/s)", ("throughput", "request_throughput"), True),
+    ("output_throughput (tok/s)", ("throughput", "output_throughput"), True),
+    ("total_token_throughput (tok/s)", ("throughput", "total_token_throughput"), True),
+]
 for _name in ("ttft", "tpot", "itl", "e2el"):
     for _stat in ("median", "p99"):
         METRICS.append((f"{_name} {_stat} (ms)", ("latency", _name, f"{_stat}_ms"), False))
 
 # (field, how to read it from a report) for the workload's equivalence
 WORKLOAD = [
-    ("model", lambda r: (r.get("provenance") or {}).get("model_hash")
-     or (r.get("provenance") or {}).get("model_revision") or r["config"]["model"]),
+    (
+        "model",
+        lambda r: (
+            (r.get("provenance") or {}).get("model_hash")
+            or (r.get("provenance") or {}).get("model_revision")
+            or r["config"]["model"]
+        ),
+    ),
     ("input_len", lambda r: r["config"]["input_len"]),
     ("output_len", lambda r: r["config"]["output_len"]),
     ("dataset", lambda r: f"random range_ratio={r['config'].get('range_ratio', 0.0)}"),
@@ -91,8 +100,10 @@ def check_equivalent(reports: list[tuple[str, dict]]) -> dict:
         for name, _ in WORKLOAD:
             if other[name] != base[name]:
                 what = "model content" if name == "model" else name
-                raise WorkloadMismatch(f"workloads differ in {what}: {base[name]!r} ({first_label}) vs "
-                                       f"{other[name]!r} ({label}); only equivalent workloads compare")
+                raise WorkloadMismatch(
+                    f"workloads differ in {what}: {base[name]!r} ({first_label}) vs "
+                    f"{other[name]!r} ({label}); only equivalent workloads compare"
+                )
     return base
 
 
@@ -124,13 +135,28 @@ def compare(before_spec: str, after_spec: str) -> dict:
         if not a or not b:
             continue
         ma, mb = sum(a) / len(a), sum(b) / len(b)
-        rows.append({"metric": label, "higher_is_better": higher, "before": ma, "after": mb,
-                     "ratio": mb / ma if ma else None, "before_range": [min(a), max(a)],
-                     "after_range": [min(b), max(b)], "verdict": _verdict(a, b, higher)})
+        rows.append(
+            {
+                "metric": label,
+                "higher_is_better": higher,
+                "before": ma,
+                "after": mb,
+                "ratio": mb / ma if ma else None,
+                "before_range": [min(a), max(a)],
+                "after_range": [min(b), max(b)],
+                "verdict": _verdict(a, b, higher),
+            }
+        )
 
     def side(reports):
-        return [{"report": r["_path"], "framework": r.get("framework"),
-                 "engine_version": (r.get("provenance") or {}).get("engine_version")} for r in reports]
+        return [
+            {
+                "report": r["_path"],
+                "framework": r.get("framework"),
+                "engine_version": (r.get("provenance") or {}).get("engine_version"),
+            }
+            for r in reports
+        ]
 
     return {"workload": shared, "before": side(before), "after": side(after), "rows": rows}
 
@@ -141,10 +167,12 @@ def format_table(summary: dict) -> str:
         return f"{first['framework']} {first['engine_version'] or ''}".strip() + f" x{len(side)}"
 
     w = summary["workload"]
-    lines = [f"before: {who(summary['before'])}   after: {who(summary['after'])}",
-             f"workload: ISL {w['input_len']}, OSL {w['output_len']}, {w['num_prompts']} prompts, concurrency "
-             f"{w['concurrency'] or 'unlimited'}, rate {w['request_rate']}, {w['endpoint']}",
-             f"{'metric':32} {'before':>12} {'after':>12} {'ratio':>7}  verdict"]
+    lines = [
+        f"before: {who(summary['before'])}   after: {who(summary['after'])}",
+        f"workload: ISL {w['input_len']}, OSL {w['output_len']}, {w['num_prompts']} prompts, concurrency "
+        f"{w['concurrency'] or 'unlimited'}, rate {w['request_rate']}, {w['endpoint']}",
+        f"{'metric':32} {'before':>12} {'after':>12} {'ratio':>7}  verdict",
+    ]
     for row in summary["rows"]:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
         lines.append(f"{row['metric']:32} {row['before']:12.2f} {row['after']:12.2f} {ratio:>7}  {row['verdict']}")

@@ -7,6 +7,7 @@ run and those records go with it. `CompletedRequests` is installed as the event 
 leaving out the ones cancelled in flight. `elapsed()` is the time from `start()`, the interrupted run's
 duration.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,6 +41,7 @@ class CompletedRequests:
 
     def outputs(self) -> list[RequestOutput]:
         """The finished requests' records, in the order they were sent."""
-        done = [task.result() for task in self._tasks
-                if task.done() and not task.cancelled() and task.exception() is None]
+        done = [
+            task.result() for task in self._tasks if task.done() and not task.cancelled() and task.exception() is None
+        ]
         return sorted((out for out in done if isinstance(out, RequestOutput)), key=lambda out: out.start_time)

@@ -13,15 +13,17 @@ decoded text may re-encode to other ids); the prompt's length is its re-encoded 
 only ids that decode to clean text and back to themselves are drawn (`_round_trip_ids`), so the
 count settles.
 """
+
 from __future__ import annotations
 
 import functools
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 _CONSONANTS = "bdfgklmnprstvz" + "hjw" + "xyc"
 _VOWELS = "aeiou"
@@ -55,14 +57,18 @@ def load_tokenizer(name: str):
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise ValueError(f"tokenizer {name}: counting tokens needs transformers (pip install transformers), "
-                         f"or give no --tokenizer for a model without one") from None
+        raise ValueError(
+            f"tokenizer {name}: counting tokens needs transformers (pip install transformers), "
+            f"or give no --tokenizer for a model without one"
+        ) from None
     try:
         return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except Exception as exc:             # transformers words a missing or broken tokenizer in many exception types
+    except Exception as exc:  # transformers words a missing or broken tokenizer in many exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"tokenizer {name}: none found in that folder or in the local Hugging Face cache "
-                         f"({first[:200]}); give --tokenizer a folder holding tokenizer.json") from None
+        raise ValueError(
+            f"tokenizer {name}: none found in that folder or in the local Hugging Face cache "
+            f"({first[:200]}); give --tokenizer a folder holding tokenizer.json"
+        ) from None
 
 
 def count_tokens(text: str, tokenizer: Tokenizer | None = None) -> int:
@@ -121,8 +127,16 @@ def _token_text(rng: random.Random, tokenizer: Tokenizer, ids: list[int]) -> tup
     return text, len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def random_dataset(num_prompts: int, input_len: int, output_len: int, *, range_ratio: float = 0.0,
-                   prefix_len: int = 0, seed: int = 0, tokenizer: Tokenizer | None = None) -> list[SampleRequest]:
+def random_dataset(
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    *,
+    range_ratio: float = 0.0,
+    prefix_len: int = 0,
+    seed: int = 0,
+    tokenizer: Tokenizer | None = None,
+) -> list[SampleRequest]:
     """vLLM's `random`: input and output lengths uniform over [len·(1−r), len·(1+r)], a shared prefix of
     `prefix_len` before each prompt's own `input_len` (tokens with a tokenizer, else words)."""
     rng = random.Random(seed)
@@ -149,11 +163,17 @@ def _fill(samples: list[SampleRequest], num_prompts: int, what: str) -> list[Sam
         raise ValueError(f"{what}: no usable prompt")
     if len(samples) >= num_prompts:
         return samples[:num_prompts]
-    return [samples[i % len(samples)] for i in range(num_prompts)]   # oversampled, in order
+    return [samples[i % len(samples)] for i in range(num_prompts)]  # oversampled, in order
 
 
-def sharegpt_dataset(path: str | Path, num_prompts: int, *, output_len: int | None = None, seed: int = 0,
-                     tokenizer: Tokenizer | None = None) -> list[SampleRequest]:
+def sharegpt_dataset(
+    path: str | Path,
+    num_prompts: int,
+    *,
+    output_len: int | None = None,
+    seed: int = 0,
+    tokenizer: Tokenizer | None = None,
+) -> list[SampleRequest]:
     """ShareGPT-format JSON: a list of {"conversations": [{"from", "value"}, ...]}; the first turn is the
     prompt, the second's length the output length unless `output_len` fixes it. As vLLM filters:
     prompt and output of at least 4 tokens, prompt at most 1024 and both at most 2048."""
@@ -176,8 +196,15 @@ def sharegpt_dataset(path: str | Path, num_prompts: int, *, output_len: int | No
     return _fill(samples, num_prompts, str(path))
 
 
-def custom_dataset(path: str | Path, num_prompts: int, *, output_len: int | None = None, seed: int = 0,
-                   shuffle: bool = False, tokenizer: Tokenizer | None = None) -> list[SampleRequest]:
+def custom_dataset(
+    path: str | Path,
+    num_prompts: int,
+    *,
+    output_len: int | None = None,
+    seed: int = 0,
+    shuffle: bool = False,
+    tokenizer: Tokenizer | None = None,
+) -> list[SampleRequest]:
     """JSONL, one {"prompt": ..., optional "output_tokens"} per line; `output_len` overrides, else 256."""
     samples = []
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
@@ -188,7 +215,7 @@ def custom_dataset(path: str | Path, num_prompts: int, *, output_len: int | None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{number}: not JSON: {exc.msg}") from None
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise ValueError(f"{path}:{number}: each line needs a string \"prompt\"")
+            raise ValueError(f'{path}:{number}: each line needs a string "prompt"')
         o_len = output_len if output_len is not None else int(row.get("output_tokens") or 256)
         samples.append(SampleRequest(row["prompt"], count_tokens(row["prompt"], tokenizer), o_len))
     if shuffle:

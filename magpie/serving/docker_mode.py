@@ -30,6 +30,7 @@ grace; then the container removed), and `give_back` (files in the workspace not 
 user are given to them: `os.lchown` where magpie is root, else `chown -R` in a short container of the
 same image run as root). `image_id` is what a declared `[[benchmark]]` in docker mode is keyed by.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -103,8 +104,10 @@ def connect():
         client.ping()
     except docker.errors.DockerException as exc:
         reason = " ".join(str(exc).split())
-        raise DockerError(f"cannot reach the Docker daemon at {where} ({reason}); start dockerd, or point "
-                          f"DOCKER_HOST at a running one") from None
+        raise DockerError(
+            f"cannot reach the Docker daemon at {where} ({reason}); start dockerd, or point "
+            f"DOCKER_HOST at a running one"
+        ) from None
     return client
 
 
@@ -113,8 +116,10 @@ def pick_image(engine: str, kind: Accelerator, override: str | None, table: dict
         return override
     entry = table.get(engine, EngineImages()).images.get(kind)
     if entry is None:
-        raise DockerError(f"{IMAGES.name} has no {engine} image for {kind}: give --docker-image IMG (for "
-                          f"transformers, `python -m magpie.serving.env_image` builds one from this Python environment)")
+        raise DockerError(
+            f"{IMAGES.name} has no {engine} image for {kind}: give --docker-image IMG (for "
+            f"transformers, `python -m magpie.serving.env_image` builds one from this Python environment)"
+        )
     return entry.image
 
 
@@ -124,9 +129,11 @@ def find_image(client, ref: str):
     try:
         return client.images.get(ref)
     except docker.errors.ImageNotFound:
-        raise DockerError(f"image {ref} is not on this machine (magpie pulls nothing; our machines reach no "
-                          f"registry): build it (python -m magpie.serving.env_image for transformers), or docker "
-                          f"pull / docker load it") from None
+        raise DockerError(
+            f"image {ref} is not on this machine (magpie pulls nothing; our machines reach no "
+            f"registry): build it (python -m magpie.serving.env_image for transformers), or docker "
+            f"pull / docker load it"
+        ) from None
     except docker.errors.APIError as exc:
         raise DockerError(f"docker: looking up image {ref}: {exc.explanation or exc}") from None
 
@@ -140,8 +147,7 @@ def owner_labels() -> dict[str, str]:
     from magpie.linux.procfs import start_time
 
     pid = os.getpid()
-    return {"magpie.pid": str(pid), "magpie.pid_start": str(start_time(pid) or 0),
-            "magpie.host": socket.gethostname()}
+    return {"magpie.pid": str(pid), "magpie.pid_start": str(start_time(pid) or 0), "magpie.host": socket.gethostname()}
 
 
 def sweep(client) -> list[str]:
@@ -153,30 +159,40 @@ def sweep(client) -> list[str]:
     try:
         found = client.containers.list(all=True, filters={"label": [f"magpie.host={socket.gethostname()}"]})
     except docker.errors.DockerException:
-        return []           # the run's own start says what is wrong with the daemon
+        return []  # the run's own start says what is wrong with the daemon
     lines = []
     for container in found:
         labels = container.labels
         pid, start = labels.get("magpie.pid", ""), labels.get("magpie.pid_start", "")
         if not (pid.isdigit() and start.isdigit()) or start_time(int(pid)) == int(start):
             continue
-        what = (f"container {container.short_id} ({container.attrs['Config']['Image']}, workspace "
-                f"{labels.get(LABEL)})")
+        what = f"container {container.short_id} ({container.attrs['Config']['Image']}, workspace {labels.get(LABEL)})"
         try:
             container.remove(force=True)
         except docker.errors.NotFound:
             continue
         except docker.errors.DockerException as exc:
-            lines.append(f"could not remove {what}, left by magpie pid {pid}, which is gone: "
-                         f"{' '.join(str(exc).split())}; remove it with docker rm -f")
+            lines.append(
+                f"could not remove {what}, left by magpie pid {pid}, which is gone: "
+                f"{' '.join(str(exc).split())}; remove it with docker rm -f"
+            )
             continue
         lines.append(f"removed {what}, left by magpie pid {pid}, which is gone")
     return lines
 
 
-def container_settings(*, image: str, command: list[str], env: dict[str, str], workspace: Path,
-                       model_path: Path | None, kind: Accelerator, devices: list, user: tuple[int, int] | None,
-                       dev: Path = Path("/dev")) -> dict:
+def container_settings(
+    *,
+    image: str,
+    command: list[str],
+    env: dict[str, str],
+    workspace: Path,
+    model_path: Path | None,
+    kind: Accelerator,
+    devices: list,
+    user: tuple[int, int] | None,
+    dev: Path = Path("/dev"),
+) -> dict:
     """The keyword arguments of `containers.create` (docker SDK) for a server; pure apart from /dev's owners."""
     from docker.types import DeviceRequest
 
@@ -184,25 +200,38 @@ def container_settings(*, image: str, command: list[str], env: dict[str, str], w
     volumes = {str(workspace): {"bind": str(workspace), "mode": "rw"}}
     if model_path is not None:
         volumes[str(model_path)] = {"bind": str(model_path), "mode": "ro"}
-    settings = dict(image=image, entrypoint=list(command), command=None, environment=env, volumes=volumes,
-                    working_dir=str(workspace), network_mode="host", ipc_mode="host", init=True, detach=True,
-                    labels={LABEL: str(workspace), **owner_labels()})
+    settings = dict(
+        image=image,
+        entrypoint=list(command),
+        command=None,
+        environment=env,
+        volumes=volumes,
+        working_dir=str(workspace),
+        network_mode="host",
+        ipc_mode="host",
+        init=True,
+        detach=True,
+        labels={LABEL: str(workspace), **owner_labels()},
+    )
     if kind == "nvidia":
         for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
-            env.pop(name, None)         # the container sees only the requested GPUs, numbered from 0
-        request = (DeviceRequest(device_ids=[str(d) for d in devices], capabilities=[["gpu"]]) if devices
-                   else DeviceRequest(count=-1, capabilities=[["gpu"]]))
+            env.pop(name, None)  # the container sees only the requested GPUs, numbered from 0
+        request = (
+            DeviceRequest(device_ids=[str(d) for d in devices], capabilities=[["gpu"]])
+            if devices
+            else DeviceRequest(count=-1, capabilities=[["gpu"]])
+        )
         settings["device_requests"] = [request]
     elif kind == "rocm":
         nodes = [dev / "kfd", dev / "dri"]
         settings["devices"] = [f"{p}:{p}:rwm" for p in nodes]
         settings["group_add"] = _device_groups([nodes[0], *sorted((dev / "dri").glob("*"))])
         settings["security_opt"] = ["seccomp=unconfined"]
-        if devices:                     # pinned in magpie's own environment: the container has its own
+        if devices:  # pinned in magpie's own environment: the container has its own
             env.setdefault("HIP_VISIBLE_DEVICES", ",".join(map(str, devices)))
     if user is not None:
         settings["user"] = f"{user[0]}:{user[1]}"
-        env.setdefault("HOME", CONTAINER_HOME)     # no passwd entry for it in the image: a HOME it may write
+        env.setdefault("HOME", CONTAINER_HOME)  # no passwd entry for it in the image: a HOME it may write
     return settings
 
 
@@ -223,7 +252,7 @@ def describe(settings: dict) -> str:
     for src, bind in settings["volumes"].items():
         words += ["-v", f"{src}:{bind['bind']}:{bind['mode']}"]
     for name, value in settings["environment"].items():
-        words += ["-e", f"{name}={'***' if SECRET_NAME.search(name) else value}"]   # server.log is shared freely
+        words += ["-e", f"{name}={'***' if SECRET_NAME.search(name) else value}"]  # server.log is shared freely
     words += ["--entrypoint", settings["entrypoint"][0], settings["image"], *settings["entrypoint"][1:]]
     return shlex.join(words)
 
@@ -247,9 +276,15 @@ def prepare(engine: str, override: str | None, allocation: dict) -> Prepared:
     ref = pick_image(engine, kind, override, table)
     client = connect()
     image = find_image(client, ref)
-    return Prepared(client=client, image=ref, image_id=image.id, kind=kind,
-                    run_as=table.get(engine, EngineImages()).run_as, owner=invoking_user(),
-                    devices=list(allocation.get("devices") or []))
+    return Prepared(
+        client=client,
+        image=ref,
+        image_id=image.id,
+        kind=kind,
+        run_as=table.get(engine, EngineImages()).run_as,
+        owner=invoking_user(),
+        devices=list(allocation.get("devices") or []),
+    )
 
 
 def image_id(engine: str, override: str | None) -> str | None:
@@ -263,22 +298,40 @@ def image_id(engine: str, override: str | None) -> str | None:
 class DockerServer:
     """A server command run in a container of `prepared.image`, its output in `log_path`."""
 
-    pid = None          # no process of ours: the server is the container's (`container_id`)
+    pid = None  # no process of ours: the server is the container's (`container_id`)
 
-    def __init__(self, prepared: Prepared, command: list[str], *, env: dict[str, str], log_path: str | Path,
-                 host: str, port: int, health_url: str, workspace: Path, model_path: Path | None) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        command: list[str],
+        *,
+        env: dict[str, str],
+        log_path: str | Path,
+        host: str,
+        port: int,
+        health_url: str,
+        workspace: Path,
+        model_path: Path | None,
+    ) -> None:
         self.prepared = prepared
         self.log_path = Path(log_path)
         self.host, self.port, self.health_url = host, port, health_url
         self.workspace = workspace
         user = prepared.owner if prepared.run_as == "invoking_user" and prepared.owner != (0, 0) else None
-        self.settings = container_settings(image=prepared.image, command=command, env=env, workspace=workspace,
-                                           model_path=model_path, kind=prepared.kind, devices=prepared.devices,
-                                           user=user)
+        self.settings = container_settings(
+            image=prepared.image,
+            command=command,
+            env=env,
+            workspace=workspace,
+            model_path=model_path,
+            kind=prepared.kind,
+            devices=prepared.devices,
+            user=user,
+        )
         self.container = None
         self.started_at = 0.0
         self.ready_after: float | None = None
-        self._exit: Optional[int] = None
+        self._exit: int | None = None
         self._exited = threading.Event()
         self._threads: list[threading.Thread] = []
         self._cleanup_errors: list[str] = []
@@ -288,12 +341,13 @@ class DockerServer:
         return self.container.id if self.container is not None else None
 
     # -- life
-    def start(self) -> "DockerServer":
+    def start(self) -> DockerServer:
         import docker
 
         if port_in_use(self.host, self.port):
-            raise ServerError(f"port {self.port} on {self.host} is already taken (another server?); "
-                              f"stop it or choose another port")
+            raise ServerError(
+                f"port {self.port} on {self.host} is already taken (another server?); stop it or choose another port"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(("$ " + describe(self.settings) + "\n").encode())
@@ -301,8 +355,10 @@ class DockerServer:
             self.container = self.prepared.client.containers.create(**self.settings)
             self.container.start()
         except docker.errors.APIError as exc:
-            raise ServerError(f"docker could not start the container of {self.prepared.image}: "
-                              f"{' '.join(str(exc.explanation or exc).split())}") from None
+            raise ServerError(
+                f"docker could not start the container of {self.prepared.image}: "
+                f"{' '.join(str(exc.explanation or exc).split())}"
+            ) from None
         self.started_at = time.monotonic()
         for target in (self._copy_logs, self._wait_container):
             thread = threading.Thread(target=target, daemon=True)
@@ -318,7 +374,7 @@ class DockerServer:
                 for chunk in self.container.logs(stream=True, follow=True):
                     log.write(chunk)
         except (docker.errors.DockerException, OSError):
-            pass                   # the container is gone: what was logged is in the file
+            pass  # the container is gone: what was logged is in the file
 
     def _wait_container(self) -> None:
         import docker
@@ -344,7 +400,7 @@ class DockerServer:
 
     def _log_tail(self) -> str:
         for thread in self._threads[:1]:
-            thread.join(timeout=5)     # the log stream ends with the container: the tail is complete
+            thread.join(timeout=5)  # the log stream ends with the container: the tail is complete
         return tail(self.log_path)
 
     def wait_ready(self, timeout_s: float, interval_s: float = 0.25) -> float:
@@ -380,7 +436,7 @@ class DockerServer:
                 self.container.stop(timeout=max(int(grace_s), 0))
             self._exited.wait(5)
         except docker.errors.DockerException:
-            pass                    # already gone or the daemon went away: the removal below says which
+            pass  # already gone or the daemon went away: the removal below says which
         for thread in self._threads:
             thread.join(timeout=5)
         try:
@@ -388,8 +444,10 @@ class DockerServer:
         except docker.errors.NotFound:
             pass
         except docker.errors.DockerException as exc:
-            self._cleanup_errors.append(f"docker could not remove container {self.container.short_id}: "
-                                        f"{' '.join(str(exc).split())}; remove it with docker rm -f")
+            self._cleanup_errors.append(
+                f"docker could not remove container {self.container.short_id}: "
+                f"{' '.join(str(exc).split())}; remove it with docker rm -f"
+            )
         try:
             give_back(self.workspace, self.prepared.owner, self.prepared)
         except DockerError as exc:
@@ -420,15 +478,24 @@ def give_back(root: Path, owner: tuple[int, int], prepared: Prepared | None = No
             os.lchown(p, *owner)
         return
     if prepared is None:
-        raise DockerError(f"{len(strays)} files in {root} are not owned by uid {owner[0]}, and no image is at "
-                          f"hand to chown them in")
+        raise DockerError(
+            f"{len(strays)} files in {root} are not owned by uid {owner[0]}, and no image is at hand to chown them in"
+        )
     import docker
 
     try:
-        prepared.client.containers.run(prepared.image, entrypoint=["chown", "-R", f"{owner[0]}:{owner[1]}", str(root)],
-                                       command=None, user="0:0", remove=True, network_mode="none",
-                                       volumes={str(root): {"bind": str(root), "mode": "rw"}},
-                                       labels={LABEL: str(root), **owner_labels()})
+        prepared.client.containers.run(
+            prepared.image,
+            entrypoint=["chown", "-R", f"{owner[0]}:{owner[1]}", str(root)],
+            command=None,
+            user="0:0",
+            remove=True,
+            network_mode="none",
+            volumes={str(root): {"bind": str(root), "mode": "rw"}},
+            labels={LABEL: str(root), **owner_labels()},
+        )
     except docker.errors.DockerException as exc:
-        raise DockerError(f"{len(strays)} files the container wrote in {root} stay root's: chown in "
-                          f"{prepared.image} failed ({' '.join(str(exc).split())}); remove them with sudo") from None
+        raise DockerError(
+            f"{len(strays)} files the container wrote in {root} stay root's: chown in "
+            f"{prepared.image} failed ({' '.join(str(exc).split())}); remove them with sudo"
+        ) from None

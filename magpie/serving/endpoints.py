@@ -9,6 +9,7 @@ outside OpenAI's schema (`transformers serve`), a `generation_config` JSON strin
 being chosen before it. Chunks are decoded with typed msgspec structs:
 unknown fields are skipped without building Python objects for them.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -69,14 +70,27 @@ class Endpoint:
     def _text(self, choice) -> str:
         raise NotImplementedError
 
-    def body(self, *, model: str, prompt: str, output_len: int, ignore_eos: bool,
-             extra_body: dict | None, force_len: ForceLen = "ignore_eos") -> dict:
-        body = {"model": model, **self._prompt_fields(prompt, output_len), "stream": True,
-                "stream_options": {"include_usage": True}}
+    def body(
+        self,
+        *,
+        model: str,
+        prompt: str,
+        output_len: int,
+        ignore_eos: bool,
+        extra_body: dict | None,
+        force_len: ForceLen = "ignore_eos",
+    ) -> dict:
+        body = {
+            "model": model,
+            **self._prompt_fields(prompt, output_len),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if ignore_eos:
             if force_len == "generation_config":
                 body["generation_config"] = msgspec.json.encode(
-                    {"min_new_tokens": output_len, "max_new_tokens": output_len}).decode()
+                    {"min_new_tokens": output_len, "max_new_tokens": output_len}
+                ).decode()
             else:
                 body["ignore_eos"] = True
         if extra_body:

@@ -21,6 +21,7 @@ older ones of the same environment (labelled with its `sys.prefix`), never anoth
 
     python -m magpie.serving.env_image            # prints the image's reference, building it if missing
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,7 +66,7 @@ def distributions(roots=ROOTS) -> list[metadata.Distribution]:
         except metadata.PackageNotFoundError:
             if any(name == root for root, _ in roots):
                 raise EnvImageError(f"{name} is not installed here: pip install -e '.[serve]'") from None
-            continue          # an optional requirement whose marker held but which is not installed
+            continue  # an optional requirement whose marker held but which is not installed
         seen = found.get(_key(name))
         if seen is not None and extras <= seen[1]:
             continue
@@ -120,8 +121,8 @@ def _linked(paths: list[str]) -> set[str]:
             continue
     libs: set[str] = set()
     for start in range(0, len(elf), 200):
-        out = subprocess.run(["ldd", *elf[start:start + 200]], capture_output=True, text=True).stdout
-        libs.update(os.path.normpath(m.group(1)) for m in LDD_LIBRARY.finditer(out))   # ldd keeps rpath's '..'
+        out = subprocess.run(["ldd", *elf[start : start + 200]], capture_output=True, text=True).stdout
+        libs.update(os.path.normpath(m.group(1)) for m in LDD_LIBRARY.finditer(out))  # ldd keeps rpath's '..'
     return libs
 
 
@@ -138,7 +139,7 @@ def contents() -> tuple[list[str], str]:
             path = os.path.normpath(str(dist.locate_file(rel)))
             if os.path.isfile(path):
                 files.add(path)
-            if path.endswith(".py"):       # compiled here after the install (not in RECORD): else every start compiles
+            if path.endswith(".py"):  # compiled here after the install (not in RECORD): else every start compiles
                 cached = importlib.util.cache_from_source(path)
                 if os.path.isfile(cached):
                     files.add(cached)
@@ -189,19 +190,27 @@ def ensure(client=None) -> str:
         try:
             with open(write_end, "wb", buffering=1 << 20) as sink:
                 _write_tar(files, sink)
-        except BaseException as exc:        # the import below reports a broken stream; keep why
+        except BaseException as exc:  # the import below reports a broken stream; keep why
             failure.append(exc)
 
     writer = threading.Thread(target=feed, daemon=True)
     writer.start()
-    path_var = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), *script_folders(), "/usr/local/bin",
-                                              "/usr/bin", "/bin"]))
+    path_var = os.pathsep.join(
+        dict.fromkeys([os.path.dirname(sys.executable), *script_folders(), "/usr/local/bin", "/usr/bin", "/bin"])
+    )
     try:
         with open(read_end, "rb") as source:
-            client.api.import_image_from_stream(source, repository=REPOSITORY, tag=key,
-                                                changes=[f"ENV PATH={path_var}", "ENV LANG=C.UTF-8",
-                                                         f"LABEL magpie.env_image={key}",
-                                                         f"LABEL {PREFIX_LABEL}={sys.prefix}"])
+            client.api.import_image_from_stream(
+                source,
+                repository=REPOSITORY,
+                tag=key,
+                changes=[
+                    f"ENV PATH={path_var}",
+                    "ENV LANG=C.UTF-8",
+                    f"LABEL magpie.env_image={key}",
+                    f"LABEL {PREFIX_LABEL}={sys.prefix}",
+                ],
+            )
     except docker.errors.APIError as exc:
         raise EnvImageError(f"docker import of {ref} failed: {exc.explanation or exc}") from None
     finally:
@@ -215,7 +224,7 @@ def ensure(client=None) -> str:
             try:
                 client.images.remove(stale.id)
             except docker.errors.APIError:
-                pass                                   # a container still uses it
+                pass  # a container still uses it
     return ref
 
 
@@ -224,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import docker
 
-    argparse.ArgumentParser(prog="python -m magpie.serving.env_image", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    argparse.ArgumentParser(prog="python -m magpie.serving.env_image", description=__doc__.split("\n\n")[0]).parse_args(
+        argv
+    )
     try:
         print(ensure())
     except (EnvImageError, docker.errors.DockerException) as exc:

@@ -12,6 +12,7 @@ report's `gpu_monitor{metric: {min, max, avg}, samples, interval_s, source, devi
 
 Nothing here imports pynvml or amdsmi before it is asked to; tests pass a fake module object in.
 """
+
 from __future__ import annotations
 
 import os
@@ -91,10 +92,9 @@ def nvml_states(nvml) -> list[GpuState]:
 def amdsmi_states(amdsmi) -> list[GpuState]:
     states = []
     for i, h in enumerate(amdsmi.amdsmi_get_processor_handles()):
-        vram = amdsmi.amdsmi_get_gpu_vram_usage(h)           # MB
+        vram = amdsmi.amdsmi_get_gpu_vram_usage(h)  # MB
         procs = amdsmi.amdsmi_get_gpu_process_list(h)
-        states.append(GpuState(i, float(vram["vram_total"]), float(vram["vram_total"] - vram["vram_used"]),
-                               len(procs)))
+        states.append(GpuState(i, float(vram["vram_total"]), float(vram["vram_total"] - vram["vram_used"]), len(procs)))
     return states
 
 
@@ -111,7 +111,7 @@ def parse_smi(gpu_csv: str, apps_csv: str) -> list[GpuState]:
             continue
         try:
             states.append(GpuState(int(parts[0]), float(parts[2]), float(parts[3]), 0, parts[1]))
-        except ValueError:      # "[N/A]"
+        except ValueError:  # "[N/A]"
             continue
     by_uuid = {s.uuid: s for s in states}
     for line in apps_csv.strip().splitlines():
@@ -171,8 +171,10 @@ def select_idle(states: list[GpuState], count: int, min_free_fraction: float = 0
     idle = [s.index for s in states if s.idle(min_free_fraction)]
     if len(idle) < count:
         busy = ", ".join(s.why_busy(min_free_fraction) for s in states if not s.idle(min_free_fraction))
-        raise GpuError(f"{count} idle GPU{'s' if count > 1 else ''} needed (TP {count}), {len(idle)} of "
-                       f"{len(states)} idle; busy: {busy or 'none'}; pin GPUs with --gpus or gpu_selection")
+        raise GpuError(
+            f"{count} idle GPU{'s' if count > 1 else ''} needed (TP {count}), {len(idle)} of "
+            f"{len(states)} idle; busy: {busy or 'none'}; pin GPUs with --gpus or gpu_selection"
+        )
     return idle[:count]
 
 
@@ -181,8 +183,9 @@ def parse_devices(value: str) -> list[int | str]:
     return [int(v) if v.strip().isdigit() else v.strip() for v in value.split(",") if v.strip()]
 
 
-def allocate(env: dict[str, str], tp: int, environ=os.environ, states=None,
-             min_free_fraction: float = 0.9) -> tuple[dict[str, str], dict]:
+def allocate(
+    env: dict[str, str], tp: int, environ=os.environ, states=None, min_free_fraction: float = 0.9
+) -> tuple[dict[str, str], dict]:
     """The server's GPUs: (variables to set for it, the allocation for the report). Pinned (a *_VISIBLE_DEVICES
     variable in the run's env or this process's) is kept; else idle GPUs are picked; none without a GPU."""
     for name in PIN_VARIABLES:
@@ -202,9 +205,15 @@ def allocate(env: dict[str, str], tp: int, environ=os.environ, states=None,
     else:
         updates = {"CUDA_VISIBLE_DEVICES": value, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     by_index = {s.index: s for s in found}
-    return updates, {"mode": "auto", "source": source, "devices": chosen, "min_free_fraction": min_free_fraction,
-                     "uuids": [by_index[i].uuid for i in chosen if by_index[i].uuid],
-                     "idle": sum(s.idle(min_free_fraction) for s in found), "total": len(found)}
+    return updates, {
+        "mode": "auto",
+        "source": source,
+        "devices": chosen,
+        "min_free_fraction": min_free_fraction,
+        "uuids": [by_index[i].uuid for i in chosen if by_index[i].uuid],
+        "idle": sum(s.idle(min_free_fraction) for s in found),
+        "total": len(found),
+    }
 
 
 class NvmlSampler:
@@ -221,11 +230,15 @@ class NvmlSampler:
         n = self.nvml
         out = []
         for h in self.handles:
-            out.append({"sm_clock_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
-                        "mem_clock_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
-                        "power_w": n.nvmlDeviceGetPowerUsage(h) / 1000,
-                        "temperature_c": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
-                        "memory_used_mib": n.nvmlDeviceGetMemoryInfo(h).used / 2**20})
+            out.append(
+                {
+                    "sm_clock_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+                    "mem_clock_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
+                    "power_w": n.nvmlDeviceGetPowerUsage(h) / 1000,
+                    "temperature_c": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+                    "memory_used_mib": n.nvmlDeviceGetMemoryInfo(h).used / 2**20,
+                }
+            )
         return out
 
     def close(self) -> None:
@@ -250,8 +263,9 @@ class AmdSmiSampler:
             "sm_clock_mhz": lambda h: a.amdsmi_get_clock_info(h, a.AmdSmiClkType.GFX)["clk"],
             "mem_clock_mhz": lambda h: a.amdsmi_get_clock_info(h, a.AmdSmiClkType.MEM)["clk"],
             "power_w": lambda h: a.amdsmi_get_power_info(h)["average_socket_power"],
-            "temperature_c": lambda h: a.amdsmi_get_temp_metric(h, a.AmdSmiTemperatureType.EDGE,
-                                                                 a.AmdSmiTemperatureMetric.CURRENT),
+            "temperature_c": lambda h: a.amdsmi_get_temp_metric(
+                h, a.AmdSmiTemperatureType.EDGE, a.AmdSmiTemperatureMetric.CURRENT
+            ),
             "memory_used_mib": lambda h: a.amdsmi_get_gpu_vram_usage(h)["vram_used"],
         }
         out = []
@@ -273,8 +287,10 @@ def open_sampler(indices: list[int] | None = None):
     """(sampler, "") for the devices `indices` (None: all), or (None, why there is none). The sampler keeps
     its module initialised until `close()`."""
     reasons = []
-    for load, sampler, shutdown, label in ((load_nvml, NvmlSampler, "nvmlShutdown", "NVML"),
-                                           (load_amdsmi, AmdSmiSampler, "amdsmi_shut_down", "amdsmi")):
+    for load, sampler, shutdown, label in (
+        (load_nvml, NvmlSampler, "nvmlShutdown", "NVML"),
+        (load_amdsmi, AmdSmiSampler, "amdsmi_shut_down", "amdsmi"),
+    ):
         module, why = load()
         if module is None:
             reasons.append(why)
@@ -322,7 +338,7 @@ class GpuMonitor:
         while not self._stop.wait(self.interval_s):
             self._take()
 
-    def start(self) -> "GpuMonitor":
+    def start(self) -> GpuMonitor:
         self._take()
         self._started = self.clock()
         self._thread = threading.Thread(target=self._loop, name="magpie-gpu-monitor", daemon=True)
@@ -345,7 +361,7 @@ class GpuMonitor:
             pass
         return self.summary()
 
-    def __enter__(self) -> "GpuMonitor":
+    def __enter__(self) -> GpuMonitor:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -356,9 +372,14 @@ class GpuMonitor:
         with self._lock:
             readings = list(self.readings)
         indices = list(getattr(self.sampler, "indices", range(len(readings[0]) if readings else 0)))
-        out: dict = {"source": self.sampler.source, "interval_s": self.interval_s, "samples": len(readings),
-                     "failed_samples": self.failures, "devices": indices,
-                     "duration_s": getattr(self, "duration_s", None)}
+        out: dict = {
+            "source": self.sampler.source,
+            "interval_s": self.interval_s,
+            "samples": len(readings),
+            "failed_samples": self.failures,
+            "devices": indices,
+            "duration_s": getattr(self, "duration_s", None),
+        }
         if self.first_error:
             out["first_error"] = self.first_error
         per_device: dict[str, dict] = {}

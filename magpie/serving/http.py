@@ -7,6 +7,7 @@ pool of idle connections (last used first); a request takes one or opens one, an
 when its response ended with the connection kept alive. A reused connection the server had
 already closed is retried once on a fresh one, before any byte of a response arrived.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,21 @@ _encode = msgspec.json.encode
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("transport", "closed", "reused", "_state", "_buf", "_recorder", "_waiter", "_status",
-                 "_chunked", "_left", "_keep_alive", "_error_body", "_got_bytes")
+    __slots__ = (
+        "transport",
+        "closed",
+        "reused",
+        "_state",
+        "_buf",
+        "_recorder",
+        "_waiter",
+        "_status",
+        "_chunked",
+        "_left",
+        "_keep_alive",
+        "_error_body",
+        "_got_bytes",
+    )
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -43,7 +57,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         if self._state == _BODY and not self._chunked and self._left is None:
-            self._end("")              # a body delimited by the connection's close
+            self._end("")  # a body delimited by the connection's close
         elif self._state != _IDLE:
             self._end(f"connection closed by the server{': ' + str(exc) if exc else ''}")
 
@@ -56,7 +70,7 @@ class _Connection(asyncio.Protocol):
                 self._buf = data
                 return
             self._head(data[:cut])
-            data = data[cut + 4:]
+            data = data[cut + 4 :]
             self._buf = b""
             self._state = _BODY
         if self._state != _BODY:
@@ -64,7 +78,7 @@ class _Connection(asyncio.Protocol):
         if self._chunked:
             self._chunks(data)
         elif self._left is not None:
-            take = data[:self._left]
+            take = data[: self._left]
             self._left -= len(take)
             self._deliver(take)
             if self._left == 0:
@@ -92,7 +106,7 @@ class _Connection(asyncio.Protocol):
         if self._chunked:
             self._left = None
         elif self._left is None:
-            self._keep_alive = False   # read until close
+            self._keep_alive = False  # read until close
         elif self._left == 0:
             self._state = _BODY
             self._end("")
@@ -106,7 +120,7 @@ class _Connection(asyncio.Protocol):
                 break
             size = int(buf[pos:eol].split(b";", 1)[0], 16)
             start = eol + 2
-            if size == 0:              # last chunk: trailers (if any) end with an empty line
+            if size == 0:  # last chunk: trailers (if any) end with an empty line
                 if buf.startswith(b"\r\n", start) or buf.find(b"\r\n\r\n", start - 2) >= 0:
                     self._buf = b""
                     if pieces:
@@ -116,7 +130,7 @@ class _Connection(asyncio.Protocol):
                 break
             if n - start < size + 2:
                 break
-            pieces.append(buf[start:start + size])
+            pieces.append(buf[start : start + size])
             pos = start + size + 2
         self._buf = buf[pos:]
         if pieces:
@@ -170,10 +184,19 @@ class _Connection(asyncio.Protocol):
 class Client:
     """Sends streaming requests to one server; one per run, its idle connections shared by all requests."""
 
-    def __init__(self, base_url: str, endpoint, *, model: str, headers: dict[str, str] | None = None,
-                 timeout_s: float | None = None, clock: Clock = time.perf_counter,
-                 ignore_eos: bool = False, extra_body: dict | None = None,
-                 force_len: str = "ignore_eos") -> None:
+    def __init__(
+        self,
+        base_url: str,
+        endpoint,
+        *,
+        model: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        clock: Clock = time.perf_counter,
+        ignore_eos: bool = False,
+        extra_body: dict | None = None,
+        force_len: str = "ignore_eos",
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base URL must be http://HOST[:PORT] or https://..., got {base_url!r}")
@@ -188,22 +211,34 @@ class Client:
         self.ignore_eos = ignore_eos
         self.extra_body = extra_body
         self.force_len = force_len
-        all_headers = {"Host": f"{self.host}:{self.port}", "Content-Type": "application/json",
-                       "Accept": "text/event-stream", "User-Agent": "magpie-serving"}
+        all_headers = {
+            "Host": f"{self.host}:{self.port}",
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "User-Agent": "magpie-serving",
+        }
         key = os.environ.get("OPENAI_API_KEY")
         if key:
             all_headers["Authorization"] = f"Bearer {key}"
         all_headers.update(headers or {})
-        self._head = (f"POST {self.path} HTTP/1.1\r\n" +
-                      "".join(f"{k}: {v}\r\n" for k, v in all_headers.items())).encode("latin-1")
+        self._head = (
+            f"POST {self.path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in all_headers.items())
+        ).encode("latin-1")
         self._idle: list[_Connection] = []
         self.opened = 0
 
     def encode(self, prompt: str, output_len: int) -> bytes:
         """The whole request's bytes, built before the send time is taken."""
-        body = _encode(self.endpoint.body(model=self.model, prompt=prompt, output_len=output_len,
-                                          ignore_eos=self.ignore_eos, extra_body=self.extra_body,
-                                          force_len=self.force_len))
+        body = _encode(
+            self.endpoint.body(
+                model=self.model,
+                prompt=prompt,
+                output_len=output_len,
+                ignore_eos=self.ignore_eos,
+                extra_body=self.extra_body,
+                force_len=self.force_len,
+            )
+        )
         return self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
     async def _connect(self) -> _Connection:
@@ -232,8 +267,11 @@ class Client:
                     conn = await self._connect()
                 waiter = loop.create_future()
                 conn.start(data, recorder, waiter)
-                timer = (loop.call_later(self.timeout_s, conn.abort, f"timed out after {self.timeout_s} s")
-                         if self.timeout_s else None)
+                timer = (
+                    loop.call_later(self.timeout_s, conn.abort, f"timed out after {self.timeout_s} s")
+                    if self.timeout_s
+                    else None
+                )
                 try:
                     error = await waiter
                 finally:
@@ -247,9 +285,9 @@ class Client:
                 error = f"{type(exc).__name__}: {exc}"
                 if conn is not None:
                     conn.abort(error)
-            if (error and attempt == 0 and conn is not None and conn.reused and not conn._got_bytes):
+            if error and attempt == 0 and conn is not None and conn.reused and not conn._got_bytes:
                 conn.abort(error)
-                continue               # a stale keep-alive connection: once more on a fresh one
+                continue  # a stale keep-alive connection: once more on a fresh one
             if conn is not None and not conn.closed and conn._state == _IDLE and not error:
                 self._idle.append(conn)
             elif conn is not None and not conn.closed:

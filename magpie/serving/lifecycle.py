@@ -22,6 +22,7 @@ of its own on that port.
 `stop_all()` (`magpie benchmark --stop-servers`; `magpie clean` for the servers kept by a project's build) stops
 the kept servers and those of dead runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,6 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -49,20 +49,20 @@ class ServerRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     engine: str
-    engine_version: Optional[str]
+    engine_version: str | None
     model: str
-    model_key: Optional[str]    # a local model's content hash, else the hub revision
+    model_key: str | None  # a local model's content hash, else the hub revision
     command: list[str]
-    env: dict[str, str]         # what the server was given over magpie's environment, and magpie's that matters
+    env: dict[str, str]  # what the server was given over magpie's environment, and magpie's that matters
     host: str
     port: int
-    pid: int = 0                # leader of the server's own process group (pgid == pid)
-    process_start: int = 0      # its start time in clock ticks since boot (/proc/PID/stat): a reused pid is not it
+    pid: int = 0  # leader of the server's own process group (pgid == pid)
+    process_start: int = 0  # its start time in clock ticks since boot (/proc/PID/stat): a reused pid is not it
     log: str = ""
     started_at: str = ""
-    owner: int = 0              # the magpie process whose run the server serves now; 0: kept between runs
-    owner_start: int = 0        # that process's start time (a reused pid is not it)
-    project: str = ""           # the project whose build kept it: `magpie clean` there stops it
+    owner: int = 0  # the magpie process whose run the server serves now; 0: kept between runs
+    owner_start: int = 0  # that process's start time (a reused pid is not it)
+    project: str = ""  # the project whose build kept it: `magpie clean` there stops it
 
     def config(self) -> dict:
         return self.model_dump(include=set(MATCHED))
@@ -71,9 +71,16 @@ class ServerRecord(BaseModel):
 def record_for(provenance, command: list[str], env: dict[str, str], host: str, port: int) -> ServerRecord:
     """The server a run would start: its provenance (engine, version, model and content key, magpie's environment
     that matters), its command line and the environment given to it."""
-    return ServerRecord(engine=provenance.engine, engine_version=provenance.engine_version, model=provenance.model,
-                        model_key=provenance.model_hash or provenance.model_revision, command=list(command),
-                        env={**provenance.environment, **env}, host=host, port=port)
+    return ServerRecord(
+        engine=provenance.engine,
+        engine_version=provenance.engine_version,
+        model=provenance.model,
+        model_key=provenance.model_hash or provenance.model_revision,
+        command=list(command),
+        env={**provenance.environment, **env},
+        host=host,
+        port=port,
+    )
 
 
 def runtime_dir() -> Path:
@@ -113,7 +120,7 @@ def stop_recorded(record: ServerRecord, path: Path, grace_s: float = 10.0) -> bo
     """Stops what is left of a recorded server's process group and removes its record; whether anything ran.
     A leader that is gone while its group is not leaves its pid reserved as the group's id, so the group is ours;
     a pid that runs another process means the whole group is long gone."""
-    if record.pid <= 0:               # never started: nothing to stop (and killpg(0) would signal our own group)
+    if record.pid <= 0:  # never started: nothing to stop (and killpg(0) would signal our own group)
         path.unlink(missing_ok=True)
         return False
     start = start_time(record.pid)
@@ -155,8 +162,10 @@ def _clear(path: Path, why: str) -> list[str]:
         path.unlink(missing_ok=True)
         return []
     if record.owner not in (0, os.getpid()) and owner_alive(record):
-        raise ServerError(f"the server on {record.host}:{record.port} serves the run of magpie pid {record.owner}: "
-                          f"run the benchmarks one after another, or give another port")
+        raise ServerError(
+            f"the server on {record.host}:{record.port} serves the run of magpie pid {record.owner}: "
+            f"run the benchmarks one after another, or give another port"
+        )
     if not stop_recorded(record, path):
         return []
     if record.owner:
@@ -213,15 +222,23 @@ class TrackedServer(LocalServer):
     before it stops the server, the next run finds the record and stops it. `record` is the server this run
     wants; pid, start time and owner are filled in when it starts."""
 
-    def __init__(self, record: ServerRecord, *, env: dict[str, str], health_url: str, log_path: Path,
-                 cwd: Path) -> None:
-        super().__init__(record.command, env=env, log_path=log_path, host=record.host, port=record.port,
-                         health_url=health_url, cwd=cwd)
+    def __init__(
+        self, record: ServerRecord, *, env: dict[str, str], health_url: str, log_path: Path, cwd: Path
+    ) -> None:
+        super().__init__(
+            record.command,
+            env=env,
+            log_path=log_path,
+            host=record.host,
+            port=record.port,
+            health_url=health_url,
+            cwd=cwd,
+        )
         self.record = record
         self.record_path = _record_path(record.host, record.port)
         self.warnings: list[str] = []
 
-    def start(self) -> "TrackedServer":
+    def start(self) -> TrackedServer:
         with _locked():
             self.warnings += _clear(self.record_path, "this run starts a server of its own on that port")
             self._launch()
@@ -253,28 +270,42 @@ class KeptServer(TrackedServer):
     `run_log` is the run's `server.log`, which gets this run's part of the kept log; `project` is recorded as the
     project that kept it."""
 
-    def __init__(self, record: ServerRecord, *, env: dict[str, str], health_url: str, run_log: Path,
-                 project: str = "") -> None:
+    def __init__(
+        self, record: ServerRecord, *, env: dict[str, str], health_url: str, run_log: Path, project: str = ""
+    ) -> None:
         folder = runtime_dir()
-        super().__init__(record.model_copy(update={"project": project}), env=env, health_url=health_url,
-                         log_path=folder / f"{_stem(record.host, record.port)}.log", cwd=folder)
+        super().__init__(
+            record.model_copy(update={"project": project}),
+            env=env,
+            health_url=health_url,
+            log_path=folder / f"{_stem(record.host, record.port)}.log",
+            cwd=folder,
+        )
         self.record.log = str(self.log_path)
         self.run_log = Path(run_log)
         self.reused = False
         self._log_from = 0
 
-    def start(self) -> "KeptServer":
+    def start(self) -> KeptServer:
         with _locked():
             found = read_record(self.record_path) if self.record_path.exists() else None
-            if found is not None and found.owner == 0 and found.config() == self.record.config() \
-                    and running(found) and health_ok(self.health_url):
+            if (
+                found is not None
+                and found.owner == 0
+                and found.config() == self.record.config()
+                and running(found)
+                and health_ok(self.health_url)
+            ):
                 self.record, self.reused = found.model_copy(update={"project": self.record.project}), True
                 self._log_from = _size(self.log_path)
                 self.started_at = time.monotonic()
                 self._own()
                 return self
-            why = "its config differs from this run's" if found is None or found.config() != self.record.config() \
+            why = (
+                "its config differs from this run's"
+                if found is None or found.config() != self.record.config()
                 else "it no longer answers its health route"
+            )
             self.warnings += _clear(self.record_path, why)
             self._log_from = _size(self.log_path)
             self._launch()
@@ -285,7 +316,7 @@ class KeptServer(TrackedServer):
         return self.record.pid
 
     def wait_ready(self, timeout_s: float, interval_s: float = 0.25) -> float:
-        if self.reused:               # answered its health route a moment ago
+        if self.reused:  # answered its health route a moment ago
             self.ready_after = 0.0
             return 0.0
         return super().wait_ready(timeout_s, interval_s)
@@ -294,7 +325,7 @@ class KeptServer(TrackedServer):
         return running(self.record) if self.reused else super().alive()
 
     def exit_code(self) -> int | None:
-        return None if self.reused else super().exit_code()    # a reused server is no child of ours: unknown
+        return None if self.reused else super().exit_code()  # a reused server is no child of ours: unknown
 
     def wait_exit(self, timeout_s: float) -> int | None:
         if not self.reused:

@@ -9,19 +9,20 @@ request's `client_queue_time`, not part of its latencies). Warm-ups send the fir
 the clock starts. The run's duration runs from the first dispatch to the last completion. The
 garbage collector's existing heap is frozen for the run so its pauses stay short.
 """
+
 from __future__ import annotations
 
 import asyncio
 import gc
 import math
 import time
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from magpie.serving import metrics as _metrics
-from magpie.serving.datasets import (SampleRequest, custom_dataset, load_tokenizer, random_dataset,
-                                     sharegpt_dataset)
+from magpie.serving.datasets import SampleRequest, custom_dataset, load_tokenizer, random_dataset, sharegpt_dataset
 from magpie.serving.endpoints import endpoint as _endpoint
 from magpie.serving.http import Client
 from magpie.serving.models import LoadConfig, ServingMetrics
@@ -56,11 +57,19 @@ def load_samples(config: LoadConfig, tokenizer=None) -> list[SampleRequest]:
         tokenizer = load_tokenizer(config.tokenizer_id)
     d = config.dataset
     if d.name == "random":
-        return random_dataset(config.num_prompts, d.input_len, d.output_len or 128, range_ratio=d.range_ratio,
-                              prefix_len=d.prefix_len, seed=config.seed, tokenizer=tokenizer)
+        return random_dataset(
+            config.num_prompts,
+            d.input_len,
+            d.output_len or 128,
+            range_ratio=d.range_ratio,
+            prefix_len=d.prefix_len,
+            seed=config.seed,
+            tokenizer=tokenizer,
+        )
     if d.name == "sharegpt":
-        return sharegpt_dataset(d.path, config.num_prompts, output_len=d.output_len, seed=config.seed,
-                                tokenizer=tokenizer)
+        return sharegpt_dataset(
+            d.path, config.num_prompts, output_len=d.output_len, seed=config.seed, tokenizer=tokenizer
+        )
     return custom_dataset(d.path, config.num_prompts, output_len=d.output_len, seed=config.seed, tokenizer=tokenizer)
 
 
@@ -79,9 +88,15 @@ class RunRecord:
         self.outputs, self.duration, self.warmups = outputs, duration, warmups
 
 
-async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Clock = time.perf_counter,
-              sleep: Callable[[float], Any] = asyncio.sleep, client: Client | None = None,
-              before_measured: Callable[[], Any] | None = None) -> RunRecord:
+async def run(
+    config: LoadConfig,
+    samples: Sequence[SampleRequest],
+    *,
+    clock: Clock = time.perf_counter,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+    client: Client | None = None,
+    before_measured: Callable[[], Any] | None = None,
+) -> RunRecord:
     """Sends `samples` as `config` says and returns their records; raises if the ready check fails.
     `before_measured` (blocking; run in a thread) is called after the warm-ups, before the measured
     requests: a profiler window then holds those alone, as vLLM's bench serve starts its profiler."""
@@ -90,9 +105,17 @@ async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Cl
     ignore_eos = config.ignore_eos if config.ignore_eos is not None else config.dataset.name == "random"
     own = client is None
     if own:
-        client = Client(config.base_url, _endpoint(config.endpoint), model=config.model, headers=config.headers,
-                        timeout_s=config.timeout_s, clock=clock, ignore_eos=ignore_eos,
-                        extra_body=config.extra_body or None, force_len=config.force_len)
+        client = Client(
+            config.base_url,
+            _endpoint(config.endpoint),
+            model=config.model,
+            headers=config.headers,
+            timeout_s=config.timeout_s,
+            clock=clock,
+            ignore_eos=ignore_eos,
+            extra_body=config.extra_body or None,
+            force_len=config.force_len,
+        )
     limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else nullcontext()
     first = samples[0]
     try:
@@ -142,8 +165,15 @@ async def run(config: LoadConfig, samples: Sequence[SampleRequest], *, clock: Cl
             client.close()
 
 
-def vllm_result(config: LoadConfig, record: RunRecord, metrics: ServingMetrics, flat: dict[str, float], *,
-                detailed: bool = False, date: str | None = None) -> dict[str, Any]:
+def vllm_result(
+    config: LoadConfig,
+    record: RunRecord,
+    metrics: ServingMetrics,
+    flat: dict[str, float],
+    *,
+    detailed: bool = False,
+    date: str | None = None,
+) -> dict[str, Any]:
     """The run under the keys of vLLM's `bench serve --save-result` JSON, in its order: what it writes by default
     (`latencies`, `queue_times` and `rtfx` included; `rtfx` is 0.0 without audio input) and with `--save-detailed`
     the per-request lists. Statistics of every metric at p50/p90/p95/p99 (vLLM's default is p99 of ttft, tpot and
@@ -154,28 +184,48 @@ def vllm_result(config: LoadConfig, record: RunRecord, metrics: ServingMetrics, 
     thr = metrics.throughput
     result: dict[str, Any] = {
         "date": date or datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "endpoint_type": backend, "backend": backend, "label": config.label or backend,
-        "model_id": config.model, "tokenizer_id": config.tokenizer_id, "num_prompts": config.num_prompts,
+        "endpoint_type": backend,
+        "backend": backend,
+        "label": config.label or backend,
+        "model_id": config.model,
+        "tokenizer_id": config.tokenizer_id,
+        "num_prompts": config.num_prompts,
         "request_rate": config.request_rate if not math.isinf(config.request_rate) else "inf",
-        "burstiness": config.burstiness, "max_concurrency": config.max_concurrency,
-        "duration": record.duration, "completed": metrics.completed, "failed": metrics.failed,
+        "burstiness": config.burstiness,
+        "max_concurrency": config.max_concurrency,
+        "duration": record.duration,
+        "completed": metrics.completed,
+        "failed": metrics.failed,
         "empty": metrics.empty,
-        "total_input_tokens": metrics.total_input_tokens, "total_output_tokens": metrics.total_output_tokens,
-        "request_throughput": thr.request_throughput, "request_goodput": thr.request_goodput,
-        "output_throughput": thr.output_throughput, "total_token_throughput": thr.total_token_throughput,
+        "total_input_tokens": metrics.total_input_tokens,
+        "total_output_tokens": metrics.total_output_tokens,
+        "request_throughput": thr.request_throughput,
+        "request_goodput": thr.request_goodput,
+        "output_throughput": thr.output_throughput,
+        "total_token_throughput": thr.total_token_throughput,
     }
     if detailed:
-        result.update({"input_lens": [o.prompt_len for o in outs],
-                       "output_lens": [o.output_tokens if o.success else 0 for o in outs],
-                       "ttfts": [o.ttft for o in outs], "itls": [o.itl for o in outs]})
+        result.update(
+            {
+                "input_lens": [o.prompt_len for o in outs],
+                "output_lens": [o.output_tokens if o.success else 0 for o in outs],
+                "ttfts": [o.ttft for o in outs],
+                "itls": [o.itl for o in outs],
+            }
+        )
     result["latencies"] = [o.latency for o in outs]
     if detailed:
         result["start_times"] = [o.start_time for o in outs]
     result["queue_times"] = [o.client_queue_time for o in outs]
     if detailed:
         result.update({"generated_texts": [o.generated_text for o in outs], "errors": [o.error for o in outs]})
-    result.update({"max_output_tokens_per_s": thr.max_output_tokens_per_s,
-                   "max_concurrent_requests": metrics.max_concurrent_requests, "rtfx": 0.0})
+    result.update(
+        {
+            "max_output_tokens_per_s": thr.max_output_tokens_per_s,
+            "max_concurrent_requests": metrics.max_concurrent_requests,
+            "rtfx": 0.0,
+        }
+    )
     for name in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "std", "p50", "p90", "p95", "p99"):
             result[f"{stat}_{name}_ms"] = flat[f"{stat}_{name}_ms"]
@@ -190,8 +240,9 @@ def vllm_result(config: LoadConfig, record: RunRecord, metrics: ServingMetrics, 
     return result
 
 
-def benchmark(config: LoadConfig, samples: Sequence[SampleRequest] | None = None, *,
-              detailed: bool = False) -> tuple[ServingMetrics, dict[str, Any], RunRecord]:
+def benchmark(
+    config: LoadConfig, samples: Sequence[SampleRequest] | None = None, *, detailed: bool = False
+) -> tuple[ServingMetrics, dict[str, Any], RunRecord]:
     """Loads the dataset, runs, computes: (Magpie's metrics, vLLM's result JSON, the records)."""
     samples = list(samples) if samples is not None else load_samples(config)
     record = asyncio.run(run(config, samples))

@@ -9,6 +9,7 @@ it, put in the message) or the timeout passes.
 and runs from `__exit__`, so success, failure, timeout and Ctrl-C (KeyboardInterrupt) all end
 the group. `install_sigterm` turns a SIGTERM of ours into KeyboardInterrupt for the same path.
 """
+
 from __future__ import annotations
 
 import errno
@@ -113,23 +114,38 @@ def wait_healthy(server, timeout_s: float, interval_s: float = 0.25, who: str = 
     deadline = time.monotonic() + timeout_s
     while True:
         if not server.alive():
-            detail = log_tail()            # a container's log is complete once its stream has ended
-            raise ServerError(f"{who} exited with code {server.exit_code()} before it was ready"
-                              f"{exit_words(server.log_path)}; log: {server.log_path}", detail)
+            detail = log_tail()  # a container's log is complete once its stream has ended
+            raise ServerError(
+                f"{who} exited with code {server.exit_code()} before it was ready"
+                f"{exit_words(server.log_path)}; log: {server.log_path}",
+                detail,
+            )
         if health_ok(server.health_url, timeout=min(2.0, max(0.1, deadline - time.monotonic()))):
             server.ready_after = time.monotonic() - server.started_at
             return server.ready_after
         if time.monotonic() >= deadline:
-            raise ServerError(f"the server was not ready within {timeout_s:g} s ({server.health_url} did not "
-                              f"answer 200); log: {server.log_path}", tail(server.log_path))
+            raise ServerError(
+                f"the server was not ready within {timeout_s:g} s ({server.health_url} did not "
+                f"answer 200); log: {server.log_path}",
+                tail(server.log_path),
+            )
         time.sleep(interval_s)
 
 
 class LocalServer:
     """A server command run as its own process group, logged to `log_path`."""
 
-    def __init__(self, command: list[str], *, env: dict[str, str] | None = None, log_path: str | Path,
-                 host: str, port: int, health_url: str, cwd: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        log_path: str | Path,
+        host: str,
+        port: int,
+        health_url: str,
+        cwd: str | Path | None = None,
+    ) -> None:
         self.command, self.extra_env = list(command), dict(env or {})
         self.log_path = Path(log_path)
         self.host, self.port, self.health_url = host, port, health_url
@@ -139,19 +155,26 @@ class LocalServer:
         self.ready_after: float | None = None
 
     # -- life
-    def start(self) -> "LocalServer":
+    def start(self) -> LocalServer:
         if port_in_use(self.host, self.port):
-            raise ServerError(f"port {self.port} on {self.host} is already taken (another server?); "
-                              f"stop it or choose another port")
+            raise ServerError(
+                f"port {self.port} on {self.host} is already taken (another server?); stop it or choose another port"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.extra_env}
         with open(self.log_path, "ab") as log:
             log.write(("$ " + " ".join(self.command) + "\n").encode())
             log.flush()
             try:
-                self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=env, cwd=self.cwd,
-                                             start_new_session=True)
+                self.proc = subprocess.Popen(
+                    self.command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=self.cwd,
+                    start_new_session=True,
+                )
             except OSError as exc:
                 raise ServerError(f"cannot run {self.command[0]}: {exc.strerror or exc}") from None
         self.started_at = time.monotonic()
@@ -185,7 +208,7 @@ class LocalServer:
         """SIGTERM to the group, SIGKILL after `grace_s`; the exit code (negative: the signal)."""
         if self.proc is None:
             return None
-        pgid = self.proc.pid               # the session leader's pid is its group's id
+        pgid = self.proc.pid  # the session leader's pid is its group's id
         if self.proc.poll() is None:
             _signal_group(pgid, signal.SIGTERM)
             try:
@@ -204,7 +227,7 @@ class LocalServer:
             time.sleep(0.01)
         return self.proc.returncode
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> LocalServer:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc) -> None:
@@ -236,7 +259,7 @@ class install_sigterm:
         self._old = None
         try:
             self._old = signal.signal(signal.SIGTERM, self._raise)
-        except ValueError:             # not the main thread
+        except ValueError:  # not the main thread
             pass
         return self
 

@@ -9,12 +9,13 @@ mean, median, population std, linear-interpolated percentiles; an empty distribu
 Throughput divides by the run's duration (first dispatch to last completion). A request is good
 when each SLO given holds (value ≤ SLO; TPOT counts as 0 for one-token outputs).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from magpie.serving.models import (Latency, LatencyStats, PERCENTILES, ServingMetrics, Throughput)
+from magpie.serving.models import PERCENTILES, Latency, LatencyStats, ServingMetrics, Throughput
 from magpie.serving.stream import RequestOutput
 
 
@@ -38,8 +39,9 @@ def tpot(out: RequestOutput) -> float:
     return (out.latency - out.ttft) / (n - 1) if n > 1 else 0.0
 
 
-def compute(outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dict[str, float] | None = None
-            ) -> tuple[ServingMetrics, dict[str, float]]:
+def compute(
+    outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dict[str, float] | None = None
+) -> tuple[ServingMetrics, dict[str, float]]:
     """The metrics and vLLM's flat per-metric keys (`mean_ttft_ms`, `p99_itl_ms`, ...)."""
     import numpy as np
 
@@ -50,8 +52,13 @@ def compute(outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dic
     good = None
     if goodput:
         limits = {k: v / 1000.0 for k, v in goodput.items()}
-        good = sum(1 for o in ok if o.ttft <= limits.get("ttft", math.inf) and tpot(o) <= limits.get("tpot", math.inf)
-                   and o.latency <= limits.get("e2el", math.inf))
+        good = sum(
+            1
+            for o in ok
+            if o.ttft <= limits.get("ttft", math.inf)
+            and tpot(o) <= limits.get("tpot", math.inf)
+            and o.latency <= limits.get("e2el", math.inf)
+        )
     peak_tokens, peak_concurrency = 0.0, 0
     if ok:
         t0 = min(o.start_time for o in ok)
@@ -64,7 +71,7 @@ def compute(outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dic
         peak_tokens = float(buckets.max())
         events = sorted([(o.start_time, 1) for o in ok] + [(o.start_time + o.latency, -1) for o in ok])
         level = 0
-        for _, delta in events:          # ends sort before starts at the same instant: half-open intervals
+        for _, delta in events:  # ends sort before starts at the same instant: half-open intervals
             level += delta
             peak_concurrency = max(peak_concurrency, level)
     dur = duration_s if duration_s > 0 else math.inf
@@ -74,21 +81,34 @@ def compute(outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dic
         for key, value in block.items():
             flat[f"{key}_{name}_ms"] = value
     metrics = ServingMetrics(
-        duration=duration_s, completed=len(ok), failed=len(outputs) - len(ok),
+        duration=duration_s,
+        completed=len(ok),
+        failed=len(outputs) - len(ok),
         empty=sum(1 for o in ok if not o.generated_text),
-        total_input_tokens=total_in, total_output_tokens=total_out, max_concurrent_requests=peak_concurrency,
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        max_concurrent_requests=peak_concurrency,
         latency=Latency(**{name: LatencyStats(**block) for name, block in blocks.items()}),
-        throughput=Throughput(request_throughput=len(ok) / dur, request_goodput=None if good is None else good / dur,
-                              output_throughput=total_out / dur, total_token_throughput=(total_in + total_out) / dur,
-                              max_output_tokens_per_s=peak_tokens))
+        throughput=Throughput(
+            request_throughput=len(ok) / dur,
+            request_goodput=None if good is None else good / dur,
+            output_throughput=total_out / dur,
+            total_token_throughput=(total_in + total_out) / dur,
+            max_output_tokens_per_s=peak_tokens,
+        ),
+    )
     return metrics, flat
 
 
 def distributions(ok: Sequence[RequestOutput]) -> dict[str, list[float]]:
     """Seconds per metric over the successful requests: TTFT, TPOT (requests of more than one token), pooled
     ITL, E2EL."""
-    return {"ttft": [o.ttft for o in ok], "tpot": [tpot(o) for o in ok if o.output_tokens > 1],
-            "itl": [gap for o in ok for gap in o.itl], "e2el": [o.latency for o in ok]}
+    return {
+        "ttft": [o.ttft for o in ok],
+        "tpot": [tpot(o) for o in ok if o.output_tokens > 1],
+        "itl": [gap for o in ok for gap in o.itl],
+        "e2el": [o.latency for o in ok],
+    }
 
 
 def _token_times(o: RequestOutput) -> list[float]:

@@ -5,10 +5,11 @@
 mean/median/std/p50/p90/p95/p99 in milliseconds and `throughput{...}`; `vllm_result()` lays the
 same numbers out under the keys of vLLM's `--save-result` JSON.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -22,9 +23,9 @@ class _Strict(BaseModel):
 
 class DatasetConfig(_Strict):
     name: Literal["random", "sharegpt", "custom"] = "random"
-    path: Optional[str] = Field(None, description="the JSON (sharegpt) or JSONL (custom) file")
+    path: str | None = Field(None, description="the JSON (sharegpt) or JSONL (custom) file")
     input_len: int = Field(1024, ge=1, description="random: mean prompt length")
-    output_len: Optional[int] = Field(None, ge=1, description="fixed output length (random: its mean, 128 if unset)")
+    output_len: int | None = Field(None, ge=1, description="fixed output length (random: its mean, 128 if unset)")
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     prefix_len: int = Field(0, ge=0)
 
@@ -45,20 +46,26 @@ class LoadConfig(_Strict):
     num_prompts: int = Field(1000, ge=1)
     request_rate: float = Field(math.inf, gt=0, description="requests/s; inf sends all at once")
     burstiness: float = Field(1.0, gt=0, description="gamma shape of the gaps: 1 Poisson, <1 burstier, inf even")
-    max_concurrency: Optional[int] = Field(None, ge=1)
+    max_concurrency: int | None = Field(None, ge=1)
     num_warmups: int = Field(0, ge=0)
-    ready_check: bool = Field(True, description="one request of the first prompt before the run; its failure stops the run")
+    ready_check: bool = Field(
+        True, description="one request of the first prompt before the run; its failure stops the run"
+    )
     seed: int = 0
     goodput: dict[Literal["ttft", "tpot", "e2el"], float] = Field({}, description="SLOs in ms")
-    ignore_eos: Optional[bool] = Field(None, description="None: on for the random dataset, as vLLM does")
+    ignore_eos: bool | None = Field(None, description="None: on for the random dataset, as vLLM does")
     force_len: Literal["ignore_eos", "generation_config"] = Field(
-        "ignore_eos", description="how a fixed output length is asked for (endpoints.FORCE_LEN)")
+        "ignore_eos", description="how a fixed output length is asked for (endpoints.FORCE_LEN)"
+    )
     extra_body: dict = {}
     headers: dict[str, str] = {}
-    timeout_s: Optional[float] = Field(6 * 3600, gt=0, description="per request")
-    label: Optional[str] = None
-    tokenizer_id: Optional[str] = Field(None, description="the tokenizer lengths are counted in (a folder or cached "
-                                                          "hub id); None: words of the built-in vocabulary")
+    timeout_s: float | None = Field(6 * 3600, gt=0, description="per request")
+    label: str | None = None
+    tokenizer_id: str | None = Field(
+        None,
+        description="the tokenizer lengths are counted in (a folder or cached "
+        "hub id); None: words of the built-in vocabulary",
+    )
 
     @field_validator("goodput")
     @classmethod
@@ -102,7 +109,7 @@ class Latency(_Strict):
 
 class Throughput(_Strict):
     request_throughput: float = Field(description="completed requests/s over the run's duration")
-    request_goodput: Optional[float] = Field(description="requests/s meeting every SLO; None without SLOs")
+    request_goodput: float | None = Field(description="requests/s meeting every SLO; None without SLOs")
     output_throughput: float = Field(description="output tokens/s")
     total_token_throughput: float = Field(description="input + output tokens/s")
     max_output_tokens_per_s: float = Field(description="the busiest one-second bucket's output tokens")

@@ -24,6 +24,7 @@ After the load the traces are analysed by `magpie.traces.report.analyze_traces` 
 into the workspace (`tracelens/`, `gap_analysis/`, `gpu_timeline.csv`, `trace_report.html`), and
 the report's `tracelens_analysis`, `gap_analysis`, `kernel_summary` and `top_bottlenecks` are filled.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -36,7 +37,6 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 import msgspec
 
@@ -75,8 +75,9 @@ def command(engine_name: str, command: list[str]) -> list[str]:
 
 def post(base_url: str, route: str, timeout: float = 60.0) -> int:
     """POST to `route`; its HTTP status (raises ProfilerError when the server cannot be reached)."""
-    req = urllib.request.Request(base_url.rstrip("/") + route, data=b"{}", method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base_url.rstrip("/") + route, data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status
@@ -87,14 +88,15 @@ def post(base_url: str, route: str, timeout: float = 60.0) -> int:
 
 
 def traces(trace_dir: Path) -> list[Path]:
-    return sorted(p for p in trace_dir.rglob("*") if p.name.endswith((".json", ".json.gz"))) \
-        if trace_dir.is_dir() else []
+    return (
+        sorted(p for p in trace_dir.rglob("*") if p.name.endswith((".json", ".json.gz"))) if trace_dir.is_dir() else []
+    )
 
 
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
-    except OSError as exc:           # the server is gone (or not ours)
+    except OSError as exc:  # the server is gone (or not ours)
         raise ProfilerError(f"cannot signal the server (pid {pid}): {exc.strerror or exc}") from None
 
 
@@ -114,9 +116,11 @@ def start(engine_name: str, base_url: str, pid: int | None, trace_dir: Path, wai
     deadline = time.monotonic() + wait_s
     while not marker.exists():
         if time.monotonic() >= deadline:
-            raise ProfilerError(f"the server (pid {pid}) did not open its profiler window within {wait_s:g} s "
-                                f"(no {marker.name} in {trace_dir}; its log says why)")
-        _signal(pid, 0)              # still there
+            raise ProfilerError(
+                f"the server (pid {pid}) did not open its profiler window within {wait_s:g} s "
+                f"(no {marker.name} in {trace_dir}; its log says why)"
+            )
+        _signal(pid, 0)  # still there
         time.sleep(0.05)
 
 
@@ -138,8 +142,10 @@ def stop(engine_name: str, base_url: str, pid: int | None, trace_dir: Path, wait
         time.sleep(0.5)
     still_open = _open_windows(trace_dir)
     if still_open:
-        raise ProfilerError(f"process(es) {', '.join(p.name.removesuffix(MARKER_SUFFIX) for p in still_open)} "
-                            f"wrote no trace within {wait_s:g} s of the profiler's stop")
+        raise ProfilerError(
+            f"process(es) {', '.join(p.name.removesuffix(MARKER_SUFFIX) for p in still_open)} "
+            f"wrote no trace within {wait_s:g} s of the profiler's stop"
+        )
     raise ProfilerError(f"no finished trace in {trace_dir} within {wait_s:g} s of the profiler's stop")
 
 
@@ -150,7 +156,7 @@ _GRAPH_LAUNCHES = ("cudaGraphLaunch", "hipGraphLaunch")
 
 class _Event(msgspec.Struct):
     name: str = ""
-    cat: Optional[str] = None
+    cat: str | None = None
 
 
 class _Trace(msgspec.Struct):
@@ -172,15 +178,22 @@ def missing_model_ops(paths: list[Path]) -> str | None:
         except (OSError, EOFError, gzip.BadGzipFile, msgspec.DecodeError):
             continue
         for event in events:
-            if event.cat == "cpu_op" and _MODEL_CPU_OP.search(event.name) or \
-                    event.cat == "kernel" and category(event.name) in ("gemm", "attention") or \
-                    event.cat in ("cuda_runtime", "cuda_driver") and event.name in _GRAPH_LAUNCHES:
+            if (
+                event.cat == "cpu_op"
+                and _MODEL_CPU_OP.search(event.name)
+                or event.cat == "kernel"
+                and category(event.name) in ("gemm", "attention")
+                or event.cat in ("cuda_runtime", "cuda_driver")
+                and event.name in _GRAPH_LAUNCHES
+            ):
                 return None
             if event.cat == "cpu_op":
                 ops[event.name] += 1
     held = ", ".join(f"{name} x{n}" for name, n in ops.most_common(3)) or "no op"
-    return (f"the profile holds no model op (no matmul, attention or graph replay in {len(paths)} trace(s)): "
-            f"the profiler did not record the process that runs the model; the traces hold {held}")
+    return (
+        f"the profile holds no model op (no matmul, attention or graph replay in {len(paths)} trace(s)): "
+        f"the profiler did not record the process that runs the model; the traces hold {held}"
+    )
 
 
 def analyse(trace_dir: Path, work: Path, mode: str = "inference") -> dict:
@@ -191,10 +204,16 @@ def analyse(trace_dir: Path, work: Path, mode: str = "inference") -> dict:
     summary = analyze_traces(trace_dir, work, analysis_mode=mode)
     return {
         "tracelens_analysis": summary["tracelens_analysis"],
-        "gap_analysis": {"top": summary["top"], "total_kernel_time_us": summary["total_kernel_time_us"],
-                         "kernels": sum(t["kernels"] for t in summary["traces"]),
-                         "explanation": summary["explanation"], "warnings": summary["warnings"],
-                         "errors": summary["errors"], "traces": summary["traces"], "outputs": summary["outputs"]},
+        "gap_analysis": {
+            "top": summary["top"],
+            "total_kernel_time_us": summary["total_kernel_time_us"],
+            "kernels": sum(t["kernels"] for t in summary["traces"]),
+            "explanation": summary["explanation"],
+            "warnings": summary["warnings"],
+            "errors": summary["errors"],
+            "traces": summary["traces"],
+            "outputs": summary["outputs"],
+        },
         "kernel_summary": kernel_rows(summary["top"]),
         "top_bottlenecks": summary["top"][:10],
     }

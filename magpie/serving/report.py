@@ -16,13 +16,14 @@ as Magpie keeps the InferenceX result it parsed). Magpie's extras sit beside the
 model path and content hash or hub revision, the server's command line, environment that matters,
 GPU allocation, magpie's version and command line, platform, host).
 """
+
 from __future__ import annotations
 
 import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
@@ -39,46 +40,60 @@ class BenchmarkConfig(_Strict):
     model: str
     precision: str = "auto"
     tp: int = Field(1, ge=1)
-    max_model_len: Optional[int] = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
     extra_server_args: list[str] = []
     env: dict[str, str] = {}
     run_mode: Literal["local", "docker"] = Field(
-        "local", description="local: the server as a process group of ours; docker: in a container of the "
-                             "engine's image (serving.docker_mode)")
-    docker_image: Optional[str] = Field(None, description="docker mode's image; None: images.yaml's for the engine")
+        "local",
+        description="local: the server as a process group of ours; docker: in a container of the "
+        "engine's image (serving.docker_mode)",
+    )
+    docker_image: str | None = Field(None, description="docker mode's image; None: images.yaml's for the engine")
     run_kind: Literal["measurement", "diagnostic"] = Field(
-        "measurement", description="diagnostic runs (profiled, or so declared) are never reward-eligible")
-    profiler: bool = Field(False, description="a torch profiler window over the load into torch_trace/, then "
-                                              "the trace analysis; makes the run diagnostic (serving.profiling)")
-    analysis_mode: Optional[Literal["inference", "pytorch"]] = Field(
-        "inference", description="the profiled run's trace analysis (magpie.traces): inference splits serving steps "
-                                 "and stages; None: the traces kept unanalysed (Magpie's tracelens disabled)")
+        "measurement", description="diagnostic runs (profiled, or so declared) are never reward-eligible"
+    )
+    profiler: bool = Field(
+        False,
+        description="a torch profiler window over the load into torch_trace/, then "
+        "the trace analysis; makes the run diagnostic (serving.profiling)",
+    )
+    analysis_mode: Literal["inference", "pytorch"] | None = Field(
+        "inference",
+        description="the profiled run's trace analysis (magpie.traces): inference splits serving steps "
+        "and stages; None: the traces kept unanalysed (Magpie's tracelens disabled)",
+    )
     host: str = "127.0.0.1"
-    port: Optional[int] = Field(None, ge=1, le=65535)
-    base_url: Optional[str] = Field(None, description="a running server: nothing is started")
+    port: int | None = Field(None, ge=1, le=65535)
+    base_url: str | None = Field(None, description="a running server: nothing is started")
     endpoint: Literal["completions", "chat"] = "completions"
-    concurrency: Optional[int] = Field(None, ge=1)
+    concurrency: int | None = Field(None, ge=1)
     input_len: int = Field(1024, ge=1, description="prompt tokens (of `tokenizer`), or words without one")
     output_len: int = Field(128, ge=1, description="output tokens, forced where the engine allows (ignore_eos)")
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     prefix_len: int = Field(0, ge=0, description="tokens of a prefix shared by every prompt, before its input_len")
-    tokenizer: Optional[str] = Field(None, description="the tokenizer lengths are counted in (a folder or cached hub "
-                                                       "id); None: the model's own (prompt_tokenizer)")
+    tokenizer: str | None = Field(
+        None,
+        description="the tokenizer lengths are counted in (a folder or cached hub "
+        "id); None: the model's own (prompt_tokenizer)",
+    )
     num_prompts: int = Field(100, ge=1)
-    request_rate: float = Field(math.inf, gt=0, description='requests/s; inf (written "inf", as vLLM writes it) '
-                                                          'sends all at once')
+    request_rate: float = Field(
+        math.inf, gt=0, description='requests/s; inf (written "inf", as vLLM writes it) sends all at once'
+    )
     burstiness: float = Field(1.0, gt=0)
     num_warmups: int = Field(0, ge=0)
     seed: int = 0
     goodput: dict[Literal["ttft", "tpot", "e2el"], float] = {}
     timeout_s: float = Field(3600.0, gt=0, description="the whole benchmark: server start and the load")
-    ready_timeout_s: Optional[float] = Field(None, gt=0, description="server start; None: the whole timeout")
+    ready_timeout_s: float | None = Field(None, gt=0, description="server start; None: the whole timeout")
     output_dir: str = "magpie_results"
     gpu_min_free_fraction: float = Field(0.9, ge=0.0, le=1.0, description="an idle GPU has this much memory free")
     gpu_monitor_interval_s: float = Field(1.0, gt=0, description="the GPU monitor's sampling interval")
     server_lifecycle: Literal["fresh", "reuse"] = Field(
-        "fresh", description="reuse: keep the local server after the run and reuse a kept one whose recorded config "
-                             "matches (serving.lifecycle); fresh: start and stop a server of the run's own")
+        "fresh",
+        description="reuse: keep the local server after the run and reuse a kept one whose recorded config "
+        "matches (serving.lifecycle); fresh: start and stop a server of the run's own",
+    )
 
     @field_serializer("request_rate")
     def _rate_in_strict_json(self, rate: float):
@@ -89,24 +104,30 @@ class BenchmarkConfig(_Strict):
         if self.docker_image and self.run_mode != "docker":
             raise ValueError("docker_image is docker mode's: add --run-mode docker (run_mode: docker)")
         if self.run_mode == "docker" and (self.base_url is not None or self.framework == "external"):
-            raise ValueError("run_mode docker starts the engine's server; --base-url (external) reaches a running "
-                             "one: give one of them")
+            raise ValueError(
+                "run_mode docker starts the engine's server; --base-url (external) reaches a running "
+                "one: give one of them"
+            )
         if self.run_mode == "docker" and self.server_lifecycle == "reuse":
-            raise ValueError("--keep-server keeps local servers; docker mode starts and removes a container of its "
-                             "own: drop one of them")
+            raise ValueError(
+                "--keep-server keeps local servers; docker mode starts and removes a container of its "
+                "own: drop one of them"
+            )
         return self
 
     @model_validator(mode="after")
     def _profiled_is_diagnostic(self):
-        if self.profiler:            # profiling perturbs latency: such a run is never a measurement
+        if self.profiler:  # profiling perturbs latency: such a run is never a measurement
             self.run_kind = "diagnostic"
         return self
 
     @model_validator(mode="after")
     def _reuse_is_unprofiled(self):
         if self.profiler and self.server_lifecycle == "reuse":
-            raise ValueError("server_lifecycle reuse: a profiled run starts a server of its own (its profiler "
-                             "writes into the run's workspace); drop --keep-server or --torch-profiler")
+            raise ValueError(
+                "server_lifecycle reuse: a profiled run starts a server of its own (its profiler "
+                "writes into the run's workspace); drop --keep-server or --torch-profiler"
+            )
         return self
 
 
@@ -141,19 +162,24 @@ def prompt_tokenizer(config: BenchmarkConfig) -> str | None:
 
     limit = model_context(config)
     if limit is not None:
-        longest = (config.prefix_len + length_range(config.input_len, config.range_ratio)[1] +
-                   length_range(config.output_len, config.range_ratio)[1])
+        longest = (
+            config.prefix_len
+            + length_range(config.input_len, config.range_ratio)[1]
+            + length_range(config.output_len, config.range_ratio)[1]
+        )
         if longest > limit[0]:
-            raise ValueError(f"prompts of up to {longest} tokens with their output (prefix_len {config.prefix_len}, "
-                             f"input_len {config.input_len}, output_len {config.output_len}, range_ratio "
-                             f"{config.range_ratio:g}) do not fit the model's context of {limit[0]} ({limit[1]}): "
-                             f"lower --input-len / --output-len")
+            raise ValueError(
+                f"prompts of up to {longest} tokens with their output (prefix_len {config.prefix_len}, "
+                f"input_len {config.input_len}, output_len {config.output_len}, range_ratio "
+                f"{config.range_ratio:g}) do not fit the model's context of {limit[0]} ({limit[1]}): "
+                f"lower --input-len / --output-len"
+            )
     name = config.tokenizer
     if name is None:
         path = local_model_path(config.model)
         if path is not None and path.is_dir():
             if not any((path / f).exists() for f in TOKENIZER_FILES):
-                return None                  # no tokenizer to be had; the engine says what it makes of the folder
+                return None  # no tokenizer to be had; the engine says what it makes of the folder
             name = str(path)
         elif path is None and hub_revision(config.model) is not None:
             name = config.model
@@ -166,13 +192,13 @@ def prompt_tokenizer(config: BenchmarkConfig) -> str | None:
 class ServerInfo(_Strict):
     mode: Literal["local", "docker", "external"]
     base_url: str
-    command: Optional[list[str]] = None
-    pid: Optional[int] = Field(None, description="the server's process, leader of its own process group")
-    log: Optional[str] = None
-    ready_after_s: Optional[float] = None
-    exit_code: Optional[int] = Field(None, description="how the server ended: negative is the signal that ended it")
+    command: list[str] | None = None
+    pid: int | None = Field(None, description="the server's process, leader of its own process group")
+    log: str | None = None
+    ready_after_s: float | None = None
+    exit_code: int | None = Field(None, description="how the server ended: negative is the signal that ended it")
     died_during_run: bool = False
-    container: Optional[str] = Field(None, description="docker mode: the container's id (removed after the run)")
+    container: str | None = Field(None, description="docker mode: the container's id (removed after the run)")
     reused: bool = Field(False, description="a server kept by an earlier run (server_lifecycle reuse) served this one")
     kept: bool = Field(False, description="left running after the run for a later one (server_lifecycle reuse)")
 
@@ -180,31 +206,36 @@ class ServerInfo(_Strict):
 class Provenance(_Strict):
     magpie_version: str
     engine: str
-    engine_version: Optional[str]
+    engine_version: str | None
     model: str
-    model_path: Optional[str] = Field(None, description="the local folder or file served")
-    model_hash: Optional[str] = Field(None, description="sha256 over the model folder's files (names and contents)")
-    model_revision: Optional[str] = None
-    image: Optional[str] = Field(None, description="docker mode: the image as named")
-    image_id: Optional[str] = Field(None, description="docker mode: the image's content id (sha256:...)")
+    model_path: str | None = Field(None, description="the local folder or file served")
+    model_hash: str | None = Field(None, description="sha256 over the model folder's files (names and contents)")
+    model_revision: str | None = None
+    image: str | None = Field(None, description="docker mode: the image as named")
+    image_id: str | None = Field(None, description="docker mode: the image's content id (sha256:...)")
     environment: dict[str, str] = {}
-    gpu_allocation: Optional[dict[str, Any]] = Field(
-        None, description="mode auto (picked idle), pinned (a *_VISIBLE_DEVICES variable), none (no GPU), external")
+    gpu_allocation: dict[str, Any] | None = Field(
+        None, description="mode auto (picked idle), pinned (a *_VISIBLE_DEVICES variable), none (no GPU), external"
+    )
     python: str
-    platform: Optional[str] = None
-    hostname: Optional[str] = None
-    command_line: Optional[list[str]] = Field(None, description="magpie's own command line")
+    platform: str | None = None
+    hostname: str | None = None
+    command_line: list[str] | None = Field(None, description="magpie's own command line")
     started_at: str
-    server_reused: bool = Field(False, description="served by a server an earlier run kept (server_lifecycle "
-                                                   "reuse): warm, not started for this run; `server.pid` names it")
+    server_reused: bool = Field(
+        False,
+        description="served by a server an earlier run kept (server_lifecycle "
+        "reuse): warm, not started for this run; `server.pid` names it",
+    )
 
 
 class RunCounts(_Strict):
     duration_s: float
     completed: int
     failed: int
-    empty: int = Field(0, description="completed requests whose stream carried no output text (vLLM counts them "
-                                      "completed)")
+    empty: int = Field(
+        0, description="completed requests whose stream carried no output text (vLLM counts them completed)"
+    )
     total_input_tokens: int
     total_output_tokens: int
     max_concurrent_requests: int
@@ -213,15 +244,16 @@ class RunCounts(_Strict):
 class LatencyMs(BaseModel):
     """One of Magpie's latency blocks (`latency.ttft`, ...): milliseconds under Magpie's `*_ms` keys, null where no
     request gave a value (a TPOT needs a request of two tokens or more). Python reads them without the suffix."""
+
     model_config = ConfigDict(extra="forbid", serialize_by_alias=True, validate_by_name=True, validate_by_alias=True)
 
-    mean: Optional[float] = Field(None, alias="mean_ms")
-    median: Optional[float] = Field(None, alias="median_ms")
-    p99: Optional[float] = Field(None, alias="p99_ms")
-    std: Optional[float] = Field(None, alias="std_ms", description="population standard deviation, as vLLM's")
-    p50: Optional[float] = Field(None, alias="p50_ms")
-    p90: Optional[float] = Field(None, alias="p90_ms")
-    p95: Optional[float] = Field(None, alias="p95_ms")
+    mean: float | None = Field(None, alias="mean_ms")
+    median: float | None = Field(None, alias="median_ms")
+    p99: float | None = Field(None, alias="p99_ms")
+    std: float | None = Field(None, alias="std_ms", description="population standard deviation, as vLLM's")
+    p50: float | None = Field(None, alias="p50_ms")
+    p90: float | None = Field(None, alias="p90_ms")
+    p95: float | None = Field(None, alias="p95_ms")
 
 
 class ReportLatency(_Strict):
@@ -233,6 +265,7 @@ class ReportLatency(_Strict):
 
 class ReportThroughput(_Strict):
     """Magpie's `throughput` block (its seven keys first), then magpie's extras."""
+
     request_throughput: float = Field(description="completed requests/s over the run's duration")
     output_throughput: float = Field(description="output tokens/s")
     total_token_throughput: float = Field(description="input + output tokens/s")
@@ -242,7 +275,7 @@ class ReportThroughput(_Strict):
     duration_seconds: float = Field(description="first dispatch to last completion")
     failed_requests: int
     empty_requests: int = Field(description="completed requests whose stream carried no output text")
-    request_goodput: Optional[float] = Field(None, description="requests/s meeting every SLO; null without SLOs")
+    request_goodput: float | None = Field(None, description="requests/s meeting every SLO; null without SLOs")
     max_output_tokens_per_s: float = Field(description="the busiest one-second bucket's output tokens")
     max_concurrent_requests: int
 
@@ -254,25 +287,39 @@ def measured_fields(outputs, metrics: ServingMetrics, vllm_result: dict) -> dict
     from magpie.serving.metrics import distributions, stats_ms
 
     dists = distributions([o for o in outputs if o.success])
-    latency = ReportLatency(**{name: LatencyMs(**stats_ms(values)) if values else LatencyMs()
-                               for name, values in dists.items()})
+    latency = ReportLatency(
+        **{name: LatencyMs(**stats_ms(values)) if values else LatencyMs() for name, values in dists.items()}
+    )
     thr = metrics.throughput
     throughput = ReportThroughput(
-        request_throughput=thr.request_throughput, output_throughput=thr.output_throughput,
-        total_token_throughput=thr.total_token_throughput, completed_requests=metrics.completed,
-        total_input_tokens=metrics.total_input_tokens, total_output_tokens=metrics.total_output_tokens,
-        duration_seconds=metrics.duration, failed_requests=metrics.failed, empty_requests=metrics.empty,
-        request_goodput=thr.request_goodput, max_output_tokens_per_s=thr.max_output_tokens_per_s,
-        max_concurrent_requests=metrics.max_concurrent_requests)
-    run = RunCounts(duration_s=metrics.duration, completed=metrics.completed, failed=metrics.failed,
-                    empty=metrics.empty, total_input_tokens=metrics.total_input_tokens,
-                    total_output_tokens=metrics.total_output_tokens,
-                    max_concurrent_requests=metrics.max_concurrent_requests)
+        request_throughput=thr.request_throughput,
+        output_throughput=thr.output_throughput,
+        total_token_throughput=thr.total_token_throughput,
+        completed_requests=metrics.completed,
+        total_input_tokens=metrics.total_input_tokens,
+        total_output_tokens=metrics.total_output_tokens,
+        duration_seconds=metrics.duration,
+        failed_requests=metrics.failed,
+        empty_requests=metrics.empty,
+        request_goodput=thr.request_goodput,
+        max_output_tokens_per_s=thr.max_output_tokens_per_s,
+        max_concurrent_requests=metrics.max_concurrent_requests,
+    )
+    run = RunCounts(
+        duration_s=metrics.duration,
+        completed=metrics.completed,
+        failed=metrics.failed,
+        empty=metrics.empty,
+        total_input_tokens=metrics.total_input_tokens,
+        total_output_tokens=metrics.total_output_tokens,
+        max_concurrent_requests=metrics.max_concurrent_requests,
+    )
     return {"throughput": throughput, "latency": latency, "run": run, "raw_result": vllm_result}
 
 
 class KernelRow(_Strict):
     """One kernel of Magpie's `kernel_summary`: its time summed over the profiled window, its share, its calls."""
+
     name: str
     time_ms: float
     percent: float
@@ -281,46 +328,69 @@ class KernelRow(_Strict):
 
 def kernel_rows(top: list[dict[str, Any]]) -> list[KernelRow]:
     """The gap analysis's top kernels (`traces.report`'s rows) as Magpie's `kernel_summary`, busiest first."""
-    return [KernelRow(name=row["Name"], time_ms=row["Self CUDA total (us)"] / 1000.0, percent=row["% Total"],
-                      calls=row["Calls"]) for row in top]
+    return [
+        KernelRow(
+            name=row["Name"], time_ms=row["Self CUDA total (us)"] / 1000.0, percent=row["% Total"], calls=row["Calls"]
+        )
+        for row in top
+    ]
 
 
 class BenchmarkReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     success: bool
-    partial: bool = Field(False, description="the run was interrupted (Ctrl-C, SIGTERM): the figures are those of "
-                                             "the requests completed before it")
+    partial: bool = Field(
+        False,
+        description="the run was interrupted (Ctrl-C, SIGTERM): the figures are those of "
+        "the requests completed before it",
+    )
     framework: str
     model: str
-    throughput: Optional[ReportThroughput] = None
-    latency: Optional[ReportLatency] = None
-    kernel_summary: list[KernelRow] = Field([], description="a profiled run's top GPU kernels (Magpie's list); "
-                                                             "the totals are in gap_analysis")
+    throughput: ReportThroughput | None = None
+    latency: ReportLatency | None = None
+    kernel_summary: list[KernelRow] = Field(
+        [], description="a profiled run's top GPU kernels (Magpie's list); the totals are in gap_analysis"
+    )
     top_bottlenecks: list[dict[str, Any]] = []
-    tracelens_analysis: Optional[dict[str, Any]] = None
-    gap_analysis: Optional[dict[str, Any]] = None
-    gpu_monitor: Optional[dict[str, Any]] = None
-    gpu_monitor_reason: Optional[str] = Field(None, description="why gpu_monitor is null")
+    tracelens_analysis: dict[str, Any] | None = None
+    gap_analysis: dict[str, Any] | None = None
+    gpu_monitor: dict[str, Any] | None = None
+    gpu_monitor_reason: str | None = Field(None, description="why gpu_monitor is null")
     workspace_dir: str
     execution_time: float
     profiling_enabled: bool = False
     run_kind: Literal["measurement", "diagnostic"] = "measurement"
     reward_eligible: bool = False
     errors: list[str] = []
-    raw_result: Optional[dict[str, Any]] = Field(None, description="the run's bench_serve_result.json (vLLM's keys)")
-    run: Optional[RunCounts] = None
-    server: Optional[ServerInfo] = None
-    provenance: Optional[Provenance] = None
+    raw_result: dict[str, Any] | None = Field(None, description="the run's bench_serve_result.json (vLLM's keys)")
+    run: RunCounts | None = None
+    server: ServerInfo | None = None
+    provenance: Provenance | None = None
     config: BenchmarkConfig
     outputs: dict[str, str] = {}
 
 
 # Environment variables that change what a server does, recorded when set.
-ENV_THAT_MATTERS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-                    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "OMP_NUM_THREADS",
-                    "VLLM_USE_V1", "VLLM_ATTENTION_BACKEND", "VLLM_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR",
-                    "PYTORCH_CUDA_ALLOC_CONF", "NCCL_P2P_DISABLE", "TORCH_COMPILE_DISABLE", "CUDA_LAUNCH_BLOCKING")
+ENV_THAT_MATTERS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "OMP_NUM_THREADS",
+    "VLLM_USE_V1",
+    "VLLM_ATTENTION_BACKEND",
+    "VLLM_TORCH_PROFILER_DIR",
+    "SGLANG_TORCH_PROFILER_DIR",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "NCCL_P2P_DISABLE",
+    "TORCH_COMPILE_DISABLE",
+    "CUDA_LAUNCH_BLOCKING",
+)
 
 
 def model_hash(path: str | Path, digests=None) -> str:
@@ -345,7 +415,8 @@ def hub_revision(model: str, environ=os.environ) -> str | None:
     if local_model_path(model) is not None or "/" not in model:
         return None
     cache = environ.get("HF_HUB_CACHE") or os.path.join(
-        environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+        environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub"
+    )
     ref = Path(cache) / ("models--" + model.replace("/", "--")) / "refs" / "main"
     try:
         return ref.read_text().strip() or None

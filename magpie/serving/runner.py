@@ -14,6 +14,7 @@ With `config.profiler` the run is diagnostic: the engine's profiler (`profiling`
 over the measured requests (opened after the warm-ups) into `torch_trace/`, and after the server's stop the trace analysis fills the
 report's `tracelens_analysis`, `gap_analysis`, `kernel_summary` and `top_bottlenecks`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,18 @@ from magpie.serving import engines as _engines
 from magpie.serving import gpus as _gpus
 from magpie.serving import lifecycle as _lifecycle
 from magpie.serving import profiling as _profiling
-from magpie.serving.report import (ENV_THAT_MATTERS, BenchmarkConfig, BenchmarkReport, Provenance, ServerInfo,
-                                   hub_revision, local_model_path, measured_fields, model_hash, prompt_tokenizer)
+from magpie.serving.report import (
+    ENV_THAT_MATTERS,
+    BenchmarkConfig,
+    BenchmarkReport,
+    Provenance,
+    ServerInfo,
+    hub_revision,
+    local_model_path,
+    measured_fields,
+    model_hash,
+    prompt_tokenizer,
+)
 
 REPORT = "benchmark_report.json"
 CONFIG = "benchmark_config.json"
@@ -49,7 +60,7 @@ class _Failed(Exception):
 
 def _write_json(path: Path, data) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str, allow_nan=False) + "\n")   # strict JSON: no Infinity
+    tmp.write_text(json.dumps(data, indent=1, default=str, allow_nan=False) + "\n")  # strict JSON: no Infinity
     tmp.replace(path)
 
 
@@ -59,16 +70,24 @@ def _provenance(config: BenchmarkConfig, engine, spec_env: dict[str, str], alloc
     from magpie import __version__
 
     path = local_model_path(config.model)
-    in_docker = config.run_mode == "docker"     # the container sees the engine's environment, not ours
+    in_docker = config.run_mode == "docker"  # the container sees the engine's environment, not ours
     env = {k: v for k, v in {**({} if in_docker else os.environ), **spec_env}.items() if k in ENV_THAT_MATTERS}
-    return Provenance(magpie_version=__version__, engine=engine.name,
-                      engine_version=None if in_docker else engine.version(),
-                      model=config.model, model_path=str(path) if path and path.exists() else None,
-                      model_hash=model_hash(path) if path and path.exists() else None,
-                      model_revision=hub_revision(config.model), environment=env, gpu_allocation=allocation,
-                      python=platform.python_version(), platform=platform.platform(), hostname=socket.gethostname(),
-                      command_line=list(sys.argv),
-                      started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return Provenance(
+        magpie_version=__version__,
+        engine=engine.name,
+        engine_version=None if in_docker else engine.version(),
+        model=config.model,
+        model_path=str(path) if path and path.exists() else None,
+        model_hash=model_hash(path) if path and path.exists() else None,
+        model_revision=hub_revision(config.model),
+        environment=env,
+        gpu_allocation=allocation,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        hostname=socket.gethostname(),
+        command_line=list(sys.argv),
+        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
 
 
 def _warn(lines: list[str]) -> None:
@@ -104,31 +123,43 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
     try:
         with install_sigterm():
             try:
-                try:                # before any server starts: the tokenizer, and lengths that fit the context
+                try:  # before any server starts: the tokenizer, and lengths that fit the context
                     config = config.model_copy(update={"tokenizer": prompt_tokenizer(config)})
                 except ValueError as exc:
                     raise _Failed(str(exc)) from None
-                spec = _engines.ServerSpec(model=config.model, host=config.host, port=config.port, tp=config.tp,
-                                           precision=config.precision, max_model_len=config.max_model_len,
-                                           extra_args=config.extra_server_args, env=config.env)
+                spec = _engines.ServerSpec(
+                    model=config.model,
+                    host=config.host,
+                    port=config.port,
+                    tp=config.tp,
+                    precision=config.precision,
+                    max_model_len=config.max_model_len,
+                    extra_args=config.extra_server_args,
+                    env=config.env,
+                )
                 env = engine.environment(spec) if not external else {}
                 trace_dir = work / _profiling.TRACE_DIR
                 if config.profiler:
                     if external or not _profiling.supported(engine_name):
-                        raise _Failed(f"--torch-profiler: no profiler mechanism for {engine_name}"
-                                      f"{' with --base-url' if external else ''}: it needs a server of ours "
-                                      f"(vllm, sglang or transformers)")
+                        raise _Failed(
+                            f"--torch-profiler: no profiler mechanism for {engine_name}"
+                            f"{' with --base-url' if external else ''}: it needs a server of ours "
+                            f"(vllm, sglang or transformers)"
+                        )
                     if config.run_mode == "docker" and engine_name in _profiling.LAUNCHER_ENGINES:
-                        raise _Failed(f"--torch-profiler: {engine_name} is profiled by magpie's launcher, which "
-                                      f"its docker image does not hold; profile it in local mode")
+                        raise _Failed(
+                            f"--torch-profiler: {engine_name} is profiled by magpie's launcher, which "
+                            f"its docker image does not hold; profile it in local mode"
+                        )
                     env.update(_profiling.environment(engine_name, trace_dir))
                     outputs["torch_trace"] = str(trace_dir)
                 if external:
                     allocation = {"mode": "external", "devices": []}
                 else:
                     try:
-                        updates, allocation = _gpus.allocate(env, config.tp,
-                                                             min_free_fraction=config.gpu_min_free_fraction)
+                        updates, allocation = _gpus.allocate(
+                            env, config.tp, min_free_fraction=config.gpu_min_free_fraction
+                        )
                     except _gpus.GpuError as exc:
                         provenance = _provenance(config, engine, env, {"mode": "auto", "error": str(exc)})
                         raise _Failed(str(exc)) from None
@@ -138,7 +169,7 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                     try:
                         prepared = _docker.prepare(engine_name, config.docker_image, allocation)
                         provenance.image, provenance.image_id = prepared.image, prepared.image_id
-                        _docker.give_back(work, prepared.owner, prepared)   # under sudo: the container's user writes it
+                        _docker.give_back(work, prepared.owner, prepared)  # under sudo: the container's user writes it
                     except _docker.DockerError as exc:
                         raise _Failed(f"docker mode: {exc}") from None
                 if external:
@@ -166,28 +197,41 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                         if prepared is not None:
                             _warn(_docker.sweep(prepared.client))
                             server = _docker.DockerServer(
-                                prepared, command, env=env, log_path=log, host=config.host, port=engine.port(spec),
-                                health_url=health_url, workspace=work,
-                                model_path=path if path is not None and path.exists() else None)
+                                prepared,
+                                command,
+                                env=env,
+                                log_path=log,
+                                host=config.host,
+                                port=engine.port(spec),
+                                health_url=health_url,
+                                workspace=work,
+                                model_path=path if path is not None and path.exists() else None,
+                            )
                             # what the container was given (an NVIDIA GPU allocation is a device request, not a
                             # variable)
-                            provenance.environment = {k: v for k, v in server.settings["environment"].items()
-                                                      if k in ENV_THAT_MATTERS}
+                            provenance.environment = {
+                                k: v for k, v in server.settings["environment"].items() if k in ENV_THAT_MATTERS
+                            }
                         else:
                             wanted = _lifecycle.record_for(provenance, command, env, config.host, engine.port(spec))
                             if config.server_lifecycle == "reuse":
-                                server = _lifecycle.KeptServer(wanted, env=env, health_url=health_url, run_log=log,
-                                                               project=project)
+                                server = _lifecycle.KeptServer(
+                                    wanted, env=env, health_url=health_url, run_log=log, project=project
+                                )
                             else:
-                                server = _lifecycle.TrackedServer(wanted, env=env, health_url=health_url,
-                                                                  log_path=log, cwd=work)
-                    except ServerError as exc:      # the folder of server records is unusable
+                                server = _lifecycle.TrackedServer(
+                                    wanted, env=env, health_url=health_url, log_path=log, cwd=work
+                                )
+                    except ServerError as exc:  # the folder of server records is unusable
                         raise _Failed(str(exc)) from None
                     server_info = ServerInfo(mode=config.run_mode, base_url=base_url, command=command, log=str(log))
                     try:
                         if prepared is not None:
-                            _warn(_lifecycle.make_room(config.host, engine.port(spec),
-                                                       "this run starts a container on that port"))
+                            _warn(
+                                _lifecycle.make_room(
+                                    config.host, engine.port(spec), "this run starts a container on that port"
+                                )
+                            )
                         server.start()
                         _warn(getattr(server, "warnings", []))
                         server_info.pid = server.pid
@@ -203,11 +247,24 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                 profile = None
                 if config.profiler:
                     pid = server.pid if server is not None else None
-                    profile = (lambda: _profiling.start(engine_name, base_url, pid, trace_dir),
-                               lambda: _profiling.stop(engine_name, base_url, pid, trace_dir,
-                                                       wait_s=max(min(remaining(), 300.0), 10.0)))
-                _load(config, engine, base_url, server, remaining, work, report_kw, outputs,
-                      _monitored(allocation), profile)
+                    profile = (
+                        lambda: _profiling.start(engine_name, base_url, pid, trace_dir),
+                        lambda: _profiling.stop(
+                            engine_name, base_url, pid, trace_dir, wait_s=max(min(remaining(), 300.0), 10.0)
+                        ),
+                    )
+                _load(
+                    config,
+                    engine,
+                    base_url,
+                    server,
+                    remaining,
+                    work,
+                    report_kw,
+                    outputs,
+                    _monitored(allocation),
+                    profile,
+                )
             except _Failed as exc:
                 errors.append(str(exc))
                 if exc.detail:
@@ -215,9 +272,15 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
             except KeyboardInterrupt:
                 interrupted = True
                 run = report_kw.get("run")
-                errors.append("interrupted (Ctrl-C or SIGTERM)" + (
-                    f": the report is partial, the {run.completed + run.failed} requests finished before it"
-                    if run is not None else "") + ("; the server was stopped" if server is not None else ""))
+                errors.append(
+                    "interrupted (Ctrl-C or SIGTERM)"
+                    + (
+                        f": the report is partial, the {run.completed + run.failed} requests finished before it"
+                        if run is not None
+                        else ""
+                    )
+                    + ("; the server was stopped" if server is not None else "")
+                )
             finally:
                 if server is not None:
                     run = report_kw.get("run")
@@ -226,27 +289,36 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                         server.wait_exit(timeout_s=2.0)
                     died = server.exit_code() is not None and server.ready_after is not None
                     # a kept server serves later runs only after a clean one; any failure stops it for good
-                    kept = isinstance(server, _lifecycle.KeptServer) and not died and not errors and \
-                        run is not None and not run.failed
+                    kept = (
+                        isinstance(server, _lifecycle.KeptServer)
+                        and not died
+                        and not errors
+                        and run is not None
+                        and not run.failed
+                    )
                     code = server.keep() if kept else server.stop()
                     if server_info is not None:
                         server_info.exit_code = code
                         server_info.died_during_run = died
                         server_info.kept = kept
                     if died:
-                        errors.insert(0, f"the server exited with code {code} during the run"
-                                         f"{exit_words(server.log_path)}; log: {server.log_path}")
+                        errors.insert(
+                            0,
+                            f"the server exited with code {code} during the run"
+                            f"{exit_words(server.log_path)}; log: {server.log_path}",
+                        )
                         errors.append("server log tail:\n" + tail(server.log_path))
                     if prepared is not None:
                         errors.extend(server.cleanup_errors())
-    except KeyboardInterrupt:        # a second Ctrl-C while stopping: the report is still written
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping: the report is still written
         interrupted = True
         if server is not None:
             server.stop(grace_s=0)
     run = report_kw.get("run")
     if run is not None and run.failed:
-        errors.append(f"{run.failed} of {run.failed + run.completed} requests failed; first: "
-                      f"{report_kw.pop('first_error', '')}")
+        errors.append(
+            f"{run.failed} of {run.failed + run.completed} requests failed; first: {report_kw.pop('first_error', '')}"
+        )
     report_kw.pop("first_error", None)
     if config.profiler and report_kw.get("traces"):
         no_model = _profiling.missing_model_ops(report_kw["traces"])
@@ -256,15 +328,25 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
         _analyse(report_kw, work, outputs, errors, config.analysis_mode)
     report_kw.pop("traces", None)
     success = not errors and run is not None and run.completed > 0
-    report = BenchmarkReport(success=success, framework=engine_name, model=config.model, workspace_dir=str(work),
-                             execution_time=time.monotonic() - t0, run_kind=config.run_kind,
-                             profiling_enabled=config.profiler,
-                             reward_eligible=success and config.run_kind == "measurement", errors=errors,
-                             server=server_info, provenance=provenance,
-                             config=config, outputs={**outputs, "report": str(work / REPORT)}, **report_kw)
+    report = BenchmarkReport(
+        success=success,
+        framework=engine_name,
+        model=config.model,
+        workspace_dir=str(work),
+        execution_time=time.monotonic() - t0,
+        run_kind=config.run_kind,
+        profiling_enabled=config.profiler,
+        reward_eligible=success and config.run_kind == "measurement",
+        errors=errors,
+        server=server_info,
+        provenance=provenance,
+        config=config,
+        outputs={**outputs, "report": str(work / REPORT)},
+        **report_kw,
+    )
     _write_json(work / REPORT, report.model_dump(mode="json"))
     if prepared is not None and os.geteuid() == 0:
-        _docker.give_back(work, prepared.owner)     # under sudo, magpie's own files are root's until here
+        _docker.give_back(work, prepared.owner)  # under sudo, magpie's own files are root's until here
     if interrupted:
         raise KeyboardInterrupt
     return report
@@ -290,8 +372,18 @@ def _monitored(allocation: dict) -> list[int] | None:
     return devices if devices and all(isinstance(d, int) for d in devices) else None
 
 
-def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, work: Path, report_kw: dict,
-          outputs: dict, monitor_devices: list[int] | None = None, profile=None) -> None:
+def _load(
+    config: BenchmarkConfig,
+    engine,
+    base_url: str,
+    server,
+    remaining,
+    work: Path,
+    report_kw: dict,
+    outputs: dict,
+    monitor_devices: list[int] | None = None,
+    profile=None,
+) -> None:
     from magpie.serving import load as _load_mod
     from magpie.serving.completed import CompletedRequests
     from magpie.serving.models import DatasetConfig, LoadConfig
@@ -299,15 +391,29 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
     if remaining() <= 0:
         raise _Failed(f"the benchmark's timeout of {config.timeout_s:g} s passed before the load started")
     load_config = LoadConfig(
-        base_url=base_url, model=config.model, endpoint=config.endpoint, num_prompts=config.num_prompts,
-        dataset=DatasetConfig(input_len=config.input_len, output_len=config.output_len,
-                              range_ratio=config.range_ratio, prefix_len=config.prefix_len),
+        base_url=base_url,
+        model=config.model,
+        endpoint=config.endpoint,
+        num_prompts=config.num_prompts,
+        dataset=DatasetConfig(
+            input_len=config.input_len,
+            output_len=config.output_len,
+            range_ratio=config.range_ratio,
+            prefix_len=config.prefix_len,
+        ),
         tokenizer_id=config.tokenizer,
-        request_rate=config.request_rate, burstiness=config.burstiness, max_concurrency=config.concurrency,
-        num_warmups=config.num_warmups, seed=config.seed, goodput=config.goodput,
+        request_rate=config.request_rate,
+        burstiness=config.burstiness,
+        max_concurrency=config.concurrency,
+        num_warmups=config.num_warmups,
+        seed=config.seed,
+        goodput=config.goodput,
         # an engine with no way to fix the output length is sent OpenAI's standard fields alone
-        force_len=engine.force_len or "ignore_eos", ignore_eos=None if engine.force_len else False,
-        timeout_s=max(remaining(), 1.0) + 5.0, label=engine.name)   # the watcher's deadline comes first
+        force_len=engine.force_len or "ignore_eos",
+        ignore_eos=None if engine.force_len else False,
+        timeout_s=max(remaining(), 1.0) + 5.0,
+        label=engine.name,
+    )  # the watcher's deadline comes first
     samples = _load_mod.load_samples(load_config)
     completed = CompletedRequests()
 
@@ -340,13 +446,19 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
     try:
         try:
             record = asyncio.run(watched())
-        except _profiling.ProfilerError as exc:      # from the start, after the warm-ups
+        except _profiling.ProfilerError as exc:  # from the start, after the warm-ups
             raise _Failed(f"the profiler did not start: {exc}") from None
         except KeyboardInterrupt:
             finished = completed.outputs()
-            if finished:                             # the report of what was done before it
-                _record(config, load_config, _load_mod.RunRecord(finished, completed.elapsed(), []), work,
-                        report_kw, outputs)
+            if finished:  # the report of what was done before it
+                _record(
+                    config,
+                    load_config,
+                    _load_mod.RunRecord(finished, completed.elapsed(), []),
+                    work,
+                    report_kw,
+                    outputs,
+                )
                 report_kw["partial"] = True
             raise
         if profile is not None:
@@ -354,7 +466,7 @@ def _load(config: BenchmarkConfig, engine, base_url: str, server, remaining, wor
                 report_kw["traces"] = profile[1]()
             except _profiling.ProfilerError as exc:
                 raise _Failed(f"the profiler did not stop cleanly: {exc}") from None
-    except RuntimeError as exc:          # the ready check's request failed
+    except RuntimeError as exc:  # the ready check's request failed
         raise _Failed(str(exc)) from None
     finally:
         if monitor is not None:

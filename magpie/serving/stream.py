@@ -13,10 +13,11 @@ and carried no error, even with no output text; such an empty request's TTFT and
 and last chunk's times. vLLM asks for a chunk with a `choices` entry; a stream whose only chunk is a
 usage chunk is a success here and a failure there.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 Clock = Callable[[], float]
 
@@ -24,8 +25,20 @@ Clock = Callable[[], float]
 class RequestOutput:
     """The record of one request (vLLM's `RequestFuncOutput` fields, plus the token chunk times)."""
 
-    __slots__ = ("success", "start_time", "ttft", "latency", "itl", "output_tokens", "prompt_len",
-                 "generated_text", "error", "client_queue_time", "token_times", "usage_tokens")
+    __slots__ = (
+        "success",
+        "start_time",
+        "ttft",
+        "latency",
+        "itl",
+        "output_tokens",
+        "prompt_len",
+        "generated_text",
+        "error",
+        "client_queue_time",
+        "token_times",
+        "usage_tokens",
+    )
 
     def __init__(self, prompt_len: int = 0, start_time: float = 0.0) -> None:
         self.success = False
@@ -42,15 +55,16 @@ class RequestOutput:
         self.usage_tokens: int | None = None
 
     def __repr__(self) -> str:
-        return (f"RequestOutput(success={self.success}, ttft={self.ttft:.6f}, latency={self.latency:.6f}, "
-                f"tokens={self.output_tokens}, error={self.error[:60]!r})")
+        return (
+            f"RequestOutput(success={self.success}, ttft={self.ttft:.6f}, latency={self.latency:.6f}, "
+            f"tokens={self.output_tokens}, error={self.error[:60]!r})"
+        )
 
 
 class StreamRecorder:
     """Parses one SSE body and records its token chunks' times into a `RequestOutput`."""
 
-    __slots__ = ("endpoint", "clock", "out", "_buf", "_texts", "done", "failed", "first_chunk_at",
-                 "last_chunk_at")
+    __slots__ = ("endpoint", "clock", "out", "_buf", "_texts", "done", "failed", "first_chunk_at", "last_chunk_at")
 
     def __init__(self, endpoint, out: RequestOutput, clock: Clock = time.perf_counter) -> None:
         self.endpoint = endpoint
@@ -58,14 +72,14 @@ class StreamRecorder:
         self.out = out
         self._buf = b""
         self._texts: list[str] = []
-        self.done = False          # `data: [DONE]` seen
-        self.failed = ""           # an error payload inside the stream
-        self.first_chunk_at: float | None = None   # any decoded chunk, with or without output text
+        self.done = False  # `data: [DONE]` seen
+        self.failed = ""  # an error payload inside the stream
+        self.first_chunk_at: float | None = None  # any decoded chunk, with or without output text
         self.last_chunk_at: float | None = None
 
     def feed(self, data: bytes) -> None:
         buf = self._buf + data if self._buf else data
-        if b"\r" in buf:           # CRLF or CR line endings: normalise, keeping a trailing lone CR for later
+        if b"\r" in buf:  # CRLF or CR line endings: normalise, keeping a trailing lone CR for later
             keep = buf.endswith(b"\r")
             buf = (buf[:-1] if keep else buf).replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if keep else b"")
         start = 0
@@ -82,7 +96,7 @@ class StreamRecorder:
     def _message(self, block: bytes) -> None:
         if block.startswith(b"data:") and b"\n" not in block:
             payload = block[6:] if block[5:6] == b" " else block[5:]
-        else:                      # several lines: data lines joined by newlines, comments and other fields ignored
+        else:  # several lines: data lines joined by newlines, comments and other fields ignored
             parts = []
             for line in block.split(b"\n"):
                 if line.startswith(b"data:"):

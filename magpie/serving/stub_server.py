@@ -10,13 +10,14 @@ response goes out in one write, from a cache. Prompt tokens are its whitespace-s
 
     python -m magpie.serving.stub_server --port 8765      # instant answers, until killed
 """
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import msgspec
 
@@ -27,14 +28,14 @@ _encode = msgspec.json.encode
 @dataclass
 class Reply:
     status: int = 200
-    tokens: int | None = None            # None: the request's max_tokens
-    first_delay: float = 0.0             # seconds before the first token chunk
-    delays: list[float] = field(default_factory=list)   # seconds before token i+1 (missing: 0)
-    drop_after: int | None = None        # close the connection after this many token chunks
-    usage: bool | None = None            # None: as the request asks
-    text: str = "tok "                   # each token chunk's text
-    error_chunk: str | None = None       # an in-stream error payload after the tokens
-    abort: bool = False                  # reset the connection without answering (a stale keep-alive peer)
+    tokens: int | None = None  # None: the request's max_tokens
+    first_delay: float = 0.0  # seconds before the first token chunk
+    delays: list[float] = field(default_factory=list)  # seconds before token i+1 (missing: 0)
+    drop_after: int | None = None  # close the connection after this many token chunks
+    usage: bool | None = None  # None: as the request asks
+    text: str = "tok "  # each token chunk's text
+    error_chunk: str | None = None  # an in-stream error payload after the tokens
+    abort: bool = False  # reset the connection without answering (a stale keep-alive peer)
 
 
 Script = Callable[[str, dict], Reply]
@@ -53,11 +54,18 @@ def _events(path: str, reply: Reply, n: int, prompt_tokens: int, usage: bool, mo
     base = {"id": "stub", "object": obj, "created": 0, "model": model}
     head = b""
     if chat:
-        head = _frame(_encode({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                     "finish_reason": None}]}))
+        head = _frame(
+            _encode(
+                {
+                    **base,
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                }
+            )
+        )
     if chat:
-        tok = _frame(_encode({**base, "choices": [{"index": 0, "delta": {"content": reply.text},
-                                                    "finish_reason": None}]}))
+        tok = _frame(
+            _encode({**base, "choices": [{"index": 0, "delta": {"content": reply.text}, "finish_reason": None}]})
+        )
         fin = _frame(_encode({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}))
     else:
         tok = _frame(_encode({**base, "choices": [{"index": 0, "text": reply.text, "finish_reason": None}]}))
@@ -66,18 +74,31 @@ def _events(path: str, reply: Reply, n: int, prompt_tokens: int, usage: bool, mo
     if reply.error_chunk is not None:
         tail = _frame(_encode({"error": {"message": reply.error_chunk}}))
     if usage:
-        tail += _frame(_encode({**base, "choices": [], "usage": {
-            "prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}}))
+        tail += _frame(
+            _encode(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": n,
+                        "total_tokens": prompt_tokens + n,
+                    },
+                }
+            )
+        )
     tail += _frame(b"[DONE]") + b"0\r\n\r\n"
     return [head] + [tok] * n + [tail]
 
 
-_HEAD_OK = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-            b"transfer-encoding: chunked\r\n\r\n")
+_HEAD_OK = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+)
 
 
 class _ServerConnection(asyncio.Protocol):
-    def __init__(self, server: "StubServer") -> None:
+    def __init__(self, server: StubServer) -> None:
         self.server = server
         self.buf = b""
         self.transport = None
@@ -105,20 +126,21 @@ class _ServerConnection(asyncio.Protocol):
                     length = int(value)
             if len(self.buf) < cut + 4 + length:
                 return
-            body = self.buf[cut + 4:cut + 4 + length]
-            self.buf = self.buf[cut + 4 + length:]
+            body = self.buf[cut + 4 : cut + 4 + length]
+            self.buf = self.buf[cut + 4 + length :]
             self.server._handle(self, head.split(b" ", 2)[1].decode(), body)
 
 
 class StubServer:
     """Serves until `close()`; `port=0` picks a free port (read `.port` after `start()`)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, script: Script | None = None,
-                 record: bool = False) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, script: Script | None = None, record: bool = False
+    ) -> None:
         self.host, self.port, self.script = host, port, script
         self.record = record
         self.requests: list[tuple[str, dict]] = []
-        self.connections = 0             # accepted so far
+        self.connections = 0  # accepted so far
         self.live: set[_ServerConnection] = set()
         self._server = None
         self._cache: dict[tuple, bytes] = {}
@@ -127,10 +149,9 @@ class StubServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def start(self) -> "StubServer":
+    async def start(self) -> StubServer:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ServerConnection(self), self.host, self.port,
-                                                backlog=4096)
+        self._server = await loop.create_server(lambda: _ServerConnection(self), self.host, self.port, backlog=4096)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -152,12 +173,19 @@ class StubServer:
             return
         if reply.status != 200:
             msg = _encode({"error": {"message": f"scripted status {reply.status}"}})
-            conn.transport.write(b"HTTP/1.1 %d Error\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                                 % (reply.status, len(msg), msg))
+            conn.transport.write(
+                b"HTTP/1.1 %d Error\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (reply.status, len(msg), msg)
+            )
             return
-        n = reply.tokens if reply.tokens is not None else int(body.get("max_tokens") or
-                                                               body.get("max_completion_tokens") or 16)
-        usage = reply.usage if reply.usage is not None else bool((body.get("stream_options") or {}).get("include_usage"))
+        n = (
+            reply.tokens
+            if reply.tokens is not None
+            else int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        )
+        usage = (
+            reply.usage if reply.usage is not None else bool((body.get("stream_options") or {}).get("include_usage"))
+        )
         if "messages" in body:
             prompt = " ".join(str(m.get("content", "")) for m in body["messages"])
         else:

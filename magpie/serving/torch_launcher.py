@@ -24,6 +24,7 @@ launcher's marker means the whole tree records), and removed once its trace is i
 (`magpie.serving.profiling`) waits for the launcher's marker after SIGUSR1, and for no marker left
 after SIGUSR2. A process started while a window is open records from the next window.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,7 +45,7 @@ SIGNALS = {START_SIGNAL, STOP_SIGNAL}
 CHILD_OPEN_WAIT_S = 60.0
 
 _state: dict = {"prof": None, "open": False, "n": 0}
-_children: list = []          # the multiprocessing children this process started and follows
+_children: list = []  # the multiprocessing children this process started and follows
 
 
 def _say(message: str) -> None:
@@ -65,7 +66,7 @@ def _live_children() -> list:
         try:
             if child.is_alive():
                 alive.append(child)
-        except ValueError:               # closed by its owner: it is gone
+        except ValueError:  # closed by its owner: it is gone
             pass
     _children[:] = alive
     return alive
@@ -95,13 +96,18 @@ def _open() -> None:
             break
         time.sleep(0.05)
     if waiting:
-        _say(f"child process(es) {', '.join(str(c.pid) for c in waiting)} did not open their profiler within "
-             f"{CHILD_OPEN_WAIT_S:g} s")
+        _say(
+            f"child process(es) {', '.join(str(c.pid) for c in waiting)} did not open their profiler within "
+            f"{CHILD_OPEN_WAIT_S:g} s"
+        )
     marker = _marker(os.getpid())
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("")
-    _say("profiler started" if not children else
-         f"profiler window open in child process(es) {', '.join(str(c.pid) for c in children)}")
+    _say(
+        "profiler started"
+        if not children
+        else f"profiler window open in child process(es) {', '.join(str(c.pid) for c in children)}"
+    )
 
 
 def _start_profiler():
@@ -150,7 +156,7 @@ def _watch_signals() -> None:
         signum = signal.sigwait(SIGNALS)
         try:
             _open() if signum == START_SIGNAL else _close()
-        except Exception as exc:        # a failed window must not end the server; the client sees no trace
+        except Exception as exc:  # a failed window must not end the server; the client sees no trace
             _say(f"profiler window failed: {type(exc).__name__}: {exc}")
 
 
@@ -172,8 +178,7 @@ def _follow_children() -> None:
 
     def start(self) -> None:
         if self._target is not None:
-            self._target, self._args, self._kwargs = \
-                _run_followed, (self._target, self._args, dict(self._kwargs)), {}
+            self._target, self._args, self._kwargs = _run_followed, (self._target, self._args, dict(self._kwargs)), {}
             _children.append(self)
         original(self)
 
@@ -183,7 +188,7 @@ def _follow_children() -> None:
 
 def _run_followed(target, args: tuple, kwargs: dict):
     """A followed child's entry: its own signal thread and followed children, then its target."""
-    _state.update(prof=None, open=False, n=0)       # a forked child's copy of its parent's window is not its own
+    _state.update(prof=None, open=False, n=0)  # a forked child's copy of its parent's window is not its own
     _children.clear()
     _follow_children()
     _take_signals()
@@ -212,8 +217,10 @@ def main(argv: list[str]) -> None:
         return
     func = _entry(argv[0])
     if func is None:
-        raise SystemExit(f"torch_launcher: {argv[0]!r} is no console script of this Python "
-                         f"({shutil.which(argv[0]) or 'not on PATH'}); give python -m MODULE")
+        raise SystemExit(
+            f"torch_launcher: {argv[0]!r} is no console script of this Python "
+            f"({shutil.which(argv[0]) or 'not on PATH'}); give python -m MODULE"
+        )
     sys.argv = [argv[0], *argv[1:]]
     sys.exit(func())
 

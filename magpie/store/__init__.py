@@ -60,11 +60,15 @@ def warning(task: str, problem: str) -> str:
     if problem == UNRECORDED:
         return f"store: artifact of {task} has no recorded digest (written by an older magpie); rebuilding it"
     if problem == UNSIGNED:
-        return f"store: artifact of {task} is not signed (written by an older magpie, or its signature removed); " \
-               f"rebuilding it"
+        return (
+            f"store: artifact of {task} is not signed (written by an older magpie, or its signature removed); "
+            f"rebuilding it"
+        )
     if problem.startswith("signed by "):
-        return f"store: artifact of {task} is {problem} (magpie key prints a machine's signer; trust one with " \
-               f"[store] trusted_signers in magpie.toml); rebuilding it"
+        return (
+            f"store: artifact of {task} is {problem} (magpie key prints a machine's signer; trust one with "
+            f"[store] trusted_signers in magpie.toml); rebuilding it"
+        )
     return f"store: artifact of {task} was modified after it was written ({problem}); rebuilding it"
 
 
@@ -81,9 +85,14 @@ def _file_stamp(path: str) -> list[int]:
 
 
 def _well_formed(files) -> bool:
-    return isinstance(files, dict) and RESULT in files and all(
-        isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
-        for v in files.values())
+    return (
+        isinstance(files, dict)
+        and RESULT in files
+        and all(
+            isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
+            for v in files.values()
+        )
+    )
 
 
 def _digest(data: bytes) -> list:
@@ -131,8 +140,9 @@ class Store:
 
         for reserved in RESERVED:
             if reserved in files:
-                raise ValueError(f"an action may not produce a file named {reserved} (the store's record of the "
-                                 f"artifact)")
+                raise ValueError(
+                    f"an action may not produce a file named {reserved} (the store's record of the artifact)"
+                )
         final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-", dir=final.parent))
@@ -268,8 +278,11 @@ class Store:
             return BAD_SIGNATURE
         message = signing.artifact_message(task, key, files)
         signer, signature = signed.get("signer"), signed.get("signature")
-        if isinstance(signer, str) and isinstance(signature, str) and signing.mac_matches(
-                signing.artifact_mac(message, signer, signature), signed.get("mac")):
+        if (
+            isinstance(signer, str)
+            and isinstance(signature, str)
+            and signing.mac_matches(signing.artifact_mac(message, signer, signature), signed.get("mac"))
+        ):
             return None
         if not signing.signature_valid(signer, signature, message):
             return BAD_SIGNATURE
@@ -282,8 +295,7 @@ class Store:
         if self._trusted is None:
             from magpie.store import signing
 
-            self._trusted = frozenset({signing.public_key(), *self.configured_signers,
-                                       *signing.user_trusted_signers()})
+            self._trusted = frozenset({signing.public_key(), *self.configured_signers, *signing.user_trusted_signers()})
         return self._trusted
 
     def unchanged(self, key: str, stamp: list | None) -> bool:
@@ -382,4 +394,3 @@ def atomic_write(path: Path, text: str | bytes) -> None:
         if isinstance(err, OSError) and err.filename is None:
             err.filename = str(path)  # a refused write() names no file: say which was being written
         raise
-

@@ -13,6 +13,7 @@ mtime and ctime were at least `SETTLED_S` old when its hashing began and whose s
 read: a file still being written is hashed again next time. Losing the JSON (or a concurrent writer's entries)
 only costs a rehash.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -64,8 +64,10 @@ def _parse_seed(text: str, where: str) -> bytes:
     except ValueError:
         seed = b""
     if len(seed) != 32:
-        raise UserError(f"{where}: not an ed25519 key: give 64 hex digits (e.g. from "
-                        f"`python -c \"import secrets; print(secrets.token_hex(32))\"`)")
+        raise UserError(
+            f"{where}: not an ed25519 key: give 64 hex digits (e.g. from "
+            f'`python -c "import secrets; print(secrets.token_hex(32))"`)'
+        )
     return seed
 
 
@@ -82,9 +84,11 @@ def secret() -> bytes:
     with handle:
         st = os.fstat(handle.fileno())
         if st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise UserError(f"{path}: the store's signing key must be yours and readable by you alone "
-                            f"(mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}): chmod 600 it, or remove it "
-                            f"and a new key is made (what the old one signed is then rebuilt)")
+            raise UserError(
+                f"{path}: the store's signing key must be yours and readable by you alone "
+                f"(mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}): chmod 600 it, or remove it "
+                f"and a new key is made (what the old one signed is then rebuilt)"
+            )
         seed = _parse_seed(handle.read().decode(errors="replace").strip(), str(path))
     _secret[:] = [seed]
     return seed
@@ -97,8 +101,10 @@ def _make_key_file(path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=path.parent)  # mode 0600
     except OSError as err:
-        raise UserError(f"{path}: cannot make the store's signing key ({err.strerror}): set XDG_CONFIG_HOME to a "
-                        f"folder of yours, or give a key in {SIGNING_KEY}") from None
+        raise UserError(
+            f"{path}: cannot make the store's signing key ({err.strerror}): set XDG_CONFIG_HOME to a "
+            f"folder of yours, or give a key in {SIGNING_KEY}"
+        ) from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(os.urandom(32).hex() + "\n")
@@ -123,8 +129,9 @@ def artifact_message(task: str | None, key: str, files: dict) -> bytes:
 
 
 def artifact_mac(message: bytes, signer: str, signature: str) -> str:
-    return hmac.new(_derived(b"artifact mac v1"), b"\n".join([message, signer.encode(), signature.encode()]),
-                    hashlib.sha256).hexdigest()
+    return hmac.new(
+        _derived(b"artifact mac v1"), b"\n".join([message, signer.encode(), signature.encode()]), hashlib.sha256
+    ).hexdigest()
 
 
 def snapshot_mac(data: bytes) -> str:
@@ -162,8 +169,12 @@ def sign(message: bytes) -> dict:
 
 def well_formed_signer(text) -> bool:
     """Whether text is "ed25519:" and 64 lowercase hex digits (one key, one spelling: signers are compared)."""
-    return (isinstance(text, str) and text.startswith(SCHEME) and len(text) == len(SCHEME) + 64
-            and set(text[len(SCHEME):]) <= set("0123456789abcdef"))
+    return (
+        isinstance(text, str)
+        and text.startswith(SCHEME)
+        and len(text) == len(SCHEME) + 64
+        and set(text[len(SCHEME) :]) <= set("0123456789abcdef")
+    )
 
 
 def signature_valid(signer, signature, message: bytes) -> bool:
@@ -173,8 +184,9 @@ def signature_valid(signer, signature, message: bytes) -> bool:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     try:
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(signer[len(SCHEME):])).verify(
-            bytes.fromhex(signature), message)
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(signer[len(SCHEME) :])).verify(
+            bytes.fromhex(signature), message
+        )
     except (InvalidSignature, ValueError):
         return False
     return True
@@ -195,7 +207,9 @@ def user_trusted_signers() -> frozenset[str]:
         if not text:
             continue
         if not well_formed_signer(text):
-            raise UserError(f"{path}: line {number}: not a signer: give one \"ed25519:\" and 64 lowercase hex "
-                            f"digits a line (what `magpie key` prints on the machine to trust)")
+            raise UserError(
+                f'{path}: line {number}: not a signer: give one "ed25519:" and 64 lowercase hex '
+                f"digits a line (what `magpie key` prints on the machine to trust)"
+            )
         signers.add(text)
     return frozenset(signers)

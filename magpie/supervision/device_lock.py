@@ -117,8 +117,9 @@ def _wait_for(fd: int, path: Path, mode: int, purpose: str, behind: Path | None,
                 holders, since = seen, now
             look = now + min(LOOK_S, limit / 4)
         if now - since >= limit:
-            raise DeviceLockTimeout(_timeout_line(path, purpose, now - started, now - since,
-                                                  None if holders is None else holders[0]))
+            raise DeviceLockTimeout(
+                _timeout_line(path, purpose, now - started, now - since, None if holders is None else holders[0])
+            )
 
 
 # Where this process tells how long it has waited for locks, for the job that keeps its step's
@@ -185,8 +186,10 @@ def _timeout_line(path: Path, purpose: str, waited: float, held: float, holders:
         who = "by " + ", ".join(f"pid {pid} ({_command_line(pid)})" for pid in holders[:3])
         who += f" and {len(holders) - 3} more" if len(holders) > 3 else ""
     when = "all that time" if held >= waited - 0.5 else f"the last {held:.0f} s"
-    return (f"device lock: gave up after {waited:.0f} s waiting for {path} ({purpose}), held {when} {who}; "
-            f"{DEVICE_LOCK_TIMEOUT_S} sets the wait")
+    return (
+        f"device lock: gave up after {waited:.0f} s waiting for {path} ({purpose}), held {when} {who}; "
+        f"{DEVICE_LOCK_TIMEOUT_S} sets the wait"
+    )
 
 
 def _command_line(pid: int) -> str:
@@ -264,6 +267,8 @@ def share_held(device: str) -> int | None:
 @contextmanager
 def exclusive(device: str):
     """Hold the device alone: every sharer has left, and none enters until the block ends."""
-    with _flock(_path(device, "turnstile"), fcntl.LOCK_EX, "to hold the device alone", _path(device, "lock")), \
-            _flock(_path(device, "lock"), fcntl.LOCK_EX, "to hold the device alone"):
+    with (
+        _flock(_path(device, "turnstile"), fcntl.LOCK_EX, "to hold the device alone", _path(device, "lock")),
+        _flock(_path(device, "lock"), fcntl.LOCK_EX, "to hold the device alone"),
+    ):
         yield

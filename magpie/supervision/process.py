@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 
-from magpie.linux.procfs import all_stopped, descendants
 from magpie.linux.processes import kill_tree, signal_each
+from magpie.linux.procfs import all_stopped, descendants
 
 
 def limits(memory_mb: int):
@@ -22,6 +22,7 @@ def limits(memory_mb: int):
         if memory_mb:
             limit = memory_mb * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
     return apply
 
 

@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from magpie.linux.procfs import pid_namespace
 from magpie.linux.processes import runs
+from magpie.linux.procfs import pid_namespace
 from magpie.private_folders import SHARED_MEMORY, scratch_root, scratch_root_name
 
 OWNER = ".owner"

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from magpie.linux import namespaces
-from magpie.linux.procfs import descendants
 from magpie.linux.processes import kill_tree
+from magpie.linux.procfs import descendants
 from magpie.sandbox import memory
 from magpie.sandbox.init import SANDBOX_MEMORY
 from magpie.supervision import scratch as scratch_folders
@@ -87,9 +87,21 @@ class Worker:
     device lock, which it closes once its context is made).
     """
 
-    def __init__(self, *, label: str, cwd: str, env: dict, memory_mb: int, log_path: Path, key: str | None = None,
-                 module: str = "magpie.harness.worker", fork: bool = True, sandbox: dict | None = None,
-                 scratch: Path | None = None, held_fd: int | None = None):
+    def __init__(
+        self,
+        *,
+        label: str,
+        cwd: str,
+        env: dict,
+        memory_mb: int,
+        log_path: Path,
+        key: str | None = None,
+        module: str = "magpie.harness.worker",
+        fork: bool = True,
+        sandbox: dict | None = None,
+        scratch: Path | None = None,
+        held_fd: int | None = None,
+    ):
         self.label = label
         self.log_path = log_path
         self.key = key
@@ -101,8 +113,11 @@ class Worker:
         self.under_test = module == "magpie.harness.worker"  # its process runs the code under test
         self._answers_checked = self.under_test
         found = zygote.adopt(key, env) if key else None
-        if found is not None and sandbox is not None and not namespaces.still_hidden(
-                found[0].pid, [*sandbox["hide"], *sandbox["temporary"]]):
+        if (
+            found is not None
+            and sandbox is not None
+            and not namespaces.still_hidden(found[0].pid, [*sandbox["hide"], *sandbox["temporary"]])
+        ):
             _end(*found[:2])  # it would see what its sandbox hid when it started: not adopted
             found = None
         if found is None and not fork:
@@ -127,11 +142,18 @@ class Worker:
             command_read, self._command_write = os.pipe()
             self._answer_read, answer_write = os.pipe()
             held = () if held_fd is None else (held_fd,)
-            self.proc = zygote.launch(module, [str(command_read), str(answer_write), *map(str, held)], cwd=cwd,
-                                      env=env, log_path=self.live_log, memory_mb=memory_mb,
-                                      pass_fds=(command_read, answer_write, *held), sandbox=sandbox,
-                                      scratch=str(self.scratch) if self.scratch else None,
-                                      under_test=self.under_test)
+            self.proc = zygote.launch(
+                module,
+                [str(command_read), str(answer_write), *map(str, held)],
+                cwd=cwd,
+                env=env,
+                log_path=self.live_log,
+                memory_mb=memory_mb,
+                pass_fds=(command_read, answer_write, *held),
+                sandbox=sandbox,
+                scratch=str(self.scratch) if self.scratch else None,
+                under_test=self.under_test,
+            )
             os.close(command_read)
             os.close(answer_write)
             if self.scratch:
@@ -171,8 +193,9 @@ class Worker:
             if remaining <= 0:
                 self.timed_out = True
                 raise self._ended(f"timeout after {timeout_s:g} s")
-            ready, _, _ = select.select([self._answer_read], [], [], min(remaining, LOOK_S) if not_counted
-                                        else remaining)
+            ready, _, _ = select.select(
+                [self._answer_read], [], [], min(remaining, LOOK_S) if not_counted else remaining
+            )
             if not ready:
                 continue
             chunk = os.read(self._answer_read, 1 << 20)
@@ -264,8 +287,14 @@ class Worker:
         its main one and no process besides its own is parked: the next job must find the
         protocol where a fresh process would have it, and nothing of it may run while other
         jobs measure."""
-        if (self.key and isinstance(self.proc, zygote.ForkedProcess) and not self.failed and not self._pending
-                and not self._buffer and self.proc.poll() is None):
+        if (
+            self.key
+            and isinstance(self.proc, zygote.ForkedProcess)
+            and not self.failed
+            and not self._pending
+            and not self._buffer
+            and self.proc.poll() is None
+        ):
             try:
                 answer = self.request({"op": "reset"}, 30)
                 reset = answer["ok"] and answer.get("threads", 1) == 1 and not self._left_processes()

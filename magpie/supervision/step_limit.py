@@ -43,5 +43,7 @@ def step_limit_s(mode: str, settings: dict) -> float:
 def timeout_line(mode: str, limit_s: float, waited_s: float) -> str:
     """The verdict of a step killed at its limit."""
     waits = f", not counting {waited_s:.0f} s waiting for the device" if waited_s >= 0.5 else ""
-    return (f"timeout after {limit_s:g} s: the {mode} step's limit{waits} (from timeout_s and the timing budget); "
-            "its evaluator and workers were killed")
+    return (
+        f"timeout after {limit_s:g} s: the {mode} step's limit{waits} (from timeout_s and the timing budget); "
+        "its evaluator and workers were killed"
+    )

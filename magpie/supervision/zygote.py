@@ -37,15 +37,27 @@ from magpie.linux.processes import kill_tree
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision.process import limits
 
-
 # Variables a forked child may set differently from its zygote: none of them is read while
 # torch or Triton are imported (CUDA reads its own at context creation, magpie's at run time).
 # Any other difference gets a zygote of its own (TRITON_INTERPRET, for one, decides how
 # triton.language's own functions are built when it is imported).
-FORK_SAFE_VARIABLES = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
-                       "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR", "TMPDIR", "PYTHONPATH",
-                       environment.IMPL_ID, environment.IMPL_SOURCE, environment.CUDA_IPC, environment.TRUST_CODE,
-                       environment.ZYGOTE_DIR, environment.ZYGOTE_OWNER, environment.KEEP_WARM_S}
+FORK_SAFE_VARIABLES = {
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "CUDA_LAUNCH_BLOCKING",
+    "TRITON_CACHE_DIR",
+    "CUDA_CACHE_PATH",
+    "TORCH_EXTENSIONS_DIR",
+    "TMPDIR",
+    "PYTHONPATH",
+    environment.IMPL_ID,
+    environment.IMPL_SOURCE,
+    environment.CUDA_IPC,
+    environment.TRUST_CODE,
+    environment.ZYGOTE_DIR,
+    environment.ZYGOTE_OWNER,
+    environment.KEEP_WARM_S,
+}
 
 
 # How long a zygote may take to start listening, and to answer a fork or an adopt.
@@ -124,9 +136,19 @@ def _code_version() -> str:
     return "\n".join(parts)
 
 
-def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path, memory_mb: int = 0,
-           pass_fds: tuple[int, ...] = (), sandbox: dict | None = None, scratch: str | None = None,
-           under_test: bool = False):
+def launch(
+    module: str,
+    args: list[str],
+    *,
+    cwd: str,
+    env: dict,
+    log_path: Path,
+    memory_mb: int = 0,
+    pass_fds: tuple[int, ...] = (),
+    sandbox: dict | None = None,
+    scratch: str | None = None,
+    under_test: bool = False,
+):
     """Start `module.main(args)` in a process of its own; returns an object with pid, poll()
     and wait(timeout) like subprocess.Popen. Arguments equal to a passed descriptor's number
     are rewritten to that descriptor's number in the child. With a sandbox policy (code under
@@ -138,9 +160,19 @@ def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
     socket_path = _ensure(Path(folder), env) if folder else None
     if socket_path is not None:
         try:
-            return ForkedProcess(socket_path, module, args, cwd=cwd, env=env, log_path=log_path,
-                                 memory_mb=memory_mb, pass_fds=pass_fds, sandbox=sandbox, scratch=scratch,
-                                 under_test=under_test)
+            return ForkedProcess(
+                socket_path,
+                module,
+                args,
+                cwd=cwd,
+                env=env,
+                log_path=log_path,
+                memory_mb=memory_mb,
+                pass_fds=pass_fds,
+                sandbox=sandbox,
+                scratch=scratch,
+                under_test=under_test,
+            )
         except OSError:
             pass  # the zygote went away: a fresh process does the same work
     from magpie.paths import python_module_command
@@ -149,9 +181,17 @@ def launch(module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
     if sandbox is not None or under_test:
         command = python_module_command("magpie.sandbox") + [json.dumps(sandbox), "--module", module, *args]
     with open(log_path, "ab") as log:
-        return subprocess.Popen(command, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                cwd=cwd, env=env, preexec_fn=limits(0 if sandbox else memory_mb),
-                                start_new_session=True)
+        return subprocess.Popen(
+            command,
+            pass_fds=pass_fds,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=cwd,
+            env=env,
+            preexec_fn=limits(0 if sandbox else memory_mb),
+            start_new_session=True,
+        )
 
 
 def adopt(key: str, env: dict) -> tuple[ForkedProcess, list[int], str | None] | None:
@@ -171,8 +211,7 @@ def reserve(key: str, env: dict) -> bool:
     is starting one (`Children.reserve`). False without a zygote (nothing could park it)."""
     folder = os.environ.get(environment.ZYGOTE_DIR)
     socket_path = _ensure(Path(folder), env) if folder else None
-    return socket_path is not None and _ask(socket_path, {"op": "reserve", "key": key}).startswith(
-        b'{"reserved": true')
+    return socket_path is not None and _ask(socket_path, {"op": "reserve", "key": key}).startswith(b'{"reserved": true')
 
 
 def _ask(socket_path: Path, message: dict, fds: list[int] = ()) -> bytes:
@@ -211,9 +250,14 @@ def _ensure(folder: Path, env: dict) -> Path | None:
                 from magpie.paths import python_module_command
 
                 server = python_module_command("magpie.supervision.zygote_server")
-                proc = subprocess.Popen([*server, str(socket_path), owner, idle_s],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    [*server, str(socket_path), owner, idle_s],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env=env,
+                    start_new_session=True,
+                )
             (folder / f"{key}.pid").write_text(str(proc.pid))
             deadline = time.monotonic() + START_TIMEOUT_S
             while time.monotonic() < deadline and proc.poll() is None:
@@ -249,13 +293,35 @@ def _stop(folder: Path) -> None:
 class ForkedProcess:
     """A child of the zygote, seen from the process that asked for it (or adopted it)."""
 
-    def __init__(self, socket_path: Path, module: str, args: list[str], *, cwd: str, env: dict, log_path: Path,
-                 memory_mb: int, pass_fds: tuple[int, ...], sandbox: dict | None = None, scratch: str | None = None,
-                 under_test: bool = False):
+    def __init__(
+        self,
+        socket_path: Path,
+        module: str,
+        args: list[str],
+        *,
+        cwd: str,
+        env: dict,
+        log_path: Path,
+        memory_mb: int,
+        pass_fds: tuple[int, ...],
+        sandbox: dict | None = None,
+        scratch: str | None = None,
+        under_test: bool = False,
+    ):
         self.args = [module, *args]
-        message = {"op": "fork", "module": module, "args": list(args), "cwd": cwd, "env": env,
-                   "log": str(log_path), "memory_mb": memory_mb, "fds": list(pass_fds), "sandbox": sandbox,
-                   "scratch": scratch, "under_test": under_test}
+        message = {
+            "op": "fork",
+            "module": module,
+            "args": list(args),
+            "cwd": cwd,
+            "env": env,
+            "log": str(log_path),
+            "memory_mb": memory_mb,
+            "fds": list(pass_fds),
+            "sandbox": sandbox,
+            "scratch": scratch,
+            "under_test": under_test,
+        }
         reply, _ = self._connect(socket_path, message, list(pass_fds))
         if reply is None or "pid" not in reply:
             self._conn.close()

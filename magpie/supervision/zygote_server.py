@@ -25,17 +25,22 @@ import time
 
 from magpie import environment, sandbox
 from magpie.linux import namespaces
-from magpie.linux.procfs import namespace_pids
 from magpie.linux.processes import close_all_but, kill_tree
+from magpie.linux.procfs import namespace_pids
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory
 from magpie.supervision.process import continue_tree, limits, log_to, stop_tree
 from magpie.supervision.zygote import slot
 
-
 # Imported before forking (torch.multiprocessing: the reducers that lend CUDA tensors).
-PRELOAD = ("torch", "torch.multiprocessing", "triton", "triton.language", "magpie.harness.worker",
-           "magpie.harness.evaluate")
+PRELOAD = (
+    "torch",
+    "torch.multiprocessing",
+    "triton",
+    "triton.language",
+    "magpie.harness.worker",
+    "magpie.harness.evaluate",
+)
 # Then called (module:function), for what every child would otherwise compute for itself.
 WARM_UPS = ("magpie.harness.compiler_caches:warm_triton",)
 
@@ -63,8 +68,10 @@ def nvidia_device_bytes() -> list[int]:
     try:
         pynvml.nvmlInit()
         try:
-            return [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total
-                    for i in range(pynvml.nvmlDeviceGetCount())]
+            return [
+                pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total
+                for i in range(pynvml.nvmlDeviceGetCount())
+            ]
         finally:
             pynvml.nvmlShutdown()
     except pynvml.NVMLError:
@@ -104,8 +111,9 @@ def serve(socket_path: str, owner_pid: int, idle_s: float = 0.0) -> None:
             shared_memory.forget(pid)
 
 
-def _serve_children(listener: socket.socket, socket_path: str, owner: list[int], state: Children,
-                    idle_s: float) -> None:
+def _serve_children(
+    listener: socket.socket, socket_path: str, owner: list[int], state: Children, idle_s: float
+) -> None:
     last_activity = time.monotonic()
     while True:
         timeout = max(0.0, last_activity + idle_s - time.monotonic()) if idle_s else None
@@ -244,8 +252,11 @@ class Children:
         Left parked, such processes filled the cap and pushed out the evaluators (on the H200,
         kept-warm repeats of one compare slowed from 12 to 24 s over four builds)."""
         own = slot(key)
-        return [] if own is None else [fd for fd, (other, _, _) in self.parked.items()
-                                       if slot(other) == own and other != key]
+        return (
+            []
+            if own is None
+            else [fd for fd, (other, _, _) in self.parked.items() if slot(other) == own and other != key]
+        )
 
     def victim(self) -> int:
         """Which parked process goes when too many wait: the longest parked among keys with
@@ -317,8 +328,9 @@ def _answer(conn: socket.socket, listener: socket.socket, state: Children) -> bo
     zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _become_child(request, args, [listener, conn, *(c for _, c, _ in state.running.values() if c is not None)],
-                      fds, zygote)
+        _become_child(
+            request, args, [listener, conn, *(c for _, c, _ in state.running.values() if c is not None)], fds, zygote
+        )
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")

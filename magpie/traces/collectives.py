@@ -13,8 +13,19 @@ from magpie.traces.kernels import category
 from magpie.traces.ops_tables import MIB
 from magpie.traces.stats import sample_std
 
-COLUMNS = ["rank", *COLLECTIVE_FIELDS, "stream", "In msg size (MB)_first", "Out msg size (MB)_first", "dur_sum",
-           "dur_mean", "dur_std", "dur_min", "dur_max", "operation_count"]
+COLUMNS = [
+    "rank",
+    *COLLECTIVE_FIELDS,
+    "stream",
+    "In msg size (MB)_first",
+    "Out msg size (MB)_first",
+    "dur_sum",
+    "dur_mean",
+    "dur_std",
+    "dur_min",
+    "dur_max",
+    "operation_count",
+]
 # TraceLens's element sizes; a dtype not named here has no message size
 BYTES = {"Float": 4, "Int": 4, "Long": 8, "BFloat16": 2, "Bool": 1, "Byte": 1, "Double": 8, "Half": 2, "Short": 2}
 _DTYPE, _IN, _OUT = (COLLECTIVE_FIELDS.index(f) for f in ("dtype", "In msg nelems", "Out msg nelems"))
@@ -31,11 +42,19 @@ def coll_analysis(trace: Trace, rank: str) -> list[dict]:
     for key, durs in durations.items():
         size = BYTES.get(key[_DTYPE])
         mean = statistics.fmean(durs)
-        rows.append({"rank": rank, **dict(zip(COLUMNS[1:], key)),
-                     "In msg size (MB)_first": key[_IN] * size / MIB if size else None,
-                     "Out msg size (MB)_first": key[_OUT] * size / MIB if size else None,
-                     "dur_sum": math.fsum(durs), "dur_mean": mean,
-                     "dur_std": sample_std(durs) if len(durs) > 1 else None,
-                     "dur_min": min(durs), "dur_max": max(durs), "operation_count": len(durs)})
+        rows.append(
+            {
+                "rank": rank,
+                **dict(zip(COLUMNS[1:], key)),
+                "In msg size (MB)_first": key[_IN] * size / MIB if size else None,
+                "Out msg size (MB)_first": key[_OUT] * size / MIB if size else None,
+                "dur_sum": math.fsum(durs),
+                "dur_mean": mean,
+                "dur_std": sample_std(durs) if len(durs) > 1 else None,
+                "dur_min": min(durs),
+                "dur_max": max(durs),
+                "operation_count": len(durs),
+            }
+        )
     rows.sort(key=lambda row: -row["dur_sum"])
     return rows

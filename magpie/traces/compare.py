@@ -32,16 +32,43 @@ from magpie.traces.noise import (
 )
 from magpie.traces.ops_tables import signature_groups
 
-COLUMNS = ["level", "name", "input_dims", "input_types", "concrete_inputs", "status", "verdict",
-           "before_us", "after_us", "diff_us", "ratio", "calls_before", "calls_after",
-           "before_min_us", "before_max_us", "after_min_us", "after_max_us", "noise_us", "p_value", "q_value"]
-WITHIN, SLOWER, FASTER, NEW, VANISHED, NO_REPEATS = ("within noise", "slower", "faster", "new", "vanished",
-                                                     "no repeats")
+COLUMNS = [
+    "level",
+    "name",
+    "input_dims",
+    "input_types",
+    "concrete_inputs",
+    "status",
+    "verdict",
+    "before_us",
+    "after_us",
+    "diff_us",
+    "ratio",
+    "calls_before",
+    "calls_after",
+    "before_min_us",
+    "before_max_us",
+    "after_min_us",
+    "after_max_us",
+    "noise_us",
+    "p_value",
+    "q_value",
+]
+WITHIN, SLOWER, FASTER, NEW, VANISHED, NO_REPEATS = (
+    "within noise",
+    "slower",
+    "faster",
+    "new",
+    "vanished",
+    "no repeats",
+)
 VERDICTS = (SLOWER, FASTER, NEW, VANISHED, WITHIN, NO_REPEATS)
-RULE = (f"beyond noise when a row's q-value (Benjamini-Hochberg over the level's rows) is at most {FDR}: a t test "
-        "of the difference of the per-trace means, the row's within-side variance moderated toward a noise model "
-        "fitted over all rows ((rel * time)^2 + calls * jitter^2); copies within a side count once; with no "
-        "repeats on either side only an exact tie is 'within noise', anything else 'no repeats'")
+RULE = (
+    f"beyond noise when a row's q-value (Benjamini-Hochberg over the level's rows) is at most {FDR}: a t test "
+    "of the difference of the per-trace means, the row's within-side variance moderated toward a noise model "
+    "fitted over all rows ((rel * time)^2 + calls * jitter^2); copies within a side count once; with no "
+    "repeats on either side only an exact tie is 'within noise', anything else 'no repeats'"
+)
 
 
 def side_paths(spec: str | Path) -> list[Path]:
@@ -87,18 +114,22 @@ def measure(trace: Trace) -> dict[str, dict[str, dict]]:
     ops: dict[str, dict] = {}
     for group in signature_groups(trace):
         op = group.op
-        fields = {"name": group.name,
-                  "input_dims": json.dumps(op.input_dims) if op is not None and op.input_dims is not None else "",
-                  "input_types": json.dumps(op.input_types) if op is not None and op.input_types is not None else "",
-                  "concrete_inputs": json.dumps(op.concrete) if op is not None and op.concrete is not None else ""}
+        fields = {
+            "name": group.name,
+            "input_dims": json.dumps(op.input_dims) if op is not None and op.input_dims is not None else "",
+            "input_types": json.dumps(op.input_types) if op is not None and op.input_types is not None else "",
+            "concrete_inputs": json.dumps(op.concrete) if op is not None and op.concrete is not None else "",
+        }
         key = "\x1f".join(fields.values())
         row = ops.setdefault(key, {**fields, "calls": 0, "us": 0.0})
         row["calls"] += len(group.times)
         row["us"] += group.total
     kernels: dict[str, dict] = {}
     for activity in trace.gpu:
-        row = kernels.setdefault(activity.name, {"name": activity.name, "input_dims": "", "input_types": "",
-                                                 "concrete_inputs": "", "calls": 0, "us": 0.0})
+        row = kernels.setdefault(
+            activity.name,
+            {"name": activity.name, "input_dims": "", "input_types": "", "concrete_inputs": "", "calls": 0, "us": 0.0},
+        )
         row["calls"] += 1
         row["us"] += activity.dur
     return {"op": ops, "kernel": kernels, "kernel_us": sum(k.dur for k in trace.kernels)}
@@ -113,8 +144,10 @@ def distinct(traces: list[Trace], measured: list[dict], label: str, warnings: li
         if original is None:
             kept.append((trace, measures))
         else:
-            warnings.append(f"{label}: {trace.path} is a copy of {original.path} (every time equal): counted once, "
-                            "as zero spread between copies is no evidence of the run-to-run noise")
+            warnings.append(
+                f"{label}: {trace.path} is a copy of {original.path} (every time equal): counted once, "
+                "as zero spread between copies is no evidence of the run-to-run noise"
+            )
     return [m for _, m in kept]
 
 
@@ -161,16 +194,27 @@ def compare_rows(before: list[dict], after: list[dict], level: str) -> tuple[lis
         calls_before = statistics.fmean([m[level][key]["calls"] if key in m[level] else 0 for m in before])
         calls_after = statistics.fmean([m[level][key]["calls"] if key in m[level] else 0 for m in after])
         samples.append((times_before, times_after, (calls_before + calls_after) / 2))
-        rows.append({
-            "level": level, "name": first["name"], "input_dims": first["input_dims"],
-            "input_types": first["input_types"], "concrete_inputs": first["concrete_inputs"], "status": status,
-            "verdict": status,
-            "before_us": mean_before, "after_us": mean_after, "diff_us": mean_after - mean_before,
-            "ratio": mean_after / mean_before if mean_before > 0 else None,
-            "calls_before": calls_before, "calls_after": calls_after,
-            "before_min_us": min(times_before), "before_max_us": max(times_before),
-            "after_min_us": min(times_after), "after_max_us": max(times_after),
-        })
+        rows.append(
+            {
+                "level": level,
+                "name": first["name"],
+                "input_dims": first["input_dims"],
+                "input_types": first["input_types"],
+                "concrete_inputs": first["concrete_inputs"],
+                "status": status,
+                "verdict": status,
+                "before_us": mean_before,
+                "after_us": mean_after,
+                "diff_us": mean_after - mean_before,
+                "ratio": mean_after / mean_before if mean_before > 0 else None,
+                "calls_before": calls_before,
+                "calls_after": calls_after,
+                "before_min_us": min(times_before),
+                "before_max_us": max(times_before),
+                "after_min_us": min(times_after),
+                "after_max_us": max(times_after),
+            }
+        )
     model = fit([sample for sample, row in zip(samples, rows) if row["status"] == "common"])
     judge_rows(rows, [verdict(b, a, model, calls) for b, a, calls in samples])
     order = sorted(range(len(rows)), key=lambda i: (-abs(rows[i]["diff_us"]), rows[i]["name"], rows[i]["input_dims"]))
@@ -214,8 +258,7 @@ def comparison(before_spec, after_spec) -> dict:
     totals_after = [m["kernel_us"] for m in measured_after]
     calls = statistics.fmean([sum(k["calls"] for k in m["kernel"].values()) for m in measured_before + measured_after])
     total = verdict(totals_before, totals_after, kernel_model, calls)
-    total_verdict = total["verdict"] or (WITHIN if total["p_value"] > FDR else
-                                         SLOWER if total["diff"] > 0 else FASTER)
+    total_verdict = total["verdict"] or (WITHIN if total["p_value"] > FDR else SLOWER if total["diff"] > 0 else FASTER)
     total_noise = total["noise_us"]
     mean_before, mean_after = statistics.fmean(totals_before), statistics.fmean(totals_after)
     return {
@@ -223,14 +266,23 @@ def comparison(before_spec, after_spec) -> dict:
         "after": [t.path for t in after],
         "repeats": {"before": len(measured_before), "after": len(measured_after)},
         "rule": RULE,
-        "noise_model": {"fdr": FDR, "default_prior_df": DEFAULT_PRIOR_DF,
-                        **{level: vars(model) if model else None for level, model in (("op", op_model),
-                                                                                       ("kernel", kernel_model))}},
-        "total_kernel_time_us": {"before": mean_before, "after": mean_after, "diff": mean_after - mean_before,
-                                 "ratio": mean_after / mean_before if mean_before > 0 else None,
-                                 "verdict": total_verdict, "noise_us": total_noise},
-        "counts": {level: {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
-                   for level, rows in (("op", ops), ("kernel", kernels))},
+        "noise_model": {
+            "fdr": FDR,
+            "default_prior_df": DEFAULT_PRIOR_DF,
+            **{level: vars(model) if model else None for level, model in (("op", op_model), ("kernel", kernel_model))},
+        },
+        "total_kernel_time_us": {
+            "before": mean_before,
+            "after": mean_after,
+            "diff": mean_after - mean_before,
+            "ratio": mean_after / mean_before if mean_before > 0 else None,
+            "verdict": total_verdict,
+            "noise_us": total_noise,
+        },
+        "counts": {
+            level: {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+            for level, rows in (("op", ops), ("kernel", kernels))
+        },
         "ops": ops,
         "kernels": kernels,
         "warnings": warnings,
@@ -248,9 +300,11 @@ def format_table(summary: dict, limit: int = 20) -> str:
     """The console view: totals, then the largest changes of each level."""
     total = summary["total_kernel_time_us"]
     ratio = f"{total['ratio']:.3f}x" if total["ratio"] is not None else "-"
-    lines = [f"before: {summary['repeats']['before']} trace(s), after: {summary['repeats']['after']} trace(s); "
-             f"kernel time {total['before'] / 1000:.3f} ms -> {total['after'] / 1000:.3f} ms ({ratio}, "
-             f"{total['verdict']})"]
+    lines = [
+        f"before: {summary['repeats']['before']} trace(s), after: {summary['repeats']['after']} trace(s); "
+        f"kernel time {total['before'] / 1000:.3f} ms -> {total['after'] / 1000:.3f} ms ({ratio}, "
+        f"{total['verdict']})"
+    ]
     short = [normalize(r["name"]) for r in summary["kernels"]]
     for level, rows in (("op", summary["ops"]), ("kernel", summary["kernels"])):
         counts = summary["counts"][level]
@@ -263,8 +317,10 @@ def format_table(summary: dict, limit: int = 20) -> str:
             if row["input_dims"]:
                 name += f" {row['input_dims']}"
             ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
-            lines.append(f"{row['before_us']:11.1f} {row['after_us']:11.1f} {row['diff_us']:+10.1f} {ratio:>7}  "
-                         f"{row['verdict']:12} {name[:90]}")
+            lines.append(
+                f"{row['before_us']:11.1f} {row['after_us']:11.1f} {row['diff_us']:+10.1f} {ratio:>7}  "
+                f"{row['verdict']:12} {name[:90]}"
+            )
         if len(rows) > limit:
             lines.append(f"... {len(rows) - limit} more in {summary['outputs']['csv']}")
     lines += [f"warning: {w}" for w in summary["warnings"]]

@@ -13,8 +13,18 @@ from operator import add, attrgetter
 from magpie.traces.ingest import Trace
 from magpie.traces.kernels import category, normalize
 
-COLUMNS = ["Name", "Calls", "Self CUDA total (us)", "Avg time (us)", "% Total", "Input Shapes",
-           "Normalized Name", "Category", "CPU Op", "Rank"]
+COLUMNS = [
+    "Name",
+    "Calls",
+    "Self CUDA total (us)",
+    "Avg time (us)",
+    "% Total",
+    "Input Shapes",
+    "Normalized Name",
+    "Category",
+    "CPU Op",
+    "Rank",
+]
 
 _START, _DURATION = attrgetter("ts"), attrgetter("dur")
 
@@ -37,8 +47,16 @@ class Window:
         return first + span * self.start_pct / 100, first + span * self.end_pct / 100
 
 
-def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include: set[str] | None = None,
-             exclude: set[str] | None = None, min_duration_us: float = 0.0, rank_label: str = "") -> list[dict]:
+def gap_rows(
+    trace: Trace,
+    window: Window,
+    *,
+    top_k: int | None = None,
+    include: set[str] | None = None,
+    exclude: set[str] | None = None,
+    min_duration_us: float = 0.0,
+    rank_label: str = "",
+) -> list[dict]:
     lo, hi = window.bounds(trace)
     groups: dict[str, dict] = {}
     filtered = include or exclude
@@ -74,13 +92,20 @@ def gap_rows(trace: Trace, window: Window, *, top_k: int | None = None, include:
         avg = g["total"] / g["calls"]
         if avg < min_duration_us:
             continue
-        rows.append({
-            "Name": name, "Calls": g["calls"], "Self CUDA total (us)": round(g["total"], 3),
-            "Avg time (us)": round(avg, 3), "% Total": round(100 * g["total"] / total, 3) if total else 0.0,
-            "Input Shapes": _most_common_text(g["dims"]),
-            "Normalized Name": normalize(name), "Category": g["category"],
-            "CPU Op": Counter(g["ops"]).most_common(1)[0][0] if g["ops"] else "", "Rank": rank_label,
-        })
+        rows.append(
+            {
+                "Name": name,
+                "Calls": g["calls"],
+                "Self CUDA total (us)": round(g["total"], 3),
+                "Avg time (us)": round(avg, 3),
+                "% Total": round(100 * g["total"] / total, 3) if total else 0.0,
+                "Input Shapes": _most_common_text(g["dims"]),
+                "Normalized Name": normalize(name),
+                "Category": g["category"],
+                "CPU Op": Counter(g["ops"]).most_common(1)[0][0] if g["ops"] else "",
+                "Rank": rank_label,
+            }
+        )
     rows.sort(key=lambda r: -r["Self CUDA total (us)"])
     return rows[:top_k] if top_k else rows
 

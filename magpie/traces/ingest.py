@@ -9,19 +9,17 @@ the innermost CPU op around it on its thread. What cannot be linked is counted, 
 from __future__ import annotations
 
 import gc
-from array import array
-from contextlib import contextmanager
 import gzip
+import re
+from array import array
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain, count, repeat
 from operator import attrgetter, neg
 from pathlib import Path
 
-import re
-from typing import Callable, Optional, Union
-
 import msgspec
-
 
 # Typed decoding reads only the fields the analysis uses, straight into small structs kept out
 # of the cyclic collector (gc=False: they hold no cycles): several times faster than decoding to
@@ -31,9 +29,9 @@ _NULL = msgspec.Raw(b"null")
 
 
 class _Args(msgspec.Struct, gc=False):
-    correlation: Optional[int] = None
-    device: Optional[int] = None
-    stream: Optional[int] = None
+    correlation: int | None = None
+    device: int | None = None
+    stream: int | None = None
     input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
     concrete: msgspec.Raw = msgspec.field(default=_NULL, name="Concrete Inputs")
@@ -45,28 +43,28 @@ class _Args(msgspec.Struct, gc=False):
     # a collective's kernel says which collective it ran (what else it says, _CollectiveArgs reads:
     # each field here costs every event's decoding, so they are read in a second pass, only of a
     # trace that has collectives)
-    collective: Optional[str] = msgspec.field(default=None, name="Collective name")
+    collective: str | None = msgspec.field(default=None, name="Collective name")
 
 
 class _Event(msgspec.Struct, gc=False):
     ph: str = ""
-    cat: Optional[str] = None
+    cat: str | None = None
     name: str = ""
-    ts: Union[float, str, None] = None
-    dur: Union[float, str, None] = None
-    pid: Union[int, str, None] = None
-    tid: Union[int, str, None] = None
-    args: Optional[_Args] = None
+    ts: float | str | None = None
+    dur: float | str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _Args | None = None
 
 
 class _Document(msgspec.Struct):
     traceEvents: list[_Event]
-    deviceProperties: Optional[list[dict]] = None
-    distributedInfo: Optional[dict] = None
+    deviceProperties: list[dict] | None = None
+    distributedInfo: dict | None = None
 
 
 class _CollectiveArgs(msgspec.Struct, gc=False):
-    collective: Optional[str] = msgspec.field(default=None, name="Collective name")
+    collective: str | None = msgspec.field(default=None, name="Collective name")
     group: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Name")
     group_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
     group_size: msgspec.Raw = msgspec.field(default=_NULL, name="Group size")
@@ -79,10 +77,10 @@ class _CollectiveArgs(msgspec.Struct, gc=False):
 
 class _CollectiveEvent(msgspec.Struct, gc=False):
     ph: str = ""
-    cat: Optional[str] = None
-    ts: Union[float, str, None] = None
-    dur: Union[float, str, None] = None
-    args: Optional[_CollectiveArgs] = None
+    cat: str | None = None
+    ts: float | str | None = None
+    dur: float | str | None = None
+    args: _CollectiveArgs | None = None
 
 
 class _CollectiveDocument(msgspec.Struct):
@@ -97,8 +95,17 @@ _VALUE = msgspec.json.Decoder()
 
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 # a collective kernel's record, in TraceLens's names
-COLLECTIVE_FIELDS = ("Process Group Name", "Process Group Ranks", "Collective name", "Group size", "dtype",
-                     "In msg nelems", "Out msg nelems", "In split size", "Out split size")
+COLLECTIVE_FIELDS = (
+    "Process Group Name",
+    "Process Group Ranks",
+    "Collective name",
+    "Group size",
+    "dtype",
+    "In msg nelems",
+    "Out msg nelems",
+    "In split size",
+    "Out split size",
+)
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
 
 
@@ -272,7 +279,7 @@ def _stream(path: Path, take: Callable[[list], None], decoder: msgspec.json.Deco
             return None
     else:
         return None
-    prefix, pending = bytes(head[:found.start()]), bytes(head[found.end():])
+    prefix, pending = bytes(head[: found.start()]), bytes(head[found.end() :])
     del head
     tail = None
     more = True
@@ -283,7 +290,7 @@ def _stream(path: Path, take: Callable[[list], None], decoder: msgspec.json.Deco
             close = pending.rfind(b"}", 0, close)
             after = _AFTER_EVENT.match(pending, close + 1) if close >= 0 else None
         if after is not None:
-            piece = b"".join((b"[", memoryview(pending)[:close + 1], b"]"))  # one copy, not two
+            piece = b"".join((b"[", memoryview(pending)[: close + 1], b"]"))  # one copy, not two
             try:
                 events = decoder.decode(piece)
             except msgspec.DecodeError as err:
@@ -300,7 +307,7 @@ def _stream(path: Path, take: Callable[[list], None], decoder: msgspec.json.Deco
                     except (msgspec.DecodeError, msgspec.ValidationError):
                         return None
                     take(events)
-                    tail = pending[end - 1:]
+                    tail = pending[end - 1 :]
                     break
             except msgspec.ValidationError:
                 return None
@@ -309,9 +316,9 @@ def _stream(path: Path, take: Callable[[list], None], decoder: msgspec.json.Deco
                 take(events)
                 del events
                 if after.group(1) == b"]":
-                    tail = pending[after.end():]
+                    tail = pending[after.end() :]
                     break
-                pending = pending[after.end():]
+                pending = pending[after.end() :]
                 continue
         elif pending.lstrip()[:1] == b"]":
             tail = pending.lstrip()[1:]
@@ -428,9 +435,19 @@ class _Builder:
                 continue
             kernel = kernels[len(self.collectives)]
             try:
-                values = [_VALUE.decode(raw) for raw in (args.group, args.group_ranks, args.group_size, args.dtype,
-                                                         args.in_nelems, args.out_nelems, args.in_split,
-                                                         args.out_split)]
+                values = [
+                    _VALUE.decode(raw)
+                    for raw in (
+                        args.group,
+                        args.group_ranks,
+                        args.group_size,
+                        args.dtype,
+                        args.in_nelems,
+                        args.out_nelems,
+                        args.in_split,
+                        args.out_split,
+                    )
+                ]
             except msgspec.DecodeError:
                 self.skipped["collective"] = self.skipped.get("collective", 0) + 1
                 values = [None] * 8
@@ -459,8 +476,11 @@ class _Builder:
                     cpu_ops.append(CpuOp(name, ts, dur, same(pid, pid), same(tid, tid), *inputs[raw_inputs]))
                     op_uids.append(uid)
                 elif cat in GPU_CATEGORIES:
-                    gpu.append(GpuActivity(name, GPU_CATEGORIES[cat], ts, dur, args.device or 0, args.stream or 0,
-                                           args.correlation))
+                    gpu.append(
+                        GpuActivity(
+                            name, GPU_CATEGORIES[cat], ts, dur, args.device or 0, args.stream or 0, args.correlation
+                        )
+                    )
                     if args.collective is not None and cat == "kernel":
                         self.collective_kernels.append(gpu[-1])
                 elif cat in RUNTIME_CATEGORIES:
@@ -494,11 +514,25 @@ def _load(path: str | Path) -> Trace:
             _stream(Path(path), built.take_collectives, _COLLECTIVE_EVENTS)
         else:
             built.take_collectives(_COLLECTIVE_DECODER.decode(_read(Path(path))).traceEvents)
-    trace = Trace(str(path), (data.distributedInfo or {}).get("rank"), data.deviceProperties or [], built.gpu,
-                  built.launches, built.cpu_ops, built.python_calls, built.annotations, built.gpu_annotations,
-                  skipped=built.skipped, process_names=built.process_names,
-                  process_labels=built.process_labels, thread_names=built.thread_names, events=built.seen, op_uids=built.op_uids, launch_uids=built.launch_uids,
-                  collectives=built.collectives)
+    trace = Trace(
+        str(path),
+        (data.distributedInfo or {}).get("rank"),
+        data.deviceProperties or [],
+        built.gpu,
+        built.launches,
+        built.cpu_ops,
+        built.python_calls,
+        built.annotations,
+        built.gpu_annotations,
+        skipped=built.skipped,
+        process_names=built.process_names,
+        process_labels=built.process_labels,
+        thread_names=built.thread_names,
+        events=built.seen,
+        op_uids=built.op_uids,
+        launch_uids=built.launch_uids,
+        collectives=built.collectives,
+    )
     _link(trace, built.by_correlation)
     return trace
 
@@ -538,8 +572,9 @@ def _innermost(spans: list, points: list, nesting: dict[int, int] | None = None)
     streams: dict[tuple, list] = {}
     # the sort items made by zip and map, not one Python step per field (600k ops and launches at 1M events)
     for thread, item in chain(
-            zip(map(_THREAD, spans), zip(map(_START, spans), repeat(0), map(neg, map(_DURATION, spans)), count())),
-            zip(map(_THREAD, points), zip(map(_START, points), repeat(1), repeat(0.0), count()))):
+        zip(map(_THREAD, spans), zip(map(_START, spans), repeat(0), map(neg, map(_DURATION, spans)), count())),
+        zip(map(_THREAD, points), zip(map(_START, points), repeat(1), repeat(0.0), count())),
+    ):
         streams.setdefault(thread, []).append(item)
     for items in streams.values():
         items.sort()

@@ -44,7 +44,7 @@ class NoiseModel:
 
     def variance(self, mean_us: float, calls: float) -> float:
         calls = max(calls, 1.0)
-        return (self.rel * mean_us) ** 2 + calls * self.jitter_us ** 2 + self.call_rel ** 2 * mean_us ** 2 / calls
+        return (self.rel * mean_us) ** 2 + calls * self.jitter_us**2 + self.call_rel**2 * mean_us**2 / calls
 
 
 def pooled_variance(before: list[float], after: list[float]) -> tuple[float, int]:
@@ -56,7 +56,7 @@ def pooled_variance(before: list[float], after: list[float]) -> tuple[float, int
 
 def _terms(mean_us: float, calls: float) -> tuple[float, float, float]:
     """What each of the model's three parts multiplies: rel², jitter², call_rel²."""
-    return mean_us ** 2, calls, mean_us ** 2 / calls
+    return mean_us**2, calls, mean_us**2 / calls
 
 
 def fit(rows: list[tuple[list[float], list[float], float]]) -> NoiseModel | None:
@@ -71,8 +71,9 @@ def fit(rows: list[tuple[list[float], list[float], float]]) -> NoiseModel | None
     if not judged:
         return None
     shape = _shape([(v, _terms(m, c)) for v, _, m, c in judged if v > 0], len(judged))
-    return _with_spread(shape, [(v / shape.variance(m, c), d) for v, d, m, c in judged
-                                if v > 0 and shape.variance(m, c) > 0])
+    return _with_spread(
+        shape, [(v / shape.variance(m, c), d) for v, d, m, c in judged if v > 0 and shape.variance(m, c) > 0]
+    )
 
 
 def _shape(rows: list[tuple[float, tuple[float, float, float]]], count: int) -> NoiseModel:
@@ -99,24 +100,28 @@ def _gamma_fit(rows, used: tuple[int, ...]) -> tuple[float, float, float] | None
     comes out negative or the equations are singular."""
     if len(rows) < len(used):
         return None
-    weights = [1 / v ** 2 for v, _ in rows]
+    weights = [1 / v**2 for v, _ in rows]
     coefficients = None
     for _ in range(25):
         # normal equations of the weighted least squares, solved by Gaussian elimination
         size = len(used)
-        matrix = [[sum(w * t[used[i]] * t[used[j]] for w, (_, t) in zip(weights, rows)) for j in range(size)]
-                  + [sum(w * t[used[i]] * v for w, (v, t) in zip(weights, rows))] for i in range(size)]
+        matrix = [
+            [sum(w * t[used[i]] * t[used[j]] for w, (_, t) in zip(weights, rows)) for j in range(size)]
+            + [sum(w * t[used[i]] * v for w, (v, t) in zip(weights, rows))]
+            for i in range(size)
+        ]
         solved = _solve(matrix)
         if solved is None or min(solved) < 0:
             return None
-        if coefficients is not None and all(abs(a - b) <= 1e-9 * max(abs(a), 1e-300)
-                                            for a, b in zip(solved, coefficients)):
+        if coefficients is not None and all(
+            abs(a - b) <= 1e-9 * max(abs(a), 1e-300) for a, b in zip(solved, coefficients)
+        ):
             break
         coefficients = solved
         fitted = [sum(c * t[k] for c, k in zip(coefficients, used)) for _, t in rows]
         if min(fitted) <= 0:
             return None
-        weights = [1 / f ** 2 for f in fitted]
+        weights = [1 / f**2 for f in fitted]
     full = [0.0, 0.0, 0.0]
     for c, k in zip(coefficients, used):
         full[k] = c
@@ -150,8 +155,13 @@ def _with_spread(shape: NoiseModel, ratios: list[tuple[float, int]]) -> NoiseMod
     beyond_chance = statistics.variance(logs) - statistics.fmean(trigamma(d / 2) for _, d in ratios)
     prior_df = min(2 * trigamma_inverse(beyond_chance), MAX_PRIOR_DF) if beyond_chance > 0 else MAX_PRIOR_DF
     factor = math.exp(centre + digamma(prior_df / 2) - math.log(prior_df / 2))
-    return NoiseModel(shape.rel * math.sqrt(factor), shape.jitter_us * math.sqrt(factor), shape.rows, prior_df,
-                      shape.call_rel * math.sqrt(factor))
+    return NoiseModel(
+        shape.rel * math.sqrt(factor),
+        shape.jitter_us * math.sqrt(factor),
+        shape.rows,
+        prior_df,
+        shape.call_rel * math.sqrt(factor),
+    )
 
 
 def digamma(x: float) -> float:
@@ -191,14 +201,15 @@ def trigamma_inverse(y: float) -> float:
 def _tetragamma(x: float) -> float:
     result = 0.0
     while x < 6:
-        result -= 2 / x ** 3
+        result -= 2 / x**3
         x += 1
     f = 1 / (x * x)
     return result - f - f / x - f * f * (1 / 2 - f * (1 / 6 - f * (1 / 6 - 3 * f / 10)))
 
 
-def t_test(before: list[float], after: list[float], prior_variance: float,
-           prior_df: float = DEFAULT_PRIOR_DF) -> tuple[float, float] | None:
+def t_test(
+    before: list[float], after: list[float], prior_variance: float, prior_df: float = DEFAULT_PRIOR_DF
+) -> tuple[float, float] | None:
     """Two-sided p-value of the difference of means and its standard error (µs), the row's own
     variance moderated toward the model's; None without repeats on either side."""
     variance, df = pooled_variance(before, after)

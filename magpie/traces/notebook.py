@@ -113,8 +113,9 @@ class TraceAnalysis:
 
     def collectives(self) -> pandas.DataFrame:
         """coll_analysis.csv: NCCL/RCCL kernels grouped by collective (empty without any)."""
-        return _frame(coll_analysis(self.trace, _rank_label(self.trace, 0)) if self.trace.collectives else [],
-                      COLL_COLUMNS)
+        return _frame(
+            coll_analysis(self.trace, _rank_label(self.trace, 0)) if self.trace.collectives else [], COLL_COLUMNS
+        )
 
 
 def open(path: str | Path, arch: str | None = None) -> TraceAnalysis:

@@ -18,55 +18,157 @@ import msgspec
 from magpie.traces.ingest import CpuOp, Trace
 from magpie.traces.kernels import category
 from magpie.traces.perf_models import Estimate, estimate
-from magpie.traces.tracelens_ops import category_by_name
 from magpie.traces.stats import population_std, sample_std
+from magpie.traces.tracelens_ops import category_by_name
 
 STATS = ("mean", "median", "std", "min", "max")
-MIB = 2 ** 20  # TraceLens's "MB" columns are MiB
-OPS_SUMMARY = ["name", "total_direct_kernel_time_sum", "total_subtree_kernel_time_sum", "total_direct_kernel_time_ms",
-               "total_subtree_kernel_time_ms", "Count", "Categories", "Percentage (%)", "Cumulative Percentage (%)"]
+MIB = 2**20  # TraceLens's "MB" columns are MiB
+OPS_SUMMARY = [
+    "name",
+    "total_direct_kernel_time_sum",
+    "total_subtree_kernel_time_sum",
+    "total_direct_kernel_time_ms",
+    "total_subtree_kernel_time_ms",
+    "Count",
+    "Categories",
+    "Percentage (%)",
+    "Cumulative Percentage (%)",
+]
 BY_CATEGORY = ["op category", "Count", "total_direct_kernel_time_ms", "Percentage (%)", "Cumulative Percentage (%)"]
 WHERE = ["process_name", "process_label", "thread_name"]
-UNIQUE_ARGS = ["name", "op category", *WHERE, "Input Dims", "Input type", "Input Strides", "Concrete Inputs",
-               "operation_count", *(f"total_{kind}_kernel_time_{s}" for s in STATS for kind in ("direct", "subtree")),
-               "total_direct_kernel_time_sum", "total_subtree_kernel_time_sum", "ex_UID", "kernel_details_summary",
-               "trunc_kernel_details", "Percentage (%)", "Cumulative Percentage (%)"]
+UNIQUE_ARGS = [
+    "name",
+    "op category",
+    *WHERE,
+    "Input Dims",
+    "Input type",
+    "Input Strides",
+    "Concrete Inputs",
+    "operation_count",
+    *(f"total_{kind}_kernel_time_{s}" for s in STATS for kind in ("direct", "subtree")),
+    "total_direct_kernel_time_sum",
+    "total_subtree_kernel_time_sum",
+    "ex_UID",
+    "kernel_details_summary",
+    "trunc_kernel_details",
+    "Percentage (%)",
+    "Cumulative Percentage (%)",
+]
 # TraceLens's order; "duration_us" is the op's CPU duration, "Roofline Time" the time at the roof
 # (the larger of FLOPs at the compute peak and bytes at the memory bandwidth)
-UNIFIED = ["name", "op category", *WHERE, "Input Dims", "Input type", "Input Strides", "Concrete Inputs", "ex_UID",
-           "operation_count",
-           "total_duration_us", "mean_duration_us", "std_duration_us", "GFLOPS", "Data Moved (MB)", "FLOPS/Byte",
-           "Compute Spec", "Roofline Bound", "TB/s_mean", "TB/s_std", "TFLOPS/s_mean", "TFLOPS/s_std",
-           "Kernel Time (µs)_mean", "Kernel Time (µs)_std", "Kernel Time (µs)_sum", "duration_us_median",
-           "duration_us_min", "duration_us_max", "TB/s_median", "TB/s_min", "TB/s_max", "TFLOPS/s_median",
-           "TFLOPS/s_min", "TFLOPS/s_max", "Roofline Time (µs)_first",
-           *(f"Pct Roofline_{s}" for s in STATS), "Kernel Time (µs)_median", "Kernel Time (µs)_min",
-           "Kernel Time (µs)_max", "kernel_details_summary", "trunc_kernel_details", "perf_params", "has_perf_model", "Percentage (%)",
-           "Cumulative Percentage (%)"]
+UNIFIED = [
+    "name",
+    "op category",
+    *WHERE,
+    "Input Dims",
+    "Input type",
+    "Input Strides",
+    "Concrete Inputs",
+    "ex_UID",
+    "operation_count",
+    "total_duration_us",
+    "mean_duration_us",
+    "std_duration_us",
+    "GFLOPS",
+    "Data Moved (MB)",
+    "FLOPS/Byte",
+    "Compute Spec",
+    "Roofline Bound",
+    "TB/s_mean",
+    "TB/s_std",
+    "TFLOPS/s_mean",
+    "TFLOPS/s_std",
+    "Kernel Time (µs)_mean",
+    "Kernel Time (µs)_std",
+    "Kernel Time (µs)_sum",
+    "duration_us_median",
+    "duration_us_min",
+    "duration_us_max",
+    "TB/s_median",
+    "TB/s_min",
+    "TB/s_max",
+    "TFLOPS/s_median",
+    "TFLOPS/s_min",
+    "TFLOPS/s_max",
+    "Roofline Time (µs)_first",
+    *(f"Pct Roofline_{s}" for s in STATS),
+    "Kernel Time (µs)_median",
+    "Kernel Time (µs)_min",
+    "Kernel Time (µs)_max",
+    "kernel_details_summary",
+    "trunc_kernel_details",
+    "perf_params",
+    "has_perf_model",
+    "Percentage (%)",
+    "Cumulative Percentage (%)",
+]
 # A family sheet's columns after its name and its model's parameters: the unified row's values, in
 # TraceLens's names (a "_first" value is the first call's, the same for every call of a signature)
-FAMILY_SHEET = ["GFLOPS_first", "Data Moved (MB)_first", "FLOPS/Byte_first", *(f"TB/s_{s}" for s in STATS),
-                *(f"TFLOPS/s_{s}" for s in STATS), *(f"{w}_first" for w in WHERE), "Compute Spec", "Roofline Time (µs)_first", "Roofline Bound_first",
-                *(f"Pct Roofline_{s}" for s in STATS), "kernel_details__summarize_kernel_stats",
-                "trunc_kernel_details", "Input Dims_first", "Input type_first", "Input Strides_first",
-                "Concrete Inputs_first", *(f"Kernel Time (µs)_{s}" for s in STATS), "Kernel Time (µs)_sum", "name_count",
-                "UID_first"]
-_FAMILY_NAMES = {"GFLOPS_first": "GFLOPS", "Data Moved (MB)_first": "Data Moved (MB)",
-                 "FLOPS/Byte_first": "FLOPS/Byte", "Roofline Bound_first": "Roofline Bound",
-                 "kernel_details__summarize_kernel_stats": "kernel_details_summary", "Input Dims_first": "Input Dims",
-                 "Input type_first": "Input type", "Concrete Inputs_first": "Concrete Inputs",
-                 "Input Strides_first": "Input Strides", "name_count": "operation_count", "UID_first": "ex_UID",
-                 **{f"{w}_first": w for w in WHERE}}
+FAMILY_SHEET = [
+    "GFLOPS_first",
+    "Data Moved (MB)_first",
+    "FLOPS/Byte_first",
+    *(f"TB/s_{s}" for s in STATS),
+    *(f"TFLOPS/s_{s}" for s in STATS),
+    *(f"{w}_first" for w in WHERE),
+    "Compute Spec",
+    "Roofline Time (µs)_first",
+    "Roofline Bound_first",
+    *(f"Pct Roofline_{s}" for s in STATS),
+    "kernel_details__summarize_kernel_stats",
+    "trunc_kernel_details",
+    "Input Dims_first",
+    "Input type_first",
+    "Input Strides_first",
+    "Concrete Inputs_first",
+    *(f"Kernel Time (µs)_{s}" for s in STATS),
+    "Kernel Time (µs)_sum",
+    "name_count",
+    "UID_first",
+]
+_FAMILY_NAMES = {
+    "GFLOPS_first": "GFLOPS",
+    "Data Moved (MB)_first": "Data Moved (MB)",
+    "FLOPS/Byte_first": "FLOPS/Byte",
+    "Roofline Bound_first": "Roofline Bound",
+    "kernel_details__summarize_kernel_stats": "kernel_details_summary",
+    "Input Dims_first": "Input Dims",
+    "Input type_first": "Input type",
+    "Concrete Inputs_first": "Concrete Inputs",
+    "Input Strides_first": "Input Strides",
+    "name_count": "operation_count",
+    "UID_first": "ex_UID",
+    **{f"{w}_first": w for w in WHERE},
+}
 # TraceLens's names of the peaks: matrix (tensor-core) specs by magpie's precision; vector ops by dtype
-COMPUTE_SPEC = {"bf16_tensor": "matrix_bf16", "fp16_tensor": "matrix_fp16", "tf32_tensor": "matrix_fp32",
-                "fp8_tensor": "matrix_fp8", "fp64_tensor": "matrix_fp64", "int8_tensor": "matrix_int8"}
-VECTOR_SPEC = {"c10::BFloat16": "vector_bf16", "c10::Half": "vector_fp16", "float": "vector_fp32",
-               "double": "vector_fp64"}
+COMPUTE_SPEC = {
+    "bf16_tensor": "matrix_bf16",
+    "fp16_tensor": "matrix_fp16",
+    "tf32_tensor": "matrix_fp32",
+    "fp8_tensor": "matrix_fp8",
+    "fp64_tensor": "matrix_fp64",
+    "int8_tensor": "matrix_int8",
+}
+VECTOR_SPEC = {
+    "c10::BFloat16": "vector_bf16",
+    "c10::Half": "vector_fp16",
+    "float": "vector_fp32",
+    "double": "vector_fp64",
+}
 # TraceLens's performance-metric sheets, one CSV each: the calls of the ops it files there
 # (perf_models.TRACELENS_MODELS) grouped by model parameters, a "param: <name>" column per
 # parameter and then FAMILY_SHEET.
-PERF_FAMILIES = ("GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "SDPA_bwd", "UnaryElementwise", "BinaryElementwise",
-                 "Reduce_fwd", "Normalization")
+PERF_FAMILIES = (
+    "GEMM",
+    "CONV_fwd",
+    "CONV_bwd",
+    "SDPA_fwd",
+    "SDPA_bwd",
+    "UnaryElementwise",
+    "BinaryElementwise",
+    "Reduce_fwd",
+    "Normalization",
+)
 
 _OUTSIDE = "(launched outside any CPU op)"
 _DRIVER_LAUNCHES = ("cuLaunchKernel", "hipModuleLaunchKernel")
@@ -214,8 +316,11 @@ def trace_calls(trace: Trace, collectives: bool = True) -> list[tuple]:
         else:
             first = launched[0]
             launch = trace.launches[first.launch] if first.launch is not None else None
-            key = ((launch.name, first.name, where_of(trace, launch)) if launch is not None
-                   else (_OUTSIDE, first.name, ("", "", "")))
+            key = (
+                (launch.name, first.name, where_of(trace, launch))
+                if launch is not None
+                else (_OUTSIDE, first.name, ("", "", ""))
+            )
             number = numbers.setdefault(key, len(numbers))
             calls.append((launcher, launched, time, whole.get(first.launch, time), number))
     return calls
@@ -235,8 +340,14 @@ def grouped_calls(trace: Trace, calls: list[tuple]) -> list[SignatureGroup]:
             if group is None:
                 est = estimate(op)
                 group = groups[number] = SignatureGroup(
-                    op.name, op, est, op_category(op.name, launched), op.name,
-                    where=where_of(trace, op), uid=trace.op_uids[launcher])
+                    op.name,
+                    op,
+                    est,
+                    op_category(op.name, launched),
+                    op.name,
+                    where=where_of(trace, op),
+                    uid=trace.op_uids[launcher],
+                )
             group.subtree.append(around)
             group.cpu.append(op.dur)
         else:
@@ -245,8 +356,14 @@ def grouped_calls(trace: Trace, calls: list[tuple]) -> list[SignatureGroup]:
             if group is None:
                 launch_name = launch.name if launch is not None else _OUTSIDE
                 group = groups[number] = SignatureGroup(
-                    SYNTHETIC.format(launch_name, first.name), None, None, "other", launch_name,
-                    where=where_of(trace, launch) if launch is not None else ("", "", ""), uid=synthetic)
+                    SYNTHETIC.format(launch_name, first.name),
+                    None,
+                    None,
+                    "other",
+                    launch_name,
+                    where=where_of(trace, launch) if launch is not None else ("", "", ""),
+                    uid=synthetic,
+                )
             synthetic += 1
             group.subtree.append(time)
             launch_key = first.launch if first.launch is not None else launcher
@@ -268,10 +385,19 @@ def held_group(view: Trace, whole: SignatureGroup, flags: list[bool]) -> Signatu
     first = calls[0][0].op
     op = view.cpu_ops[first]
     est = estimate(op)
-    return SignatureGroup(whole.name, op, est, op_category(op.name, calls[0]),
-                          whole.op_name, times=list(compress(whole.times, flags)),
-                          subtree=list(compress(whole.subtree, flags)), cpu=list(compress(whole.cpu, flags)),
-                          calls=calls, where=whole.where, uid=view.op_uids[first])
+    return SignatureGroup(
+        whole.name,
+        op,
+        est,
+        op_category(op.name, calls[0]),
+        whole.op_name,
+        times=list(compress(whole.times, flags)),
+        subtree=list(compress(whole.subtree, flags)),
+        cpu=list(compress(whole.cpu, flags)),
+        calls=calls,
+        where=whole.where,
+        uid=view.op_uids[first],
+    )
 
 
 def launcher_of(activity) -> int | tuple:
@@ -282,8 +408,11 @@ def launcher_of(activity) -> int | tuple:
 def where_of(trace: Trace, call) -> tuple[str, str, str]:
     """The process's name and label and the thread's name of a call (a CPU op or a launch), from
     the trace's metadata events ("" where it has none)."""
-    return (trace.process_names.get(call.pid, ""), trace.process_labels.get(call.pid, ""),
-            trace.thread_names.get((call.pid, call.tid), ""))
+    return (
+        trace.process_names.get(call.pid, ""),
+        trace.process_labels.get(call.pid, ""),
+        trace.thread_names.get((call.pid, call.tid), ""),
+    )
 
 
 def _percentages(rows: list[dict], key: str) -> None:
@@ -300,8 +429,9 @@ def categories_of(text: str) -> list[str]:
     return [part.strip(" '") for part in text.strip("[]").split(",")]
 
 
-def ops_tables(groups: list[SignatureGroup], perf: list[SignatureGroup], sheets: dict[str, list[SignatureGroup]],
-               arch=None) -> dict[str, list[dict]]:
+def ops_tables(
+    groups: list[SignatureGroup], perf: list[SignatureGroup], sheets: dict[str, list[SignatureGroup]], arch=None
+) -> dict[str, list[dict]]:
     """The op tables: ops_summary, by category and unique args from the signature groups, the
     unified table from the perf rows (`perf`) and each family sheet from its groups (`sheets`);
     with the device's peaks (`arch`) the perf rows get their roofline."""
@@ -312,10 +442,15 @@ def ops_tables(groups: list[SignatureGroup], perf: list[SignatureGroup], sheets:
             # "op category" is what magpie's pages show (Triton's launcher calls the driver directly:
             # "triton"); the CSVs carry TraceLens's categories
             shown = "triton" if group.op is None and group.op_name.startswith(_DRIVER_LAUNCHES) else group.category
-            named = by_name[group.op_name] = {"name": group.op_name, "op category": shown,
-                                              "total_direct_kernel_time_sum": 0.0,
-                                              "total_subtree_kernel_time_sum": 0.0, "Count": 0, "categories": {},
-                                              "launches": {}}
+            named = by_name[group.op_name] = {
+                "name": group.op_name,
+                "op category": shown,
+                "total_direct_kernel_time_sum": 0.0,
+                "total_subtree_kernel_time_sum": 0.0,
+                "Count": 0,
+                "categories": {},
+                "launches": {},
+            }
         named["categories"][group.category] = True
         if group.op is None:
             named["launches"].update(group.launches)
@@ -337,8 +472,7 @@ def ops_tables(groups: list[SignatureGroup], perf: list[SignatureGroup], sheets:
     categories: dict[str, dict] = {}
     for row in ops:
         first = next(iter(categories_of(row["Categories"])))
-        cat = categories.setdefault(first, {"op category": first, "Count": 0,
-                                                         "total_direct_kernel_time_ms": 0.0})
+        cat = categories.setdefault(first, {"op category": first, "Count": 0, "total_direct_kernel_time_ms": 0.0})
         cat["Count"] += row["Count"]
         cat["total_direct_kernel_time_ms"] += row["total_direct_kernel_time_ms"]
     by_category = in_tracelens_order(list(categories.values()), "op category", "total_direct_kernel_time_ms")
@@ -352,12 +486,22 @@ def ops_tables(groups: list[SignatureGroup], perf: list[SignatureGroup], sheets:
         family_sheets[family] = []
         for group in sheets.get(family, []):
             row = unified_rows.get(id(group)) or _unified_row(group, arch)
-            family_sheets[family].append({**row, **{ours: row.get(theirs) for ours, theirs in _FAMILY_NAMES.items()},
-                                          **{f"param: {k}": v for k, v in group.params.items()}})
+            family_sheets[family].append(
+                {
+                    **row,
+                    **{ours: row.get(theirs) for ours, theirs in _FAMILY_NAMES.items()},
+                    **{f"param: {k}": v for k, v in group.params.items()},
+                }
+            )
     unified = list(unified_rows.values())
     _percentages(unified, "Kernel Time (µs)_sum")
-    return {"ops_summary": ops, "ops_summary_by_category": by_category, "ops_unique_args": unique,
-            "unified_perf_summary": unified, **family_sheets}
+    return {
+        "ops_summary": ops,
+        "ops_summary_by_category": by_category,
+        "ops_unique_args": unique,
+        "unified_perf_summary": unified,
+        **family_sheets,
+    }
 
 
 def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
@@ -371,8 +515,9 @@ def _by_launch(groups: list[SignatureGroup]) -> list[SignatureGroup]:
             continue
         into = merged.get(group.op_name)
         if into is None:
-            into = merged[group.op_name] = SignatureGroup(group.op_name, None, None, group.category, group.op_name,
-                                                          where=group.where)
+            into = merged[group.op_name] = SignatureGroup(
+                group.op_name, None, None, group.category, group.op_name, where=group.where
+            )
             out.append(into)
         into.launches.update(group.launches)
         if group.launch_uid is not None:
@@ -417,8 +562,12 @@ def table_columns(name: str, rows: list[dict]) -> list[str]:
     """The CSV columns of a table: fixed ones, and for a family sheet its parameters too, in the
     order the trace's calls first name them (as TraceLens's columns come); a perf table whose rows
     have no roofline leaves out the roofline columns, as TraceLens's does."""
-    fixed = {"ops_summary": OPS_SUMMARY, "ops_summary_by_category": BY_CATEGORY, "ops_unique_args": UNIQUE_ARGS,
-             "unified_perf_summary": UNIFIED}.get(name)
+    fixed = {
+        "ops_summary": OPS_SUMMARY,
+        "ops_summary_by_category": BY_CATEGORY,
+        "ops_unique_args": UNIQUE_ARGS,
+        "unified_perf_summary": UNIFIED,
+    }.get(name)
     if fixed is not None and name != "unified_perf_summary":
         return fixed
     if fixed is None:
@@ -434,9 +583,13 @@ def _stats(values: list[float], prefix: str) -> dict:
     """Mean, median, sample standard deviation (none for one value), min and max, unrounded."""
     if not values:
         return {}
-    return {f"{prefix}_mean": statistics.fmean(values), f"{prefix}_median": statistics.median(values),
-            f"{prefix}_std": sample_std(values) if len(values) > 1 else None,
-            f"{prefix}_min": min(values), f"{prefix}_max": max(values)}
+    return {
+        f"{prefix}_mean": statistics.fmean(values),
+        f"{prefix}_median": statistics.median(values),
+        f"{prefix}_std": sample_std(values) if len(values) > 1 else None,
+        f"{prefix}_min": min(values),
+        f"{prefix}_max": max(values),
+    }
 
 
 def _prefixed(stats: dict, prefix: str) -> dict:
@@ -481,10 +634,19 @@ def _kernel_details(group: SignatureGroup) -> list[dict]:
     for (_, name, stream), durations in places.items():
         total = sum(durations)
         mean = statistics.fmean(durations)  # correctly rounded, as pandas's compensated mean: 1.775, not 1.7749...
-        details.append({"name": name, "stream": stream, "count": len(durations), "total_duration_us": total,
-                        "mean_duration_us": mean, "median_duration_us": statistics.median(durations),
-                        "std_dev_duration_us": population_std(durations, mean),
-                        "min_duration_us": min(durations), "max_duration_us": max(durations)})
+        details.append(
+            {
+                "name": name,
+                "stream": stream,
+                "count": len(durations),
+                "total_duration_us": total,
+                "mean_duration_us": mean,
+                "median_duration_us": statistics.median(durations),
+                "std_dev_duration_us": population_std(durations, mean),
+                "min_duration_us": min(durations),
+                "max_duration_us": max(durations),
+            }
+        )
     details.sort(key=lambda d: d["total_duration_us"])
     return details
 
@@ -494,19 +656,29 @@ def _kernel_columns(group: SignatureGroup) -> dict:
     64 characters (then '...'), its stream and mean duration to 0.01 µs (hundredths rounded half
     to even in binary, as TraceLens's are: 1.185 -> 1.18)."""
     details = _kernel_details(group)
-    short = [{"name": d["name"] if len(d["name"]) <= 64 else d["name"][:64] + "...", "stream": d["stream"],
-              "mean_duration_us": round(d["mean_duration_us"] * 100) / 100} for d in details]
+    short = [
+        {
+            "name": d["name"] if len(d["name"]) <= 64 else d["name"][:64] + "...",
+            "stream": d["stream"],
+            "mean_duration_us": round(d["mean_duration_us"] * 100) / 100,
+        }
+        for d in details
+    ]
     return {"kernel_details_summary": repr(details), "trunc_kernel_details": repr(short) if short else None}
 
 
 def _signature(group: SignatureGroup) -> dict:
     op = group.op
-    return {"name": group.name, "op category": group.category, **dict(zip(WHERE, group.where)),
-            "Input Dims": python_cell(op.input_dims) if op else "",
-            "Input type": python_cell(op.input_types) if op else "",
-            "Input Strides": python_cell(op.strides) if op and op.strides is not None else "",
-            "Concrete Inputs": python_cell(op.concrete) if op and op.concrete is not None else "",
-            "ex_UID": group.uid}
+    return {
+        "name": group.name,
+        "op category": group.category,
+        **dict(zip(WHERE, group.where)),
+        "Input Dims": python_cell(op.input_dims) if op else "",
+        "Input type": python_cell(op.input_types) if op else "",
+        "Input Strides": python_cell(op.strides) if op and op.strides is not None else "",
+        "Concrete Inputs": python_cell(op.concrete) if op and op.concrete is not None else "",
+        "ex_UID": group.uid,
+    }
 
 
 def python_cell(value) -> str:
@@ -524,34 +696,64 @@ def _unique_args_row(group: SignatureGroup) -> dict:
     # most often no op inside launched anything: the subtree times are the direct ones, whose
     # statistics are worked out already
     alike = subtree == group.times
-    return {**_signature(group), "operation_count": len(group.times), "total_direct_kernel_time_sum": group.total,
-            "total_subtree_kernel_time_sum": group.total if alike else sum(subtree),
-            **_prefixed(group.time_stats, "total_direct_kernel_time"),
-            **(_prefixed(group.time_stats, "total_subtree_kernel_time") if alike
-               else _stats(subtree, "total_subtree_kernel_time")), **group.kernel_columns}
+    return {
+        **_signature(group),
+        "operation_count": len(group.times),
+        "total_direct_kernel_time_sum": group.total,
+        "total_subtree_kernel_time_sum": group.total if alike else sum(subtree),
+        **_prefixed(group.time_stats, "total_direct_kernel_time"),
+        **(
+            _prefixed(group.time_stats, "total_subtree_kernel_time")
+            if alike
+            else _stats(subtree, "total_subtree_kernel_time")
+        ),
+        **group.kernel_columns,
+    }
 
 
 def _unified_row(group: SignatureGroup, arch=None) -> dict:
     times, est = group.times, group.est
-    out = {**_signature(group), "operation_count": len(times), "Kernel Time (µs)_sum": group.total,
-           **_prefixed(group.time_stats, "Kernel Time (µs)"), "has_perf_model": est is not None,
-           **group.kernel_columns}
+    out = {
+        **_signature(group),
+        "operation_count": len(times),
+        "Kernel Time (µs)_sum": group.total,
+        **_prefixed(group.time_stats, "Kernel Time (µs)"),
+        "has_perf_model": est is not None,
+        **group.kernel_columns,
+    }
     if group.cpu:
         cpu = _stats(group.cpu, "duration_us")
-        out.update({"total_duration_us": sum(group.cpu), "mean_duration_us": cpu.pop("duration_us_mean"),
-                    "std_duration_us": cpu.pop("duration_us_std"), **cpu})
+        out.update(
+            {
+                "total_duration_us": sum(group.cpu),
+                "mean_duration_us": cpu.pop("duration_us_mean"),
+                "std_duration_us": cpu.pop("duration_us_std"),
+                **cpu,
+            }
+        )
     if est is not None:
         seconds = [t / 1e6 for t in times if t > 0]
-        out.update({"GFLOPS": est.flops / 1e9, "Data Moved (MB)": est.bytes / MIB,
-                    "FLOPS/Byte": est.flops / est.bytes if est.bytes else None,
-                    **_stats([est.flops / s / 1e12 for s in seconds], "TFLOPS/s"),
-                    **_stats([est.bytes / s / 1e12 for s in seconds], "TB/s"),
-                    "perf_params": repr(group.params), "compute_spec": est.precision,
-                    "Compute Spec": _compute_spec(group)})
+        out.update(
+            {
+                "GFLOPS": est.flops / 1e9,
+                "Data Moved (MB)": est.bytes / MIB,
+                "FLOPS/Byte": est.flops / est.bytes if est.bytes else None,
+                **_stats([est.flops / s / 1e12 for s in seconds], "TFLOPS/s"),
+                **_stats([est.bytes / s / 1e12 for s in seconds], "TB/s"),
+                "perf_params": repr(group.params),
+                "compute_spec": est.precision,
+                "Compute Spec": _compute_spec(group),
+            }
+        )
         roof = _roofline_time(est, arch)
         if roof is not None:
-            out.update({"Roofline Time (µs)_first": roof[0], "Roofline Bound": roof[1],
-                        **_stats([100 * roof[0] / t for t in times if t > 0], "Pct Roofline")})
+            out.update(
+                {
+                    "Roofline Time (µs)_first": roof[0],
+                    "Roofline Bound": roof[1],
+                    **_stats([100 * roof[0] / t for t in times if t > 0], "Pct Roofline"),
+                }
+            )
     return out
 
 

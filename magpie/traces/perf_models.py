@@ -18,14 +18,34 @@ from dataclasses import dataclass, field
 from magpie.traces import tracelens_ops
 
 DTYPE_BYTES = {
-    "double": 8, "float": 4, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "long": 8, "int": 4,
-    "short int": 2, "short": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
-    "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "c10::complex<float>": 8,
+    "double": 8,
+    "float": 4,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "long int": 8,
+    "long": 8,
+    "int": 4,
+    "short int": 2,
+    "short": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1,
+    "c10::complex<float>": 8,
 }
 # The roofline peak an op's arithmetic is held against, by its (first) operand dtype.
-TENSOR_PRECISION = {"c10::BFloat16": "bf16_tensor", "c10::Half": "fp16_tensor", "float": "tf32_tensor",
-                    "double": "fp64_tensor", "c10::Float8_e4m3fn": "fp8_tensor", "c10::Float8_e5m2": "fp8_tensor",
-                    "signed char": "int8_tensor"}
+TENSOR_PRECISION = {
+    "c10::BFloat16": "bf16_tensor",
+    "c10::Half": "fp16_tensor",
+    "float": "tf32_tensor",
+    "double": "fp64_tensor",
+    "c10::Float8_e4m3fn": "fp8_tensor",
+    "c10::Float8_e5m2": "fp8_tensor",
+    "signed char": "int8_tensor",
+}
 VECTOR_PRECISION = {"double": "fp64"}
 
 
@@ -100,8 +120,9 @@ def _vector_precision(dtype: str) -> str:
 
 
 # -- GEMM ---------------------------------------------------------------------------------
-def _gemm(op, m: int, n: int, k: int, batch: int, a: Tensor, b: Tensor, out_dtype: str, extra: list[Tensor],
-          a_index: int = 0) -> Estimate:
+def _gemm(
+    op, m: int, n: int, k: int, batch: int, a: Tensor, b: Tensor, out_dtype: str, extra: list[Tensor], a_index: int = 0
+) -> Estimate:
     """A (batched) GEMM whose A and B are inputs a_index and a_index + 1; `extra` are the other
     operands it reads (bias, scales)."""
     out_bytes = batch * m * n * DTYPE_BYTES.get(out_dtype, 4)
@@ -110,8 +131,13 @@ def _gemm(op, m: int, n: int, k: int, batch: int, a: Tensor, b: Tensor, out_dtyp
     # TraceLens's names and order: B leads for batched GEMMs and follows dtype_A_B otherwise
     batched = len(a.shape) == 3 and len(b.shape) == 3
     shape = {"B": batch, "M": m, "N": n, "K": k} if batched else {"M": m, "N": n, "K": k}
-    params = {**shape, "bias": bool(extra), "stride_A": _stride(op, a_index), "stride_B": _stride(op, a_index + 1),
-              "dtype_A_B": _types(op, a_index, a_index + 2)}
+    params = {
+        **shape,
+        "bias": bool(extra),
+        "stride_A": _stride(op, a_index),
+        "stride_B": _stride(op, a_index + 1),
+        "dtype_A_B": _types(op, a_index, a_index + 2),
+    }
     params.setdefault("B", batch)
     return Estimate("GEMM", flops, moved, TENSOR_PRECISION.get(a.dtype, "fp32"), params)
 
@@ -144,8 +170,9 @@ def baddbmm(op):
     t = tensors(op)
     bias, a, b = (t + [None, None, None])[:3]
     if a and b and len(a.shape) == 3 and len(b.shape) == 3:
-        return _gemm(op, a.shape[1], b.shape[2], a.shape[2], a.shape[0], a, b, a.dtype, [bias] if bias else [],
-                     a_index=1)
+        return _gemm(
+            op, a.shape[1], b.shape[2], a.shape[2], a.shape[0], a, b, a.dtype, [bias] if bias else [], a_index=1
+        )
     return None
 
 
@@ -160,8 +187,14 @@ def linear(op):
 
 
 # c10::ScalarType codes as the profiler records a dtype argument (out_dtype of _scaled_mm).
-SCALAR_TYPES = {"5": "c10::Half", "6": "float", "7": "double", "15": "c10::BFloat16", "23": "c10::Float8_e5m2",
-                "24": "c10::Float8_e4m3fn"}
+SCALAR_TYPES = {
+    "5": "c10::Half",
+    "6": "float",
+    "7": "double",
+    "15": "c10::BFloat16",
+    "23": "c10::Float8_e5m2",
+    "24": "c10::Float8_e4m3fn",
+}
 
 
 def scaled_mm(op):
@@ -219,7 +252,7 @@ def convolution_backward(op):
 def _convolution(op, where: tuple, first: int):
     stride_i, pad_i, dil_i, transposed_i, outpad_i, groups_i = where
     t = tensors(op)
-    x, w = (t[first:first + 2] + [None, None])[:2]
+    x, w = (t[first : first + 2] + [None, None])[:2]
     if not (x and w) or len(x.shape) < 3 or len(w.shape) != len(x.shape):
         return None
     rank = len(x.shape) - 2
@@ -232,13 +265,16 @@ def _convolution(op, where: tuple, first: int):
     n, c_in, spatial, kernel = x.shape[0], x.shape[1], x.shape[2:], w.shape[2:]
     if transposed:
         c_out = w.shape[1] * groups
-        out = [(i - 1) * s - 2 * p + d * (k - 1) + op_ + 1
-               for i, s, p, d, k, op_ in zip(spatial, stride, padding, dilation, kernel, output_padding)]
+        out = [
+            (i - 1) * s - 2 * p + d * (k - 1) + op_ + 1
+            for i, s, p, d, k, op_ in zip(spatial, stride, padding, dilation, kernel, output_padding)
+        ]
         flops = 2.0 * n * c_in * math.prod(spatial) * (c_out // groups) * math.prod(kernel)
     else:
         c_out = w.shape[0]
-        out = [(i + 2 * p - d * (k - 1) - 1) // s + 1
-               for i, s, p, d, k in zip(spatial, stride, padding, dilation, kernel)]
+        out = [
+            (i + 2 * p - d * (k - 1) - 1) // s + 1 for i, s, p, d, k in zip(spatial, stride, padding, dilation, kernel)
+        ]
         flops = 2.0 * n * c_out * math.prod(out) * (c_in // groups) * math.prod(kernel)
     size = DTYPE_BYTES.get(x.dtype, 4)
     out_numel = n * c_out * math.prod(out)
@@ -250,12 +286,27 @@ def _convolution(op, where: tuple, first: int):
         has_bias = concrete(op, 3) not in ("", "None", "[]")  # bias_sizes: the forward's bias, if it had one
         flops = 2 * flops + (out_numel if has_bias else 0)
         moved = 2 * (out_numel * size + x.nbytes + w.nbytes) + ((out_numel + c_out) * size if has_bias else 0)
-    return Estimate("CONV", flops, moved, TENSOR_PRECISION.get(x.dtype, "fp32"),
-                    {"convNd": f"conv{rank}d", "input_shape": tuple(x.shape), "filter_shape": tuple(w.shape),
-                     "dtype_input_weight": _types(op, first, first + 2), "input_stride": _stride(op, first),
-                     "weight_stride": _stride(op, first + 1), "bias": has_bias, "stride": tuple(stride),
-                     "padding": tuple(padding), "dilation": tuple(dilation), "transposed_conv": transposed,
-                     "output_padding": tuple(output_padding), "groups": groups})
+    return Estimate(
+        "CONV",
+        flops,
+        moved,
+        TENSOR_PRECISION.get(x.dtype, "fp32"),
+        {
+            "convNd": f"conv{rank}d",
+            "input_shape": tuple(x.shape),
+            "filter_shape": tuple(w.shape),
+            "dtype_input_weight": _types(op, first, first + 2),
+            "input_stride": _stride(op, first),
+            "weight_stride": _stride(op, first + 1),
+            "bias": has_bias,
+            "stride": tuple(stride),
+            "padding": tuple(padding),
+            "dilation": tuple(dilation),
+            "transposed_conv": transposed,
+            "output_padding": tuple(output_padding),
+            "groups": groups,
+        },
+    )
 
 
 # -- attention ------------------------------------------------------------------------------
@@ -269,7 +320,8 @@ ATTENTION = {
     "aten::_flash_attention_forward": (8, 7, "BLHD"),
     "aten::_efficient_attention_forward": (9, 8, "BLHD"),
     # flash-attn's (q, k, v, dropout_p, softmax_scale, causal, ...) and the autograd function around it
-    "flash_attn::_flash_attn_forward": (5, 3, "BLHD"), "FlashAttnFunc": (5, 3, "BLHD"),
+    "flash_attn::_flash_attn_forward": (5, 3, "BLHD"),
+    "FlashAttnFunc": (5, 3, "BLHD"),
 }
 # flash-attn's backward (dout, q, k, v, ...): where q and its causal flag and dropout are, as TraceLens reads them
 FLASH_BACKWARD = {"flash_attn::_flash_attn_backward": (1, 10, 8)}
@@ -298,12 +350,31 @@ def attention(op):
     flops = 2.0 * b * h * pairs * (d + dv)
     out_bytes = b * h * lq * dv * DTYPE_BYTES.get(q.dtype, 2)
     moved = q.nbytes + k.nbytes + v.nbytes + out_bytes
-    strides = {f"{name}_stride": _stride(op, i) for i, name in enumerate("qkv")} if layout == "BLHD" and \
-        not op.name.startswith("aten::") else {}
-    return Estimate("SDPA", flops, moved, TENSOR_PRECISION.get(q.dtype, "fp32"),
-                    {"B": b, "N_Q": lq, "H_Q": h, "N_KV": lk, "H_KV": hk, "d_h_qk": d, "d_h_v": dv, **strides,
-                     "dropout": _probability(concrete(op, dropout_index)), "causal": is_causal,
-                     "flash_impl": "flash" in op.name.lower(), "dtype_A_B": _types(op, 0, 2)})
+    strides = (
+        {f"{name}_stride": _stride(op, i) for i, name in enumerate("qkv")}
+        if layout == "BLHD" and not op.name.startswith("aten::")
+        else {}
+    )
+    return Estimate(
+        "SDPA",
+        flops,
+        moved,
+        TENSOR_PRECISION.get(q.dtype, "fp32"),
+        {
+            "B": b,
+            "N_Q": lq,
+            "H_Q": h,
+            "N_KV": lk,
+            "H_KV": hk,
+            "d_h_qk": d,
+            "d_h_v": dv,
+            **strides,
+            "dropout": _probability(concrete(op, dropout_index)),
+            "causal": is_causal,
+            "flash_impl": "flash" in op.name.lower(),
+            "dtype_A_B": _types(op, 0, 2),
+        },
+    )
 
 
 def attention_backward(op):
@@ -312,7 +383,7 @@ def attention_backward(op):
     the forward's; grouped-query heads' K and V gradients summed over each group; Q, K, V and the
     output's gradient read, the three gradients written."""
     at, causal_index, dropout_index = FLASH_BACKWARD[op.name]
-    q, k, v = (tensors(op)[at:at + 3] + [None, None, None])[:3]
+    q, k, v = (tensors(op)[at : at + 3] + [None, None, None])[:3]
     if not (q and k and v and len(q.shape) == 4 and len(k.shape) == 4):
         return None
     (b, lq, h, d), (_, lk, hk, _), dv = q.shape, k.shape, v.shape[3]
@@ -322,11 +393,26 @@ def attention_backward(op):
     flops = 2.0 * b * h * pairs * (3 * d + 2 * dv) + group_sums
     size = DTYPE_BYTES.get(q.dtype, 2)
     moved = 2 * (q.nbytes + k.nbytes + v.nbytes) + b * lq * h * dv * size
-    return Estimate("SDPA", flops, moved, TENSOR_PRECISION.get(q.dtype, "fp32"),
-                    {"B": b, "N_Q": lq, "H_Q": h, "N_KV": lk, "H_KV": hk, "d_h_qk": d, "d_h_v": dv,
-                     **{f"{name}_stride": _stride(op, at + i) for i, name in enumerate("qkv")},
-                     "dropout": _probability(concrete(op, dropout_index)), "causal": is_causal, "flash_impl": True,
-                     "dtype_A_B": _types(op, 0, 2)})
+    return Estimate(
+        "SDPA",
+        flops,
+        moved,
+        TENSOR_PRECISION.get(q.dtype, "fp32"),
+        {
+            "B": b,
+            "N_Q": lq,
+            "H_Q": h,
+            "N_KV": lk,
+            "H_KV": hk,
+            "d_h_qk": d,
+            "d_h_v": dv,
+            **{f"{name}_stride": _stride(op, at + i) for i, name in enumerate("qkv")},
+            "dropout": _probability(concrete(op, dropout_index)),
+            "causal": is_causal,
+            "flash_impl": True,
+            "dtype_A_B": _types(op, 0, 2),
+        },
+    )
 
 
 def _probability(text: str) -> float:
@@ -383,17 +469,29 @@ def _elementwise_params(op) -> dict:
     where one is recorded, as with out= variants."""
     dims = op.input_dims or []
     if op.name in COPIES:  # copy_(self, src): src is read, self written, one element per element of self
-        return {"op_shape": tuple(dims[0]), "dtype_in_out": _types(op, 1, 2) + _types(op, 0, 1),
-                "stride_input": _stride(op, 1), "stride_output": _stride(op, 0)}
+        return {
+            "op_shape": tuple(dims[0]),
+            "dtype_in_out": _types(op, 1, 2) + _types(op, 0, 1),
+            "stride_input": _stride(op, 1),
+            "stride_output": _stride(op, 0),
+        }
     if op.name in BINARY_OPS or (op.name not in UNARY_OPS and sum(bool(d) for d in dims[:3]) >= 2):
         out = _recorded(op, 2)
-        return {"shape_in1": tuple(dims[0]), "shape_in2": tuple(dims[1]) if len(dims) > 1 else (),
-                "dtype_in1_in2_out": _types(op, 0, 2) + (_types(op, 2, 3) if out else (None,)),
-                "stride_input1": _stride(op, 0), "stride_input2": _stride(op, 1),
-                "stride_output": _stride(op, 2) if out else None}
+        return {
+            "shape_in1": tuple(dims[0]),
+            "shape_in2": tuple(dims[1]) if len(dims) > 1 else (),
+            "dtype_in1_in2_out": _types(op, 0, 2) + (_types(op, 2, 3) if out else (None,)),
+            "stride_input1": _stride(op, 0),
+            "stride_input2": _stride(op, 1),
+            "stride_output": _stride(op, 2) if out else None,
+        }
     out = _recorded(op, 1)
-    return {"op_shape": tuple(dims[0]), "dtype_in_out": _types(op, 0, 1) + (_types(op, 1, 2) if out else (None,)),
-            "stride_input": _stride(op, 0), "stride_output": _stride(op, 1) if out else None}
+    return {
+        "op_shape": tuple(dims[0]),
+        "dtype_in_out": _types(op, 0, 1) + (_types(op, 1, 2) if out else (None,)),
+        "stride_input": _stride(op, 0),
+        "stride_output": _stride(op, 1) if out else None,
+    }
 
 
 def _dims(text: str, rank: int) -> list[int] | None:
@@ -424,8 +522,9 @@ def reduction(op):
     if op.name in SCANS:
         kept = x.numel
     else:
-        reduced = list(range(len(x.shape))) if index_out and dims_text in ("", "None") else \
-            _dims(dims_text, len(x.shape))
+        reduced = (
+            list(range(len(x.shape))) if index_out and dims_text in ("", "None") else _dims(dims_text, len(x.shape))
+        )
         if reduced is None:
             return None
         kept = math.prod(d for i, d in enumerate(x.shape) if i not in reduced)
@@ -433,9 +532,18 @@ def reduction(op):
     moved = x.nbytes + kept * DTYPE_BYTES.get(out_dtype, 4)
     kind = next((k for k in ("mean", "max", "min", "norm") if k in op.name), "sum")
     # TraceLens's parameters: the output dtype None where it is the input's
-    return Estimate("reduction", float(x.numel), moved, _vector_precision(x.dtype),
-                    {"num_input_elems": x.numel, "num_output_elems": kept,
-                     "dtype_in_out": (x.dtype, out_dtype if index_out else None), "reduce_type": kind})
+    return Estimate(
+        "reduction",
+        float(x.numel),
+        moved,
+        _vector_precision(x.dtype),
+        {
+            "num_input_elems": x.numel,
+            "num_output_elems": kept,
+            "dtype_in_out": (x.dtype, out_dtype if index_out else None),
+            "reduce_type": kind,
+        },
+    )
 
 
 def norm(op):
@@ -444,9 +552,18 @@ def norm(op):
         return None
     x = present[0]
     moved = sum(t.nbytes for t in present) + x.nbytes  # every operand read, the normalized tensor written
-    return Estimate("normalization", 8.0 * x.numel, moved, _vector_precision(x.dtype),
-                    {"op_shape": tuple(x.shape), "dtype_in_out": (x.dtype, None), "stride_input": _stride(op, 0),
-                     "stride_output": None})
+    return Estimate(
+        "normalization",
+        8.0 * x.numel,
+        moved,
+        _vector_precision(x.dtype),
+        {
+            "op_shape": tuple(x.shape),
+            "dtype_in_out": (x.dtype, None),
+            "stride_input": _stride(op, 0),
+            "stride_output": None,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -476,26 +593,40 @@ _INSTANCE = NormLayout(weight=1, bias=2, training=5)
 NORM_LAYOUTS = {
     **dict.fromkeys((f"aten::{impl}batch_norm" for impl in ("", "native_", "miopen_", "cudnn_")), _BATCH),
     **dict.fromkeys((f"aten::{impl}layer_norm" for impl in ("", "native_", "miopen_", "cudnn_")), _LAYER),
-    "aten::group_norm": _GROUP, "aten::native_group_norm": _NATIVE_GROUP,
-    "aten::miopen_group_norm": _GROUP, "aten::cudnn_group_norm": _GROUP,
+    "aten::group_norm": _GROUP,
+    "aten::native_group_norm": _NATIVE_GROUP,
+    "aten::miopen_group_norm": _GROUP,
+    "aten::cudnn_group_norm": _GROUP,
     **dict.fromkeys((f"aten::{impl}instance_norm" for impl in ("", "native_", "miopen_", "cudnn_")), _INSTANCE),
     "aten::_fused_rms_norm": NormLayout(shape=1, weight=2, rms=True),
     # (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
-    **dict.fromkeys(("aten::batch_norm_backward", "aten::native_batch_norm_backward"),
-                    NormLayout(input=1, weight=2, training=7, backward=True)),
+    **dict.fromkeys(
+        ("aten::batch_norm_backward", "aten::native_batch_norm_backward"),
+        NormLayout(input=1, weight=2, training=7, backward=True),
+    ),
     # (input, grad_output, weight, ...): cuDNN's and MIOpen's are the eval-statistics kind
-    **dict.fromkeys(("aten::cudnn_batch_norm_backward", "aten::miopen_batch_norm_backward"),
-                    NormLayout(input=0, weight=2, training=-1, backward=True)),
+    **dict.fromkeys(
+        ("aten::cudnn_batch_norm_backward", "aten::miopen_batch_norm_backward"),
+        NormLayout(input=0, weight=2, training=-1, backward=True),
+    ),
     # (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
-    **dict.fromkeys((f"aten::{impl}layer_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_")),
-                    NormLayout(input=1, shape=2, mask=7, backward=True)),
+    **dict.fromkeys(
+        (f"aten::{impl}layer_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_")),
+        NormLayout(input=1, shape=2, mask=7, backward=True),
+    ),
     # (grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)
-    **dict.fromkeys((f"aten::{impl}group_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_")),
-                    NormLayout(input=1, groups=8, weight=4, mask=9, backward=True)),
+    **dict.fromkeys(
+        (f"aten::{impl}group_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_")),
+        NormLayout(input=1, groups=8, weight=4, mask=9, backward=True),
+    ),
     # (grad_out, input, normalized_shape, rstd, weight, output_mask)
-    **dict.fromkeys(("aten::_fused_rms_norm_backward",
-                     *(f"aten::{impl}rms_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_"))),
-                    NormLayout(input=1, shape=2, weight=4, mask=5, backward=True, rms=True)),
+    **dict.fromkeys(
+        (
+            "aten::_fused_rms_norm_backward",
+            *(f"aten::{impl}rms_norm_backward" for impl in ("", "native_", "miopen_", "cudnn_")),
+        ),
+        NormLayout(input=1, shape=2, weight=4, mask=5, backward=True, rms=True),
+    ),
 }
 # TraceLens models these and counts nothing for them (its instance-norm backward is not defined):
 # their perf cells stay blank in both tools
@@ -523,20 +654,30 @@ def normalization(op):
     else:
         affine = layout.weight is not None and _recorded(op, layout.weight)
         bias = layout.bias is not None and _recorded(op, layout.bias) if not layout.backward else True
-    training = True if layout.training is None else \
-        layout.training >= 0 and concrete(op, layout.training) in ("True", "1")
+    training = (
+        True if layout.training is None else layout.training >= 0 and concrete(op, layout.training) in ("True", "1")
+    )
     if layout.rms:
         flops, values = rms_norm_counts(x.numel, channels, affine, mask, layout.backward)
     else:
-        flops, values = normalization_counts(x.numel, channels, affine, bias, training,
-                                             mask if layout.backward else None)
-    params = {"op_shape": tuple(x.shape), "dtype_in_out": (x.dtype, None), "stride_input": _stride(op, layout.input),
-              "stride_output": None, "num_channels": channels, "has_bias": bool(bias) and not layout.rms,
-              "is_affine": affine, "is_training": training and not layout.rms}
+        flops, values = normalization_counts(
+            x.numel, channels, affine, bias, training, mask if layout.backward else None
+        )
+    params = {
+        "op_shape": tuple(x.shape),
+        "dtype_in_out": (x.dtype, None),
+        "stride_input": _stride(op, layout.input),
+        "stride_output": None,
+        "num_channels": channels,
+        "has_bias": bool(bias) and not layout.rms,
+        "is_affine": affine,
+        "is_training": training and not layout.rms,
+    }
     if layout.backward:
         params["output_mask"] = mask if layout.mask is not None else [True]
-    return Estimate("normalization", float(flops), values * DTYPE_BYTES.get(x.dtype, 4),
-                    _vector_precision(x.dtype), params)
+    return Estimate(
+        "normalization", float(flops), values * DTYPE_BYTES.get(x.dtype, 4), _vector_precision(x.dtype), params
+    )
 
 
 def _flags(text: str) -> list[bool]:
@@ -544,8 +685,9 @@ def _flags(text: str) -> list[bool]:
     return [part.strip() == "True" for part in text.strip("[]()").split(",") if part.strip()]
 
 
-def normalization_counts(n: float, c: float, affine: bool, bias: bool, training: bool,
-                         mask: list[bool] | None) -> tuple[float, float]:
+def normalization_counts(
+    n: float, c: float, affine: bool, bias: bool, training: bool, mask: list[bool] | None
+) -> tuple[float, float]:
     """FLOPs and values moved (of the input's dtype) of a batch/layer/group/instance norm over n
     elements in c channels, TraceLens's count. Forward (mask None): 2·n for the normalization and 6·c
     for the per-channel statistics and scale, 3·n more when training; the input read and the output
@@ -559,8 +701,11 @@ def normalization_counts(n: float, c: float, affine: bool, bias: bool, training:
         vectors = 2 + (1 + (1 if bias else 0) if affine else 0) + (2 if training else 0)
         return flops, 2 * n + vectors * c
     per_channel = n / c
-    flops = c * ((0 if training else 3) + 4 * per_channel
-                 + ((5 * per_channel if training else 0) if mask[0] else 2 * per_channel))
+    flops = c * (
+        (0 if training else 3)
+        + 4 * per_channel
+        + ((5 * per_channel if training else 0) if mask[0] else 2 * per_channel)
+    )
     values = n + n * (2 if mask[0] and training else 1) + (c if training else 0)
     if affine:
         values += c + (c * (2 if bias else 1) if training else 0)
@@ -608,10 +753,21 @@ def padded(op):
         out = tuple(out)
         extra = {"padding": sizes}
     numel = math.prod(out)
-    return Estimate("elementwise", float(numel), x.nbytes + numel * DTYPE_BYTES.get(x.dtype, 4),
-                    _vector_precision(x.dtype),
-                    {"input_shape": tuple(x.shape), "output_shape": out, **extra, "op_shape": out,
-                     "dtype_in_out": (x.dtype, x.dtype), "stride_input": _stride(op, 0), "stride_output": None})
+    return Estimate(
+        "elementwise",
+        float(numel),
+        x.nbytes + numel * DTYPE_BYTES.get(x.dtype, 4),
+        _vector_precision(x.dtype),
+        {
+            "input_shape": tuple(x.shape),
+            "output_shape": out,
+            **extra,
+            "op_shape": out,
+            "dtype_in_out": (x.dtype, x.dtype),
+            "stride_input": _stride(op, 0),
+            "stride_output": None,
+        },
+    )
 
 
 def softmax(op):
@@ -628,8 +784,9 @@ def index_select(op):
         return None
     dim = int(concrete(op, 1, "0") or 0) % len(src.shape)
     row = src.nbytes // src.shape[dim]
-    return Estimate("indexing", 0.0, index.nbytes + 2 * row * index.numel, _vector_precision(src.dtype),
-                    {"rows": index.numel})
+    return Estimate(
+        "indexing", 0.0, index.nbytes + 2 * row * index.numel, _vector_precision(src.dtype), {"rows": index.numel}
+    )
 
 
 def embedding(op):
@@ -638,8 +795,13 @@ def embedding(op):
     if not (weight and indices):
         return None
     row = weight.nbytes // weight.shape[0]
-    return Estimate("indexing", 0.0, indices.nbytes + 2 * row * indices.numel, _vector_precision(weight.dtype),
-                    {"rows": indices.numel})
+    return Estimate(
+        "indexing",
+        0.0,
+        indices.nbytes + 2 * row * indices.numel,
+        _vector_precision(weight.dtype),
+        {"rows": indices.numel},
+    )
 
 
 def cat(op):
@@ -656,41 +818,148 @@ def foreach(op):
         return None
     reads = sum(p.nbytes for group in lists for p in group)
     writes = sum(p.nbytes for p in lists[0])
-    return Estimate("elementwise", float(sum(p.numel for p in lists[0])), reads + writes,
-                    _vector_precision(lists[0][0].dtype), {"tensors": len(lists[0])})
+    return Estimate(
+        "elementwise",
+        float(sum(p.numel for p in lists[0])),
+        reads + writes,
+        _vector_precision(lists[0][0].dtype),
+        {"tensors": len(lists[0])},
+    )
 
 
 # TraceLens's unary and binary elementwise ops (its UnaryElementwise and BinaryElementwise sheets);
 # elementwise ops on neither take the binary parameters where they have two tensor operands
-UNARY_OPS = {f"aten::{n}" for n in ("copy", "copy_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "sigmoid",
-                                    "rsqrt", "silu", "neg", "pow")}
-BINARY_OPS = {f"aten::{n}" for n in ("div", "div_", "mul", "mul_", "add", "add_", "sigmoid_backward",
-                                     "threshold_backward")}
-ELEMENTWISE = {f"aten::{n}" for n in (
-    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "neg", "rsqrt", "sqrt", "pow", "exp", "log", "sin",
-    "cos", "tanh", "sigmoid", "silu", "silu_", "gelu", "relu", "relu_", "clamp", "clamp_min", "clamp_max", "where",
-    "copy_", "fill_", "_to_copy", "clone", "abs", "reciprocal", "gelu_backward", "silu_backward",
-    "threshold_backward", "sigmoid_backward", "tanh_backward", "addcmul", "addcdiv", "lerp", "masked_fill",
-    "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "bitwise_and", "bitwise_or", "logical_and", "triu", "tril")} \
-    | UNARY_OPS | BINARY_OPS
-REDUCTIONS = {f"aten::{n}" for n in ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod",
-                                     "logsumexp", "linalg_norm", "cumsum", "cumprod",
-                                     "var", "std", "norm", "linalg_vector_norm", "any", "all")}
+UNARY_OPS = {
+    f"aten::{n}"
+    for n in (
+        "copy",
+        "copy_",
+        "clamp_min",
+        "clamp_min_",
+        "clamp_max",
+        "clamp_max_",
+        "sigmoid",
+        "rsqrt",
+        "silu",
+        "neg",
+        "pow",
+    )
+}
+BINARY_OPS = {
+    f"aten::{n}" for n in ("div", "div_", "mul", "mul_", "add", "add_", "sigmoid_backward", "threshold_backward")
+}
+ELEMENTWISE = (
+    {
+        f"aten::{n}"
+        for n in (
+            "add",
+            "add_",
+            "sub",
+            "sub_",
+            "mul",
+            "mul_",
+            "div",
+            "div_",
+            "neg",
+            "rsqrt",
+            "sqrt",
+            "pow",
+            "exp",
+            "log",
+            "sin",
+            "cos",
+            "tanh",
+            "sigmoid",
+            "silu",
+            "silu_",
+            "gelu",
+            "relu",
+            "relu_",
+            "clamp",
+            "clamp_min",
+            "clamp_max",
+            "where",
+            "copy_",
+            "fill_",
+            "_to_copy",
+            "clone",
+            "abs",
+            "reciprocal",
+            "gelu_backward",
+            "silu_backward",
+            "threshold_backward",
+            "sigmoid_backward",
+            "tanh_backward",
+            "addcmul",
+            "addcdiv",
+            "lerp",
+            "masked_fill",
+            "masked_fill_",
+            "eq",
+            "ne",
+            "lt",
+            "gt",
+            "le",
+            "ge",
+            "bitwise_and",
+            "bitwise_or",
+            "logical_and",
+            "triu",
+            "tril",
+        )
+    }
+    | UNARY_OPS
+    | BINARY_OPS
+)
+REDUCTIONS = {
+    f"aten::{n}"
+    for n in (
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "argmax",
+        "argmin",
+        "prod",
+        "logsumexp",
+        "linalg_norm",
+        "cumsum",
+        "cumprod",
+        "var",
+        "std",
+        "norm",
+        "linalg_vector_norm",
+        "any",
+        "all",
+    )
+}
 NORMS = {"aten::rms_norm", "aten::_batch_norm_impl_index"}  # outside TraceLens's NORM_LAYOUTS: a generic count
 SOFTMAX = {f"aten::{n}" for n in ("_softmax", "softmax", "_log_softmax", "log_softmax", "_softmax_backward_data")}
 
 REGISTRY = {
-    "aten::mm": mm, "aten::addmm": addmm, "aten::bmm": bmm, "aten::baddbmm": baddbmm, "aten::linear": linear,
-    "aten::_scaled_mm": scaled_mm, "aten::index_select": index_select, "aten::embedding": embedding,
+    "aten::mm": mm,
+    "aten::addmm": addmm,
+    "aten::bmm": bmm,
+    "aten::baddbmm": baddbmm,
+    "aten::linear": linear,
+    "aten::_scaled_mm": scaled_mm,
+    "aten::index_select": index_select,
+    "aten::embedding": embedding,
     "aten::cat": cat,
-    **{name: attention for name in ATTENTION}, **{name: attention_backward for name in FLASH_BACKWARD},
-    **{name: convolution for name in CONVOLUTION}, "aten::convolution_backward": convolution_backward,
+    **{name: attention for name in ATTENTION},
+    **{name: attention_backward for name in FLASH_BACKWARD},
+    **{name: convolution for name in CONVOLUTION},
+    "aten::convolution_backward": convolution_backward,
     **{name: elementwise for name in ELEMENTWISE},
     **{name: reduction for name in REDUCTIONS},
     **{name: norm for name in NORMS},
     **{name: normalization for name in NORM_LAYOUTS},
-    **{name: padded for name in (f"aten::{kind}{n}d" for kind in ("replication_pad", "upsample_nearest")
-                                 for n in (1, 2, 3))},
+    **{
+        name: padded
+        for name in (f"aten::{kind}{n}d" for kind in ("replication_pad", "upsample_nearest") for n in (1, 2, 3))
+    },
     **{name: softmax for name in SOFTMAX},
 }
 

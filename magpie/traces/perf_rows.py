@@ -30,8 +30,18 @@ import msgspec
 
 from magpie.traces.ingest import Trace
 from magpie.traces.kernels import category, gemm_transposes
-from magpie.traces.ops_tables import (SYNTHETIC, SignatureGroup, busy_time, grouped_calls, held_group, launcher_of,
-                                      op_category, ops_tables, trace_calls, where_of)
+from magpie.traces.ops_tables import (
+    SYNTHETIC,
+    SignatureGroup,
+    busy_time,
+    grouped_calls,
+    held_group,
+    launcher_of,
+    op_category,
+    ops_tables,
+    trace_calls,
+    where_of,
+)
 from magpie.traces.perf_models import TRACELENS_MODELS, Estimate, estimate, models_whole_op
 
 
@@ -40,8 +50,15 @@ class _Nesting:
     launches; which launching ops are not plain (`complex`), and around them (the region) the op
     tree with the GPU work under each op; the signature groups with such a call (`mixed`)."""
 
-    def __init__(self, trace: Trace, parents: dict[int, int], groups: list[SignatureGroup],
-                 whole: _Nesting | None = None, holds=None, ops_of: dict[int, list[int]] | None = None):
+    def __init__(
+        self,
+        trace: Trace,
+        parents: dict[int, int],
+        groups: list[SignatureGroup],
+        whole: _Nesting | None = None,
+        holds=None,
+        ops_of: dict[int, list[int]] | None = None,
+    ):
         """With `whole` (the trace's), `holds` (whether a stage holds an op's GPU work, none cut)
         and `ops_of`, a stage view's: its launching ops are the trace's in its steps, each with
         the very ops around and inside it, so the trace's region is the stage's in its steps."""
@@ -69,12 +86,23 @@ class _Nesting:
             self.roots = list(filter(holds, whole.roots))
             # asked only of the stage's ops, whose answers are the trace's
             self.launches, self.children, self.modelled, self.modelled_below = (
-                whole.launches, whole.children, whole.modelled, whole.modelled_below)
+                whole.launches,
+                whole.children,
+                whole.modelled,
+                whole.modelled_below,
+            )
             self.subtrees, self.signatures, self.estimates, self.places = (
-                whole.subtrees, whole.signatures, whole.estimates, whole.places)
+                whole.subtrees,
+                whole.signatures,
+                whole.estimates,
+                whole.places,
+            )
         # the signature groups with a call that is not plain (id -> group)
-        self.mixed = {group_id: self.by_id[group_id] for group_id, members in self.ops_of.items()
-                      if not self.complex.isdisjoint(members)}
+        self.mixed = {
+            group_id: self.by_id[group_id]
+            for group_id, members in self.ops_of.items()
+            if not self.complex.isdisjoint(members)
+        }
 
     def _region(self, parents: dict[int, int]) -> None:
         """The launching ops that are not plain, and the op tree around them."""
@@ -198,8 +226,9 @@ def _add_call(group: SignatureGroup, launched: list, cpu_duration: float) -> Non
     group.cpu.append(cpu_duration)
 
 
-def perf_groups(trace: Trace, groups: list[SignatureGroup],
-                nesting: _Nesting) -> tuple[list[SignatureGroup], dict[tuple, SignatureGroup]]:
+def perf_groups(
+    trace: Trace, groups: list[SignatureGroup], nesting: _Nesting
+) -> tuple[list[SignatureGroup], dict[tuple, SignatureGroup]]:
     """The unified rows' groups (calls of one op and signature, or one synthetic op), most GPU
     time first, ties to the first called, and those of ops by the calls they hold (op indices,
     ascending); `groups` are the trace's signature groups: their launches outside any op are
@@ -207,8 +236,9 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
     ops, uids = trace.cpu_ops, trace.op_uids
     row_ops, through = nesting.walk()
     # a mixed group's plain calls are rows of their own signature too
-    others = row_ops + [op for group_id in nesting.mixed for op in nesting.ops_of[group_id]
-                        if op not in nesting.complex]
+    others = row_ops + [
+        op for group_id in nesting.mixed for op in nesting.ops_of[group_id] if op not in nesting.complex
+    ]
     built: dict[tuple, list[int]] = {}
     for op in sorted(others, key=lambda op: ops[op].ts):
         if op in nesting.modelled or not _communicates(nesting.subtree(op)):
@@ -217,8 +247,11 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
     by_calls: dict[tuple, SignatureGroup] = {}
     for group in groups:
         # a signature's calls launch alike: its first call says whether it communicates
-        if group.op is None or id(group) in nesting.mixed or (
-                not models_whole_op(group.name) and _communicates(group.calls[0])):
+        if (
+            group.op is None
+            or id(group) in nesting.mixed
+            or (not models_whole_op(group.name) and _communicates(group.calls[0]))
+        ):
             continue
         members = nesting.ops_of[id(group)]
         key = (nesting.signature(members[0])[0], group.where)
@@ -233,9 +266,16 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
         members.sort(key=lambda op: ops[op].ts)
         first, est = ops[members[0]], nesting.signature(members[0])[1]
         own = nesting.launches.get(members[0], [])
-        group = SignatureGroup(first.name, first, est, op_category(first.name, own),
-                               first.name, where=where, uid=uids[members[0]],
-                               params=_params(est, nesting.transposes(members[0], est)) if est else {})
+        group = SignatureGroup(
+            first.name,
+            first,
+            est,
+            op_category(first.name, own),
+            first.name,
+            where=where,
+            uid=uids[members[0]],
+            params=_params(est, nesting.transposes(members[0], est)) if est else {},
+        )
         for op in members:
             _add_call(group, nesting.subtree(op), ops[op].dur)
         rows.append(group)
@@ -253,15 +293,16 @@ def perf_groups(trace: Trace, groups: list[SignatureGroup],
         if group is None:
             own = nesting.launches[activity.op]
             group = synthetic[(name, key, where)] = SignatureGroup(
-                name, call, None, op_category(call.name, own), call.name,
-                where=where, uid=synthetic_uid)
+                name, call, None, op_category(call.name, own), call.name, where=where, uid=synthetic_uid
+            )
         synthetic_uid += 1
         _add_call(group, [activity], call.dur)
     return sorted([*rows, *synthetic.values()], key=lambda g: (-g.total, g.uid)), by_calls
 
 
-def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, SignatureGroup],
-                 idle_calls: bool = True) -> dict[str, list[SignatureGroup]]:
+def sheet_groups(
+    trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, SignatureGroup], idle_calls: bool = True
+) -> dict[str, list[SignatureGroup]]:
     """Per family sheet, the calls of its ops grouped by op name and model parameters, most GPU
     time first, ties to the first called. With `idle_calls`, calls that launched nothing are
     rows too (TraceLens lists every call); a stage view leaves them out, having no time of them.
@@ -301,8 +342,9 @@ def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, Sig
     if idle_calls:  # every op of the trace: picked by name in C, not one Python step per op
         candidates = compress(range(len(ops)), map(TRACELENS_MODELS.__contains__, map(_NAME, ops)))
     else:
-        candidates = set(chain.from_iterable(unplaced)) | {op for op in nesting.busy
-                                                           if ops[op].name in TRACELENS_MODELS}
+        candidates = set(chain.from_iterable(unplaced)) | {
+            op for op in nesting.busy if ops[op].name in TRACELENS_MODELS
+        }
     for op in [op for op in candidates if op not in placed]:
         signature, est = nesting.signature(op)
         if est is not None:
@@ -313,8 +355,16 @@ def sheet_groups(trace: Trace, nesting: _Nesting, rows_by_calls: dict[tuple, Sig
         group = rows_by_calls.get(tuple(calls))
         if group is None:
             first = ops[calls[0]]
-            group = SignatureGroup(first.name, first, nesting.signature(calls[0])[1], "", first.name,
-                                   where=nesting.where(first), uid=trace.op_uids[calls[0]], params=params_of[slot])
+            group = SignatureGroup(
+                first.name,
+                first,
+                nesting.signature(calls[0])[1],
+                "",
+                first.name,
+                where=nesting.where(first),
+                uid=trace.op_uids[calls[0]],
+                params=params_of[slot],
+            )
             for op in calls:
                 _add_call(group, nesting.subtree(op), ops[op].dur)
         sheets.setdefault(slot[0], []).append(group)
@@ -326,8 +376,14 @@ class TraceCalls:
     any (TraceLens's kernel launchers), their signature groups and the op tree around them: what
     the op tables of the trace, and of each stage view of it (`stage`), are made of."""
 
-    def __init__(self, trace: Trace, calls: list[tuple], launcher_calls: list[tuple] | None,
-                 groups: list[SignatureGroup] | None = None, nesting: _Nesting | None = None):
+    def __init__(
+        self,
+        trace: Trace,
+        calls: list[tuple],
+        launcher_calls: list[tuple] | None,
+        groups: list[SignatureGroup] | None = None,
+        nesting: _Nesting | None = None,
+    ):
         self.trace, self.calls, self.launcher_calls = trace, calls, launcher_calls
         self.groups = groups if groups is not None else grouped_calls(trace, calls)
         self.nesting = nesting or _Nesting(trace, trace.op_parents, self.groups)
@@ -343,8 +399,13 @@ class TraceCalls:
 
     @classmethod
     def of(cls, trace: Trace) -> TraceCalls:
-        return cls(trace, trace_calls(trace), trace_calls(trace, collectives=False) if any(
-            category(name) == "communication" for name in set(map(_NAME, trace.gpu))) else None)
+        return cls(
+            trace,
+            trace_calls(trace),
+            trace_calls(trace, collectives=False)
+            if any(category(name) == "communication" for name in set(map(_NAME, trace.gpu)))
+            else None,
+        )
 
     def _for_stages(self) -> None:
         """Each nested op's outermost op, and per call what a stage must hold all or none of: its
@@ -369,13 +430,17 @@ class TraceCalls:
             top_of.update(dict.fromkeys(path, top))
         self.synthetic = list(compress(range(len(launchers)), map(is_not, map(type, launchers), repeat(int))))
         self.several = list(compress(range(len(launchers)), map(gt, map(len, map(_LAUNCHED, self.calls)), repeat(1))))
-        launches = {launchers[i]: ("launch", self.calls[i][1][0].launch) for i in self.synthetic
-                    if self.calls[i][1][0].launch is not None}
+        launches = {
+            launchers[i]: ("launch", self.calls[i][1][0].launch)
+            for i in self.synthetic
+            if self.calls[i][1][0].launch is not None
+        }
         self.tops = list(map(top_of.get, launchers, map(launches.get, launchers, launchers)))
         # the calls' places by signature, in C: a stable sort keeps each signature's in call order
         numbers = list(map(_NUMBER, self.calls))
-        places = [list(run) for _, run in groupby(sorted(range(len(numbers)), key=numbers.__getitem__),
-                                                  numbers.__getitem__)]
+        places = [
+            list(run) for _, run in groupby(sorted(range(len(numbers)), key=numbers.__getitem__), numbers.__getitem__)
+        ]
         first_calls = {id(self.calls[where[0]][1]): where for where in places}
         self.members = {id(group): first_calls[id(group.calls[0])] for group in self.groups if group.op is not None}
 
@@ -393,8 +458,11 @@ class TraceCalls:
         inside = list(compress(self.calls, held))
         # every outermost op's calls all in or all out, and every call wholly in or out: those
         # in hold all the view's activities (a call of one activity is in by its first) and no other
-        if list(map(top_held.__getitem__, self.tops)) != held or sum(map(len, map(_LAUNCHED, inside))) != len(kept) \
-                or not all(kept.issuperset(map(id, self.calls[i][1])) for i in self.several if held[i]):
+        if (
+            list(map(top_held.__getitem__, self.tops)) != held
+            or sum(map(len, map(_LAUNCHED, inside))) != len(kept)
+            or not all(kept.issuperset(map(id, self.calls[i][1])) for i in self.several if held[i])
+        ):
             return TraceCalls.of(view)
         groups, ops_of, first = [], {}, {}  # first: id(group) -> its first call's place in the trace's
         for whole in self.groups:
@@ -413,11 +481,13 @@ class TraceCalls:
             first[id(group)] = place[launcher_of(group.calls[0][0])]
         groups.sort(key=lambda g: (-g.total, first[id(g)]))  # grouped_calls's order: ties to the first called
         top_of = self.top_of
-        nesting = _Nesting(view, self.trace.op_parents, groups, self.nesting, lambda op: top_held[top_of.get(op, op)],
-                           ops_of)
+        nesting = _Nesting(
+            view, self.trace.op_parents, groups, self.nesting, lambda op: top_held[top_of.get(op, op)], ops_of
+        )
         launcher_calls = None
         if self.launcher_calls is not None and any(
-                category(name) == "communication" for name in set(map(_NAME, view.gpu))):
+            category(name) == "communication" for name in set(map(_NAME, view.gpu))
+        ):
             launcher_calls = [call for call in self.launcher_calls if id(call[1][0]) in kept]
         return TraceCalls(view, inside, launcher_calls, groups, nesting)
 
@@ -425,8 +495,9 @@ class TraceCalls:
 _LAUNCHED, _NUMBER = itemgetter(1), itemgetter(4)
 
 
-def trace_tables(trace: Trace, arch=None, idle_calls: bool = True,
-                 calls: TraceCalls | None = None) -> tuple[list[SignatureGroup], dict[str, list[dict]]]:
+def trace_tables(
+    trace: Trace, arch=None, idle_calls: bool = True, calls: TraceCalls | None = None
+) -> tuple[list[SignatureGroup], dict[str, list[dict]]]:
     """The trace's signature groups and all its op tables, from its calls (TraceCalls) where
     they are known."""
     calls = calls or TraceCalls.of(trace)

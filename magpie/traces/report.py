@@ -16,8 +16,8 @@ from magpie.store import atomic_write
 from magpie.traces.collectives import COLUMNS as COLL_COLUMNS
 from magpie.traces.collectives import coll_analysis
 from magpie.traces.gap import COLUMNS, Window, gap_rows, window_total_us
-from magpie.traces.kernels import normalize
 from magpie.traces.ingest import NotATrace, Trace, TraceError, collector_paused, load_trace, trace_files
+from magpie.traces.kernels import normalize
 from magpie.traces.ops_tables import MIB, PERF_FAMILIES, table_columns
 from magpie.traces.perf_rows import TraceCalls, trace_tables
 from magpie.traces.roofline_table import COLUMNS as ROOFLINE_COLUMNS
@@ -59,16 +59,29 @@ def _shared_ranks(traces: list[Trace], ranks: list[str]) -> list[str]:
     claims: dict[str, list[int]] = {}
     for i, trace in enumerate(traces):
         claims.setdefault(_rank_label(trace, i), []).append(i)
-    return [f"rank {rank} is claimed by {len(found)} traces ({', '.join(traces[i].path for i in found)}): "
-            f"labelled {', '.join(ranks[i] for i in found)}" for rank, found in claims.items() if len(found) > 1]
+    return [
+        f"rank {rank} is claimed by {len(found)} traces ({', '.join(traces[i].path for i in found)}): "
+        f"labelled {', '.join(ranks[i] for i in found)}"
+        for rank, found in claims.items()
+        if len(found) > 1
+    ]
 
 
 @collector_paused()
-def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 20, window: Window | None = None,
-                   include: set[str] | None = None, exclude: set[str] | None = None,
-                   min_duration_us: float = 0.0, arch_name: str | None = None,
-                   source_repos: list[str | Path] | None = None, steady_state: bool = False,
-                   analysis_mode: str = "pytorch") -> dict:
+def analyze_traces(
+    trace_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    top_k: int = 20,
+    window: Window | None = None,
+    include: set[str] | None = None,
+    exclude: set[str] | None = None,
+    min_duration_us: float = 0.0,
+    arch_name: str | None = None,
+    source_repos: list[str | Path] | None = None,
+    steady_state: bool = False,
+    analysis_mode: str = "pytorch",
+) -> dict:
     window = window or Window()
     out = Path(out_dir)
     traces, skipped, bad = _load_all(trace_dir)
@@ -79,9 +92,12 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
             picks.append({"trace": trace.path, **info})
             windows[i] = picked or window
     ranks = _rank_labels(traces)
-    per_rank = {ranks[i]: gap_rows(t, windows[i], include=include, exclude=exclude, min_duration_us=min_duration_us,
-                                   rank_label=ranks[i])
-                for i, t in enumerate(traces)}
+    per_rank = {
+        ranks[i]: gap_rows(
+            t, windows[i], include=include, exclude=exclude, min_duration_us=min_duration_us, rank_label=ranks[i]
+        )
+        for i, t in enumerate(traces)
+    }
     timelines = {ranks[i]: gpu_timeline(t) for i, t in enumerate(traces)}
     top = _combined_top(per_rank, top_k, {ranks[i]: Path(t.path).name for i, t in enumerate(traces)})
     columns = list(COLUMNS)
@@ -99,38 +115,57 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
     pages, calls = [], []
     for i, t in enumerate(traces):
         trace_calls = TraceCalls.of(t)
-        pages.append(_per_trace_outputs(t, out / "tracelens", labels[i], arch_name, timelines[ranks[i]],
-                                        rank=ranks[i], calls=trace_calls))
+        pages.append(
+            _per_trace_outputs(
+                t, out / "tracelens", labels[i], arch_name, timelines[ranks[i]], rank=ranks[i], calls=trace_calls
+            )
+        )
         calls.append(trace_calls if analysis_mode == "inference" else None)  # what its stages' tables are made of
     tracelens = _tracelens_analysis(traces, labels, out, analysis_mode, arch_name, top_k, pages, calls)
     without_kernels = [t for t in traces if not t.kernels]
     summary = {
         "explanation": _explanation(traces, without_kernels),
         "bad_traces": bad,
-        "traces": [{"path": t.path, "rank": ranks[i], "device": t.device_name(), "kernels": len(t.kernels),
-                    "unlinked": t.unlinked, "skipped_events": t.skipped} for i, t in enumerate(traces)],
+        "traces": [
+            {
+                "path": t.path,
+                "rank": ranks[i],
+                "device": t.device_name(),
+                "kernels": len(t.kernels),
+                "unlinked": t.unlinked,
+                "skipped_events": t.skipped,
+            }
+            for i, t in enumerate(traces)
+        ],
         "window": {"start_pct": window.start_pct, "end_pct": window.end_pct, "steady_state": steady_state},
         "window_picks": picks,
         "total_kernel_time_us": sum(window_total_us(t, windows[i]) for i, t in enumerate(traces)),
         "top_k": top_k,
         "top": top,
         "gpu_timeline": timelines,
-        "outputs": {"gap_analysis": str(out / "gap_analysis" / "gap_analysis.csv"),
-                    "kernel_roofline_simple": [page["roofline_file"] for page in pages]},
-        "warnings": [f"{t.path}: {n} kernels could not be linked to a launch"
-                     for t in traces if (n := t.unlinked.get("kernels_without_launch"))]
+        "outputs": {
+            "gap_analysis": str(out / "gap_analysis" / "gap_analysis.csv"),
+            "kernel_roofline_simple": [page["roofline_file"] for page in pages],
+        },
+        "warnings": [
+            f"{t.path}: {n} kernels could not be linked to a launch"
+            for t in traces
+            if (n := t.unlinked.get("kernels_without_launch"))
+        ]
         + [f"skipped {message}" for message in skipped]
         + [f"skipped a bad trace, the other {len(traces)} analysed: {b['error']}" for b in bad]
         + _shared_ranks(traces, ranks)
         + [f"{t.path}: {_no_kernels(t)}" for t in without_kernels]
-        + [f"{p['trace']}: no steady state picked ({p['reason']}); the whole window is used"
-           for p in picks if not p["picked"]],
+        + [
+            f"{p['trace']}: no steady state picked ({p['reason']}); the whole window is used"
+            for p in picks
+            if not p["picked"]
+        ],
         "errors": [],
         "tracelens_analysis": tracelens,
     }
     summary["warnings"] += tracelens["warnings"]
-    summary["pages"] = [{k: v for k, v in page.items() if k not in ("roofline_file", "table_files")}
-                        for page in pages]
+    summary["pages"] = [{k: v for k, v in page.items() if k not in ("roofline_file", "table_files")} for page in pages]
     atomic_write(out / "gap_analysis" / "gap_analysis.json", json.dumps(summary, indent=1))
     atomic_write(out / "trace_report.html", render_trace_report(summary))
     summary["outputs"]["report"] = str(out / "trace_report.html")
@@ -140,16 +175,19 @@ def analyze_traces(trace_dir: str | Path, out_dir: str | Path, *, top_k: int = 2
 def _no_kernels(trace: Trace) -> str:
     """Why a trace gives no kernel rows, in one line."""
     if not trace.gpu:
-        return ("no GPU activity recorded (a CPU-only profile? record with ProfilerActivity.CUDA); "
-                "its GPU outputs are empty")
+        return (
+            "no GPU activity recorded (a CPU-only profile? record with ProfilerActivity.CUDA); "
+            "its GPU outputs are empty"
+        )
     return f"no GPU kernels, only {len(trace.gpu)} memcpy/memset; its kernel tables are empty"
 
 
 def _explanation(traces: list[Trace], without_kernels: list[Trace]) -> str:
     """Non-empty where the outputs are empty for a reason the reader should hear: no trace has kernels."""
     if traces and len(without_kernels) == len(traces):
-        return ("no GPU kernels in any trace, so every kernel table is empty: "
-                + "; ".join(f"{Path(t.path).name}: {_no_kernels(t)}" for t in traces))
+        return "no GPU kernels in any trace, so every kernel table is empty: " + "; ".join(
+            f"{Path(t.path).name}: {_no_kernels(t)}" for t in traces
+        )
     return ""
 
 
@@ -177,8 +215,9 @@ def _combined_top(per_rank: dict[str, list[dict]], top_k: int, files: dict[str, 
     row names its trace's file (`Trace`): a rank label alone may be a trace's place in the folder."""
     rows = [r for rank_rows in per_rank.values() for r in rank_rows]
     total = sum(r["Self CUDA total (us)"] for r in rows) or 1.0
-    rows = [{**r, "% Total": round(100 * r["Self CUDA total (us)"] / total, 3), "Trace": files.get(r["Rank"])}
-            for r in rows]
+    rows = [
+        {**r, "% Total": round(100 * r["Self CUDA total (us)"] / total, 3), "Trace": files.get(r["Rank"])} for r in rows
+    ]
     rows.sort(key=lambda r: -r["Self CUDA total (us)"])
     return rows[:top_k]
 
@@ -190,13 +229,23 @@ def _map_sources(top: list[dict], source_repos, out: Path) -> list[str]:
         found = resolve(row["Name"], index)
         row["source"] = found
         row["Source State"] = found["state"]
-        row["Source"] = (f"{found['file']}:{found['line']}" if found["state"] == "resolved" else
-                         found.get("library") or "; ".join(f"{c['file']}:{c['line']}"
-                                                           for c in found.get("candidates", [])))
+        row["Source"] = (
+            f"{found['file']}:{found['line']}"
+            if found["state"] == "resolved"
+            else found.get("library") or "; ".join(f"{c['file']}:{c['line']}" for c in found.get("candidates", []))
+        )
         row["Source Confidence"] = found["confidence"]
-    atomic_write(out / "gap_analysis" / "kernel_sources.json",
-                 json.dumps({"repositories": [str(r) for r in index.repos], "files_indexed": index.files_read,
-                             "kernels": [{"name": r["Name"], **r["source"]} for r in top]}, indent=1))
+    atomic_write(
+        out / "gap_analysis" / "kernel_sources.json",
+        json.dumps(
+            {
+                "repositories": [str(r) for r in index.repos],
+                "files_indexed": index.files_read,
+                "kernels": [{"name": r["Name"], **r["source"]} for r in top],
+            },
+            indent=1,
+        ),
+    )
     return ["Source State", "Source", "Source Confidence"]
 
 
@@ -204,12 +253,21 @@ def _labels(traces: list[Trace]) -> list[str]:
     """A label per trace for its output files: the file name, with its folder where two traces
     share a name (rank0/trace.json, rank1/trace.json), and its position where that still does."""
     names = [Path(t.path).name.removesuffix(".gz").removesuffix(".json") for t in traces]
-    return _numbered_where_shared([f"{Path(t.path).parent.name}_{n}" if names.count(n) > 1 else n
-                                   for t, n in zip(traces, names)])
+    return _numbered_where_shared(
+        [f"{Path(t.path).parent.name}_{n}" if names.count(n) > 1 else n for t, n in zip(traces, names)]
+    )
 
 
-def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode: str, arch_name: str | None,
-                        top_k: int, pages: list[dict], calls: list[TraceCalls | None]) -> dict:
+def _tracelens_analysis(
+    traces: list[Trace],
+    labels: list[str],
+    out: Path,
+    mode: str,
+    arch_name: str | None,
+    top_k: int,
+    pages: list[dict],
+    calls: list[TraceCalls | None],
+) -> dict:
     """The `tracelens_analysis` block: what was written, and in inference mode the per-stage
     outputs of each trace (from its calls) with the steps picked and why."""
     outputs = [path for page in pages for path in (page["roofline_file"]["path"], *page["table_files"])]
@@ -233,19 +291,39 @@ def _tracelens_analysis(traces: list[Trace], labels: list[str], out: Path, mode:
                 suffix = "" if len(page["timelines"]) <= 1 else f"_dev{device}"
                 timeline_files.append(str(folder / f"gpu_timeline{suffix}.csv"))
                 atomic_write(folder / f"gpu_timeline{suffix}.csv", _csv(rows, TIMELINE_COLUMNS))
-            page = _per_trace_outputs(view, folder, f"{label}_{stage}", arch_name, {}, tables_folder=folder,
-                                      whole_trace=False, calls=trace_calls.stage(view))
-            files = [str(folder / "gap_analysis.csv"), *timeline_files, page["roofline_file"]["path"],
-                     *page["table_files"]]
+            page = _per_trace_outputs(
+                view,
+                folder,
+                f"{label}_{stage}",
+                arch_name,
+                {},
+                tables_folder=folder,
+                whole_trace=False,
+                calls=trace_calls.stage(view),
+            )
+            files = [
+                str(folder / "gap_analysis.csv"),
+                *timeline_files,
+                page["roofline_file"]["path"],
+                *page["table_files"],
+            ]
             stages[stage] = {**pick, "files": files}
             block["outputs"] += files
         block["per_stage"][label] = stages
     return block
 
 
-def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | None, timelines: dict,
-                       tables_folder: Path | None = None, whole_trace: bool = True, rank: str = "",
-                       calls: TraceCalls | None = None) -> dict:
+def _per_trace_outputs(
+    trace: Trace,
+    folder: Path,
+    label: str,
+    arch_name: str | None,
+    timelines: dict,
+    tables_folder: Path | None = None,
+    whole_trace: bool = True,
+    rank: str = "",
+    calls: TraceCalls | None = None,
+) -> dict:
     """The roofline CSV and op tables of one trace (made of its `calls`), with its collective
     analysis where it has collectives (or, not `whole_trace`, one stage of it: the family sheets
     then leave out the calls that launched nothing); returns what its section of the page shows."""
@@ -266,11 +344,18 @@ def _per_trace_outputs(trace: Trace, folder: Path, label: str, arch_name: str | 
         table_files.append(str(folder / label / "coll_analysis.csv"))
         atomic_write(Path(table_files[-1]), _csv(coll_analysis(trace, rank), COLL_COLUMNS))
     peaks = ("measured (magpie calibrate)" if arch.measured else arch.source) if arch else "none: pass --arch"
-    return {"label": label, "device": trace.device_name(), "kernels": len(trace.kernels), "unlinked": trace.unlinked,
-            "peaks": peaks, "timelines": timelines, "ops": _named_launches(tables["ops_summary"][:15], groups),
-            "roofline_points": _roofline_points(tables["unified_perf_summary"], arch),
-            "roofline_file": {"path": str(target), "arch": arch.name if arch else None, "peaks": peaks},
-            "table_files": table_files}
+    return {
+        "label": label,
+        "device": trace.device_name(),
+        "kernels": len(trace.kernels),
+        "unlinked": trace.unlinked,
+        "peaks": peaks,
+        "timelines": timelines,
+        "ops": _named_launches(tables["ops_summary"][:15], groups),
+        "roofline_points": _roofline_points(tables["unified_perf_summary"], arch),
+        "roofline_file": {"path": str(target), "arch": arch.name if arch else None, "peaks": peaks},
+        "table_files": table_files,
+    }
 
 
 def trace_arch(trace: Trace, arch_name: str | None):
@@ -302,8 +387,13 @@ def _roofline_points(unified: list[dict], arch, limit: int = 12) -> list[tuple[s
     points = []
     for row in unified:
         if row.get("GFLOPS") and row.get("Data Moved (MB)") and row["Kernel Time (µs)_mean"] > 0:
-            r = roofline(row["GFLOPS"] * 1e9, row["Data Moved (MB)"] * MIB, row["Kernel Time (µs)_mean"] / 1e6,
-                         arch, row["compute_spec"])
+            r = roofline(
+                row["GFLOPS"] * 1e9,
+                row["Data Moved (MB)"] * MIB,
+                row["Kernel Time (µs)_mean"] / 1e6,
+                arch,
+                row["compute_spec"],
+            )
             points.append((row["name"].removeprefix("aten::"), {**r, "shapes": _shapes(row.get("Input Dims"))}))
         if len(points) == limit:
             break
@@ -315,7 +405,7 @@ def _shapes(dims) -> str:
     entries of its scalar arguments (a convolution lists six)."""
     text = str(dims or "")
     while text.endswith(", []]"):
-        text = text[:-len(", []]")] + "]"
+        text = text[: -len(", []]")] + "]"
     return text
 
 
@@ -324,9 +414,15 @@ def trace_analysis_rule(job, out_dir: Path) -> dict:
     trace = job.spec.params["settings"]["trace"]
     root = Path(job.spec.params["root"])
     try:
-        summary = analyze_traces(root / trace["dir"], out_dir, top_k=trace["top_k"], arch_name=trace["arch"],
-                                 steady_state=trace["steady_state"], analysis_mode=trace["analysis_mode"],
-                                 source_repos=[root / r for r in trace["kernel_source_repos"]] or None)
+        summary = analyze_traces(
+            root / trace["dir"],
+            out_dir,
+            top_k=trace["top_k"],
+            arch_name=trace["arch"],
+            steady_state=trace["steady_state"],
+            analysis_mode=trace["analysis_mode"],
+            source_repos=[root / r for r in trace["kernel_source_repos"]] or None,
+        )
     except TraceError as err:
         return {"state": "FAILED", "trace_set": trace["id"], "errors": [str(err)]}
     from magpie.report.models import TraceSummary, checked  # here, not on the CLI's path: pydantic costs 0.18 s

@@ -17,13 +17,23 @@ from pathlib import Path
 
 from magpie.store import atomic_write
 
-SOURCE_SUFFIXES = {".py": "triton", ".cu": "cuda", ".cuh": "cuda", ".hip": "hip", ".cpp": "cuda", ".cc": "cuda",
-                   ".h": "cuda", ".hpp": "cuda"}
+SOURCE_SUFFIXES = {
+    ".py": "triton",
+    ".cu": "cuda",
+    ".cuh": "cuda",
+    ".hip": "hip",
+    ".cpp": "cuda",
+    ".cc": "cuda",
+    ".h": "cuda",
+    ".hpp": "cuda",
+}
 SKIP_DIRS = {".git", "node_modules", "__pycache__", "build", "dist", ".venv", "venv"}
 _TRITON_JIT = re.compile(r"^\s*@triton\.(?:jit|autotune|heuristics)\b")
 _DEF = re.compile(r"^\s*def\s+(\w+)\s*\(")
-_GLOBAL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:static\s+)?(?:inline\s+)?void\s+"
-                     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+_GLOBAL = re.compile(
+    r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:static\s+)?(?:inline\s+)?void\s+"
+    r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\("
+)
 
 LIBRARIES = [
     (re.compile(r"^nvjet|cublas|gemv2?T?_kernel|gemmSN|gemmk1", re.I), "cuBLAS"),
@@ -67,7 +77,7 @@ def _scan(path: Path, kind: str) -> list[Definition]:
     else:
         for number, line in enumerate(lines, 1):
             if "__global__" in line:
-                window = " ".join(lines[number - 1:number + 2])
+                window = " ".join(lines[number - 1 : number + 2])
                 match = _GLOBAL.search(window)
                 if match:
                     found.append(Definition(match.group(1), kind, str(path), number))
@@ -148,14 +158,29 @@ def resolve(kernel_name: str, index: SourceIndex) -> dict:
     if len(definitions) == 1:
         d = definitions[0]
         tests = index.tests_mentioning(symbol)
-        return {"state": "resolved", "symbol": symbol, "file": d.file, "line": d.line, "kind": d.kind,
-                "confidence": 0.9, "suggested_testcase": f"python -m pytest {tests[0]} -k {symbol}" if tests else None}
+        return {
+            "state": "resolved",
+            "symbol": symbol,
+            "file": d.file,
+            "line": d.line,
+            "kind": d.kind,
+            "confidence": 0.9,
+            "suggested_testcase": f"python -m pytest {tests[0]} -k {symbol}" if tests else None,
+        }
     if len(definitions) > 1:
-        return {"state": "ambiguous", "symbol": symbol, "confidence": round(1 / len(definitions), 3),
-                "candidates": [{"file": d.file, "line": d.line, "kind": d.kind} for d in definitions]}
+        return {
+            "state": "ambiguous",
+            "symbol": symbol,
+            "confidence": round(1 / len(definitions), 3),
+            "candidates": [{"file": d.file, "line": d.line, "kind": d.kind} for d in definitions],
+        }
     for pattern, library in LIBRARIES:
         if pattern.search(kernel_name):
             return {"state": "library", "symbol": symbol, "library": library, "confidence": 0.8}
-    return {"state": "unresolved", "symbol": symbol, "confidence": 0.0,
-            "reason": f"no @triton.jit or __global__ function named {symbol!r} in the given repositories, "
-                      "and no known library's naming"}
+    return {
+        "state": "unresolved",
+        "symbol": symbol,
+        "confidence": 0.0,
+        "reason": f"no @triton.jit or __global__ function named {symbol!r} in the given repositories, "
+        "and no known library's naming",
+    }

@@ -34,8 +34,12 @@ class Step:
 
 def _vllm(match: re.Match) -> tuple[str | None, dict]:
     context_reqs, context_tokens, generation_reqs, generation_tokens = (int(g) for g in match.groups())
-    detail = {"context_requests": context_reqs, "context_tokens": context_tokens,
-              "generation_requests": generation_reqs, "generation_tokens": generation_tokens}
+    detail = {
+        "context_requests": context_reqs,
+        "context_tokens": context_tokens,
+        "generation_requests": generation_reqs,
+        "generation_tokens": generation_tokens,
+    }
     if context_reqs and generation_reqs:
         return "prefilldecode", detail
     if context_reqs:
@@ -55,8 +59,10 @@ def _keyword(match: re.Match) -> tuple[str | None, dict]:
 # are read from a stage word beside a step number; not checked against their own traces.
 STEP_FORMATS = {
     "vllm": (re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$"), _vllm),
-    "stage word": (re.compile(r"(?i)^(?=.*\d)(?:.*[^a-z])?(prefill_?decode|prefill|extend|decode|mixed)(?:[^a-z]|$)"),
-                   _keyword),
+    "stage word": (
+        re.compile(r"(?i)^(?=.*\d)(?:.*[^a-z])?(prefill_?decode|prefill|extend|decode|mixed)(?:[^a-z]|$)"),
+        _keyword,
+    ),
 }
 
 
@@ -74,16 +80,21 @@ def split_steps(trace: Trace) -> tuple[list[Step], dict]:
                     steps.append(Step(name, stage, ts, ts + dur, detail))
         if steps:
             steps.sort(key=lambda s: s.start)
-            return steps, {"method": "annotations", "format": format_name, "source": side,
-                           "reason": f"{len(steps)} step annotations in {format_name} format from the {side}"}
+            return steps, {
+                "method": "annotations",
+                "format": format_name,
+                "source": side,
+                "reason": f"{len(steps)} step annotations in {format_name} format from the {side}",
+            }
     return repeated_steps(trace)
 
 
 def repeated_steps(trace: Trace) -> tuple[list[Step], dict]:
     """Steps from the call tree: the launching thread's top-level ops split at the op that
     starts each repetition; a step's stage from its token count."""
-    launching = Counter((trace.launches[k.launch].pid, trace.launches[k.launch].tid)
-                        for k in trace.kernels if k.launch is not None)
+    launching = Counter(
+        (trace.launches[k.launch].pid, trace.launches[k.launch].tid) for k in trace.kernels if k.launch is not None
+    )
     if not launching:
         return [], {"method": "call tree", "reason": "no kernel is linked to a launching thread"}
     thread = launching.most_common(1)[0][0]
@@ -91,8 +102,11 @@ def repeated_steps(trace: Trace) -> tuple[list[Step], dict]:
     names = [op.name for op in top]
     anchor, starts = _anchor(names)
     if anchor is None:
-        return [], {"method": "call tree", "reason": f"no top-level op repeats at least {MIN_STEPS} times in a "
-                                                     "regular pattern on the launching thread"}
+        return [], {
+            "method": "call tree",
+            "reason": f"no top-level op repeats at least {MIN_STEPS} times in a "
+            "regular pattern on the launching thread",
+        }
     bounds = [top[i].ts for i in starts] + [math.inf]
     members: list[list] = [[] for _ in starts]
     for kernel in trace.kernels:
@@ -105,20 +119,33 @@ def repeated_steps(trace: Trace) -> tuple[list[Step], dict]:
     fewest = min((t for t in tokens if t), default=0)
     warnings = []
     if len({t for t in tokens if t}) <= 1:
-        warnings.append(f"every step has the same token count ({fewest} GEMM rows): prefill cannot be told from "
-                        "decode; all taken as decode")
+        warnings.append(
+            f"every step has the same token count ({fewest} GEMM rows): prefill cannot be told from "
+            "decode; all taken as decode"
+        )
     steps = []
     for i, kernels in enumerate(members):
         if not kernels:
             continue
         stage = "prefill" if tokens[i] > fewest else "decode"
-        steps.append(Step(f"{anchor} #{i}", stage, min(k.ts for k in kernels), max(k.ts + k.dur for k in kernels),
-                          {"gemm_rows": tokens[i]}))
-    return steps, {"method": "call tree", "anchor": anchor, "source": "top-level cpu ops of the launching thread",
-                   "reason": f"{len(steps)} repetitions of the top-level op sequence starting at {anchor!r}; steps "
-                             f"whose largest GEMM has {fewest} rows (the fewest) taken as decode, the others as "
-                             "prefill (a mixed batch cannot be told from a prefill without annotations)",
-                   "warnings": warnings}
+        steps.append(
+            Step(
+                f"{anchor} #{i}",
+                stage,
+                min(k.ts for k in kernels),
+                max(k.ts + k.dur for k in kernels),
+                {"gemm_rows": tokens[i]},
+            )
+        )
+    return steps, {
+        "method": "call tree",
+        "anchor": anchor,
+        "source": "top-level cpu ops of the launching thread",
+        "reason": f"{len(steps)} repetitions of the top-level op sequence starting at {anchor!r}; steps "
+        f"whose largest GEMM has {fewest} rows (the fewest) taken as decode, the others as "
+        "prefill (a mixed batch cannot be told from a prefill without annotations)",
+        "warnings": warnings,
+    }
 
 
 def _top_level(ops: list) -> list:
@@ -181,8 +208,11 @@ def stage_traces(trace: Trace, steps: list[Step]) -> dict[str, tuple[Trace, list
         if not own:
             continue
         kept = own[1:-1] if len(own) >= MIN_STEPS else own
-        reason = (f"{len(own)} {stage} steps; the first and the last left out (warm-up, drain)"
-                  if len(own) >= MIN_STEPS else f"{len(own)} {stage} steps, all kept (fewer than {MIN_STEPS})")
+        reason = (
+            f"{len(own)} {stage} steps; the first and the last left out (warm-up, drain)"
+            if len(own) >= MIN_STEPS
+            else f"{len(own)} {stage} steps, all kept (fewer than {MIN_STEPS})"
+        )
         starts = [s.start for s in kept]
         work = []
         for activity in trace.gpu:
@@ -191,8 +221,16 @@ def stage_traces(trace: Trace, steps: list[Step]) -> dict[str, tuple[Trace, list
                 work.append(activity)
         durations = [s.end - s.start for s in kept]
         kernels = [a for a in work if a.kind == "kernel"]
-        views[stage] = (dataclasses.replace(trace, gpu=work), [(s.start, s.end) for s in kept], {
-            "steps": len(own), "kept_steps": len(kept), "reason": reason,
-            "step_mean_us": sum(durations) / len(durations), "kernels": len(kernels),
-            "kernel_time_us": sum(k.dur for k in kernels)})
+        views[stage] = (
+            dataclasses.replace(trace, gpu=work),
+            [(s.start, s.end) for s in kept],
+            {
+                "steps": len(own),
+                "kept_steps": len(kept),
+                "reason": reason,
+                "step_mean_us": sum(durations) / len(durations),
+                "kernels": len(kernels),
+                "kernel_time_us": sum(k.dur for k in kernels),
+            },
+        )
     return views

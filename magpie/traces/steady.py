@@ -29,16 +29,24 @@ def steady_state_window(trace: Trace) -> tuple[Window | None, dict]:
         return None, {"picked": False, "reason": f"no numbered step annotations among the {source}"}
     family, steps = max(families.items(), key=lambda item: (len(item[1]), sum(e - s for s, e in item[1])))
     if len(steps) < MIN_STEPS:
-        return None, {"picked": False, "reason": f"the most frequent step family {family!r} has only {len(steps)} "
-                                                 f"members (need {MIN_STEPS})"}
+        return None, {
+            "picked": False,
+            "reason": f"the most frequent step family {family!r} has only {len(steps)} members (need {MIN_STEPS})",
+        }
     steps.sort()
     kept = steps[1:-1]
     durations = [e - s for s, e in kept]
     mean = sum(durations) / len(durations)
     spread = (max(durations) - min(durations)) / mean if mean else 0.0
     return Window(absolute=(kept[0][0], kept[-1][1])), {
-        "picked": True, "family": family, "steps": len(kept), "source": source,
-        "start_us": kept[0][0], "end_us": kept[-1][1], "step_mean_us": mean, "step_spread": spread,
+        "picked": True,
+        "family": family,
+        "steps": len(kept),
+        "source": source,
+        "start_us": kept[0][0],
+        "end_us": kept[-1][1],
+        "step_mean_us": mean,
+        "step_spread": spread,
         "reason": f"{len(steps)} {family!r} steps from the {source}; the first and the last left out "
-                  f"(warm-up, drain); kept steps vary by {spread:.0%} of their mean",
+        f"(warm-up, drain); kept steps vary by {spread:.0%} of their mean",
     }

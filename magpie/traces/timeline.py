@@ -86,6 +86,8 @@ def gpu_timeline(trace: Trace, spans: list[tuple[float, float]] | None = None) -
             "total_comm_time": length(comm),
             "total_memcpy_time": length(memcpy),
         }
-        tables[device] = [{"type": name, "time ms": us / 1000, "percent": 100 * us / total if total else 0.0}
-                          for name, us in times.items()]
+        tables[device] = [
+            {"type": name, "time ms": us / 1000, "percent": 100 * us / total if total else 0.0}
+            for name, us in times.items()
+        ]
     return tables

@@ -9,6 +9,7 @@ length on it, and reports its installed version. One module per engine: `transfo
 client only, `--base-url`). The command lines follow each engine's documented flags; only
 `transformers serve` is run by the tests (docs/compatibility.md).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,16 +1,26 @@
 """The engine interface and the server spec every engine reads."""
+
 from __future__ import annotations
 
 import shlex
 import sys
 from importlib import metadata
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Precision names as Magpie's configs give them, and the dtype word most engines take for each.
-DTYPES = {"auto": "auto", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-          "half": "float16", "fp32": "float32", "float32": "float32", "float": "float32"}
+DTYPES = {
+    "auto": "auto",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+}
 # Precisions that are a quantisation of the weights rather than a compute dtype.
 QUANTIZED = ("fp8", "fp4", "mxfp4", "int8", "int4", "awq", "gptq")
 
@@ -26,10 +36,10 @@ class ServerSpec(BaseModel):
 
     model: str
     host: str = "127.0.0.1"
-    port: Optional[int] = Field(None, ge=1, le=65535, description="None: the engine's default port")
+    port: int | None = Field(None, ge=1, le=65535, description="None: the engine's default port")
     tp: int = Field(1, ge=1, description="tensor-parallel size")
     precision: str = Field("auto", description="auto, bf16, fp16, fp32, or a quantisation (fp8, ...)")
-    max_model_len: Optional[int] = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
     extra_args: list[str] = []
     env: dict[str, str] = {}
 
@@ -53,11 +63,11 @@ class Engine:
     name: str = ""
     default_port: int = 8000
     health_path: str = "/health"
-    package: str | None = None          # the distribution whose version is the engine's version
+    package: str | None = None  # the distribution whose version is the engine's version
     # how the load client fixes a request's output length (endpoints.FORCE_LEN); None: it has no way, and requests
     # carry OpenAI's standard fields alone (the server decides the length, up to max_tokens)
-    force_len: Optional[Literal["ignore_eos", "generation_config"]] = "ignore_eos"
-    launches: bool = True               # False: client only (external)
+    force_len: Literal["ignore_eos", "generation_config"] | None = "ignore_eos"
+    launches: bool = True  # False: client only (external)
     image_program: tuple[str, ...] = ()  # the server's program inside the engine's docker image (on its PATH)
 
     def port(self, spec: ServerSpec) -> int:
@@ -97,8 +107,9 @@ class Engine:
     def python() -> str:
         return sys.executable
 
-    def precision_flags(self, spec: ServerSpec, dtype_flag: str = "--dtype",
-                        quant_flag: str = "--quantization") -> list[str]:
+    def precision_flags(
+        self, spec: ServerSpec, dtype_flag: str = "--dtype", quant_flag: str = "--quantization"
+    ) -> list[str]:
         """`--dtype WORD` for a compute dtype other than auto, `--quantization NAME` for a quantisation."""
         dtype = self.dtype(spec)
         if dtype is None:

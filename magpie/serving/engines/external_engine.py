@@ -6,6 +6,7 @@ Any OpenAI-compatible server: requests carry OpenAI's standard fields alone (`mo
 maximum, and the report counts the tokens it sent. To benchmark a known engine's running server with its way of
 fixing the length, name that engine with `--base-url` (`magpie benchmark vllm --base-url URL`).
 """
+
 from __future__ import annotations
 
 from magpie.serving.engines.base import Engine

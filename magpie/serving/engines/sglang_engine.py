@@ -3,6 +3,7 @@
 Flags from SGLang's server arguments: `--model-path`, `--tp-size`, `--dtype`, `--quantization`,
 `--context-length`, `--host`, `--port`. Unverified here: SGLang is not installed on our machines.
 """
+
 from __future__ import annotations
 
 from magpie.serving.engines.base import Engine, ServerSpec
@@ -18,8 +19,16 @@ class SGLang(Engine):
         return [self.python(), "-m", "sglang.launch_server"]
 
     def _flags(self, spec: ServerSpec) -> list[str]:
-        flags = ["--model-path", spec.model, "--host", spec.host, "--port", str(self.port(spec)),
-                 "--tp-size", str(spec.tp)]
+        flags = [
+            "--model-path",
+            spec.model,
+            "--host",
+            spec.host,
+            "--port",
+            str(self.port(spec)),
+            "--tp-size",
+            str(spec.tp),
+        ]
         flags += self.precision_flags(spec)
         if spec.max_model_len:
             flags += ["--context-length", str(spec.max_model_len)]

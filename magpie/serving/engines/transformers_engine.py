@@ -6,6 +6,7 @@ length flag. It answers 422 to request fields outside OpenAI's schema (`ignore_e
 fixed output length is asked for with its `generation_config` request field
 (min_new_tokens = max_new_tokens).
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,9 @@ class Transformers(Engine):
     image_program = ("transformers",)
 
     def program(self) -> list[str]:
-        exe = shutil.which("transformers", path=os.path.dirname(self.python()) + os.pathsep + os.environ.get("PATH", ""))
+        exe = shutil.which(
+            "transformers", path=os.path.dirname(self.python()) + os.pathsep + os.environ.get("PATH", "")
+        )
         return [exe] if exe else [self.python(), "-m", "transformers.cli.transformers"]
 
     def _flags(self, spec: ServerSpec) -> list[str]:
@@ -34,8 +37,9 @@ class Transformers(Engine):
         if spec.precision in QUANT:
             flags += ["--quantization", QUANT[spec.precision]]
         elif self.dtype(spec) is None:
-            raise UnsupportedOption(f"transformers serve takes no precision {spec.precision!r} "
-                                    f"(dtypes, or int8/int4 through bitsandbytes)")
+            raise UnsupportedOption(
+                f"transformers serve takes no precision {spec.precision!r} (dtypes, or int8/int4 through bitsandbytes)"
+            )
         elif spec.precision != "auto":
             flags += ["--dtype", self.dtype(spec)]
         return flags
@@ -43,7 +47,7 @@ class Transformers(Engine):
     def environment(self, spec: ServerSpec) -> dict[str, str]:
         env = {"TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
         if os.path.isdir(spec.model):
-            env["HF_HUB_OFFLINE"] = "1"       # a local folder needs no hub; never reach for one
+            env["HF_HUB_OFFLINE"] = "1"  # a local folder needs no hub; never reach for one
         env.update(spec.env)
         return env
 

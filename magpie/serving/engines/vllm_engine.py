@@ -4,6 +4,7 @@ Flags from vLLM's engine arguments: `--tensor-parallel-size`, `--dtype` (auto, b
 float32), `--quantization` (fp8, ...), `--max-model-len`, `--host`, `--port`. Unverified here:
 vLLM is not installed on our machines (docs/compatibility.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,12 +20,22 @@ class VLLM(Engine):
     image_program = ("vllm", "serve")
 
     def program(self) -> list[str]:
-        return [shutil.which("vllm", path=os.path.dirname(self.python()) + os.pathsep + os.environ.get("PATH", ""))
-                or "vllm", "serve"]
+        return [
+            shutil.which("vllm", path=os.path.dirname(self.python()) + os.pathsep + os.environ.get("PATH", ""))
+            or "vllm",
+            "serve",
+        ]
 
     def _flags(self, spec: ServerSpec) -> list[str]:
-        flags = [spec.model, "--host", spec.host, "--port", str(self.port(spec)),
-                 "--tensor-parallel-size", str(spec.tp)]
+        flags = [
+            spec.model,
+            "--host",
+            spec.host,
+            "--port",
+            str(self.port(spec)),
+            "--tensor-parallel-size",
+            str(spec.tp),
+        ]
         flags += self.precision_flags(spec)
         if spec.max_model_len:
             flags += ["--max-model-len", str(spec.max_model_len)]
