@@ -81,6 +81,8 @@ def magpie_in_process(*args, cwd, check=None, env=None):
     }
     saved_environ, saved_cwd = dict(os.environ), os.getcwd()
     saved_secret, saved_from_environment = list(signing._secret), list(signing._from_environment)
+    # as a process of its own would: no secret read yet (an earlier in-process build may have cached one)
+    signing._secret[:], signing._from_environment[:] = [], [False]
     saved_streams, saved_fds = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         for stream in saved_streams:
