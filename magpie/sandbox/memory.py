@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from magpie.sandbox.pids import PREFIX, parents, sweep, write
+from magpie.sandbox.pids import new_group, parents, sweep, write
 
 # What names this failure: on the waiter's stderr, and in a worker's verdict (`init.SANDBOX_MEMORY`).
 EXCEEDED = "memory limit exceeded"
@@ -28,14 +28,8 @@ def bound(limit_mb: int) -> str | None:
     limit = str(limit_mb << 20)
     for parent in parents("memory"):
         sweep(parent)
-        folder = os.path.join(parent, f"{PREFIX}{os.getpid()}")
-        control = os.path.join(parent, "cgroup.subtree_control")  # v2's: its children's controllers
         try:
-            if os.path.isfile(control):
-                with open(control) as enabled:
-                    if "memory" not in enabled.read().split():
-                        write(control, "+memory")
-            os.mkdir(folder)
+            folder = new_group(parent, "memory")
         except OSError:
             continue
         try:

@@ -53,20 +53,27 @@ def sweep(parent: str) -> None:
                     os.rmdir(os.path.join(parent, name))
 
 
+def new_group(parent: str, controller: str) -> str:
+    """A cgroup of this process's own under `parent` with `controller` (enabled for the parent's
+    children where v2 needs it); OSError where none can be made there."""
+    folder = os.path.join(parent, f"{PREFIX}{os.getpid()}")
+    control = os.path.join(parent, "cgroup.subtree_control")  # v2's: its children's controllers
+    if os.path.isfile(control):
+        with open(control) as enabled:
+            if controller not in enabled.read().split():
+                write(control, f"+{controller}")
+    os.mkdir(folder)
+    return folder
+
+
 def bound(limit: int) -> str | None:
     """Move this process into a new pids cgroup that holds at most `limit` processes and
     threads; the cgroup's folder, or None where none can be made (not root, no pids
     controller to be had, a read-only cgroup file system)."""
     for parent in parents():
         sweep(parent)
-        folder = os.path.join(parent, f"{PREFIX}{os.getpid()}")
-        control = os.path.join(parent, "cgroup.subtree_control")  # v2's: its children's controllers
         try:
-            if os.path.isfile(control):
-                with open(control) as enabled:
-                    if "pids" not in enabled.read().split():
-                        write(control, "+pids")
-            os.mkdir(folder)
+            folder = new_group(parent, "pids")
         except OSError:
             continue
         try:
