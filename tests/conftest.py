@@ -62,6 +62,15 @@ def magpie(*args, cwd, check=None, timeout=600, env=None):
     return proc
 
 
+def ctrl_c_taken() -> None:
+    """A child's `preexec_fn` for tests that send it SIGINT: the default disposition, so that Python
+    turns it into KeyboardInterrupt even where the test run was started with SIGINT ignored (a
+    background job of a non-interactive shell is, and its children inherit that)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def magpie_in_process(*args, cwd, check=None, env=None):
     """The CLI's `main` run in this process, for tests that check only its exit code, output and
     files (a process costs 0.5-1 s of start and imports): cwd, the environment, signal handlers

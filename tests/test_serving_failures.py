@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import magpie, write
+from conftest import ctrl_c_taken, magpie, write
 
 from magpie.cli import main
 from magpie.serving import engines
@@ -184,6 +184,7 @@ def test_an_interrupted_run_saves_a_partial_report_of_the_completed_requests(tmp
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=ctrl_c_taken,
         )
         with seen:
             assert seen.wait_for(lambda: len(arrived) >= 8, timeout=60), proc.stderr

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ctrl_c_taken
 
 from magpie.cli import main
 from magpie.serving import engines
@@ -138,7 +139,7 @@ from magpie.serving.runner import run_benchmark
 run_benchmark(BenchmarkConfig(framework="vllm", model="m", port={port}, output_dir={str(tmp_path / "ws")!r},
     extra_server_args=["--delay", "0.5", "--child"], output_len=200, num_prompts=4, timeout_s=120))
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_taken)
     log = tmp_path / "ws" / "server.log"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and "listening" not in (log.read_text() if log.exists() else ""):
