@@ -424,6 +424,9 @@ def test_calls_done_together_that_save_less_than_fails_are_credited_no_more_than
         if row["performance_state"] == "FAILED":  # by its bound, or (its pairs left out) as unvouched
             assert {f["kind"] for f in row["failures"]} & {"calls_done_together", "timer_integrity"}, row["errors"]
             continue
+        if row["performance_state"] == "INCONCLUSIVE":  # a busy machine: no verdict, measured again next build
+            assert row["speedup"] is None and name not in report["ranking"], row["errors"]
+            continue
         bound = row["performance_result"]["alone_bound"]
         if bound is None:  # its pairs left out on a busy machine: standing only within the noise
             assert row["speedup"]["ci_low"] <= 1, row["speedup"]
