@@ -371,9 +371,11 @@ def timed_pair(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("timed_pair")
     shutil.copy(FIXTURES / "adversarial/good.py", root / "fast.py")
     relu2_project(
-        root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing="warmup_ms = 1\nbudget_ms = 10\nrounds = 2"
+        root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing="warmup_ms = 5\nbudget_ms = 60\nrounds = 3"
     )
-    assert build_json(root, "-j", "2")["failed"] == []
+    # a 10 ms budget in 2 rounds once read the copy's calls at half the baseline's (5.8 against 11.4 µs) and the
+    # calls-alone check then failed the honest copy: the scenarios here need a conclusive timing to start from
+    assert build_json(root)["failed"] == []
     return root
 
 
