@@ -1,0 +1,180 @@
+"""Long work (build, analyze, compare, benchmark) as jobs: each a child process of its own
+session (worker.py), whose request, state and result are files under the project's workspace
+(`<workspace>/mcp/jobs/<id>/`), so a restarted server still answers for the jobs it started.
+
+The server never blocks on a job: it starts the process and returns its id. A cancel stops
+every process below the job's (the worker is their subreaper: an orphan stays in its tree),
+then kills the job's whole process group, and marks the job cancelled."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from magpie.errors import UserError
+from magpie.mcp.confine import identifier
+
+KINDS = ("build", "analyze", "compare", "benchmark")
+FINAL = ("succeeded", "failed", "cancelled", "lost")
+REQUEST, STATE, RESULT, PROCESS, CANCELLED, LOG = (
+    "request.json",
+    "state.json",
+    "result.json",
+    "process.json",
+    "cancelled.json",
+    "job.log",
+)
+CANCEL_WAIT_S = 1.0
+
+
+def workspace_of(root: Path) -> Path:
+    """The project's workspace folder, read from magpie.toml's [project] workspace (the
+    default `workspaces`) without loading the project."""
+    from magpie.manifest.load import tomllib
+
+    try:
+        with open(root / "magpie.toml", "rb") as file:
+            named = tomllib.load(file).get("project", {}).get("workspace", "workspaces")
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        named = "workspaces"
+    return root / str(named)
+
+
+def write_json(path: Path, data) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    os.replace(temporary, path)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _start_time(pid: int) -> int | None:
+    from magpie.linux.procfs import start_time
+
+    return start_time(pid)
+
+
+class Jobs:
+    """The jobs of one project: started as children of this server, read back from disk."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.folder = workspace_of(root) / "mcp" / "jobs"
+        self._children: dict[str, subprocess.Popen] = {}  # started by this server: reaped here
+
+    def start(self, kind: str, params: dict) -> str:
+        assert kind in KINDS
+        job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-{secrets.token_hex(3)}"
+        folder = self.folder / job_id
+        folder.mkdir(parents=True)
+        write_json(folder / REQUEST, {"kind": kind, "params": params, "created": time.time()})
+        from magpie.paths import python_module_command, subprocess_env
+
+        env = subprocess_env()
+        for name in ("MAGPIE_ZYGOTE_DIR", "MAGPIE_ZYGOTE_OWNER"):  # the job's build owns its own zygote
+            env.pop(name, None)
+        with open(folder / LOG, "ab") as log:
+            child = subprocess.Popen(
+                [*python_module_command("magpie.mcp.worker"), str(folder)],
+                cwd=self.root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # a group of its own: a cancel is one killpg, the server's untouched
+            )
+        self._children[job_id] = child
+        write_json(folder / PROCESS, {"pid": child.pid, "start_time": _start_time(child.pid)})
+        return job_id
+
+    def folder_of(self, job_id: str) -> Path:
+        folder = self.folder / identifier(job_id, "job_id")
+        if not (folder / REQUEST).is_file():
+            raise UserError(f"job_id: no job {job_id!r} in this project (job_list lists them)")
+        return folder
+
+    def _alive(self, job_id: str, folder: Path) -> bool:
+        child = self._children.get(job_id)
+        if child is not None:
+            return child.poll() is None
+        process = read_json(folder / PROCESS)
+        if not process:
+            return False
+        pid = process.get("pid")
+        # a pid alone may be another process's by now: its start time says whether it is the job's
+        return isinstance(pid, int) and _start_time(pid) == process.get("start_time") is not None
+
+    def status(self, job_id: str) -> dict:
+        """The job's request, state and where its result is: {kind, params, created, state,
+        step, done, total, started, finished, error}."""
+        folder = self.folder_of(job_id)
+        request = read_json(folder / REQUEST) or {}
+        state = read_json(folder / STATE) or {"state": "running", "step": "starting", "done": 0, "total": None}
+        view = {
+            "job_id": job_id,
+            "kind": request.get("kind"),
+            "params": request.get("params", {}),
+            "created": request.get("created"),
+            **state,
+        }
+        if view["state"] not in FINAL:
+            cancelled = read_json(folder / CANCELLED)
+            if cancelled:
+                view.update(state="cancelled", finished=cancelled.get("at"), error="cancelled by job_cancel")
+            elif not self._alive(job_id, folder):
+                view.update(state="lost", error="the job's process ended without recording a result (killed?)")
+        return view
+
+    def result_path(self, job_id: str) -> Path:
+        return self.folder_of(job_id) / RESULT
+
+    def cancel(self, job_id: str) -> dict:
+        """Kill the job's whole process tree (its descendants stopped first so none forks away,
+        then its process group), wait up to a second for its process to go, mark it cancelled."""
+        folder = self.folder_of(job_id)
+        view = self.status(job_id)
+        if view["state"] in FINAL:
+            return view
+        process = read_json(folder / PROCESS) or {}
+        pid = process.get("pid")
+        if isinstance(pid, int) and self._alive(job_id, folder):
+            from magpie.execution.executors import stop_descendants
+
+            try:
+                os.kill(pid, signal.SIGSTOP)  # it starts nothing more while its tree is walked
+            except ProcessLookupError:
+                pass
+            stop_descendants(pid)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            child = self._children.get(job_id)
+            while time.monotonic() < deadline:
+                if child is not None:
+                    if child.poll() is not None:
+                        break
+                elif _start_time(pid) is None:
+                    break
+                time.sleep(0.01)
+        write_json(folder / CANCELLED, {"at": time.time()})
+        return self.status(job_id)
+
+    def ids(self) -> list[str]:
+        if not self.folder.is_dir():
+            return []
+        return sorted(path.parent.name for path in self.folder.glob(f"*/{REQUEST}"))

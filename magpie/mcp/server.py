@@ -1,0 +1,126 @@
+"""The MCP server of one project: `make_server(root)` builds it (tools, resources, prompt) on
+the official SDK's `MCPServer`; `serve(...)` runs it over stdio or streamable HTTP."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, ResourceLink, TextContent, ToolAnnotations
+from pydantic import BaseModel
+
+from magpie import __version__
+from magpie.errors import UserError
+from magpie.mcp.confine import Confinement
+from magpie.mcp.jobs import Jobs, workspace_of
+
+INSTRUCTIONS = (
+    "magpie judges GPU kernels of one project (magpie.toml in the server's root): correctness against a "
+    "reference on random inputs, then timing against the baseline. Paths are relative to the project root. "
+    "Write a candidate with write_candidate, then build (a job: wait=true to wait, or poll job_status), "
+    "then get_report for verdicts and speedups. The prompt optimize_kernel walks the whole loop."
+)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class Services:
+    """What every tool of one server shares: the project root and its confinement, the jobs."""
+
+    def __init__(self, root: Path):
+        self.confinement = Confinement(root)
+        self.root = self.confinement.root
+        self.workspace = workspace_of(self.root)
+        self.jobs = Jobs(self.root)
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "magpie.toml"
+
+    def mcp_folder(self, kind: str) -> Path:
+        """Where the server's own outputs of one kind go: `<workspace>/mcp/<kind>/`."""
+        return self.workspace / "mcp" / kind
+
+
+def annotated(*, read_only: bool, destructive: bool = False, idempotent: bool = False) -> ToolAnnotations:
+    return ToolAnnotations(
+        readOnlyHint=read_only, destructiveHint=destructive, idempotentHint=idempotent, openWorldHint=False
+    )
+
+
+def one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def tool(app: MCPServer, annotations: ToolAnnotations, title: str | None = None):
+    """Register `fn` as a tool whose bad input (a UserError, an unusable file) is one line of
+    tool error, never a traceback."""
+
+    def register(fn):
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def guarded(*args, **kwargs):
+                try:
+                    return await fn(*args, **kwargs)
+                except (UserError, OSError) as err:
+                    raise ToolError(one_line(err)) from None
+
+        else:
+
+            @functools.wraps(fn)
+            def guarded(*args, **kwargs):
+                try:
+                    return fn(*args, **kwargs)
+                except (UserError, OSError) as err:
+                    raise ToolError(one_line(err)) from None
+
+        app.tool(annotations=annotations, title=title)(guarded)
+        return fn
+
+    return register
+
+
+def structured(model: BaseModel, links: list[ResourceLink] = ()) -> CallToolResult:  # type: ignore[assignment]
+    """A result as structured content, its JSON as text beside it, and links to the files a
+    client reads as resources rather than inline."""
+    data = model.model_dump(mode="json")
+    content: list[Any] = [TextContent(type="text", text=json.dumps(data, indent=1))]
+    return CallToolResult(content=content + list(links), structured_content=data)
+
+
+def make_server(root: str | Path) -> MCPServer:
+    from magpie.mcp import benchmark_tools, job_tools, kernel_tools, project_tools, resources, trace_tools
+
+    services = Services(Path(root))
+    app: MCPServer = MCPServer(name="magpie", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    for module in (project_tools, job_tools, kernel_tools, trace_tools, benchmark_tools, resources):
+        module.register(app, services)
+    return app
+
+
+def serve(root: str | Path, *, http: bool = False, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run the server until its client goes (stdio) or it is stopped (HTTP). Over HTTP, the
+    SDK's DNS-rebinding protection is on: only Host and Origin headers naming this server's
+    own address are answered."""
+    app = make_server(root)
+    logging.getLogger("mcp").setLevel(logging.WARNING)
+    if not http:
+        app.run("stdio")
+        return
+    names = ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else [f"[{host}]" if ":" in host else host]
+    hosts = [f"{name}:*" for name in names]
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=[f"http://{name}" for name in hosts],
+    )
+    app.run("streamable-http", host=host, port=port, transport_security=security)

@@ -1,0 +1,130 @@
+"""One job's process (`python -m magpie.mcp.worker JOB_FOLDER`): reads the request the server
+wrote, runs it through magpie's library API, and records its state as it goes and its result
+at the end (jobs.py reads them). It is the subreaper of everything it starts, so a process
+that leaves its parent stays in the job's tree, where a cancel finds it.
+
+`python -m magpie.mcp.worker --gpu-info` prints the device description as JSON: torch is
+imported by that process, never by the server's."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from magpie.errors import UserError
+from magpie.execution.progress import Progress
+from magpie.mcp.jobs import REQUEST, RESULT, STATE, read_json, write_json
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class JobProgress(Progress):
+    """The build's progress lines as the job's state: the step running and how many are done."""
+
+    def __init__(self, folder: Path, total: int | None = None):
+        super().__init__(None)
+        self.folder = folder
+        self.state = {"state": "running", "step": "starting", "done": 0, "total": total, "started": time.time()}
+        self.record()
+
+    def record(self, **changes) -> None:
+        self.state.update(changes)
+        write_json(self.folder / STATE, self.state)
+
+    def line(self, text: str) -> None:
+        word = text[:6]
+        if word == "run   ":
+            self.record(step=text[6:].split("  ")[0])
+        elif word in ("done  ", "FAIL  "):
+            self.record(done=self.state["done"] + 1)
+        elif text.startswith("magpie: "):
+            self.record(step=text[8:])
+
+
+def run_build(root: Path, params: dict, progress: JobProgress) -> dict:
+    from magpie.execution.build import Build, BuildOptions
+
+    options = BuildOptions(
+        manifest=root / "magpie.toml",
+        targets=params.get("targets") or [],
+        jobs=params.get("jobs", 1),
+        force=params.get("force", False),
+        verify=params.get("verify", False),
+        summarize=True,
+    )
+    progress.record(step="planning", total=len(Build(options).dry_run().would_run))
+    result = Build(options, progress).run()
+    summary = result.summary
+    return {
+        "line": result.line,
+        "exit_code": result.exit_code,
+        "executed": result.executed,
+        "failures": [{"task": task, "error": error} for task, error in result.failures],
+        "summary": summary.model_dump(mode="json") if summary is not None else None,
+    }
+
+
+def _one_shot_options(params: dict, folder: Path):
+    from magpie.execution.oneshot import OneShotOptions
+
+    fields = ("paths", "type", "entry", "spec", "shapes", "dtypes", "rtol", "atol", "no_perf", "budget_ms", "device")
+    return OneShotOptions(**{k: params[k] for k in fields if params.get(k) is not None}, output_dir=folder / "out")
+
+
+def run_analyze(root: Path, params: dict, progress: JobProgress) -> dict:
+    from magpie.execution.oneshot import analyze
+
+    return analyze(_one_shot_options(params, progress.folder), progress).report
+
+
+def run_compare(root: Path, params: dict, progress: JobProgress) -> dict:
+    from magpie.execution.oneshot import compare
+
+    return compare(_one_shot_options(params, progress.folder), params.get("baseline", 0), progress).report
+
+
+def run_benchmark(root: Path, params: dict, progress: JobProgress) -> dict:
+    from magpie.serving.report import BenchmarkConfig
+    from magpie.serving.runner import run_benchmark as serve
+
+    config = BenchmarkConfig(**params["config"])
+    progress.record(step=f"benchmarking {config.framework} {config.model}")
+    return serve(config, project=str(root)).model_dump(mode="json")
+
+
+RUNNERS = {"build": run_build, "analyze": run_analyze, "compare": run_compare, "benchmark": run_benchmark}
+
+
+def main(folder: Path) -> int:
+    from magpie.linux.namespaces import prctl
+
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    request = read_json(folder / REQUEST) or {}
+    progress = JobProgress(folder)
+    root = Path.cwd()
+    try:
+        result = RUNNERS[request["kind"]](root, request.get("params", {}), progress)
+    except UserError as err:
+        progress.record(state="failed", error=str(err), finished=time.time())
+        return 2
+    except BaseException as err:  # noqa: BLE001 - any end is recorded; the traceback goes to the job's log
+        traceback.print_exc()
+        line = (str(err).strip().splitlines() or [""])[-1]
+        progress.record(state="failed", error=f"{type(err).__name__}: {line}".rstrip(": "), finished=time.time())
+        return 1
+    write_json(folder / RESULT, result)
+    progress.record(state="succeeded", step="finished", finished=time.time())
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--gpu-info"]:
+        import json
+
+        from magpie.cli.gpu_info import collect
+
+        print(json.dumps(collect()))
+        sys.exit(0)
+    sys.exit(main(Path(sys.argv[1])))
