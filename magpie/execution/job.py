@@ -11,6 +11,7 @@ import importlib
 import time
 from dataclasses import dataclass
 
+from magpie.execution.relative_paths import ProjectPaths
 from magpie.graph.expand import TaskSpec
 from magpie.supervision import scratch as scratch_folders
 
@@ -26,6 +27,7 @@ ACTIONS = {
     "serving_benchmark": "magpie.serving.build_rule:benchmark_rule",
     "serving_profile": "magpie.serving.build_rule:profile_rule",
     "serving_trace_analysis": "magpie.serving.build_rule:trace_analysis_rule",
+    "serving_sweep": "magpie.serving.build_rule:sweep_rule",
 }
 COMMAND_ACTION = "magpie.execution.actions:command"
 
@@ -65,6 +67,10 @@ def run_job(job: Job) -> JobOutput:
         files = {p.relative_to(out_dir).as_posix(): p.read_bytes() for p in sorted(out_dir.rglob("*")) if p.is_file()}
     finally:
         scratch_folders.remove(folder)
+    root = job.spec.params.get("root")
+    if root:  # stored and published as the project names its files, not as this machine keeps them
+        paths = ProjectPaths(root)
+        result, files = paths.value(result), paths.files(files)
     seconds = time.monotonic() - started
     result.setdefault("task", job.spec.name)
     result["task_seconds"] = round(seconds, 3)
