@@ -292,20 +292,18 @@ def timing(job, out_dir: Path) -> dict:
         set_method = its_timing.get("timing_method")
         # what it read alone (what it reads beside this candidate is checked against it), and
         # whether that ran in this build (its worker is then around)
-        own = {
-            k: (its_timing.get("performance_result") or {}).get(k)
-            for k in (
-                "shape",
-                "median_us",
-                "harness_us_per_call",
-                "calibration_us",
-                "sizing_us_per_call",
-                "kernel_us",
-                "kernels",
-            )
-        }
+        own = {k: (its_timing.get("performance_result") or {}).get(k) for k in OWN_TIMING_KEYS}
         own["mode"] = (set_method or {}).get("mode")
         own["this_build"] = its_timing.get("input_secret") == job.input_secret
+        # each further timed shape's the same way, with the method it chose for that shape
+        own["shapes"] = {
+            entry["shape"]: {
+                **{k: (entry.get("performance_result") or {}).get(k) for k in OWN_TIMING_KEYS},
+                "mode": (entry.get("timing_method") or {}).get("mode"),
+                "timing_method": entry.get("timing_method"),
+            }
+            for entry in its_timing.get("shapes") or []
+        }
     result = _evaluate("timing", job, out_dir, baseline=baseline, timing_method=set_method, baseline_own_timing=own)
     result.setdefault("warnings", []).extend(warnings)
     if result.get("performance_state") == "INCONCLUSIVE":
@@ -316,6 +314,17 @@ def timing(job, out_dir: Path) -> dict:
 
 
 PROVISIONAL_INCONCLUSIVE = "inconclusive (machine busy)"
+# What a candidate's timing takes from its baseline's own (per timed shape): the checks against it and what is
+# not measured again beside the candidate (`TimingSession.known_of_baseline`)
+OWN_TIMING_KEYS = (
+    "shape",
+    "median_us",
+    "harness_us_per_call",
+    "calibration_us",
+    "sizing_us_per_call",
+    "kernel_us",
+    "kernels",
+)
 
 
 def comparison(job, out_dir: Path) -> dict:
@@ -357,10 +366,15 @@ def compare_results(kernel: str, results: dict[str, dict], baseline: dict | None
                 # the same, machine-readable (kind, stage, case): the cause first, then what it kept from running
                 "failures": [*comp.get("failures", []), *corr.get("failures", []), *tim.get("failures", [])],
                 "numerics_margin": corr.get("numerics_margin"),
-                "warnings": [*tim.get("warnings", []), *profile_warnings(prof)],
+                # the shapes drawn besides the declared ones, and why any were skipped (harness/held_out.py)
+                "held_out": corr.get("held_out"),
+                "warnings": [*corr.get("warnings", []), *tim.get("warnings", []), *profile_warnings(prof)],
                 "flags": tim.get("flags", []),
                 "timing_method": tim.get("timing_method"),
                 "_paired_speedup": tim.get("speedup"),
+                # each timed shape's timing and speedup, and their geometric mean (`harness/timed_shapes.py`)
+                "shapes": tim.get("shapes"),
+                "shapes_summary": tim.get("shapes_summary"),
                 "time_s": time_spent(comp, corr, tim),
                 "spec_error": corr.get("spec_error") or tim.get("spec_error"),
             }
@@ -369,10 +383,11 @@ def compare_results(kernel: str, results: dict[str, dict], baseline: dict | None
     # one error for the kernel per spec that failed, however many implementations it kept from being judged
     report["spec_errors"] = list({(e["spec"], e["detail"]): e for e in (r["spec_error"] for r in rows) if e}.values())
     report["errors"] = [f"spec error in {e['spec']}: {e['detail']}" for e in report["spec_errors"]]
-    # what was timed: the shape and dtype of each timing (the first shape of the first spec testcase)
-    report["timed_shapes"] = sorted(
-        {r["performance_result"]["shape"] for r in rows if (r["performance_result"] or {}).get("shape")}
-    )
+    # what was timed: the shapes and dtype of the timings (`timing.shapes`; by default the first shape of the
+    # first spec testcase), in the order they were timed
+    timed = [entry["shape"] for r in rows for entry in r["shapes"] or [] if entry.get("performance_result")]
+    timed += [r["performance_result"]["shape"] for r in rows if (r["performance_result"] or {}).get("shape")]
+    report["timed_shapes"] = list(dict.fromkeys(timed))
     report["time_s"] = {key: round(sum(row["time_s"][key] or 0.0 for row in rows), 3) for key in TIME_KEYS}
     return report
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from magpie.harness.declared import SpecImports, library_roots
 from magpie.harness.exchange import exchange_for
-from magpie.harness.spec import ReferenceSpec, derive_seed, weights_seed
+from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, weights_seed
 from magpie.paths import subprocess_env
 
 
@@ -80,13 +80,20 @@ class EvaluationContext:
             return ReferenceSpec(self.root / testcase["spec"], testcase, self.device, self.code(testcase["spec"]))
 
     def init_file(self, spec: ReferenceSpec) -> str | None:
-        """A KernelBench model's init inputs, in a file of one name for every job: torch.save
-        writes the name into the file, and the file's bytes are part of the worker's key (a
-        parked worker serves the next job only if its model was built from the same)."""
+        """A KernelBench model's init inputs and the reference Model's state (which the worker
+        loads into ModelNew where their parameters and buffers are alike, so a ModelNew that draws
+        its weights in another order holds the same ones), in a file of one name for every job:
+        torch.save writes the name into the file, and the file's bytes are part of the worker's
+        key (a parked worker serves the next job only if its model was built from the same)."""
         if not spec.kernelbench:
             return None
         path = self.work / "init-inputs.pt"
-        self.torch.save([spec.init_inputs()], path)
+        try:
+            model = spec.model(self.init_seed)
+        except Exception as err:
+            raise SpecError(f"{spec.path.name}: Model() failed: {type(err).__name__}: {err}") from None
+        state = model.state_dict() if hasattr(model, "state_dict") else {}
+        self.torch.save([spec.init_inputs(), dict(state)], path)
         return str(path)
 
     def device_index(self) -> int:

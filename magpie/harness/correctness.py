@@ -15,6 +15,7 @@ from magpie import environment, sandbox
 from magpie.harness.checks import all_finite, compare_inputs, compare_outputs
 from magpie.harness.context import EvaluationContext
 from magpie.harness.exchange import load_left
+from magpie.harness.held_out import failed_verdict, held_out_cases
 from magpie.harness.judging import correctness_verdict, not_judged, skipped
 from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
@@ -31,6 +32,8 @@ def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
     laps = Laps()
     worker_steps: list[dict | None] = []
     checks: list[dict] = []
+    # the shapes drawn besides the declared ones, as checked, and what was skipped: reported apart
+    held_out: dict = {"shapes": [], "notes": []}
     numerics = "verified"
     index = None  # the testcase a failure below happened in
     try:
@@ -61,25 +64,67 @@ def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
                     laps,
                     worker_steps,
                 )
+                if all(r["passed"] for r in records):
+                    records += _held_out_checks(context, pool, worker, spec, index, testcase, held_out)
+                    laps.mark("held_out")
             laps.mark("park")  # the worker reset and parked for the timing job (or ended)
             checks.extend({"testcase": index, **r} for r in records)
     except SpecError as err:
         return not_judged("correctness", testcases[index]["spec"], err, index)
     except WorkerFailure as err:
+        where = {"testcase": index, **({"case": err.case} if isinstance(err, _HeldOutFailure) else {})}
+        kind = failure_kind(err.cause if isinstance(err, _HeldOutFailure) else str(err))
         return {
             "correctness_state": "FAILED",
             "numerics": numerics,
             "verdict": str(err),
             "checks": checks,
             "errors": [str(err)],
-            "failures": [failure(failure_kind(str(err)), "correctness", str(err), {"testcase": index})],
+            "failures": [failure(kind, "correctness", str(err), where)],
+            "held_out": held_out,
         }
     return {
-        **correctness_verdict(checks, numerics),
+        **failed_verdict(correctness_verdict(checks, numerics)),
+        "held_out": held_out,
+        "warnings": list(held_out["notes"]),
         "phases_s": laps.seconds,
         "worker_steps_s": worker_steps,
         "worker_loads_s": pool.worker_loads,
     }
+
+
+def _held_out_checks(
+    context: EvaluationContext,
+    pool: WorkerPool,
+    worker: Worker,
+    spec: ReferenceSpec,
+    index: int,
+    testcase: dict,
+    held_out: dict,
+) -> list[dict]:
+    """The testcase's held-out cases (`harness/held_out.py`), each in a request of its own so that
+    a call that raises names its shape; what was checked and skipped goes into `held_out`."""
+    cases, notes = held_out_cases(spec, context.seed, context.kernel_id, index, testcase, context.init_seed)
+    held_out["notes"] += notes
+    records = []
+    for k, case in enumerate(cases):
+        held_out["shapes"].append(case.label.removeprefix("held-out "))
+        try:
+            records += run_cases(
+                context, pool, worker, spec, [case], f"tc{index}-held-out{k}", testcase["rtol"], testcase["atol"]
+            )
+        except WorkerFailure as err:
+            raise _HeldOutFailure(case.label, str(err)) from None
+    return records
+
+
+class _HeldOutFailure(WorkerFailure):
+    """A held-out case's call failed, the declared ones having passed: `cause` is the worker's
+    message, whose start says its kind."""
+
+    def __init__(self, case: str, cause: str):
+        super().__init__(f"incorrect: passes declared shapes, fails {case}: {cause}")
+        self.case, self.cause = case, cause
 
 
 def run_cases(
@@ -136,6 +181,7 @@ def run_cases(
                 "dtype": case.dtype,
                 "trial": case.trial,
                 "seed": case.seed,
+                **({"held_out": True} if case.held_out else {}),
                 **record,
             }
         )

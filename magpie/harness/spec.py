@@ -29,6 +29,10 @@ class Case:
     dtype: str | None
     trial: int
     seed: int
+    # a shape drawn per build besides the declared ones (`harness/held_out.py`); for a KernelBench
+    # problem, the values its get_inputs() reads in place of the module's size constants
+    held_out: bool = False
+    sizes: dict | None = None
 
 
 # A build's secret, mixed into every input seed: code under test that reads magpie.toml and
@@ -123,7 +127,8 @@ class ReferenceSpec:
             # the CPU is the default device already: its context would only sit in every call
             with contextlib.nullcontext() if self.device == "cpu" else torch.device(self.device):
                 if self.kernelbench:
-                    args = tuple(factory())
+                    with self._sizes(case.sizes):
+                        args = tuple(factory())
                 else:
                     kwargs = (
                         {"generator": torch.Generator(device=self.device).manual_seed(case.seed)}
@@ -155,8 +160,7 @@ class ReferenceSpec:
         name = "Model" if self.kernelbench else self.testcase["reference"]
         try:
             if self.kernelbench:
-                torch.manual_seed(init_seed)  # built on the CPU, as the worker builds ModelNew: same weights
-                model = self.module.Model(*self.init_inputs())
+                model = self.model(init_seed)
                 if hasattr(model, "to"):
                     model = model.to(self.device)
                 result = model(*pristine)
@@ -168,6 +172,26 @@ class ReferenceSpec:
                 f"{self.path.name}: {name}() failed: {type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}"
             ) from None
+
+    def model(self, init_seed: int):
+        """A KernelBench problem's Model, built on the CPU under the weights' seed: its state is what
+        the worker loads into ModelNew (`context.init_file`), so both hold the same weights."""
+        self.torch.manual_seed(init_seed)
+        return self.module.Model(*self.init_inputs())
+
+    @contextlib.contextmanager
+    def _sizes(self, sizes: dict | None):
+        """The problem module's size constants set to a held-out case's values while its inputs are
+        made, then put back."""
+        if not sizes:
+            yield
+            return
+        kept = {name: getattr(self.module, name) for name in sizes}
+        vars(self.module).update(sizes)
+        try:
+            yield
+        finally:
+            vars(self.module).update(kept)
 
     def min_bytes(self, args: tuple, expected) -> int:
         """Fewest bytes a kernel must move: each input read once, each output written once, unless the

@@ -68,23 +68,33 @@ class Implementation:
                     f'{request["source"]}: no entry declared and no ModelNew/Model class; set entry = "fn"'
                 )
         if isinstance(target, type):  # KernelBench convention: a module built from init inputs
+            init, state = [], None
             if request.get("init_from_module"):
                 init = list(getattr(module, "get_init_inputs", list)())
-            else:
-                init = (
-                    list(self.torch.load(request["init_inputs_file"], weights_only=True)[0])
-                    if request.get("init_inputs_file")
-                    else []
-                )
-            self._build = lambda: self._model(target, init, int(request["seed"]))
+            elif request.get("init_inputs_file"):
+                saved = self.torch.load(request["init_inputs_file"], weights_only=True)
+                init, state = list(saved[0]), (saved[1] if len(saved) > 1 else None)
+            self._build = lambda: self._model(target, init, int(request["seed"]), state)
             return self._build()
         if not callable(target):
             raise TypeError(f"entry {entry!r} is not callable")
         return target
 
-    def _model(self, cls, init: list, seed: int):
+    def _model(self, cls, init: list, seed: int, state: dict | None = None):
+        """Built under the weights' seed, as the reference Model was; then given the Model's state
+        where its parameters and buffers have the same names, shapes and dtypes (else it keeps
+        the seeded ones, as KernelBench leaves them)."""
         self.torch.manual_seed(seed)
         model = cls(*init)
+        if state is not None and hasattr(model, "state_dict"):
+            own = model.state_dict()
+            alike = own.keys() == state.keys() and all(
+                getattr(own[k], "shape", None) == getattr(state[k], "shape", None)
+                and getattr(own[k], "dtype", None) == getattr(state[k], "dtype", None)
+                for k in own
+            )
+            if alike:
+                model.load_state_dict(state)
         return model.to(self.device) if hasattr(model, "to") else model
 
     def _load(self, offer: dict) -> list:

@@ -161,6 +161,8 @@ def check_paths_inside(manifest: Manifest, root: Path, path) -> None:
                 keep_inside(root, name, path, where, f"source_files[{j}]", "source files")
             if impl.working_dir:
                 keep_inside(root, impl.working_dir, path, where, "working_dir", "working folders")
+        if kernel.kernelbench:  # before its testcase, which would be named by an index not written
+            keep_inside(root, kernel.kernelbench, path, f"kernel {kernel.id}", "kernelbench", "problem files")
         for t, testcase in enumerate(kernel.testcases):
             if testcase.spec:
                 keep_inside(root, testcase.spec, path, f"kernel {kernel.id}", f"testcases[{t}].spec", "specs")
@@ -238,6 +240,17 @@ def check_files(manifest: Manifest, root: Path, path) -> None:
             ]:
                 if not (root / rel).is_file():
                     raise located(path, f"kernel[{k}].{where}.{f}", f"file not found: {rel}")
+        if kernel.kernelbench:
+            problem = root / kernel.kernelbench
+            if not problem.is_file():
+                raise located(path, f"kernel[{k}].kernelbench", f"file not found: {kernel.kernelbench}")
+            if not _declares_kernelbench(problem):
+                raise located(
+                    path,
+                    f"kernel[{k}].kernelbench",
+                    f"{kernel.kernelbench} is not a KernelBench problem: it must define class Model and "
+                    "get_inputs() (and get_init_inputs() where Model takes arguments)",
+                )
         for t, testcase in enumerate(kernel.testcases):
             if testcase.spec and not (root / testcase.spec).is_file():
                 raise located(path, f"kernel[{k}].testcases[{t}].spec", f"file not found: {testcase.spec}")

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from magpie.serving.sweep_axes import SweepAxes
+
 KernelType = Literal["pytorch", "triton", "cuda", "hip"]
 PYTHON_TYPES = ("pytorch", "triton")
 IDENT = r"^[A-Za-z0-9_.\-]+$"
@@ -68,6 +70,21 @@ class TimingSettings(Strict):
         "on a GPU, 25% on the CPU (above what an undisturbed baseline reads "
         "apart between jobs: docs/performance.md)",
     )
+    shapes: list[list[int]] | None = Field(
+        None,
+        description="the shapes timed, each one of the first spec testcase's (in its first dtype): a "
+        "speedup for each and their geometric mean; default: its first shape. A shape only checked "
+        "for correctness is in no timing's key",
+    )
+
+    @field_validator("shapes")
+    @classmethod
+    def _timed_shapes(cls, shapes):
+        if shapes is not None and not shapes:
+            raise ValueError("give at least one shape, or leave timing.shapes out (its first declared shape)")
+        for shape in shapes or []:
+            check_shape(shape)
+        return shapes
 
 
 class ProfileSettings(Strict):
@@ -161,6 +178,13 @@ class Testcase(Strict):
     rtol: float | None = Field(None, ge=0)
     atol: float | None = Field(None, ge=0)
     trials: int | None = Field(None, ge=1)
+    held_out_shapes: int = Field(
+        1,
+        ge=0,
+        description="shapes drawn per build from its secret seed for each declared one "
+        "(same rank and dtype, sizes around the declared ones, neither powers of two nor "
+        "multiples of 16) on which a spec's cases are checked too; 0: none",
+    )
     working_dir: str | None = None
     env: dict[str, str] = {}
 
@@ -207,11 +231,37 @@ class Kernel(Strict):
     baseline: Implementation | None = None
     candidates: list[Implementation] = []
     testcases: list[Testcase] = []
+    kernelbench: str | None = Field(
+        None,
+        description="a KernelBench problem file (Model, get_inputs(), get_init_inputs()), "
+        "relative to magpie.toml: the reference of implementations that define ModelNew; "
+        "it is the kernel's last testcase (a spec testcase of that file)",
+    )
+    held_out_shapes: int | None = Field(
+        None, ge=0, description="its testcases' held_out_shapes where they set none; 0 opts the kernel out"
+    )
     rtol: float | None = Field(None, ge=0)
     atol: float | None = Field(None, ge=0)
     trials: int | None = Field(None, ge=1)
     timeout_s: float | None = Field(None, gt=0)
     timing: TimingSettings | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kernel_wide_testcases(cls, data):
+        """A KernelBench problem becomes a spec testcase of its file, last (the indices of the
+        testcases written keep to the manifest); the kernel's held_out_shapes becomes its
+        testcases' default. What is not a table is left for the fields' own errors."""
+        if not isinstance(data, dict) or not isinstance(data.get("testcases", []), list):
+            return data
+        testcases = list(data.get("testcases", []))
+        if isinstance(data.get("kernelbench"), str):
+            testcases.append({"spec": data["kernelbench"]})
+        if isinstance(data.get("held_out_shapes"), int):
+            testcases = [
+                {"held_out_shapes": data["held_out_shapes"], **tc} if isinstance(tc, dict) else tc for tc in testcases
+            ]
+        return {**data, "testcases": testcases}
 
     @model_validator(mode="after")
     def _unique_ids(self):
@@ -307,6 +357,13 @@ class BenchmarkSpec(Strict):
     load: BenchmarkLoad = BenchmarkLoad()
     slo: BenchmarkSLO = BenchmarkSLO()
     timeout_s: float = Field(3600.0, gt=0, description="the whole run, server start included")
+    sweep: SweepAxes | None = Field(
+        None,
+        description="load settings swept (concurrency, request_rate, input_len, output_len: every combination "
+        "over `load`): one node per point, cached on its own, the points run one after another against one "
+        "server, and a benchmark_sweep node with the table and the Pareto plot",
+    )
+    repeats: int | None = Field(None, ge=1, description="runs of each sweep point, for its intervals (default 3)")
 
     @model_validator(mode="after")
     def _external_has_url(self):
@@ -314,6 +371,13 @@ class BenchmarkSpec(Strict):
             raise ValueError("engine 'external' benchmarks a running server: give its base_url")
         if self.docker_image and self.run_mode != "docker":
             raise ValueError('docker_image is docker mode\'s: add run_mode = "docker"')
+        if self.repeats is not None and self.sweep is None:
+            raise ValueError("repeats: the runs of each sweep point; give sweep = { concurrency = [1, 2, 4] } too")
+        if self.sweep is not None and (self.profiler or self.run_mode == "docker"):
+            raise ValueError(
+                "sweep: a sweep's points run against one local server kept up across them: drop "
+                + ("profiler (profile a point as a benchmark of its own)" if self.profiler else 'run_mode = "docker"')
+            )
         if self.keep_server and (self.run_mode == "docker" or self.engine == "external"):
             raise ValueError(
                 'keep_server keeps a local server of magpie\'s: drop it, or use run_mode = "local" '
