@@ -71,6 +71,16 @@ def add_parser(sub) -> None:
         "(default: the model's own; none to be had: words, the report's tokenizer null)",
     )
     s.add_argument("--num-prompts", type=int, default=100, help="requests in the run (default: %(default)s)")
+    s.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="AXIS=V1,V2,...",
+        help="run the benchmark at each value of concurrency, request_rate, input_len or output_len (several "
+        "--sweep: every combination) against one server kept up across the points; writes sweep_report.json, "
+        "sweep_report.html and sweep_pareto.svg (output throughput per GPU against interactivity) to -o DIR",
+    )
+    s.add_argument("--repeats", type=int, metavar="N", help="runs of each sweep point, for its intervals (default: 3)")
     s.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default: all at once)")
     s.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrivals (1: Poisson)")
     s.add_argument("--num-warmups", type=int, default=0, help="requests before the measured run")
@@ -245,7 +255,18 @@ def run_serving(args) -> int:
             server_lifecycle="reuse" if args.keep_server else None,
         )
         _refuse_missing_model(config, f"{args.benchmark_config}: benchmark.model")
+        from magpie.serving.bench_config import load_benchmark_sweep
+
+        axes, repeats = load_benchmark_sweep(args.benchmark_config)
+        if args.sweep:  # the command line's sweep over the YAML's
+            axes = _cli_sweep(args.sweep)
+        if axes is not None:
+            return _sweep_and_print(config, axes, repeats if args.repeats is None else args.repeats, args)
+        if args.repeats is not None:
+            raise UserError("--repeats: the runs of each sweep point; give --sweep AXIS=V1,V2,... too")
         return _serve_and_print(config, args)
+    if args.repeats is not None and not args.sweep and not args.benchmark_config:
+        raise UserError("--repeats: the runs of each sweep point; give --sweep AXIS=V1,V2,... too")
     if not args.framework and args.base_url:
         args.framework = "external"
     if not args.framework:
@@ -291,7 +312,54 @@ def run_serving(args) -> int:
     except ValueError as err:
         raise UserError(f"benchmark: {err}") from None
     _refuse_missing_model(config, "-m")
+    if args.sweep:
+        return _sweep_and_print(config, _cli_sweep(args.sweep), args.repeats, args)
     return _serve_and_print(config, args)
+
+
+def _cli_sweep(values: list[str]):
+    from magpie.serving.sweep_axes import parse_sweep
+
+    try:
+        return parse_sweep(values)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def _sweep_and_print(config, axes, repeats: int | None, args) -> int:
+    from magpie.serving.sweep import DEFAULT_REPEATS, SWEEP_REPORT, run_sweep
+    from magpie.serving.sweep_plot import markdown_table
+
+    if args.gpus:
+        from magpie.serving.gpus import pin_env
+
+        config = config.model_copy(update={"env": {**config.env, **pin_env(args.gpus)}})
+    where = Path(config.output_dir).resolve() / SWEEP_REPORT
+    try:
+        report = run_sweep(config, axes, DEFAULT_REPEATS if repeats is None else repeats)
+    except ValueError as err:
+        raise UserError(f"benchmark --sweep: {err}") from None
+    except KeyboardInterrupt:
+        print(f"magpie: sweep interrupted; report of the points run: {where}", file=sys.stderr)
+        raise
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=1))
+    else:
+        print(markdown_table(report))
+        if report.server is not None:
+            print(
+                f"server: {report.server.starts} start(s) for {sum(len(p.repeats) for p in report.points)} runs"
+                f"{', kept' if report.server.kept else ''}"
+            )
+    if not report.success:
+        print(
+            f"magpie: sweep failed: {report.errors[0] if report.errors else 'incomplete'}; report: {where}",
+            file=sys.stderr,
+        )
+        return 1
+    if not args.json:
+        print(f"written: {where}")
+    return 0
 
 
 def _refuse_missing_model(config, where: str) -> None:

@@ -162,6 +162,12 @@ def cuda_arch(manifest: Manifest) -> str:
     return gpu[1] if gpu else "sm_90"
 
 
+def _repeats(bench: BenchmarkSpec) -> int:
+    from magpie.serving.sweep_axes import DEFAULT_REPEATS
+
+    return bench.repeats or DEFAULT_REPEATS
+
+
 def _impl_params(kernel: Kernel, impl: Implementation | None) -> dict | None:
     if impl is None:
         return None
@@ -185,6 +191,7 @@ class Expander:
         self.hash_file = hasher or FileHasher()
         self.device = manifest.project.device
         self.tasks: dict[str, TaskSpec] = {}
+        self.unit_tasks: dict[str, list[str]] = {}  # a swept benchmark's unit name: its points' tasks
 
     # -- inputs -----------------------------------------------------------------------------
     def _placeholder_files(
@@ -268,8 +275,8 @@ class Expander:
             else:
                 self._add(rule, None, None)
         for spec in self.tasks.values():
-            spec.deps = [d for d in spec.deps if d in self.tasks]
-            spec.after = [d for d in spec.after if d in self.tasks and d not in spec.deps]
+            spec.deps = [d for d in self._unaliased(spec.deps) if d in self.tasks]
+            spec.after = [d for d in self._unaliased(spec.after) if d in self.tasks and d not in spec.deps]
         ordered: dict[str, TaskSpec] = {}
         for name in self.tasks:
             self._in_run_order(name, ordered, set())
@@ -277,6 +284,15 @@ class Expander:
             spec.parts = self._own_parts(spec)
         self.tasks = ordered
         return self.tasks
+
+    def _unaliased(self, names: list[str]) -> list[str]:
+        """Names with a swept benchmark's unit name (`benchmark:<id>`) replaced by its points' tasks."""
+        out: list[str] = []
+        for name in names:
+            for task in self.unit_tasks.get(name, [name]):
+                if task not in out:
+                    out.append(task)
+        return out
 
     def _add(self, rule: Rule, kernel: Kernel | None, impl: Implementation | None) -> None:
         if kernel is not None and impl is not None:
@@ -335,13 +351,20 @@ class Expander:
         # run is declared beside it: that one is a task of its own, nor whether a kept server may serve it: the
         # report's provenance says whether one did), the engine's version (installed package metadata; in docker
         # mode the image's content id instead) and, through the inputs, the model folder's content.
-        keyed = bench.model_dump(mode="json", exclude={"id", "host", "port", "profiler", "keep_server"})
+        keyed = bench.model_dump(
+            mode="json", exclude={"id", "host", "port", "profiler", "keep_server", "sweep", "repeats"}
+        )
         if bench.run_mode == "docker":
             from magpie.serving.docker_mode import image_id
 
             keyed["image_id"] = image_id(bench.engine, bench.docker_image)
         else:
             keyed["engine_version"] = engines.get(bench.engine).version()
+        if bench.sweep is not None and rule.name == "benchmark":
+            self._add_sweep_points(rule, bench, keyed)
+            return
+        if bench.sweep is not None:  # the sweep's own node: keyed by all its points (its deps)
+            keyed.update(sweep=bench.sweep.model_dump(mode="json", exclude_none=True), repeats=_repeats(bench))
         settings = {"benchmark": keyed, "project": {"device": self.device}}
         self._add_unit(
             rule,
@@ -351,6 +374,34 @@ class Expander:
             bench.id,
             benchmark=bench.model_dump(mode="json"),
         )
+
+    def _add_sweep_points(self, rule: Rule, bench: BenchmarkSpec, keyed: dict) -> None:
+        """One task per sweep point (`benchmark:<id>/concurrency-4`), keyed by its own load alone, so adding a
+        value adds only its points' tasks; each waits for the one before (one server serves them in turn). The
+        unit's name (`benchmark:<id>`) stands for all of them in other tasks' deps."""
+        from magpie.serving.sweep_axes import task_label
+
+        assert bench.sweep is not None
+        names: list[str] = []
+        for point in bench.sweep.points():
+            values = {axis: "inf" if value == float("inf") else value for axis, value in point.items()}
+            load = {**keyed["load"], **values}
+            name = f"{rule.name}:{bench.id}/{task_label(point)}"
+            settings = {"benchmark": {**keyed, "load": load, "repeats": _repeats(bench)}}
+            self._add_unit(
+                rule,
+                name,
+                {**settings, "project": {"device": self.device}},
+                self._inputs(rule, None, None, bench=bench),
+                bench.id,
+                benchmark={**bench.model_dump(mode="json"), "load": load, "sweep": None},
+                point=values,
+                repeats=_repeats(bench),
+            )
+            if names:
+                self.tasks[name].after.append(names[-1])
+            names.append(name)
+        self.unit_tasks[f"{rule.name}:{bench.id}"] = names
 
     def _add_unit(self, rule: Rule, name: str, settings: dict, inputs: list[str], unit: str, **params) -> None:
         """A task of a rule whose scope is one declared unit (a trace set, a benchmark) of id `unit`."""

@@ -37,9 +37,9 @@ class Rule(BaseModel):
     # only those the build runs anyway are waited for.
     after: list[str] = []
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
-    # Only for the declared units whose flag this names is set (a profiled benchmark's extra nodes); not in
-    # the key: it decides whether a task exists, not what it computes.
-    when: Literal["benchmark.profiler"] | None = None
+    # Only for the declared units whose flag this names is set (a profiled benchmark's extra nodes, a sweep's
+    # summary); not in the key: it decides whether a task exists, not what it computes.
+    when: Literal["benchmark.profiler", "benchmark.sweep"] | None = None
     config: list[Literal["compile", "correctness", "timing", "profile", "project", "trace", "benchmark"]] = []
     fingerprint: list[
         Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu", "rocprofv3"]

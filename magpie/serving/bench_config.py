@@ -17,6 +17,9 @@
       tokenizer: ./tok           # lengths in its tokens (a folder, ./ relative to this file, or a cached hub id;
                                  # default: the model's own), as --tokenizer
       random_prefix_len: 0       # tokens of a prefix shared by every prompt, as --random-prefix-len
+      sweep: {concurrency: [1, 2, 4]}  # a sweep (concurrency, request_rate, input_len, output_len: every
+                                 # combination) against one server, as --sweep; envs give the rest of the load
+      repeats: 3                 # runs of each sweep point (default 3), as --repeats
       profiler: false            # true: a torch profiler window, traces analysed; the run is diagnostic
       # or Magpie's block (keys magpie has no counterpart for only at the value matching what magpie does):
       # profiler:
@@ -41,6 +44,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from magpie.errors import UserError, located
+from magpie.serving.sweep_axes import SweepAxes
 
 EXTRA_ARGS = re.compile(r"^EXTRA_([A-Z0-9]+)_ARGS$")
 ENV_KEYS = ("TP", "CONC", "ISL", "OSL", "RANDOM_RANGE_RATIO", "NUM_PROMPTS", "MAX_MODEL_LEN")
@@ -210,6 +214,14 @@ class BenchmarkSection(BaseModel):
     base_url: str | None = None
     tokenizer: str | None = Field(None, min_length=1)
     random_prefix_len: int = Field(0, ge=0)
+    sweep: SweepAxes | None = None
+    repeats: int | None = Field(None, ge=1, description="runs of each sweep point (default 3)")
+
+    @model_validator(mode="after")
+    def _repeats_of_a_sweep(self):
+        if self.repeats is not None and self.sweep is None:
+            raise ValueError("repeats: the runs of each sweep point; give sweep: {concurrency: [1, 2, 4]} too")
+        return self
 
 
 class BenchmarkFile(BaseModel):
@@ -253,16 +265,12 @@ def _beside(path: Path, name: str | None) -> str | None:
     return name
 
 
-def load_benchmark_config(path: str | Path, **overrides):
-    """The YAML at `path` as a `BenchmarkConfig`; `overrides` (output_dir, host, port, base_url, endpoint, ...)
-    are set on top. Raises `UserError` (one line) on any mistake."""
+def _section(path: Path) -> BenchmarkSection:
     import yaml
 
     from magpie.manifest.kernel_config import _yaml_error
     from magpie.manifest.load import describe_validation_error, read_text
-    from magpie.serving.report import BenchmarkConfig
 
-    path = Path(path)
     try:
         data = yaml.safe_load(read_text(path))
     except yaml.YAMLError as err:
@@ -270,9 +278,24 @@ def load_benchmark_config(path: str | Path, **overrides):
     if not isinstance(data, dict) or "benchmark" not in data:
         raise UserError(f"{path}: expected a top-level 'benchmark:' mapping (framework, model, envs, ...)")
     try:
-        section = BenchmarkFile.model_validate(data).benchmark
+        return BenchmarkFile.model_validate(data).benchmark
     except ValidationError as err:
         raise describe_validation_error(path, err) from None
+
+
+def load_benchmark_sweep(path: str | Path) -> tuple[SweepAxes | None, int | None]:
+    """The YAML's `sweep` (None: a single run) and `repeats` (None: the default). Raises `UserError` (one line)."""
+    section = _section(Path(path))
+    return section.sweep, section.repeats
+
+
+def load_benchmark_config(path: str | Path, **overrides):
+    """The YAML at `path` as a `BenchmarkConfig`; `overrides` (output_dir, host, port, base_url, endpoint, ...)
+    are set on top. Raises `UserError` (one line) on any mistake."""
+    from magpie.serving.report import BenchmarkConfig
+
+    path = Path(path)
+    section = _section(path)
     env = dict(section.env)
     gpus = _gpus(section)
     if gpus is not None:

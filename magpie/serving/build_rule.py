@@ -99,12 +99,12 @@ def summary(report) -> dict:
 
 
 def failed_run_folder(job) -> Path | None:
-    """Where a failed run of this task keeps its files (`<workspace>/failed/<rule>/<id>/`); None on a read-only
-    workspace."""
+    """Where a failed run of this task keeps its files (`<workspace>/failed/<rule>/<id>/`, a sweep point's in
+    `<id>/<point>/`); None on a read-only workspace."""
     snapshots = job.spec.params.get("snapshots")
     if snapshots is None:
         return None
-    return Path(snapshots).parent / "failed" / job.spec.rule / job.spec.params["benchmark"]["id"]
+    return Path(snapshots).parent / "failed" / job.spec.rule / job.spec.name.split(":", 1)[1]
 
 
 def _keep_failed_run(out_dir: Path, kept: Path) -> None:
@@ -123,31 +123,43 @@ def _keep_failed_run(out_dir: Path, kept: Path) -> None:
         path.write_text(text)
 
 
-def _run(job, out_dir: Path, profiler: bool):
+def _failed(job, out_dir: Path, first: str, what: str) -> BenchmarkFailed:
+    """The failure's one line, its files kept in the failed-run folder that line names."""
+    bench = job.spec.params["benchmark"]
+    kept = failed_run_folder(job)
+    where = ""
+    if kept is not None:
+        try:
+            _keep_failed_run(out_dir, kept)
+            first = first.replace(str(out_dir.resolve()), str(kept)).replace(str(out_dir), str(kept))
+            where = f"; its files are kept in {kept}"
+        except OSError as err:  # a full disk: the failure's own line matters more
+            where = f"; its files could not be kept in {kept}: {err.strerror}"
+    return BenchmarkFailed(
+        f"benchmark {bench['id']!r} ({bench['engine']} {bench['model']}) {what}failed: {first}{where}"
+    )
+
+
+def _succeeded(job) -> None:
     import shutil
 
+    kept = failed_run_folder(job)
+    if kept is not None:
+        shutil.rmtree(kept, ignore_errors=True)  # an earlier failure's files, superseded
+
+
+def _run(job, out_dir: Path, profiler: bool):
     from magpie.serving.runner import run_benchmark
 
     bench = job.spec.params["benchmark"]
     root = job.spec.params["root"]
+    if job.spec.params.get("point") is not None:
+        return bench, _run_point(job, out_dir)
     report = run_benchmark(config_of(bench, Path(root), out_dir, profiler), analyse=False, project=str(root))
-    kept = failed_run_folder(job)
     if not report.success:
         first = report.errors[0] if report.errors else "no request completed"
-        where = ""
-        if kept is not None:
-            try:
-                _keep_failed_run(out_dir, kept)
-                first = first.replace(str(out_dir.resolve()), str(kept)).replace(str(out_dir), str(kept))
-                where = f"; its files are kept in {kept}"
-            except OSError as err:  # a full disk: the failure's own line matters more
-                where = f"; its files could not be kept in {kept}: {err.strerror}"
-        raise BenchmarkFailed(
-            f"benchmark {bench['id']!r} ({bench['engine']} {bench['model']}) "
-            f"{'profiled run ' if profiler else ''}failed: {first}{where}"
-        )
-    if kept is not None:
-        shutil.rmtree(kept, ignore_errors=True)  # an earlier failure's files, superseded
+        raise _failed(job, out_dir, first, "profiled run " if profiler else "")
+    _succeeded(job)
     return bench, {
         "state": "SUCCESS",
         "benchmark": bench["id"],
@@ -158,6 +170,55 @@ def _run(job, out_dir: Path, profiler: bool):
         "files": sorted(report.outputs),
         "errors": [],
     }
+
+
+def _run_point(job, out_dir: Path) -> dict:
+    """A sweep point's node: its repeats against the server the sweep's points share (kept by the first, reused
+    by the rest), `point.json` beside their folders."""
+    from magpie.serving.sweep import run_point
+
+    params = job.spec.params
+    bench, root = params["benchmark"], Path(params["root"])
+    point = {axis: math.inf if value == "inf" else value for axis, value in params["point"].items()}
+    result, reports = run_point(config_of(bench, root, out_dir), point, params["repeats"], out_dir, str(root))
+    if not result.success:
+        raise _failed(job, out_dir, result.errors[0] if result.errors else "no run", f"sweep point {result.label} ")
+    _succeeded(job)
+    return {
+        "state": "SUCCESS",
+        "benchmark": bench["id"],
+        "point": result.label,
+        "engine": bench["engine"],
+        "model": bench["model"],
+        "run_kind": reports[0].run_kind,
+        "summary": _median_summary([summary(r) for r in reports]),
+        "inferencemax": {
+            k: result.inferencemax.get(k) for k in ("tput_per_gpu", "output_tput_per_gpu", "median_intvty")
+        },
+        "errors": [],
+    }
+
+
+def _median_summary(parts: list[dict]) -> dict:
+    """The build report's row of a sweep point: each figure the median over its repeats, the counts summed."""
+    import statistics
+
+    def median(values):
+        return None if any(v is None for v in values) else statistics.median(values)
+
+    out = {"success": all(p["success"] for p in parts), "errors": [e for p in parts for e in p["errors"]]}
+    out["repeats"] = len(parts)
+    out["throughput"] = {key: median([p["throughput"][key] for p in parts]) for key in ("request", "output_tokens")}
+    out["latency"] = {
+        name: {stat: median([p["latency"][name][stat] for p in parts]) for stat in ("median", "p99")}
+        for name in ("ttft", "tpot", "itl", "e2el")
+    }
+    out["completed"] = sum(p["completed"] for p in parts)
+    out["failed"] = sum(p["failed"] for p in parts)
+    out["duration_s"] = sum(p["duration_s"] for p in parts)
+    out["engine_version"] = parts[0].get("engine_version")
+    out["server_reused"] = [p.get("server_reused", False) for p in parts]
+    return out
 
 
 def benchmark_rule(job, out_dir: Path) -> dict:
@@ -173,6 +234,44 @@ def profile_rule(job, out_dir: Path) -> dict:
     if not found:
         raise BenchmarkFailed(f"benchmark {bench['id']!r}: the profiled run wrote no trace into {TRACE_DIR}/")
     return {**result, "traces": [p.relative_to(out_dir).as_posix() for p in found]}
+
+
+def sweep_rule(job, out_dir: Path) -> dict:
+    """The `benchmark_sweep` rule: the points' results (their artifacts' `point.json`) as the sweep's report, table
+    and Pareto plot; the server the points kept stopped unless the benchmark keeps it."""
+    from magpie.serving.sweep import POINT, PointResult, served_port, server_of, stop_sweep_server, sweep_report
+    from magpie.serving.sweep_axes import DEFAULT_REPEATS, SweepAxes
+
+    params = job.spec.params
+    bench, root = params["benchmark"], Path(params["root"])
+    points = [name for name in job.spec.deps if name in job.dep_dirs]
+    results = [PointResult.model_validate_json((Path(job.dep_dirs[n]) / POINT).read_text()) for n in points]
+    stopped = False
+    if not bench["keep_server"] and results:
+        stopped = stop_sweep_server(results, bench["host"], served_port(Path(job.dep_dirs[points[-1]]), results[-1]))
+    axes = SweepAxes.model_validate(bench["sweep"])
+    repeats = bench["repeats"] or DEFAULT_REPEATS
+    kept = bench["keep_server"] and not stopped
+    report = sweep_report(
+        config_of(bench, root, out_dir), axes, repeats, results, out_dir, server=server_of(results, kept)
+    )
+    return {
+        "state": "SUCCESS" if report.success else "FAILED",
+        "benchmark": bench["id"],
+        "repeats": repeats,
+        "points": [
+            {
+                "label": p.label,
+                "pareto": p.label in report.pareto_frontier,
+                **{k: p.inferencemax.get(k) for k in ("tput_per_gpu", "output_tput_per_gpu", "median_intvty")},
+            }
+            for p in report.points
+        ],
+        "pareto_frontier": report.pareto_frontier,
+        "server_stopped": stopped,
+        "files": sorted(report.outputs),
+        "errors": report.errors,
+    }
 
 
 def trace_analysis_rule(job, out_dir: Path) -> dict:

@@ -191,6 +191,20 @@ def make_room(host: str, port: int, why: str) -> list[str]:
         return _clear(_record_path(host, port), why)
 
 
+def stop_kept(host: str, port: int, pids: set[int]) -> bool:
+    """The server kept on host:port stopped if it is one of `pids` (a sweep's, not asked to be kept) and no run
+    is using it; whether one was."""
+    with _locked():
+        path = _record_path(host, port)
+        record = read_record(path) if path.exists() else None
+        if record is None or record.pid not in pids or record.owner:
+            return False
+        stopped = stop_recorded(record, path)
+        if record.log:
+            Path(record.log).unlink(missing_ok=True)
+        return stopped
+
+
 def stop_all(project: str | None = None) -> list[str]:
     """Stops every kept server of this user (with `project`, those its build kept) and every dead run's; one line
     per record, saying what was stopped. A live run's server is left to that run."""

@@ -177,7 +177,7 @@ def vllm_result(
     """The run under the keys of vLLM's `bench serve --save-result` JSON, in its order: what it writes by default
     (`latencies`, `queue_times` and `rtfx` included; `rtfx` is 0.0 without audio input) and with `--save-detailed`
     the per-request lists. Statistics of every metric at p50/p90/p95/p99 (vLLM's default is p99 of ttft, tpot and
-    itl); with a concurrency limit also vLLM's `client_queue_time` ones, and with a finite rate too the
+    itl) and at the percentiles `flat` holds besides (`metrics.compute(percentiles=...)`); with a concurrency limit also vLLM's `client_queue_time` ones, and with a finite rate too the
     `e2el_including_client_queue` ones. Strict JSON: an infinite rate is `"inf"`, as vLLM writes it."""
     outs = record.outputs
     backend = "openai-chat" if config.endpoint == "chat" else "openai"
@@ -227,8 +227,9 @@ def vllm_result(
         }
     )
     for name in ("ttft", "tpot", "itl", "e2el"):
-        for stat in ("mean", "median", "std", "p50", "p90", "p95", "p99"):
-            result[f"{stat}_{name}_ms"] = flat[f"{stat}_{name}_ms"]
+        for key, value in flat.items():  # mean, median, std, then the percentiles in rising order
+            if key.endswith(f"_{name}_ms"):
+                result[key] = value
     if config.max_concurrency is not None:
         ok = [o for o in outs if o.success]
         queued = {"client_queue_time": [o.client_queue_time for o in ok]}

@@ -40,9 +40,14 @@ def tpot(out: RequestOutput) -> float:
 
 
 def compute(
-    outputs: Sequence[RequestOutput], duration_s: float, *, goodput: dict[str, float] | None = None
+    outputs: Sequence[RequestOutput],
+    duration_s: float,
+    *,
+    goodput: dict[str, float] | None = None,
+    percentiles: Iterable[float] = (),
 ) -> tuple[ServingMetrics, dict[str, float]]:
-    """The metrics and vLLM's flat per-metric keys (`mean_ttft_ms`, `p99_itl_ms`, ...)."""
+    """The metrics and vLLM's flat per-metric keys (`mean_ttft_ms`, `p99_itl_ms`, ...); `percentiles` adds flat
+    keys beside p50/p90/p95/p99 (`p99.9_ttft_ms`), as vLLM's `--metric-percentiles` does."""
     import numpy as np
 
     ok = [o for o in outputs if o.success]
@@ -75,7 +80,8 @@ def compute(
             level += delta
             peak_concurrency = max(peak_concurrency, level)
     dur = duration_s if duration_s > 0 else math.inf
-    blocks = {name: stats_ms(values) for name, values in dists.items()}
+    wanted = sorted(set(PERCENTILES) | set(percentiles))
+    blocks = {name: stats_ms(values, wanted) for name, values in dists.items()}
     flat = {}
     for name, block in blocks.items():
         for key, value in block.items():
@@ -88,7 +94,12 @@ def compute(
         total_input_tokens=total_in,
         total_output_tokens=total_out,
         max_concurrent_requests=peak_concurrency,
-        latency=Latency(**{name: LatencyStats(**block) for name, block in blocks.items()}),
+        latency=Latency(
+            **{
+                name: LatencyStats(**{k: v for k, v in block.items() if k in LatencyStats.model_fields})
+                for name, block in blocks.items()
+            }
+        ),
         throughput=Throughput(
             request_throughput=len(ok) / dur,
             request_goodput=None if good is None else good / dur,

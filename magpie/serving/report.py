@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from magpie.manifest.load import local_model_path
 from magpie.serving.models import ServingMetrics
@@ -84,6 +84,11 @@ class BenchmarkConfig(_Strict):
     num_warmups: int = Field(0, ge=0)
     seed: int = 0
     goodput: dict[Literal["ttft", "tpot", "e2el"], float] = {}
+    metric_percentiles: list[float] = Field(
+        [],
+        description="percentiles written to bench_serve_result.json besides p50/p90/p95/p99 (vLLM's "
+        "--metric-percentiles; a sweep asks for 75 and 99.9, InferenceMAX's)",
+    )
     timeout_s: float = Field(3600.0, gt=0, description="the whole benchmark: server start and the load")
     ready_timeout_s: float | None = Field(None, gt=0, description="server start; None: the whole timeout")
     output_dir: str = "magpie_results"
@@ -94,6 +99,13 @@ class BenchmarkConfig(_Strict):
         description="reuse: keep the local server after the run and reuse a kept one whose recorded config "
         "matches (serving.lifecycle); fresh: start and stop a server of the run's own",
     )
+
+    @field_validator("metric_percentiles")
+    @classmethod
+    def _percentiles(cls, value: list[float]) -> list[float]:
+        if any(not 0 < p < 100 for p in value):
+            raise ValueError(f"metric_percentiles: each must be above 0 and below 100, got {value}")
+        return value
 
     @field_serializer("request_rate")
     def _rate_in_strict_json(self, rate: float):

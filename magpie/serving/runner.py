@@ -481,7 +481,9 @@ def _record(config: BenchmarkConfig, load_config, record, work: Path, report_kw:
     from magpie.serving import load as _load_mod
     from magpie.serving import metrics as _metrics
 
-    metrics, flat = _metrics.compute(record.outputs, record.duration, goodput=config.goodput or None)
+    metrics, flat = _metrics.compute(
+        record.outputs, record.duration, goodput=config.goodput or None, percentiles=config.metric_percentiles
+    )
     result = _load_mod.vllm_result(load_config, record, metrics, flat)
     _write_json(work / RESULT, result)
     outputs["bench_serve_result"] = str(work / RESULT)
