@@ -24,6 +24,7 @@ from magpie.errors import UserError
 from magpie.graph.fingerprint import fingerprint, gpu_description
 from magpie.graph.rules import Rule
 from magpie.harness.declared import spec_inputs
+from magpie.harness.timed_shapes import timed_selection
 from magpie.manifest.models import BenchmarkSpec, Implementation, Kernel, Manifest, TraceSet
 from magpie.paths import templates_dir
 from magpie.store.digests import FileDigests
@@ -130,6 +131,7 @@ def changed_inputs(root: Path, parts: dict, digests: FileDigests | None = None) 
 def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) -> dict:
     d = manifest.defaults
     timing = (kernel.timing or d.timing).model_dump()
+    timed_shapes = timing.pop("shapes")  # keyed as what is timed, under "timed"
     testcases = []
     for tc in kernel.testcases:
         item = tc.model_dump(exclude_none=True)
@@ -149,7 +151,17 @@ def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) 
             **({"arch": cuda_arch(manifest)} if kernel.impl_type(impl) == "cuda" else {}),
         },
         "correctness": {"testcases": testcases, "seed": d.seed, "entry": impl.entry or kernel.entry, **limits},
-        "timing": {**timing, **limits},
+        # what a timing depends on of the testcases (`timed_shapes.timed_selection`), not all of them: a shape
+        # added to be checked re-runs correctness, not the timings
+        "timing": {
+            **timing,
+            **limits,
+            "timed": {
+                **timed_selection(kernel.id, testcases, timed_shapes),
+                "seed": d.seed,
+                "entry": impl.entry or kernel.entry,
+            },
+        },
         "profile": d.profile.model_dump(),
         "project": {"device": manifest.project.device},
     }

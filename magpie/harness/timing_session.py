@@ -7,7 +7,6 @@ the result, judged by `harness.judging`."""
 
 from __future__ import annotations
 
-import math
 import time
 from statistics import fmean
 
@@ -49,7 +48,8 @@ from magpie.harness.measurement import (
 from magpie.harness.method_choice import chosen_method, probed_method
 from magpie.harness.pool import Turns, WorkerPool
 from magpie.harness.rounds import Rounds, vouched_inputs
-from magpie.harness.spec import SpecError, derive_seed, output_specs, rotation
+from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs, rotation
+from magpie.harness.timed_shapes import baseline_for_case, combined, timed_cases
 from magpie.harness.timing import calibrate, nvml_snapshot, sample_cap, timer_for
 from magpie.supervision import device_lock
 from magpie.supervision.session import Worker, WorkerFailure
@@ -68,7 +68,10 @@ HOST_CHECK_CALLS = 5
 
 
 def timing(context: EvaluationContext, pool: WorkerPool) -> dict:
+    """Each timed shape (`timing.shapes`) measured in turn, a session each; one result of them
+    (`timed_shapes.combined`). A shape whose timing failed ends the job: the rest are not timed."""
     testcases = context.correctness_settings["testcases"]
+    selection = context.settings["timing"].get("timed")
     spec_index = next((i for i, tc in enumerate(testcases) if tc.get("spec")), None)
     if spec_index is None:
         return not_timed("SKIPPED", "skipped", "no Python spec testcase to build timing inputs from")
@@ -78,12 +81,20 @@ def timing(context: EvaluationContext, pool: WorkerPool) -> dict:
             "SKIPPED", "skipped", f"{impl_type} timing needs a GPU device; this project's device is {device}"
         )
     testcase = testcases[spec_index]
+    measured: list[tuple[str, dict]] = []
     try:
-        return TimingSession(context, pool, spec_index, testcase).run()
+        spec = context.spec(spec_index, testcase)
+        for case in timed_cases(spec.cases(context.seed, context.kernel_id, spec_index, 1, salt="timing"), selection):
+            measured.append((case.label, TimingSession(context, pool, spec_index, testcase, spec, case).run()))
+            if measured[-1][1]["performance_state"] == "FAILED":
+                break
     except SpecError as err:
         return not_judged("timing", testcase["spec"], err, spec_index)
     except WorkerFailure as err:
         return not_timed("FAILED", failure_kind(str(err)), str(err), spec_index)
+    if not measured:
+        return not_timed("SKIPPED", "skipped", f"{testcase['spec']} declares no shape to time", spec_index)
+    return combined(measured)
 
 
 def timer_costs(device: str) -> dict:
@@ -104,9 +115,15 @@ class TimingSession:
     measured a second time, with the device still held: warm-up and interleaved rounds
     again, on input sets of new seeds."""
 
-    def __init__(self, context: EvaluationContext, pool: WorkerPool, spec_index: int, testcase: dict):
+    def __init__(
+        self, context: EvaluationContext, pool: WorkerPool, spec_index: int, testcase: dict, spec: ReferenceSpec, case
+    ):
         self.context, self.pool = context, pool
         self.spec_index, self.testcase = spec_index, testcase
+        self.spec, self.case = spec, case
+        # the baseline's own timing of this case, and the method it chose for it
+        self.own = baseline_for_case(context.baseline_own_timing, case.label)
+        self.set_method = self.own.get("timing_method") or context.set_method
         self.t: dict = context.settings["timing"]
         self.impls = {"candidate": context.impl, "baseline": context.baseline}
         self.pair = context.baseline is not None and not context.impl.get("is_baseline")
@@ -124,7 +141,7 @@ class TimingSession:
         self.timed_outputs: dict[str, dict] = {}
         self.first_use: list[int] | None = None
         # what the phases below make, in order
-        self.spec = self.case = self.init_file = None
+        self.init_file = None
         self.inputs: list = []
         self.expected = None
         self.out_specs: list = []
@@ -140,9 +157,6 @@ class TimingSession:
         """Inputs, workers and their first calls beside other jobs on the device; warm-up,
         measurement and the kernel profile with the device held alone; the re-check after."""
         context, device = self.context, self.context.device
-        self.spec = context.spec(self.spec_index, self.testcase)
-        cases = self.spec.cases(context.seed, context.kernel_id, self.spec_index, 1, salt="timing")
-        self.case = max(cases, key=lambda c: math.prod(c.shape or [0]))
         try:
             with device_lock.shared(device):
                 self.phases.mark("wait_shared")
@@ -217,7 +231,7 @@ class TimingSession:
                 "timing", self.inputs, workers["baseline"].scratch or context.work
             )
             self.phases.mark("start_baseline")
-        chosen = chosen_method(context.device, t, context.set_method)
+        chosen = chosen_method(context.device, t, self.set_method)
         with Turns(workers) as turns:
             warmed = {
                 role: self._time_request(
@@ -287,14 +301,14 @@ class TimingSession:
             self.phases.mark("retimed")
 
     def _disturbed(self, measured: Rounds) -> str | None:
-        return disturbed(measured, self.case, self.t, self.context.baseline_own_timing, self.context.device)
+        return disturbed(measured, self.case, self.t, self.own, self.context.device)
 
     def _profile_kernels(self, turns: Turns) -> None:
         for role in self.workers:
             known = self.known_of_baseline() if role == "baseline" else {}
             if "kernels" in known:  # the same code on the same inputs as in its own timing
                 self.kernels[role] = {
-                    "kernel_us": self.context.baseline_own_timing.get("kernel_us"),
+                    "kernel_us": self.own.get("kernel_us"),
                     "kernels": known["kernels"],
                     "from_own_timing": True,
                 }
@@ -369,7 +383,7 @@ class TimingSession:
         build only where this job adopted the baseline's worker parked since (the zygote, the
         device and the process that build measured, kept warm: an edit's rebuild); never from
         another case or another method."""
-        own = self.context.baseline_own_timing
+        own = self.own
         if (
             not (own.get("this_build") or self.baseline_kept_warm)
             or own.get("shape") != self.case.label

@@ -93,6 +93,30 @@ class Speedup(Open):
     verdict: Literal["faster", "slower", "within noise", "baseline"]
 
 
+class TimedShape(Open):
+    """One timed shape of an implementation's timing (`timing.shapes`): its own verdict, timing
+    and speedup (with the baseline median it was computed from)."""
+
+    shape: str
+    performance_state: State | None
+    performance_result: PerformanceResult | None
+    baseline_result: PerformanceResult | None
+    speedup: Speedup | None
+    errors: list[str] = []
+
+
+class ShapesSummary(Open):
+    """Several timed shapes' speedups in one (`harness/timed_shapes.shapes_summary`): how they were
+    combined (`method`); no numbers and "inconclusive" where any shape's timing is."""
+
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: Literal["faster", "slower", "within noise", "inconclusive"]
+    method: str
+    shapes: int
+
+
 class SpecError(Open):
     """A kernel's spec or reference that failed (its `make_inputs`, its reference, its import):
     one error for the kernel, naming the spec file; its implementations are not judged."""
@@ -123,6 +147,8 @@ class ResultRow(Open):
     numerics_margin: NumericsMargin | None = None
     timing_method: dict | None = None  # mode (events, graph; none on the CPU) and why
     spec_error: SpecError | None = None  # its kernel's spec failed: not judged
+    shapes: list[TimedShape] | None = None  # each timed shape, in the order timed
+    shapes_summary: ShapesSummary | None = None  # several timed shapes: their speedups' geometric mean
 
 
 class Excluded(Open):
@@ -142,7 +168,7 @@ class CompareReport(Open):
     errors: list[str]
     timing_method: dict | None = None
     spec_errors: list[SpecError] = []
-    timed_shapes: list[str] = []  # the shape and dtype each timing measured, e.g. "[64, 1024] float32"
+    timed_shapes: list[str] = []  # the shapes and dtype the timings measured, e.g. "[64, 1024] float32"
 
 
 class ImplementationSummary(BaseModel):
