@@ -32,6 +32,22 @@ def run(args) -> int:
     return 0
 
 
+def shape_line(shape: dict, is_baseline: bool) -> str:
+    """One timed shape's row under its implementation's: its median and speedup (against the
+    baseline median timed beside it), or its timing's state where it has none."""
+    from magpie.report.render import against_text
+
+    perf, s = shape.get("performance_result"), shape.get("speedup")
+    median = f"{perf['median_us']:.2f}" if perf else "-"
+    if is_baseline:
+        speed = "baseline"
+    elif s:
+        speed = f"{s['value']:.2f}x [{s['ci_low']:.2f},{s['ci_high']:.2f}] {s['verdict']}{against_text(s)}"
+    else:
+        speed = f"timing {shape.get('performance_state')}"
+    return f"{shape['shape']:22} {'':12} {median:>12} {speed:>28}"
+
+
 def table(report: dict) -> str:
     lines = [f"{'implementation':24} {'correctness':12} {'median µs':>12} {'speedup [95% CI]':>28}"]
     for row in report["results"]:
@@ -53,7 +69,12 @@ def table(report: dict) -> str:
 
             speed += against_text(s)  # the baseline timed beside it, not the baseline's own row
         median = f"{perf['median_us']:.2f}" if perf else "-"
+        from magpie.report.render import shape_rows, shapes_note
+
+        speed += shapes_note(row)
         lines.append(f"{row['implementation']:24} {row['correctness_state']:12} {median:>12} {speed:>28}")
+        for shape in shape_rows(row):  # timed on several shapes: each one's timing and speedup
+            lines.append(f"  {shape_line(shape, bool(row.get('is_baseline')))}")
     for item in report["excluded"]:
         lines.append(f"excluded {item['implementation']}: {item['reason']}")
     if report.get("timed_shapes"):

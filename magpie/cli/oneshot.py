@@ -16,6 +16,12 @@ def add_common(p, paths_help: str) -> None:
     p.add_argument("--testcase", metavar="CMD", help="command whose exit code decides correctness")
     p.add_argument("--spec", metavar="FILE", help="Python reference spec (make_inputs/reference, or KernelBench)")
     p.add_argument("--shapes", default="", help="shapes for --spec, e.g. 64x1024,37x1000")
+    p.add_argument(
+        "--timed-shapes",
+        default="",
+        metavar="SHAPES",
+        help="shapes to time, among --shapes (a speedup each and their geometric mean; default: the first)",
+    )
     p.add_argument("--dtypes", default="float32", help="dtypes for --spec, comma separated (default: float32)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default 1e-5)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default 1e-6)")
@@ -50,6 +56,7 @@ def options_from(args):
         testcase=args.testcase,
         spec=args.spec,
         shapes=args.shapes,
+        timed_shapes=args.timed_shapes,
         dtypes=args.dtypes,
         rtol=args.rtol,
         atol=args.atol,

@@ -49,6 +49,7 @@ class OneShotOptions:
         testcase: str | None = None,
         spec: str | None = None,
         shapes: str = "",
+        timed_shapes: str = "",
         dtypes: str = "float32",
         rtol: float | None = None,
         atol: float | None = None,
@@ -68,6 +69,7 @@ class OneShotOptions:
         self.testcase = testcase
         self.spec = spec
         self.shapes = shapes
+        self.timed_shapes = timed_shapes
         self.dtypes = dtypes
         self.rtol = rtol
         self.atol = atol
@@ -139,7 +141,7 @@ def _start_pool(options: OneShotOptions) -> None:
     pool.prestart(options.jobs or default_jobs(len(options.paths)))
 
 
-def _shapes(text: str) -> list[list[int]]:
+def _shapes(text: str, flag: str = "--shapes") -> list[list[int]]:
     from magpie.manifest.models import check_shape
 
     shapes = []
@@ -147,11 +149,11 @@ def _shapes(text: str) -> list[list[int]]:
         try:
             shape = [int(d) for d in part.lower().split("x")]
         except ValueError:
-            raise UserError(f"--shapes: {part!r} is not a shape like 64x1024") from None
+            raise UserError(f"{flag}: {part!r} is not a shape like 64x1024") from None
         try:
             check_shape(shape)
         except ValueError as err:
-            raise UserError(f"--shapes: {err}") from None
+            raise UserError(f"{flag}: {err}") from None
         shapes.append(shape)
     return shapes
 
@@ -229,7 +231,13 @@ def one_kernel_project(options: OneShotOptions, kernel_id: str, baseline_index: 
     out = Path(options.output_dir)
     document = {
         "project": {"name": kernel_id, "workspace": str((out / "workspace").resolve()), "device": options.device},
-        "defaults": {"timeout_s": options.timeout, "timing": {"budget_ms": options.budget_ms}},
+        "defaults": {
+            "timeout_s": options.timeout,
+            "timing": {
+                "budget_ms": options.budget_ms,
+                **({"shapes": _shapes(options.timed_shapes, "--timed-shapes")} if options.timed_shapes else {}),
+            },
+        },
         "kernel": [kernel],
     }
     try:

@@ -99,7 +99,26 @@ def template_environment(markup: str = "html") -> Environment:
         )
     )
     env.filters["md"] = markdown_text
+    env.filters["shapes_note"] = shapes_note
+    env.filters["shape_rows"] = shape_rows
     return env
+
+
+def shapes_note(row: dict) -> str:
+    """What a row's speedup over several timed shapes is, beside it (the compare table, the
+    reports): their geometric mean, or inconclusive where a shape's timing was; "" for one shape."""
+    summary = row.get("shapes_summary")
+    if not summary:
+        return ""
+    if summary["verdict"] == "inconclusive":
+        return f" ({summary['shapes']} shapes: inconclusive, a shape's timing was)"
+    return f" (geometric mean of {summary['shapes']} shapes)"
+
+
+def shape_rows(row: dict) -> list[dict]:
+    """A row's timed shapes, each with its own timing and speedup, where it was timed on several."""
+    shapes = row.get("shapes") or []
+    return shapes if len(shapes) > 1 else []
 
 
 def against_text(speedup: dict) -> str:
