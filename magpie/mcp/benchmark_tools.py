@@ -28,7 +28,8 @@ ResultId = Annotated[str, Field(description="a benchmark result's id, as list_be
 
 def model_of(services: Services, model: str) -> str:
     """A model folder inside the project (confined), or a hub id."""
-    if (services.root / model).exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+    # a name whose first part is in the project is a path there, never a hub id
+    if (services.root / model.split("/")[0]).exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
         return str(services.confinement.path(model, "model"))
     if not HUB_ID.match(model) or ".." in model:
         raise UserError(f"model: {model!r} is neither a folder in the project nor a hub id (owner/name)")

@@ -152,25 +152,26 @@ class Jobs:
         pid = process.get("pid")
         if isinstance(pid, int) and self._alive(job_id, folder):
             from magpie.execution.executors import stop_descendants
+            from magpie.linux.procfs import process_state
 
             try:
                 os.kill(pid, signal.SIGSTOP)  # it starts nothing more while its tree is walked
             except ProcessLookupError:
                 pass
-            stop_descendants(pid)
+            killed = stop_descendants(pid)
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            deadline = time.monotonic() + CANCEL_WAIT_S
             child = self._children.get(job_id)
-            while time.monotonic() < deadline:
+            if child is not None:
+                child.poll()  # reaped: it is no zombie of ours
+            # a killed process is gone once it is no more than a zombie (its parent, or init, reaps it)
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while time.monotonic() < deadline and any(process_state(p) not in (None, "Z", "X") for p in [pid, *killed]):
+                time.sleep(0.005)
                 if child is not None:
-                    if child.poll() is not None:
-                        break
-                elif _start_time(pid) is None:
-                    break
-                time.sleep(0.01)
+                    child.poll()
         write_json(folder / CANCELLED, {"at": time.time()})
         return self.status(job_id)
 
