@@ -8,7 +8,7 @@ import sys
 from magpie import __version__
 from magpie.errors import UserError
 
-VERBS = ("build", "clean", "verify", "key", "analyze", "compare", "benchmark", "calibrate", "mcp")
+VERBS = ("build", "clean", "verify", "key", "analyze", "compare", "benchmark", "calibrate", "mcp", "kernel")
 
 
 def parser() -> argparse.ArgumentParser:
