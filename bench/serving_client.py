@@ -7,13 +7,20 @@ own process; the client, in this one, sends random-dataset requests of 32 output
    over the run (target ≥ 1,000 req/s on a 2-core machine);
 2. at 100 req/s (Poisson), the measured TTFT of that instant server (target p99 < 2 ms);
 
-both for Magpie's client (`magpie.serving`: protocol-level keep-alive connections, SSE parsed and
-stamped where bytes arrive, typed msgspec chunk decoding) and, where aiohttp is installed, for a
-client built the way vLLM's `bench serve` is (one shared aiohttp `ClientSession`, the body read
-with `iter_any`, messages split on blank lines, `json.loads` per message), written here for the
-comparison, with the same arrivals, semaphore and metrics.
+each for Magpie's client (`magpie.serving`: protocol-level keep-alive connections, SSE parsed and
+stamped where bytes arrive, typed msgspec chunk decoding), for the floor (bare asyncio streams:
+pre-built request bytes, a response read until its last chunk and stamped at its first bytes,
+nothing parsed: what any Python client on this machine, at this moment, cannot beat) and, where
+aiohttp is installed, for a client built the way vLLM's `bench serve` is (one shared aiohttp
+`ClientSession`, the body read with `iter_any`, messages split on blank lines, `json.loads` per
+message), written here for the comparison, with the same arrivals, semaphore and metrics.
 
-    python bench/serving_client.py [--requests 20000] [--rate-requests 3000] [--json out.json]
+The machine is shared, so absolute figures move with its load; what holds is the ratio to the
+floor measured beside it. Each round runs every design on each load back to back (the order rotated
+per round); a design's ratios (req/s over the floor's, TTFT over the floor's and the milliseconds it
+adds) are per round, against that round's floor, and reported as the median and range over rounds.
+
+    python bench/serving_client.py [--requests 5000] [--rate-requests 1000] [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -127,9 +134,78 @@ async def shared_session_run(base_url: str, samples, rate: float, concurrency: i
     return outs, duration
 
 
+# --- the floor: bare asyncio streams, nothing parsed ---------------------------------------------------
+async def floor_run(base_url: str, samples, rate: float, concurrency: int | None) -> tuple[list, float]:
+    """Each request's bytes built before the run; a keep-alive connection per request in flight (idle ones
+    reused, last used first); a response read until its closing chunk, TTFT at its first bytes."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(base_url)
+    host, port = url.hostname, url.port
+    requests = []
+    for s in samples:
+        body = json.dumps(
+            {"model": "stub", "prompt": s.prompt, "max_tokens": s.expected_output_len, "stream": True}
+        ).encode()
+        requests.append(
+            b"POST /v1/completions HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (host.encode(), port, len(body), body)
+        )
+    idle: list = []
+    sem = asyncio.Semaphore(concurrency) if concurrency else None
+
+    async def one(request: bytes, s) -> RequestOutput:
+        out = RequestOutput(s.prompt_len, time.perf_counter())
+        try:
+            reader, writer = idle.pop() if idle else await asyncio.open_connection(host, port)
+            writer.write(request)
+            first, tail = None, b""
+            while not tail.endswith(b"0\r\n\r\n"):
+                data = await reader.read(65536)
+                if not data:
+                    raise ConnectionError("closed mid-response")
+                if first is None:
+                    first = time.perf_counter()
+                tail = (tail + data)[-16:]
+            end = time.perf_counter()
+            idle.append((reader, writer))
+            out.success, out.ttft, out.latency = True, first - out.start_time, end - out.start_time
+            out.output_tokens = s.expected_output_len
+        except OSError as exc:
+            out.error = repr(exc)
+        return out
+
+    async def limited(request, s):
+        if sem is None:
+            return await one(request, s)
+        async with sem:
+            return await one(request, s)
+
+    await one(requests[0], samples[0])
+    offsets = arrival_offsets(len(samples), rate, 1.0, 0)
+    gc.collect()
+    gc.freeze()
+    start = time.perf_counter()
+    tasks = []
+    for request, s, off in zip(requests, samples, offsets):
+        if off > 0:
+            wait = start + off - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(limited(request, s)))
+    outs = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - start
+    gc.unfreeze()
+    for _, writer in idle:
+        writer.close()
+    return outs, duration
+
+
 def measure(design: str, base_url: str, n: int, rate: float, concurrency: int | None) -> dict:
     samples = random_dataset(n, 32, 32, seed=0)
-    if design == "magpie":
+    if design == "floor":
+        outs, duration = asyncio.run(floor_run(base_url, samples, rate, concurrency))
+    elif design == "magpie":
         config = LoadConfig(
             base_url=base_url,
             model="stub",
@@ -160,35 +236,96 @@ def measure(design: str, base_url: str, n: int, rate: float, concurrency: int | 
     }
 
 
+def load_name(rate: float, concurrency: int | None, n: int) -> str:
+    if rate == float("inf"):
+        return f"{n:,} at once, max concurrency {concurrency}"
+    return f"{n:,} at {rate:g} req/s (Poisson)"
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Per load and design (floor aside): the medians over rounds, and per round the ratio to that round's floor
+    (req/s, TTFT median and p99) and the TTFT milliseconds added to it; median and range over the rounds."""
+    import statistics
+
+    def spread(values: list[float]) -> dict:
+        return {
+            "median": round(statistics.median(values), 3),
+            "min": round(min(values), 3),
+            "max": round(max(values), 3),
+        }
+
+    out = []
+    for load in dict.fromkeys(r["load"] for r in rows):
+        floors = {r["round"]: r for r in rows if r["load"] == load and r["design"] == "floor"}
+        for design in dict.fromkeys(r["design"] for r in rows if r["load"] == load):
+            mine = [r for r in rows if r["load"] == load and r["design"] == design]
+            row = {
+                "load": load,
+                "design": design,
+                "rounds": len(mine),
+                "req_per_s": spread([r["req_per_s"] for r in mine]),
+                "ttft_median_ms": spread([r["ttft_ms"]["median"] for r in mine]),
+                "ttft_p99_ms": spread([r["ttft_ms"]["p99"] for r in mine]),
+            }
+            if design != "floor":
+                pairs = [(r, floors[r["round"]]) for r in mine]
+                row["req_per_s_over_floor"] = spread([r["req_per_s"] / f["req_per_s"] for r, f in pairs])
+                for stat in ("median", "p99"):
+                    row[f"ttft_{stat}_over_floor"] = spread([r["ttft_ms"][stat] / f["ttft_ms"][stat] for r, f in pairs])
+                    row[f"ttft_{stat}_added_ms"] = spread([r["ttft_ms"][stat] - f["ttft_ms"][stat] for r, f in pairs])
+            out.append(row)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=20000, help="requests per sustained run")
-    parser.add_argument("--rate-requests", type=int, default=3000, help="requests of the 100 req/s run")
+    parser.add_argument("--requests", type=int, default=5000, help="requests per sustained run")
+    parser.add_argument("--rate-requests", type=int, default=1000, help="requests of the 100 req/s run")
     parser.add_argument("--concurrency", type=int, nargs="*", default=[16, 64, 256])
+    parser.add_argument("--rounds", type=int, default=3, help="each design on each load, back to back, this often")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     try:
         import aiohttp  # noqa: F401
 
-        designs = ["magpie", "shared-session"]
+        designs = ["floor", "magpie", "shared-session"]
     except ImportError:
-        designs = ["magpie"]
+        designs = ["floor", "magpie"]
+    loads = [(float("inf"), c, args.requests) for c in args.concurrency] + [(100.0, None, args.rate_requests)]
+    load_before = os.getloadavg()
     proc, base_url = start_server()
     rows = []
     try:
-        for design in designs:
-            for c in args.concurrency:
-                rows.append(measure(design, base_url, args.requests, float("inf"), c))
-                print(json.dumps(rows[-1]), flush=True)
-            rows.append(measure(design, base_url, args.rate_requests, 100.0, None))
-            print(json.dumps(rows[-1]), flush=True)
+        for round_ in range(args.rounds):
+            order = designs[round_ % len(designs) :] + designs[: round_ % len(designs)]
+            for rate, concurrency, n in loads:
+                for design in order:
+                    row = measure(design, base_url, n, rate, concurrency)
+                    row.update(round=round_, load=load_name(rate, concurrency, n))
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     finally:
         proc.terminate()
         proc.wait(10)
+    summary = ratios(rows)
+    for row in summary:
+        if row["design"] == "floor":
+            continue
+        r, t50, t99 = row["req_per_s_over_floor"], row["ttft_median_added_ms"], row["ttft_p99_added_ms"]
+        print(
+            f"{row['design']:>14} | {row['load']:<36} | {row['req_per_s']['median']:>8,.0f} req/s = "
+            f"{r['median']:.2f}x floor ({r['min']:.2f}-{r['max']:.2f}) | TTFT median {t50['median']:+.3f} ms "
+            f"({row['ttft_median_over_floor']['median']:.2f}x), p99 {t99['median']:+.3f} ms "
+            f"({row['ttft_p99_over_floor']['median']:.2f}x)",
+            flush=True,
+        )
     facts = {
         "date": date.today().isoformat(),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
         "rows": rows,
+        "summary": summary,
     }
     if args.json:
         args.json.write_text(json.dumps(facts, indent=1))

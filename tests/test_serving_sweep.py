@@ -281,7 +281,9 @@ def test_a_declared_sweep_has_a_node_per_point_cached_on_its_own_sharing_one_ser
     assert report["server"] == {"starts": 1, "pids": report["server"]["pids"], "kept": False}
     assert len(report["server"]["pids"]) == 1 and not group_alive(report["server"]["pids"][0])
     assert (sweep_dir / "sweep_pareto.svg").read_text().startswith("<svg")
-    assert not list((tmp_path / "servers").glob("*.json"))  # the sweep's node stopped the kept server
+    assert not list((tmp_path / "servers").glob("*.json"))  # the last point's node stopped the kept server
+    summary = (root / "workspaces" / "reports" / "summary.md").read_text()
+    assert "| s concurrency=1 |" in summary and "| s concurrency=2 |" in summary  # a row per point
 
     _declare(root, port, [1, 2, 4])  # a value added: only its point (and what reads the points) runs
     again = _build(root)

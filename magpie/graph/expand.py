@@ -406,7 +406,7 @@ class Expander:
                 {**settings, "project": {"device": self.device}},
                 self._inputs(rule, None, None, bench=bench),
                 bench.id,
-                benchmark={**bench.model_dump(mode="json"), "load": load, "sweep": None},
+                benchmark={**bench.model_dump(mode="json"), "load": load},
                 point=values,
                 repeats=_repeats(bench),
             )

@@ -174,8 +174,9 @@ def _run(job, out_dir: Path, profiler: bool):
 
 def _run_point(job, out_dir: Path) -> dict:
     """A sweep point's node: its repeats against the server the sweep's points share (kept by the first, reused
-    by the rest), `point.json` beside their folders."""
-    from magpie.serving.sweep import run_point
+    by the rest; the last point stops it unless the benchmark keeps it), `point.json` beside their folders."""
+    from magpie.serving.sweep import run_point, served_port, stop_sweep_server
+    from magpie.serving.sweep_axes import SweepAxes
 
     params = job.spec.params
     bench, root = params["benchmark"], Path(params["root"])
@@ -183,6 +184,9 @@ def _run_point(job, out_dir: Path) -> dict:
     result, reports = run_point(config_of(bench, root, out_dir), point, params["repeats"], out_dir, str(root))
     if not result.success:
         raise _failed(job, out_dir, result.errors[0] if result.errors else "no run", f"sweep point {result.label} ")
+    if not bench["keep_server"] and SweepAxes.model_validate(bench["sweep"]).points()[-1] == point:
+        # the last point: no later one of the sweep reuses the server, whether or not its node runs next
+        stop_sweep_server([result], bench["host"], served_port(out_dir, result))
     _succeeded(job)
     return {
         "state": "SUCCESS",
