@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from magpie.graph.expand import TaskSpec, expand, resolve_key
+from magpie.graph.expand import VERDICT, TaskSpec, expand, known, resolve_key
 from magpie.graph.rules import resolve_rules
 from magpie.manifest.load import load_manifest
 from magpie.manifest.models import Manifest
@@ -58,9 +58,26 @@ class Project:
         return resolve_key(self.tasks[name], self.tasks, self.result_digest)
 
     def result_digest(self, name: str, key: str) -> str | None:
-        """The digest of what the task's artifact holds: of its files' recorded digests; None without one."""
+        """The digest of what the task's artifact holds: of its files' recorded digests; None without one.
+        For a gate (`name` ending in expand.VERDICT): its verdict (`result_verdict`)."""
+        if name.endswith(VERDICT):
+            return self.result_verdict(name.removesuffix(VERDICT), key)
         files = self.store.expected(key, name) if self.store.has(key) else None
         return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() if files else None
+
+    def result_verdict(self, name: str, key: str) -> str | None:
+        """What a gate reads of a task's result, its `correctness_state`: from its artifact under `key`;
+        where it has none yet (it runs in this build), from its last one, the verdict it is taken to
+        keep until it has run (a dry run's forecast; the build keys its gated tasks again once it has
+        run, `doit_glue.up_to_date`). None where it never had one."""
+        last = (self.store.recorded(name) or {}).get("key")
+        for stored in (key, last):
+            if stored and known(stored) and self.store.has(stored):
+                try:
+                    return str(self.store.read(stored).get("correctness_state"))
+                except (OSError, ValueError):
+                    return None
+        return None
 
     def select(self, names: list[str]) -> list[str]:
         """Task names for the given kernel ids or task names (all tasks when empty)."""
@@ -109,7 +126,8 @@ class Project:
                 name in self.forced
                 or not self.store.has(spec.key)
                 or self.store.provisional(spec.key) is not None
-                or any(dep in runs for dep in spec.deps)
+                # a gate that runs changes this task's key only if its verdict changes (`resolve_key`)
+                or any(dep in runs for dep in spec.deps if dep not in (spec.params.get("gates") or ()))
             ):
                 runs.add(name)
         return [name for name in self.tasks if name in runs]

@@ -65,12 +65,6 @@ def test_the_reports_and_the_compare_table_show_a_row_per_shape(two_shapes):
     assert "vs baseline" in printed.split(LABELS[1], 1)[1]  # each shape's speedup says its baseline median
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the timing's key holds only the timed testcase now, but a correctness step run again gives its "
-    "dependents new keys (its result's digest) and stale() runs what depends on a step that runs: the timing "
-    "needs the correctness verdict alone as its gate (graph/expand.py, project.py), not done",
-)
 def test_a_shape_added_only_for_correctness_leaves_the_timings_up_to_date(two_shapes, tmp_path):
     root = copy_project(two_shapes, tmp_path / "added")
     manifest = root / "magpie.toml"
@@ -81,6 +75,10 @@ def test_a_shape_added_only_for_correctness_leaves_the_timings_up_to_date(two_sh
     stale = [row["task"] for row in plan["would_run"]]
     assert "correctness:relu2/fast" in stale and "correctness:relu2/good" in stale
     assert not [task for task in stale if task.startswith("timing:")], plan["would_run"]
+    # and the build, once the correctness steps ran again to the same verdicts, times nothing
+    built = json.loads(magpie_in_process("build", "--json", cwd=root, check=0).stdout)
+    assert built["failed"] == [] and "correctness:relu2/fast" in built["executed"]
+    assert not [task for task in built["executed"] if task.startswith("timing:")], built["executed"]
 
 
 def test_a_timed_shape_the_testcase_does_not_declare_is_one_line(tmp_path):

@@ -342,6 +342,7 @@ class Expander:
                 "root": str(self.root),
                 "rule_identity": rule.identity(),
                 "description": rule.description,
+                "gates": self._deps(rule, kernel, impl, rule.gates),
                 "impl": _impl_params(kernel, impl) if kernel else None,
                 "baseline": _impl_params(kernel, kernel.baseline) if kernel else None,
                 "settings": settings,
@@ -509,14 +510,24 @@ class Expander:
         }
 
 
+# A gate (a rule's `gates`): a dependency whose result keys the task by its verdict alone, in place of
+# [its key, its artifact's digest]; `result_digest(name + VERDICT, key)` asks for that verdict.
+GATE = "verdict"
+VERDICT = "#verdict"
+
+
 def resolve_key(spec: TaskSpec, tasks: dict[str, TaskSpec], result_digest) -> str:
     """Sets and returns the task's key from its own parts and, per dependency, [its key, the
     digest of its artifact] (`result_digest(name, key)`, None when it has none), as the store
     holds them now; not `known()` while a dependency has no artifact or no key. Dependencies
     come first in `tasks` (run order), so resolving in that order resolves everything."""
     deps = {}
+    gates = spec.params.get("gates") or ()
     for dep in spec.deps:
         key = tasks[dep].key
+        if dep in gates:  # its verdict alone: run again to the same verdict, it re-keys nothing
+            deps[dep] = [GATE, result_digest(dep + VERDICT, key)]
+            continue
         deps[dep] = [key, result_digest(dep, key) if known(key) else None]
     parts = {name: value for name, value in spec.parts.items() if name != "deps"}
     parts["deps"] = deps

@@ -36,6 +36,10 @@ class Rule(BaseModel):
     # and whose keys are not part of its own (editing one of them does not make this task stale);
     # only those the build runs anyway are waited for.
     after: list[str] = []
+    # Gates: among `deps`, those whose result this task reads for its verdict alone (a timing, whether its
+    # implementation is correct): in its key as that verdict, so one run again to the same verdict (a shape
+    # added to be checked) leaves this task up to date.
+    gates: list[str] = []
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
     # Only for the declared units whose flag this names is set (a profiled benchmark's extra nodes, a sweep's
     # summary); not in the key: it decides whether a task exists, not what it computes.
