@@ -118,3 +118,25 @@ def test_an_op_that_cannot_be_a_spec_or_is_not_in_the_trace_is_one_line(tmp_path
     assert (
         absent.startswith("magpie: aten::conv2d: not an op of this trace (its ops: ") and len(absent.splitlines()) == 1
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("trace", "op"),
+    [("llama_decode_bf16", "aten::mm"), ("llama_unannotated", "aten::_cudnn_attention_forward")],
+)
+def test_a_kernel_made_from_a_trace_is_built_and_timed_on_the_gpu(tmp_path, trace, op):
+    """The recorded signatures on the GPU they came from: the recorded strides made there, the
+    baseline (the recorded op, or attention by scaled_dot_product_attention) correct and timed."""
+    found = from_trace(tmp_path, TRACES / f"{trace}.json.gz", "--op", op, "--top", "2", "-o", "kernels/k")
+    write(
+        tmp_path,
+        {
+            "magpie.toml": '[project]\nname = "gpu"\ndevice = "cuda"\n\n[defaults.timing]\nbudget_ms = 50\n\n'
+            + found["kernel_toml"]
+        },
+    )
+    assert build_json(tmp_path)["failed"] == []
+    report = json.loads(next((tmp_path / "workspaces/reports").glob("*/compare_report.json")).read_text())
+    row = report["results"][0]
+    assert (row["correctness_state"], row["performance_state"]) == ("SUCCESS", "SUCCESS"), row["verdict"]

@@ -324,3 +324,20 @@ def test_a_kernelbench_field_that_names_no_problem_is_one_line(tmp_path, problem
     proc = magpie_in_process("build", cwd=tmp_path, check=2)
     assert error in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.gpu
+def test_kernelbench_problems_are_judged_on_the_gpu_with_held_out_shapes(tmp_path):
+    """The same problems on the project's GPU: Model's state loaded into ModelNew there, the held-out
+    shapes made on the device."""
+    manifest = MANIFEST.replace('name = "kb"', 'name = "kb"\ndevice = "cuda"')
+    write(tmp_path, {**PROBLEMS, **CANDIDATES, "magpie.toml": manifest})
+    assert build_json(tmp_path, "-j", "2")["failed"] == []
+    for kernel_id, cheat in (("relu", "tiles"), ("matmul", "blocks"), ("softmax", "fixed_rows"), ("mlp", None)):
+        report = json.loads((tmp_path / f"workspaces/reports/{kernel_id}/compare_report.json").read_text())
+        rows = {row["implementation"]: row for row in report["results"]}
+        assert rows["honest"]["correctness_state"] == "SUCCESS", rows["honest"]["verdict"]
+        assert rows["honest"]["held_out"]["shapes"]
+        assert rows["wrong"]["correctness_state"] == "FAILED"
+        if cheat:
+            assert "passes declared shapes, fails held-out" in rows[cheat]["verdict"], rows[cheat]["verdict"]
