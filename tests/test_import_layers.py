@@ -22,7 +22,7 @@ LAYERS = [
     {"serving"},
     {"graph", "workspace"},
     {"execution", "project"},
-    {"cli", "__main__"},
+    {"cli", "__main__", "mcp"},  # the entry points: the command line and the MCP server
 ]
 
 

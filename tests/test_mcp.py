@@ -160,6 +160,7 @@ def test_no_tool_takes_a_command(server):
             assert not any(word in name.lower() for word in words), f"{tool.name}.{name}"
 
 
+@pytest.mark.slow  # a build through the server
 def test_a_written_candidate_is_declared_built_and_judged(server, project, built):
     written, job, _, _, _ = built
     assert written == {
@@ -184,15 +185,17 @@ def test_a_written_candidate_is_declared_built_and_judged(server, project, built
     assert json.loads(contents)["implementations"] == kernel["implementations"]
 
 
+@pytest.mark.slow  # a build through the server
 def test_progress_is_notified_at_least_once_a_second_while_a_waited_build_runs(built):
     _, job, notes, seconds, start = built
     assert seconds > 1 and len(notes) >= int(seconds) - 1
     times = [start] + [at for at, *_ in notes]
-    assert max(b - a for a, b in zip(times, times[1:])) < 1.5  # a poll every 0.5 s, on a busy machine
+    assert max(b - a for a, b in zip(times, times[1:])) < 1.5  # one every 0.5 s, on a busy machine
     assert any(message and ":relu2/" in message for *_, message in notes)
     assert notes[-1][2] == 7  # the total, once planned
 
 
+@pytest.mark.slow  # a build through the server
 def test_every_output_schema_holds_for_a_real_result(server, project, built):
     _, build_job, _, _, _ = built
     schemas = {tool.name: tool.output_schema for tool in server.list_tools().tools}
@@ -244,6 +247,7 @@ def test_large_results_come_as_resource_links(server):
     assert whole["top"]
 
 
+@pytest.mark.slow  # a build through the server
 def test_a_cancelled_job_takes_its_whole_process_tree_within_a_second(server, project):
     job = server.ok("build", {"targets": ["sleepy"]})
     assert job["state"] == "running"  # answered at once
@@ -265,6 +269,7 @@ def test_a_cancelled_job_takes_its_whole_process_tree_within_a_second(server, pr
     assert server.ok("job_status", {"job_id": job["job_id"]})["state"] == "cancelled"
 
 
+@pytest.mark.slow  # a build through the server
 def test_a_restarted_server_answers_for_the_jobs_an_earlier_one_started(project, built):
     _, job, _, _, _ = built
     again = stdio_server(project)

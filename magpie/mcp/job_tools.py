@@ -17,8 +17,10 @@ from magpie.mcp.server import Services, annotated, structured, tool
 
 # a result larger than this is a resource link, not inline JSON
 INLINE_BYTES = 64 * 1024
-# progress notifications while a waited-for job runs: at least one a second
-POLL_S = 0.5
+# a waited-for job's state is read this often (its end answered within it), and a progress
+# notification sent at least every NOTIFY_S (at least one a second)
+POLL_S = 0.05
+NOTIFY_S = 0.5
 
 JobId = Annotated[str, Field(description="a job's id, as its starting tool or job_list gave it")]
 
@@ -52,13 +54,16 @@ def view(services: Services, job_id: str, *, with_result: bool) -> tuple[JobView
 
 
 async def follow(ctx: Context, services: Services, job_id: str) -> None:
-    """Wait for the job, a progress notification every POLL_S with the step running."""
+    """Wait for the job, a progress notification every NOTIFY_S with the step running."""
+    notified = -NOTIFY_S
     while True:
-        state = await anyio.to_thread.run_sync(services.jobs.status, job_id)
+        state = services.jobs.status(job_id)  # two small files read: no thread needed
         if state["state"] in FINAL:
             return
-        total = state.get("total")
-        await ctx.report_progress(state.get("done") or 0, total, f"{state['kind']} {job_id}: {state.get('step')}")
+        if anyio.current_time() - notified >= NOTIFY_S:
+            notified = anyio.current_time()
+            message = f"{state['kind']} {job_id}: {state.get('step')}"
+            await ctx.report_progress(state.get("done") or 0, state.get("total"), message)
         await anyio.sleep(POLL_S)
 
 

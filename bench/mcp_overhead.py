@@ -1,0 +1,119 @@
+"""What the MCP server costs an agent (issue 41.7), on a relu2 project of the test fixtures:
+
+1. start: `magpie mcp` launched over stdio by the SDK's client until its first answer (the
+   handshake and a tools/list), each in a fresh process;
+2. per call: the round trip of a cheap tool (job_list, on a project with one job), median of
+   many calls on one server (target: at most 10 ms);
+3. edit to verdict: one candidate's source changed and judged again, through MCP
+   (write_candidate, build wait=true, get_report) against the CLI (the file written, `magpie
+   build` run, its published compare_report.json read), alternated, each side the same edits.
+
+Usage: python bench/mcp_overhead.py [--starts 5] [--calls 200] [--edits 5] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+from anyio.from_thread import start_blocking_portal
+from mcp import Client, StdioServerParameters
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from conftest import FIXTURES, relu2_project  # noqa: E402
+
+TIMING = "warmup_ms = 1\nbudget_ms = 10\nrounds = 2"
+
+
+def server_of(root: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "magpie", "mcp"], cwd=str(root))
+
+
+def source(edit: int) -> str:
+    """The candidate's source at one edit: the same kernel, a different file (its tasks' keys change)."""
+    return (FIXTURES / "adversarial/good.py").read_text() + f"\n# edit {edit}\n"
+
+
+async def first_answer(root: Path) -> float:
+    start = time.perf_counter()
+    async with Client(server_of(root)) as client:
+        await client.list_tools()
+        return time.perf_counter() - start
+
+
+def summary(values: list[float], unit: float = 1.0) -> dict:
+    scaled = sorted(v * unit for v in values)
+    return {"median": statistics.median(scaled), "min": scaled[0], "max": scaled[-1], "n": len(scaled)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--edits", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        mcp_root, cli_root = Path(folder, "mcp"), Path(folder, "cli")
+        for root in (mcp_root, cli_root):
+            root.mkdir()
+            (root / "fast.py").write_text(source(0))
+            relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing=TIMING)
+        subprocess.run([sys.executable, "-m", "magpie", "build"], cwd=cli_root, check=True, capture_output=True)
+        starts = [anyio.run(first_answer, mcp_root) for _ in range(args.starts)]
+        with (
+            start_blocking_portal() as portal,
+            portal.wrap_async_context_manager(Client(server_of(mcp_root))) as client,
+        ):
+
+            def call(name: str, arguments: dict | None = None) -> dict:
+                result = portal.call(functools.partial(client.call_tool, name, arguments or {}))
+                assert not result.is_error, result.content[0].text
+                return result.structured_content
+
+            call("build", {"wait": True})  # the same starting point as the CLI's project
+            for _ in range(10):
+                call("job_list")
+            calls = []
+            for _ in range(args.calls):
+                start = time.perf_counter()
+                call("job_list")
+                calls.append(time.perf_counter() - start)
+            through_mcp, through_cli = [], []
+            for edit in range(1, args.edits + 1):
+                start = time.perf_counter()
+                call("write_candidate", {"kernel": "relu2", "candidate": "fast", "code": source(edit)})
+                job = call("build", {"wait": True})
+                (kernel,) = call("get_report", {"kernel": "relu2"})["kernels"]
+                through_mcp.append(time.perf_counter() - start)
+                assert job["state"] == "succeeded" and kernel["implementations"]
+
+                start = time.perf_counter()
+                (cli_root / "fast.py").write_text(source(edit))
+                subprocess.run([sys.executable, "-m", "magpie", "build"], cwd=cli_root, check=True, capture_output=True)
+                report = json.loads((cli_root / "workspaces/reports/relu2/compare_report.json").read_text())
+                through_cli.append(time.perf_counter() - start)
+                assert report["results"]
+    figures = {
+        "start_to_first_answer_s": summary(starts),
+        "cheap_call_ms": summary(calls, 1000),
+        "edit_to_verdict_mcp_s": summary(through_mcp),
+        "edit_to_verdict_cli_s": summary(through_cli),
+        "mcp_over_cli": statistics.median(through_mcp) / statistics.median(through_cli),
+    }
+    print(json.dumps(figures, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
