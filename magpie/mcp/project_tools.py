@@ -106,10 +106,10 @@ def verify_store(services: Services, fix: bool) -> VerifyResult:
     owners = {spec.key: name for name, spec in project.tasks.items()}
     if store.index.is_dir():
         for path in store.index.glob("*.json"):
-            task = unquote(path.name[: -len(".json")])
-            record = store.recorded(task)
+            indexed = unquote(path.name[: -len(".json")])
+            record = store.recorded(indexed)
             if record and isinstance(record.get("key"), str):
-                owners.setdefault(record["key"], task)
+                owners.setdefault(record["key"], indexed)
     keys = sorted(
         folder.name
         for folder in (store.objects.glob("*/*") if store.objects.is_dir() else [])
@@ -117,7 +117,7 @@ def verify_store(services: Services, fix: bool) -> VerifyResult:
     )
     bad = []
     for key in keys:
-        task = owners.get(key)
+        task: str | None = owners.get(key)
         if task is None:
             try:
                 task = json.loads((store.path(key) / DIGEST).read_text()).get("task")

@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from magpie.errors import UserError
 from magpie.execution.progress import Progress
@@ -26,7 +27,13 @@ class JobProgress(Progress):
     def __init__(self, folder: Path, total: int | None = None):
         super().__init__(None)
         self.folder = folder
-        self.state = {"state": "running", "step": "starting", "done": 0, "total": total, "started": time.time()}
+        self.state: dict[str, Any] = {
+            "state": "running",
+            "step": "starting",
+            "done": 0,
+            "total": total,
+            "started": time.time(),
+        }
         self.record()
 
     def record(self, **changes) -> None:
