@@ -81,6 +81,30 @@ def test_a_shape_added_only_for_correctness_leaves_the_timings_up_to_date(two_sh
     assert not [task for task in built["executed"] if task.startswith("timing:")], built["executed"]
 
 
+ODD = """import torch
+
+
+def kernel(x):
+    y = torch.relu(x) * 2.0
+    return y + 1.0 if x.shape[0] == 2 else y
+"""
+
+
+def test_a_correctness_verdict_that_changes_times_the_implementation_then(tmp_path):
+    """The timing reads its correctness step's verdict alone (a gate): one run again to another verdict
+    re-keys it. `odd` is wrong on two rows only: not timed; that shape dropped, it is correct and timed."""
+    (tmp_path / "odd.py").write_text(ODD)
+    relu2_project(tmp_path, ["odd"], "[[8, 16], [2, 8]]", defaults="trials = 1", timing=TIMING.rsplit("\n", 1)[0])
+    assert build_json(tmp_path)["failed"] == []
+    assert compare_report(tmp_path)["results"][1]["performance_state"] == "SKIPPED"
+    manifest = tmp_path / "magpie.toml"
+    manifest.write_text(manifest.read_text().replace("shapes = [[8, 16], [2, 8]]", "shapes = [[8, 16]]"))
+    built = build_json(tmp_path)
+    assert "timing:relu2/odd" in built["executed"] and "timing:relu2/good" not in built["executed"]
+    odd = next(row for row in compare_report(tmp_path)["results"] if row["implementation"] == "odd")
+    assert odd["correctness_state"] == odd["performance_state"] == "SUCCESS"
+
+
 def test_a_timed_shape_the_testcase_does_not_declare_is_one_line(tmp_path):
     shutil.copy(FIXTURES / "adversarial/good.py", tmp_path / "fast.py")
     relu2_project(tmp_path, ["fast"], SHAPES, timing="shapes = [[3, 5]]")
@@ -88,6 +112,22 @@ def test_a_timed_shape_the_testcase_does_not_declare_is_one_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "timing.shapes [3, 5] is not a shape of its first spec testcase" in lines[0]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_each_timed_shape_is_timed_in_the_method_chosen_for_it(tmp_path):
+    """A small shape (graph replays, under 10 µs) and a large one (events): the baseline's timing of
+    each shape chooses that shape's method, and the candidate is timed in it, shape by shape."""
+    shutil.copy(FIXTURES / "adversarial/good.py", tmp_path / "fast.py")
+    shapes = "[[8, 16], [4096, 4096]]"
+    timing = f"warmup_ms = 5\nbudget_ms = 60\nrounds = 3\nshapes = {shapes}"
+    relu2_project(tmp_path, ["fast"], shapes, defaults="trials = 1", device="cuda", timing=timing)
+    assert build_json(tmp_path)["failed"] == []
+    rows = {row["implementation"]: row for row in compare_report(tmp_path)["results"]}
+    methods = [shape["timing_method"]["mode"] for shape in rows["good"]["shapes"]]
+    assert [shape["timing_method"]["mode"] for shape in rows["fast"]["shapes"]] == methods
+    assert all(shape["performance_state"] == "SUCCESS" for shape in rows["fast"]["shapes"])
+    assert rows["fast"]["shapes_summary"]["shapes"] == 2 and rows["fast"]["speedup"] is not None
 
 
 def one_shape(state: str, value: float | None = None) -> dict:
