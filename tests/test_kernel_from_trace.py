@@ -118,6 +118,8 @@ def test_an_op_that_cannot_be_a_spec_or_is_not_in_the_trace_is_one_line(tmp_path
     assert (
         absent.startswith("magpie: aten::conv2d: not an op of this trace (its ops: ") and len(absent.splitlines()) == 1
     )
+    folder = from_trace(tmp_path, TRACES, check=2)
+    assert folder == f"magpie: {TRACES}: is a folder: name one trace in it (e.g. {TRACES}/conv_bf16.json.gz)\n"
 
 
 @pytest.mark.gpu

@@ -257,7 +257,7 @@ class Kernel(Strict):
         testcases = list(data.get("testcases", []))
         if isinstance(data.get("kernelbench"), str):
             testcases.append({"spec": data["kernelbench"]})
-        if isinstance(data.get("held_out_shapes"), int):
+        if isinstance(data.get("held_out_shapes"), int) and data["held_out_shapes"] >= 0:  # else its own error
             testcases = [
                 {"held_out_shapes": data["held_out_shapes"], **tc} if isinstance(tc, dict) else tc for tc in testcases
             ]

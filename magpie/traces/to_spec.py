@@ -79,8 +79,15 @@ class Signature:
 
 def workload_ops(path: str | Path) -> tuple[list[SignatureGroup], float]:
     """Every op signature of the trace, longest total GPU time first, and the trace's GPU time."""
-    from magpie.traces.ingest import TraceError, load_trace
+    from magpie.traces.ingest import TraceError, load_trace, trace_files
 
+    if Path(path).is_dir():
+        try:
+            found = sorted(trace_files(path), key=lambda f: not f.name.endswith(".json.gz"))
+        except TraceError:
+            found = []
+        example = f" (e.g. {found[0]})" if found else ""
+        raise UserError(f"{path}: is a folder: name one trace in it{example}")
     try:
         trace = load_trace(path)
     except TraceError as err:
