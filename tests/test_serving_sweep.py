@@ -112,6 +112,36 @@ def test_the_sweep_report_table_and_pareto_plot_are_written(swept):
     assert "<svg" in page and all(f"<td>{p.label}</td>" in page for p in report.points)
 
 
+def test_later_runs_take_the_gpus_of_the_kept_server_its_own_process_makes_busy(fake, tmp_path, monkeypatch):
+    """On a GPU the kept server's process makes its GPU look busy: the sweep's later runs take its GPUs (and so
+    reuse it) instead of failing to find an idle one."""
+    from magpie.serving import gpus
+
+    for name in gpus.PIN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    asked = []
+
+    def one_gpu():
+        asked.append(1)  # idle when the first run picks it; then the kept server's process runs there
+        busy = len(asked) > 1
+        return (
+            [gpus.GpuState(index=0, total_mib=80000, free_mib=1000 if busy else 80000, processes=int(busy))],
+            "nvml",
+            "",
+        )
+
+    monkeypatch.setattr(gpus, "gpu_states", one_gpu)
+    report = run_sweep(_config(tmp_path), SweepAxes(concurrency=[1, 2]), 2)
+    assert report.success, report.errors
+    assert report.server.starts == 1 and len(asked) == 1  # one pick; the later runs took the kept server's GPU
+    for point in report.points:
+        for run in point.repeats:
+            saved = json.loads((tmp_path / "ws" / point.label / run.workspace / "benchmark_report.json").read_text())
+            allocation = saved["provenance"]["gpu_allocation"]
+            assert allocation["devices"] == [0]
+            assert allocation.get("kept_server", False) == run.server_reused
+
+
 def _point(name, x, y, success=True):
     return PointResult(
         label=name,

@@ -186,7 +186,7 @@ def _run_point(job, out_dir: Path) -> dict:
         raise _failed(job, out_dir, result.errors[0] if result.errors else "no run", f"sweep point {result.label} ")
     if not bench["keep_server"] and SweepAxes.model_validate(bench["sweep"]).points()[-1] == point:
         # the last point: no later one of the sweep reuses the server, whether or not its node runs next
-        stop_sweep_server([result], bench["host"], served_port(out_dir, result))
+        stop_sweep_server([result], bench["host"], served_port([(out_dir, result)]))
     _succeeded(job)
     return {
         "state": "SUCCESS",
@@ -252,7 +252,8 @@ def sweep_rule(job, out_dir: Path) -> dict:
     results = [PointResult.model_validate_json((Path(job.dep_dirs[n]) / POINT).read_text()) for n in points]
     stopped = False
     if not bench["keep_server"] and results:
-        stopped = stop_sweep_server(results, bench["host"], served_port(Path(job.dep_dirs[points[-1]]), results[-1]))
+        port = served_port([(Path(job.dep_dirs[n]), r) for n, r in zip(points, results)])
+        stopped = stop_sweep_server(results, bench["host"], port)
     axes = SweepAxes.model_validate(bench["sweep"])
     repeats = bench["repeats"] or DEFAULT_REPEATS
     kept = bench["keep_server"] and not stopped

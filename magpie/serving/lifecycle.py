@@ -191,6 +191,20 @@ def make_room(host: str, port: int, why: str) -> list[str]:
         return _clear(_record_path(host, port), why)
 
 
+# The variables that say which GPUs a server was given
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+def kept_devices(host: str, port: int) -> dict[str, str]:
+    """The GPU variables of the server kept on host:port (running, serving no run), {} where there is none: a run
+    that may reuse it takes the same GPUs, which the kept server itself makes look busy."""
+    path = _record_path(host, port)
+    record = read_record(path) if path.exists() else None
+    if record is None or record.owner or not running(record):
+        return {}
+    return {name: record.env[name] for name in DEVICE_VARIABLES if name in record.env}
+
+
 def stop_kept(host: str, port: int, pids: set[int]) -> bool:
     """The server kept on host:port stopped if it is one of `pids` (a sweep's, not asked to be kept) and no run
     is using it; whether one was."""

@@ -156,6 +156,8 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                 if external:
                     allocation = {"mode": "external", "devices": []}
                 else:
+                    kept = _kept_devices(config, engine, spec, env)
+                    env.update(kept)
                     try:
                         updates, allocation = _gpus.allocate(
                             env, config.tp, min_free_fraction=config.gpu_min_free_fraction
@@ -164,6 +166,8 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                         provenance = _provenance(config, engine, env, {"mode": "auto", "error": str(exc)})
                         raise _Failed(str(exc)) from None
                     env.update(updates)
+                    if kept:
+                        allocation["kept_server"] = True
                 provenance = _provenance(config, engine, env, allocation)
                 if config.run_mode == "docker" and not external:
                     try:
@@ -350,6 +354,26 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
     if interrupted:
         raise KeyboardInterrupt
     return report
+
+
+def _kept_devices(config: BenchmarkConfig, engine, spec, env: dict[str, str]) -> dict[str, str]:
+    """A run that may reuse a kept server (a sweep's later points, --keep-server) and pins no GPUs of its own takes
+    the GPUs of the server kept on its port: its own process makes them look busy to the idle-GPU pick. Where it
+    has fewer than TP of them, nothing: that server will not serve this run."""
+    from magpie.serving.local import ServerError
+
+    if config.server_lifecycle != "reuse" or config.run_mode != "local":
+        return {}
+    if any(name in env or name in os.environ for name in _gpus.PIN_VARIABLES):
+        return {}
+    try:
+        kept = _lifecycle.kept_devices(config.host, engine.port(spec))
+    except ServerError:
+        return {}  # the folder of records is unusable: the start says so in its own line
+    pinned = next((kept[name] for name in _gpus.PIN_VARIABLES if name in kept), None)
+    if pinned is None or len(_gpus.parse_devices(pinned)) != config.tp:
+        return {}
+    return kept
 
 
 def _analyse(report_kw: dict, work: Path, outputs: dict, errors: list[str], mode: str) -> None:

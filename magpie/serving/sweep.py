@@ -355,18 +355,20 @@ def stop_sweep_server(points: list[PointResult], host: str, port: int | None) ->
     return bool(pids) and port is not None and lifecycle.stop_kept(host, port, pids)
 
 
-def served_port(folder: Path, result: PointResult) -> int | None:
-    """The port a point's last run reached its local server on, from that run's report in `folder`."""
+def served_port(points: list[tuple[Path, PointResult]]) -> int | None:
+    """The port the latest run that reached a local server reached it on (points as (folder, result), in the
+    order run), from that run's report; None where no run did."""
     from urllib.parse import urlsplit
 
-    if not result.repeats:
-        return None
-    path = folder / result.repeats[-1].workspace / "benchmark_report.json"
-    try:
-        server = json.loads(path.read_text()).get("server") or {}
-    except (OSError, ValueError):
-        return None
-    return urlsplit(server["base_url"]).port if server.get("mode") == "local" else None
+    for folder, result in reversed(points):
+        for run in reversed(result.repeats):
+            try:
+                server = json.loads((folder / run.workspace / "benchmark_report.json").read_text()).get("server")
+            except (OSError, ValueError):
+                continue
+            if server and server.get("mode") == "local":
+                return urlsplit(server["base_url"]).port
+    return None
 
 
 def run_sweep(config: BenchmarkConfig, axes: SweepAxes, repeats: int = DEFAULT_REPEATS) -> SweepReport:
@@ -393,8 +395,7 @@ def run_sweep(config: BenchmarkConfig, axes: SweepAxes, repeats: int = DEFAULT_R
         if partial.exists():
             results.append(PointResult.model_validate_json(partial.read_text()))
     finally:
-        last = results[-1] if results else None
-        port = served_port(work / last.label, last) if last is not None else None
+        port = served_port([(work / p.label, p) for p in results])
         if not keep:
             stop_sweep_server(results, config.host, port)
     kept = keep and not interrupted and all(p.success for p in results)
