@@ -341,3 +341,45 @@ def test_declared_sweeps_are_validated(tmp_path):
     ):
         with pytest.raises(ValidationError, match=words):
             Manifest.model_validate({"benchmark": [{**base, **extra}]})
+
+
+def test_ctrl_c_during_a_sweep_saves_the_points_run_before_it(tmp_path):
+    """A real SIGINT to `magpie benchmark --sweep` in its second point: exit 130, and sweep_report.json marked
+    partial with the first point whole and the second's interrupted run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ctrl_c_taken
+
+    from magpie.serving.stub_server import Reply, ThreadedStubServer
+
+    out = tmp_path / "sweep"
+    second = out / "concurrency=2,output_len=8" / "repeat_1"
+    with ThreadedStubServer(script=lambda path, body: Reply(first_delay=0.02, delays=[0.02] * 8)) as stub:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "magpie", "benchmark", "external", "-m", "tiny", "--base-url", stub.base_url]
+            + ["--num-prompts", "40", "--input-len", "4", "--output-len", "8", "--sweep", "concurrency=1,2"]
+            + ["--sweep", "output_len=8", "--repeats", "1", "-o", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=ctrl_c_taken,
+        )
+        deadline = time.monotonic() + 120
+        while not (second / "benchmark_config.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # some of the second point's requests complete
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"sweep interrupted; report of the points run: {out / 'sweep_report.json'}" in err
+    report = json.loads((out / "sweep_report.json").read_text())
+    assert report["partial"] is True and report["success"] is False
+    first, interrupted = report["points"]
+    assert first["label"] == "concurrency=1,output_len=8" and first["success"] and first["inferencemax"]["conc"] == 1
+    assert interrupted["label"] == "concurrency=2,output_len=8" and not interrupted["success"]
+    assert [r["workspace"] for r in interrupted["repeats"]] == ["repeat_1"]
+    run = json.loads((second / "benchmark_report.json").read_text())
+    assert run["partial"] is True and 0 < run["run"]["completed"] < 40
