@@ -314,6 +314,10 @@ def test_a_declared_sweep_has_a_node_per_point_cached_on_its_own_sharing_one_ser
     assert not list((tmp_path / "servers").glob("*.json"))  # the last point's node stopped the kept server
     summary = (root / "workspaces" / "reports" / "summary.md").read_text()
     assert "| s concurrency=1 |" in summary and "| s concurrency=2 |" in summary  # a row per point
+    assert "### s: sweep" in summary and "| concurrency=2 |" in summary  # the sweep's own table
+    page = (root / "workspaces" / "reports" / "report.html").read_text()
+    assert 'id="sweep-s"' in page and 'class="point' in page  # its Pareto plot
+    assert (root / "workspaces" / "reports" / "sweeps" / "s" / "sweep_report.html").is_file()  # published
 
     _declare(root, port, [1, 2, 4])  # a value added: only its point (and what reads the points) runs
     again = _build(root)

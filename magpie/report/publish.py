@@ -21,9 +21,9 @@ def publish_project(project, warn: Callable[[str], None] = _to_stderr) -> list[s
     )
 
 
-PUBLISHED = ("comparison", "report", "trace_analysis", "benchmark_trace_analysis")
+PUBLISHED = ("comparison", "report", "trace_analysis", "benchmark_trace_analysis", "benchmark_sweep")
 # Analyses published whole, each to a folder of its own under reports/: rule -> folder
-PUBLISHED_FOLDERS = {"trace_analysis": "traces", "benchmark_trace_analysis": "benchmarks"}
+PUBLISHED_FOLDERS = {"trace_analysis": "traces", "benchmark_trace_analysis": "benchmarks", "benchmark_sweep": "sweeps"}
 LEDGER = ".published.json"  # under reports/: task -> {"key": artifact key, "files": {published file: stat}}
 
 

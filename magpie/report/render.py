@@ -152,7 +152,11 @@ def _compiled_templates(markup: str) -> FileSystemBytecodeCache | None:
 
 
 def render(
-    comparisons: list[dict], project: str, trace_sets: list[dict] | None = None, benchmarks: list[dict] | None = None
+    comparisons: list[dict],
+    project: str,
+    trace_sets: list[dict] | None = None,
+    benchmarks: list[dict] | None = None,
+    sweeps: list[dict] | None = None,
 ) -> dict[str, str]:
     env = template_environment()
     kernels = []
@@ -180,11 +184,29 @@ def render(
         "kernels": kernels,
         "trace_sets": traces,
         "benchmarks": benchmarks or [],
+        "sweeps": sweeps or [],
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     html = env.get_template("report.html.j2").render(**context)
     markdown = template_environment("markdown").get_template("summary.md.j2").render(**context)
     return {"report.html": html, "summary.md": markdown}
+
+
+def _sweep(name: str, folder: Path) -> dict:
+    """A declared sweep's section: its table and Pareto plot, drawn from the sweep's report in its artifact."""
+    from magpie.serving.sweep import SWEEP_REPORT, SweepReport
+    from magpie.serving.sweep_plot import COLUMNS, pareto_svg, table_rows
+
+    sweep = SweepReport.model_validate_json((folder / SWEEP_REPORT).read_text())
+    return {
+        "benchmark": name.split(":", 1)[1],
+        "success": sweep.success,
+        "repeats": sweep.repeats,
+        "server": sweep.server,
+        "headings": [heading for _, heading, _ in COLUMNS],
+        "rows": table_rows(sweep),
+        "svg": Markup(pareto_svg(sweep)),
+    }
 
 
 def report(job, out_dir: Path) -> dict:
@@ -201,7 +223,12 @@ def report(job, out_dir: Path) -> dict:
         for name in sorted(job.dep_results)
         if name.startswith("benchmark:")
     ]
-    for name, text in render(comparisons, job.spec.params["project"], trace_sets, benchmarks).items():
+    sweeps = [
+        _sweep(name, Path(job.dep_dirs[name]))
+        for name in sorted(job.dep_results)
+        if name.startswith("benchmark_sweep:")
+    ]
+    for name, text in render(comparisons, job.spec.params["project"], trace_sets, benchmarks, sweeps).items():
         (out_dir / name).write_text(text)
     return {
         "state": "SUCCESS",
