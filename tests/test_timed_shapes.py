@@ -13,6 +13,7 @@ from conftest import FIXTURES, build_json, copy_project, magpie_in_process, relu
 
 from magpie.cli.compare import table
 from magpie.harness.timed_shapes import combined
+from magpie.supervision.step_limit import TIMING_BUDGET_FACTOR, step_limit_s
 
 SHAPES = "[[8, 16], [4, 32]]"
 # the timed pair's budget (tests/conftest.py): a smaller one once read an honest copy's calls at half the baseline's
@@ -128,6 +129,14 @@ def test_on_a_gpu_each_timed_shape_is_timed_in_the_method_chosen_for_it(tmp_path
     assert [shape["timing_method"]["mode"] for shape in rows["fast"]["shapes"]] == methods
     assert all(shape["performance_state"] == "SUCCESS" for shape in rows["fast"]["shapes"])
     assert rows["fast"]["shapes_summary"]["shapes"] == 2 and rows["fast"]["speedup"] is not None
+
+
+def test_the_timing_steps_limit_grows_with_its_timed_shapes():
+    timing = {"warmup_ms": 10.0, "budget_ms": 90.0}
+    settings = {"correctness": {"timeout_s": 60.0}, "timing": {**timing, "timed": {"shapes": [[8, 16]]}}}
+    one = step_limit_s("timing", settings)
+    settings["timing"]["timed"]["shapes"] = [[8, 16], [4, 32], [2, 8]]
+    assert step_limit_s("timing", settings) - one == pytest.approx(2 * (60.0 + TIMING_BUDGET_FACTOR * 0.1))
 
 
 def one_shape(state: str, value: float | None = None) -> dict:

@@ -29,15 +29,17 @@ TIMING_BUDGET_FACTOR = 20
 def step_limit_s(mode: str, settings: dict) -> float:
     """The hard limit of a step in seconds. Correctness: `timeout_s` for the worker's load and
     one for each testcase (each a run, or a command, the evaluator bounds by it). Timing: one
-    `timeout_s` for the workers' load and one for their first calls, and the measurement's
-    budget, TIMING_BUDGET_FACTOR times over. Both with ALLOWANCE_S."""
+    `timeout_s` for the workers' load and, per timed shape (`timing.shapes`, measured one after
+    the other), one for their first calls and the measurement's budget, TIMING_BUDGET_FACTOR
+    times over. Both with ALLOWANCE_S."""
     correctness = settings["correctness"]
     timeout = float(correctness["timeout_s"])
     if mode == "correctness":
         return timeout * (max(1, len(correctness["testcases"])) + 1) + ALLOWANCE_S
     timing = settings["timing"]
     budget_s = (float(timing["warmup_ms"]) + float(timing["budget_ms"])) / 1000
-    return 2 * timeout + TIMING_BUDGET_FACTOR * budget_s + ALLOWANCE_S
+    shapes = max(1, len((timing.get("timed") or {}).get("shapes") or ()))
+    return timeout + shapes * (timeout + TIMING_BUDGET_FACTOR * budget_s) + ALLOWANCE_S
 
 
 def timeout_line(mode: str, limit_s: float, waited_s: float) -> str:
