@@ -82,6 +82,16 @@ def test_a_shape_added_only_for_correctness_leaves_the_timings_up_to_date(two_sh
     assert not [task for task in built["executed"] if task.startswith("timing:")], built["executed"]
 
 
+def test_compare_refuses_a_timed_shape_it_is_not_given_in_one_line(tmp_path):
+    for name in ("good", "spec"):
+        shutil.copy(FIXTURES / f"adversarial/{name}.py", tmp_path / f"{name}.py")
+    shutil.copy(FIXTURES / "adversarial/good.py", tmp_path / "fast.py")
+    flags = ["--type", "pytorch", "--entry", "kernel", "--spec", "spec.py", "--shapes", "8x16"]
+    proc = magpie_in_process("compare", "good.py", "fast.py", *flags, "--timed-shapes", "3x3", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "magpie: --timed-shapes: 3x3 is not among --shapes (8x16)"
+
+
 ODD = """import torch
 
 

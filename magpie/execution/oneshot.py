@@ -229,6 +229,11 @@ def one_kernel_project(options: OneShotOptions, kernel_id: str, baseline_index: 
     else:
         kernel["baseline"] = tables[0]
     out = Path(options.output_dir)
+    declared = _shapes(options.shapes)
+    for shape in _shapes(options.timed_shapes, "--timed-shapes"):
+        if shape not in declared:
+            shown = "x".join(map(str, shape))
+            raise UserError(f"--timed-shapes: {shown} is not among --shapes ({options.shapes or 'none given'})")
     document = {
         "project": {"name": kernel_id, "workspace": str((out / "workspace").resolve()), "device": options.device},
         "defaults": {
