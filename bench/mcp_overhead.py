@@ -55,6 +55,12 @@ def summary(values: list[float], unit: float = 1.0) -> dict:
     return {"median": statistics.median(scaled), "min": scaled[0], "max": scaled[-1], "n": len(scaled)}
 
 
+def cli_build(root: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "magpie", "build"], cwd=root, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"magpie build failed in {root}:\n{done.stderr[-3000:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=5)
@@ -68,7 +74,7 @@ def main() -> None:
             root.mkdir()
             (root / "fast.py").write_text(source(0))
             relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing=TIMING)
-        subprocess.run([sys.executable, "-m", "magpie", "build"], cwd=cli_root, check=True, capture_output=True)
+        cli_build(cli_root)
         starts = [anyio.run(first_answer, mcp_root) for _ in range(args.starts)]
         with (
             start_blocking_portal() as portal,
@@ -99,7 +105,7 @@ def main() -> None:
 
                 start = time.perf_counter()
                 (cli_root / "fast.py").write_text(source(edit))
-                subprocess.run([sys.executable, "-m", "magpie", "build"], cwd=cli_root, check=True, capture_output=True)
+                cli_build(cli_root)
                 report = json.loads((cli_root / "workspaces/reports/relu2/compare_report.json").read_text())
                 through_cli.append(time.perf_counter() - start)
                 assert report["results"]

@@ -357,6 +357,21 @@ def test_a_user_error_is_one_line_of_tool_error(server):
     assert "no kernel 'nope' in magpie.toml" in text and "\n" not in text
 
 
+@pytest.mark.skipif(not os.environ.get("MCP_INSPECTOR_CLI"), reason="the MCP inspector's CLI: .ci/run installs it")
+def test_the_mcp_inspectors_strict_schema_check_passes(project):
+    """The official inspector's portability check of every tool's schemas (exit 6 on an error)."""
+    done = subprocess.run(
+        ["node", os.environ["MCP_INSPECTOR_CLI"], "--cli", "--strict", "--method", "tools/list", "--"]
+        + [sys.executable, "-m", "magpie", "mcp"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
+    assert TOOLS <= {tool["name"] for tool in json.loads(done.stdout)["tools"]}
+
+
 def test_importing_magpie_and_its_cli_imports_no_mcp():
     code = "import sys, magpie, magpie.cli; sys.exit(any(m.split('.')[0] in ('mcp', 'mcp_types') for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -83,7 +83,7 @@ def tool(app: MCPServer, annotations: ToolAnnotations, title: str | None = None)
                 except (UserError, OSError) as err:
                     raise ToolError(one_line(err)) from None
 
-        app.tool(annotations=annotations, title=title)(guarded)
+        app.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__ or ""))(guarded)
         return fn
 
     return register
