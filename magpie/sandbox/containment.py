@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from magpie.linux import namespaces, procfs
-from magpie.sandbox import landlock, memory, pids, seccomp
+from magpie.sandbox import groups, landlock, seccomp
 from magpie.sandbox.devices import device_files
 from magpie.sandbox.init import SANDBOX_FAILED, wait_as_parent
 from magpie.sandbox.policy import (
@@ -94,10 +94,9 @@ def contain(policy: Policy, fork: bool = True) -> None:
     waiter ends as that process does (with its exit status or signal). Raises SandboxError."""
     uid, gid = os.getuid(), os.getgid()
     reads = read_trees(policy)
-    # as root no RLIMIT_NPROC holds: a pids cgroup bounds the processes instead
-    cgroup = pids.bound(policy.processes) if fork and os.geteuid() == 0 else None
-    # everything it holds (memfds, shared memory, its tmpfs scratch files) in one account
-    account = memory.bound(policy.memory_mb) if fork and policy.memory_mb and os.geteuid() == 0 else None
+    # as root no RLIMIT_NPROC holds: a pids cgroup bounds the processes instead, and a memory
+    # cgroup everything it holds (memfds, shared memory, its tmpfs scratch files) in one account
+    cgroups = groups.enter(policy.processes, policy.memory_mb) if fork and os.geteuid() == 0 else groups.Groups()
     isolate_network = not (policy.network or policy.gpu)
     try:
         # System V IPC of its own: a segment made in the host's namespace outlives the build and
@@ -146,7 +145,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
         raise SandboxError(f"namespaces: {err}") from None
     if fork:
         # as root with no pids cgroup, the sandbox's init counts its processes instead
-        wait_as_parent(policy, cgroup, count_processes=cgroup is None and os.geteuid() == 0, account=account)
+        wait_as_parent(policy, cgroups, count_processes=cgroups.processes is None and os.geteuid() == 0)
     # The CUDA driver names its threads (it writes /proc/PID/task/*/comm, of whichever process
     # starts it: a profiler's child too); what the host's root may write there stays read-only.
     proc = ["/proc"] if policy.gpu else []
@@ -167,7 +166,9 @@ def contain(policy: Policy, fork: bool = True) -> None:
             _WRITE_TREES[:] = [
                 os.open(tree, os.O_PATH | os.O_CLOEXEC) for tree in write_trees(policy) if os.path.isdir(tree)
             ]
-        _limits(policy, address_space=account is None and not policy.gpu)
+        # no memory cgroup: RLIMIT_AS is its account, and what lies outside it is refused or bounded
+        address_space = bool(policy.memory_mb) and cgroups.memory is None and not policy.gpu
+        _limits(policy, address_space)
         namespaces.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1)
         landlock.restrict(
             read=reads,
@@ -177,7 +178,7 @@ def contain(policy: Policy, fork: bool = True) -> None:
             listed=listed_folders(),
         )
         if seccomp.supported():
-            seccomp.install(policy.network, GPU_SOCKET_FAMILIES if policy.gpu else ())
+            seccomp.install(policy.network, GPU_SOCKET_FAMILIES if policy.gpu else (), uncounted=not address_space)
         namespaces.drop_capabilities()
     except OSError as err:
         raise SandboxError(str(err)) from None
@@ -191,7 +192,7 @@ def _limits(policy: Policy, address_space: bool) -> None:
     file_bytes = policy.file_mb << 20
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_NPROC, (policy.processes, policy.processes))
-    if policy.memory_mb and address_space:
+    if address_space:
         limit = policy.memory_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 

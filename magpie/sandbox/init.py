@@ -4,7 +4,6 @@ processes it holds), kills them all past a limit, and says how the code's proces
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
@@ -12,7 +11,8 @@ import sys
 
 from magpie.linux import namespaces, procfs
 from magpie.linux.processes import close_all_but, end_like
-from magpie.sandbox import memory, pids
+from magpie.sandbox import memory
+from magpie.sandbox.groups import Groups
 from magpie.sandbox.policy import MAX_FILES, WATCH_S, Policy, write_trees
 
 # Exit status of a process whose sandbox could not be set up (nothing of the code under test ran).
@@ -25,14 +25,14 @@ SANDBOX_LIMIT = 71
 SANDBOX_MEMORY = 72
 
 
-def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool, account: str | None = None) -> None:
+def wait_as_parent(policy: Policy, cgroups: Groups, count_processes: bool) -> None:
     """Fork twice: the first child is the new PID namespace's init, which reaps what is
     orphaned there and says how the second ended; the second returns and runs the code (not
     as PID 1, to which the kernel delivers no signal it sends itself: abort() would end in a
     SIGSEGV). This process waits and ends the way the code's process ended, holding none of
-    its descriptors; killing it, or the init, kills everything in the namespace. With a memory
-    cgroup (`account`), the init is forked into it and this process leaves it: a sandbox the
-    kernel killed a process of for its memory ends with SANDBOX_MEMORY."""
+    its descriptors; killing it, or the init, kills everything in the namespace. The init is
+    forked into this process's cgroups, which it then leaves: a sandbox the kernel killed a
+    process of for its memory cgroup's limit ends with SANDBOX_MEMORY."""
     status_read, status_write = os.pipe()
     init = os.fork()
     if init == 0:
@@ -41,21 +41,19 @@ def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool, ac
         _serve_as_init(status_write, policy, count_processes)
         return
     os.close(status_write)
-    if account:
-        with contextlib.suppress(OSError):  # not left: the OOM killer may choose this process too
-            memory.leave(account)
+    # not left (a group it cannot go back to): the OOM killer may choose this process too
+    cgroups.leave()
     close_all_but(status_read)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: os.kill(init, signal.SIGKILL))
     _, status = os.waitpid(init, 0)
-    if cgroup:  # every process of the namespace has ended with its init
-        pids.release(cgroup)
     with os.fdopen(status_read, "rb") as told:
         reported = told.read()
     if len(reported) == 4:
         status = int.from_bytes(reported, "little")
-    if account:
-        if memory.oom_kills(account):
+    # every process of the namespace has ended with its init
+    if cgroups.memory:
+        if memory.oom_kills(cgroups.memory):
             print(
                 f"sandbox: {memory.EXCEEDED} ({policy.memory_mb} MiB, its memfds, shared memory and scratch files "
                 "counted): a process of it was killed",
@@ -63,7 +61,7 @@ def wait_as_parent(policy: Policy, cgroup: str | None, count_processes: bool, ac
                 flush=True,
             )
             status = SANDBOX_MEMORY << 8
-        memory.release(account)
+    cgroups.release()
     end_like(status)
 
 

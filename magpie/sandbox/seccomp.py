@@ -1,7 +1,8 @@
 """A seccomp filter: system calls code under test has no business making fail with EPERM
 (reaching into other processes, changing the mount table or a mount's flags (the read-only
 mounts that keep it from changing files' metadata), loading kernel code, io_uring,
-which seccomp cannot see into), and, without network, every `socket()` (`socketpair`
+which seccomp cannot see into; where no memory cgroup counts them, memfd_create and shmget,
+whose memory lies outside RLIMIT_AS), and, without network, every `socket()` (`socketpair`
 stays): a Unix socket's path can name a daemon's, Docker's say, which Landlock does not
 guard, and a VM's vsock reaches its host from any network namespace. System calls of
 another architecture's ABI kill the process: they would bypass the table."""
@@ -47,6 +48,9 @@ DENIED = (
     "io_uring_register",
     "mount_setattr",
 )
+# Memory that lies outside RLIMIT_AS: a memfd's pages once unmapped, a System V segment once
+# detached (it outlives every attachment). Refused where no memory cgroup counts them.
+UNCOUNTED = ("memfd_create", "shmget")
 # (audit architecture, syscall numbers, numbers at or above this are another ABI's)
 ARCHES = {
     "x86_64": (
@@ -71,6 +75,8 @@ ARCHES = {
             "setns": 308,
             "userfaultfd": 323,
             "socket": 41,
+            "memfd_create": 319,
+            "shmget": 29,
         },
     ),
     "aarch64": (
@@ -95,6 +101,8 @@ ARCHES = {
             "setns": 268,
             "userfaultfd": 282,
             "socket": 198,
+            "memfd_create": 279,
+            "shmget": 194,
         },
     ),
 }
@@ -125,8 +133,9 @@ def _instruction(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def program(network: bool, families: tuple[int, ...] = (), machine: str | None = None) -> bytes:
-    """Without network, `socket()` fails unless its family is one of `families`."""
+def program(network: bool, families: tuple[int, ...] = (), machine: str | None = None, uncounted: bool = True) -> bytes:
+    """Without network, `socket()` fails unless its family is one of `families`; without
+    `uncounted`, so do `memfd_create()` and `shmget()` (where no memory cgroup counts them)."""
     arch, foreign_from, numbers = ARCHES[machine or platform.machine()]
     numbers = {**numbers, **COMMON}
     eperm = ERRNO | errno.EPERM
@@ -138,7 +147,7 @@ def program(network: bool, families: tuple[int, ...] = (), machine: str | None =
         _instruction(JGE_K, 0, 1, foreign_from),
         _instruction(RET_K, 0, 0, KILL_PROCESS),
     ]
-    for name in DENIED:
+    for name in (*DENIED, *(() if uncounted else UNCOUNTED)):
         code += [_instruction(JEQ_K, 0, 1, numbers[name]), _instruction(RET_K, 0, 0, eperm)]
     if not network:
         # socket(family, ...): its first argument's low word (seccomp_data.args[0], little-endian)
@@ -150,9 +159,9 @@ def program(network: bool, families: tuple[int, ...] = (), machine: str | None =
     return b"".join(code)
 
 
-def install(network: bool, families: tuple[int, ...] = ()) -> None:
+def install(network: bool, families: tuple[int, ...] = (), uncounted: bool = True) -> None:
     """no_new_privs must be set."""
-    code = program(network, families)
+    code = program(network, families, uncounted=uncounted)
     buffer = ctypes.create_string_buffer(code, len(code))
     fprog = struct.pack("=HxxxxxxQ", len(code) // 8, ctypes.addressof(buffer))
     libc = ctypes.CDLL(None, use_errno=True)
