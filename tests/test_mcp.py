@@ -281,6 +281,37 @@ def test_a_restarted_server_answers_for_the_jobs_an_earlier_one_started(project,
         again.close()
 
 
+@pytest.mark.slow  # a real engine started
+def test_a_benchmark_job_is_a_measurement_and_its_result_is_listed_and_compared(tmp_path, tiny_model):
+    """transformers serve on the CPU, the tiny model copied into a project of its own, benchmarked through MCP."""
+    from magpie.serving.local import free_port
+
+    root = tmp_path / "project"
+    root.mkdir()
+    make_project(root)
+    shutil.copytree(tiny_model, root / "model")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    session = Session(
+        StdioServerParameters(command=sys.executable, args=["-m", "magpie", "mcp"], cwd=str(root), env=env)
+    )
+    try:
+        load = {"engine": "transformers", "model": "model", "num_prompts": 4, "input_len": 16, "output_len": 8}
+        job = session.ok("benchmark", {**load, "concurrency": 2, "port": free_port(), "timeout_s": 300, "wait": True})
+        assert job["state"] == "succeeded", job
+        report = job["result"]
+        assert report["success"] and report["config"]["run_kind"] == "measurement" and not report["config"]["profiler"]
+        assert report["run"]["completed"] == 4
+        results = session.ok("list_benchmark_results")["results"]
+        mine = [r for r in results if r["result_id"] not in ("clean-a", "clean-b")]
+        assert len(mine) == 1 and mine[0]["success"] and mine[0]["framework"] == "transformers"
+        got = session.ok("get_benchmark_result", {"result_id": mine[0]["result_id"]})
+        assert got == mine[0]
+        compared = session.ok("compare_benchmark_results", {"before": got["result_id"], "after": got["result_id"]})
+        assert compared["comparison"]
+    finally:
+        session.close()
+
+
 OUTSIDE = ["../outside.py", "/etc/passwd", "escape/x.py", "sub/../../x.py", "a\0b", "~/x.py"]
 
 

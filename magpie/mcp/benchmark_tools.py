@@ -69,6 +69,9 @@ def register(app: MCPServer, services: Services) -> None:
         precision: str = "auto",
         tp: Annotated[int, Field(ge=1, le=64)] = 1,
         max_model_len: Annotated[int | None, Field(ge=1)] = None,
+        port: Annotated[
+            int | None, Field(ge=1024, le=65535, description="the local server's port (default: the engine's)")
+        ] = None,
         endpoint: Literal["completions", "chat"] = "completions",
         concurrency: Annotated[int | None, Field(ge=1)] = None,
         input_len: Annotated[int, Field(ge=1)] = 1024,
@@ -93,6 +96,7 @@ def register(app: MCPServer, services: Services) -> None:
             "precision": precision,
             "tp": tp,
             "max_model_len": max_model_len,
+            "port": port,
             "endpoint": endpoint,
             "concurrency": concurrency,
             "input_len": input_len,
