@@ -42,6 +42,58 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(slow) or item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.slow)
+    for item, group in _groups_sharing_a_fixture(items).items():
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Shared fixtures each xdist worker makes for itself: cheap beside the tests that use them (the tiny
+# model takes seconds, a real server start with it a minute), and grouping all their users would put
+# every serving test on one worker.
+MADE_BY_EACH_WORKER = frozenset({"tiny_model"})
+
+
+def _groups_sharing_a_fixture(items) -> dict:
+    """item -> xdist group, for the README's `-n N` run (`--dist loadgroup`, addopts): the tests that
+    share an instance of a module-, class- or session-scoped fixture of tests/ (a scenario build,
+    a server, an image) run on one worker, so that each is made once. A test that shares none
+    has no group: xdist hands such tests out one at a time."""
+    tests = Path(__file__).resolve().parent
+    owner: dict = {}
+
+    def root(key):
+        while owner[key] != key:
+            owner[key] = owner[owner[key]]
+            key = owner[key]
+        return key
+
+    shared_by = {}
+    for item in items:
+        keys = []
+        definitions = item._fixtureinfo.name2fixturedefs if hasattr(item, "_fixtureinfo") else {}
+        for name in item.fixturenames:
+            for definition in definitions.get(name, ()):
+                if definition.scope == "function" or (
+                    definition.scope == "session" and definition.argname in MADE_BY_EACH_WORKER
+                ):
+                    continue
+                if not Path(definition.func.__code__.co_filename).resolve().is_relative_to(tests):
+                    continue
+                # a module-scoped fixture is made once per module that uses it, a class-scoped one per class
+                where = {"module": item.nodeid.split("::")[0], "class": item.nodeid.rsplit("::", 1)[0]}
+                # and a parametrized one once per parameter
+                param = getattr(item, "callspec", None) and item.callspec.params.get(definition.argname)
+                instance = definition.argname if param is None else f"{definition.argname}={param}"
+                keys.append((instance, where.get(definition.scope, definition.baseid)))
+        if keys:
+            shared_by[item] = keys
+            for key in keys:
+                owner.setdefault(key, key)
+            for key in keys[1:]:
+                owner[root(key)] = root(keys[0])
+    # xdist reads a group after the test id's last '@', and only where no ']' follows it
+    return {
+        item: "{1}::{0}".format(*root(keys[0])).replace("[", "(").replace("]", ")") for item, keys in shared_by.items()
+    }
 
 
 def magpie(*args, cwd, check=None, timeout=600, env=None):

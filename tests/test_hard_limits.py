@@ -162,44 +162,49 @@ def _project(root, candidates: dict[str, str]) -> None:
     relu2_project(root, list(candidates), shapes="[[8, 16]]", defaults=DEFAULTS, timing=TIMING)
 
 
-# stall the evaluator cannot bound (each call in time, many calls), and stalls it can
-AT_EIGHT_JOBS = {
-    name: name
-    for name in (
-        "sleeps_in_c_when_timed",
-        "spins_when_timed",
-        "blocks_when_timed",
-        "stops_when_timed",
-        "stops_its_parent",
-        "batches_repeated_inputs",
-        "holds_no_stray_descriptor",
-    )
+# The watched builds, each made once (a module-scoped fixture's instance per scenario) and, under
+# `pytest -n N`, each on a worker of its own (tests/conftest.py groups a test by the instance it
+# reads): most of their time is spent waiting out step limits. Scenario -> (-j, candidates as
+# `_project` takes them, `on_evaluator` as `_watched_build` takes it).
+SCENARIOS = {
+    # stalls the evaluator cannot bound (each call in time, many calls), and stalls it can
+    "at_eight_jobs": (
+        8,
+        {
+            name: name
+            for name in (
+                "sleeps_in_c_when_timed",
+                "spins_when_timed",
+                "blocks_when_timed",
+                "stops_when_timed",
+                "stops_its_parent",
+                "batches_repeated_inputs",
+                "holds_no_stray_descriptor",
+            )
+        },
+        {},
+    ),
+    # at -j 1: the stall the evaluator cannot bound, and an evaluator killed with SIGKILL mid-timing
+    "at_one_job": (
+        1,
+        {"sleeps_in_c_when_timed": "sleeps_in_c_when_timed", "evaluator_killed": "sleeps_in_c_when_timed"},
+        {"evaluator_killed": (6.0, signal.SIGKILL)},
+    ),
+    # at -j 1, an evaluator stopped from outside: it keeps no deadline of its own then
+    "stopped_at_one_job": (
+        1,
+        {"evaluator_stopped": "sleeps_in_c_when_timed"},
+        {"evaluator_stopped": (1.0, signal.SIGSTOP)},
+    ),
 }
 
 
-@pytest.fixture(scope="module")
-def at_eight_jobs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("limits_j8")
-    _project(root, AT_EIGHT_JOBS)
-    return _watched_build(root, 8)
-
-
-@pytest.fixture(scope="module")
-def at_one_job(tmp_path_factory):
-    """At -j 1: the stall the evaluator cannot bound, an evaluator stopped from outside (it keeps
-    no deadline of its own then) and one killed with SIGKILL mid-timing."""
-    root = tmp_path_factory.mktemp("limits_j1")
-    _project(
-        root,
-        {
-            "sleeps_in_c_when_timed": "sleeps_in_c_when_timed",
-            "evaluator_stopped": "sleeps_in_c_when_timed",
-            "evaluator_killed": "sleeps_in_c_when_timed",
-        },
-    )
-    return _watched_build(
-        root, 1, on_evaluator={"evaluator_stopped": (1.0, signal.SIGSTOP), "evaluator_killed": (6.0, signal.SIGKILL)}
-    )
+@pytest.fixture(scope="module", params=list(SCENARIOS))
+def watched(request, tmp_path_factory):
+    jobs, candidates, on_evaluator = SCENARIOS[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    _project(root, candidates)
+    return _watched_build(root, jobs, on_evaluator)
 
 
 def _timed_out_in_time(build: dict, impl: str) -> dict:
@@ -214,61 +219,69 @@ def _timed_out_in_time(build: dict, impl: str) -> dict:
     return row
 
 
+def _in(*scenarios: str):
+    """The test reads the watched build of each of these scenarios."""
+    return pytest.mark.parametrize("watched", scenarios, indirect=True)
+
+
+@_in("at_eight_jobs")
 @pytest.mark.parametrize(
     "impl", ["sleeps_in_c_when_timed", "spins_when_timed", "blocks_when_timed", "stops_when_timed", "stops_its_parent"]
 )
-def test_a_stalled_timing_is_a_timeout_within_its_limit_at_eight_jobs(at_eight_jobs, impl):
-    _timed_out_in_time(at_eight_jobs, impl)
+def test_a_stalled_timing_is_a_timeout_within_its_limit_at_eight_jobs(watched, impl):
+    _timed_out_in_time(watched, impl)
 
 
-def test_each_call_in_time_and_too_many_of_them_is_the_steps_timeout(at_eight_jobs, at_one_job):
+@_in("at_eight_jobs", "at_one_job")
+def test_each_call_in_time_and_too_many_of_them_is_the_steps_timeout(watched):
     """Each call blocks in a C call for longer than timeout_s, within what the evaluator allows a
     batch: every wait of the evaluator's ends in time, and the step would run for many minutes;
     its job ends it at its limit."""
-    for build in (at_eight_jobs, at_one_job):
-        row = _timed_out_in_time(build, "sleeps_in_c_when_timed")
-        assert f"timeout after {LIMIT_S:g} s: the timing step's limit" in row["errors"][0], row["errors"]
+    row = _timed_out_in_time(watched, "sleeps_in_c_when_timed")
+    assert f"timeout after {LIMIT_S:g} s: the timing step's limit" in row["errors"][0], row["errors"]
 
 
-def test_a_candidate_batching_repeated_inputs_does_not_stall_the_build(at_eight_jobs):
+@_in("at_eight_jobs")
+def test_a_candidate_batching_repeated_inputs_does_not_stall_the_build(watched):
     """It computes every input it has seen at each call once it sees an input's memory again:
     right, slower with each slot; judged (here, timed as slow) or timed out within the limit."""
-    row = at_eight_jobs["rows"]["batches_repeated_inputs"]
-    timing = at_eight_jobs["results"]["timing:relu2/batches_repeated_inputs"]
+    row = watched["rows"]["batches_repeated_inputs"]
+    timing = watched["results"]["timing:relu2/batches_repeated_inputs"]
     assert row["correctness_state"] == "SUCCESS", row["verdict"]
     step = timing["step_limit"]
     assert step["ran_s"] - step["device_wait_s"] <= LIMIT_S + 5, step
 
 
-def test_a_stopped_evaluator_is_killed_at_its_steps_limit(at_one_job):
-    assert "evaluator_stopped" in at_one_job["signalled"], at_one_job["output"]
-    row = _timed_out_in_time(at_one_job, "evaluator_stopped")
+@_in("stopped_at_one_job")
+def test_a_stopped_evaluator_is_killed_at_its_steps_limit(watched):
+    assert "evaluator_stopped" in watched["signalled"], watched["output"]
+    row = _timed_out_in_time(watched, "evaluator_stopped")
     assert f"timeout after {LIMIT_S:g} s" in row["errors"][0]
 
 
-def test_an_evaluator_killed_mid_timing_is_its_steps_failure(at_one_job):
-    assert "evaluator_killed" in at_one_job["signalled"], at_one_job["output"]
-    row = at_one_job["rows"]["evaluator_killed"]
+@_in("at_one_job")
+def test_an_evaluator_killed_mid_timing_is_its_steps_failure(watched):
+    assert "evaluator_killed" in watched["signalled"], watched["output"]
+    row = watched["rows"]["evaluator_killed"]
     assert row["performance_state"] == "FAILED" and "SIGKILL" in row["errors"][0], row["errors"]
 
 
-@pytest.mark.parametrize("build", ["at_eight_jobs", "at_one_job"])
-def test_nothing_of_a_build_outlives_it(build, request):
+def test_nothing_of_a_build_outlives_it(watched):
     """No process the build started (the zygote, evaluators, workers, their sandboxes' inits,
     stopped or not) is left once it has ended, nor any scratch folder they owned (the workers'
     inputs, outputs and batch regions, in /dev/shm)."""
-    watched = request.getfixturevalue(build)
     assert "magpie: ran" in (watched["output"] or ""), watched["output"]  # it ended, none of its tasks stalled it
     assert watched["elapsed"] < 600, watched["output"]
     assert not watched["left"], watched["left"]
     assert not watched["folders_left"], watched["folders_left"]
 
 
-def test_a_worker_holds_no_descriptor_but_its_streams_and_pipes(at_eight_jobs):
+@_in("at_eight_jobs")
+def test_a_worker_holds_no_descriptor_but_its_streams_and_pipes(watched):
     """The zygote's descriptors (its owner's pidfd, its socket, other children's pipes) are
     closed in a new child: the candidate, listing /proc/self/fd as it is imported, finds only
     its standard streams and its two pipes to the evaluator."""
-    row = at_eight_jobs["rows"]["holds_no_stray_descriptor"]
+    row = watched["rows"]["holds_no_stray_descriptor"]
     assert row["correctness_state"] == "SUCCESS", row["verdict"]
 
 
