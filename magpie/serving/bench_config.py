@@ -18,7 +18,8 @@
                                  # default: the model's own), as --tokenizer
       random_prefix_len: 0       # tokens of a prefix shared by every prompt, as --random-prefix-len
       sweep: {concurrency: [1, 2, 4]}  # a sweep (concurrency, request_rate, input_len, output_len: every
-                                 # combination) against one server, as --sweep; envs give the rest of the load
+                                 # combination) against one server, as --sweep; envs give the rest of the load,
+                                 # NUM_PROMPTS (default 10 x CONC, else 100) the same at every point
       repeats: 3                 # runs of each sweep point (default 3), as --repeats
       profiler: false            # true: a torch profiler window, traces analysed; the run is diagnostic
       # or Magpie's block (keys magpie has no counterpart for only at the value matching what magpie does):
