@@ -66,6 +66,11 @@ def as_sudo_user(monkeypatch):
         monkeypatch.setenv("SUDO_GID", str(INVOKER[1]))
 
 
+def in_docker(model, image: str, *options: str) -> list[str]:
+    """`magpie benchmark transformers`'s arguments serving the model in a container of the image, then the options."""
+    return ["benchmark", "transformers", "-m", str(model), "--run-mode", "docker", "--docker-image", image, *options]
+
+
 def left(client, workspace: Path) -> list:
     # one removed between the listing and its inspection (magpie removing it meanwhile) is not left
     return client.containers.list(all=True, filters={"label": f"{docker_mode.LABEL}={workspace}"}, ignore_removed=True)
@@ -80,14 +85,8 @@ def test_transformers_serve_in_a_container_end_to_end(client, image, tiny_model,
 
     out = tmp_path / "ws"
     rc = main(
-        [
-            "benchmark",
-            "transformers",
-            "-m",
-            str(tiny_model),
-            "--run-mode",
-            "docker",
-            "--docker-image",
+        in_docker(
+            tiny_model,
             image,
             "--port",
             str(free_port()),
@@ -105,7 +104,7 @@ def test_transformers_serve_in_a_container_end_to_end(client, image, tiny_model,
             "240",
             "-o",
             str(out),
-        ]
+        )
     )
     report = json.loads((out / REPORT).read_text())
     assert rc == 0, report["errors"]
@@ -171,22 +170,7 @@ def test_daemon_unreachable_is_one_line_and_a_report(tmp_path, monkeypatch, caps
     dead = tmp_path / "dead.sock"
     monkeypatch.setenv("DOCKER_HOST", f"unix://{dead}")
     out = tmp_path / "ws"
-    rc = main(
-        [
-            "benchmark",
-            "transformers",
-            "-m",
-            str(tmp_path),
-            "--run-mode",
-            "docker",
-            "--docker-image",
-            "any:1",
-            "--timeout",
-            "30",
-            "-o",
-            str(out),
-        ]
-    )
+    rc = main(in_docker(tmp_path, "any:1", "--timeout", "30", "-o", str(out)))
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
@@ -199,22 +183,7 @@ def test_daemon_unreachable_is_one_line_and_a_report(tmp_path, monkeypatch, caps
 
 def test_missing_image_is_one_line(client, tmp_path, capsys):
     out = tmp_path / "ws"
-    rc = main(
-        [
-            "benchmark",
-            "transformers",
-            "-m",
-            str(tmp_path),
-            "--run-mode",
-            "docker",
-            "--docker-image",
-            "magpie-no-such-image:0",
-            "--timeout",
-            "30",
-            "-o",
-            str(out),
-        ]
-    )
+    rc = main(in_docker(tmp_path, "magpie-no-such-image:0", "--timeout", "30", "-o", str(out)))
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "image magpie-no-such-image:0 is not on this machine" in err[0] and "docker pull" in err[0]
@@ -228,24 +197,7 @@ def test_container_that_exits_at_start_leaves_its_log_tail(client, image, tmp_pa
     (broken / "config.json").write_text('{"model_type": "llama", "hidden_size": "wide"}')
     out = tmp_path / "ws"
     rc = main(
-        [
-            "benchmark",
-            "transformers",
-            "-m",
-            str(broken),
-            "--run-mode",
-            "docker",
-            "--docker-image",
-            image,
-            "--port",
-            str(free_port()),
-            "--num-prompts",
-            "2",
-            "--timeout",
-            "120",
-            "-o",
-            str(out),
-        ]
+        in_docker(broken, image, "--port", str(free_port()), "--num-prompts", "2", "--timeout", "120", "-o", str(out))
     )
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -259,24 +211,9 @@ def test_container_that_exits_at_start_leaves_its_log_tail(client, image, tmp_pa
 def test_ready_timeout_and_taken_port_leave_no_container(client, image, tiny_model, tmp_path):
     out = tmp_path / "slow"
     rc = main(
-        [
-            "benchmark",
-            "transformers",
-            "-m",
-            str(tiny_model),
-            "--run-mode",
-            "docker",
-            "--docker-image",
-            image,
-            "--port",
-            str(free_port()),
-            "--ready-timeout",
-            "1",
-            "--timeout",
-            "60",
-            "-o",
-            str(out),
-        ]
+        in_docker(
+            tiny_model, image, "--port", str(free_port()), "--ready-timeout", "1", "--timeout", "60", "-o", str(out)
+        )
     )
     report = json.loads((out / REPORT).read_text())
     assert rc == 1 and "was not ready within 1 s" in report["errors"][0] and left(client, out) == []
@@ -285,22 +222,7 @@ def test_ready_timeout_and_taken_port_leave_no_container(client, image, tiny_mod
         taken.listen()
         out = tmp_path / "taken"
         rc = main(
-            [
-                "benchmark",
-                "transformers",
-                "-m",
-                str(tiny_model),
-                "--run-mode",
-                "docker",
-                "--docker-image",
-                image,
-                "--port",
-                str(taken.getsockname()[1]),
-                "--timeout",
-                "60",
-                "-o",
-                str(out),
-            ]
+            in_docker(tiny_model, image, "--port", str(taken.getsockname()[1]), "--timeout", "60", "-o", str(out))
         )
     report = json.loads((out / REPORT).read_text())
     assert rc == 1 and "is already taken" in report["errors"][0] and report["server"]["container"] is None
@@ -331,28 +253,24 @@ def test_sigterm_mid_run_removes_the_container(client, image, tiny_model, tmp_pa
             sys.executable,
             "-m",
             "magpie",
-            "benchmark",
-            "transformers",
-            "-m",
-            str(tiny_model),
-            "--run-mode",
-            "docker",
-            "--docker-image",
-            image,
-            "--port",
-            str(free_port()),
-            "--num-prompts",
-            "400",
-            "--concurrency",
-            "2",
-            "--input-len",
-            "16",
-            "--output-len",
-            "64",
-            "--timeout",
-            "240",
-            "-o",
-            str(out),
+            *in_docker(
+                tiny_model,
+                image,
+                "--port",
+                str(free_port()),
+                "--num-prompts",
+                "400",
+                "--concurrency",
+                "2",
+                "--input-len",
+                "16",
+                "--output-len",
+                "64",
+                "--timeout",
+                "240",
+                "-o",
+                str(out),
+            ),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -382,20 +300,7 @@ def test_a_container_left_by_a_killed_magpie_is_removed_and_a_live_ones_is_not(
             sys.executable,
             "-m",
             "magpie",
-            "benchmark",
-            "transformers",
-            "-m",
-            str(tiny_model),
-            "--run-mode",
-            "docker",
-            "--docker-image",
-            image,
-            "--port",
-            str(free_port()),
-            "--timeout",
-            "240",
-            "-o",
-            str(out),
+            *in_docker(tiny_model, image, "--port", str(free_port()), "--timeout", "240", "-o", str(out)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

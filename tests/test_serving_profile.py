@@ -268,34 +268,19 @@ def test_a_profile_without_model_ops_is_one_error_line(tmp_path):
     assert profiling.missing_model_ops([attention]) is None
 
 
+def _profiled_run(model: Path, out: Path, timeout_s: int) -> tuple[int, dict]:
+    """`magpie benchmark transformers --torch-profiler` on the model with a small load: its exit code and report."""
+    rc = main(
+        ["benchmark", "transformers", "-m", str(model), "--port", str(free_port()), "--num-prompts", "4"]
+        + ["--concurrency", "2", "--input-len", "16", "--output-len", "8", "--num-warmups", "1"]
+        + ["--timeout", str(timeout_s), "--torch-profiler", "-o", str(out)]
+    )
+    return rc, json.loads((out / REPORT).read_text())
+
+
 def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
     out = tmp_path / "ws"
-    rc = main(
-        [
-            "benchmark",
-            "transformers",
-            "-m",
-            str(tiny_model),
-            "--port",
-            str(free_port()),
-            "--num-prompts",
-            "4",
-            "--concurrency",
-            "2",
-            "--input-len",
-            "16",
-            "--output-len",
-            "8",
-            "--num-warmups",
-            "1",
-            "--timeout",
-            "240",
-            "--torch-profiler",
-            "-o",
-            str(out),
-        ]
-    )
-    report = json.loads((out / REPORT).read_text())
+    rc, report = _profiled_run(tiny_model, out, timeout_s=240)
     assert rc == 0, report["errors"]
     assert report["success"] and report["errors"] == []
     assert report["profiling_enabled"] and report["run_kind"] == "diagnostic" and not report["reward_eligible"]
@@ -332,32 +317,7 @@ def test_transformers_serve_profiled_on_the_gpu_records_the_models_kernels_by_st
     from magpie.traces.kernels import category
 
     out = tmp_path / "ws"
-    rc = main(
-        [
-            "benchmark",
-            "transformers",
-            "-m",
-            str(tiny_model),
-            "--port",
-            str(free_port()),
-            "--num-prompts",
-            "4",
-            "--concurrency",
-            "2",
-            "--input-len",
-            "16",
-            "--output-len",
-            "8",
-            "--num-warmups",
-            "1",
-            "--timeout",
-            "300",
-            "--torch-profiler",
-            "-o",
-            str(out),
-        ]
-    )
-    report = json.loads((out / REPORT).read_text())
+    rc, report = _profiled_run(tiny_model, out, timeout_s=300)
     assert rc == 0 and report["success"], report["errors"]
     traces = sorted((out / "torch_trace").glob("*.pt.trace.json"))
     assert len(traces) == 1 and not list((out / "torch_trace").glob("*.recording"))
