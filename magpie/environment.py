@@ -26,6 +26,8 @@ CUDA_IPC = "MAGPIE_CUDA_IPC"
 ZYGOTE_DIR = "MAGPIE_ZYGOTE_DIR"
 # The pid of the build that owns the zygote folder (absent: a kept-warm folder, owned by none).
 ZYGOTE_OWNER = "MAGPIE_ZYGOTE_OWNER"
+# The build's job count (-j), by which a worker's default memory limit shares the machine's memory.
+JOBS = "MAGPIE_JOBS"
 # For code under test: the id of the implementation it is, and the path of its source.
 IMPL_ID = "MAGPIE_IMPL_ID"
 IMPL_SOURCE = "MAGPIE_IMPL_SOURCE"

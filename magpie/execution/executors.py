@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 
+from magpie.environment import JOBS
 from magpie.execution import pool
 from magpie.execution.job import Job, JobOutput, run_job
 from magpie.linux.procfs import parent_and_state, parents_and_states
@@ -179,6 +180,7 @@ EXECUTORS = {"inline": InlineExecutor, "local": LocalProcessExecutor}
 
 
 def make_executor(jobs: int, name: str | None = None):
+    os.environ[JOBS] = str(jobs)  # for its evaluators: a worker's default memory limit (`sandbox.default_memory_mb`)
     return EXECUTORS[pool.executor_name(jobs, name)](jobs)
 
 

@@ -44,7 +44,7 @@ class WorkerPool:
         # CUDA reserves far more address space than it uses, so the address-space limit that
         # catches memory hogs on the CPU would stop every GPU process at start-up; a sandbox
         # holds a GPU worker to it as a memory cgroup alone (`sandbox.memory`), where one can be had.
-        limit_mb = int(self.context.correctness_settings["memory_mb"])
+        limit_mb = self.context.correctness_settings["memory_mb"] or sandbox.default_memory_mb()
         memory_mb = limit_mb if self.context.device == "cpu" else 0
         env = self.context.env(impl)
         policy = None if sandbox.trusted() else self._policy(impl, cwd, limit_mb)

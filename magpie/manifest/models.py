@@ -109,7 +109,12 @@ class Defaults(Strict):
     rtol: float = Field(1e-5, ge=0)
     atol: float = Field(1e-6, ge=0)
     timeout_s: float = Field(120.0, gt=0, description="per evaluation subprocess")
-    memory_mb: int = Field(8192, ge=256, description="address-space limit of a candidate process")
+    memory_mb: int | None = Field(
+        None,
+        ge=256,
+        description="memory limit of a candidate process, all it holds (docs/security.md); "
+        "default: a share of the machine's memory, half of it over two workers a job (-j)",
+    )
     timing: TimingSettings = TimingSettings()
     profile: ProfileSettings = ProfileSettings()
 

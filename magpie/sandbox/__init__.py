@@ -38,7 +38,7 @@ from magpie.sandbox.admission import admit, trusted, unavailable_reason
 from magpie.sandbox.containment import SandboxError, command, contain, enter_or_exit, narrow
 from magpie.sandbox.devices import device_files, nvidia_gpu_nodes, nvidia_minor
 from magpie.sandbox.init import SANDBOX_FAILED, SANDBOX_LIMIT, SANDBOX_MEMORY
-from magpie.sandbox.policy import SHARED_MEMORY, Policy, describe, temporary_folders
+from magpie.sandbox.policy import SHARED_MEMORY, Policy, default_memory_mb, describe, temporary_folders
 
 __all__ = [
     "SANDBOX_FAILED",
@@ -50,6 +50,7 @@ __all__ = [
     "admit",
     "command",
     "contain",
+    "default_memory_mb",
     "describe",
     "device_files",
     "enter_or_exit",

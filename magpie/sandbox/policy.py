@@ -12,6 +12,7 @@ import sysconfig
 import tempfile
 
 from magpie import paths as magpie_paths
+from magpie.environment import JOBS
 from magpie.private_folders import scratch_root
 from magpie.sandbox import landlock, memory, pids, seccomp
 
@@ -73,6 +74,21 @@ GPU_SOCKET_FAMILIES = (socket.AF_UNIX,)
 # hashes, the host's SSH and TLS private keys. Shown empty.
 SECRET_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-")
 SECRET_FOLDERS = ("/etc/ssh", "/etc/ssl/private")
+
+
+def default_memory_mb(jobs: int | None = None) -> int:
+    """A worker's memory limit where the manifest sets none: half the machine's memory (the rest
+    for the system, magpie's own processes and parked workers), shared by the workers that may
+    run at once, a baseline's and a candidate's for each of the build's jobs (`jobs`, else the
+    build's -j as its executor tells its evaluators); never under the manifest's least, 256."""
+    if jobs is None:
+        jobs = int(os.environ.get(JOBS, "1") or 1)
+    total_kib = 0
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                total_kib = int(line.split()[1])
+    return max(256, total_kib // 1024 // 2 // (2 * max(1, jobs)))
 
 
 def temporary_folders() -> list[str]:
