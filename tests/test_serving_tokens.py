@@ -15,17 +15,6 @@ from magpie.serving.runner import REPORT, RESULT, SERVER_LOG, run_benchmark
 from magpie.serving.tiny_model import train_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """The tiny model's folder (weights and tokenizer), built offline."""
-    from magpie.serving.tiny_model import build
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
-        return build(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def test_random_prompts_hold_their_token_counts_and_share_a_prefix():
     tokenizer = train_tokenizer()
     samples = random_dataset(24, 32, 8, range_ratio=0.25, prefix_len=12, seed=3, tokenizer=tokenizer)
@@ -68,11 +57,11 @@ def test_lengths_beyond_the_context_are_one_line_before_a_server_starts(tmp_path
         prompt_tokenizer(fits)  # a broken tokenizer: one line before a server starts
 
 
-def test_the_models_own_tokenizer_by_default_and_a_given_one_over_it(tiny, tmp_path):
-    assert prompt_tokenizer(BenchmarkConfig(framework="transformers", model=str(tiny))) == str(tiny)
+def test_the_models_own_tokenizer_by_default_and_a_given_one_over_it(tiny_model, tmp_path):
+    assert prompt_tokenizer(BenchmarkConfig(framework="transformers", model=str(tiny_model))) == str(tiny_model)
     other = tmp_path / "tok"
     train_tokenizer(vocab_size=300).save_pretrained(other)
-    given = BenchmarkConfig(framework="transformers", model=str(tiny), tokenizer=str(other))
+    given = BenchmarkConfig(framework="transformers", model=str(tiny_model), tokenizer=str(other))
     assert prompt_tokenizer(given) == str(other) and load_tokenizer(str(other)).vocab_size == 300
     with pytest.raises(ValueError, match="tokenizer /nowhere: none found"):
         prompt_tokenizer(
@@ -81,14 +70,14 @@ def test_the_models_own_tokenizer_by_default_and_a_given_one_over_it(tiny, tmp_p
 
 
 @pytest.fixture(scope="module")
-def served(tiny, tmp_path_factory):
+def served(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("tokens")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         report = run_benchmark(
             BenchmarkConfig(
                 framework="transformers",
-                model=str(tiny),
+                model=str(tiny_model),
                 port=free_port(),
                 input_len=24,
                 output_len=6,
@@ -102,15 +91,15 @@ def served(tiny, tmp_path_factory):
     return report, out
 
 
-def test_transformers_serve_is_sent_the_token_counts_asked_for(served, tiny):
+def test_transformers_serve_is_sent_the_token_counts_asked_for(served, tiny_model):
     report, out = served
     assert report.success, report.errors
-    assert report.config.tokenizer == str(tiny)
+    assert report.config.tokenizer == str(tiny_model)
     # the server's own usage counts: each prompt 8 + 24 tokens, each output forced to 6
     assert report.throughput.total_input_tokens == 4 * (8 + 24)
     assert report.throughput.total_output_tokens == 4 * 6
     result = json.loads((out / RESULT).read_text())
-    assert result["tokenizer_id"] == str(tiny) and result["total_input_tokens"] == 4 * 32
+    assert result["tokenizer_id"] == str(tiny_model) and result["total_input_tokens"] == 4 * 32
     assert json.loads((out / REPORT).read_text())["config"]["prefix_len"] == 8
 
 
