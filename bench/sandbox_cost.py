@@ -3,7 +3,7 @@ without the sandbox, in a process that imported torch (as the zygote has): plain
 (below a keeper, `--trust-code`) and sandboxed. On a GPU also the first CUDA call inside it.
 Prints JSON; figures go to docs/performance.md.
 
-Usage: python bench/sandbox_cost.py [--repeat N] [--cuda]
+Usage: python bench/sandbox_cost.py [--repeat N] [--cuda] [--memory-mb MB]
 """
 
 from __future__ import annotations
@@ -49,9 +49,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--cuda", action="store_true")
+    # a worker's memory limit: as root a memory cgroup (with the pids one: one group on cgroup v2)
+    parser.add_argument("--memory-mb", type=int, default=0)
     args = parser.parse_args()
     scratch = tempfile.mkdtemp()
-    policy = sandbox.Policy(write=[scratch], gpu=args.cuda)
+    policy = sandbox.Policy(write=[scratch], gpu=args.cuda, memory_mb=args.memory_mb)
     result = {
         "machine": platform.node(),
         "kernel": platform.release(),

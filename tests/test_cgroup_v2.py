@@ -7,7 +7,7 @@ a leaf group of their own.
 
 These run where this process's v2 group can hand both controllers down as root (a VM's or a
 machine's root group); this CPU machine's cgroups are v1 (hybrid, no controller on v2), so they
-ran in a VM booted with cgroup v2 alone (docs/compatibility.md says how)."""
+ran in a VM booted with cgroup v2 alone (`bench/cgroup_v2_vm.sh`)."""
 
 import json
 import os
