@@ -13,6 +13,7 @@ from conftest import FIXTURES, build_json, copy_project, magpie_in_process, relu
 
 from magpie.cli.compare import table
 from magpie.harness.timed_shapes import combined
+from magpie.report.verdicts import task_line
 from magpie.supervision.step_limit import TIMING_BUDGET_FACTOR, step_limit_s
 
 SHAPES = "[[8, 16], [4, 32]]"
@@ -64,6 +65,10 @@ def test_the_reports_and_the_compare_table_show_a_row_per_shape(two_shapes):
         assert any(line.strip().startswith(label) for line in printed.splitlines())
     assert "(geometric mean of 2 shapes)" in summary and "(geometric mean of 2 shapes)" in printed
     assert "vs baseline" in printed.split(LABELS[1], 1)[1]  # each shape's speedup says its baseline median
+    stored = [json.loads(path.read_text()) for path in (two_shapes / "workspaces/store").glob("*/*/result.json")]
+    (timing,) = [result for result in stored if result.get("task") == "timing:relu2/fast"]
+    line = task_line("timing", timing)  # its `done` line
+    assert "(geometric mean of 2 shapes)" in line and line.endswith(f"µs on {LABELS[0]}")
 
 
 def test_a_shape_added_only_for_correctness_leaves_the_timings_up_to_date(two_shapes, tmp_path):

@@ -121,6 +121,9 @@ def _timing_line(result: dict) -> str:
     perf = result.get("performance_result") or {}
     said = speedup_text(result.get("speedup"))
     median = f"{perf['median_us']:,.2f} µs" if perf.get("median_us") is not None else ""
+    if len(result.get("shapes") or []) > 1:  # the speedup their geometric mean, the median the first shape's
+        said += f" (geometric mean of {len(result['shapes'])} shapes)" if said else ""
+        median += f" on {perf['shape']}" if median and perf.get("shape") else ""
     return " · ".join(part for part in ("correct", said, median) if part)
 
 
