@@ -167,7 +167,7 @@ class BatchMeasurement:
             # device 0.65-0.76 s for each candidate's 0.6 s when they came on top)
             batches_ns = round_ns * (1 - ALONE_SHARE / len(roles)) if alone else round_ns
             a_round = {role: max(1, min(cap, int(batches_ns / max(per_call[role], 1.0)))) for role in roles}
-            calls = {role: min(limit, -(-a_round[role] // BATCHES_PER_ROUND)) for role in roles}
+            calls = batch_sizes(a_round, limit, matched=not on_gpu)
             measured.round_laps = Laps()
             for r in range(rounds):
                 if not on_gpu:  # priced again in each round (in its "draw" part): the least of all is taken off
@@ -673,6 +673,26 @@ class BatchMeasurement:
             if not record["passed"]:
                 return {**record, "checked": calls, "where": f"timed call {call + 1} of a batch of {calls}"}
         return {"passed": True, "checked": calls}
+
+
+def batch_sizes(a_round: dict[str, int], limit: int, matched: bool) -> dict[str, int]:
+    """Each role's calls a batch: its calls a round (`a_round`) in BATCHES_PER_ROUND batches, within
+    `limit`. `matched` (the CPU's): the other role's batches as large as the larger of them where
+    its calls a round allow, never smaller, its round split evenly. What a CPU batch costs beside
+    its calls (the worker woken, its request read and answered, a first call cold after the worker
+    was stopped) is not taken off there, and weighs less the more calls share it (on the busy 2-core
+    machine one worker's batches of one call read 186-203 µs a call where its batches of three read
+    44-73): sized apart, a role whose sizing read it slower is timed in smaller batches and reads
+    slower still, and an identical copy of the baseline reads faster than it. On a GPU that cost is
+    measured and taken off (`rounds.fixed_cost`)."""
+    calls = {role: min(limit, -(-a // BATCHES_PER_ROUND)) for role, a in a_round.items()}
+    if not matched:
+        return calls
+    common = max(calls.values())
+    return {
+        role: n if n == common else min(limit, -(-a_round[role] // max(1, a_round[role] // common)))
+        for role, n in calls.items()
+    }
 
 
 def _note_processes(

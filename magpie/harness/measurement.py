@@ -394,6 +394,7 @@ def alone_bound(
     return {
         "pairs": len(pairs),
         "baseline_alone_us": baseline_alone / 1000,
+        "baseline_batched_us": batched_ns["baseline"] / 1000,
         "difference_us": difference / 1000,
         "margin_us": margin / 1000,
         "lower_us": lower / 1000,
