@@ -18,8 +18,16 @@ def add_parser(sub) -> None:
     p.add_argument("-j", "--jobs", type=int, default=1, help="independent tasks run in parallel (default: 1)")
     p.add_argument(
         "--executor",
-        choices=("inline", "local"),
-        help="where jobs run (default: inline for -j 1, a local process pool otherwise)",
+        choices=("inline", "local", "ray"),
+        help="where jobs run (default: inline for -j 1, a local process pool otherwise; ray: each job a Ray task)",
+    )
+    p.add_argument(
+        "--devices",
+        help="GPU indices to place jobs on, e.g. 0,1 (default: [project] devices, else every visible GPU)",
+    )
+    p.add_argument(
+        "--ray-address",
+        help="with --executor ray: the cluster to join (auto, ray://host:port; default: start a local Ray)",
     )
     p.add_argument("-n", "--dry-run", action="store_true", help="list what would run and why, run nothing")
     p.add_argument(
@@ -60,11 +68,22 @@ def run(args) -> int:
     from magpie.execution.build import Build, BuildOptions
     from magpie.execution.progress import Progress
 
+    devices = None
+    if args.devices is not None:
+        from magpie.execution.devices import parse_devices
+
+        devices = parse_devices(args.devices)
+    if args.ray_address is not None and args.executor != "ray":
+        from magpie.errors import UserError
+
+        raise UserError("--ray-address: only with --executor ray")
     options = BuildOptions(
         targets=args.targets,
         manifest=args.manifest,
         jobs=args.jobs,
         executor=args.executor,
+        devices=devices,
+        ray_address=args.ray_address,
         force=args.force,
         verify=args.verify,
         trust_code=args.trust_code,

@@ -40,6 +40,8 @@ class BuildOptions:
         manifest: str | Path = "magpie.toml",
         jobs: int = 1,
         executor: str | None = None,
+        devices: list[int] | None = None,
+        ray_address: str | None = None,
         force: bool = False,
         verify: bool = False,
         trust_code: bool = False,
@@ -49,7 +51,9 @@ class BuildOptions:
         self.targets = list(targets or [])  # kernel ids or task names; none: everything
         self.manifest = manifest
         self.jobs = jobs
-        self.executor = executor  # "inline" or "local"; None: inline for one job, local otherwise
+        self.executor = executor  # "inline", "local" or "ray"; None: inline for one job, local otherwise
+        self.devices = devices  # GPU indices jobs are placed on; None: [project] devices, else every visible GPU
+        self.ray_address = ray_address  # with executor "ray": a cluster's ("auto", "ray://..."); None: Ray started here
         self.force = force  # the targets run again even where up to date
         self.verify = verify  # every artifact hashed first, not trusted by its files' stat
         self.trust_code = trust_code  # code under test runs unsandboxed where the host allows no sandbox
@@ -143,6 +147,8 @@ class Build:
                 selected,
                 jobs=options.jobs,
                 executor_name=options.executor,
+                devices=options.devices,
+                ray_address=options.ray_address,
                 progress=self.progress,
                 verify=options.verify,
                 summarize=options.summarize,
@@ -275,6 +281,8 @@ def build_selected(
     *,
     jobs: int = 1,
     executor_name: str | None = None,
+    devices: list[int] | None = None,
+    ray_address: str | None = None,
     progress: Progress | None = None,
     verify: bool = False,
     summarize: bool = True,
@@ -321,7 +329,8 @@ def build_selected(
     why = {**again, **{name: reason(problem) for name, problem in modified.items()}}
     secret = input_secret(evaluates)
     with zygote.session(prestart=evaluates):  # before the executor: its job processes find the zygote's folder
-        executor = make_executor(jobs, executor_name)
+        placed = _devices(project, stale, devices, progress)
+        executor = make_executor(jobs, executor_name, placed, ray_address)
         try:
             code, reporter = run_doit(project, selected, executor, jobs, progress, why, secret)
             republish = publish_project(project, progress.line)  # modified while this build ran: rebuilt once more
@@ -346,6 +355,20 @@ def build_selected(
         check=check,
         summary=_summary(project, selected, reporter.executed, reporter.failures) if summarize else None,
     )
+
+
+def _devices(project, stale: list[str], asked: list[int] | None, progress: Progress):
+    """The devices the stale jobs are placed on (execution/devices.py); None where none is placed."""
+    from magpie.execution.devices import PLACED_RULES, build_devices, models_line
+
+    if not any(project.tasks[name].rule in PLACED_RULES for name in stale):
+        return None
+    settings = project.manifest.project
+    found = build_devices(settings.device, asked if asked is not None else settings.devices)
+    line = models_line(found)
+    if line:
+        progress.line(line)
+    return found
 
 
 def run_provisional_again(project, closure: list[str]) -> dict[str, str]:

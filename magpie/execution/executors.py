@@ -1,7 +1,8 @@
 """Executors run jobs. doit schedules; an executor decides where a job's work happens.
 
-Picked by name from EXECUTORS; a Ray executor for clusters is one more class here.
-Also how a build stops what it started: `stop_descendants`.
+Picked by name from EXECUTORS (`ray`: ray_executor.py, imported only when picked). Where a
+build's jobs run on devices, `Placed` puts each on one (devices.py) and records it in the
+result. Also how a build stops what it started: `stop_descendants`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 
-from magpie.environment import JOBS
+from magpie.errors import UserError
 from magpie.execution import pool
+from magpie.execution.devices import CPU, PLACED_RULES, Device, Placement, device_of, placed_on
 from magpie.execution.job import Job, JobOutput, run_job
 from magpie.linux.procfs import parent_and_state, parents_and_states
 
@@ -176,12 +179,84 @@ def _signal(pid: int, fd: int | None, sig: int) -> None:
             os.kill(pid, sig)
 
 
-EXECUTORS = {"inline": InlineExecutor, "local": LocalProcessExecutor}
+class Placed:
+    """An executor whose jobs are put on devices first (`devices.Placement`): a job of a placed
+    rule (timing, profile, correctness) that names a device waits for one, runs with its
+    settings naming that device, and its result records the device (`device`: index, name,
+    UUID where known)."""
+
+    def __init__(self, inner, placement: Placement):
+        self.inner = inner
+        self.workers = inner.workers
+        self.placement = placement
+
+    def submit(self, job: Job) -> Future:
+        spec = job.spec
+        if spec.rule not in PLACED_RULES or device_of(spec) is None:
+            return self.inner.submit(job)
+        device = self.placement.take(spec.rule, spec.kernel)
+        placed = Job(placed_on(spec, device), job.dep_results, job.dep_dirs, job.input_secret)
+        try:
+            inner = self.inner.submit(placed)
+        except BaseException:
+            self.placement.give_back(device, spec.rule)
+            raise
+        outer: Future = Future()
+
+        def finish(done: Future) -> None:
+            # given back before the waiter sees the result: its next job may take the device
+            self.placement.give_back(device, spec.rule)
+            try:
+                output = done.result()
+            except BaseException as err:
+                outer.set_exception(err)
+                return
+            output.result["device"] = device.record()
+            outer.set_result(output)
+
+        inner.add_done_callback(finish)
+        return outer
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
 
 
-def make_executor(jobs: int, name: str | None = None):
-    os.environ[JOBS] = str(jobs)  # for its evaluators: a worker's default memory limit (`sandbox.default_memory_mb`)
-    return EXECUTORS[pool.executor_name(jobs, name)](jobs)
+def _ray_executor(workers: int, address: str | None = None):
+    from magpie.execution.ray_executor import RayExecutor
+
+    return RayExecutor(workers, address)
 
 
-__all__ = ["EXECUTORS", "InlineExecutor", "LocalProcessExecutor", "make_executor", "stop_descendants", "JobOutput"]
+EXECUTORS: dict[str, Callable] = {"inline": InlineExecutor, "local": LocalProcessExecutor, "ray": _ray_executor}
+
+
+def make_executor(
+    jobs: int, name: str | None = None, devices: list[Device] | None = None, ray_address: str | None = None
+):
+    """The executor a build runs its jobs on. With `devices` (devices.build_devices), the local
+    executors place each job on one of them; Ray places them itself, by the resources each job
+    asks for (ray_executor.py)."""
+    name = pool.executor_name(jobs, name)
+    if name == "ray":
+        return _ray_executor(jobs, ray_address)
+    if ray_address is not None:
+        raise UserError("--ray-address: only with --executor ray")
+    executor = EXECUTORS[name](jobs)
+    if devices is None:
+        return executor
+    # The CPU is one device, and its measured phases are held alone inside each job
+    # (device_lock): placing its whole timings one at a time would also serialize their
+    # first calls and checks, which today overlap under -j N.
+    alone = devices != [CPU]
+    return Placed(executor, Placement(devices, measurements_alone=alone))
+
+
+__all__ = [
+    "EXECUTORS",
+    "InlineExecutor",
+    "LocalProcessExecutor",
+    "Placed",
+    "make_executor",
+    "stop_descendants",
+    "JobOutput",
+]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
 from magpie.serving.sweep_axes import SweepAxes
 
@@ -122,6 +122,12 @@ class Defaults(Strict):
 class ProjectSettings(Strict):
     name: str = "magpie-project"
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N (ROCm too)")
+    devices: list[NonNegativeInt] | None = Field(
+        None,
+        min_length=1,
+        description="with device = cuda: the GPU indices a build places its jobs on (--devices overrides); "
+        "default: every visible GPU",
+    )
     workspace: str = "workspaces"
     cuda_arch: str | None = Field(None, pattern=r"^(sm|compute)_\d+a?$", description="nvcc -arch; default: detected")
     trust_code: bool = Field(False, description="run code under test without a sandbox, where none can be set up")
