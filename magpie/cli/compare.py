@@ -82,6 +82,10 @@ def table(report: dict) -> str:
             f"timed on {'; '.join(report['timed_shapes'])}; each speedup against the baseline timed beside "
             f"that candidate (its median after the speedup), the baseline's row its own timing"
         )
+    from magpie.report.render import clock_notes
+
+    for note in clock_notes(report["results"]):
+        lines.append(f"GPU clocks{', ' + note['implementation'] if note['implementation'] else ''}: {note['text']}")
     if report.get("time_s"):
         from magpie.report.render import time_spent_text
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 
+from magpie.environment import JOBS
 from magpie.errors import UserError
 from magpie.execution import pool
 from magpie.execution.devices import CPU, PLACED_RULES, Device, Placement, device_of, placed_on
@@ -236,6 +237,7 @@ def make_executor(
     """The executor a build runs its jobs on. With `devices` (devices.build_devices), the local
     executors place each job on one of them; Ray places them itself, by the resources each job
     asks for (ray_executor.py)."""
+    os.environ[JOBS] = str(jobs)  # for its evaluators: a worker's default memory limit (`sandbox.default_memory_mb`)
     name = pool.executor_name(jobs, name)
     if name == "ray":
         return _ray_executor(jobs, ray_address)

@@ -12,6 +12,7 @@ from statistics import fmean
 
 from magpie.harness.batch_measurement import BatchMeasurement
 from magpie.harness.checks import compare_inputs, compare_outputs
+from magpie.harness.clocks import ClockSampler
 from magpie.harness.context import EvaluationContext
 from magpie.harness.correctness import run_cases
 from magpie.harness.judging import (
@@ -50,7 +51,7 @@ from magpie.harness.pool import Turns, WorkerPool
 from magpie.harness.rounds import Rounds, vouched_inputs
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs, rotation
 from magpie.harness.timed_shapes import baseline_for_case, combined, timed_cases
-from magpie.harness.timing import calibrate, nvml_snapshot, sample_cap, timer_for
+from magpie.harness.timing import calibrate, sample_cap, timer_for
 from magpie.supervision import device_lock
 from magpie.supervision.session import Worker, WorkerFailure
 
@@ -148,7 +149,7 @@ class TimingSession:
         self.offers: dict[str, dict] = {}
         self.method: dict = {}
         self.mode: str | None = None
-        self.clocks: dict = {}
+        self.clocks: dict | None = None  # the clock regime over the measurements (`harness.clocks`)
         self.measured: Rounds | None = None
         self.recheck: dict = {}
         self.device_held_s = 0.0
@@ -254,21 +255,32 @@ class TimingSession:
                 is_baseline=bool(context.impl.get("is_baseline")),
             )
             self.mode = self.method["mode"]
-            self.clocks = {"before": nvml_snapshot(context.device_index())}
-            self.measured = self._measure(turns)
-            # a failure a busy machine may have caused is measured again in place, after a
-            # growing pause (`Rounds.in_doubt`)
-            while self.measured.in_doubt() and len(self.busy_shares) < BUSY_RETRIES:
-                self.busy_shares.append(self.measured.cpu_wait_share)
-                time.sleep(BUSY_BACKOFF_S * 2 ** (len(self.busy_shares) - 1))
-                self.measured = self._retime(turns, f"busy {len(self.busy_shares)}")
-            self.clocks["after"] = nvml_snapshot(context.device_index())
-            self.phases.mark("timed")
-            self._check_timed_calls(turns)
-            self._measure_again(turns)
+            with self._clock_sampler() as sampler:
+                self.measured = self._measure(turns)
+                # a failure a busy machine may have caused is measured again in place, after a
+                # growing pause (`Rounds.in_doubt`)
+                while self.measured.in_doubt() and len(self.busy_shares) < BUSY_RETRIES:
+                    self.busy_shares.append(self.measured.cpu_wait_share)
+                    time.sleep(BUSY_BACKOFF_S * 2 ** (len(self.busy_shares) - 1))
+                    self.measured = self._retime(turns, f"busy {len(self.busy_shares)}")
+                self.phases.mark("timed")
+                self._check_timed_calls(turns)
+                self._measure_again(turns)
+            self.clocks = sampler.regime()
             if context.device != "cpu":
                 self._profile_kernels(turns)
                 self.phases.mark("kernel_profile")
+
+    def _clock_sampler(self) -> ClockSampler:
+        """The device's clocks read through the measurements (`harness.clocks`), NVML's device
+        found by its CUDA UUID (CUDA_VISIBLE_DEVICES renumbers devices, NVML does not)."""
+        context, uuid = self.context, None
+        if context.device.startswith("cuda"):
+            try:
+                uuid = f"GPU-{context.torch.cuda.get_device_properties(context.device_index()).uuid}"
+            except (AttributeError, RuntimeError):  # an older torch: NVML's own numbering
+                uuid = None
+        return ClockSampler.for_device(context.device, context.device_index(), uuid)
 
     def _check_timed_calls(self, turns: Turns) -> None:
         """A vouched measurement checked outputs of its calls on inputs each saw once; one by
@@ -532,7 +544,7 @@ class TimingSession:
             "measurement_steps_s": measured.steps_s or None,
             "round_parts_s": measured.round_parts_s or None,
             "timer_costs": None if measured.vouched else timer_costs(device),
-            "nvml": self.clocks if device != "cpu" else None,
+            "clocks": self.clocks,
         }
         result["timed_output_check"] = {
             role: {k: checked.get(k) for k in ("passed", "check", "index")} for role, checked in timed_outputs.items()
@@ -560,6 +572,7 @@ class TimingSession:
                 )
         by_role = summaries(measured, case, self.kernels, self.impls, device)
         for role, summary in by_role.items():  # the baseline's worker is parked by now, its samples kept
+            summary["clocks"] = self.clocks  # both roles' rounds were interleaved under the same clocks
             result["performance_result" if role == "candidate" else "baseline_result"] = summary
             problem = None if measured.vouched else timer_inconsistency(summary, device)
             if problem:

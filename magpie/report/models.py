@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from magpie.harness.clocks import ClockRegime
 from magpie.harness.kinds import KINDS, STAGES
 
 # INCONCLUSIVE: a timing a busy machine disturbed beyond correction (no verdict; measured again next build)
@@ -41,6 +42,7 @@ class PerformanceResult(Open):
     kernel_us: float | None = None
     dispatch_overhead_us: float | None = None
     flags: list[str] = []
+    clocks: ClockRegime | None = None  # the GPU's clocks over the measurement, or why none were read
 
 
 class ProfilerTime(Open):

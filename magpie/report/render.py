@@ -73,6 +73,23 @@ def profile_notes(rows: list[dict]) -> list[dict]:
     return notes
 
 
+def clock_notes(rows: list[dict]) -> list[dict]:
+    """The GPU clocks each row's timing ran at (`harness.clocks`), a line each; where none were
+    read (the CPU, no NVML), one line that says why."""
+    from magpie.harness.clocks import clock_text
+
+    records = [(row["implementation"], (row.get("performance_result") or {}).get("clocks")) for row in rows]
+    read = [
+        {"implementation": impl, "text": clock_text(record)}
+        for impl, record in records
+        if (record or {}).get("readings")
+    ]
+    if read:
+        return read
+    reasons = sorted({record["reason"] for _, record in records if record and record.get("reason")})
+    return [{"implementation": None, "text": f"clocks not read: {reason}"} for reason in reasons]
+
+
 def template_environment(markup: str = "html") -> Environment:
     """The templates' environment for HTML pages (escaped) or Markdown (not). Templates are
     compiled once and kept in magpie's cache folder, one per kind (the kind changes the code
@@ -167,6 +184,7 @@ def render(
                 **comp,
                 "methods": methods,
                 "profile_notes": profile_notes(comp["results"]),
+                "clock_notes": clock_notes(comp["results"]),
                 "timed_shapes": comp.get("timed_shapes", []),
                 "timing_svg": Markup(timing_boxes(comp["results"])),
                 "speedup_svg": Markup(speedup_bars(comp["results"])),
