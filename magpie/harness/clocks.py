@@ -19,6 +19,7 @@ the power limit reads: docs/architecture/harness.md, "Clock regime"."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from statistics import median
@@ -95,10 +96,11 @@ class Nvml:
 
         lib = self._load()
         handle = ctypes.c_void_p()
-        if uuid:
-            self._check(lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(handle)), "handle by UUID")
-        else:
-            self._check(lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)), "handle")
+        found = lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(handle)) if uuid else 1
+        if found and (not uuid or "CUDA_VISIBLE_DEVICES" not in os.environ):
+            # NVML numbers devices as CUDA does only where CUDA_VISIBLE_DEVICES renumbers none
+            found = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle))
+        self._check(found, f"no device of UUID {uuid}" if uuid else f"no device {index}")
         self.lib, self.handle = lib, handle
 
     @classmethod
