@@ -21,7 +21,7 @@ from anyio.from_thread import start_blocking_portal
 from conftest import FIXTURES, copy_fixtures, kernel_table, project_toml
 from mcp import Client, StdioServerParameters
 
-from magpie.linux.procfs import descendants, process_state
+from magpie.linux.procfs import child_pids, command_words, descendants, process_state
 
 TIMING = "warmup_ms = 1\nbudget_ms = 10\nrounds = 2"
 SLEEPS = "import time\n\n\ndef kernel(x):\n    time.sleep(120)\n    return x\n"
@@ -267,6 +267,15 @@ def test_a_cancelled_job_takes_its_whole_process_tree_within_a_second(server, pr
     alive = [p for p in tree if process_state(p) not in (None, "Z", "X")]  # a zombie is gone but for its reaping
     assert alive == [] and took < 1.0, (alive, took)
     assert server.ok("job_status", {"job_id": job["job_id"]})["state"] == "cancelled"
+
+
+@pytest.mark.slow  # a build through the server
+def test_a_finished_job_leaves_no_zombie_behind(server, built):
+    server.ok("job_list")  # the server looks at its jobs: those that ended are waited for
+    servers = [pid for pid in descendants(os.getpid()) if command_words(pid)[-2:] == [b"magpie", b"mcp"]]
+    assert servers
+    for pid in servers:
+        assert [child for child in child_pids(pid) if process_state(child) == "Z"] == []
 
 
 @pytest.mark.slow  # a build through the server

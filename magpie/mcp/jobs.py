@@ -77,6 +77,7 @@ class Jobs:
 
     def start(self, kind: str, params: dict) -> str:
         assert kind in KINDS
+        self._reap()
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-{secrets.token_hex(3)}"
         folder = self.folder / job_id
         folder.mkdir(parents=True)
@@ -113,14 +114,21 @@ class Jobs:
         process = read_json(folder / PROCESS)
         if not process:
             return False
-        pid = process.get("pid")
+        pid, started = process.get("pid"), process.get("start_time")
         # a pid alone may be another process's by now: its start time says whether it is the job's
-        return isinstance(pid, int) and _start_time(pid) == process.get("start_time") is not None
+        return isinstance(pid, int) and started is not None and _start_time(pid) == started
+
+    def _reap(self) -> None:
+        """Jobs of this server's that ended are waited for: none stays a zombie."""
+        for job_id, child in list(self._children.items()):
+            if child.poll() is not None:
+                del self._children[job_id]
 
     def status(self, job_id: str) -> dict:
         """The job's request, state and where its result is: {kind, params, created, state,
         step, done, total, started, finished, error}."""
         folder = self.folder_of(job_id)
+        self._reap()
         request = read_json(folder / REQUEST) or {}
         state = read_json(folder / STATE) or {"state": "running", "step": "starting", "done": 0, "total": None}
         view = {
