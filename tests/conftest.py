@@ -442,6 +442,18 @@ def twin_build(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture
+def short_tmp():
+    """A private temporary folder of a short path, for a test's own TMPDIR: the Unix sockets made
+    under it (multiprocessing's forkserver makes one) must fit in 107 bytes, which a tmp_path in an
+    xdist worker's folder can leave too little of."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="magpie-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def copy_project(built: Path, to: Path) -> Path:
     """A copy of a built project (a cache restored elsewhere: nothing in it is stale)."""
     shutil.copytree(built, to, symlinks=True)

@@ -682,7 +682,7 @@ def test_an_edits_rebuild_starts_the_baseline_beside_its_candidate(twin_build, t
     assert edited["baseline_result"]["from_own_timing"] is None
 
 
-def test_kept_warm_an_edits_rebuild_takes_the_baseline_worker_the_build_before_parked(tmp_path, monkeypatch):
+def test_kept_warm_an_edits_rebuild_takes_the_baseline_worker_the_build_before_parked(tmp_path, monkeypatch, short_tmp):
     """Workers are keyed by what they load and how they run, not by their build: with the
     zygote kept warm, the edit's rebuild adopts the baseline's worker (no new process, load or
     first calls before its timing) and takes what the baseline's own timing measured of it
@@ -690,8 +690,7 @@ def test_kept_warm_an_edits_rebuild_takes_the_baseline_worker_the_build_before_p
     edited candidate gets a worker of its own (its earlier content's is never adopted): the
     spare the build before started."""
     monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "20")
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a warm zygote of this test's own
-    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(short_tmp))  # a warm zygote of this test's own
     good = (FIXTURES / "adversarial" / "good.py").read_text()
     relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": good})
     (tmp_path / "twin.py").write_text(good + "# edited\n")

@@ -24,11 +24,12 @@ pathlib.Path(os.environ["TRITON_CACHE_DIR"], "loaded-" + os.environ.get("MARK", 
 """
 
 
-def test_an_edited_candidate_kept_warm_is_loaded_into_a_spare_whose_caches_become_its_contents(tmp_path, monkeypatch):
+def test_an_edited_candidate_kept_warm_is_loaded_into_a_spare_whose_caches_become_its_contents(
+    tmp_path, monkeypatch, short_tmp
+):
     monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "20")
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a warm zygote of this test's own
+    monkeypatch.setenv("TMPDIR", str(short_tmp))  # a warm zygote of this test's own
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
     good = (FIXTURES / "adversarial" / "good.py").read_text()
     relu2_report(tmp_path, ["twin"], shapes="[[33, 65]]", sources={"twin": good + MARKING})
     compiled = tmp_path / "cache" / "magpie" / "compiled"
@@ -161,15 +162,14 @@ def _listing(folder, since: float) -> str:
 
 
 @pytest.mark.gpu
-def test_an_edited_triton_candidate_finds_its_launcher_built_by_the_spare(tmp_path, monkeypatch):
+def test_an_edited_triton_candidate_finds_its_launcher_built_by_the_spare(tmp_path, monkeypatch, short_tmp):
     """The spare a Triton candidate's timing starts compiles magpie's warm-up kernel and the
     launcher of the candidate's kernel signature into its cache; the candidate edited again,
     loaded into it, finds that launcher there (built before its kernel was compiled) and
     compiles only its kernel."""
     monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "30")
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setenv("TMPDIR", str(short_tmp))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
     (tmp_path / "spec.py").write_text((FIXTURES / "adversarial" / "spec.py").read_text())
     (tmp_path / "good.py").write_text((FIXTURES / "adversarial" / "good.py").read_text())
     (tmp_path / "tri.py").write_text(TRITON_CANDIDATE)
