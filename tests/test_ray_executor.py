@@ -21,8 +21,6 @@ from magpie.execution.ray_executor import RayExecutor
 
 ray = pytest.importorskip("ray")
 
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray per process running these
-
 
 @pytest.fixture(scope="module")
 def local_ray():
