@@ -260,6 +260,7 @@ def test_a_cancelled_job_takes_its_whole_process_tree_within_a_second(server, pr
     time.sleep(1)  # its sandboxed worker asleep in the kernel
     tree = [pid, *descendants(pid)]
     assert len(tree) >= 3  # the job, its evaluator, the sandbox's worker at least
+    assert "build job" in server.error("clean", {"everything": True})  # not under a running build
     start = time.monotonic()
     cancelled = server.ok("job_cancel", {"job_id": job["job_id"]})
     took = time.monotonic() - start

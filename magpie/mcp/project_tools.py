@@ -57,8 +57,17 @@ def status_of(services: Services) -> ProjectStatus:
     )
 
 
+def refuse_while_building(services: Services, what: str) -> None:
+    """The store is not emptied under a build that is writing it."""
+    for job_id in services.jobs.ids():
+        state = services.jobs.status(job_id)
+        if state["kind"] == "build" and state["state"] == "running":
+            raise UserError(f"{what}: build job {job_id} is running; wait for it or job_cancel it first")
+
+
 def clean_store(services: Services, kernels: list[str], everything: bool) -> CleanResult:
     """What `magpie clean` does, through the store's API."""
+    refuse_while_building(services, "clean")
     from magpie.graph import snapshot
     from magpie.graph.expand import known
     from magpie.report.publish import unpublish
@@ -97,6 +106,8 @@ def clean_store(services: Services, kernels: list[str], everything: bool) -> Cle
 
 def verify_store(services: Services, fix: bool) -> VerifyResult:
     """What `magpie verify --json` does: every artifact against its digests and signature."""
+    if fix:
+        refuse_while_building(services, "verify fix")
     from urllib.parse import unquote
 
     from magpie.store import DIGEST
