@@ -2,8 +2,8 @@
 limit and its memory account. Made one after the other, the pids group took the waiter first and
 the memory group, made under it, could not have the memory controller (a v2 group with a process
 cannot hand controllers down): the memory account fell back to RLIMIT_AS, and a memfd hog went
-uncounted. A container's root group holds processes too: there the first sandbox moves them to
-a leaf group of their own.
+uncounted. In a container whose processes were moved to a leaf group (its root group handing
+both down), the group is made beside that leaf.
 
 These run where this process's v2 group can hand both controllers down as root (a VM's or a
 machine's root group); this CPU machine's cgroups are v1 (hybrid, no controller on v2), so they
@@ -20,9 +20,9 @@ from magpie import sandbox
 from magpie.linux.procfs import own_cgroup
 from magpie.sandbox import pids
 
-V2 = pids.v2_parent()
+V2 = pids.own_folder("")
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or V2 is None or not {"memory", "pids"} <= set(pids.controllers_of(V2)),
+    os.geteuid() != 0 or not (pids.v2_parents("memory") and pids.v2_parents("pids")),
     reason="no cgroup v2 group that hands memory and pids down (cgroup v1 here, or not root)",
 )
 
@@ -63,25 +63,29 @@ def test_a_memfd_hog_is_ended_by_the_v2_memory_account(tmp_path):
     assert "held" not in proc.stdout
 
 
-@pytest.mark.skipif(own_cgroup("") != "/", reason="a container's root group is made from the machine's root group")
-def test_a_containers_root_group_hands_both_down_once_its_processes_moved_to_a_leaf(tmp_path):
-    """A container's root group holds its processes (as a build's shell and magpie, in CI): the
-    sandbox moves them into a leaf group of their own, then makes its group beside it."""
+@pytest.mark.skipif(own_cgroup("") != "/", reason="a container's group is made under the machine's root group")
+def test_in_a_container_whose_processes_moved_to_a_leaf_the_group_is_made_beside_it(tmp_path):
+    """A container seen from its own cgroup namespace, whose init moved its processes into a leaf
+    group and handed both controllers down from its root group (as docker-in-docker's does): the
+    sandbox's group is made under that root group, beside the leaf, and nothing is moved."""
     container = os.path.join(V2, "magpie-test-container")
     os.mkdir(container)
     try:
-        # the container: a group of the machine's root, both controllers handed to it, seen as / from a
-        # cgroup namespace of its own (what `docker run --cgroupns=private` makes)
         with open(os.path.join(V2, "cgroup.subtree_control"), "w") as control:
             control.write("+memory +pids")
-        enter = f"echo $$ > {container}/cgroup.procs && exec unshare --cgroup --mount sh -c "
-        enter += "'umount -l /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"' sh"
-        proc = run_in_sandbox(tmp_path, "", wrapper=["sh", "-c", enter + ' "$@"', "sh"])
+        inside = (
+            "umount -l /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup && mkdir /sys/fs/cgroup/init"
+            " && echo $$ > /sys/fs/cgroup/init/cgroup.procs"
+            ' && echo +memory +pids > /sys/fs/cgroup/cgroup.subtree_control && exec "$@"'
+        )
+        enter = f"echo $$ > {container}/cgroup.procs && exec unshare --cgroup --mount sh -c '{inside}' sh \"$@\""
+        proc = run_in_sandbox(tmp_path, "", wrapper=["sh", "-c", enter, "sh"])
         assert proc.returncode == 0, proc.stderr
         group, processes, memory_max = proc.stdout.split()
+        assert group.startswith(pids.PREFIX)
         assert (processes, memory_max) == ("64", str(256 << 20))
-        assert os.path.isdir(os.path.join(container, pids.LEAF))
+        assert os.listdir(container) and not any(n.startswith(pids.PREFIX) for n in os.listdir(container))
     finally:
-        for folder in (os.path.join(container, pids.LEAF), container):
+        for folder in (os.path.join(container, "init"), container):
             if os.path.isdir(folder):
                 os.rmdir(folder)

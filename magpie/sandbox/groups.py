@@ -5,12 +5,15 @@ the first group took the waiter, and the second, made under it, could not have t
 controller (a v2 group with a process in it cannot hand controllers to its children). On v1 each
 controller has a hierarchy of its own and the sandbox gets a group in each.
 
-A v2 group with processes in it cannot enable a controller for its children either (only the
-machine's root group may): a container's own root group, where a build runs, holds every process
-of the container. There the first sandbox moves them all into a leaf group of their own beside the
-sandboxes' (`LEAF`), as a container's init does before it hands controllers down; elsewhere (a
-systemd unit's group holding other processes) no v2 group can be had and the sandbox falls back
-(`pids`: its init counts processes; `memory`: RLIMIT_AS, memfd denied)."""
+A v2 group with processes in it cannot hand a controller down (only the machine's root group
+may), so on v2 the group is made under this process's own group where that is the machine's
+root group (a VM's, a bare host's), else beside it, under the group above, where that one hands
+both down already (a container or a delegated systemd unit whose processes were moved into a
+leaf group, as a container's init does before it hands controllers down). magpie moves no other
+process itself: a container's root group that hands controllers down can no longer take one, and
+a later `docker exec` into it would fail. Elsewhere no v2 group can be had and the sandbox falls
+back (`pids`: its init counts processes; `memory`: RLIMIT_AS, memfd and System V segments
+refused)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import os
 
 from magpie.linux.procfs import own_cgroup
 from magpie.sandbox import pids
-from magpie.sandbox.pids import LEAF, PREFIX, controllers_of, own_folder, sweep, v2_parent, write
+from magpie.sandbox.pids import PREFIX, handed_down, own_folder, sweep, v2_parents, write
 
 
 @dataclasses.dataclass
@@ -66,12 +69,12 @@ def enter(processes: int, memory_mb: int) -> Groups:
             "memory.memsw.limit_in_bytes": limit,
         }
     groups = Groups()
-    parent = v2_parent()
-    if parent is not None:
-        wanted = [c for c in limits if c in controllers_of(parent)]
-        made = _made(parent, wanted, limits) if wanted else None
+    for parent in dict.fromkeys(p for c in limits for p in v2_parents(c)):
+        wanted = [c for c in limits if parent in v2_parents(c)]
+        made = _made(parent, wanted, limits)
         if made is not None:
             _held_by(groups, *made, wanted)
+            break
     for controller in limits:
         if _held(groups, controller):
             continue
@@ -108,7 +111,7 @@ def _made(parent: str, controllers: list[str], limits: dict[str, dict[str, str]]
         os.mkdir(folder)
     except OSError:
         return None
-    # where it was, after `_enable` may have moved it (into a container's leaf group)
+    # where it goes back to as it leaves
     home = own_folder("" if os.path.isfile(os.path.join(parent, "cgroup.controllers")) else controllers[0])
     try:
         for controller in controllers:
@@ -129,33 +132,11 @@ def _made(parent: str, controllers: list[str], limits: dict[str, dict[str, str]]
 
 
 def _enable(parent: str, controllers: list[str]) -> None:
-    """Have parent hand controllers to its children (v2; v1's hierarchies need nothing). In a
-    container's root group, which holds processes, they are first moved to its leaf group."""
+    """Have parent hand controllers to its children (v2: the machine's root group, or one that
+    does already; v1's hierarchies need nothing)."""
     control = os.path.join(parent, "cgroup.subtree_control")
     if not os.path.isfile(control):
         return
-    with open(control) as enabled:
-        missing = [c for c in controllers if c not in enabled.read().split()]
-    if not missing:
-        return
-    change = " ".join(f"+{c}" for c in missing)
-    try:
-        write(control, change)
-    except OSError as err:
-        if err.errno != errno.EBUSY or own_cgroup("") not in ("/", f"/{LEAF}"):
-            raise
-        _empty_into_leaf(parent)
-        write(control, change)
-
-
-def _empty_into_leaf(parent: str) -> None:
-    """Move every process of a container's root group into its leaf group: a v2 group hands
-    controllers to its children only once it holds no process of its own."""
-    leaf = os.path.join(parent, LEAF)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(leaf)
-    with open(os.path.join(parent, "cgroup.procs")) as members:
-        found = members.read().split()
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError):  # ended since listed
-            write(os.path.join(leaf, "cgroup.procs"), pid)
+    missing = [c for c in controllers if c not in handed_down(parent)]
+    if missing:
+        write(control, " ".join(f"+{c}" for c in missing))

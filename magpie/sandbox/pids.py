@@ -15,26 +15,44 @@ from magpie.linux.procfs import exists, own_cgroup
 
 ROOT = "/sys/fs/cgroup"
 PREFIX = "magpie-sandbox-"
-# In a container's v2 root group: where its processes go, so that it may hand controllers down.
-LEAF = "magpie-processes"
 
 
-def v2_parent() -> str | None:
-    """The v2 group under which this process's sandboxes are made: its own, or, in a container
-    whose processes were moved to their leaf group (`groups`), the container's root group; None
-    where no v2 hierarchy holds it at ROOT (v1 alone, or v2 beside v1 with no controller)."""
-    own = own_cgroup("")
-    if own is None:
-        return None
-    group = os.path.join(ROOT, ("/" if own == f"/{LEAF}" else own).lstrip("/"))
-    return group if os.path.isfile(os.path.join(group, "cgroup.controllers")) else None
+def v2_parents(controller: str) -> list[str]:
+    """The v2 groups under which a group with controller may be made for this process: its own
+    where controller is delegated to it (a container's may have memory alone: a child made there
+    has no pids.max), then the group above it where that one hands controller down already (a
+    container or a delegated unit whose processes were moved to a leaf group: a v2 group with
+    processes in it hands no controller down, but the machine's root group)."""
+    own = own_folder("")
+    if own is None or not os.path.isfile(os.path.join(own, "cgroup.controllers")):
+        return []
+    found = [own] if controller in controllers_of(own) else []
+    above = os.path.dirname(own.rstrip("/"))
+    if not machine_root(own) and controller in handed_down(above):
+        found.append(above)
+    return found
+
+
+def machine_root(group: str) -> bool:
+    """Whether a v2 group is the machine's root group, the one that may hand controllers down
+    while it holds processes (every other group has a cgroup.type; a container's root is one)."""
+    return not os.path.isfile(os.path.join(group, "cgroup.type"))
 
 
 def controllers_of(group: str) -> list[str]:
     """The controllers a v2 group may hand to its children (none where it cannot be read)."""
+    return _words(os.path.join(group, "cgroup.controllers"))
+
+
+def handed_down(group: str) -> list[str]:
+    """The controllers a v2 group hands to its children now (its subtree_control)."""
+    return _words(os.path.join(group, "cgroup.subtree_control"))
+
+
+def _words(path: str) -> list[str]:
     try:
-        with open(os.path.join(group, "cgroup.controllers")) as controllers:
-            return controllers.read().split()
+        with open(path) as listed:
+            return listed.read().split()
     except OSError:
         return []
 
@@ -48,13 +66,9 @@ def own_folder(controller: str) -> str | None:
 
 
 def parents(controller: str = "pids") -> list[str]:
-    """Where a cgroup with `controller` can be made for this process: v2 where the controller is
-    delegated to its cgroup (a container's may have memory alone: a child made there has no
-    pids.max), then v1's hierarchy of that controller."""
-    found = []
-    v2 = v2_parent()
-    if v2 is not None and controller in controllers_of(v2):
-        found.append(v2)
+    """Where a cgroup with `controller` can be made for this process: v2 (`v2_parents`), then
+    v1's hierarchy of that controller."""
+    found = v2_parents(controller)
     v1 = own_cgroup(controller)
     if v1 is not None and os.path.isdir(os.path.join(ROOT, controller)):
         found.append(os.path.join(ROOT, controller, v1.lstrip("/")))
@@ -79,14 +93,11 @@ def sweep(parent: str) -> None:
 
 def available(controller: str = "pids") -> bool:
     """Whether `groups.enter` would find a place for a group with controller (as a report says
-    what is in force): a v1 hierarchy's, or a v2 group that hands it down or can be made to
-    (the machine's or a container's root group: one that holds other processes cannot)."""
+    what is in force): a v1 hierarchy's, or a v2 group that hands it down or can be made to (the
+    machine's root group: any other this process is in holds a process, and cannot)."""
     for parent in parents(controller):
         if not os.access(parent, os.W_OK):
             continue
-        if parent != v2_parent() or own_cgroup("") in ("/", f"/{LEAF}"):
+        if parent != own_folder("") or machine_root(parent) or controller in handed_down(parent):
             return True
-        with contextlib.suppress(OSError), open(os.path.join(parent, "cgroup.subtree_control")) as enabled:
-            if controller in enabled.read().split():
-                return True
     return False
