@@ -109,16 +109,16 @@ def _verdicts(summary: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def twin_builds(local_ray, tmp_path_factory):
-    """One small project built by the local executor and by Ray: (local summary, Ray summary, Ray root)."""
-    summaries, root = [], None
+    """One small project built by the local executor and by Ray: (local summary, Ray summary, {executor: root})."""
+    summaries, roots = [], {}
     for executor in ("local", "ray"):
-        root = tmp_path_factory.mktemp(f"twin_{executor}")
+        root = roots[executor] = tmp_path_factory.mktemp(f"twin_{executor}")
         shutil.copy(FIXTURES / "adversarial/good.py", root / "fast.py")
         relu2_project(root, ["fast", "raises", "segfaults"], "[[8, 16]]", defaults="trials = 1")
         proc = magpie_in_process("build", "--json", "-j", "2", "--executor", executor, cwd=root)
         assert proc.returncode in (0, 1), proc.stderr
         summaries.append(json.loads(proc.stdout))
-    return summaries[0], summaries[1], root
+    return summaries[0], summaries[1], roots
 
 
 def test_ray_gives_the_local_executors_verdicts(twin_builds):
@@ -129,8 +129,18 @@ def test_ray_gives_the_local_executors_verdicts(twin_builds):
     assert sorted(on_ray["executed"]) == sorted(local["executed"])
 
 
+def test_each_timing_records_its_device_under_either_executor(twin_builds):
+    for root in twin_builds[2].values():
+        timings = [
+            json.loads(path.read_text())
+            for path in (root / "workspaces" / "store").rglob("result.json")
+            if json.loads(path.read_text()).get("task", "").startswith("timing:")
+        ]
+        assert timings and all(t["device"] == {"index": None, "name": "cpu", "uuid": None} for t in timings)
+
+
 def test_a_no_op_build_imports_no_ray(twin_builds):
-    _, _, root = twin_builds
+    root = twin_builds[2]["ray"]
     probe = (
         "import sys; from magpie.cli import main; code = main(['build', '--executor', 'ray']); "
         "print(code, 'ray' in sys.modules)"
