@@ -57,3 +57,9 @@ def test_without_a_memory_cgroup_memfds_and_system_v_segments_are_refused():
         shutil.rmtree(scratch)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["memfd refused", "segment refused"], proc.stdout
+
+
+def test_the_isolation_line_says_what_is_refused_without_a_memory_cgroup(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)  # not root: no cgroup to be had
+    line = sandbox.describe(sandbox.Policy(write=[], memory_mb=256))
+    assert "memory 256 MiB, address space (memfds, System V segments refused)" in line, line

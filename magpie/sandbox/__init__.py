@@ -30,7 +30,8 @@ report records as the isolation in force.
 The rooms: `policy` (what a sandbox allows, `describe`), `devices` (the device nodes it may
 open), `containment` (`contain`, `narrow`, the launcher's ways in), `init` (its PID namespace's
 first process), `admission` (whether this host can sandbox, else trust), `keeper` (trusted
-code's processes kept together), `landlock`, `seccomp`, `pids` (as root, a pids cgroup).
+code's processes kept together), `landlock`, `seccomp`, `groups` (as root, a sandbox's cgroups: one
+group on v2), `pids` (where they are made; a pids limit), `memory` (its memory account).
 Below it lies only the Linux floor (`magpie.linux`); supervision, above, puts processes in it.
 """
 

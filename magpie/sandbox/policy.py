@@ -124,7 +124,7 @@ def describe(policy: Policy | None) -> str:
     if policy.memory_mb and os.geteuid() == 0 and memory.available():
         limits.insert(0, f"memory {policy.memory_mb} MiB, all it holds (memory cgroup)")
     elif policy.memory_mb and not policy.gpu:
-        limits.insert(0, f"memory {policy.memory_mb} MiB, address space")
+        limits.insert(0, f"memory {policy.memory_mb} MiB, address space (memfds, System V segments refused)")
     return "; ".join(layers) + "; limits: " + ", ".join(limits)
 
 
