@@ -151,13 +151,17 @@ def test_project_devices_is_checked_by_the_manifest(tmp_path):
 
 
 @pytest.mark.gpu
-def test_two_timings_at_once_on_two_gpus_each_alone(tmp_path):
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_two_timings_at_once_on_two_gpus_each_alone(tmp_path, executor):
     """On a 2-GPU host (nvidia-h200-x2): four candidates' timings at -j 4 spread over both GPUs,
-    never two on one GPU at once, each result naming its GPU (index, name, UUID)."""
+    never two on one GPU at once, each result naming its GPU (index, name, UUID); by the local
+    pool and by Ray (started for the build, each timing one Ray task holding a GPU)."""
+    if executor == "ray":
+        pytest.importorskip("ray")
     for name in ("a", "b", "c", "d"):
         (tmp_path / f"{name}.py").write_text((FIXTURES / "adversarial/good.py").read_text())
     relu2_project(tmp_path, ["a", "b", "c", "d"], "[[4096, 4096]]", device="cuda", timing=QUICK_TIMING)
-    proc = magpie_in_process("build", "-j", "4", cwd=tmp_path, check=0)
+    proc = magpie_in_process("build", "-j", "4", "--executor", executor, cwd=tmp_path, check=0)
     assert "span" not in proc.stderr
     store = tmp_path / "workspaces" / "store"
     rows = []
