@@ -7,33 +7,68 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from magpie.graph.expand import VERDICT, TaskSpec, expand, known, resolve_key
-from magpie.graph.rules import resolve_rules
-from magpie.manifest.load import load_manifest
-from magpie.manifest.models import Manifest
 from magpie.store import Store
 from magpie.workspace import writable
+
+if TYPE_CHECKING:  # pydantic's models: a load from the last one (graph/last_load.py) reads no manifest
+    from magpie.manifest.models import Manifest
 
 
 @dataclass
 class Project:
-    manifest: Manifest
+    # None where the tasks came from the last load (graph/last_load.py): read when first asked for
+    loaded_manifest: Manifest | None
     root: Path
     manifest_path: Path
     tasks: dict[str, TaskSpec]  # in run order: a task after its deps
     store: Store
     forced: set[str] = field(default_factory=set)  # run again even where their artifacts are stored
+    rebuilt: set[str] = field(default_factory=set)  # tasks this process ran: their dependents' keys change
+    last_load: dict | None = None  # what this load leaves for the next (graph/last_load.py)
+    last_load_changed: bool = False  # whether it differs from the one it came from
+
+    @property
+    def manifest(self) -> Manifest:
+        if self.loaded_manifest is None:
+            from magpie.manifest.load import load_manifest
+
+            self.loaded_manifest = load_manifest(self.manifest_path)[0]
+        return self.loaded_manifest
 
     @classmethod
     def load(cls, manifest_path: str | Path, workspace: str | Path | None = None) -> Project:
-        manifest, root = load_manifest(manifest_path)
-        return cls.from_manifest(manifest, root, Path(manifest_path), workspace)
+        """With the manifest's own workspace, from the last load where only input files changed since
+        (graph/last_load.py), and left for the next."""
+        from magpie.graph import last_load
+
+        record = last_load.read(Path(manifest_path)) if workspace is None else None
+        project = last_load.reuse(record, Path(manifest_path)) if record is not None else None
+        if project is None:
+            from magpie.manifest.load import load_manifest
+
+            manifest, root = load_manifest(manifest_path)
+            project = cls.from_manifest(manifest, root, Path(manifest_path), workspace, record)
+        if workspace is None and project.last_load_changed:
+            last_load.save(project)
+        return project
 
     @classmethod
     def from_manifest(
-        cls, manifest: Manifest, root: Path, manifest_path: Path, workspace: str | Path | None = None
+        cls,
+        manifest: Manifest,
+        root: Path,
+        manifest_path: Path,
+        workspace: str | Path | None = None,
+        last: dict | None = None,
     ) -> Project:
+        """`last`: the last load (graph/last_load.py), whose input digests and keys are reused where they hold."""
+        from magpie.graph import last_load
+        from magpie.graph.expand import FileHasher
+        from magpie.graph.rules import resolve_rules
+
         _check_trace_folders(manifest, root, manifest_path)
         _check_benchmark_models(manifest, root, manifest_path)
         rules = resolve_rules(manifest.rule, manifest_path)
@@ -43,9 +78,13 @@ class Project:
         )
         # the bytes of inputs are kept for the jobs that run; on a read-only workspace none can
         snapshots = store.snapshots if writable(store.workspace) else None
-        tasks = expand(manifest, root, rules, snapshots=snapshots, digests=store.file_digests)
+        hasher = FileHasher(snapshots, store.file_digests, last["remembered"] if last else None)
+        tasks = expand(manifest, root, rules, hasher=hasher)
         project = cls(manifest, root, manifest_path, tasks, store)
-        project.resolve_keys()
+        if snapshots is None:
+            project.resolve_keys()
+        else:
+            last_load.resolve_from(project, hasher, last)
         return project
 
     def resolve_keys(self) -> None:
@@ -112,10 +151,12 @@ class Project:
                 found.add(name)
         return [name for name in self.tasks if name in found]
 
-    def stale(self, names: list[str] | None = None) -> list[str]:
+    def stale(self, names: list[str] | None = None, provisional_forced: bool = False) -> list[str]:
         """The tasks among `names` and what they depend on that a build of them runs, in run
         order: forced, without an artifact under their key, with a provisional one (a result not
-        final, `provisional`), or depending on one that runs (its new result gives them a new key)."""
+        final, `provisional`), or depending on one that runs (its new result gives them a new key).
+        `provisional_forced`: the provisional ones are among `forced` already (`build.run_provisional_again`),
+        not looked for again (one open per task)."""
         wanted = set(names or self.tasks)
         for name in reversed(list(self.tasks)):
             if name in wanted:
@@ -125,7 +166,7 @@ class Project:
             if name in wanted and (
                 name in self.forced
                 or not self.store.has(spec.key)
-                or self.store.provisional(spec.key) is not None
+                or (not provisional_forced and self.store.provisional(spec.key) is not None)
                 # a gate that runs changes this task's key only if its verdict changes (`resolve_key`)
                 or any(dep in runs for dep in spec.deps if dep not in (spec.params.get("gates") or ()))
             ):

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from magpie.graph import snapshot
+    from magpie.graph import last_load, snapshot
     from magpie.graph.expand import known
     from magpie.project import Project
 
@@ -46,6 +46,7 @@ def run(args) -> int:
             shutil.rmtree(folder, ignore_errors=True)
         store.file_digests_path.unlink(missing_ok=True)
         snapshot.path_for(project.manifest_path, project.manifest.project.workspace).unlink(missing_ok=True)
+        last_load.path_for(store.workspace).unlink(missing_ok=True)  # its kept inputs' bytes are gone
         print(f"magpie: removed the store under {store.workspace}")
         return 0
     if args.kernels:

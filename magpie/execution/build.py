@@ -160,7 +160,7 @@ class Build:
 
     def dry_run(self) -> DryRun:
         self._admit_trusted_code()
-        project, _, selected = self._load()
+        project, _, selected = self._load(snapshot_taken=False)  # the no-op's snapshot is the build's to take
         return plan(project, selected, self.progress)
 
     def _admit_trusted_code(self) -> None:
@@ -169,12 +169,16 @@ class Build:
 
             sandbox.admit(True)
 
-    def _load(self):
+    def _load(self, snapshot_taken: bool = True):
         from magpie.graph import snapshot
         from magpie.project import Project
 
         project = Project.load(self.options.manifest)
-        saved = snapshot.save(project)
+        saved = None
+        if snapshot_taken:
+            saved = snapshot.save(project)
+        else:  # the artifacts still trusted by their stat, as in a build
+            snapshot.take_stamps(project)
         selected = project.select(self.options.targets)
         if self.options.force:
             project.forced.update(selected)
@@ -257,7 +261,7 @@ def refuse_on_read_only(project, selected: list[str]) -> None:
 
 def plan(project, selected: list[str], progress: Progress | None = None) -> DryRun:
     """What a build of `selected` would run and why; nothing is run, removed or stored."""
-    from magpie.execution.doit_glue import closure, stale_reasons
+    from magpie.execution.staleness import closure, stale_reasons
     from magpie.store import reason
 
     covered = closure(project, selected)
@@ -267,7 +271,7 @@ def plan(project, selected: list[str], progress: Progress | None = None) -> DryR
     }
     project.forced.update(modified)  # a build removes and rebuilds them: so do their dependents
     again = run_provisional_again(project, covered)
-    rows = list(stale_reasons(project, selected, {**again, **modified}).items())  # in run order
+    rows = list(stale_reasons(project, selected, {**again, **modified}, covered).items())  # in run order
     return DryRun(rows, len(project.tasks) - len(rows))
 
 
@@ -398,7 +402,7 @@ def input_secret(evaluates: bool) -> str:
 
 def _summary(project, selected: list[str], executed: list[str], failed: list[tuple[str, str]]) -> BuildSummary:
     """The summary of a build of `selected` (report/verdicts.py), from the stored artifacts."""
-    from magpie.execution.doit_glue import closure
+    from magpie.execution.staleness import closure
     from magpie.report.models import BuildSummary
     from magpie.report.verdicts import build_summary
 
@@ -459,6 +463,8 @@ def check_artifacts(
     store, found = project.store, {}
     for name in names:
         key = project.tasks[name].key
+        if trust_stamps and store.unchanged(key, store.stamps.get(key)):
+            continue  # intact by its files' stat: its folder's too
         if not store.has(key):
             continue
         problem = store.check(key, name, trust_stamps=trust_stamps)

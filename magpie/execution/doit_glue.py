@@ -17,7 +17,8 @@ from doit.task import Task
 
 from magpie.execution.job import Job
 from magpie.execution.progress import Progress
-from magpie.graph.expand import changed_inputs, explain
+from magpie.execution.staleness import closure, reached, stale_reasons
+from magpie.graph.expand import changed_inputs
 
 # doit looks up every installed package's plugins (commands, loaders, backends, reporters) on
 # each run, four scans of every distribution's metadata (0.12 s a build on the H200's image of
@@ -184,30 +185,35 @@ class StoreTaskLoader(TaskLoader2):
 
 
 def doit_fields(project, executor, within: set[str] | None = None, secret: str = "") -> list[dict]:
-    """The project's tasks as doit task fields; staleness is a store lookup by key. A task's
-    order-only `after` tasks are waited for where the build runs them anyway (those in `within`,
-    the selection's closure; all of them without one): doit runs every task_dep it is given.
+    """The project's tasks as doit task fields; staleness is a store lookup by key. `within`: the
+    tasks a build may run (its stale ones and what depends on them), the only ones doit is given, each
+    waiting for those of its dependencies and order-only `after` tasks among them (the others are up to
+    date: a build of one edit in 10,000 artifacts gives doit a handful of tasks); every task without it.
     `secret`: the build's input secret, handed to each job (harness/spec.py)."""
 
-    def waited(spec) -> list[str]:
-        return [d for d in spec.after if d in project.tasks and (within is None or d in within)]
+    def among(names: list[str]) -> list[str]:
+        return [d for d in names if d in project.tasks and (within is None or d in within)]
 
     return [
         {
             "name": name,
             "actions": [(run_task, [project, executor, name, secret])],
-            "task_dep": list(spec.deps) + waited(spec),
+            "task_dep": among(spec.deps) + among(spec.after),
             "uptodate": [(up_to_date, [project, name])],
             "doc": f"{spec.rule}: {spec.params['description']}".rstrip(": "),
             "io": {"capture": False},  # doit's capture swaps sys.stdout, which races across threads
         }
         for name, spec in project.tasks.items()
+        if within is None or name in within
     ]
 
 
 def up_to_date(project, name: str) -> bool:
-    """doit asks once the task's deps are done: its key is then the one of the results they left."""
-    return name not in project.forced and project.store.has(project.resolve(name))
+    """doit asks once the task's deps are done: its key is then the one of the results they left (the
+    one it was loaded with, where none of them ran: nothing is read but one stat)."""
+    spec = project.tasks[name]
+    key = project.resolve(name) if any(dep in project.rebuilt for dep in spec.deps) else spec.key
+    return name not in project.forced and project.store.has(key)
 
 
 def run_task(project, executor, name: str, secret: str = "") -> bool:
@@ -217,6 +223,7 @@ def run_task(project, executor, name: str, secret: str = "") -> bool:
         raise Stopped(f"{name}: not started, the build is being stopped")
     dep_results = {d: read_dependency(project, executor, d, secret) for d in spec.deps}
     project.resolve(name)  # keyed by the results read: one rebuilt by read_dependency has a new digest
+    project.rebuilt.add(name)  # its artifact may be another from here on: its dependents' keys too
     job = Job(
         spec,
         dep_results=dep_results,
@@ -358,12 +365,13 @@ def run_doit(
     _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
     _AFTER_STORING.clear()
     _UNWRITABLE.clear()
-    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(closure(project, selected)), secret=secret)
+    runs = reached(project, closure(project, selected), reasons)
+    loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(runs), secret=secret)
     main = DoitMain(
         loader, config_filenames=(), extra_config={"BACKEND": {"magpie-memory": "magpie.execution.doit_glue:MemoryDB"}}
     )
     try:
-        code = main.run(["run", *selected])
+        code = main.run(["run", *runs])
     finally:
         _REPORTER.clear()  # a task run outside a build (a test's) says its lines on stderr
     if _UNWRITABLE:
@@ -381,34 +389,3 @@ def stored_verdict(project, name: str) -> str:
         return task_line(spec.rule, project.store.read(spec.key))
     except (OSError, ValueError, KeyError, TypeError):
         return ""
-
-
-def stale_reasons(project, selected: list[str], why: dict[str, str] | None = None) -> dict[str, str]:
-    """{task: why it runs} for the tasks a build of `selected` runs, in run order. `why`: reasons
-    known beforehand (an artifact found modified), over explain()'s."""
-    why = why or {}
-    stale = project.stale(closure(project, selected))
-    runs = set(stale)
-    return {
-        name: why.get(name)
-        or explain(
-            project.tasks[name].parts,
-            project.store.recorded(name),
-            first=runs.intersection(project.tasks[name].deps),
-            forced=name in project.forced,
-        )
-        for name in stale
-    }
-
-
-def closure(project, selected: list[str]) -> list[str]:
-    """The selected tasks and everything they depend on."""
-    seen: list[str] = []
-    stack = list(selected)
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.append(name)
-        stack.extend(project.tasks[name].deps)
-    return seen

@@ -17,17 +17,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from magpie.errors import UserError
-from magpie.graph.fingerprint import fingerprint, gpu_description
-from magpie.graph.rules import Rule
-from magpie.harness.declared import spec_inputs
-from magpie.harness.timed_shapes import timed_selection
-from magpie.manifest.models import BenchmarkSpec, Implementation, Kernel, Manifest, TraceSet
 from magpie.paths import templates_dir
-from magpie.store.digests import FileDigests
+from magpie.store.digests import SETTLED_S, FileDigests
+
+# Expanding imports pydantic's models and the harness; a load from the last one (graph/last_load.py)
+# needs only TaskSpec, FileHasher and the key functions, and none of those imports.
+if TYPE_CHECKING:
+    from magpie.graph.rules import Rule
+    from magpie.manifest.models import BenchmarkSpec, Implementation, Kernel, Manifest, TraceSet
 
 # The key of a task whose dependency has no artifact yet: its recipe's hash behind a prefix that
 # no stored key has (they are hex digests), so the task is stale, and two recipes still differ.
@@ -67,20 +70,65 @@ class FileHasher:
     the bytes hashed are kept there under their digest: a job reads the code it was keyed by
     from there, not from a file that may have been edited since (`snapshot_path`). Files over
     `LARGE_FILE_BYTES` (a model's weights) are neither kept nor read whole: their digests are
-    streamed and remembered by stat in `digests` (`magpie.store.digests`)."""
+    streamed and remembered by stat in `digests` (`magpie.store.digests`).
 
-    def __init__(self, snapshots: Path | None = None, digests: FileDigests | None = None):
+    `remembered` (path -> [stat identity, digest], the last load's `remembered`): a file whose
+    stat is the one it had when hashed takes that digest unread (its kept bytes still there).
+    What this hasher found is in `remembered` afterwards, a file only once settled (its mtime and
+    ctime `SETTLED_S` old when hashing began, its stat unmoved by the read), as `digests.py` does."""
+
+    def __init__(
+        self,
+        snapshots: Path | None = None,
+        digests: FileDigests | None = None,
+        remembered: dict[str, list] | None = None,
+    ):
         self._cache: dict[str, str] = {}
         self.snapshots = snapshots
         self.digests = digests if digests is not None else FileDigests(None)
+        self._last = remembered or {}
+        self.remembered: dict[str, list] = {}
 
     def __call__(self, path: Path) -> str:
         spath = str(path)
         digest = self._cache.get(spath)
         if digest is None:
-            digest = file_digest(path, self.digests, self.snapshots)
+            digest = self._unread(spath) or self._hashed(spath)
             self._cache[spath] = digest
         return digest
+
+    def _unread(self, path: str) -> str | None:
+        entry = self._last.get(path)
+        if not entry or stat_identity(path) != entry[0]:
+            return None
+        digest = entry[1]
+        if self.snapshots is not None and entry[0][2] <= LARGE_FILE_BYTES:
+            if not snapshot_path(self.snapshots, digest).exists():  # kept bytes removed: read it again
+                return None
+        self.remembered[path] = entry
+        return digest
+
+    def _hashed(self, path: str) -> str:
+        before = stat_identity(path)
+        started_ns = time.time_ns()
+        digest = file_digest(Path(path), self.digests, self.snapshots)
+        if (
+            before is not None
+            and started_ns - max(before[3], before[4]) >= SETTLED_S * 1e9
+            and stat_identity(path) == before
+        ):
+            self.remembered[path] = [before, digest]
+        return digest
+
+
+def stat_identity(path: str) -> list[int] | None:
+    """What a file's content is trusted unchanged by: device, inode, size, mtime_ns, ctime_ns
+    (symlinks followed); None where there is no such file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 LARGE_FILE_BYTES = 16 << 20
@@ -129,6 +177,8 @@ def changed_inputs(root: Path, parts: dict, digests: FileDigests | None = None) 
 
 
 def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) -> dict:
+    from magpie.harness.timed_shapes import timed_selection
+
     d = manifest.defaults
     timing = (kernel.timing or d.timing).model_dump()
     timed_shapes = timing.pop("shapes")  # keyed as what is timed, under "timed"
@@ -170,6 +220,8 @@ def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) 
 def cuda_arch(manifest: Manifest) -> str:
     if manifest.project.cuda_arch:
         return manifest.project.cuda_arch
+    from magpie.graph.fingerprint import gpu_description
+
     gpu = gpu_description()
     return gpu[1] if gpu else "sm_90"
 
@@ -203,6 +255,7 @@ class Expander:
         self.hash_file = hasher or FileHasher()
         self.device = manifest.project.device
         self.tasks: dict[str, TaskSpec] = {}
+        self._parts: dict[tuple, object] = {}
         self.unit_tasks: dict[str, list[str]] = {}  # a swept benchmark's unit name: its points' tasks
 
     # -- inputs -----------------------------------------------------------------------------
@@ -214,6 +267,8 @@ class Expander:
         trace: TraceSet | None = None,
         bench: BenchmarkSpec | None = None,
     ) -> list[str]:
+        from magpie.harness.declared import spec_inputs
+
         baseline = kernel.baseline if kernel else None
         table = {
             "trace.files": lambda: self._trace_files(trace) if trace else [],
@@ -262,6 +317,21 @@ class Expander:
 
     def _input_path(self, name: str) -> Path:
         return input_path(self.root, name)
+
+    def _fingerprint(self, rule: Rule) -> dict:
+        from magpie.graph.fingerprint import fingerprint
+
+        return self._shared(
+            ("fingerprint", id(rule)), lambda: {f: fingerprint(f, self.device) for f in rule.fingerprint}
+        )
+
+    def _shared(self, what: tuple, make):
+        """One object for every task whose part is alike (a rule's identity, an implementation's settings):
+        the last load (graph/last_load.py) writes it once. Read only: never changed in place."""
+        found = self._parts.get(what)
+        if found is None:
+            found = self._parts[what] = make()
+        return found
 
     # -- expansion --------------------------------------------------------------------------
     def expand(self) -> dict[str, TaskSpec]:
@@ -314,7 +384,9 @@ class Expander:
         else:
             name = rule.name
         if kernel is not None and impl is not None:
-            settings = resolved_settings(self.manifest, kernel, impl)
+            settings = self._shared(
+                ("settings", kernel.id, impl.id), lambda: resolved_settings(self.manifest, kernel, impl)
+            )
         elif kernel is not None:
             settings = {"project": {"device": self.device}}
         else:
@@ -335,16 +407,20 @@ class Expander:
             impl=impl.id if impl else None,
             inputs=self._inputs(rule, kernel, impl),
             config=config,
-            fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
+            fingerprint=self._fingerprint(rule),
             deps=self._deps(rule, kernel, impl),
             after=self._deps(rule, kernel, impl, rule.after),
             params={
                 "root": str(self.root),
-                "rule_identity": rule.identity(),
+                "rule_identity": self._shared(("rule", id(rule)), rule.identity),
                 "description": rule.description,
                 "gates": self._deps(rule, kernel, impl, rule.gates),
-                "impl": _impl_params(kernel, impl) if kernel else None,
-                "baseline": _impl_params(kernel, kernel.baseline) if kernel else None,
+                "impl": self._shared(("impl", kernel.id, impl and impl.id), lambda: _impl_params(kernel, impl))
+                if kernel
+                else None,
+                "baseline": self._shared(("baseline", kernel.id), lambda: _impl_params(kernel, kernel.baseline))
+                if kernel
+                else None,
                 "settings": settings,
                 "project": self.manifest.project.name,
                 "snapshots": str(self.hash_file.snapshots) if self.hash_file.snapshots else None,
@@ -427,12 +503,12 @@ class Expander:
             impl=None,
             inputs=inputs,
             config={section: settings[section] for section in rule.config if section in settings},
-            fingerprint={f: fingerprint(f, self.device) for f in rule.fingerprint},
+            fingerprint=self._fingerprint(rule),
             deps=self._deps(rule, None, None, unit=unit),
             after=self._deps(rule, None, None, rule.after, unit),
             params={
                 "root": str(self.root),
-                "rule_identity": rule.identity(),
+                "rule_identity": self._shared(("rule", id(rule)), rule.identity),
                 "description": rule.description,
                 "impl": None,
                 "baseline": None,
@@ -539,11 +615,20 @@ def resolve_key(spec: TaskSpec, tasks: dict[str, TaskSpec], result_digest) -> st
 
 
 def expand(
-    manifest: Manifest, root: Path, rules: list[Rule], snapshots: Path | None = None, digests: FileDigests | None = None
+    manifest: Manifest,
+    root: Path,
+    rules: list[Rule],
+    snapshots: Path | None = None,
+    digests: FileDigests | None = None,
+    hasher: FileHasher | None = None,
 ) -> dict[str, TaskSpec]:
-    tasks = Expander(manifest, Path(root), rules, FileHasher(snapshots, digests)).expand()
-    for spec in tasks.values():  # with no store: the keys of tasks without dependencies (Project's has one)
-        resolve_key(spec, tasks, lambda name, key: None)
+    """The tasks with their own parts of the key; keys resolved with no store, except with a `hasher`
+    (a Project's load: it resolves them from its store)."""
+    tasks = Expander(manifest, Path(root), rules, hasher or FileHasher(snapshots, digests)).expand()
+    if hasher is None:
+        for spec in tasks.values():  # with no store: the keys of tasks without dependencies (Project's has one)
+            resolve_key(spec, tasks, lambda name, key: None)
+    digests = hasher.digests if hasher is not None else digests
     if digests is not None:
         try:
             digests.save()
@@ -553,6 +638,43 @@ def expand(
             if not unwritable(err):
                 raise
     return tasks
+
+
+def resolve_changed(
+    tasks: dict[str, TaskSpec],
+    last: dict[str, tuple[str, dict]],
+    dirty: set[str],
+    moved: set[str],
+    result_digest,
+    rekeyed=lambda name: None,
+) -> set[str]:
+    """Keys resolved again only where they may differ from the last load's (`last`: task -> its key and
+    parts then): a task new, in `dirty` (its own part of the key changed), whose dependencies are not the
+    recorded ones, or with a dependency re-keyed or in `moved` (its artifact committed again or removed
+    since); the others keep their recorded key and parts. A dependency's digest is read from the store
+    only where it may have changed. `rekeyed(name)` is called once a task's key changed, before what
+    depends on it is resolved. Returns the tasks re-keyed or moved: one pass in run order, each edge once."""
+    changed: set[str] = set()
+    for name, spec in tasks.items():
+        before = last.get(name)
+        recorded = before[1].get("deps", {}) if before is not None else {}
+        if before is None or name in dirty or list(recorded) != spec.deps or any(d in changed for d in spec.deps):
+
+            def digest(dep: str, key: str, recorded: dict = recorded) -> str | None:
+                then = recorded.get(dep)
+                if dep not in changed and then is not None and then[0] == key:
+                    return then[1]
+                return result_digest(dep, key)
+
+            resolve_key(spec, tasks, digest)
+            if before is None or spec.key != before[0]:
+                changed.add(name)
+                rekeyed(name)
+        else:
+            spec.key, spec.parts = before
+        if name in moved:
+            changed.add(name)
+    return changed
 
 
 def explain(parts: dict, recorded: dict | None, first: set[str] | frozenset = frozenset(), forced: bool = False) -> str:

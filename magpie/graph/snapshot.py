@@ -51,22 +51,31 @@ def environment() -> dict:
     }
 
 
+def package_files() -> list[str]:
+    """magpie's own code: a change to it may change what a load computes."""
+    return [str(p) for p in _PACKAGE.rglob("*.py")]
+
+
 def _watched(project) -> list[str]:
     from magpie.paths import rules_dir, templates_dir
     from magpie.store import signing
 
-    paths = {str(project.manifest_path.resolve())}
-    for spec in project.tasks.values():
-        for name in spec.inputs:
-            if name.startswith("magpie-templates/"):
-                continue
-            paths.add(str((project.root / name).resolve()))
+    root = str(project.root)
+    inputs = {
+        os.path.join(root, name)
+        for spec in project.tasks.values()
+        for name in spec.inputs
+        if not name.startswith("magpie-templates/")
+    }
+    if project.last_load is not None:  # what the load watched: the manifest, trace folders, rules, magpie
+        return sorted(inputs | set(project.last_load["watched"]))
+    paths = {str(project.manifest_path.resolve()), *inputs}
     for trace in project.manifest.traces:  # a trace added to a folder changes the folder's stat
         folder = (project.root / trace.dir).resolve()
         paths.update([str(folder), *(str(d) for d in folder.rglob("*") if d.is_dir())])
     paths.update(str(p) for p in rules_dir().glob("*.toml"))
     paths.update(str(p) for p in templates_dir().glob("*.j2"))
-    paths.update(str(p) for p in _PACKAGE.rglob("*.py"))
+    paths.update(package_files())
     paths.add(str(signing.config_dir() / signing.TRUSTED_FILE))  # trusting fewer signers re-checks artifacts
     return sorted(paths)
 
@@ -75,20 +84,64 @@ def path_for(manifest_path: Path, workspace: str) -> Path:
     return manifest_path.resolve().parent / workspace / NAME
 
 
+def workspace_of(manifest_path: Path) -> str:
+    """The manifest's `[project] workspace`, read without validating the manifest, and without parsing
+    all of it where it can be found in less: TOML can give that key only before the first table header,
+    or in the `[project]` table (a 10,000-artifact manifest takes 0.1-0.2 s to parse whole)."""
+    import tomllib
+
+    text = Path(manifest_path).read_text()
+    lines = text.splitlines(keepends=True)
+    headers = [i for i, line in enumerate(lines) if line.lstrip().startswith("[")]
+    kept = lines[: headers[0]] if headers else lines
+    for n, i in enumerate(headers):
+        if lines[i].split("#", 1)[0].strip() == "[project]":
+            kept += lines[i : headers[n + 1] if n + 1 < len(headers) else len(lines)]
+    try:
+        project = tomllib.loads("".join(kept)).get("project", {})
+    except tomllib.TOMLDecodeError:  # a multi-line string holding '[' at a line's start
+        project = {}
+    if "workspace" not in project and "workspace" in text:  # written some other way: parse it whole
+        project = tomllib.loads(text).get("project", {})
+    return str(project.get("workspace", "workspaces"))
+
+
+def write_signed(path: Path, body: bytes) -> None:
+    """`body` behind a first line of its MAC under the store's secret; not written (a cache) where the
+    workspace is read-only or full."""
+    from magpie.store import atomic_write, signing
+
+    try:
+        atomic_write(path, signing.snapshot_mac(body).encode() + b"\n" + body)
+    except OSError as err:
+        from magpie.workspace import unwritable
+
+        if not unwritable(err):
+            raise
+
+
+def read_signed(path: Path) -> bytes | None:
+    """What `write_signed` wrote there, when its MAC is this secret's; None otherwise."""
+    from magpie.store import signing
+
+    try:
+        mac, body = path.read_bytes().split(b"\n", 1)
+    except (OSError, ValueError):
+        return None
+    return body if signing.mac_matches(signing.snapshot_mac(body), mac.decode(errors="replace")) else None
+
+
 def save(project, data: dict | None = None) -> dict:
     """Write the snapshot of a loaded project; returns it. Called again after the build with
     the same `data` (its stamps of inputs are the ones the keys were computed from) to add
     the artifacts' stamps: their files' stat when their digests were last found right. The
     stamps of the snapshot this one replaces are carried over (a stamp holds only while the
     stat does) and given to the store, which then needs to hash only what changed."""
-    from magpie.store import atomic_write, signing
+    from magpie.graph import last_load
 
-    workspace = project.manifest.project.workspace
     store = project.store
     if data is None:
-        trusted = _trusted(store)
-        for key, stamp in _previous_stamps(path_for(project.manifest_path, workspace), store, trusted).items():
-            store.stamps.setdefault(key, stamp)
+        trusted = take_stamps(project)
         data = {
             "version": VERSION,
             "manifest": str(project.manifest_path.resolve()),
@@ -102,22 +155,32 @@ def save(project, data: dict | None = None) -> dict:
             },
         }
     else:  # after the build: a task it re-ran under the same key gave its dependents new keys
-        project.resolve_keys()
+        if project.last_load is not None:  # those of what it ran, and what depends on them
+            last_load.after_build(project)
+            last_load.save(project)
+        else:
+            project.resolve_keys()
         for name, task in data["tasks"].items():
             task["key"] = project.tasks[name].key
     for task in data["tasks"].values():
         task["stamp"] = store.stamps.get(task["key"])
         # a result not final (an inconclusive timing): the fast path declines while one is stored
         task["provisional"] = store.provisional(task["key"]) is not None
-    body = json.dumps(data).encode()
-    try:
-        atomic_write(path_for(project.manifest_path, workspace), signing.snapshot_mac(body).encode() + b"\n" + body)
-    except OSError as err:  # a cache: without it (read-only or full workspace) the next build loads in full
-        from magpie.workspace import unwritable
-
-        if not unwritable(err):
-            raise
+    # a cache: without it (read-only or full workspace) the next build loads in full
+    write_signed(store.workspace / NAME, json.dumps(data).encode())
     return data
+
+
+def take_stamps(project) -> list[str]:
+    """The last snapshot's stamps of artifacts given to the project's store (which then needs to hash
+    only what changed), where it trusted the signers trusted now; returns those."""
+    store = project.store
+    trusted = _trusted(store)
+    if store.stamps:  # given by the last load (graph/last_load.py), under these signers
+        return trusted
+    for key, stamp in _previous_stamps(store.workspace / NAME, store, trusted).items():
+        store.stamps.setdefault(key, stamp)
+    return trusted
 
 
 def _trusted(store) -> list[str]:
@@ -128,15 +191,8 @@ def _trusted(store) -> list[str]:
 
 def _read(path: Path) -> dict | None:
     """The snapshot at path when its MAC is this secret's; None otherwise."""
-    from magpie.store import signing
-
-    try:
-        mac, body = path.read_bytes().split(b"\n", 1)
-    except (OSError, ValueError):
-        return None
-    if not signing.mac_matches(signing.snapshot_mac(body), mac.decode(errors="replace")):
-        return None
-    return json.loads(body)
+    body = read_signed(path)
+    return json.loads(body) if body is not None else None
 
 
 def _previous_stamps(path: Path, store, trusted: list[str]) -> dict:
@@ -156,13 +212,8 @@ def _previous_stamps(path: Path, store, trusted: list[str]) -> dict:
 
 def load_fresh(manifest_path: Path) -> dict | None:
     """The saved snapshot if nothing it depends on changed, else None."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
     try:
-        workspace = tomllib.loads(manifest_path.read_text()).get("project", {}).get("workspace", "workspaces")
-        data = _read(path_for(manifest_path, str(workspace)))
+        data = _read(path_for(manifest_path, workspace_of(manifest_path)))
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(data, dict):

@@ -1,0 +1,335 @@
+"""The last load of a project, kept for the next: after an edit, only what it changed is worked out again.
+
+A full load validates the manifest, expands every task and hashes every input; at 10,000 artifacts that
+is seconds, where one edited file changes the keys of a handful of tasks. So every load of a project
+(`Project.load`) leaves its tasks here (`graph-last-load.bin` in the workspace): their declarations, keys
+and key parts, each input file's digest with the stat it had when hashed, and the stat of each task's
+artifact folder when its dependents' keys were worked out from it. The next load:
+
+- where nothing but input files changed (the manifest, rules, templates, magpie's own code, the
+  interpreter and packages, the trusted signers, the watched folders all have their recorded stat):
+  takes the tasks from here without reading the manifest (`Project.manifest` is read when first
+  asked for), hashes again only the inputs whose stat moved, and resolves again only the keys of the
+  tasks that read a changed file and of what depends on them;
+- otherwise (a manifest edit): loads in full, but an input whose stat is the recorded one is not read
+  again, and a task whose own part of the key is the recorded one, and whose dependencies' keys and
+  artifacts are too, keeps its recorded key (`expand.resolve_changed`): only what the edit reaches is
+  re-keyed.
+
+In both, a task whose artifact folder is not the one recorded (built, rebuilt, removed since, by this
+build or another) has its dependents' keys resolved again from the store. Any doubt (a file gone, a path
+now resolving outside the project, a record that does not parse) means a full load: a stale record can
+cost time, never a wrong key; the property test (tests/test_incremental_keys.py) holds incremental keys
+to a full recomputation's.
+
+The record lies in the workspace, which a CI cache restores: its first line is a MAC of the rest under the
+store's secret (`signing.snapshot_mac`), and it is read (by `marshal`, which builds plain data and runs
+nothing) only once that MAC holds. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+from pathlib import Path
+
+VERSION = 3  # 2: the artifacts' stamps; 3: the kept inputs' folder by inode
+NAME = "graph-last-load.bin"
+_FIELDS = ("rule", "scope", "action", "kernel", "impl", "inputs", "config", "fingerprint", "deps", "params", "after")
+
+
+def path_for(workspace: Path) -> Path:
+    return Path(workspace) / NAME
+
+
+def folder_identity(store, key: str) -> list[int] | None:
+    """The stat of the key's artifact folder: a commit under the key (a rebuild) makes another folder.
+    A task with none (not built, or removed) counts as moved at every load: what depends on it is keyed
+    by what it finds of it (a gate by its last recorded verdict), which no recorded stat vouches for."""
+    try:
+        st = os.stat(f"{store.objects}/{key[:2]}/{key}")
+    except OSError:
+        return None
+    return [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _folder_stat(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def watched(manifest, root: Path, manifest_path: Path) -> dict:
+    """{path: stat} of what a load depends on beside its input files' contents: the manifest; the rules,
+    templates and magpie's own code (their folders too: a file added); the trusted signers' file; every
+    folder an input was found in by listing (trace sets, model folders)."""
+    from magpie.graph.snapshot import package_files
+    from magpie.paths import rules_dir, templates_dir
+    from magpie.store import signing
+
+    paths = {str(Path(manifest_path).resolve()), str(rules_dir()), str(templates_dir())}
+    paths.update(str(p) for p in rules_dir().glob("*.toml"))
+    paths.update(str(p) for p in templates_dir().glob("*.j2"))
+    paths.update(package_files())
+    paths.add(str(signing.config_dir() / signing.TRUSTED_FILE))
+    for trace in manifest.traces:
+        folder = root / trace.dir
+        paths.update([str(folder), *(str(d) for d in folder.rglob("*") if d.is_dir())])
+    for bench in manifest.benchmark:
+        from magpie.serving.report import local_model_path
+
+        model = local_model_path(str(root / bench.model)) or local_model_path(bench.model)
+        if model is not None and model.is_dir():
+            paths.update([str(model), *(str(d) for d in model.rglob("*") if d.is_dir())])
+    return {path: _folder_stat(path) for path in sorted(paths)}
+
+
+def kept_inputs_folder(store) -> list[int] | None:
+    """Which folder the inputs' bytes are kept in (`expand.FileHasher`): one removed (and made again)
+    since means a full load, which keeps again what its tasks were keyed by. Not its mtime, which a
+    new input's bytes move."""
+    try:
+        st = os.stat(store.snapshots)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+def named_paths(manifest, root: Path) -> dict[str, str]:
+    """{path: where it really is} for the paths the manifest names that are no task's input (working
+    folders, KernelBench problems, kernel source repositories): the load checked them inside the
+    project; one that resolves elsewhere now means a full load, which checks it again."""
+    names: set[str] = set()
+    for kernel in manifest.kernel:
+        for impl in kernel.implementations():
+            if impl.working_dir:
+                names.add(impl.working_dir)
+        if kernel.kernelbench:
+            names.add(kernel.kernelbench)
+        names.update(t.working_dir for t in kernel.testcases if t.working_dir)
+    for trace in manifest.traces:
+        names.update(trace.kernel_source_repos)
+    return {str(root / name): os.path.realpath(root / name) for name in sorted(names)}
+
+
+def record_of(project, hasher, previous: dict | None = None) -> dict:
+    """What a full load leaves for the next, beside its tasks: `previous`'s folders are kept for the
+    tasks `resolve_changed` left alone (their dependents' keys were worked out from them)."""
+    from magpie.graph.snapshot import environment
+    from magpie.store import signing
+
+    store = project.store
+    return {
+        "version": VERSION,
+        "python": sys.version,
+        "manifest": str(Path(project.manifest_path).resolve()),
+        "root": str(project.root),
+        "workspace": str(store.workspace.resolve()),
+        "workspace_name": str(project.manifest.project.workspace),
+        "configured_signers": sorted(store.configured_signers),
+        "trusted_signers": sorted(store.configured_signers | signing.user_trusted_signers()),
+        "environment": environment(),
+        "watched": watched(project.manifest, project.root, project.manifest_path),
+        "kept_inputs": kept_inputs_folder(store),
+        "named": named_paths(project.manifest, project.root),
+        "remembered": hasher.remembered,
+        "folders": {},
+    }
+
+
+def read(manifest_path: Path) -> dict | None:
+    """The last load of the manifest's project, when its MAC holds and it is of this magpie and interpreter."""
+    from magpie.graph.snapshot import read_signed, workspace_of
+
+    manifest_path = Path(manifest_path)
+    try:
+        body = read_signed(manifest_path.resolve().parent / workspace_of(manifest_path) / NAME)
+        data = marshal.loads(body) if body is not None else None
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != VERSION
+        or data.get("python") != sys.version
+        or data.get("manifest") != str(manifest_path.resolve())
+    ):
+        return None
+    return data
+
+
+def previous_tasks(record: dict | None) -> dict[str, tuple[str, dict]]:
+    """{task: (key, parts)} of the last load."""
+    if record is None:
+        return {}
+    return {row[0]: (row[-2], row[-1]) for row in record["tasks"]}
+
+
+def reuse(record: dict, manifest_path: Path):
+    """The project from the last load where only input files changed since (None otherwise): the inputs
+    whose stat moved hashed again, the keys they reach resolved again."""
+    from magpie.graph.expand import FileHasher, TaskSpec, resolve_changed, stat_identity
+    from magpie.graph.snapshot import environment
+    from magpie.project import Project
+    from magpie.store import Store
+    from magpie.workspace import writable
+
+    try:
+        if record["environment"] != environment() or record["trusted_signers"] != _trusted(record):
+            return None
+        if any(_folder_stat(path) != stat for path, stat in record["watched"].items()):
+            return None
+        if any(os.path.realpath(path) != real for path, real in record["named"].items()):
+            return None
+        root = Path(record["root"])
+        store = Store(Path(record["workspace"]), trusted_signers=tuple(record["configured_signers"]))
+        if not writable(store.workspace) or kept_inputs_folder(store) != record["kept_inputs"]:
+            return None
+        store.stamps.update(record["stamps"])  # kept under the same trusted signers (checked above)
+        remembered = record["remembered"]
+        hasher = FileHasher(store.snapshots, store.file_digests, remembered)
+        digests: dict[str, str] = {}  # input name -> its digest now, for the inputs whose stat moved
+        real_root, root_name = os.path.realpath(root), str(root)
+        tasks: dict[str, TaskSpec] = {}
+        dirty: set[str] = set()
+        for name, *fields, key, parts in record["tasks"]:
+            spec = TaskSpec(name=name, **dict(zip(_FIELDS, fields, strict=True)), key=key, parts=parts)
+            tasks[name] = spec
+            for input_name in spec.inputs:
+                if input_name not in digests:
+                    path = _input_file(root_name, input_name)
+                    entry = remembered.get(path)
+                    if entry is not None and stat_identity(path) == entry[0]:
+                        digests[input_name] = entry[1]
+                        continue
+                    if stat_identity(path) is None or not _inside(real_root, input_name, path):
+                        return None  # gone, or now elsewhere: the full load says so in its own words
+                    digests[input_name] = hasher(Path(path))
+                if digests[input_name] != parts["inputs"][input_name]:
+                    dirty.add(name)
+        for name in dirty:
+            spec = tasks[name]
+            spec.parts = {**spec.parts, "inputs": {n: digests[n] for n in spec.parts["inputs"]}}
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    project = Project(None, root, Path(manifest_path), tasks, store)
+    folders = dict(record["folders"])
+    moved = set()
+    for name, spec in tasks.items():
+        now = folder_identity(store, spec.key)
+        if now is None or now != folders.get(name):
+            moved.add(name)
+            folders[name] = now
+    changed = resolve_changed(
+        tasks,
+        previous_tasks(record),
+        dirty,
+        moved,
+        project.result_digest,
+        lambda name: folders.update({name: folder_identity(store, tasks[name].key)}),
+    )
+    project.last_load = {
+        **record,
+        "remembered": {**remembered, **hasher.remembered},
+        "folders": folders,
+        "tasks": None,
+    }
+    # saved at load only where much was worked out again (a branch checked out): a few edits' cone
+    # costs less to work out again than the record to write; a build saves it after it anyway
+    project.last_load_changed = len(changed) > len(tasks) // 20
+    return project
+
+
+def resolve_from(project, hasher, record: dict | None) -> None:
+    """A fully loaded project's keys: those of the last load (`record`) kept where a task's own part of
+    the key, its dependencies' keys and their artifacts are the recorded ones; the rest resolved."""
+    from magpie.graph.expand import resolve_changed
+
+    store = project.store
+    last = previous_tasks(record)
+    recorded_folders = record["folders"] if record is not None else {}
+    if record is not None and record["trusted_signers"] == _trusted(record):
+        store.stamps.update(record["stamps"])
+    folders: dict[str, list | None] = {}
+    dirty, moved = set(), set()
+    for name, spec in project.tasks.items():
+        before = last.get(name)
+        if before is None:
+            continue
+        if spec.parts != {part: value for part, value in before[1].items() if part != "deps"}:
+            dirty.add(name)
+        folders[name] = folder_identity(store, before[0])
+        if folders[name] is None or folders[name] != recorded_folders.get(name):
+            moved.add(name)
+    resolve_changed(
+        project.tasks,
+        last,
+        dirty,
+        moved,
+        project.result_digest,
+        lambda name: folders.update({name: folder_identity(store, project.tasks[name].key)}),
+    )
+    project.last_load = {**record_of(project, hasher), "folders": folders}
+    project.last_load_changed = True
+
+
+def _input_file(root: str, name: str) -> str:
+    """`expand.input_path` as a string, without pathlib (thousands of inputs per load)."""
+    if name.startswith("magpie-templates/"):
+        from magpie.paths import templates_dir
+
+        return str(templates_dir() / name.split("/", 1)[1])
+    return os.path.join(root, name)
+
+
+def _trusted(record: dict) -> list[str]:
+    from magpie.store import signing
+
+    return sorted(set(record["configured_signers"]) | signing.user_trusted_signers())
+
+
+def _inside(real_root: str, name: str, path: str) -> bool:
+    """A changed input still inside the project (the manifest's check, for this one path); inputs named
+    by absolute path (a model folder elsewhere) and magpie's templates are outside by design."""
+    if name.startswith("magpie-templates/") or os.path.isabs(name):
+        return True
+    return os.path.realpath(path).startswith(real_root + os.sep)
+
+
+def save(project) -> None:
+    """Leave the project's load (`project.last_load`, its tasks as they are now) for the next."""
+    from magpie.graph.snapshot import write_signed
+
+    record = project.last_load
+    if record is None:
+        return
+    rows = [[name, *(getattr(spec, f) for f in _FIELDS), spec.key, spec.parts] for name, spec in project.tasks.items()]
+    # the artifacts' stamps (graph/snapshot.py): a load from here trusts them without reading the snapshot
+    stamps = {
+        spec.key: project.store.stamps[spec.key] for spec in project.tasks.values() if spec.key in project.store.stamps
+    }
+    write_signed(path_for(project.store.workspace), marshal.dumps({**record, "tasks": rows, "stamps": stamps}))
+
+
+def after_build(project) -> None:
+    """The keys a build changed: what depends on a task it ran (its new artifact) resolved again, and
+    their artifact folders recorded as their dependents' keys now read them."""
+    from magpie.graph.expand import resolve_changed
+
+    record = project.last_load
+    store = project.store
+    folders = record["folders"]
+    ran = set(project.rebuilt)
+    for name in ran:
+        folders[name] = folder_identity(store, project.tasks[name].key)
+    last = {name: (spec.key, spec.parts) for name, spec in project.tasks.items()}
+    resolve_changed(
+        project.tasks,
+        last,
+        set(),
+        ran,
+        project.result_digest,
+        lambda name: folders.update({name: folder_identity(store, project.tasks[name].key)}),
+    )

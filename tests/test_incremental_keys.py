@@ -1,0 +1,246 @@
+"""Incremental loads (graph/last_load.py) give the keys a full recomputation gives.
+
+Random projects take random edits (a source edited or only touched, the manifest's settings or
+implementations changed, one task's artifact committed as a build would, or removed); after each, the
+project loaded from the last load has every task's key and key parts equal to those of a load from the
+manifest alone. No task runs: artifacts are committed to the real store directly.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from magpie.graph import expand as expand_module
+from magpie.graph import last_load
+from magpie.manifest.load import load_manifest
+from magpie.project import Project
+
+
+@pytest.fixture(autouse=True)
+def settled_at_once(monkeypatch):
+    """Files hashed are remembered by stat at once (not only 2 s after their last write): the reuse of
+    remembered digests is what is tested. Every edit here changes the file's size, so no edit can hide
+    under an unchanged stat."""
+    monkeypatch.setattr(expand_module, "SETTLED_S", 0.0)
+
+
+def manifest_text(kernels: list[dict], name: str) -> str:
+    lines = [f'[project]\nname = "{name}"\n']
+    for k, kernel in enumerate(kernels):
+        lines.append(f'[[kernel]]\nid = "k{k}"\ntype = "pytorch"\nentry = "f"\ntimeout_s = {kernel["timeout"]}\n')
+        for i in range(kernel["impls"]):
+            table = "[kernel.baseline]" if i == 0 else "[[kernel.candidates]]"
+            lines.append(f'{table}\nid = "v{i}"\nsource = "k{k}/v{i}.py"\n')
+        lines.append('[[kernel.testcases]]\ncommand = "true"\n')
+    return "\n".join(lines)
+
+
+def write_project(root: Path, kernels: list[dict], name: str = "p") -> None:
+    for k, kernel in enumerate(kernels):
+        (root / f"k{k}").mkdir(exist_ok=True)
+        for i in range(kernel["impls"]):
+            source = root / f"k{k}/v{i}.py"
+            if not source.exists():
+                source.write_text(f"def f(x):\n    return x + {i}\n")
+    (root / "magpie.toml").write_text(manifest_text(kernels, name))
+
+
+def full_load(manifest: Path) -> Project:
+    manifest_data, root = load_manifest(manifest)
+    return Project.from_manifest(manifest_data, root, manifest)
+
+
+def keys(project: Project) -> dict:
+    return {name: (spec.key, spec.parts) for name, spec in project.tasks.items()}
+
+
+def build_one(manifest: Path, pick: int) -> None:
+    """What a build does for one task whose dependencies are built: its artifact committed under its
+    key and recorded, its dependents re-keyed and the load left for the next (snapshot.save's part)."""
+    project = Project.load(manifest)
+    names = list(project.tasks)
+    for offset in range(len(names)):
+        name = names[(pick + offset) % len(names)]
+        spec = project.tasks[name]
+        key = project.resolve(name)
+        if key.startswith("unknown-"):
+            continue
+        if project.store.has(key):
+            project.store.remove(key)  # run again under the same key (forced): another result
+        project.store.commit(key, {"value": pick}, {}, task=name)
+        project.store.record(name, key, spec.parts)
+        project.rebuilt.add(name)
+        last_load.after_build(project)
+        last_load.save(project)
+        return
+
+
+def build_all(manifest: Path) -> None:
+    """Every task's artifact committed, in run order, as a full build leaves them."""
+    project = Project.load(manifest)
+    for name, spec in project.tasks.items():
+        key = project.resolve(name)
+        if project.store.has(key):
+            continue
+        project.store.commit(key, {"value": name}, {}, task=name)
+        project.store.record(name, key, spec.parts)
+        project.rebuilt.add(name)
+    last_load.after_build(project)
+    last_load.save(project)
+
+
+def remove_one(manifest: Path, pick: int) -> None:
+    project = Project.load(manifest)
+    built = [spec.key for spec in project.tasks.values() if project.store.has(spec.key)]
+    if built:
+        project.store.remove(built[pick % len(built)])
+
+
+EDITS = st.one_of(
+    st.tuples(st.just("edit"), st.integers(0, 2), st.integers(0, 2)),
+    st.tuples(st.just("touch"), st.integers(0, 2), st.integers(0, 2)),
+    st.tuples(st.just("timeout"), st.integers(0, 2), st.integers(1, 9)),
+    st.tuples(st.just("impls"), st.integers(0, 2), st.integers(1, 3)),
+    st.tuples(st.just("rename"), st.just(0), st.integers(0, 3)),
+    st.tuples(st.just("build"), st.integers(0, 40), st.just(0)),
+    st.tuples(st.just("build all"), st.just(0), st.just(0)),
+    st.tuples(st.just("remove"), st.integers(0, 40), st.just(0)),
+)
+
+
+@settings(max_examples=40)
+@given(
+    kernels=st.lists(
+        st.fixed_dictionaries({"impls": st.integers(1, 3), "timeout": st.integers(1, 9)}), min_size=1, max_size=3
+    ),
+    edits=st.lists(EDITS, min_size=1, max_size=8),
+)
+def test_incremental_keys_equal_a_full_recomputation(kernels, edits):
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        manifest = root / "magpie.toml"
+        name = "p"
+        write_project(root, kernels, name)
+        Project.load(manifest)  # the first, full load, left for the next
+        for step, (kind, a, b) in enumerate(edits):
+            kernel = kernels[a % len(kernels)]
+            if kind in ("edit", "touch"):
+                source = root / f"k{a % len(kernels)}/v{b % kernel['impls']}.py"
+                if kind == "edit":
+                    source.write_text(source.read_text() + f"# edit {step}\n")
+                else:
+                    os.utime(source, ns=(0, 10**9 * step + 1))
+            elif kind == "timeout":
+                kernel["timeout"] = b
+                write_project(root, kernels, name)
+            elif kind == "impls":
+                kernel["impls"] = b
+                write_project(root, kernels, name)
+            elif kind == "rename":
+                name = f"p{b}"
+                write_project(root, kernels, name)
+            elif kind == "build":
+                build_one(manifest, a)
+            elif kind == "build all":
+                build_all(manifest)
+            else:
+                remove_one(manifest, a)
+            assert keys(Project.load(manifest)) == keys(full_load(manifest)), (kind, a, b)
+
+
+@pytest.fixture(scope="module")
+def twelve_kernels(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("twelve")
+    write_project(root, [{"impls": 3, "timeout": 5} for _ in range(12)])
+    build_all(root / "magpie.toml")
+    return root
+
+
+def test_a_source_edit_re_keys_only_what_depends_on_it(twelve_kernels, monkeypatch):
+    """In a built project, after one candidate's source is edited, the load takes the tasks from the
+    last load (the manifest is not read) and resolves only the keys of that candidate's tasks, its
+    kernel's comparison and the report; every key is the one a full load computes."""
+    root = twelve_kernels
+    manifest = root / "magpie.toml"
+    build_all(manifest)
+    source = root / "k7/v2.py"
+    source.write_text(source.read_text() + "# edited\n")
+    resolved: list[str] = []
+    resolve_key = expand_module.resolve_key
+
+    def counted(spec, tasks, result_digest):
+        resolved.append(spec.name)
+        return resolve_key(spec, tasks, result_digest)
+
+    monkeypatch.setattr(expand_module, "resolve_key", counted)
+    project = Project.load(manifest)
+    assert project.loaded_manifest is None
+    assert sorted(resolved) == sorted(["compile:k7/v2", "correctness:k7/v2", "timing:k7/v2", "comparison:k7", "report"])
+    monkeypatch.setattr(expand_module, "resolve_key", resolve_key)
+    assert keys(project) == keys(full_load(manifest))
+    assert project.manifest.kernel[7].id == "k7"  # read when asked for
+
+
+def test_a_manifest_edit_re_keys_only_what_the_edited_table_reaches(twelve_kernels, monkeypatch):
+    root = twelve_kernels
+    manifest = root / "magpie.toml"
+    kernels = [{"impls": 3, "timeout": 5} for _ in range(12)]
+    build_all(manifest)  # up to date (after the other test's edit)
+    kernels[3]["timeout"] = 7
+    write_project(root, kernels)
+    resolved: list[str] = []
+    resolve_key = expand_module.resolve_key
+
+    def counted(spec, tasks, result_digest):
+        resolved.append(spec.name)
+        return resolve_key(spec, tasks, result_digest)
+
+    monkeypatch.setattr(expand_module, "resolve_key", counted)
+    project = Project.load(manifest)
+    monkeypatch.setattr(expand_module, "resolve_key", resolve_key)
+    # the kernel's correctness and timing tasks (their settings hold the timeout) and what they reach
+    reached = [f"{rule}:k3/v{i}" for rule in ("correctness", "timing") for i in range(3)] + ["comparison:k3", "report"]
+    assert sorted(resolved) == sorted(reached)
+    assert keys(project) == keys(full_load(manifest))
+
+
+def test_a_source_now_outside_the_project_is_refused_as_a_full_load_refuses_it(tmp_path):
+    """A source replaced by a symlink out of the project after the last load: the load is the full one,
+    whose check says which field names it."""
+    write_project(tmp_path, [{"impls": 2, "timeout": 5}])
+    manifest = tmp_path / "magpie.toml"
+    Project.load(manifest)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.py"
+    outside.write_text("def f(x):\n    return x\n")
+    source = tmp_path / "k0/v1.py"
+    source.unlink()
+    source.symlink_to(outside)
+    from magpie.errors import UserError
+
+    with pytest.raises(UserError, match="v1"):
+        Project.load(manifest)
+
+
+def test_a_forged_last_load_is_not_used(tmp_path):
+    """The record lies in the workspace (a CI cache restores it): one rewritten without the store's
+    secret (a task's key forged under the old MAC line) is not read; the load is the full one."""
+    import marshal
+
+    write_project(tmp_path, [{"impls": 2, "timeout": 5}])
+    manifest = tmp_path / "magpie.toml"
+    Project.load(manifest)
+    record = last_load.path_for(tmp_path / "workspaces")
+    mac, body = record.read_bytes().split(b"\n", 1)
+    data = marshal.loads(body)
+    data["tasks"][0][-2] = "0" * 64  # the first task's key
+    record.write_bytes(mac + b"\n" + marshal.dumps(data))
+    project = Project.load(manifest)
+    assert project.loaded_manifest is not None  # loaded in full
+    assert keys(project) == keys(full_load(manifest))
+    assert "0" * 64 not in {spec.key for spec in project.tasks.values()}
