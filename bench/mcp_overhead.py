@@ -3,7 +3,8 @@
 1. start: `magpie mcp` launched over stdio by the SDK's client until its first answer (the
    handshake and a tools/list), each in a fresh process;
 2. per call: the round trip of a cheap tool (job_list, on a project with one job), median of
-   many calls on one server (target: at most 10 ms);
+   many calls on one server (target: at most 10 ms), interleaved in blocks of 10 with the same
+   loop against the SDK's own floor: a one-tool MCPServer whose tool returns a constant;
 3. edit to verdict: one candidate's source changed and judged again, through MCP
    (write_candidate, build wait=true, get_report) against the CLI (the file written, `magpie
    build` run, its published compare_report.json read), alternated, each side the same edits.
@@ -50,6 +51,27 @@ async def first_answer(root: Path) -> float:
         return time.perf_counter() - start
 
 
+FLOOR_SERVER = """
+from pydantic import BaseModel
+from mcp.server.mcpserver import MCPServer
+
+app = MCPServer("floor", log_level="WARNING")
+
+
+class Answer(BaseModel):
+    jobs: list[str]
+
+
+@app.tool()
+def constant() -> Answer:
+    \"\"\"A constant.\"\"\"
+    return Answer(jobs=[])
+
+
+app.run()
+"""
+
+
 def summary(values: list[float], unit: float = 1.0) -> dict:
     scaled = sorted(v * unit for v in values)
     return {"median": statistics.median(scaled), "min": scaled[0], "max": scaled[-1], "n": len(scaled)}
@@ -76,24 +98,28 @@ def main() -> None:
             relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing=TIMING)
         cli_build(cli_root)
         starts = [anyio.run(first_answer, mcp_root) for _ in range(args.starts)]
+        floor = StdioServerParameters(command=sys.executable, args=["-c", FLOOR_SERVER], cwd=folder)
         with (
             start_blocking_portal() as portal,
             portal.wrap_async_context_manager(Client(server_of(mcp_root))) as client,
+            portal.wrap_async_context_manager(Client(floor)) as floor_client,
         ):
 
-            def call(name: str, arguments: dict | None = None) -> dict:
-                result = portal.call(functools.partial(client.call_tool, name, arguments or {}))
+            def call(name: str, arguments: dict | None = None, on=client) -> dict:
+                result = portal.call(functools.partial(on.call_tool, name, arguments or {}))
                 assert not result.is_error, result.content[0].text
                 return result.structured_content
 
             call("build", {"wait": True})  # the same starting point as the CLI's project
-            for _ in range(10):
-                call("job_list")
-            calls = []
-            for _ in range(args.calls):
-                start = time.perf_counter()
-                call("job_list")
-                calls.append(time.perf_counter() - start)
+            calls: list[float] = []
+            floor_calls: list[float] = []
+            for block in range(args.calls // 10 + 1):
+                for name, on, into in (("job_list", client, calls), ("constant", floor_client, floor_calls)):
+                    for _ in range(10):
+                        start = time.perf_counter()
+                        call(name, on=on)
+                        if block:  # the first block warms both up
+                            into.append(time.perf_counter() - start)
             through_mcp, through_cli = [], []
             for edit in range(1, args.edits + 1):
                 start = time.perf_counter()
@@ -112,6 +138,7 @@ def main() -> None:
     figures = {
         "start_to_first_answer_s": summary(starts),
         "cheap_call_ms": summary(calls, 1000),
+        "sdk_floor_call_ms": summary(floor_calls, 1000),
         "edit_to_verdict_mcp_s": summary(through_mcp),
         "edit_to_verdict_cli_s": summary(through_cli),
         "mcp_over_cli": statistics.median(through_mcp) / statistics.median(through_cli),
