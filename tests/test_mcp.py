@@ -322,6 +322,29 @@ def test_a_benchmark_job_is_a_measurement_and_its_result_is_listed_and_compared(
         session.close()
 
 
+@pytest.mark.gpu
+def test_a_candidate_written_through_mcp_is_judged_on_the_gpu(tmp_path):
+    """On a GPU: gpu_info names it, and a candidate written and built through the server is judged there."""
+    root = tmp_path / "project"
+    root.mkdir()
+    copy_fixtures(root, ["good", "spec"])
+    table = kernel_table("relu2", "good", shapes="[[4096, 4096]]", timing="warmup_ms = 5\nbudget_ms = 50\nrounds = 3")
+    (root / "magpie.toml").write_text(project_toml(table, device="cuda"))
+    session = stdio_server(root)
+    try:
+        assert session.ok("gpu_info")["gpus"]
+        code = (FIXTURES / "adversarial/good.py").read_text()
+        session.ok("write_candidate", {"kernel": "relu2", "candidate": "fast", "code": code})
+        job = session.ok("build", {"wait": True})
+        assert job["state"] == "succeeded" and job["result"]["exit_code"] == 0, job
+        (kernel,) = session.ok("get_report")["kernels"]
+        verdicts = {impl["implementation"]: impl for impl in kernel["implementations"]}
+        assert verdicts["fast"]["correctness_state"] == "SUCCESS" and verdicts["fast"]["median_us"] > 0
+        assert kernel["timing_method"] and kernel["timed_shapes"] == ["[4096, 4096] float32"]
+    finally:
+        session.close()
+
+
 OUTSIDE = ["../outside.py", "/etc/passwd", "escape/x.py", "sub/../../x.py", "a\0b", "~/x.py"]
 
 
