@@ -384,6 +384,7 @@ def test_every_path_argument_is_confined_to_the_project(server, project, attack)
         ("write_candidate", {"kernel": "relu2", "candidate": "evil", "code": "x", "source": "spec.py"}),
         ("write_candidate", {"kernel": "relu2", "candidate": "evil", "code": "x", "source": "magpie.toml"}),
         ("write_candidate", {"kernel": "relu2", "candidate": "evil", "code": "x", "source": "workspaces/e.py"}),
+        ("write_candidate", {"kernel": "relu2", "candidate": "evil", "code": "x", "source": ".git/hooks/pre-commit"}),
         ("compare_traces", {"before": "traces/before,/etc", "after": "traces/after"}),
         ("benchmark", {"engine": "transformers", "model": "owner/../name"}),
     ],

@@ -221,6 +221,8 @@ def write_candidate_file(
             f"source: {text!r} exists and is not {candidate}'s source; write a candidate to a new file "
             "(the baseline, specs and other files of the project are not a candidate's to overwrite)"
         )
+    if any(part.startswith(".") for part in target.relative_to(services.root).parts):
+        raise UserError(f"source: {text!r} is hidden (.git, .venv, ...); a candidate goes in a visible folder")
     if target.is_relative_to(os.path.realpath(services.workspace)) or target == services.manifest:
         raise UserError(f"source: {text!r} is magpie's own (the manifest or the workspace); choose another path")
     relative = os.path.relpath(target, services.root)
