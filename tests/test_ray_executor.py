@@ -147,3 +147,34 @@ def test_a_no_op_build_imports_no_ray(twin_builds):
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
     assert "artifacts up to date" in out.stdout and out.stdout.split()[-2:] == ["0", "False"], out.stderr
+
+
+def test_sigterm_stops_a_ray_build_as_any_build_and_leaves_no_process(tmp_path):
+    """ray.init's own SIGTERM handler (a stack logged, the process ended) is not the build's: the
+    build's stops it, exit 143, one line naming the jobs that ran, nothing of Ray or of them left."""
+    from test_housekeeping import _descendants, _gone_within
+
+    relu2_project(tmp_path, ["hangs"], "[[8, 16]]", defaults="trials = 1")
+    err = tmp_path / "err.txt"
+    with err.open("w") as stream:
+        build = subprocess.Popen(
+            [sys.executable, "-m", "magpie", "build", "-j", "2", "--executor", "ray"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=stream,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while "run   correctness:relu2/hangs" not in err.read_text():
+            assert build.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.2)
+        time.sleep(3)  # the hanging candidate's evaluator and workers started
+        started = _descendants(build.pid)
+        assert any("ray::" in command for command in started.values())
+        build.terminate()
+        code = build.wait(timeout=60)
+    finally:
+        build.kill()
+    assert code == 143, err.read_text()
+    assert "magpie: stopped by SIGTERM while running" in err.read_text()
+    assert _gone_within(started, 5) == []

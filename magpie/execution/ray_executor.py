@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
+import threading
 from concurrent.futures import CancelledError, Future
 
 from magpie.errors import UserError
@@ -88,6 +90,18 @@ def _node_gpu(index: int) -> Device:
     return Device(index, "unknown GPU")
 
 
+def _handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore(handlers: dict) -> None:
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 class RayExecutor:
     """Jobs as Ray tasks. Without an address, Ray is started here, embedded (and stopped at
     shutdown); `auto` or `ray://host:port` joins a running cluster (its authentication as Ray
@@ -100,11 +114,16 @@ class RayExecutor:
         self._ray = ray
         self._started_here = not ray.is_initialized()
         if self._started_here:
+            # ray.init installs handlers of its own for SIGTERM and SIGINT (logging a stack and ending
+            # the process): the build's are put back, so that SIGTERM stops it as it stops any build
+            handlers = _handlers()
             try:
                 ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
             except (ConnectionError, ValueError, RuntimeError) as err:
                 where = address or "a local Ray"
                 raise UserError(f"--executor ray: could not start or join {where}: {err}") from None
+            finally:
+                _restore(handlers)
         # The embedded Ray's workers are this machine's: they take the build's whole environment,
         # as a local pool's processes do; a cluster's nodes keep theirs but for magpie's own.
         self._whole_environment = address is None
