@@ -363,10 +363,13 @@ def build_selected(
 
 def _devices(project, stale: list[str], asked: list[int] | None, progress: Progress):
     """The devices the stale jobs are placed on (execution/devices.py); None where none is placed."""
-    from magpie.execution.devices import PLACED_RULES, build_devices, models_line
+    from magpie.execution.devices import CPU, PLACED_RULES, build_devices, device_of, models_line
 
-    if not any(project.tasks[name].rule in PLACED_RULES for name in stale):
+    placed = [project.tasks[name] for name in stale if project.tasks[name].rule in PLACED_RULES]
+    if not placed:
         return None
+    if device_of(placed[0]) == "cpu":  # the manifest left unread (a load from the last one reads none)
+        return [CPU]
     settings = project.manifest.project
     found = build_devices(settings.device, asked if asked is not None else settings.devices)
     line = models_line(found)
