@@ -601,7 +601,7 @@ def kernel(x):
 """
 
 
-def test_a_worker_that_left_a_process_running_is_not_parked(tmp_path, monkeypatch):
+def test_a_worker_that_left_a_process_running_is_not_parked(tmp_path, monkeypatch, short_tmp):
     """What a parked worker's code started could run while other jobs measure, and with the
     zygote kept warm into later builds: a worker is parked only where, counted from outside (its
     own answer is the candidate's to forge), no process of its tree runs besides its own. Not
@@ -614,8 +614,7 @@ def test_a_worker_that_left_a_process_running_is_not_parked(tmp_path, monkeypatc
     from conftest import magpie
 
     monkeypatch.setenv("MAGPIE_KEEP_WARM_S", "20")  # a parked worker would outlive the command
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a warm zygote of this test's own
-    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(short_tmp))  # a warm zygote of this test's own
     token = f"magpie-left-{uuid.uuid4().hex[:8]}"
     (tmp_path / "leaves.py").write_text(LEAVES_A_PROCESS.format(token=token))
     shutil.copy(FIXTURES / "adversarial" / "spec.py", tmp_path / "spec.py")
