@@ -53,7 +53,7 @@ MADE_BY_EACH_WORKER = frozenset({"tiny_model"})
 
 
 def _groups_sharing_a_fixture(items) -> dict:
-    """item -> xdist group, for the README's `-n 4 --dist loadgroup` run: the tests that
+    """item -> xdist group, for a `-n N --dist loadgroup` run (README): the tests that
     share an instance of a module-, class- or session-scoped fixture of tests/ (a scenario build,
     a server, an image) run on one worker, so that each is made once. A test that shares none
     has no group: xdist hands such tests out one at a time."""
