@@ -45,7 +45,7 @@ class Project:
         from magpie.graph import last_load
 
         record = last_load.read(Path(manifest_path)) if workspace is None else None
-        project = last_load.reuse(record, Path(manifest_path)) if record is not None else None
+        project = last_load.reuse(record, Path(manifest_path), cls) if record is not None else None
         if project is None:
             from magpie.manifest.load import load_manifest
 

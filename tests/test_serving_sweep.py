@@ -12,6 +12,7 @@ from conftest import magpie_in_process
 from test_serving_local import Fake
 
 from magpie import environment
+from magpie.manifest.sweep_axes import SweepAxes, parse_sweep
 from magpie.serving import engines, lifecycle
 from magpie.serving.local import free_port, group_alive
 from magpie.serving.report import BenchmarkConfig
@@ -23,7 +24,6 @@ from magpie.serving.sweep import (
     pareto_frontier,
     run_sweep,
 )
-from magpie.serving.sweep_axes import SweepAxes, parse_sweep
 
 
 @pytest.fixture

@@ -318,7 +318,7 @@ def run_serving(args) -> int:
 
 
 def _cli_sweep(values: list[str]):
-    from magpie.serving.sweep_axes import parse_sweep
+    from magpie.manifest.sweep_axes import parse_sweep
 
     try:
         return parse_sweep(values)

@@ -22,7 +22,7 @@ ACTIONS = {
     "timing": "magpie.execution.actions:timing",
     "comparison": "magpie.execution.actions:comparison",
     "profile": "magpie.execution.profile:profile",
-    "report": "magpie.report.render:report",
+    "report": "magpie.execution.report_action:report",
     "trace_analysis": "magpie.traces.report:trace_analysis_rule",
     "serving_benchmark": "magpie.serving.build_rule:benchmark_rule",
     "serving_profile": "magpie.serving.build_rule:profile_rule",

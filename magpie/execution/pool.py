@@ -9,7 +9,13 @@ import os
 import sys
 from multiprocessing import forkserver, resource_tracker
 
-PRELOAD = ["magpie.execution.server_exit", "magpie.execution.job", "magpie.execution.actions", "magpie.report.render"]
+PRELOAD = [
+    "magpie.execution.server_exit",
+    "magpie.execution.job",
+    "magpie.execution.actions",
+    "magpie.report.render",
+    "magpie.execution.report_action",
+]
 
 
 def executor_name(jobs: int, name: str | None = None) -> str:

@@ -227,7 +227,7 @@ def cuda_arch(manifest: Manifest) -> str:
 
 
 def _repeats(bench: BenchmarkSpec) -> int:
-    from magpie.serving.sweep_axes import DEFAULT_REPEATS
+    from magpie.manifest.sweep_axes import DEFAULT_REPEATS
 
     return bench.repeats or DEFAULT_REPEATS
 
@@ -468,7 +468,7 @@ class Expander:
         """One task per sweep point (`benchmark:<id>/concurrency-4`), keyed by its own load alone, so adding a
         value adds only its points' tasks; each waits for the one before (one server serves them in turn). The
         unit's name (`benchmark:<id>`) stands for all of them in other tasks' deps."""
-        from magpie.serving.sweep_axes import task_label
+        from magpie.manifest.sweep_axes import task_label
 
         assert bench.sweep is not None
         names: list[str] = []

@@ -167,12 +167,12 @@ def previous_tasks(record: dict | None) -> dict[str, tuple[str, dict]]:
     return {row[0]: (row[-2], row[-1]) for row in record["tasks"]}
 
 
-def reuse(record: dict, manifest_path: Path):
-    """The project from the last load where only input files changed since (None otherwise): the inputs
-    whose stat moved hashed again, the keys they reach resolved again."""
+def reuse(record: dict, manifest_path: Path, project_class):
+    """The project (a `project_class`, given from above: the graph lies below the project) from the last
+    load where only input files changed since (None otherwise): the inputs whose stat moved hashed again,
+    the keys they reach resolved again."""
     from magpie.graph.expand import FileHasher, TaskSpec, resolve_changed, stat_identity
     from magpie.graph.snapshot import environment
-    from magpie.project import Project
     from magpie.store import Store
     from magpie.workspace import writable
 
@@ -214,7 +214,7 @@ def reuse(record: dict, manifest_path: Path):
             spec.parts = {**spec.parts, "inputs": {n: digests[n] for n in spec.parts["inputs"]}}
     except (KeyError, TypeError, ValueError, IndexError):
         return None
-    project = Project(None, root, Path(manifest_path), tasks, store)
+    project = project_class(None, root, Path(manifest_path), tasks, store)
     folders = dict(record["folders"])
     moved = set()
     for name, spec in tasks.items():

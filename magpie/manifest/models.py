@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
-from magpie.serving.sweep_axes import SweepAxes
+from magpie.manifest.sweep_axes import SweepAxes
 
 KernelType = Literal["pytorch", "triton", "cuda", "hip"]
 PYTHON_TYPES = ("pytorch", "triton")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import os
-from pathlib import Path
 
 from jinja2 import Environment, FileSystemBytecodeCache, FileSystemLoader, select_autoescape
 from markupsafe import Markup
@@ -208,53 +207,6 @@ def render(
     html = env.get_template("report.html.j2").render(**context)
     markdown = template_environment("markdown").get_template("summary.md.j2").render(**context)
     return {"report.html": html, "summary.md": markdown}
-
-
-def _sweep(name: str, folder: Path) -> dict:
-    """A declared sweep's section: its table and Pareto plot, drawn from the sweep's report in its artifact."""
-    from magpie.serving.sweep import SWEEP_REPORT, SweepReport
-    from magpie.serving.sweep_plot import COLUMNS, pareto_svg, table_rows
-
-    sweep = SweepReport.model_validate_json((folder / SWEEP_REPORT).read_text())
-    return {
-        "benchmark": name.split(":", 1)[1],
-        "success": sweep.success,
-        "repeats": sweep.repeats,
-        "server": sweep.server,
-        "headings": [heading for _, heading, _ in COLUMNS],
-        "rows": table_rows(sweep),
-        "svg": Markup(pareto_svg(sweep)),
-    }
-
-
-def report(job, out_dir: Path) -> dict:
-    comparisons = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("comparison:")]
-    trace_sets = [job.dep_results[name] for name in sorted(job.dep_results) if name.startswith("trace_analysis:")]
-    # a profiled benchmark's trace analysis is shown with its measurement (the row it belongs to)
-    analyses = {
-        result["benchmark"]: result
-        for name, result in job.dep_results.items()
-        if name.startswith("benchmark_trace_analysis:")
-    }
-    benchmarks = [
-        {**job.dep_results[name], "analysis": analyses.get(job.dep_results[name]["benchmark"])}
-        for name in sorted(job.dep_results)
-        if name.startswith("benchmark:")
-    ]
-    sweeps = [
-        _sweep(name, Path(job.dep_dirs[name]))
-        for name in sorted(job.dep_results)
-        if name.startswith("benchmark_sweep:")
-    ]
-    for name, text in render(comparisons, job.spec.params["project"], trace_sets, benchmarks, sweeps).items():
-        (out_dir / name).write_text(text)
-    return {
-        "state": "SUCCESS",
-        "kernels": [c["kernel"] for c in comparisons],
-        "trace_sets": [t["trace_set"] for t in trace_sets],
-        "files": ["report.html", "summary.md"],
-        "errors": [],
-    }
 
 
 def _trace_pages(summary: dict) -> list[dict]:

@@ -12,7 +12,7 @@ port, and how it is asked for a fixed output length), `local` (the server as its
 group: readiness, logs, shutdown), `docker_mode` (the server in a container of the engine's image;
 `images.yaml` names them, `env_image` builds one of this Python environment offline), `runner`
 (one benchmark, start to `benchmark_report.json`), `report` (its pydantic config and report),
-`tiny_model` (a random model built offline for tests), `sweep_axes` / `sweep` / `sweep_plot` (a benchmark swept over
+`tiny_model` (a random model built offline for tests), `sweep` / `sweep_plot` (with `manifest.sweep_axes`) (a benchmark swept over
 loads against one server: InferenceMAX's keys with intervals, the table and the Pareto plot).
 
 Nothing here is imported by `import magpie`; numpy is imported only where numbers are computed.

@@ -45,7 +45,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from magpie.errors import UserError, located
-from magpie.serving.sweep_axes import SweepAxes
+from magpie.manifest.sweep_axes import SweepAxes
 
 EXTRA_ARGS = re.compile(r"^EXTRA_([A-Z0-9]+)_ARGS$")
 ENV_KEYS = ("TP", "CONC", "ISL", "OSL", "RANDOM_RANGE_RATIO", "NUM_PROMPTS", "MAX_MODEL_LEN")

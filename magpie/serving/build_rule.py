@@ -175,8 +175,8 @@ def _run(job, out_dir: Path, profiler: bool):
 def _run_point(job, out_dir: Path) -> dict:
     """A sweep point's node: its repeats against the server the sweep's points share (kept by the first, reused
     by the rest; the last point stops it unless the benchmark keeps it), `point.json` beside their folders."""
+    from magpie.manifest.sweep_axes import SweepAxes
     from magpie.serving.sweep import run_point, served_port, stop_sweep_server
-    from magpie.serving.sweep_axes import SweepAxes
 
     params = job.spec.params
     bench, root = params["benchmark"], Path(params["root"])
@@ -243,8 +243,8 @@ def profile_rule(job, out_dir: Path) -> dict:
 def sweep_rule(job, out_dir: Path) -> dict:
     """The `benchmark_sweep` rule: the points' results (their artifacts' `point.json`) as the sweep's report, table
     and Pareto plot; the server the points kept stopped unless the benchmark keeps it."""
+    from magpie.manifest.sweep_axes import DEFAULT_REPEATS, SweepAxes
     from magpie.serving.sweep import POINT, PointResult, served_port, server_of, stop_sweep_server, sweep_report
-    from magpie.serving.sweep_axes import DEFAULT_REPEATS, SweepAxes
 
     params = job.spec.params
     bench, root = params["benchmark"], Path(params["root"])

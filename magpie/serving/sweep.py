@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
+from magpie.manifest.sweep_axes import DEFAULT_REPEATS, SweepAxes, label
 from magpie.serving.report import BenchmarkConfig, BenchmarkReport
-from magpie.serving.sweep_axes import DEFAULT_REPEATS, SweepAxes, label
 
 # InferenceMAX's percentiles (p75 to p99.9) beside the p50/p90/p95/p99 every run writes
 SWEEP_PERCENTILES = [75.0, 99.9]
