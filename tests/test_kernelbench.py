@@ -165,7 +165,7 @@ CANDIDATES = {
             def forward(self, A, B):
                 m, k = (size - size % BLOCK for size in A.shape)
                 n = B.shape[1] - B.shape[1] % BLOCK
-                out = torch.zeros(A.shape[0], B.shape[1], dtype=A.dtype)
+                out = torch.zeros(A.shape[0], B.shape[1], dtype=A.dtype, device=A.device)
                 out[:m, :n] = A[:m, :k] @ B[:k, :n]
                 return out
         """,

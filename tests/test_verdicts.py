@@ -49,6 +49,9 @@ def test_verdict(adversarial_report, impl):
     report = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == impl)
     compiling, correctness, verdict = EXPECTED[impl]
+    if impl == "memoizes" and row["correctness_state"] == "FAILED":
+        # a held-out shape's input can come at an address it keyed a declared shape's result by: caught so
+        correctness, verdict = "FAILED", "incorrect: passes declared shapes, fails held-out"
     assert row["compiling_state"] == compiling
     assert row["correctness_state"] == correctness
     assert verdict in row["verdict"]
@@ -109,7 +112,9 @@ def test_a_candidate_that_keeps_results_per_input_tensor_earns_nothing_where_eve
     address an earlier copy of its inputs had (seen in one CI run): that check fails it then."""
     report = adversarial_report
     row = next(r for r in report["results"] if r["implementation"] == "memoizes")
-    if row["performance_state"] == "FAILED":
+    if row["correctness_state"] == "FAILED":  # held-out shapes caught it before timing (test_verdict)
+        assert row["verdict"].startswith("incorrect: passes declared shapes, fails held-out"), row["verdict"]
+    elif row["performance_state"] == "FAILED":
         caught = (r"timed call \d+ of a batch of \d+: allclose", r"^incorrect after timing: allclose")
         assert any(re.search(pattern, e) for pattern in caught for e in row["errors"]), row["errors"]
     else:
