@@ -311,6 +311,20 @@ def check_h200_after_theil_sen_no_honest_row_reads_its_baseline_disturbed():
     assert rows == 14
 
 
+def check_h200_clock_regime_is_what_the_docs_say():
+    """The GEMM's clock regimes (performance doc, "Clock regime of that GEMM"): do_bench's 300 ms loop held at the
+    power cap reads about 1.16x magpie's build, its SM clock near 1,545 MHz where magpie's stayed at 1,980."""
+    run = json.loads((H200 / "clock_regime.json").read_text())
+    magpie = run["magpie"]["rows"]["copy"]
+    assert run["magpie"]["exit"] == 0 and magpie["performance_state"] == "SUCCESS"
+    assert round(magpie["median_us"]) == 1385 and magpie["clocks"]["sm_clock_mhz"]["median"] == 1980
+    loop = run["do_bench_300ms"]
+    assert round(loop["median_us"]) == 1602 and loop["clocks"]["sm_clock_mhz"]["median"] == 1545
+    assert loop["clocks"]["throttle_reasons"]["sw_power_cap"] >= 0.8
+    assert abs(run["do_bench_300ms_over_magpie"] - 1.16) < 0.005
+    assert round(run["bursts"]["median_us"]) == 1527 and round(run["do_bench_100ms"]["median_us"]) == 1393
+
+
 def main() -> int:
     checks = [value for name, value in globals().items() if name.startswith("check_") and callable(value)]
     failed = 0

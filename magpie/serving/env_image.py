@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -53,19 +54,33 @@ def _key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def search_path() -> list[str]:
+    """The folders a fresh interpreter of this environment imports from, as the image's will. Not this process's
+    `sys.path`: importing some packages extends it (Ray puts its own vendored psutil first), and a distribution
+    found there is copied to a folder the image's Python never searches."""
+    out = subprocess.run(
+        [sys.executable, "-E", "-c", "import json, sys; print(json.dumps(sys.path))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [p for p in json.loads(out) if p]  # '' is the folder `-c` ran in
+
+
 def distributions(roots=ROOTS) -> list[metadata.Distribution]:
-    """The installed distributions `roots` (name, extras) need, transitively, by their requirement markers."""
+    """The installed distributions `roots` (name, extras) need, transitively, by their requirement markers,
+    found where a fresh interpreter of this environment finds them."""
     from packaging.requirements import Requirement
 
+    path = search_path()
     found: dict[str, tuple[metadata.Distribution, set[str]]] = {}
     todo = [(name, set(extras)) for name, extras in roots]
     while todo:
         name, extras = todo.pop()
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
+        dist = next(iter(metadata.distributions(name=name, path=path)), None)
+        if dist is None:
             if any(name == root for root, _ in roots):
-                raise EnvImageError(f"{name} is not installed here: pip install -e '.[serve]'") from None
+                raise EnvImageError(f"{name} is not installed here: pip install -e '.[serve]'")
             continue  # an optional requirement whose marker held but which is not installed
         seen = found.get(_key(name))
         if seen is not None and extras <= seen[1]:
