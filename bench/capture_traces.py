@@ -18,7 +18,7 @@
   batch and instance norms, softmax and log-softmax (and their backward), logsumexp and norms,
   convolutions, max and average pooling, replication padding and nearest upsampling (fp32 and bf16);
 - compare_repeats: six captures of one Triton workload (`repeat_<i>`) and three with one kernel made
-  10% slower by a code change (an eleventh pass over its data where the others make ten,
+  10% slower by a code change (an eleventh 32 MiB slice read from HBM where the others read ten,
   `slower_<i>`), for the comparison's false-positive rate and power (`--compare-traces`);
 - tp2_collectives: two ranks, one process per GPU (NCCL), each running steps of a
   tensor-parallel MLP block (all_gather, matmuls, all_reduce, reduce_scatter in bf16), one
@@ -329,18 +329,38 @@ def op_coverage(out: Path) -> None:
 
 
 @triton.jit
-def _passes_kernel(x_ptr, y_ptr, n, PASSES: tl.constexpr, BLOCK: tl.constexpr):
+def _passes_kernel(x_ptr, sums_ptr, slice_len, PASSES: tl.constexpr, BLOCK: tl.constexpr):
+    """Sums one block of `PASSES` slices of `x`, each pass reading its own slice: no two loads share an
+    address, so none can be merged by the compiler or served from L2, and each pass costs a slice's
+    read from HBM."""
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
+    mask = offsets < slice_len
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for _ in tl.static_range(PASSES):  # each pass reads the block again: time grows with the passes
-        acc += tl.load(x_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    tl.store(y_ptr + offsets, acc, mask=mask)
+    for slice_index in tl.static_range(PASSES):
+        # evict-first: the stream passes through L2 without pushing out the model's weights
+        acc += tl.load(x_ptr + slice_index * slice_len + offsets, mask=mask, other=0.0, eviction_policy="evict_first")
+    # one sum per block: the writes are 1/BLOCK of a pass, the time is the passes' reads
+    tl.store(sums_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+PASSES_REPEATED, PASSES_SLOWER = 10, 11
+# 32 MiB of fp32 a pass: the ten passes' 320 MiB stream through the H200's L2 (50-60 MiB) and each
+# call's first slices are long evicted when the next call reads them, so every pass is an HBM read,
+# about 7-8 us at 4.3-4.8 TB/s: the eleventh pass adds 10% to the ten passes' ~75 us
+SLICE_LEN = 1 << 23
+PASSES_BLOCK = 1024
+
+
+def run_passes(slices: torch.Tensor, sums: torch.Tensor, passes: int, block: int = PASSES_BLOCK) -> None:
+    """`_passes_kernel` over the first `passes` rows of `slices` (one row a slice)."""
+    slice_len = slices.shape[1]
+    _passes_kernel[(triton.cdiv(slice_len, block),)](slices, sums, slice_len, PASSES=passes, BLOCK=block)
 
 
 def compare_repeats(out: Path) -> None:
     """Repeats of one workload, each its own profiler session, and repeats with `_passes_kernel`
-    making 11 passes instead of 10 (about 10% slower; nothing else changes)."""
+    reading 11 slices of its data instead of 10 (10% more HBM traffic, about 10% slower; nothing
+    else changes)."""
     torch.manual_seed(0)
     model = (
         torch.nn.Sequential(
@@ -350,23 +370,21 @@ def compare_repeats(out: Path) -> None:
         .to(torch.bfloat16)
     )
     x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
-    buffer = torch.randn(1 << 22, device="cuda")
-    result = torch.empty_like(buffer)
+    slices = torch.randn(PASSES_SLOWER, SLICE_LEN, device="cuda")
+    sums = torch.empty(triton.cdiv(SLICE_LEN, PASSES_BLOCK), device="cuda")
 
     def workload(passes):
         with torch.no_grad():
             for i in range(8):
                 with record_function(f"iteration_{i}"):
                     y = torch.softmax(model(x).float(), dim=-1).sum()
-                    _passes_kernel[(triton.cdiv(buffer.numel(), 1024),)](
-                        buffer, result, buffer.numel(), PASSES=passes, BLOCK=1024
-                    )
-                    y + result[:1].sum()
+                    run_passes(slices, sums, passes)
+                    y + sums[:1].sum()
 
-    for passes in (10, 11):
+    for passes in (PASSES_REPEATED, PASSES_SLOWER):
         workload(passes)  # compile and warm up both variants
     torch.cuda.synchronize()
-    for name, passes, count in (("repeat", 10, 6), ("slower", 11, 3)):
+    for name, passes, count in (("repeat", PASSES_REPEATED, 6), ("slower", PASSES_SLOWER, 3)):
         for i in range(count):
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
                 workload(passes)
@@ -374,6 +392,15 @@ def compare_repeats(out: Path) -> None:
             folder = out / "compare_repeats"
             folder.mkdir(exist_ok=True)
             _save(prof, folder, f"{name}_{i}")
+            durations = _kernel_durations(folder / f"{name}_{i}.json.gz", "_passes_kernel")
+            print(f"{name}_{i}: _passes_kernel {len(durations)} calls, mean {sum(durations) / len(durations):.1f} us")
+
+
+def _kernel_durations(trace: Path, kernel: str) -> list[float]:
+    """The durations (µs) of one kernel's calls in a saved trace: the capture checked where it is made."""
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    return [e["dur"] for e in events if e.get("cat") == "kernel" and e.get("name") == kernel]
 
 
 # NVLink multicast (NVLS) must stay off on the shared multi-GPU host; spawned ranks inherit these
