@@ -8,7 +8,7 @@ import sys
 from magpie import __version__
 from magpie.errors import UserError
 
-VERBS = ("build", "clean", "verify", "key", "analyze", "compare", "benchmark", "calibrate", "mcp", "kernel")
+VERBS = ("build", "clean", "verify", "key", "cache", "analyze", "compare", "benchmark", "calibrate", "mcp", "kernel")
 
 
 def parser() -> argparse.ArgumentParser:

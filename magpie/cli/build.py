@@ -29,6 +29,17 @@ def add_parser(sub) -> None:
         "--ray-address",
         help="with --executor ray: the cluster to join (auto, ray://host:port; default: start a local Ray)",
     )
+    p.add_argument(
+        "--cache",
+        help="a shared cache folder: what the store lacks is taken from it, each artifact checked first "
+        "(default: [store] cache of magpie.toml, else none)",
+    )
+    p.add_argument(
+        "--cache-write",
+        action="store_true",
+        default=None,
+        help="also put what the build made into the cache (needs a trusted signer; read-only by default)",
+    )
     p.add_argument("-n", "--dry-run", action="store_true", help="list what would run and why, run nothing")
     p.add_argument(
         "--force",
@@ -89,6 +100,8 @@ def run(args) -> int:
         trust_code=args.trust_code,
         check=args.check,
         summarize=args.json,
+        cache=args.cache,
+        cache_write=args.cache_write,
     )
     build = Build(options, Progress(sys.stderr, bar=sys.stderr.isatty() and not args.plain))
     if args.dry_run:

@@ -47,6 +47,8 @@ class BuildOptions:
         trust_code: bool = False,
         check: bool = False,
         summarize: bool = True,
+        cache: str | None = None,
+        cache_write: bool | None = None,
     ):
         self.targets = list(targets or [])  # kernel ids or task names; none: everything
         self.manifest = manifest
@@ -61,6 +63,8 @@ class BuildOptions:
         # the result carries the build's summary (which reads the stored verdicts: the CLI asks
         # for it only with --json or --check, a no-op build otherwise reads no artifact)
         self.summarize = summarize or check
+        self.cache = cache  # a shared cache's folder; None: [store] cache, else none
+        self.cache_write = cache_write  # what was built is put into it; None: [store] cache_write
 
 
 class BuildResult:
@@ -140,9 +144,16 @@ class Build:
         pool.prestart(options.jobs, options.executor)  # its imports beside the project's loading
         project, saved, selected = self._load()
         refuse_on_read_only(project, selected)
+        remote = None
+        if options.cache is not None or project.stale(selected):  # an up-to-date build reads no [store] setting
+            from magpie.execution.shared_cache import cache_of, take_from_cache
+
+            remote = cache_of(project, options.cache, options.cache_write)
+            if remote is not None:
+                take_from_cache(project, selected, remote, self.progress)
         self._building = True
         try:
-            return build_selected(
+            result = build_selected(
                 project,
                 selected,
                 jobs=options.jobs,
@@ -153,7 +164,13 @@ class Build:
                 verify=options.verify,
                 summarize=options.summarize,
                 check=options.check,
+                ray_cluster=options.executor == "ray" and options.ray_address is not None,
             )
+            if remote is not None and remote.writable:
+                from magpie.execution.shared_cache import put_into_cache
+
+                put_into_cache(project, selected, remote, self.progress)
+            return result
         finally:
             self._building = False
             snapshot.save(project, saved)  # with the stamps of the artifacts checked or written
@@ -291,8 +308,10 @@ def build_selected(
     verify: bool = False,
     summarize: bool = True,
     check: bool = False,
+    ray_cluster: bool = False,
 ) -> BuildResult:
-    """Build `selected` (task names) of a loaded project, and what they depend on."""
+    """Build `selected` (task names) of a loaded project, and what they depend on. `ray_cluster`:
+    jobs run on a Ray cluster's nodes (what a measurement records of where it ran)."""
     from magpie.execution.doit_glue import closure, run_doit
     from magpie.execution.executors import make_executor
     from magpie.store import reason
@@ -334,7 +353,9 @@ def build_selected(
     secret = input_secret(evaluates)
     with zygote.session(prestart=evaluates):  # before the executor: its job processes find the zygote's folder
         placed = _devices(project, stale, devices, progress)
-        executor = make_executor(jobs, executor_name, placed, ray_address)
+        from magpie.execution.measured_on import Recording
+
+        executor = Recording(make_executor(jobs, executor_name, placed, ray_address), ray_cluster)
         try:
             code, reporter = run_doit(project, selected, executor, jobs, progress, why, secret)
             republish = publish_project(project, progress.line)  # modified while this build ran: rebuilt once more
@@ -419,18 +440,19 @@ def _summary(project, selected: list[str], executed: list[str], failed: list[tup
         for impl in kernel.implementations()
         if impl.expect_faster
     }
-    return BuildSummary.model_validate(
-        build_summary(
-            project.root,
-            project.store,
-            covered,
-            expected,
-            executed=executed,
-            failed=failed,
-            up_to_date=up_to_date,
-            uncompared=_uncompared(project, names),
-        )
+    from magpie.execution.measured_on import mark_summary
+
+    made = build_summary(
+        project.root,
+        project.store,
+        covered,
+        expected,
+        executed=executed,
+        failed=failed,
+        up_to_date=up_to_date,
+        uncompared=_uncompared(project, names),
     )
+    return BuildSummary.model_validate(mark_summary(made, covered, project.store, set(executed)))
 
 
 def _uncompared(project, closure: list[str]) -> list[dict]:
@@ -504,15 +526,15 @@ def up_to_date_by_snapshot(
     if summarize or check:
         import tomllib
 
+        from magpie.execution.measured_on import mark_summary
         from magpie.report.models import BuildSummary
         from magpie.report.verdicts import build_summary, expected_faster_in
 
         expected = expected_faster_in(tomllib.loads(manifest.read_text()))
-        summary = BuildSummary.model_validate(
-            build_summary(
-                manifest.resolve().parent, store, covered, expected, executed=[], failed=[], up_to_date=len(tasks)
-            )
+        made = build_summary(
+            manifest.resolve().parent, store, covered, expected, executed=[], failed=[], up_to_date=len(tasks)
         )
+        summary = BuildSummary.model_validate(mark_summary(made, covered, store, set()))
     return BuildResult(
         line=f"magpie: {len(tasks)} artifacts up to date",
         executed=[],

@@ -140,6 +140,14 @@ class StoreSettings(Strict):
         "artifacts this project uses as its own; an artifact signed "
         "by any other key is built again here",
     )
+    cache: str | None = Field(
+        None,
+        description="a shared cache of artifacts, a folder (relative to magpie.toml's): a build takes from it "
+        "what it lacks, each artifact verified (digests, a trusted signer) before use (--cache overrides)",
+    )
+    cache_write: bool = Field(
+        False, description="a build also puts what it built into the cache (--cache-write); read-only by default"
+    )
 
     @field_validator("trusted_signers")
     @classmethod
