@@ -637,13 +637,13 @@ def test_a_baseline_is_disturbed_only_past_the_fraction_and_on_its_own_case():
     measured.samples["baseline"] = [141_000] * 20
     case = SimpleNamespace(label="16777216")
 
-    def disturbed(alone_us, shape="16777216", device="cuda", settings=None):
-        return judged_disturbed(measured, case, settings or {}, {"shape": shape, "median_us": alone_us}, device)
+    def disturbed(alone_us, shape="16777216", device="cuda", fraction=None):
+        return judged_disturbed(measured, case, fraction, {"shape": shape, "median_us": alone_us}, device)
 
     assert "(1.67x)" in disturbed(84.5) and "(1.67x)" in disturbed(84.5, device="cpu")
     assert disturbed(139.0) is None and disturbed(155.0) is None
     assert "(1.18x)" in disturbed(120.0) and disturbed(120.0, device="cpu") is None
-    assert "(1.18x)" in disturbed(120.0, device="cpu", settings={"disturbed_fraction": 0.10})
+    assert "(1.18x)" in disturbed(120.0, device="cpu", fraction=0.10)
     assert disturbed(84.5, shape="1024") is None and disturbed(None) is None
 
 

@@ -9,6 +9,7 @@ import random
 import pytest
 from conftest import FIXTURES, build_json, kernel_table, project_toml, write
 
+from magpie.harness import wire
 from magpie.harness.held_out import TILE, drawn_shapes, drawn_size, held_out_cases, problem_sizes
 from magpie.harness.spec import ReferenceSpec
 
@@ -114,11 +115,11 @@ def test_each_seed_draws_its_own_shapes_of_the_declared_rank():
 def spec_file(tmp_path, text: str) -> ReferenceSpec:
     path = tmp_path / "spec.py"
     path.write_text(text)
-    return ReferenceSpec(path, {"inputs": "make_inputs", "reference": "reference"}, "cpu")
+    return ReferenceSpec(path, wire.Testcase(), "cpu")
 
 
-def tc_of_one_shape(**fields) -> dict:
-    return {"shapes": [[64, 256]], "dtypes": ["float32"], "held_out_shapes": 1, **fields}
+def tc_of_one_shape(**fields) -> wire.Testcase:
+    return wire.Testcase(**{"shapes": [[64, 256]], "dtypes": ["float32"], "held_out_shapes": 1, **fields})
 
 
 def test_a_spec_that_makes_fixed_shapes_has_none_held_out_and_says_so(tmp_path):

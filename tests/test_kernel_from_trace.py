@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, build_json, magpie_in_process, write
 
+from magpie.harness import wire
 from magpie.harness.spec import Case, ReferenceSpec
 from magpie.manifest.load import tomllib  # tomli before Python 3.11
 
@@ -96,7 +97,7 @@ def test_a_kernel_made_from_a_trace_builds_and_judges_candidates_on_recorded_and
 def test_a_spec_from_a_trace_makes_the_recorded_inputs_and_calls_the_recorded_op(tmp_path, trace, op, output):
     found = from_trace(tmp_path, TRACES / f"{trace}.json.gz", "--op", op, "--top", "1", "-o", "k")
     top = found["signatures"][0]
-    testcase = {"inputs": "inputs_0", "reference": "reference", "shapes": [top["sizes"]], "dtypes": [top["dtype"]]}
+    testcase = wire.Testcase(inputs="inputs_0", reference="reference", shapes=[top["sizes"]], dtypes=[top["dtype"]])
     spec = ReferenceSpec(tmp_path / "k/spec.py", testcase, "cpu")
     args = spec.make_inputs(Case("recorded", top["sizes"], top["dtype"], 0, 1))
     made = [

@@ -344,6 +344,7 @@ def test_inputs_are_the_seeds_whether_or_not_the_factory_takes_a_generator(tmp_p
     """A factory with a `generator` parameter draws from the one it is given; one without draws
     from torch's global generator, seeded per set: either way a set's seed alone decides it."""
     from magpie.harness.spec import Case, ReferenceSpec
+    from magpie.harness.wire import Testcase
 
     (tmp_path / "with_generator.py").write_text(
         "import torch\n\ndef make_inputs(shape, dtype, generator):\n"
@@ -353,7 +354,7 @@ def test_inputs_are_the_seeds_whether_or_not_the_factory_takes_a_generator(tmp_p
         "import torch\n\ndef make_inputs(shape, dtype):\n"
         "    return (torch.rand(shape, dtype=dtype), torch.randint(0, 9, shape))\n\ndef reference(x, i):\n    return x\n"
     )
-    testcase = {"inputs": "make_inputs", "reference": "reference", "shapes": [[5, 7]], "dtypes": ["float32"]}
+    testcase = Testcase(inputs="make_inputs", reference="reference", shapes=[[5, 7]], dtypes=["float32"])
     for name in ("with_generator.py", "global_rng.py"):
         spec = ReferenceSpec(tmp_path / name, testcase, "cpu")
         first, again, other = (spec.make_inputs(Case("c", [5, 7], "float32", 0, seed)) for seed in (11, 11, 12))

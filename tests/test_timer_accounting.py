@@ -4,6 +4,7 @@ costs: honest kernels of any length pass it, a timer that under-reports does not
 
 from statistics import median
 
+import msgspec
 import pytest
 
 from magpie.harness.context import EvaluationContext
@@ -19,6 +20,7 @@ from magpie.harness.method_choice import chosen_method, probed_method
 from magpie.harness.pool import WorkerPool
 from magpie.harness.rounds import Rounds
 from magpie.harness.timing import CpuWallTimer, calibrate
+from magpie.harness.wire import EvaluationRequest, Implementation
 
 # Costs of the order calibrate() measures on the H200 (per sample: events pays an L2 flush of
 # 4x the L2, graph a replay's launch, events and synchronisation).
@@ -108,29 +110,39 @@ def test_a_kernel_too_slow_for_its_budget_gets_a_note():
     assert few_samples({"n": 50, "median_us": 1000.0}, [10] * 5, 300) is None
 
 
+def request(fields: dict) -> EvaluationRequest:
+    """An evaluation request as it crosses into the evaluator (`harness/wire.py`)."""
+    return msgspec.convert({"mode": "timing", **fields}, EvaluationRequest)
+
+
 def evaluator(tmp_path, impl: dict, timing_method: dict | None = None) -> EvaluationContext:
     return EvaluationContext(
-        {
-            "root": str(tmp_path),
-            "kernel": "k",
-            "impl": impl,
-            "work_dir": str(tmp_path),
-            "settings": {"correctness": {"timeout_s": 10, "seed": 0, "testcases": []}, "project": {"device": "cuda"}},
-            "timing_method": timing_method,
-        }
+        request(
+            {
+                "root": str(tmp_path),
+                "kernel": "k",
+                "impl": impl,
+                "work_dir": str(tmp_path),
+                "settings": {
+                    "correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
+                    "project": {"device": "cuda"},
+                },
+                "timing_method": timing_method,
+            }
+        )
     )
 
 
 def test_the_baselines_timing_chooses_the_method_for_every_candidate(tmp_path):
-    baseline = evaluator(tmp_path, {"id": "base", "is_baseline": True})
-    assert chosen_method(baseline.device, {"mode": "auto"}, baseline.set_method) is None  # it probes
+    baseline = evaluator(tmp_path, {"id": "base", "type": "pytorch", "source": "base.py", "is_baseline": True})
+    assert chosen_method(baseline.device, "auto", baseline.set_method) is None  # it probes
     chosen = probed_method({"candidate": 7.5}, is_baseline=True)
     assert chosen["mode"] == "graph" and "the baseline probed 7.5 µs" in chosen["why"]
-    candidate = evaluator(tmp_path, {"id": "fast", "is_baseline": False}, timing_method=chosen)
-    method = chosen_method(candidate.device, {"mode": "auto"}, candidate.set_method)
+    candidate = evaluator(tmp_path, {"id": "fast", "type": "pytorch", "source": "fast.py"}, timing_method=chosen)
+    method = chosen_method(candidate.device, "auto", candidate.set_method)
     assert method["mode"] == "graph" and method["why"].endswith("chosen by the baseline's timing")
     # the manifest's mode wins over both
-    assert chosen_method(candidate.device, {"mode": "events"}, candidate.set_method)["mode"] == "events"
+    assert chosen_method(candidate.device, "events", candidate.set_method)["mode"] == "events"
     # a candidate whose baseline was not timed decides from the faster of its pair
     assert probed_method({"candidate": 3.0, "baseline": 40.0})["mode"] == "graph"
     assert probed_method({"candidate": 30.0, "baseline": 40.0})["mode"] == "events"
@@ -147,18 +159,20 @@ def test_a_worker_serves_later_builds_unless_it_times_itself_on_a_gpu(tmp_path):
 
     def judge(secret: str, device: str = "cuda", vouched: bool = True) -> EvaluationContext:
         return EvaluationContext(
-            {
-                "root": str(tmp_path),
-                "kernel": "k",
-                "impl": {"id": "impl"},
-                "work_dir": str(tmp_path),
-                "input_secret": secret,
-                "settings": {
-                    "correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
-                    "project": {"device": device},
-                    "timing": {"vouched": vouched},
-                },
-            }
+            request(
+                {
+                    "root": str(tmp_path),
+                    "kernel": "k",
+                    "impl": {"id": "impl", "type": "pytorch", "source": "impl.py"},
+                    "work_dir": str(tmp_path),
+                    "input_secret": secret,
+                    "settings": {
+                        "correctness": {"timeout_s": 10, "seed": 0, "testcases": []},
+                        "project": {"device": device},
+                        "timing": {"vouched": vouched},
+                    },
+                }
+            )
         )
 
     assert judge("a").seed != judge("b").seed and judge("a").init_seed == judge("b").init_seed
@@ -171,7 +185,7 @@ def test_a_worker_serves_later_builds_unless_it_times_itself_on_a_gpu(tmp_path):
 
     (tmp_path / "impl.py").write_text("def f(x):\n    return x\n")
     load = {"op": "load", "id": "impl", "library": None, "init_inputs_file": None, "seed": 1, "code": "ZGVm"}
-    impl = {"source": "impl.py"}
+    impl = Implementation(id="impl", type="pytorch", source="impl.py")
     key = worker_key(load, impl, tmp_path)
     assert key == worker_key(dict(load), impl, tmp_path)
     assert zygote.slot(key) != zygote.slot(worker_key({**load, "seed": 2}, impl, tmp_path))

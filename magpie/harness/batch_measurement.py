@@ -32,6 +32,7 @@ from magpie.harness.pool import Turns
 from magpie.harness.regions import Layout, Region, calls_that_fit, region_bytes
 from magpie.harness.rounds import Batch, Rounds, batch_phases, other_size, vouched_method
 from magpie.harness.spec import Case, ReferenceSpec, rotation
+from magpie.harness.wire import Testcase, TimingSettings
 from magpie.linux import cputime
 from magpie.supervision.session import Worker, WorkerFailure
 
@@ -63,8 +64,8 @@ class BatchMeasurement:
         turns: Turns,
         spec: ReferenceSpec,
         case: Case,
-        testcase: dict,
-        t: dict,
+        testcase: Testcase,
+        t: TimingSettings,
         salt: str,
         mode: str | None,
         known: dict,
@@ -93,11 +94,11 @@ class BatchMeasurement:
         spec, t = self.spec, self.t
         limit = calls_that_fit(example, expected, region_bytes(torch, self.context.device))
         layout = Layout(example, expected, limit)
-        measured.by_cpu_time = not on_gpu and int(t["threads"]) == 1 and cputime.SCHEDSTAT
+        measured.by_cpu_time = not on_gpu and t.threads == 1 and cputime.SCHEDSTAT
         measured.graph = on_gpu and self.mode == "graph"
         steps = Laps()
-        rounds = int(t["rounds"])
-        round_ns = t["budget_ms"] / rounds * 1e6
+        rounds = t.rounds
+        round_ns = t.budget_ms / rounds * 1e6
         try:
             for role in roles:
                 regions[role] = (
@@ -144,7 +145,7 @@ class BatchMeasurement:
                     measured.calibration_ns["baseline"] = known["calibration_us"] * 1000
                 steps.mark("calibration")
             else:
-                harness = batches.HarnessPrice(torch, expected, min(limit, 64), int(t["threads"]))
+                harness = batches.HarnessPrice(torch, expected, min(limit, 64), t.threads)
                 measured.harness_ns = harness.measure(3)
                 steps.mark("harness_price")
             shortest_ms = DEVICE_BATCH_MIN_MS if on_gpu else BATCH_MIN_MS
@@ -157,8 +158,8 @@ class BatchMeasurement:
             }
             measured.per_call_ns = per_call
             steps.mark("sizing")
-            sets_a_round = int(GENERATION_FACTOR * t["budget_ms"] * 1e6 / max(measured.set_ns, 1.0) / rounds)
-            cap = min(max(1, int(t["max_reps"]) // rounds), max(BATCHES_PER_ROUND, sets_a_round))
+            sets_a_round = int(GENERATION_FACTOR * t.budget_ms * 1e6 / max(measured.set_ns, 1.0) / rounds)
+            cap = min(max(1, t.max_reps // rounds), max(BATCHES_PER_ROUND, sets_a_round))
             # batches of one call cannot be done together; on the CPU the bound is drawn from CPU
             # times (one torch thread)
             alone = len(roles) == 2 and limit > 1 and (on_gpu or measured.by_cpu_time)
@@ -667,9 +668,9 @@ class BatchMeasurement:
             record = compare_inputs(batch.sets[call], region.inputs(call))
             if record is None:
                 outputs, reference = region.outputs(call), batch.reference(call)
-                if surely_close(outputs, reference, self.testcase["rtol"], self.testcase["atol"]):
+                if surely_close(outputs, reference, self.testcase.rtol, self.testcase.atol):
                     continue
-                record = compare_outputs(outputs, reference, self.testcase["rtol"], self.testcase["atol"])
+                record = compare_outputs(outputs, reference, self.testcase.rtol, self.testcase.atol)
             if not record["passed"]:
                 return {**record, "checked": calls, "where": f"timed call {call + 1} of a batch of {calls}"}
         return {"passed": True, "checked": calls}

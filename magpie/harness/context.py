@@ -7,41 +7,41 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from magpie.harness.declared import SpecImports, library_roots
 from magpie.harness.exchange import exchange_for
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, weights_seed
+from magpie.harness.wire import EvaluationRequest, Implementation, Testcase
 from magpie.paths import subprocess_env
 
 
 class EvaluationContext:
-    def __init__(self, request: dict):
-        self.root = Path(request["root"])
-        self.kernel_id = request["kernel"]
-        self.impl = request["impl"]
-        self.baseline = request.get("baseline")
-        self.settings = request["settings"]
-        self.correctness_settings = self.settings["correctness"]
-        self.device = self.settings["project"]["device"]
-        self.work = Path(request["work_dir"])
-        self.timeout = float(self.correctness_settings["timeout_s"])
-        self.input_secret = request.get("input_secret", "")
+    def __init__(self, request: EvaluationRequest):
+        self.root = Path(request.root)
+        self.kernel_id = request.kernel
+        self.impl = request.impl
+        self.baseline = request.baseline
+        self.settings = request.settings
+        self.correctness_settings = self.settings.correctness
+        self.timing_settings = self.settings.timing
+        self.device = self.settings.project.device
+        self.work = Path(request.work_dir)
+        self.timeout = self.correctness_settings.timeout_s
+        self.input_secret = request.input_secret
+        manifest_seed = self.correctness_settings.seed
         # the manifest's seed, made unpredictable to code under test by the build's secret
-        self.seed = (
-            derive_seed(int(self.correctness_settings["seed"]), self.input_secret)
-            if self.input_secret
-            else int(self.correctness_settings["seed"])
-        )
-        self.hide = list(request.get("hide") or [])
-        self.snapshots: dict[str, str] = request.get("snapshots") or {}
-        self.set_method: dict | None = request.get("timing_method")  # chosen by the baseline's timing
+        self.seed = derive_seed(manifest_seed, self.input_secret) if self.input_secret else manifest_seed
+        self.hide = list(request.hide)
+        self.snapshots = request.snapshots
+        self.set_method = request.timing_method  # chosen by the baseline's timing
         # the baseline's shape and median in its own timing job (`judging.disturbed`), and whether
         # that job ran in this build (its worker is then parked for the candidates, or in use)
-        self.baseline_own_timing: dict = request.get("baseline_own_timing") or {}
+        self.baseline_own_timing: dict = request.baseline_own_timing or {}
         self.baseline_timed_in_this_build = bool(self.baseline_own_timing.get("this_build", True))
-        self.init_seed = weights_seed(int(self.correctness_settings["seed"]), self.kernel_id)
-        self._torch = None
-        self._exchange = None
+        self.init_seed = weights_seed(manifest_seed, self.kernel_id)
+        self._torch: Any = None
+        self._exchange: Any = None
 
     @property
     def torch(self):
@@ -60,10 +60,10 @@ class EvaluationContext:
             self._exchange = exchange_for(self.torch, self.device)
         return self._exchange
 
-    def env(self, impl: dict) -> dict:
+    def env(self, impl: Implementation) -> dict:
         """The environment of a process that runs impl's code."""
-        env = subprocess_env({**os.environ, **(impl.get("env") or {})})
-        if impl["type"] == "triton" and self.device == "cpu":
+        env = subprocess_env({**os.environ, **impl.env})
+        if impl.type == "triton" and self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         return env
 
@@ -73,11 +73,13 @@ class EvaluationContext:
         kept = self.snapshots.get(name)
         return Path(kept).read_bytes() if kept else None
 
-    def spec(self, index: int, testcase: dict) -> ReferenceSpec:
+    def spec(self, index: int, testcase: Testcase) -> ReferenceSpec:
+        spec_file = testcase.spec
+        assert spec_file is not None, "a command testcase has no spec"
         # what it imports from the project, it must declare (`harness.declared`)
         imports = SpecImports(self.root, testcase, f"testcase {index} of kernel {self.kernel_id}", library_roots())
         with imports.guarding():
-            return ReferenceSpec(self.root / testcase["spec"], testcase, self.device, self.code(testcase["spec"]))
+            return ReferenceSpec(self.root / spec_file, testcase, self.device, self.code(spec_file))
 
     def init_file(self, spec: ReferenceSpec) -> str | None:
         """A KernelBench model's init inputs and the reference Model's state (which the worker

@@ -21,13 +21,14 @@ from magpie.harness.kinds import command_kind, failure, failure_kind
 from magpie.harness.laps import Laps
 from magpie.harness.pool import WorkerPool
 from magpie.harness.spec import ReferenceSpec, SpecError, output_specs
+from magpie.harness.wire import Testcase
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import zygote
 from magpie.supervision.session import Worker, WorkerFailure, signal_verdict
 
 
 def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
-    testcases = context.correctness_settings["testcases"]
+    testcases = context.correctness_settings.testcases
     impl, device = context.impl, context.device
     laps = Laps()
     worker_steps: list[dict | None] = []
@@ -40,15 +41,16 @@ def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
         if not testcases:
             return _unverified(context, pool)
         for index, testcase in enumerate(testcases):
-            if testcase.get("command"):
+            if testcase.command:
                 checks.append(_command_check(context, pool, index, testcase))
                 continue
-            if impl["type"] in ("cuda", "hip") and device == "cpu":
+            if impl.type in ("cuda", "hip") and device == "cpu":
                 return skipped(
-                    f"{impl['type']} implementations are loaded on a GPU device only; this project's device is {device}"
+                    f"{impl.type} implementations are loaded on a GPU device only; this project's device is {device}"
                 )
             spec = context.spec(index, testcase)
-            cases = spec.cases(context.seed, context.kernel_id, index, int(testcase["trials"]))
+            assert testcase.trials is not None  # a spec testcase's, resolved by the build (`wire.Testcase`)
+            cases = spec.cases(context.seed, context.kernel_id, index, testcase.trials)
             init_file = context.init_file(spec)
             with pool.start(impl, init_file, wait=False) as worker:
                 laps.mark("start")
@@ -59,8 +61,8 @@ def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
                     spec,
                     cases,
                     f"tc{index}",
-                    testcase["rtol"],
-                    testcase["atol"],
+                    testcase.rtol,
+                    testcase.atol,
                     laps,
                     worker_steps,
                 )
@@ -70,7 +72,7 @@ def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
             laps.mark("park")  # the worker reset and parked for the timing job (or ended)
             checks.extend({"testcase": index, **r} for r in records)
     except SpecError as err:
-        return not_judged("correctness", testcases[index]["spec"], err, index)
+        return not_judged("correctness", testcases[index].spec, err, index)
     except WorkerFailure as err:
         where = {"testcase": index, **({"case": err.case} if isinstance(err, _HeldOutFailure) else {})}
         kind = failure_kind(err.cause if isinstance(err, _HeldOutFailure) else str(err))
@@ -99,7 +101,7 @@ def _held_out_checks(
     worker: Worker,
     spec: ReferenceSpec,
     index: int,
-    testcase: dict,
+    testcase: Testcase,
     held_out: dict,
 ) -> list[dict]:
     """The testcase's held-out cases (`harness/held_out.py`), each in a request of its own so that
@@ -111,7 +113,7 @@ def _held_out_checks(
         held_out["shapes"].append(case.label.removeprefix("held-out "))
         try:
             records += run_cases(
-                context, pool, worker, spec, [case], f"tc{index}-held-out{k}", testcase["rtol"], testcase["atol"]
+                context, pool, worker, spec, [case], f"tc{index}-held-out{k}", testcase.rtol, testcase.atol
             )
         except WorkerFailure as err:
             raise _HeldOutFailure(case.label, str(err)) from None
@@ -193,8 +195,8 @@ def _unverified(context: EvaluationContext, pool: WorkerPool) -> dict:
     """No testcase: the implementation runs on its own get_inputs() (inside its worker) and
     only finiteness is checked, recorded as numerics: unverified."""
     impl = context.impl
-    source = context.root / impl["source"]
-    if impl["type"] not in ("pytorch", "triton") or "def get_inputs" not in source.read_text():
+    source = context.root / impl.source
+    if impl.type not in ("pytorch", "triton") or "def get_inputs" not in source.read_text():
         return skipped("no testcase declared: add a [[kernel.testcases]] with a spec or a command")
     with pool.start(impl, None, init_from_module=True) as worker:
         outputs_file = str((worker.scratch or context.work) / "outputs.pt")
@@ -210,16 +212,16 @@ def _unverified(context: EvaluationContext, pool: WorkerPool) -> dict:
     return correctness_verdict([record], "unverified")
 
 
-def _command_check(context: EvaluationContext, pool: WorkerPool, index: int, testcase: dict) -> dict:
+def _command_check(context: EvaluationContext, pool: WorkerPool, index: int, testcase: Testcase) -> dict:
     impl, timeout = context.impl, context.timeout
-    cwd = context.root / (testcase.get("working_dir") or ".")
+    cwd = context.root / (testcase.working_dir or ".")
     scratch = scratch_folders.make("testcase-", owner=os.getpid())
     env = {
         **context.env(impl),
-        **(testcase.get("env") or {}),
+        **testcase.env,
         "TMPDIR": str(scratch),
-        environment.IMPL_ID: impl["id"],
-        environment.IMPL_SOURCE: str(context.root / impl["source"]),
+        environment.IMPL_ID: impl.id,
+        environment.IMPL_SOURCE: str(context.root / impl.source),
     }
     # The command runs the implementation: it reads the project, writes only its TMPDIR.
     policy = (
@@ -238,7 +240,7 @@ def _command_check(context: EvaluationContext, pool: WorkerPool, index: int, tes
     output = scratch / "output.log"  # read back by its end only: a command may print gigabytes
     # Forked from the zygote, which enters the sandbox and then executes the command: no
     # interpreter to start per command.
-    argv = ["/bin/sh", "-c", testcase["command"]]
+    argv = ["/bin/sh", "-c", str(testcase.command)]
     proc = zygote.launch(
         "magpie.sandbox.__main__",
         [json.dumps(policy.to_json() if policy else None), "--", *argv],

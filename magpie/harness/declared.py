@@ -22,19 +22,23 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from magpie.harness.wire import Implementation, Testcase
 
 
-def declared_files(root: Path, impl: dict) -> list[Path]:
+def declared_files(root: Path, impl: Implementation) -> list[Path]:
     """The files an implementation declares, where they are now."""
-    return [root / impl["source"], *(root / name for name in impl.get("source_files") or [])]
+    return [root / impl.source, *(root / name for name in impl.source_files)]
 
 
-def readable(root: Path, impl: dict) -> list[str]:
+def readable(root: Path, impl: Implementation) -> list[str]:
     """What a worker of impl reads of the project once its load narrowed its sandbox
     (`sandbox.narrow`): its declared files, and its compiled library's folder (in the store)."""
     read = [str(f) for f in declared_files(root, impl)]
-    if impl.get("library"):
-        read.append(str(Path(impl["library"]).parent))
+    if impl.library:
+        read.append(str(Path(impl.library).parent))
     return read
 
 
@@ -42,7 +46,7 @@ def readable(root: Path, impl: dict) -> list[str]:
 DENIED = re.compile(r"Permission denied: '([^']+)'")
 
 
-def undeclared_read(error: str, root: Path, impl: dict) -> str | None:
+def undeclared_read(error: str, root: Path, impl: Implementation) -> str | None:
     """The one line that says which undeclared file of the project a worker's failure came from
     reading, and where to declare it; None where the failure is another."""
     found = DENIED.search(error)
@@ -54,11 +58,11 @@ def undeclared_read(error: str, root: Path, impl: dict) -> str | None:
         return None
     if path in {Path(os.path.realpath(f)) for f in declared_files(root, impl)}:
         return None
-    role = "baseline" if impl.get("is_baseline") else "candidate"
+    role = "baseline" if impl.is_baseline else "candidate"
     name = path.relative_to(project).as_posix()
     return (
-        f"{role} {impl['id']} read {name}, which is not declared: add it to source_files of implementation "
-        f"{impl['id']} in magpie.toml"
+        f"{role} {impl.id} read {name}, which is not declared: add it to source_files of implementation "
+        f"{impl.id} in magpie.toml"
     )
 
 
@@ -93,12 +97,10 @@ class SpecImports:
     example project shares), that the testcase does not declare is an ImportError naming it and
     the field to add it to."""
 
-    def __init__(self, root: Path, testcase: dict, where: str, libraries: tuple[str, ...]):
+    def __init__(self, root: Path, testcase: Testcase, where: str, libraries: tuple[str, ...]):
         self.project = os.path.realpath(root) + os.sep
-        self.declared = {
-            os.path.realpath(root / name) for name in (testcase["spec"], *(testcase.get("spec_files") or []))
-        }
-        self.spec, self.where, self.libraries = testcase["spec"], where, libraries
+        self.declared = {os.path.realpath(root / name) for name in (str(testcase.spec), *(testcase.spec_files or []))}
+        self.spec, self.where, self.libraries = testcase.spec, where, libraries
 
     def find_spec(self, fullname, path=None, target=None):
         found = importlib.machinery.PathFinder.find_spec(fullname, path)

@@ -13,24 +13,27 @@ import json
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
+from magpie.harness import wire
 from magpie.harness.context import EvaluationContext
 from magpie.harness.correctness import correctness
 from magpie.harness.declared import fresh_imports
 from magpie.harness.pool import WorkerPool
 from magpie.harness.timing_session import timing
+from magpie.harness.wire import EvaluationRequest
 from magpie.linux import namespaces
 from magpie.supervision import device_lock
 from magpie.supervision.process import log_to, release_memory, serve_pipes
 
 
 def evaluate(request_path: str) -> dict:
-    request = json.loads(Path(request_path).read_text())
+    request: EvaluationRequest = wire.decode(Path(request_path).read_bytes(), EvaluationRequest, request_path)
     context = EvaluationContext(request)
     pool = WorkerPool(context)
     # its job's hard limit counts none of its waits for the device (`supervision.step_limit`)
-    with device_lock.telling_waits(Path(request["work_dir"]) / device_lock.WAITS_FILE):
-        if request["mode"] == "correctness":
+    with device_lock.telling_waits(context.work / device_lock.WAITS_FILE):
+        if request.mode == "correctness":
             with device_lock.shared(context.device):
                 result = correctness(context, pool)
         else:
@@ -43,26 +46,25 @@ def evaluate(request_path: str) -> dict:
 
 
 def serve(commands, answers) -> None:
-    """Jobs one after another: {"op": "evaluate", "request": PATH}, answered with the result
-    (over this pipe, which no worker holds: code under test cannot write a verdict); between
-    jobs the action that ran one may park this process for the next ("reset", "relog")."""
+    """Jobs one after another (`wire.EvaluatorCommand`): evaluate, answered with the result (over
+    this pipe, which no worker holds: code under test cannot write a verdict); between jobs the
+    action that ran one may park this process for the next (reset, relog)."""
     # No process of the same user (a candidate's left-over child, say) reads or writes this one's memory.
     namespaces.prctl(namespaces.PR_SET_DUMPABLE, 0)
     for line in commands:
-        message = json.loads(line)
-        op = message["op"]
-        if op == "exit":
-            break
-        reply = {"ok": True}
+        reply: dict[str, Any] = {"ok": True}
         try:
-            if op == "evaluate":
+            command = wire.decode(line, wire.EvaluatorCommand, "evaluator command")
+            if isinstance(command, wire.Exit):
+                break
+            if isinstance(command, wire.Evaluate):
                 with fresh_imports():
-                    reply["result"] = evaluate(message["request"])
-            elif op == "relog":
-                log_to(message["log"])
-            elif op == "reset":
+                    reply["result"] = evaluate(command.request)
+            elif isinstance(command, wire.Relog):
+                log_to(command.log)
+            else:
                 release_memory()
-        except device_lock.DeviceLockError as err:  # that job's failure, in the lock's own line
+        except (device_lock.DeviceLockError, wire.WireError) as err:  # that job's failure, in its own line
             reply = {"ok": False, "error": str(err)}
         except Exception as err:  # a bug here or in a spec: that job's failure, told in one line
             traceback.print_exc()

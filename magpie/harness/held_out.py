@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 
 from magpie.harness.spec import Case, ReferenceSpec, SpecError, derive_seed
+from magpie.harness.wire import Testcase
 
 # dimensions below this stay as declared: too small to show a tile's edge, and often fixed by
 # their meaning (channels, heads, pairs)
@@ -69,12 +70,12 @@ def problem_sizes(module) -> dict[str, int]:
 
 
 def held_out_cases(
-    spec: ReferenceSpec, seed: int, kernel_id: str, index: int, testcase: dict, init_seed: int
+    spec: ReferenceSpec, seed: int, kernel_id: str, index: int, testcase: Testcase, init_seed: int
 ) -> tuple[list[Case], list[str]]:
     """The held-out cases of one testcase (one trial each), each labelled by what it is, and the
     notes on what was skipped and why. Each case's inputs and reference are made once here: a
     shape the spec cannot make is skipped, not charged to the implementation."""
-    count = int(testcase.get("held_out_shapes", 1))
+    count = testcase.held_out_shapes
     if count == 0:
         return [], []
     name = spec.path.name
@@ -92,13 +93,13 @@ def held_out_cases(
         ]
         declared_case = Case("kernelbench", None, None, 0, seed)
     else:
-        drawn = drawn_shapes(testcase["shapes"], shape_seed, count)
+        drawn = drawn_shapes(testcase.shapes, shape_seed, count)
         planned = [
             Case(f"held-out {_times(s)} {d}", s, d, 0, derive_seed(seed, kernel_id, index, "held-out", s, d), True)
             for s in drawn
-            for d in testcase["dtypes"]
+            for d in testcase.dtypes
         ]
-        declared_case = Case("declared", testcase["shapes"][0], testcase["dtypes"][0], 0, seed)
+        declared_case = Case("declared", testcase.shapes[0], testcase.dtypes[0], 0, seed)
     if not planned:
         return [], [f"{name}: no declared dimension of {SMALLEST_VARIED} or more to vary: no held-out shapes"]
     try:

@@ -28,6 +28,7 @@ from magpie.harness.measurement import (
 )
 from magpie.harness.rounds import Rounds, batch_phases
 from magpie.harness.spec import SpecError
+from magpie.harness.wire import Implementation
 
 # What the summary keeps of each round: the mode, the timer's own clock around its loop and the
 # evaluator's around the request.
@@ -173,9 +174,9 @@ def probe_waited(measured: Rounds) -> str | None:
     return "; ".join(f"{role}: {failure['detail']}" for role, failure in failures)
 
 
-def disturbed(measured: Rounds, case, t: dict, own: dict, device: str) -> str | None:
-    """Where the baseline's median beside this candidate is more than `disturbed_fraction`
-    off its median in its own timing job (`own`: same case, same method), what was seen; else
+def disturbed(measured: Rounds, case, fraction: float | None, own: dict, device: str) -> str | None:
+    """Where the baseline's median beside this candidate is more than `fraction`
+    (`timing.disturbed_fraction`) off its median in its own timing job (`own`: same case, same method), what was seen; else
     None. Jobs of one build read one baseline within 1.5% on the H200; one of 80 read it 67%
     slow (and its candidate 22%) and credited 2.32x where the other runs said 1.71x: the
     device was not the measurement's alone."""
@@ -183,7 +184,7 @@ def disturbed(measured: Rounds, case, t: dict, own: dict, device: str) -> str | 
         return None
     here = summarize_ns(measured.samples["baseline"])["median_us"]
     ratio = here / own["median_us"]
-    if abs(math.log(ratio)) <= math.log1p(for_device(t.get("disturbed_fraction"), DEFAULT_DISTURBED_FRACTION, device)):
+    if abs(math.log(ratio)) <= math.log1p(for_device(fraction, DEFAULT_DISTURBED_FRACTION, device)):
         return None
     return (
         f"the baseline read {here:.4g} µs beside this candidate and {own['median_us']:.4g} µs in its own "
@@ -191,8 +192,8 @@ def disturbed(measured: Rounds, case, t: dict, own: dict, device: str) -> str | 
     )
 
 
-def method_line(impl: dict, method: str, device: str) -> str:
-    if impl["type"] == "triton" and device == "cpu":
+def method_line(impl: Implementation | None, method: str, device: str) -> str:
+    if impl is not None and impl.type == "triton" and device == "cpu":
         method += "; Triton ran in its CPU interpreter (TRITON_INTERPRET=1): not GPU performance"
     return method
 
@@ -210,7 +211,9 @@ def worker_timer_summary(samples_ns: list[int], wall_s: float, account: dict, me
     return summary
 
 
-def summaries(measured: Rounds, case, kernels: dict, impls: dict[str, dict], device: str) -> dict[str, dict]:
+def summaries(
+    measured: Rounds, case, kernels: dict, impls: dict[str, Implementation | None], device: str
+) -> dict[str, dict]:
     """Each role's summary of a measurement (`impls`: each role's implementation), with its
     kernel profile where one was taken."""
     summaries = {}

@@ -7,9 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from magpie.harness.wire import Implementation
 
 
-def worker_key(load: dict, impl: dict, root: Path, build: str | None = None, **process) -> str:
+def worker_key(load: dict, impl: Implementation, root: Path, build: str | None = None, **process) -> str:
     """What a parked worker must share with a new job's to stand in for it, in this build or a
     later one: "<how>/<what>". How: its load request but for the code, and how its process was
     started (folder, environment, memory limit, sandbox: what it hides too, so that no worker
@@ -22,8 +26,8 @@ def worker_key(load: dict, impl: dict, root: Path, build: str | None = None, **p
     )
     what = hashlib.sha256(f"{build}:{load.get('code') or ''}".encode())
     files = [
-        root / impl["source"],
-        *(root / f for f in impl.get("source_files") or []),
+        root / impl.source,
+        *(root / f for f in impl.source_files),
         *(Path(p) for p in (load["library"], load["init_inputs_file"]) if p),
     ]
     for path in files:
@@ -32,7 +36,7 @@ def worker_key(load: dict, impl: dict, root: Path, build: str | None = None, **p
 
 
 def code_reads(root: Path, impl: dict, cwd: Path) -> list[str]:
-    """What a sandboxed process running impl reads besides the system: the project, its working
+    """What a sandboxed process running impl (the build's form of `wire.Implementation`) reads besides the system: the project, its working
     folder, the folders of its sources (which may lie outside the project) and of its compiled
     library (in the store, which is otherwise hidden)."""
     files = [root / impl["source"], *(root / f for f in impl.get("source_files") or [])]

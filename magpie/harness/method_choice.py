@@ -7,14 +7,14 @@ from __future__ import annotations
 from magpie.harness.timing import GRAPH_THRESHOLD_US
 
 
-def chosen_method(device: str, t: dict, set_method: dict | None) -> dict | None:
+def chosen_method(device: str, mode: str, set_method: dict | None) -> dict | None:
     """The timing method where it is settled before any probe: on the CPU, by the manifest
-    (`t`, the timing settings), or by the baseline's timing for the baseline and every
+    (`mode`, its `timing.mode`), or by the baseline's timing for the baseline and every
     candidate (`set_method`, the request's `timing_method`); None: probe."""
     if device == "cpu":
         return {"mode": None, "why": "batches of calls on fresh inputs, timed from outside the worker (CPU device)"}
-    if t.get("mode", "auto") != "auto":
-        return {"mode": t["mode"], "why": f'timing.mode = "{t["mode"]}" in the manifest'}
+    if mode != "auto":
+        return {"mode": mode, "why": f'timing.mode = "{mode}" in the manifest'}
     if set_method is not None:
         return {**set_method, "why": f"{set_method['why']}; chosen by the baseline's timing"}
     return None

@@ -13,12 +13,15 @@ import shutil
 import time
 from pathlib import Path
 
+import msgspec
+
 from magpie import sandbox
 from magpie.harness import spares, triton_warmup
 from magpie.harness.compiler_caches import compiler_caches, implementation_caches, seed_triton_cache
 from magpie.harness.context import EvaluationContext
 from magpie.harness.declared import readable, undeclared_read
 from magpie.harness.keys import code_reads, worker_key
+from magpie.harness.wire import Implementation
 from magpie.supervision import device_lock, zygote
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision.session import NothingParked, Worker, WorkerFailure
@@ -34,17 +37,22 @@ class WorkerPool:
         self.isolation: str | None = None  # of the workers that ran code under test
 
     def start(
-        self, impl: dict, init_file: str | None, init_from_module: bool = False, fork: bool = True, wait: bool = True
+        self,
+        impl: Implementation,
+        init_file: str | None,
+        init_from_module: bool = False,
+        fork: bool = True,
+        wait: bool = True,
     ) -> Worker | None:
         """A loaded worker for impl: one a job parked if there is one, else a new process
         (with fork=False, None). With wait=False the load is under way when it returns, and
         `loaded` waits for it: a new process's CUDA context is made while the evaluator makes
         the inputs (and its own)."""
-        cwd = self.context.root / (impl.get("working_dir") or ".")
+        cwd = self.context.root / (impl.working_dir or ".")
         # CUDA reserves far more address space than it uses, so the address-space limit that
         # catches memory hogs on the CPU would stop every GPU process at start-up; a sandbox
         # holds a GPU worker to it as a memory cgroup alone (`sandbox.memory`), where one can be had.
-        limit_mb = self.context.correctness_settings["memory_mb"] or sandbox.default_memory_mb()
+        limit_mb = self.context.correctness_settings.memory_mb or sandbox.default_memory_mb()
         memory_mb = limit_mb if self.context.device == "cpu" else 0
         env = self.context.env(impl)
         policy = None if sandbox.trusted() else self._policy(impl, cwd, limit_mb)
@@ -52,22 +60,22 @@ class WorkerPool:
         device = "cuda:0" if policy is not None and policy.gpu_minors else self.context.device
         load = {
             "op": "load",
-            "id": impl["id"],
-            "source": str(self.context.root / impl["source"]),
-            "library": impl.get("library"),
-            "entry": impl.get("entry"),
+            "id": impl.id,
+            "source": str(self.context.root / impl.source),
+            "library": impl.library,
+            "entry": impl.entry,
             "device": device,
             "seed": self.context.init_seed,
             "init_inputs_file": init_file,
             "init_from_module": init_from_module,
-            "threads": self.context.settings.get("timing", {}).get("threads", 1),
+            "threads": self.context.timing_settings.threads,
         }
         if policy is not None:
             load["readable"] = readable(self.context.root, impl)
-        code = None if impl.get("library") else self.context.code(impl["source"])
+        code = None if impl.library else self.context.code(impl.source)
         if code is not None:  # what the task was keyed by, not the file as it may be now
             load["code"] = base64.b64encode(code).decode()
-        log_path = self.context.work / f"worker-{impl['id']}.log"
+        log_path = self.context.work / f"worker-{impl.id}.log"
         process = {"cwd": str(cwd), "env": env, "memory_mb": memory_mb, "sandbox": policy.to_json() if policy else None}
         key = worker_key(load, impl, self.context.root, build=self.build_of_workers, **process)
         base = implementation_caches(key)
@@ -88,7 +96,7 @@ class WorkerPool:
                 policy.write += list(caches.values())
             try:
                 worker = Worker(
-                    label=impl["id"],
+                    label=impl.id,
                     cwd=str(cwd),
                     env={**env, **caches},
                     memory_mb=memory_mb,
@@ -111,15 +119,15 @@ class WorkerPool:
             worker.send(load)
             self._asked[worker] = asked
         if spare is not None:
-            self._spare_of[impl["id"]] = (spare, impl, device, process)
+            self._spare_of[impl.id] = (spare, impl, device, process)
         self._loading.add(worker)
         return self.loaded(worker) if wait else worker
 
-    def _adopt_spare(self, spare: str, impl: dict, base: Path, log_path: Path, **process) -> Worker | None:
+    def _adopt_spare(self, spare: str, impl: Implementation, base: Path, log_path: Path, **process) -> Worker | None:
         """A spare started like impl's worker, its caches made impl's (`harness.spares`); None if
         none is parked or its caches could not be taken."""
         try:
-            worker = Worker(label=impl["id"], log_path=log_path, key=spare, fork=False, **process)
+            worker = Worker(label=impl.id, log_path=log_path, key=spare, fork=False, **process)
         except NothingParked:
             return None
         if not spares.take_caches(worker.scratch, base):
@@ -128,7 +136,7 @@ class WorkerPool:
         worker.adopted = False  # a new process to its job: it loads the code, makes the first calls
         return worker
 
-    def start_spare(self, impl: dict, worker: Worker) -> None:
+    def start_spare(self, impl: Implementation, worker: Worker) -> None:
         """Start the spare that the next new worker started like impl's takes, if none is
         parked or on its way, and park it while it makes its context, under a share of the
         device lock it holds until then, and then, for Triton on a GPU, starts the compiler
@@ -136,13 +144,13 @@ class WorkerPool:
         Called after a measurement: started beside the first calls of a candidate's new
         worker, it made them 0.17 s slower on the H200 (a new module's load waits behind the
         driver's making of another context)."""
-        if impl["id"] not in self._spare_of:
+        if impl.id not in self._spare_of:
             return
-        spare, impl, device, process = self._spare_of[impl["id"]]
+        spare, impl, device, process = self._spare_of[impl.id]
         if not zygote.reserve(spare, process["env"]):
             return
         prepare = {"op": "prepare", "device": device}
-        if impl["type"] == "triton" and self.context.device != "cpu":
+        if impl.type == "triton" and self.context.device != "cpu":
             try:  # the worker's word, checked: launchers of no kernel of its are wasted, nothing more
                 answer = worker.request({"op": "triton_signatures"}, self.context.timeout)
             except WorkerFailure:  # its failure is the recheck's to report
@@ -175,11 +183,11 @@ class WorkerPool:
             return
         worker.park_spare(spare)
 
-    def _new_caches(self, impl: dict, base: Path) -> dict[str, str]:
+    def _new_caches(self, impl: Implementation, base: Path) -> dict[str, str]:
         """Compiler caches under base for a new process of impl's, a Triton cache seeded with
         the driver utilities this evaluator compiled (`seed_triton_cache`)."""
         caches = compiler_caches(base)
-        if impl["type"] == "triton" and self.context.device != "cpu":
+        if impl.type == "triton" and self.context.device != "cpu":
             seed_triton_cache(Path(caches["TRITON_CACHE_DIR"]))
         return caches
 
@@ -191,12 +199,12 @@ class WorkerPool:
         compares on the H200 (docs/performance.md; cause not established). Elsewhere none: the
         evaluator vouches for the measurement, and workers serve later builds alike."""
         context = self.context
-        vouched = context.settings.get("timing", {}).get("vouched", True)
+        vouched = context.timing_settings.vouched
         if context.device == "cpu" or vouched or not context.input_secret:
             return None
         return hashlib.sha256(context.input_secret.encode()).hexdigest()[:12]
 
-    def _policy(self, impl: dict, cwd: Path, memory_mb: int) -> sandbox.Policy:
+    def _policy(self, impl: Implementation, cwd: Path, memory_mb: int) -> sandbox.Policy:
         """What a worker of impl may touch: it reads the project, its own sources and its compiled
         library, and, once told at its load, of the project its declared files alone (`readable`);
         it writes only its scratch folder (added by the Worker) and its compiler cache. The same
@@ -204,7 +212,7 @@ class WorkerPool:
         context = self.context
         return sandbox.Policy(
             write=[],
-            read=code_reads(context.root, impl, cwd),
+            read=code_reads(context.root, msgspec.structs.asdict(impl), cwd),
             project=str(context.root),
             hide=context.hide,
             gpu=context.device != "cpu",
@@ -244,7 +252,7 @@ class WorkerPool:
     def undeclared(self, worker: Worker, error: str) -> str:
         """A worker's error, or where it came from reading a project file its implementation
         does not declare, the one line that says where to declare it (`harness.declared`)."""
-        impl = next((i for i in (self.context.impl, self.context.baseline) if i and i["id"] == worker.label), None)
+        impl = next((i for i in (self.context.impl, self.context.baseline) if i and i.id == worker.label), None)
         return (undeclared_read(error, self.context.root, impl) if impl else None) or error
 
     def _load_record(self, worker: Worker, answer: dict) -> None:

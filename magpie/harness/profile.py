@@ -19,25 +19,26 @@ RANGE = "magpie_profile"
 def main(argv: list[str]) -> int:
     import torch
 
+    from magpie.harness import wire
     from magpie.harness.spec import ReferenceSpec, output_specs, weights_seed
     from magpie.harness.worker import Implementation
 
-    request = json.loads(Path(argv[0]).read_text())
-    root, impl, settings = Path(request["root"]), request["impl"], request["settings"]
-    device = request.get("device") or settings["project"]["device"]
-    testcase = next(tc for tc in settings["correctness"]["testcases"] if tc.get("spec"))
-    spec = ReferenceSpec(root / testcase["spec"], testcase, device)
-    seed = int(settings["correctness"]["seed"])
-    case = max(spec.cases(seed, request["kernel"], 0, 1, salt="profile"), key=lambda c: math.prod(c.shape or [0]))
+    request: wire.ProfileRequest = wire.decode(Path(argv[0]).read_bytes(), wire.ProfileRequest, argv[0])
+    root, impl, settings = Path(request.root), request.impl, request.settings
+    device = request.device or settings.project.device
+    testcase = next(tc for tc in settings.correctness.testcases if tc.spec)
+    spec = ReferenceSpec(root / str(testcase.spec), testcase, device)
+    seed = settings.correctness.seed
+    case = max(spec.cases(seed, request.kernel, 0, 1, salt="profile"), key=lambda c: math.prod(c.shape or [0]))
     args = spec.make_inputs(case)
-    init_seed = weights_seed(seed, request["kernel"])
+    init_seed = weights_seed(seed, request.kernel)
     expected = spec.reference(args, init_seed)  # shapes of what a native entry allocates
     runner = Implementation(
         {
-            "id": impl["id"],
-            "source": str(root / impl["source"]),
-            "entry": impl.get("entry"),
-            "library": impl.get("library"),
+            "id": impl.id,
+            "source": str(root / impl.source),
+            "entry": impl.entry,
+            "library": impl.library,
             "device": device,
             "seed": init_seed,
             "init_inputs_file": None,
@@ -50,11 +51,11 @@ def main(argv: list[str]) -> int:
     on_device = tuple(a.to(device) if torch.is_tensor(a) else a for a in args)
     runner.fn(*on_device)  # compile / autotune outside the profiled range
     torch.cuda.synchronize()
-    started = bool(request.get("profiler_start"))
+    started = request.profiler_start
     if started:
         torch.cuda.profiler.start()
     torch.cuda.nvtx.range_push(RANGE)
-    for _ in range(int(request.get("reps", 1))):
+    for _ in range(request.reps):
         runner.fn(*on_device)
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()

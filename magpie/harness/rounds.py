@@ -24,6 +24,7 @@ from magpie.harness.measurement import (
 from magpie.harness.regions import CHECKED_PER_BATCH
 from magpie.harness.spec import ReferenceSpec
 from magpie.harness.timing import CudaTimer
+from magpie.harness.wire import TimingSettings
 
 
 class Rounds:
@@ -286,7 +287,7 @@ def batch_phases(records: list[dict]) -> dict:
     return out
 
 
-def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -> str:
+def vouched_method(calls: int, measured: Rounds, t: TimingSettings, device: str = "cpu") -> str:
     if device.startswith("cuda"):
         clock = (
             "the evaluator's own CUDA events, one recorded as a gate the worker's calls wait on opens (their "
@@ -309,8 +310,8 @@ def vouched_method(calls: int, measured: Rounds, t: dict, device: str = "cpu") -
         f"batches of up to {calls} calls timed from outside the worker by {clock}, over its calls, less "
         f"{less}; each call on an input set of new seeds written "
         f"while the worker was stopped, every output slot checked for writes and {CHECKED_PER_BATCH} "
-        f"calls a batch, chosen after the answer, against the reference; warm-up {t['warmup_ms']:g} ms, torch "
-        f"threads={t['threads']}, {t['rounds']} rounds interleaved with the baseline"
+        f"calls a batch, chosen after the answer, against the reference; warm-up {t.warmup_ms:g} ms, torch "
+        f"threads={t.threads}, {t.rounds} rounds interleaved with the baseline"
     )
 
 

@@ -16,6 +16,10 @@ import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from magpie.harness.wire import Testcase
 
 
 class SpecError(Exception):
@@ -71,7 +75,7 @@ def load_module(path: Path, name: str, code: bytes | None = None):
 
 
 class ReferenceSpec:
-    def __init__(self, path: Path, testcase: dict, device: str, code: bytes | None = None):
+    def __init__(self, path: Path, testcase: Testcase, device: str, code: bytes | None = None):
         import torch
 
         self.torch = torch
@@ -83,18 +87,18 @@ class ReferenceSpec:
             raise SpecError(f"{path.name}: importing failed: {type(err).__name__}: {err}") from None
         self.kernelbench = hasattr(self.module, "Model") and hasattr(self.module, "get_inputs")
         if not self.kernelbench:
-            for attr in (testcase["inputs"], testcase["reference"]):
+            for attr in (testcase.inputs, testcase.reference):
                 if not callable(getattr(self.module, attr, None)):
                     raise SpecError(f"{path.name}: defines no callable {attr!r} (needed by the testcase)")
         self.testcase = testcase
-        self._factory = self.module.get_inputs if self.kernelbench else getattr(self.module, testcase["inputs"])
+        self._factory = self.module.get_inputs if self.kernelbench else getattr(self.module, testcase.inputs)
         # asked once: every timed call draws an input set, and a signature costs more than a small one
         self._takes_generator = not self.kernelbench and _takes_generator(self._factory)
 
     def cases(self, base_seed: int, kernel_id: str, index: int, trials: int, salt: str = "") -> list[Case]:
         tc = self.testcase
-        shapes = [None] if self.kernelbench else tc["shapes"]
-        dtypes = [None] if self.kernelbench else tc["dtypes"]
+        shapes: list = [None] if self.kernelbench else tc.shapes
+        dtypes: list = [None] if self.kernelbench else tc.dtypes
         out = []
         for shape in shapes:
             for dtype in dtypes:
@@ -157,7 +161,7 @@ class ReferenceSpec:
         """The expected output(s), computed on the project's device from pristine copies."""
         torch = self.torch
         pristine = tuple(a.clone() if torch.is_tensor(a) else a for a in args)
-        name = "Model" if self.kernelbench else self.testcase["reference"]
+        name = "Model" if self.kernelbench else self.testcase.reference
         try:
             if self.kernelbench:
                 model = self.model(init_seed)

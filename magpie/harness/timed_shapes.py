@@ -18,8 +18,12 @@ computes the selection.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from magpie.errors import UserError
+
+if TYPE_CHECKING:
+    from magpie.harness.wire import TimedSelection
 
 # The testcase settings a timing does not read: only correctness checks every shape, trial and held-out shape.
 NOT_TIMED = ("shapes", "dtypes", "trials", "held_out_shapes")
@@ -62,17 +66,17 @@ def timed_selection(kernel_id: str, testcases: list[dict], shapes: list[list[int
     }
 
 
-def timed_cases(cases: list, selection: dict | None) -> list:
+def timed_cases(cases: list, selection: TimedSelection | None) -> list:
     """The cases (one trial each) a timing measures, in the order `timing.shapes` names them: a
     KernelBench problem's one case; else each selected shape in the first dtype."""
     if not cases:
         return []
-    if not selection or not selection.get("shapes") or cases[0].shape is None:
+    if not selection or not selection.shapes or cases[0].shape is None:
         return cases[:1]
     by_shape = {
-        tuple(case.shape): case for case in reversed(cases) if case.dtype == selection["dtype"] and case.trial == 0
+        tuple(case.shape): case for case in reversed(cases) if case.dtype == selection.dtype and case.trial == 0
     }
-    chosen = [by_shape[tuple(shape)] for shape in selection["shapes"] if tuple(shape) in by_shape]
+    chosen = [by_shape[tuple(shape)] for shape in selection.shapes if tuple(shape) in by_shape]
     return chosen or cases[:1]
 
 

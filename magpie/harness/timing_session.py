@@ -52,6 +52,7 @@ from magpie.harness.rounds import Rounds, vouched_inputs
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs, rotation
 from magpie.harness.timed_shapes import baseline_for_case, combined, timed_cases
 from magpie.harness.timing import calibrate, sample_cap, timer_for
+from magpie.harness.wire import Testcase
 from magpie.supervision import device_lock
 from magpie.supervision.session import Worker, WorkerFailure
 
@@ -71,12 +72,12 @@ HOST_CHECK_CALLS = 5
 def timing(context: EvaluationContext, pool: WorkerPool) -> dict:
     """Each timed shape (`timing.shapes`) measured in turn, a session each; one result of them
     (`timed_shapes.combined`). A shape whose timing failed ends the job: the rest are not timed."""
-    testcases = context.correctness_settings["testcases"]
-    selection = context.settings["timing"].get("timed")
-    spec_index = next((i for i, tc in enumerate(testcases) if tc.get("spec")), None)
+    testcases = context.correctness_settings.testcases
+    selection = context.timing_settings.timed
+    spec_index = next((i for i, tc in enumerate(testcases) if tc.spec), None)
     if spec_index is None:
         return not_timed("SKIPPED", "skipped", "no Python spec testcase to build timing inputs from")
-    impl_type, device = context.impl["type"], context.device
+    impl_type, device = context.impl.type, context.device
     if impl_type in ("cuda", "hip") and device == "cpu":
         return not_timed(
             "SKIPPED", "skipped", f"{impl_type} timing needs a GPU device; this project's device is {device}"
@@ -90,11 +91,11 @@ def timing(context: EvaluationContext, pool: WorkerPool) -> dict:
             if measured[-1][1]["performance_state"] == "FAILED":
                 break
     except SpecError as err:
-        return not_judged("timing", testcase["spec"], err, spec_index)
+        return not_judged("timing", testcase.spec, err, spec_index)
     except WorkerFailure as err:
         return not_timed("FAILED", failure_kind(str(err)), str(err), spec_index)
     if not measured:
-        return not_timed("SKIPPED", "skipped", f"{testcase['spec']} declares no shape to time", spec_index)
+        return not_timed("SKIPPED", "skipped", f"{testcase.spec} declares no shape to time", spec_index)
     return combined(measured)
 
 
@@ -117,7 +118,13 @@ class TimingSession:
     again, on input sets of new seeds."""
 
     def __init__(
-        self, context: EvaluationContext, pool: WorkerPool, spec_index: int, testcase: dict, spec: ReferenceSpec, case
+        self,
+        context: EvaluationContext,
+        pool: WorkerPool,
+        spec_index: int,
+        testcase: Testcase,
+        spec: ReferenceSpec,
+        case,
     ):
         self.context, self.pool = context, pool
         self.spec_index, self.testcase = spec_index, testcase
@@ -125,10 +132,10 @@ class TimingSession:
         # the baseline's own timing of this case, and the method it chose for it
         self.own = baseline_for_case(context.baseline_own_timing, case.label)
         self.set_method = self.own.get("timing_method") or context.set_method
-        self.t: dict = context.settings["timing"]
+        self.t = context.timing_settings
         self.impls = {"candidate": context.impl, "baseline": context.baseline}
-        self.pair = context.baseline is not None and not context.impl.get("is_baseline")
-        self.threshold = self.t.get("implausible_speedup")
+        self.pair = context.baseline is not None and not context.impl.is_baseline
+        self.threshold = self.t.implausible_speedup
         self.phases = Laps()
         self.workers: dict[str, Worker] = {}
         self.first_steps: dict[str, dict] = {}
@@ -201,7 +208,7 @@ class TimingSession:
         if baseline is not None:
             workers["baseline"] = baseline
         self.phases.mark("start")
-        self.inputs = [spec.make_inputs(c) for c in rotation(self.case, "set", int(self.t["input_sets"]))]
+        self.inputs = [spec.make_inputs(c) for c in rotation(self.case, "set", self.t.input_sets)]
         self.expected = spec.reference(self.inputs[0], context.init_seed)
         self.out_specs = [output_specs(self.expected)]
         self.phases.mark("inputs")
@@ -232,14 +239,14 @@ class TimingSession:
                 "timing", self.inputs, workers["baseline"].scratch or context.work
             )
             self.phases.mark("start_baseline")
-        chosen = chosen_method(context.device, t, self.set_method)
+        chosen = chosen_method(context.device, t.mode, self.set_method)
         with Turns(workers) as turns:
             warmed = {
                 role: self._time_request(
                     turns.give(role),
                     self.offers[role],
                     first_call=late and role == "baseline",
-                    warmup_ms=t["warmup_ms"],
+                    warmup_ms=t.warmup_ms,
                     probe=chosen is None,
                     mode=(chosen or {}).get("mode"),
                 )
@@ -252,7 +259,7 @@ class TimingSession:
             self.method = chosen or probed_method(
                 {role: a["probe_us"] for role, a in warmed.items()},
                 {role: a.get("launch_us") for role, a in warmed.items()},
-                is_baseline=bool(context.impl.get("is_baseline")),
+                is_baseline=context.impl.is_baseline,
             )
             self.mode = self.method["mode"]
             with self._clock_sampler() as sampler:
@@ -313,7 +320,7 @@ class TimingSession:
             self.phases.mark("retimed")
 
     def _disturbed(self, measured: Rounds) -> str | None:
-        return disturbed(measured, self.case, self.t, self.own, self.context.device)
+        return disturbed(measured, self.case, self.t.disturbed_fraction, self.own, self.context.device)
 
     def _profile_kernels(self, turns: Turns) -> None:
         for role in self.workers:
@@ -341,8 +348,8 @@ class TimingSession:
             self.spec,
             recheck_cases,
             "recheck",
-            testcase["rtol"],
-            testcase["atol"],
+            testcase.rtol,
+            testcase.atol,
         )[0]
 
     # -- measurements ---------------------------------------------------------------------------
@@ -361,13 +368,13 @@ class TimingSession:
         context = self.context
         if self._vouching():  # as `_measure` chose
             return self._vouched(turns, salt)
-        inputs = [self.spec.make_inputs(c) for c in rotation(self.case, salt, int(self.t["input_sets"]))]
+        inputs = [self.spec.make_inputs(c) for c in rotation(self.case, salt, self.t.input_sets)]
         offers = {
             role: context.exchange.offer_inputs("retiming", inputs, worker.scratch or context.work)
             for role, worker in turns.workers.items()
         }
         for role in turns.workers:  # each takes the new sets, warms up on them, prepares the mode
-            self._time_request(turns.give(role), offers[role], warmup_ms=self.t["warmup_ms"], mode=self.mode)
+            self._time_request(turns.give(role), offers[role], warmup_ms=self.t.warmup_ms, mode=self.mode)
         context.exchange.release()
         return self._rounds(turns, offers)
 
@@ -377,7 +384,7 @@ class TimingSession:
         device = self.context.device
         if not vouched_inputs(self.context.torch, self.inputs[0], self.expected, device):
             return False
-        return device == "cpu" or (self.mode in ("events", "graph") and self.t.get("vouched", False))
+        return device == "cpu" or (self.mode in ("events", "graph") and self.t.vouched)
 
     def _vouched(self, turns: Turns, salt: str) -> Rounds:
         known = self.known_of_baseline() if "baseline" in turns.workers else {}
@@ -417,8 +424,8 @@ class TimingSession:
         t, mode = self.t, self.mode
         roles = list(turns.workers)
         measured = Rounds(roles)
-        rounds = int(t["rounds"])
-        budget_ms, max_reps = t["budget_ms"] / rounds, max(1, int(t["max_reps"]) // rounds)
+        rounds = t.rounds
+        budget_ms, max_reps = t.budget_ms / rounds, max(1, t.max_reps // rounds)
         costs = timer_costs(self.context.device)
         for r in range(rounds):
             for role in roles if r % 2 == 0 else reversed(roles):
@@ -476,7 +483,7 @@ class TimingSession:
             }
         reference = expected if index == 0 else self.spec.reference(inputs[index], context.init_seed)
         checked = compare_inputs(inputs[index], produced["inputs_after"][0]) or compare_outputs(
-            produced["outputs"][0], reference, testcase["rtol"], testcase["atol"]
+            produced["outputs"][0], reference, testcase.rtol, testcase.atol
         )
         return {**checked, "index": index}
 
@@ -588,9 +595,7 @@ class TimingSession:
                 record(result, "flags", "untimed_work", f"{role}: {flag}", case, spec_index)
             if uneven_calls(summary["mean_us"], summary["median_us"]):
                 flag_uneven(result, summary, role, pair, case, spec_index)
-            note = few_samples(
-                summary, measured.calls[role] if measured.vouched else measured.sizes[role], t["budget_ms"]
-            )
+            note = few_samples(summary, measured.calls[role] if measured.vouched else measured.sizes[role], t.budget_ms)
             if note:
                 result["warnings"].append(f"{role}: {note}")
         if measured.alone_bound and measured.alone_bound["failed"]:
@@ -643,7 +648,7 @@ class TimingSession:
         while others measure, the comparison waits for the last of them. Means where a role's
         calls are uneven, in either measurement; the re-timing uses the same."""
         case, spec_index, measured, retimed = self.case, self.spec_index, self.measured, self.retimed
-        between_runs = for_device(self.t.get("between_runs"), DEFAULT_BETWEEN_RUNS, self.context.device)
+        between_runs = for_device(self.t.between_runs, DEFAULT_BETWEEN_RUNS, self.context.device)
         uneven = measured.uneven() or (retimed.uneven() if retimed is not None else {})
         statistic = "mean" if uneven else "median"
         samples = measured.for_speedup(statistic)

@@ -12,6 +12,9 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from magpie.linux import namespaces
 from magpie.linux.processes import kill_tree
@@ -166,19 +169,20 @@ class Worker:
         """Where the process writes: its scratch folder when it has one, else the job's log."""
         return self.scratch / "output.log" if self.scratch else self.log_path
 
-    def request(self, message: dict, timeout_s: float, not_counted=None) -> dict:
+    def request(self, message: Any, timeout_s: float, not_counted=None) -> dict:
         """Send one command; return its answer, or raise WorkerFailure with the verdict."""
         self.send(message)
         return self.receive(timeout_s, not_counted)
 
-    def send(self, message: dict) -> None:
-        """Send a command without waiting, so that several workers can work at once."""
+    def send(self, message: Any) -> None:
+        """Send a command (a dict, or a `harness.wire` Struct: either is one line of JSON) without
+        waiting, so that several workers can work at once."""
         if self.lending:
             self.lending.sync()
         self._sent = time.monotonic()
         self._pending = True
         try:
-            os.write(self._command_write, (json.dumps(message) + "\n").encode())
+            os.write(self._command_write, msgspec.json.encode(message) + b"\n")
         except BrokenPipeError:
             self.failed = True
             raise WorkerFailure(self._death_verdict()) from None

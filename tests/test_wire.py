@@ -1,0 +1,134 @@
+"""The typed wire (`magpie/harness/wire.py`): what crosses into an evaluator is decoded there, a
+malformed message failing in one line that names its field; the results a build writes keep
+Magpie's keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from magpie.harness import wire
+from magpie.manifest import models
+
+FIXTURES = Path(__file__).parent / "fixtures" / "wire"
+# Result keys present only where a measurement was in doubt, implausible or taken again: a busy
+# machine decides whether a build has them, not the code.
+CONDITIONAL_KEYS = {"busy_remeasured", "remeasured", "retiming", "first_use", "provisional", "implausible"}
+
+
+def test_a_built_projects_results_keep_their_keys(timed_pair):
+    """The correctness and timing results of the baseline-and-copy project keep every key (top level
+    and Magpie's nested records) they had before the wire was typed (recorded from that code): none
+    lost or renamed. Keys added since by what wraps the evaluator's result (`measured_on`) may be there too."""
+    recorded = json.loads((FIXTURES / "relu2_pair_result_keys.json").read_text())
+    found: dict[str, dict] = {}
+    for path in timed_pair.glob("workspaces/store/*/*/result.json"):
+        result = json.loads(path.read_text())
+        if result.get("task") in recorded:
+            found[result["task"]] = result
+    assert sorted(found) == sorted(recorded)
+    for task, parts in recorded.items():
+        for part, keys in parts.items():
+            value = found[task] if part == "" else found[task].get(part)
+            assert isinstance(value, dict), (task, part)
+            assert set(keys) - CONDITIONAL_KEYS <= set(value), (task, part)
+
+
+def evaluator_answers(*commands: bytes) -> list[dict]:
+    """The answers of a real evaluator process (`python -m magpie.harness.evaluate`) to `commands`."""
+    command_read, command_write = os.pipe()
+    answer_read, answer_write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "magpie.harness.evaluate", str(command_read), str(answer_write)],
+        pass_fds=(command_read, answer_write),
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(command_read)
+    os.close(answer_write)
+    with os.fdopen(command_write, "wb") as sent, os.fdopen(answer_read, "rb") as answers:
+        sent.write(b"".join(line + b"\n" for line in (*commands, b'{"op": "exit"}')))
+        sent.flush()
+        replies = [json.loads(line) for line in answers]
+    assert proc.wait(timeout=60) == 0
+    return replies
+
+
+def good_request(tmp_path) -> dict:
+    return {
+        "mode": "correctness",
+        "root": str(tmp_path),
+        "kernel": "k",
+        "impl": {"id": "a", "type": "pytorch", "source": "a.py"},
+        "settings": {"correctness": {"testcases": [], "seed": 0, "timeout_s": 10}, "project": {"device": "cpu"}},
+        "work_dir": str(tmp_path),
+    }
+
+
+def test_a_malformed_request_fails_in_one_line_naming_the_field(tmp_path):
+    """A request whose field is missing or of the wrong type, or a command the evaluator does not
+    serve, is that job's failure in one line naming the field, not a KeyError from inside a job;
+    the evaluator serves the next command."""
+    missing = good_request(tmp_path)
+    del missing["kernel"]
+    wrong = good_request(tmp_path)
+    wrong["settings"]["timing"] = {"budget_ms": "fast"}
+    untested = good_request(tmp_path)
+    untested["settings"]["correctness"]["testcases"] = [{"spec": "spec.py"}]  # no tolerances resolved
+    paths = []
+    for name, request in (("missing", missing), ("wrong", wrong), ("untested", untested)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(request))
+        paths.append(path)
+    replies = evaluator_answers(
+        *(json.dumps({"op": "evaluate", "request": str(p)}).encode() for p in paths),
+        b'{"op": "evaluat"}',
+        b'{"op": "reset"}',
+    )
+    errors = [reply.get("error", "") for reply in replies]
+    assert all("\n" not in error for error in errors)
+    assert errors[0] == f"{paths[0]}: Object missing required field `kernel`"
+    assert errors[1] == f"{paths[1]}: Expected `float`, got `str` - at `$.settings.timing.budget_ms`"
+    assert "spec testcase spec.py has no rtol, atol or trials" in errors[2]
+    assert errors[2].endswith("at `$.settings.correctness.testcases[0]`")
+    assert errors[3] == "evaluator command: Invalid value 'evaluat' - at `$.op`"
+    assert replies[4] == {"ok": True}
+
+
+def test_the_wires_timing_defaults_are_the_manifests():
+    """A timing setting left out of a request reads as the manifest's default."""
+    manifest = models.TimingSettings().model_dump()
+    wire_defaults = msgspec.to_builtins(wire.TimingSettings())
+    assert {key: wire_defaults[key] for key in manifest if key != "shapes"} == {
+        key: value for key, value in manifest.items() if key != "shapes"
+    }
+    assert wire.TimingSettings().timeout_s == models.Defaults().timeout_s
+
+
+@pytest.mark.parametrize("kind", [wire.EvaluationRequest, wire.ProfileRequest])
+def test_a_request_encodes_to_the_json_it_was_decoded_from(tmp_path, kind):
+    """A Struct is the same JSON as the dict it replaced: decoded and encoded again, a build's
+    request (all its fields given) comes back key for key."""
+    request = good_request(tmp_path)
+    request["impl"] = {
+        "id": "a",
+        "type": "triton",
+        "source": "a.py",
+        "source_files": ["helper.py"],
+        "entry": "kernel",
+        "working_dir": None,
+        "env": {"X": "1"},
+        "is_baseline": False,
+        "library": None,
+    }
+    if kind is wire.ProfileRequest:
+        request = {key: request[key] for key in ("root", "kernel", "impl", "settings")}
+    decoded = wire.decode(json.dumps(request), kind, "request")
+    again = json.loads(wire.encode(decoded))
+    assert again["impl"] == request["impl"]
+    assert set(request) <= set(again)
