@@ -1,3 +1,5 @@
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -32,6 +34,40 @@ def pytest_addoption(parser):
         "test files and tests (node ids, or their start) left out of the quick subset, -m 'not slow'",
         type="linelist",
     )
+    parser.addini(
+        "serial_tests",
+        "tests (node ids, or their start) that a `-n N` run gives the machine alone: no other test runs meanwhile",
+        type="linelist",
+    )
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)  # outermost: pytest-timeout's clock starts once the turn is taken
+def pytest_runtest_protocol(item, nextitem):
+    with _turn_on_the_machine(item):
+        yield
+
+
+@contextlib.contextmanager
+def _turn_on_the_machine(item):
+    """Under xdist, a test of `serial_tests` runs with no other test beside it, and others wait: those
+    that start CPU hogs set the load they judge under, and CPU timing read beside another worker's
+    build once failed an honest candidate (tests/test_implausible_timing.py). Others share the
+    machine (a shared flock); a serial test holds the gate while it waits for them to finish, so
+    that none starts meanwhile, then the lock alone (flock prefers no writer by itself)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    alone = item.nodeid.startswith(tuple(item.config.getini("serial_tests")))
+    # the folder of this run that every worker's temporary folder is in (pytest keeps the last three)
+    run_folder = item.config._tmp_path_factory.getbasetemp().parent
+    with open(run_folder / "machine.gate", "a") as gate, open(run_folder / "machine.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # both descriptors' locks end as the files are closed
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by marks
