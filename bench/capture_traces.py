@@ -384,16 +384,20 @@ def compare_repeats(out: Path) -> None:
     for passes in (PASSES_REPEATED, PASSES_SLOWER):
         workload(passes)  # compile and warm up both variants
     torch.cuda.synchronize()
-    for name, passes, count in (("repeat", PASSES_REPEATED, 6), ("slower", PASSES_SLOWER, 3)):
-        for i in range(count):
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
-                workload(passes)
-                torch.cuda.synchronize()
-            folder = out / "compare_repeats"
-            folder.mkdir(exist_ok=True)
-            _save(prof, folder, f"{name}_{i}")
-            durations = _kernel_durations(folder / f"{name}_{i}.json.gz", "_passes_kernel")
-            print(f"{name}_{i}: _passes_kernel {len(durations)} calls, mean {sum(durations) / len(durations):.1f} us")
+    folder = out / "compare_repeats"
+    folder.mkdir(exist_ok=True)
+    # a slower capture after every second repeat: a drift of the card's clocks over the run reaches both kinds
+    order = [("repeat", PASSES_REPEATED, i) for i in range(6)]
+    for i in range(3):
+        order.insert(3 * i + 2, ("slower", PASSES_SLOWER, i))
+    for name, passes, i in order:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            workload(passes)
+            torch.cuda.synchronize()
+        _save(prof, folder, f"{name}_{i}")
+        durations = _kernel_durations(folder / f"{name}_{i}.json.gz", "_passes_kernel")
+        mean = sum(durations) / len(durations) if durations else float("nan")
+        print(f"{name}_{i}: _passes_kernel {len(durations)} calls, mean {mean:.1f} us")
 
 
 def _kernel_durations(trace: Path, kernel: str) -> list[float]:
