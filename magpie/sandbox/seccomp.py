@@ -2,10 +2,11 @@
 (reaching into other processes, changing the mount table or a mount's flags (the read-only
 mounts that keep it from changing files' metadata), loading kernel code, io_uring,
 which seccomp cannot see into; where no memory cgroup counts them, memfd_create and shmget,
-whose memory lies outside RLIMIT_AS), and, without network, every `socket()` (`socketpair`
-stays): a Unix socket's path can name a daemon's, Docker's say, which Landlock does not
-guard, and a VM's vsock reaches its host from any network namespace. System calls of
-another architecture's ABI kill the process: they would bypass the table."""
+whose memory lies outside RLIMIT_AS), a change of mode that sets a setuid or setgid bit, and,
+without network, every `socket()` (`socketpair` stays): a Unix socket's path can name a
+daemon's, Docker's say, which Landlock does not guard, and a VM's vsock reaches its host from
+any network namespace. System calls of another architecture's ABI kill the process: they would
+bypass the table."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import platform
 import struct
 
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
+LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 ALLOW, KILL_PROCESS = 0x7FFF0000, 0x80000000
 ERRNO = 0x00050000
 
@@ -51,6 +52,13 @@ DENIED = (
 # Memory that lies outside RLIMIT_AS: a memfd's pages once unmapped, a System V segment once
 # detached (it outlives every attachment). Refused where no memory cgroup counts them.
 UNCOUNTED = ("memfd_create", "shmget")
+# The calls that set a file's mode, by the index of their mode argument. A file the sandbox's root
+# makes or may write belongs to the host's user that runs magpie (root in CI), and may lie where
+# other users reach it: a worker's /dev/shm on a GPU holds its evaluator's CUDA IPC files, linked
+# from the host's /dev/shm, which the worker writes. Written and made setuid, such a file would
+# run as that user for anyone; no code under test needs either bit.
+MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
+SETUID_SETGID = 0o6000
 # (audit architecture, syscall numbers, numbers at or above this are another ABI's)
 ARCHES = {
     "x86_64": (
@@ -77,6 +85,9 @@ ARCHES = {
             "socket": 41,
             "memfd_create": 319,
             "shmget": 29,
+            "chmod": 90,
+            "fchmod": 91,
+            "fchmodat": 268,
         },
     ),
     "aarch64": (
@@ -103,6 +114,8 @@ ARCHES = {
             "socket": 198,
             "memfd_create": 279,
             "shmget": 194,
+            "fchmod": 52,
+            "fchmodat": 53,
         },
     ),
 }
@@ -118,6 +131,7 @@ COMMON = {
     "io_uring_enter": 426,
     "io_uring_register": 427,
     "mount_setattr": 442,
+    "fchmodat2": 452,
 }
 
 
@@ -149,6 +163,17 @@ def program(network: bool, families: tuple[int, ...] = (), machine: str | None =
     ]
     for name in (*DENIED, *(() if uncounted else UNCOUNTED)):
         code += [_instruction(JEQ_K, 0, 1, numbers[name]), _instruction(RET_K, 0, 0, eperm)]
+    for name, argument in MODE_ARGUMENT.items():
+        if name not in numbers:  # aarch64 has no chmod
+            continue
+        # its mode's low word (seccomp_data.args[argument], little-endian): refused with either bit
+        code += [
+            _instruction(JEQ_K, 0, 4, numbers[name]),
+            _instruction(LD_W_ABS, 0, 0, 16 + 8 * argument),
+            _instruction(JSET_K, 0, 1, SETUID_SETGID),
+            _instruction(RET_K, 0, 0, eperm),
+            _instruction(RET_K, 0, 0, ALLOW),
+        ]
     if not network:
         # socket(family, ...): its first argument's low word (seccomp_data.args[0], little-endian)
         code += [_instruction(JEQ_K, 0, 2 + len(families), numbers["socket"]), _instruction(LD_W_ABS, 0, 0, 16)]
