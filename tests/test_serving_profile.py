@@ -293,6 +293,7 @@ def test_transformers_serve_profiled_end_to_end(tiny_model, tmp_path, capsys):
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     # the model's ops run on the server's inference thread, not the one the signal lands on: all threads recorded
     assert any(e["name"] == "aten::mm" or e["name"] == "aten::addmm" or e["name"] == "aten::linear" for e in ops)
+    assert any(e["name"] == "aten::scaled_dot_product_attention" for e in ops)  # the attention, 40.4's other half
     assert len({e["tid"] for e in ops}) >= 2
     # the honest outcome on the CPU: the analysis reads the trace, says it has no GPU kernels, fails nothing
     tl = report["tracelens_analysis"]
