@@ -40,12 +40,13 @@ def test_a_built_projects_results_keep_their_keys(timed_pair):
             assert set(keys) - CONDITIONAL_KEYS <= set(value), (task, part)
 
 
-def evaluator_answers(*commands: bytes) -> list[dict]:
-    """The answers of a real evaluator process (`python -m magpie.harness.evaluate`) to `commands`."""
+def served_answers(module: str, *commands: bytes) -> list[dict]:
+    """The answers of a real process serving commands (`python -m module`: an evaluator, a
+    worker) to `commands`."""
     command_read, command_write = os.pipe()
     answer_read, answer_write = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "magpie.harness.evaluate", str(command_read), str(answer_write)],
+        [sys.executable, "-m", module, str(command_read), str(answer_write)],
         pass_fds=(command_read, answer_write),
         stderr=subprocess.DEVNULL,
     )
@@ -85,7 +86,8 @@ def test_a_malformed_request_fails_in_one_line_naming_the_field(tmp_path):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(request))
         paths.append(path)
-    replies = evaluator_answers(
+    replies = served_answers(
+        "magpie.harness.evaluate",
         *(json.dumps({"op": "evaluate", "request": str(p)}).encode() for p in paths),
         b'{"op": "evaluat"}',
         b'{"op": "reset"}',
@@ -132,3 +134,20 @@ def test_a_request_encodes_to_the_json_it_was_decoded_from(tmp_path, kind):
     again = json.loads(wire.encode(decoded))
     assert again["impl"] == request["impl"]
     assert set(request) <= set(again)
+
+
+def test_a_malformed_worker_command_is_answered_in_one_line_naming_the_field():
+    """What a worker is sent is decoded there too: a command of the wrong form is answered with the
+    field it got wrong (the worker goes on serving), not a KeyError or a crash of the worker."""
+    replies = served_answers(
+        "magpie.harness.worker",
+        b'{"op": "load", "id": "a", "device": "cpu", "seed": 0}',
+        b'{"op": "batch", "calls": "many"}',
+        b'{"op": "measure"}',
+        b'{"op": "batch", "calls": 3}',
+    )
+    errors = [reply["error"] for reply in replies]
+    assert errors[0] == "WireError: worker command: Object missing required field `source`"
+    assert errors[1] == "WireError: worker command: Expected `int`, got `str` - at `$.calls`"
+    assert errors[2] == "WireError: worker command: Invalid value 'measure' - at `$.op`"
+    assert errors[3] == "RuntimeError: load must come first"

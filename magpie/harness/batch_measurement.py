@@ -595,7 +595,9 @@ class BatchMeasurement:
         worker = self.turns.give(role)
         started = time.perf_counter_ns()
         region.start()
-        worker.send({"op": "batch", "calls": calls, "graph": region.graph and not own_kernel, "own_kernel": own_kernel})
+        worker.send(
+            {"op": "batch", "calls": calls, "graph": bool(region.graph) and not own_kernel, "own_kernel": own_kernel}
+        )
         answer = worker.receive(self.context.timeout + allowed_s + region.sleep_ns / 1e9)
         answered = time.perf_counter_ns()
         opened_early = region.answered(answered - started)

@@ -277,7 +277,7 @@ def judge_retiming(
     threshold: float,
     case,
     spec_index: int,
-    impls: dict[str, dict],
+    impls: dict[str, Implementation | None],
     device: str,
     statistic: str = "median",
     between_runs: float = 0.0,

@@ -34,17 +34,14 @@ def main(argv: list[str]) -> int:
     init_seed = weights_seed(seed, request.kernel)
     expected = spec.reference(args, init_seed)  # shapes of what a native entry allocates
     runner = Implementation(
-        {
-            "id": impl.id,
-            "source": str(root / impl.source),
-            "entry": impl.entry,
-            "library": impl.library,
-            "device": device,
-            "seed": init_seed,
-            "init_inputs_file": None,
-            "init_from_module": False,
-            "threads": 1,
-        }
+        wire.Load(
+            id=impl.id,
+            source=str(root / impl.source),
+            entry=impl.entry,
+            library=impl.library,
+            device=device,
+            seed=init_seed,
+        )
     )
     if hasattr(runner.fn, "out_specs"):
         runner.fn.out_specs = output_specs(expected)

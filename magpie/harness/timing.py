@@ -13,6 +13,10 @@ import gc
 import time
 from abc import ABC, abstractmethod
 from statistics import median
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from magpie.harness.wire import TimingSettings
 
 _clock_ns = time.perf_counter_ns
 
@@ -68,7 +72,7 @@ class Timer(ABC):
         """Host time per call to queue the calls' work, in µs; None where calls are synchronous."""
         return None
 
-    def describe(self, settings: dict, mode: str | None = None) -> str:
+    def describe(self, settings: TimingSettings, mode: str | None = None) -> str:
         return self.name
 
     def prepare(self, fn, input_sets: list, mode: str | None):
@@ -111,9 +115,9 @@ class CpuWallTimer(Timer):
 
     def describe(self, settings, mode=None):
         return (
-            f"{self.name}: per-call time.perf_counter_ns on the host, warm-up {settings['warmup_ms']:g} ms, "
-            f"{settings['input_sets']} fresh input sets rotated, torch threads={settings['threads']}, "
-            f"{settings['rounds']} rounds interleaved with the baseline"
+            f"{self.name}: per-call time.perf_counter_ns on the host, warm-up {settings.warmup_ms:g} ms, "
+            f"{settings.input_sets} fresh input sets rotated, torch threads={settings.threads}, "
+            f"{settings.rounds} rounds interleaved with the baseline"
         )
 
 
@@ -318,8 +322,8 @@ class CudaTimer(Timer):
                 "device time"
             )
         return (
-            f"{how}; warm-up {settings['warmup_ms']:g} ms, {settings['input_sets']} fresh input sets rotated, "
-            f"{settings['rounds']} rounds interleaved with the baseline; host-synchronised wall time cross-checked"
+            f"{how}; warm-up {settings.warmup_ms:g} ms, {settings.input_sets} fresh input sets rotated, "
+            f"{settings.rounds} rounds interleaved with the baseline; host-synchronised wall time cross-checked"
         )
 
 

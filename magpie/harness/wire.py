@@ -163,13 +163,142 @@ class Exit(msgspec.Struct, tag="exit", tag_field="op"):
 EvaluatorCommand = Evaluate | Relog | Reset | Exit
 
 
+# -- the commands a worker serves (`harness/worker.py`), from its evaluator -----------------------------
+# An offer (`inputs`, `outputs`) is how input sets reach the worker and outputs come back, which
+# depends on the exchange (`harness/exchange.py`: files, or CUDA IPC handles), as a batch's region
+# does on the device (`harness/regions.py`, `harness/device_region.py`).
+
+
+class Load(msgspec.Struct, tag="load", tag_field="op", kw_only=True):
+    """Load an implementation (`pool.WorkerPool.start`): its code (the bytes its task was keyed by,
+    base64, where it is Python) or compiled library, its entry, and for a KernelBench model its
+    init file and weights' seed; a spare adopted also gets its new log and compiler caches."""
+
+    id: str
+    source: str
+    device: str
+    seed: int
+    library: str | None = None
+    entry: str | None = None
+    init_inputs_file: str | None = None
+    init_from_module: bool = False
+    threads: int = 1
+    readable: list[str] = []  # of the project, what it may read once loaded (`harness.declared`)
+    code: str | None = None
+    log: str | None = None
+    caches: dict[str, str] = {}
+
+
+class Prepare(msgspec.Struct, tag="prepare", tag_field="op", kw_only=True):
+    """A spare's start (`worker.prepare`): its CUDA context and timer, and Triton's launchers."""
+
+    device: str
+    triton_signatures: list[Any] | None = None
+
+
+class Run(msgspec.Struct, tag="run", tag_field="op", kw_only=True):
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    out_specs: list[Any] = []
+
+
+class TimedOutput(msgspec.Struct, tag="timed_output", tag_field="op", kw_only=True):
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+
+
+class RunOwnInputs(msgspec.Struct, tag="run_own_inputs", tag_field="op", kw_only=True):
+    seed: int
+    outputs_file: str
+
+
+class Time(msgspec.Struct, tag="time", tag_field="op", kw_only=True):
+    """A timing request to the worker's own timer: first call, warm-up, probes, a round's
+    measurement or host-synchronised calls, whichever are asked for."""
+
+    inputs: dict[str, Any]
+    out_specs: list[Any] = []
+    first_call: bool = False
+    warmup_ms: float = 0.0
+    probe: bool = False
+    mode: str | None = None
+    budget_ms: float = 0.0
+    max_reps: int = 0
+    offset: int = 0
+    settings: TimingSettings | None = None  # what its method line says
+    host_checks: int = 0
+
+
+class BatchMap(msgspec.Struct, tag="batch_map", tag_field="op", kw_only=True):
+    region: dict[str, Any]
+
+
+class Batch(msgspec.Struct, tag="batch", tag_field="op", kw_only=True):
+    calls: int
+    graph: bool = False
+    own_kernel: bool = False
+
+
+class BatchHandover(msgspec.Struct, tag="batch_handover", tag_field="op", kw_only=True):
+    calls: int = 0  # on a GPU how many are queued; on the CPU the evaluator ends the batch
+
+
+class BatchUnmap(msgspec.Struct, tag="batch_unmap", tag_field="op"):
+    pass
+
+
+class BatchGraph(msgspec.Struct, tag="batch_graph", tag_field="op", kw_only=True):
+    calls: int
+
+
+class HandoverGraph(msgspec.Struct, tag="handover_graph", tag_field="op", kw_only=True):
+    calls: int
+
+
+class TritonSignatures(msgspec.Struct, tag="triton_signatures", tag_field="op"):
+    pass
+
+
+class Kernels(msgspec.Struct, tag="kernels", tag_field="op", kw_only=True):
+    inputs: dict[str, Any]
+    out_specs: list[Any] = []
+    reps: int = 5
+
+
+WorkerCommand = (
+    Load
+    | Prepare
+    | Relog
+    | Reset
+    | Exit
+    | Run
+    | TimedOutput
+    | RunOwnInputs
+    | Time
+    | BatchMap
+    | Batch
+    | BatchHandover
+    | BatchUnmap
+    | BatchGraph
+    | HandoverGraph
+    | TritonSignatures
+    | Kernels
+)
+
+
 # -- decoding at an edge -----------------------------------------------------------------------------
+
+
+_DECODERS: dict[Any, msgspec.json.Decoder] = {}
 
 
 def decode(data: bytes | str, kind: Any, what: str) -> Any:
     """`data` (JSON) as `kind`, or WireError: "<what>: <msgspec's line, which names the field>"."""
+    decoder = _DECODERS.get(kind)
+    if decoder is None:  # once per type: making one takes ~40 µs, a batch request decoded with it ~2
+        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
     try:
-        return msgspec.json.decode(data, type=kind)
+        return decoder.decode(data)
     except msgspec.ValidationError as err:
         raise WireError(f"{what}: {err}") from None
     except msgspec.DecodeError as err:

@@ -16,9 +16,10 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from magpie import sandbox
-from magpie.harness import triton_warmup
+from magpie.harness import triton_warmup, wire
 from magpie.harness.batches import WorkerViews, run_batch, run_handed_over, run_handed_over_on_gpu
 from magpie.harness.exchange import deliver, receive_inputs
 from magpie.harness.laps import Laps
@@ -28,20 +29,20 @@ from magpie.supervision.process import log_to, release_memory, serve_pipes
 
 
 class Implementation:
-    def __init__(self, request: dict, laps: Laps | None = None):
+    def __init__(self, request: wire.Load, laps: Laps | None = None):
         import torch
 
         laps = laps or Laps()
         self.torch = torch
-        self.device = request["device"]
-        torch.set_num_threads(int(request.get("threads", 1)))
+        self.device = request.device
+        torch.set_num_threads(request.threads)
         make_context(torch, self.device)  # now, while the evaluator makes the inputs
         laps.mark("context")
-        source = request["source"]
+        source = request.source
         module = None
-        if not request.get("library"):
-            code = base64.b64decode(request["code"]) if request.get("code") else None
-            module = load_module(Path(source), f"magpie_impl_{request['id']}", code)
+        if not request.library:
+            code = base64.b64decode(request.code) if request.code else None
+            module = load_module(Path(source), f"magpie_impl_{request.id}", code)
         self.module = module
         self._input_cache: dict[str, list] = {}
         self._batch_views: WorkerViews | None = None
@@ -49,32 +50,30 @@ class Implementation:
         self._handover_graphs: dict = {}  # calls: the CUDA graph of a batch handed over (`handover_graph`)
         self._timer = prepared_timer(self.device)
         self._build = None  # how a KernelBench model was built: a parked worker rebuilds it
-        if request.get("library"):
-            self.fn = NativeEntry(torch, request["library"], request.get("entry") or request["id"], self.device)
+        if request.library:
+            self.fn = NativeEntry(torch, request.library, request.entry or request.id, self.device)
         else:
             self.fn = self._entry(module, request)
         laps.mark("module")
 
-    def _entry(self, module, request):
-        entry = request.get("entry")
+    def _entry(self, module, request: wire.Load):
+        entry = request.entry
         if entry:
             if not hasattr(module, entry):
-                raise LookupError(f"{request['source']} has no attribute {entry!r} (the declared entry)")
+                raise LookupError(f"{request.source} has no attribute {entry!r} (the declared entry)")
             target = getattr(module, entry)
         else:
             target = next((getattr(module, n) for n in ("ModelNew", "Model") if hasattr(module, n)), None)
             if target is None:
-                raise LookupError(
-                    f'{request["source"]}: no entry declared and no ModelNew/Model class; set entry = "fn"'
-                )
+                raise LookupError(f'{request.source}: no entry declared and no ModelNew/Model class; set entry = "fn"')
         if isinstance(target, type):  # KernelBench convention: a module built from init inputs
             init, state = [], None
-            if request.get("init_from_module"):
+            if request.init_from_module:
                 init = list(getattr(module, "get_init_inputs", list)())
-            elif request.get("init_inputs_file"):
-                saved = self.torch.load(request["init_inputs_file"], weights_only=True)
+            elif request.init_inputs_file:
+                saved = self.torch.load(request.init_inputs_file, weights_only=True)
                 init, state = list(saved[0]), (saved[1] if len(saved) > 1 else None)
-            self._build = lambda: self._model(target, init, int(request["seed"]), state)
+            self._build = lambda: self._model(target, init, request.seed, state)
             return self._build()
         if not callable(target):
             raise TypeError(f"entry {entry!r} is not callable")
@@ -117,12 +116,12 @@ class Implementation:
             torch.use_deterministic_algorithms(on, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = on
 
-    def _outputs_like(self, request: dict, index: int) -> None:
-        specs = request.get("out_specs")
+    def _outputs_like(self, request: wire.Run | wire.Time | wire.Kernels, index: int) -> None:
+        specs = request.out_specs
         if specs and isinstance(self.fn, NativeEntry):
             self.fn.out_specs = specs[index % len(specs)]
 
-    def reset(self, request: dict) -> dict:
+    def reset(self, request: wire.Reset) -> dict:
         """Between jobs (the worker is parked for the next one): inputs and outputs held go, a
         KernelBench model is built again from its init inputs and seed (calls may have changed
         its state). The threads still running are counted: a worker whose implementation left
@@ -140,10 +139,10 @@ class Implementation:
             self.fn = self._build()
         return {"threads": threading.active_count()}
 
-    def run(self, request: dict) -> dict:
+    def run(self, request: wire.Run) -> dict:
         torch = self.torch
         steps = Laps()
-        input_sets = self._load(request["inputs"])
+        input_sets = self._load(request.inputs)
         steps.mark("inputs")
         self._poison(True)
         outputs, after = [], []
@@ -157,29 +156,29 @@ class Implementation:
             if index == 0:
                 steps.mark("first_call")
         steps.mark("calls")
-        reply = deliver(torch, request["outputs"], outputs, after)
+        reply = deliver(torch, request.outputs, outputs, after)
         steps.mark("deliver")
         return {**reply, "steps_s": steps.seconds}
 
-    def timed_output(self, request: dict) -> dict:
+    def timed_output(self, request: wire.TimedOutput) -> dict:
         """The output of the last timed call, with the input set it was given as it is now: the
         evaluator checks both."""
         last = self.timer().last_call
         if last is None:
             return {"index": None}
         index, output = last
-        input_sets = self._load(request["inputs"])
+        input_sets = self._load(request.inputs)
         if self.device.startswith("cuda"):
             self.torch.cuda.synchronize()
-        return {**deliver(self.torch, request["outputs"], [output], [input_sets[index]]), "index": index}
+        return {**deliver(self.torch, request.outputs, [output], [input_sets[index]]), "index": index}
 
-    def run_own_inputs(self, request: dict) -> dict:
+    def run_own_inputs(self, request: wire.RunOwnInputs) -> dict:
         """For a kernel with no testcase: call it on its own get_inputs(), for a finite-only check."""
-        self.torch.manual_seed(int(request["seed"]))
+        self.torch.manual_seed(request.seed)
         self._poison(True)
         args = tuple(to_device(x, self.device) for x in self.module.get_inputs())
         result = self.fn(*args)
-        self.torch.save({"outputs": [to_cpu(result)], "inputs_after": []}, request["outputs_file"])
+        self.torch.save({"outputs": [to_cpu(result)], "inputs_after": []}, request.outputs_file)
         return {}
 
     def timer(self):
@@ -187,63 +186,58 @@ class Implementation:
             self._timer = timer_for(self.device)
         return self._timer
 
-    def time(self, request: dict) -> dict:
+    def time(self, request: wire.Time) -> dict:
         steps = Laps()
         timer = self.timer()
         steps.mark("timer")
-        input_sets = self._load(request["inputs"])
+        input_sets = self._load(request.inputs)
         steps.mark("inputs")
         self._outputs_like(request, 0)
         self._poison(False)
-        reply = {"steps_s": steps.seconds}
-        if request.get("first_call"):
+        reply: dict[str, Any] = {"steps_s": steps.seconds}
+        if request.first_call:
             timer.warmup(self.fn, input_sets, 0)  # one call: JIT, autotuning, lazy loading
             steps.mark("first_call")
-        if request.get("warmup_ms"):
-            timer.warmup(self.fn, input_sets, request["warmup_ms"])
+        if request.warmup_ms:
+            timer.warmup(self.fn, input_sets, request.warmup_ms)
             steps.mark("warmup")
-            if request.get("mode"):  # a graph captured here, not in the first timed request
-                timer.prepare(self.fn, input_sets, request["mode"])
+            if request.mode:  # a graph captured here, not in the first timed request
+                timer.prepare(self.fn, input_sets, request.mode)
                 steps.mark("prepare")
-        if request.get("probe"):
+        if request.probe:
             reply["probe_us"] = timer.probe(self.fn, input_sets)
             reply["launch_us"] = timer.launch_probe(self.fn, input_sets)
             steps.mark("probe")
-        if request.get("budget_ms"):
+        if request.budget_ms:
             reply["samples_ns"] = timer.measure(
-                self.fn,
-                input_sets,
-                request["budget_ms"],
-                request["max_reps"],
-                request.get("offset", 0),
-                mode=request.get("mode"),
+                self.fn, input_sets, request.budget_ms, request.max_reps, request.offset, mode=request.mode
             )
             reply["info"] = timer.info
-            reply["method"] = timer.describe(request["settings"], timer.info.get("mode"))
-        if request.get("host_checks"):  # a request of its own: its wall time is no sample's
-            reply["host_wall_median_us"] = timer.host_check(self.fn, input_sets, 0, request["host_checks"])
+            reply["method"] = timer.describe(request.settings or wire.TimingSettings(), timer.info.get("mode"))
+        if request.host_checks:  # a request of its own: its wall time is no sample's
+            reply["host_wall_median_us"] = timer.host_check(self.fn, input_sets, 0, request.host_checks)
         return reply
 
-    def batch_map(self, request: dict) -> dict:
+    def batch_map(self, request: wire.BatchMap) -> dict:
         """Map the region each batch's input sets are written into (harness/batches.py)."""
-        self._batch_views = WorkerViews(self.torch, request["region"])
+        self._batch_views = WorkerViews(self.torch, request.region)
         self._batch_graphs.clear()
         self._handover_graphs.clear()
         return {"pid": os.getpid()}  # the evaluator reads this process's scheduler statistics
 
-    def batch(self, request: dict) -> dict:
+    def batch(self, request: wire.Batch) -> dict:
         """One call on each of the region's first `calls` input sets; the evaluator times the
         request from outside (harness/batches.py)."""
         views = self._batch_views
-        calls = int(request["calls"])
+        calls = request.calls
         self._poison(False)
         started = time.perf_counter_ns()
         if views.gate is not None:  # the calls run once the evaluator's gate opens (harness/batches.py)
             self.torch.cuda.current_stream().wait_event(views.gate)
-        if request.get("graph"):
+        if request.graph:
             if calls:
                 self._batch_graphs[calls].replay()
-        elif request.get("own_kernel"):
+        elif request.own_kernel:
             # a batch of no calls that still has the GPU switch to this process and back: what
             # a batch costs besides its calls (`BatchMeasurement._calibrate`)
             views.mark.add_(1)
@@ -257,7 +251,7 @@ class Implementation:
         # the worker's own account of where a batch's time went: a diagnostic, never a sample
         return {"loop_ns": time.perf_counter_ns() - started}
 
-    def batch_handover(self, request: dict) -> dict:
+    def batch_handover(self, request: wire.BatchHandover) -> dict:
         """One call on each of the region's input sets as the evaluator releases it: on the CPU
         until it ends the batch (`run_handed_over`), on a GPU `calls` calls queued, each behind its
         release (`run_handed_over_on_gpu`), in graph mode as one replay of their graph
@@ -266,7 +260,7 @@ class Implementation:
         views = self._batch_views
         self._poison(False)
         with collector_paused():
-            calls = int(request.get("calls", 0))
+            calls = request.calls
             if calls in self._handover_graphs:
                 self._handover_graphs[calls].replay()
             elif views.words is not None:  # on a GPU: queued, each call behind its set's release
@@ -275,20 +269,20 @@ class Implementation:
                 run_handed_over(self.torch, self.fn, views.inputs, views.outputs, views.control)
         return {}
 
-    def batch_unmap(self, request: dict) -> dict:
+    def batch_unmap(self, request: wire.BatchUnmap) -> dict:
         """Let go of the region (and the graphs that read it): on a GPU the evaluator's memory."""
         self._batch_views = None
         self._batch_graphs.clear()
         self._handover_graphs.clear()
         return {}
 
-    def batch_graph(self, request: dict) -> dict:
+    def batch_graph(self, request: wire.BatchGraph) -> dict:
         """Graph mode: the first `calls` calls of a batch and the copies of their outputs into
         their slots, captured once as one CUDA graph that each such batch replays. Captured on
         the region as the last batch left it: the graph reads each batch's new input sets from
         the same places."""
         torch = self.torch
-        calls = int(request["calls"])
+        calls = request.calls
         if calls in self._batch_graphs:
             return {}
         views = self._batch_views
@@ -303,14 +297,14 @@ class Implementation:
         )
         return {}
 
-    def handover_graph(self, request: dict) -> dict:
+    def handover_graph(self, request: wire.HandoverGraph) -> dict:
         """Graph mode: a batch of `calls` handed over one call at a time on the GPU
         (`run_handed_over_on_gpu`: each call behind its set's release, its word behind it)
         captured once as one CUDA graph that each such batch replays. A graph's kernels cost
         less than the same launched one by one (on the H200 ten small operations 8.8 µs a call
         more than one in such a graph, 18 launched alone, 11.6 in the graph of a batch): calls
         made alone then cost what the batches' calls do."""
-        calls = int(request["calls"])
+        calls = request.calls
         if calls not in self._handover_graphs:
             views = self._batch_views
             self._poison(False)
@@ -329,20 +323,20 @@ class Implementation:
         torch.cuda.synchronize(self.device)
         return graph
 
-    def triton_signatures(self, request: dict) -> dict:
+    def triton_signatures(self, request: wire.TritonSignatures) -> dict:
         """The signatures of the Triton kernels compiled in this process (for a spare's launchers)."""
         return {"signatures": SIGNATURES.signatures}
 
-    def kernels(self, request: dict) -> dict:
+    def kernels(self, request: wire.Kernels) -> dict:
         """Device kernels of one call, from the profiler: names and summed device time. The
         autograd profiler is torch.profiler's engine without its set-up, which imports torch's
         compiler (about 900 modules, seconds with the device held alone)."""
         from torch.autograd.profiler import profile
 
         torch = self.torch
-        input_sets = self._load(request["inputs"])
+        input_sets = self._load(request.inputs)
         self._outputs_like(request, 0)
-        reps = int(request.get("reps", 5))
+        reps = request.reps
         self._poison(False)
         torch.cuda.synchronize()
         with profile(use_device="cuda", use_kineto=True, use_cpu=False) as prof:
@@ -420,7 +414,7 @@ def make_context(torch, device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def prepare(request: dict) -> None:
+def prepare(request: wire.Prepare) -> None:
     """A spare's start (no answer: a job that adopts it sends the load, answered once both are
     done): what a load and its first timing would make before the code, its CUDA context and
     timer, while no job waits for it, under the share of the device lock it was started
@@ -430,15 +424,15 @@ def prepare(request: dict) -> None:
     waiting up to 0.14 s on the H200 for compiles that had waited for the context."""
     global PREPARED, TIMER, WARMUP
     PREPARED = True
-    if request.get("triton_signatures") is not None:  # C and Triton compiles, on the host's CPU
+    if request.triton_signatures is not None:  # C and Triton compiles, on the host's CPU
         WARMUP = threading.Thread(
-            target=triton_warmup.warm, args=(request["triton_signatures"],), name="magpie-triton-warmup", daemon=True
+            target=triton_warmup.warm, args=(request.triton_signatures,), name="magpie-triton-warmup", daemon=True
         )
         WARMUP.start()
     try:
         import torch
 
-        device = request["device"]
+        device = request.device
         make_context(torch, device)
         TIMER = (device, timer_for(device))  # its flush buffer allocated and filled: 0.06-0.1 s on the H200
     except Exception:  # the load makes it again, and answers for it
@@ -477,32 +471,32 @@ def use_caches(folders: dict[str, str]) -> None:
 def serve(commands, answers) -> None:
     impl = None
     for line in commands:
-        request = json.loads(line)
-        op = request.pop("op")
-        if op == "exit":
-            break
-        if op == "prepare":
-            prepare(request)
-            continue
+        reply: dict[str, Any]
         try:
-            if op == "load":
+            command = wire.decode(line, wire.WorkerCommand, "worker command")
+            if isinstance(command, wire.Exit):
+                break
+            if isinstance(command, wire.Prepare):  # not answered: a job that adopts the spare sends the load
+                prepare(command)
+                continue
+            if isinstance(command, wire.Load):
                 laps = Laps()
-                if request.get("log"):  # a spare, adopted: its output goes to the adopting job's log
-                    log_to(request["log"])
-                use_caches(request.get("caches") or {})
+                if command.log:  # a spare, adopted: its output goes to the adopting job's log
+                    log_to(command.log)
+                use_caches(command.caches)
                 await_warmup(laps)
                 SIGNATURES.install()  # after a spare's own warm-up compile, before the code's
                 # of the project, only its implementation's declared files from now on (`harness.declared`)
-                sandbox.narrow(request.get("readable") or [])
-                impl = Implementation(request, laps)
+                sandbox.narrow(command.readable)
+                impl = Implementation(command, laps)
                 reply = {"steps_s": laps.seconds, "started_unix": STARTED_UNIX, "prepared": PREPARED}
-            elif op == "relog":  # adopted by a new job: what it prints goes to that job's log
-                log_to(request["log"])
+            elif isinstance(command, wire.Relog):  # adopted by a new job: what it prints goes to that job's log
+                log_to(command.log)
                 reply = {}
             elif impl is None:
                 raise RuntimeError("load must come first")
             else:
-                reply = getattr(impl, op)(request)
+                reply = getattr(impl, command.__struct_config__.tag)(command)
             reply["ok"] = True
         except MemoryError as err:
             reply = {"ok": False, "error": f"out of memory ({_describe(err)})"}

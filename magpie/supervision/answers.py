@@ -1,4 +1,5 @@
-"""The form of a worker's answer. The code under test runs in the worker's process and can
+"""The form of a worker's answer, the worker-to-evaluator edge of the typed wire
+(`harness/wire.py` types the others). The code under test runs in the worker's process and can
 write to its answer pipe ahead of the worker; an answer whose fields have the wrong types would
 otherwise fail later, inside the evaluator, and read as the evaluator's error. Checked here, it
 is the worker's failure."""
@@ -7,14 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import msgspec
 
 
-class WorkerAnswer(BaseModel):
-    """Every field a worker's answer may carry (`magpie.harness.worker`), each typed; fields
-    no command answers with are left as they are (nothing reads them)."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
+class WorkerAnswer(msgspec.Struct, kw_only=True):
+    """Every field a worker's answer may carry (`magpie.harness.worker`), each typed; fields no
+    command answers with are left as they are (nothing reads them)."""
 
     ok: bool
     error: str | None = None
@@ -35,14 +34,14 @@ class WorkerAnswer(BaseModel):
     loop_ns: int | None = None
     kernel_us: float | None = None
     kernels: dict[str, float] | None = None
+    # `signatures` (a Triton worker's) is left as it comes: `triton_warmup.signatures` keeps what is well formed
 
 
 def wrong_fields(answer: dict) -> str | None:
-    """What is wrong with an answer's fields, in one line; None where nothing is."""
+    """What is wrong with an answer's fields, in one line (msgspec's, naming the field); None where
+    nothing is."""
     try:
-        WorkerAnswer.model_validate(answer)
-    except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "the answer"
-        return f"{field}: {first['msg']}"
+        msgspec.convert(answer, WorkerAnswer)
+    except msgspec.ValidationError as err:
+        return str(err)
     return None

@@ -23,6 +23,7 @@ from magpie.sandbox import memory
 from magpie.sandbox.init import SANDBOX_MEMORY
 from magpie.supervision import scratch as scratch_folders
 from magpie.supervision import shared_memory, zygote
+from magpie.supervision.answers import wrong_fields
 from magpie.supervision.process import wait_stopped
 
 
@@ -32,14 +33,6 @@ class WorkerFailure(Exception):
 
 class NothingParked(Exception):
     """A worker asked for with fork=False found no parked process of its key."""
-
-
-def _wrong_fields(answer: dict) -> str | None:
-    # imported here: a worker imports this module too, and pydantic need not be within its
-    # sandbox's reach
-    from magpie.supervision.answers import wrong_fields
-
-    return wrong_fields(answer)
 
 
 def signal_verdict(returncode: int) -> str:
@@ -216,7 +209,7 @@ class Worker:
             answer = None
         if not isinstance(answer, dict):
             raise self._ended(f"error: sent an answer that is not a JSON object: {line[:80]!r}")
-        wrong = _wrong_fields(answer) if self._answers_checked else None
+        wrong = wrong_fields(answer) if self._answers_checked else None
         if wrong:
             raise self._ended(f"error: sent an answer of the wrong form ({wrong[:160]})")
         answer["wall_s"] = time.monotonic() - started
