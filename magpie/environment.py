@@ -16,6 +16,9 @@ KEEP_WARM_S = "MAGPIE_KEEP_WARM_S"
 DEVICE_LOCK_TIMEOUT_S = "MAGPIE_DEVICE_LOCK_TIMEOUT_S"
 # The folder of the records of running inference servers (else <tmp>/magpie-servers-<uid>).
 SERVER_DIR = "MAGPIE_SERVER_DIR"
+# The bearer token `magpie mcp --http` requires (else one is made at start); taken out of the
+# environment before any process starts.
+MCP_TOKEN = "MAGPIE_MCP_TOKEN"
 
 # "0" where CUDA IPC is not available (processes in different containers): a GPU worker's
 # inputs and outputs travel as files.

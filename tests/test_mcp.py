@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -291,6 +292,72 @@ def test_a_restarted_server_answers_for_the_jobs_an_earlier_one_started(project,
         again.close()
 
 
+CI_SECRET = "c1" * 32  # a CI signing secret, given to the server's environment
+# one kernel whose testcase fails wherever the signing secret or the HTTP token reached code under test
+SECRET_PROJECT = """
+[project]
+name = "signed"
+
+[[kernel]]
+id = "k"
+type = "pytorch"
+entry = "kernel"
+
+[kernel.baseline]
+id = "base"
+source = "base.py"
+
+[[kernel.candidates]]
+id = "c"
+source = "c.py"
+
+[[kernel.testcases]]
+command = 'test -z "$MAGPIE_SIGNING_KEY$MAGPIE_MCP_TOKEN"'
+"""
+
+
+@pytest.mark.slow  # a build through the server
+def test_jobs_sign_with_the_servers_ci_secret_which_code_under_test_never_sees(tmp_path):
+    """A server started in CI with MAGPIE_SIGNING_KEY: its jobs' artifacts are signed with that
+    secret (not a key file of the machine's), so verify in the server and a CLI build of the same
+    CI trust them; the secret is in no job file and reaches no code under test."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    root, config = tmp_path / "project", tmp_path / "config"
+    root.mkdir()
+    (root / "magpie.toml").write_text(SECRET_PROJECT)
+    for name in ("base", "c"):
+        (root / f"{name}.py").write_text("def kernel(x):\n    return x\n")
+    env = {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(config),
+        "MAGPIE_SIGNING_KEY": CI_SECRET,
+        "MAGPIE_MCP_TOKEN": "a-token-the-jobs-must-not-see-0123456789",
+    }
+    session = Session(
+        StdioServerParameters(command=sys.executable, args=["-m", "magpie", "mcp"], cwd=str(root), env=env)
+    )
+    try:
+        job = session.ok("build", {"wait": True})
+        assert job["state"] == "succeeded" and job["result"]["exit_code"] == 0, job
+        (kernel,) = session.ok("get_report")["kernels"]
+        assert {row["implementation"]: row["correctness_state"] for row in kernel["implementations"]} == {
+            "base": "SUCCESS",
+            "c": "SUCCESS",
+        }  # neither the secret nor the token in any testcase's environment
+        assert session.ok("verify") == {"checked": len(job["result"]["executed"]), "bad": [], "removed": False}
+    finally:
+        session.close()
+    public = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(CI_SECRET)).public_key()
+    signer = "ed25519:" + public.public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    signatures = list((root / "workspaces/store").glob("*/*/.signature.json"))
+    assert signatures and {json.loads(path.read_text())["signer"] for path in signatures} == {signer}
+    assert not (config / "magpie/signing-key").exists()  # no machine key made in its place
+    for path in (root / "workspaces/mcp/jobs").rglob("*"):
+        assert not path.is_file() or CI_SECRET.encode() not in path.read_bytes(), path
+
+
 @pytest.mark.slow  # a real engine started
 def test_a_benchmark_job_is_a_measurement_and_its_result_is_listed_and_compared(tmp_path, tiny_model):
     """transformers serve on the CPU, the tiny model copied into a project of its own, benchmarked through MCP."""
@@ -450,14 +517,25 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def http_server(project):
+def http_session(port: int, token: str | None) -> Session:
+    """The SDK's client over streamable HTTP, sending the bearer token where given."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300))
+    return Session(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=client))
+
+
+def start_http_server(root: Path, env: dict | None = None) -> tuple[subprocess.Popen, int, str]:
+    """`python -m magpie.mcp --http` listening: its process, port and the line it printed first."""
     import socket
 
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "magpie.mcp", "--http", "--port", str(port)],
-        cwd=project,
+        cwd=root,
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -471,13 +549,23 @@ def http_server(project):
             assert process.poll() is None, process.stderr.read()
             assert time.monotonic() < deadline, "the HTTP server did not listen within 60 s"
             time.sleep(0.1)
-    yield port
+    told, _, _ = select.select([process.stderr], [], [], 10)  # printed before it listens
+    return process, port, process.stderr.readline() if told else ""
+
+
+@pytest.fixture(scope="module")
+def http_server(project):
+    """(port, token, the server's first stderr line) of an HTTP server that made its own token."""
+    process, port, first_line = start_http_server(project)
+    token = (project / f"workspaces/mcp/http-{port}.token").read_text().strip()
+    yield port, token, first_line
     process.terminate()
     process.wait(10)
 
 
 def test_the_server_over_streamable_http(http_server):
-    session = Session(f"http://127.0.0.1:{http_server}/mcp")
+    port, token, _ = http_server
+    session = http_session(port, token)
     try:
         assert TOOLS <= {tool.name for tool in session.list_tools().tools}
         status = session.ok("project_status")
@@ -487,23 +575,74 @@ def test_the_server_over_streamable_http(http_server):
         session.close()
 
 
-def test_dns_rebinding_is_refused_over_http(http_server):
-    """A page on another site that rebinds its name to 127.0.0.1 sends its own Host and Origin."""
+def http_status(port: int, method: str = "POST", path: str = "/mcp", **headers: str) -> int:
     import http.client
 
-    def status(**extra: str) -> int:
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}})
-        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json", **extra}
-        connection = http.client.HTTPConnection("127.0.0.1", http_server, timeout=10)
-        try:
-            connection.request("POST", "/mcp", body, headers)
-            return connection.getresponse().status
-        finally:
-            connection.close()
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}}) if method == "POST" else None
+    sent = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json", **headers}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, path, body, sent)
+        return connection.getresponse().status
+    finally:
+        connection.close()
 
-    assert status(Host="evil.example:80") == 421
-    assert status(Host=f"127.0.0.1:{http_server}", Origin="http://evil.example") == 403
-    assert status(Host=f"127.0.0.1:{http_server}") not in (403, 421)
+
+def test_every_http_request_needs_the_bearer_token(http_server, project):
+    """Any local process can reach a loopback port: without the token made at start, nothing is answered."""
+    port, token, first_line = http_server
+    path = project / f"workspaces/mcp/http-{port}.token"
+    assert len(token) >= 32 and os.stat(path).st_mode & 0o777 == 0o600
+    assert f"Authorization: Bearer {token}" in first_line and str(path) in first_line  # told once, at start
+    wrong = {"Authorization": f"Bearer {token}x"}
+    for method, where in [
+        ("POST", "/mcp"),
+        ("GET", "/mcp"),
+        ("DELETE", "/mcp"),
+        ("GET", "/"),
+        ("GET", "/.well-known/x"),
+    ]:
+        assert http_status(port, method, where) == 401, (method, where)
+        assert http_status(port, method, where, **wrong) == 401, (method, where)
+    assert http_status(port, Authorization=token) == 401  # the scheme is part of it
+    assert http_status(port, Authorization=f"Bearer {token}") != 401
+    with pytest.raises(Exception):  # noqa: B017 - the SDK's client, refused whatever it raises
+        http_session(port, None)
+    assert "MAGPIE_MCP_TOKEN" not in os.environ
+
+
+def test_a_token_given_in_the_environment_is_the_one_required_and_a_weak_one_refused(project, tmp_path):
+    given = "t" * 31
+    done = subprocess.run(
+        [sys.executable, "-m", "magpie", "mcp", "--http"],
+        cwd=project,
+        env={**os.environ, "MAGPIE_MCP_TOKEN": given},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "MAGPIE_MCP_TOKEN: a bearer token" in done.stderr
+    given = "given-token-0123456789-abcdefghijkl"
+    process, port, first_line = start_http_server(project, {**os.environ, "MAGPIE_MCP_TOKEN": given})
+    path = project / f"workspaces/mcp/http-{port}.token"
+    try:
+        assert given not in first_line and "MAGPIE_MCP_TOKEN" in first_line  # the invoker has it: not printed
+        assert path.read_text().strip() == given
+        assert http_status(port, Authorization=f"Bearer {given}") != 401
+        assert http_status(port) == 401
+    finally:
+        process.terminate()
+        process.wait(10)
+    assert not path.exists()  # a stopped server's token is no one's
+
+
+def test_dns_rebinding_is_refused_over_http(http_server):
+    """A page on another site that rebinds its name to 127.0.0.1 sends its own Host and Origin."""
+    port, token, _ = http_server
+    bearer = f"Bearer {token}"
+    assert http_status(port, Host="evil.example:80", Authorization=bearer) == 421
+    assert http_status(port, Host=f"127.0.0.1:{port}", Origin="http://evil.example", Authorization=bearer) == 403
+    assert http_status(port, Host=f"127.0.0.1:{port}", Authorization=bearer) not in (403, 421)
 
 
 def test_the_verb_refuses_bad_options_in_one_line(tmp_path):

@@ -61,6 +61,17 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def signing_secret_to_pass() -> bytes:
+    """What a job reads on its stdin before anything else: the CI signing secret this server
+    took from its environment (hex), so the job's build signs as the server's invoker would; or
+    nothing, and the job reads this user's key file as the server would. Never the job's
+    environment or arguments, which every process it starts (code under test among them) could read."""
+    from magpie.store import signing
+
+    signing.take_secret_from_environment()  # a server made without the CLI takes it here
+    return signing.secret().hex().encode() if signing.secret_from_environment() else b""
+
+
 def _start_time(pid: int) -> int | None:
     from magpie.linux.procfs import start_time
 
@@ -84,6 +95,7 @@ class Jobs:
         write_json(folder / REQUEST, {"kind": kind, "params": params, "created": time.time()})
         from magpie.paths import python_module_command, subprocess_env
 
+        passed = signing_secret_to_pass()  # first: the environment copied below no longer holds it
         env = subprocess_env()
         for name in ("MAGPIE_ZYGOTE_DIR", "MAGPIE_ZYGOTE_OWNER"):  # the job's build owns its own zygote
             env.pop(name, None)
@@ -92,11 +104,14 @@ class Jobs:
                 [*python_module_command("magpie.mcp.worker"), str(folder)],
                 cwd=self.root,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,  # a group of its own: a cancel is one killpg, the server's untouched
             )
+        assert child.stdin is not None
+        with child.stdin:  # a few bytes: the pipe's buffer holds them whether or not the worker reads yet
+            child.stdin.write(passed)
         self._children[job_id] = child
         write_json(folder / PROCESS, {"pid": child.pid, "start_time": _start_time(child.pid)})
         return job_id

@@ -7,6 +7,9 @@ import functools
 import inspect
 import json
 import logging
+import signal
+import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +110,12 @@ def make_server(root: str | Path) -> MCPServer:
     return app
 
 
-def serve(root: str | Path, *, http: bool = False, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the server until its client goes (stdio) or it is stopped (HTTP). Over HTTP, the
+def serve(
+    root: str | Path, *, http: bool = False, host: str = "127.0.0.1", port: int = 8000, token: str | None = None
+) -> None:
+    """Run the server until its client goes (stdio) or it is stopped (HTTP). Over HTTP every
+    request must carry the bearer token (`token`, else one made now: printed once to stderr and
+    written to `<workspace>/mcp/http-<port>.token`, mode 0600, removed at the end), and the
     SDK's DNS-rebinding protection is on: only Host and Origin headers naming this server's
     own address are answered."""
     app = make_server(root)
@@ -116,6 +123,11 @@ def serve(root: str | Path, *, http: bool = False, host: str = "127.0.0.1", port
     if not http:
         app.run("stdio")
         return
+    import anyio
+    import uvicorn
+
+    from magpie.mcp.http_auth import BearerGate, new_token, token_path, write_token
+
     names = ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else [f"[{host}]" if ":" in host else host]
     hosts = [f"{name}:*" for name in names]
     security = TransportSecuritySettings(
@@ -123,4 +135,32 @@ def serve(root: str | Path, *, http: bool = False, host: str = "127.0.0.1", port
         allowed_hosts=hosts,
         allowed_origins=[f"http://{name}" for name in hosts],
     )
-    app.run("streamable-http", host=host, port=port, transport_security=security)
+    listening = bound(host, port)  # before the token file is written: a port in use is another server's
+    given = token is not None
+    token = token or new_token()
+    path = token_path(workspace_of(Path(root)), port)
+    write_token(path, token)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
+    told = "MAGPIE_MCP_TOKEN's token" if given else f"'Authorization: Bearer {token}'"
+    print(f"magpie mcp: {url}: every request needs {told} (also in {path}, mode 0600)", file=sys.stderr, flush=True)
+    gated = BearerGate(app.streamable_http_app(transport_security=security, host=host), token)
+    server = uvicorn.Server(uvicorn.Config(gated, log_level="warning"))
+    # uvicorn stops gracefully on SIGTERM, then raises it again under this handler: the token file goes
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        anyio.run(functools.partial(server.serve, sockets=[listening]))
+    finally:
+        path.unlink(missing_ok=True)
+        listening.close()
+
+
+def bound(host: str, port: int) -> socket.socket:
+    """The server's listening socket, or one line saying why there is none."""
+    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+    except OSError as err:
+        listening.close()
+        raise UserError(f"--host/--port: cannot listen on {host}:{port} ({err.strerror or err})") from None
+    return listening

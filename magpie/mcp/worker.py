@@ -104,9 +104,29 @@ def run_benchmark(root: Path, params: dict, progress: JobProgress) -> dict:
 RUNNERS = {"build": run_build, "analyze": run_analyze, "compare": run_compare, "benchmark": run_benchmark}
 
 
+def take_signing_secret() -> None:
+    """The server's CI signing secret, if it passes one on stdin (jobs.py), held as the CLI holds
+    its own: in this process's memory alone. Through the environment for the one call that reads
+    it there and takes it out again at once, before this process starts any other. Stdin is then
+    /dev/null: nothing started below reads the pipe."""
+    import os
+
+    from magpie.environment import SIGNING_KEY
+    from magpie.store.signing import take_secret_from_environment
+
+    passed = sys.stdin.buffer.read().decode(errors="replace").strip()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if passed:
+        os.environ[SIGNING_KEY] = passed
+        take_secret_from_environment()
+
+
 def main(folder: Path) -> int:
     from magpie.linux.namespaces import prctl
 
+    take_signing_secret()
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     request = read_json(folder / REQUEST) or {}
     progress = JobProgress(folder)
