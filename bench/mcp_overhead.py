@@ -7,9 +7,12 @@
    loop against the SDK's own floor: a one-tool MCPServer whose tool returns a constant;
 3. edit to verdict: one candidate's source changed and judged again, through MCP
    (write_candidate, build wait=true, get_report) against the CLI (the file written, `magpie
-   build` run, its published compare_report.json read), alternated, each side the same edits.
+   build` run, its published compare_report.json read), alternated, each side the same edits;
+4. trace work: gap_analysis of the H200 fixture traces (all of tests/fixtures/traces/h200) as a
+   job through MCP (wait=true) against the same analysis run inline in this process (what the
+   tool did before it was a job), alternated.
 
-Usage: python bench/mcp_overhead.py [--starts 5] [--calls 200] [--edits 5] [--json OUT]
+Usage: python bench/mcp_overhead.py [--starts 5] [--calls 200] [--edits 5] [--traces 5] [--json OUT]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +92,7 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--edits", type=int, default=5)
+    parser.add_argument("--traces", type=int, default=5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
@@ -96,6 +101,7 @@ def main() -> None:
             root.mkdir()
             (root / "fast.py").write_text(source(0))
             relu2_project(root, ["fast"], "[[8, 16]]", defaults="trials = 1", timing=TIMING)
+        shutil.copytree(FIXTURES / "traces/h200", mcp_root / "traces", ignore=shutil.ignore_patterns("*.json"))
         cli_build(cli_root)
         starts = [anyio.run(first_answer, mcp_root) for _ in range(args.starts)]
         floor = StdioServerParameters(command=sys.executable, args=["-c", FLOOR_SERVER], cwd=folder)
@@ -135,6 +141,17 @@ def main() -> None:
                 report = json.loads((cli_root / "workspaces/reports/relu2/compare_report.json").read_text())
                 through_cli.append(time.perf_counter() - start)
                 assert report["results"]
+            from magpie.traces.report import analyze_traces
+
+            trace_job, trace_inline = [], []
+            for run in range(args.traces):
+                start = time.perf_counter()
+                job = call("gap_analysis", {"trace_dir": "traces", "wait": True})
+                trace_job.append(time.perf_counter() - start)
+                assert job["state"] == "succeeded" and job["result"]["top"], job
+                start = time.perf_counter()
+                analyze_traces(mcp_root / "traces", Path(folder, f"inline-{run}"), top_k=20)
+                trace_inline.append(time.perf_counter() - start)
     figures = {
         "start_to_first_answer_s": summary(starts),
         "cheap_call_ms": summary(calls, 1000),
@@ -142,6 +159,8 @@ def main() -> None:
         "edit_to_verdict_mcp_s": summary(through_mcp),
         "edit_to_verdict_cli_s": summary(through_cli),
         "mcp_over_cli": statistics.median(through_mcp) / statistics.median(through_cli),
+        "gap_analysis_job_s": summary(trace_job),
+        "gap_analysis_inline_s": summary(trace_inline),
     }
     print(json.dumps(figures, indent=1))
     if args.json:

@@ -83,6 +83,10 @@ class Session:
         self._portal_context.__exit__(None, None, None)
 
 
+def output_schema(session: Session, name: str) -> dict:
+    return {tool.name: tool.output_schema for tool in session.list_tools().tools}[name]
+
+
 def stdio_server(root: Path) -> Session:
     return Session(StdioServerParameters(command=sys.executable, args=["-m", "magpie", "mcp"], cwd=str(root)))
 
@@ -181,6 +185,7 @@ def test_a_written_candidate_is_declared_built_and_judged(server, project, built
     assert verdicts["fast"]["correctness_state"] == "SUCCESS" and verdicts["fast"]["failure_kinds"] == []
     assert verdicts["fast"]["speedup"]["ci_low"] <= verdicts["fast"]["speedup"]["value"]
     assert kernel["timed_shapes"] == ["[8, 16] float32"] and kernel["timing_method"]
+    assert verdicts["fast"]["clock_state"].startswith("clocks not read: ")  # the CPU has no GPU clocks to read
     # the same verdicts as a resource
     contents = server.read_resource("magpie://kernels/relu2/verdicts").contents[0].text
     assert json.loads(contents)["implementations"] == kernel["implementations"]
@@ -211,8 +216,10 @@ def test_every_output_schema_holds_for_a_real_result(server, project, built):
         "job_result": server.ok("job_result", {"job_id": build_job["job_id"]}),
         "analyze": server.ok("analyze", {"source": "good.py", **shapes, "wait": True}),
         "compare": server.ok("compare", {"sources": ["good.py", "candidates/relu2/fast.py"], **shapes, "wait": True}),
-        "gap_analysis": server.ok("gap_analysis", {"trace_dir": "traces/before", "top_k": 5}),
-        "compare_traces": server.ok("compare_traces", {"before": "traces/before", "after": "traces/after"}),
+        "gap_analysis": server.ok("gap_analysis", {"trace_dir": "traces/before", "top_k": 5, "wait": True}),
+        "compare_traces": server.ok(
+            "compare_traces", {"before": "traces/before", "after": "traces/after", "wait": True}
+        ),
         "find_kernel_sources": server.ok(
             "find_kernel_sources", {"kernels": ["rmsnorm_kernel", "void gemm<float>(float*)"], "repos": ["repo"]}
         ),
@@ -224,7 +231,10 @@ def test_every_output_schema_holds_for_a_real_result(server, project, built):
             {"kernel": "relu2", "candidate": "fast", "code": "# replaced\n" + (project / "good.py").read_text()},
         ),
         "clean": server.ok("clean", {"kernels": ["relu2"]}),
+        "build": build_job,
     }
+    # job_cancel's and benchmark's real results are checked where they are made (below)
+    assert set(results) | {"job_cancel", "benchmark"} == TOOLS
     for name, result in results.items():
         jsonschema.validate(result, schemas[name])
     assert results["analyze"]["result"]["correctness_state"] == "SUCCESS"
@@ -233,7 +243,9 @@ def test_every_output_schema_holds_for_a_real_result(server, project, built):
     assert results["write_candidate"]["replaced"] and results["clean"]["removed"] > 0
     found = {k["kernel"]: k for k in results["find_kernel_sources"]["kernels"]}
     assert found["rmsnorm_kernel"]["state"] == "resolved" and found["rmsnorm_kernel"]["file"] == "repo/rmsnorm.py"
-    assert results["gap_analysis"]["top"] and results["gap_analysis"]["total_kernel_time_us"] > 0
+    analysis = results["gap_analysis"]["result"]
+    assert analysis["top"] and analysis["total_kernel_time_us"] > 0
+    assert results["compare_traces"]["state"] == "succeeded" and results["compare_traces"]["result"]["summary"]
     assert [r["result_id"] for r in results["list_benchmark_results"]["results"]] == ["clean-a", "clean-b"]
     assert results["verify"]["bad"] == []
     stale = {task["task"]: task["why"] for task in server.ok("project_status")["stale"]}
@@ -241,11 +253,41 @@ def test_every_output_schema_holds_for_a_real_result(server, project, built):
 
 
 def test_large_results_come_as_resource_links(server):
-    result = server.call("gap_analysis", {"trace_dir": "traces/before"})
+    result = server.call("gap_analysis", {"trace_dir": "traces/before", "wait": True})
     (link,) = [block for block in result.content if block.type == "resource_link"]
-    assert link.uri.startswith("magpie://workspace/mcp/traces/") and link.uri.endswith("gap_analysis.json")
+    assert link.uri.startswith("magpie://workspace/mcp/jobs/") and link.uri.endswith("gap_analysis.json")
     whole = json.loads(server.read_resource(link.uri).contents[0].text)
     assert whole["top"]
+
+
+@pytest.mark.parametrize(
+    "name, arguments",
+    [
+        ("gap_analysis", {"trace_dir": "traces/before", "top_k": 3}),
+        ("compare_traces", {"before": "traces/before", "after": "traces/after"}),
+    ],
+)
+def test_trace_work_is_a_job_answered_at_once_then_followed_to_its_result(server, project, name, arguments):
+    """A big trace takes minutes to read: the call returns a job at once, which job_status follows (job_cancel
+    stops it as any job)."""
+    job = server.ok(name, arguments)
+    assert job["kind"] == name and job["state"] == "running" and job["result"] is None
+    deadline = time.monotonic() + 120
+    while server.ok("job_status", {"job_id": job["job_id"]})["state"] == "running":
+        assert time.monotonic() < deadline, f"{name} did not end within 120 s"
+        time.sleep(0.1)
+    done = server.ok("job_result", {"job_id": job["job_id"]})
+    assert done["state"] == "succeeded", done
+    assert done["result"]["outputs"]["json"].startswith(f"workspaces/mcp/jobs/{job['job_id']}/out/")
+    if name == "gap_analysis":
+        assert 0 < len(done["result"]["top"]) <= 3
+
+
+def test_an_unreadable_trace_fails_its_job_in_one_line(server, project):
+    (project / "traces/unreadable").mkdir(exist_ok=True)
+    (project / "traces/unreadable/bad.json").write_text("{not a trace")
+    job = server.ok("gap_analysis", {"trace_dir": "traces/unreadable", "wait": True})
+    assert job["state"] == "failed" and job["error"].startswith("trace_dir: ") and "\n" not in job["error"], job
 
 
 @pytest.mark.slow  # a build through the server
@@ -266,6 +308,7 @@ def test_a_cancelled_job_takes_its_whole_process_tree_within_a_second(server, pr
     cancelled = server.ok("job_cancel", {"job_id": job["job_id"]})
     took = time.monotonic() - start
     assert cancelled["state"] == "cancelled"
+    jsonschema.validate(cancelled, output_schema(server, "job_cancel"))
     alive = [p for p in tree if process_state(p) not in (None, "Z", "X")]  # a zombie is gone but for its reaping
     assert alive == [] and took < 1.0, (alive, took)
     assert server.ok("job_status", {"job_id": job["job_id"]})["state"] == "cancelled"
@@ -375,6 +418,7 @@ def test_a_benchmark_job_is_a_measurement_and_its_result_is_listed_and_compared(
         load = {"engine": "transformers", "model": "model", "num_prompts": 4, "input_len": 16, "output_len": 8}
         job = session.ok("benchmark", {**load, "concurrency": 2, "port": free_port(), "timeout_s": 300, "wait": True})
         assert job["state"] == "succeeded", job
+        jsonschema.validate(job, output_schema(session, "benchmark"))
         report = job["result"]
         assert report["success"] and report["config"]["run_kind"] == "measurement" and not report["config"]["profiler"]
         assert report["run"]["completed"] == 4
@@ -408,6 +452,7 @@ def test_a_candidate_written_through_mcp_is_judged_on_the_gpu(tmp_path):
         verdicts = {impl["implementation"]: impl for impl in kernel["implementations"]}
         assert verdicts["fast"]["correctness_state"] == "SUCCESS" and verdicts["fast"]["median_us"] > 0
         assert kernel["timing_method"] and kernel["timed_shapes"] == ["[4096, 4096] float32"]
+        assert verdicts["fast"]["clocks"]["readings"] > 0 and "MHz" in verdicts["fast"]["clock_state"]
     finally:
         session.close()
 

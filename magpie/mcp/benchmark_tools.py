@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import time
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,12 +20,15 @@ from magpie.mcp.confine import identifier
 from magpie.mcp.job_tools import start_job
 from magpie.mcp.models import BenchmarkComparison, BenchmarkResultInfo, BenchmarkResults, JobView
 from magpie.mcp.server import Services, annotated, tool
-from magpie.mcp.trace_tools import output_folder
 
 REPORT = "benchmark_report.json"
 # a hub id (owner/name) read from the local cache: never a path
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 ResultId = Annotated[str, Field(description="a benchmark result's id, as list_benchmark_results gives it")]
+
+
+def output_folder(services: Services, kind: str) -> Path:
+    return services.mcp_folder(kind) / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def model_of(services: Services, model: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from magpie.errors import UserError
 from magpie.mcp.confine import identifier
 
-KINDS = ("build", "analyze", "compare", "benchmark")
+KINDS = ("build", "analyze", "compare", "benchmark", "gap_analysis", "compare_traces")
 FINAL = ("succeeded", "failed", "cancelled", "lost")
 REQUEST, STATE, RESULT, PROCESS, CANCELLED, LOG = (
     "request.json",

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 JobState = Literal["running", "succeeded", "failed", "cancelled", "lost"]
-JobKind = Literal["build", "analyze", "compare", "benchmark"]
+JobKind = Literal["build", "analyze", "compare", "benchmark", "gap_analysis", "compare_traces"]
 
 
 class JobView(BaseModel):
@@ -81,6 +81,10 @@ class ImplementationVerdict(BaseModel):
     errors: list[str]
     median_us: float | None
     speedup: Speedup | None
+    clock_state: str | None = Field(
+        None, description="the GPU's clocks and power while it was timed, in one line (none where not timed)"
+    )
+    clocks: dict | None = Field(None, description="the clock record (performance_result.clocks): readings, limits")
 
 
 class KernelReport(BaseModel):
@@ -89,7 +93,7 @@ class KernelReport(BaseModel):
     best: str | None
     ranking: list[str]
     timed_shapes: list[str]
-    timing_method: dict | None = Field(description="how it was timed and the clock state it was timed under")
+    timing_method: dict | None = Field(description="how it was timed (the mode, and why)")
     implementations: list[ImplementationVerdict]
     compare_report: str = Field(description="the published compare_report.json, relative to the project root")
 

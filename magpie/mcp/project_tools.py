@@ -144,6 +144,8 @@ def verify_store(services: Services, fix: bool) -> VerifyResult:
 
 
 def kernel_report(path: Path, root: Path) -> KernelReport:
+    from magpie.harness.clocks import clock_text
+
     report = json.loads(path.read_text())
     rows = []
     for row in report.get("results", []):
@@ -161,6 +163,8 @@ def kernel_report(path: Path, root: Path) -> KernelReport:
                 errors=row.get("errors") or [],
                 median_us=performance.get("median_us"),
                 speedup=Speedup(**{k: speedup[k] for k in Speedup.model_fields}) if speedup else None,
+                clock_state=clock_text(performance.get("clocks")) if performance else None,
+                clocks=performance.get("clocks"),
             )
         )
     return KernelReport(
@@ -304,7 +308,8 @@ def register(app: MCPServer, services: Services) -> None:
         kernel: Annotated[str | None, Field(description="one kernel's id; none: every kernel built")] = None,
     ) -> ReportResult:
         """The published verdicts per kernel: per implementation its verdict, states, failure kinds, median
-        time and speedup with its interval; the timed shapes and how (clock state) it was timed."""
+        time and speedup with its interval, the GPU's clock state while it was timed; the timed shapes and
+        the timing method."""
         return read_report(services, kernel)
 
     @tool(app, annotated(read_only=False, destructive=True, idempotent=True))

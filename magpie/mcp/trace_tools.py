@@ -1,49 +1,50 @@
-"""Profiler traces: gap_analysis, find_kernel_sources, compare_traces (magpie.traces)."""
+"""Profiler traces: gap_analysis and compare_traces as jobs (worker.py runs them), find_kernel_sources inline
+(magpie.traces)."""
 
 from __future__ import annotations
 
 import os
-import secrets
-import time
-from pathlib import Path
 from typing import Annotated, Literal
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ResourceLink
 from pydantic import Field
 
 from magpie.errors import UserError
-from magpie.mcp.models import KernelSource, KernelSources, TraceAnalysis, TraceComparison
-from magpie.mcp.server import Services, annotated, structured, tool
+from magpie.mcp.job_tools import start_job
+from magpie.mcp.models import JobView, KernelSource, KernelSources
+from magpie.mcp.server import Services, annotated, tool
 
 TraceSide = Annotated[str, Field(description="a trace file or a folder of traces, relative to the project root")]
 Repos = Annotated[list[str], Field(description="source folders to search, relative to the project root")]
+Wait = Annotated[bool, Field(description="run to the end before answering (progress notifications meanwhile)")]
 
 
-def output_folder(services: Services, kind: str) -> Path:
-    return services.mcp_folder(kind) / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
-def file_link(services: Services, path: Path, description: str) -> ResourceLink:
-    relative = os.path.relpath(path, services.workspace)
-    return ResourceLink(
-        type="resource_link",
-        name=path.name,
-        uri=f"magpie://workspace/{relative}",
-        description=description,
-        size=path.stat().st_size,
-    )
-
-
-def relative_outputs(services: Services, outputs: dict) -> dict[str, str]:
-    return {k: os.path.relpath(v, services.root) for k, v in outputs.items() if isinstance(v, str)}
+def with_output_link(services: Services, started: CallToolResult, output: str, description: str) -> CallToolResult:
+    """A finished trace job's answer, with a resource link to its whole output file (too large to inline)."""
+    result = (started.structured_content or {}).get("result") or {}
+    written = (result.get("outputs") or {}).get(output)
+    if isinstance(written, str):
+        path = services.root / written
+        relative = os.path.relpath(path, services.workspace)
+        link = ResourceLink(
+            type="resource_link",
+            name=path.name,
+            uri=f"magpie://workspace/{relative}",
+            description=description,
+            mime_type="application/json",
+            size=path.stat().st_size,
+        )
+        started.content.append(link)
+    return started
 
 
 def register(app: MCPServer, services: Services) -> None:
     confine = services.confinement
 
-    @tool(app, annotated(read_only=True, idempotent=True))
-    def gap_analysis(
+    @tool(app, annotated(read_only=False, idempotent=True))
+    async def gap_analysis(
+        ctx: Context,
         trace_dir: TraceSide,
         top_k: Annotated[int, Field(ge=1, le=500)] = 20,
         start_pct: Annotated[float, Field(ge=0, le=100)] = 0.0,
@@ -51,41 +52,24 @@ def register(app: MCPServer, services: Services) -> None:
         steady_state: Annotated[bool, Field(description="pick each trace's steady-state window")] = False,
         analysis_mode: Literal["pytorch", "inference"] = "pytorch",
         kernel_source_repos: Repos = [],  # noqa: B006
-    ) -> Annotated[CallToolResult, TraceAnalysis]:
-        """Where the GPU time goes in PyTorch profiler traces: the top kernels of a window by total
-        contribution, with the op and shapes that launched them (and their sources where repos are given).
-        The full analysis is written to the workspace and linked."""
-        from magpie.traces.gap import Window
-        from magpie.traces.ingest import TraceError
-        from magpie.traces.report import analyze_traces
-
+        wait: Wait = False,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Where the GPU time goes in PyTorch profiler traces, as a job (a big trace takes minutes): the top
+        kernels of a window by total contribution, with the op and shapes that launched them (and their
+        sources where repos are given). The full analysis is written in the job's folder and linked."""
         if start_pct >= end_pct:
             raise UserError("start_pct/end_pct: need start_pct < end_pct")
-        folder = confine.path(trace_dir, "trace_dir")
-        repos = confine.paths(kernel_source_repos, "kernel_source_repos")
-        out = output_folder(services, "traces")
-        try:
-            summary = analyze_traces(
-                folder,
-                out,
-                top_k=top_k,
-                window=Window(start_pct, end_pct),
-                source_repos=list(repos) or None,
-                steady_state=steady_state,
-                analysis_mode=analysis_mode,
-            )
-        except TraceError as err:
-            raise UserError(f"trace_dir: {err}") from None
-        result = TraceAnalysis(
-            traces=summary["traces"],
-            total_kernel_time_us=summary["total_kernel_time_us"],
-            top=summary["top"],
-            warnings=summary["warnings"],
-            outputs=relative_outputs(services, summary["outputs"]),
-        )
-        return structured(
-            result, [file_link(services, out / "gap_analysis" / "gap_analysis.json", "the whole analysis")]
-        )
+        params = {
+            "trace_dir": str(confine.path(trace_dir, "trace_dir")),
+            "kernel_source_repos": [str(path) for path in confine.paths(kernel_source_repos, "kernel_source_repos")],
+            "top_k": top_k,
+            "start_pct": start_pct,
+            "end_pct": end_pct,
+            "steady_state": steady_state,
+            "analysis_mode": analysis_mode,
+        }
+        started = await start_job(ctx, services, "gap_analysis", params, wait)
+        return with_output_link(services, started, "json", "the whole analysis")
 
     @tool(app, annotated(read_only=True, idempotent=True))
     def find_kernel_sources(
@@ -118,21 +102,14 @@ def register(app: MCPServer, services: Services) -> None:
             )
         return KernelSources(kernels=found)
 
-    @tool(app, annotated(read_only=True, idempotent=True))
-    def compare_traces(before: TraceSide, after: TraceSide) -> Annotated[CallToolResult, TraceComparison]:
-        """Compare two sets of traces (before and after a change): per kernel and op, the time each side
-        spent and whether the change is beyond the noise. The full comparison is written and linked."""
-        from magpie.traces.compare import compare_traces as compared
-        from magpie.traces.ingest import TraceError
-
+    @tool(app, annotated(read_only=False, idempotent=True))
+    async def compare_traces(
+        ctx: Context, before: TraceSide, after: TraceSide, wait: Wait = False
+    ) -> Annotated[CallToolResult, JobView]:
+        """Compare two sets of traces (before and after a change), as a job: per kernel and op, the time each
+        side spent and whether the change is beyond the noise. The full comparison is written and linked."""
         if "," in before or "," in after:  # the library reads a comma as a list of sides' files
             raise UserError("before/after: one trace file or folder each, without commas")
-        sides = [str(confine.path(before, "before")), str(confine.path(after, "after"))]
-        out = output_folder(services, "trace-comparisons")
-        try:
-            summary = compared(sides[0], sides[1], out)
-        except TraceError as err:
-            raise UserError(str(err)) from None
-        outputs = relative_outputs(services, summary.pop("outputs"))
-        result = TraceComparison(summary=summary, outputs=outputs)
-        return structured(result, [file_link(services, out / "trace_compare.json", "the whole comparison")])
+        params = {"before": str(confine.path(before, "before")), "after": str(confine.path(after, "after"))}
+        started = await start_job(ctx, services, "compare_traces", params, wait)
+        return with_output_link(services, started, "json", "the whole comparison")

@@ -8,6 +8,7 @@ imported by that process, never by the server's."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -101,7 +102,65 @@ def run_benchmark(root: Path, params: dict, progress: JobProgress) -> dict:
     return serve(config, project=str(root)).model_dump(mode="json")
 
 
-RUNNERS = {"build": run_build, "analyze": run_analyze, "compare": run_compare, "benchmark": run_benchmark}
+def files_written(root: Path, outputs: dict) -> dict[str, str]:
+    return {name: os.path.relpath(path, root) for name, path in outputs.items() if isinstance(path, str)}
+
+
+def run_gap_analysis(root: Path, params: dict, progress: JobProgress) -> dict:
+    from magpie.mcp.models import TraceAnalysis
+    from magpie.traces.gap import Window
+    from magpie.traces.ingest import TraceError
+    from magpie.traces.report import analyze_traces
+
+    out = progress.folder / "out"
+    progress.record(step=f"analyzing {os.path.relpath(params['trace_dir'], root)}")
+    try:
+        summary = analyze_traces(
+            params["trace_dir"],
+            out,
+            top_k=params["top_k"],
+            window=Window(params["start_pct"], params["end_pct"]),
+            source_repos=params["kernel_source_repos"] or None,
+            steady_state=params["steady_state"],
+            analysis_mode=params["analysis_mode"],
+        )
+    except TraceError as err:
+        raise UserError(f"trace_dir: {err}") from None
+    outputs = {
+        **files_written(root, summary["outputs"]),
+        "json": os.path.relpath(out / "gap_analysis" / "gap_analysis.json", root),
+    }
+    return TraceAnalysis(
+        traces=summary["traces"],
+        total_kernel_time_us=summary["total_kernel_time_us"],
+        top=summary["top"],
+        warnings=summary["warnings"],
+        outputs=outputs,
+    ).model_dump(mode="json")
+
+
+def run_compare_traces(root: Path, params: dict, progress: JobProgress) -> dict:
+    from magpie.traces.compare import compare_traces
+    from magpie.traces.ingest import TraceError
+
+    progress.record(
+        step=f"comparing {os.path.relpath(params['before'], root)} with {os.path.relpath(params['after'], root)}"
+    )
+    try:
+        summary = compare_traces(params["before"], params["after"], progress.folder / "out")
+    except TraceError as err:
+        raise UserError(str(err)) from None
+    return {"summary": summary, "outputs": files_written(root, summary.pop("outputs"))}
+
+
+RUNNERS = {
+    "build": run_build,
+    "analyze": run_analyze,
+    "compare": run_compare,
+    "benchmark": run_benchmark,
+    "gap_analysis": run_gap_analysis,
+    "compare_traces": run_compare_traces,
+}
 
 
 def take_signing_secret() -> None:
