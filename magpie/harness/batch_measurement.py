@@ -12,6 +12,7 @@ import contextlib
 import math
 import time
 from statistics import fmean, median
+from typing import cast
 
 from magpie.harness import batches, stream_words
 from magpie.harness.checks import compare_inputs, compare_outputs, surely_close
@@ -140,7 +141,10 @@ class BatchMeasurement:
                     for role, region in regions.items()
                     if not (role == "baseline" and "calibration_us" in known)
                 }
-                measured.calibration_ns, measured.calibration_phases = self._calibrate(calibrated)
+                # on a GPU (where calibrating is done) every region is a DeviceRegion
+                measured.calibration_ns, measured.calibration_phases = self._calibrate(
+                    cast(dict[str, DeviceRegion], calibrated)
+                )
                 if "calibration_us" in known:
                     measured.calibration_ns["baseline"] = known["calibration_us"] * 1000
                 steps.mark("calibration")
@@ -213,6 +217,7 @@ class BatchMeasurement:
         if on_gpu:
             measured.settle_device_batches()
         else:
+            assert machine is not None  # the CPU's
             measured.harness_runs_ns = harness.runs_ns
             measured.cpu_wait_share = machine.share()
             measured.settle_samples(capped=True)
@@ -232,7 +237,7 @@ class BatchMeasurement:
                     "kind": "calls_done_together",
                     "where": "its batches",
                     "detail": floor,
-                    "floor_in_doubt": not on_gpu and raw_ns >= measured.harness_ns,
+                    "floor_in_doubt": not on_gpu and raw_ns is not None and raw_ns >= measured.harness_ns,
                 }
         measured.judge_calls_alone()
         measured.methods = {role: vouched_method(calls[role], measured, t, self.context.device) for role in roles}
@@ -290,7 +295,8 @@ class BatchMeasurement:
                 for role in roles if k // 2 % 2 == 0 else reversed(roles):
                     allowed_s = 20 * calls * per_call[role] / 1e9 + 1.0
                     if on_gpu:
-                        batch_ns, early = self._device_handover_batch(role, self.regions[role], batch, calls, allowed_s)
+                        region = cast(DeviceRegion, self.regions[role])  # on a GPU
+                        batch_ns, early = self._device_handover_batch(role, region, batch, calls, allowed_s)
                         taken[role] = batch_ns / calls
                         disturbed |= early
                     else:
@@ -627,7 +633,7 @@ class BatchMeasurement:
         batch of nothing at all leaves the switch out), the median of a few; also where their
         time went (`batch_phases`)."""
         trips: list[dict] = []
-        taken = {role: [] for role in calibrated}
+        taken: dict[str, list[float]] = {role: [] for role in calibrated}
         for _ in range(CALIBRATION_BATCHES):
             for role, region in calibrated.items():
                 taken[role].append(self._device_request(role, region, 0, 1.0, trips, own_kernel=True)[0])
@@ -670,9 +676,9 @@ class BatchMeasurement:
             record = compare_inputs(batch.sets[call], region.inputs(call))
             if record is None:
                 outputs, reference = region.outputs(call), batch.reference(call)
-                if surely_close(outputs, reference, self.testcase.rtol, self.testcase.atol):
+                if surely_close(outputs, reference, *self.testcase.tolerances):
                     continue
-                record = compare_outputs(outputs, reference, self.testcase.rtol, self.testcase.atol)
+                record = compare_outputs(outputs, reference, *self.testcase.tolerances)
             if not record["passed"]:
                 return {**record, "checked": calls, "where": f"timed call {call + 1} of a batch of {calls}"}
         return {"passed": True, "checked": calls}

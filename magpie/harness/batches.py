@@ -41,6 +41,7 @@ import ctypes
 import functools
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from magpie.harness.checks import as_tuple
 from magpie.harness.regions import CallViews, Layout
@@ -63,7 +64,12 @@ class WorkerViews:
     """The worker's side: tensors that are views of the region it mapped once."""
 
     def __init__(self, torch, offer: dict):
-        self.done = self.gate = self.mark = self.control = self.words = None
+        # a GPU region's events, calibration kernel and words; a CPU region's control: None elsewhere
+        self.done: Any = None
+        self.gate: Any = None
+        self.mark: Any = None
+        self.control: Any = None
+        self.words: Any = None
         layout = Layout.from_json(offer["layout"])
         if "ipc" in offer:
             from magpie.harness.exchange import loads_shared
@@ -84,7 +90,7 @@ class WorkerViews:
         self.outputs = CallViews(layout.calls, lambda call: tuple(slots[call]))
 
 
-def run_batch(torch, fn, inputs: list, outputs: list) -> None:
+def run_batch(torch, fn, inputs: Sequence, outputs: Sequence) -> None:
     """One call per input set, in order, each output copied into its slot."""
     for args, slots in zip(inputs, outputs):
         produced = fn(*args)

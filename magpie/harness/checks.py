@@ -131,6 +131,7 @@ def compare_outputs(got, expected, rtol: float, atol: float) -> dict:
             return _fail(
                 "allclose",
                 f"{where}{int((~close).sum())} of {e.numel()} elements outside rtol={rtol:g} atol={atol:g}",
+                None,
                 **worst,
             )
         rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 0.0

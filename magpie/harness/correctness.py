@@ -61,8 +61,7 @@ def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
                     spec,
                     cases,
                     f"tc{index}",
-                    testcase.rtol,
-                    testcase.atol,
+                    *testcase.tolerances,
                     laps,
                     worker_steps,
                 )
@@ -71,8 +70,9 @@ def correctness(context: EvaluationContext, pool: WorkerPool) -> dict:
                     laps.mark("held_out")
             laps.mark("park")  # the worker reset and parked for the timing job (or ended)
             checks.extend({"testcase": index, **r} for r in records)
-    except SpecError as err:
-        return not_judged("correctness", testcases[index].spec, err, index)
+    except SpecError as err:  # raised while a spec testcase of index was set up or run
+        assert index is not None
+        return not_judged("correctness", str(testcases[index].spec), err, index)
     except WorkerFailure as err:
         where = {"testcase": index, **({"case": err.case} if isinstance(err, _HeldOutFailure) else {})}
         kind = failure_kind(err.cause if isinstance(err, _HeldOutFailure) else str(err))
@@ -112,9 +112,7 @@ def _held_out_checks(
     for k, case in enumerate(cases):
         held_out["shapes"].append(case.label.removeprefix("held-out "))
         try:
-            records += run_cases(
-                context, pool, worker, spec, [case], f"tc{index}-held-out{k}", testcase.rtol, testcase.atol
-            )
+            records += run_cases(context, pool, worker, spec, [case], f"tc{index}-held-out{k}", *testcase.tolerances)
         except WorkerFailure as err:
             raise _HeldOutFailure(case.label, str(err)) from None
     return records

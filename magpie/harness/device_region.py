@@ -4,6 +4,7 @@ runs behind its gate), and how long the gate sleeps before the next batch (`next
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from magpie.harness.regions import ALIGN, Layout, Region, copy_sets, first_flagged, sample_calls, views
 
@@ -59,7 +60,7 @@ class DeviceRegion(Region):
             self.copy = torch.empty(layout.size + WORDS_BYTES, dtype=torch.uint8, device=device)
         self._words = self.copy[layout.size : layout.size + 8].view(torch.int32)
         self._unblock = torch.full((2,), UNBLOCKED, dtype=torch.int32).pin_memory()
-        self._aside = None  # a handed-over batch's outputs, copied out as each call said it was done
+        self._aside: Any = None  # a handed-over batch's outputs, copied out as each call said it was done
         self._handover: tuple | None = None  # its clock's events and its first release's
         self.handover_sleep_ns = HANDOVER_SLEEP_NS
         self._inputs = layout.input_views(torch, self.copy)
@@ -95,7 +96,9 @@ class DeviceRegion(Region):
         self._taken = {}
         self.torch.cuda.synchronize()
 
-    def start_handover(self, calls: int) -> None:
+    # a GPU batch is handed over by its count of calls (the evaluator's stream releases each set), a CPU
+    # batch by its sets (written one by one as the worker asks): one name, one step of `BatchMeasurement`
+    def start_handover(self, calls: int) -> None:  # type: ignore[override]
         """Queued before a batch handed over one call at a time is asked for: the sleep, the
         clock's first event, then per call its input set copied into its slot and released (the
         word the worker's stream waits on, `stream_words`), the wait for the worker's word that
@@ -134,15 +137,17 @@ class DeviceRegion(Region):
         """Once the worker answered that its calls are queued, `answer_ns` after
         `start_handover` began: whether the first set was released before (its queueing was
         timed too); the next sleep (`next_sleep_ns`)."""
+        assert self._handover is not None  # `start_handover` queued it
         opened_early = self._handover[1].query()
         self.handover_sleep_ns = next_sleep_ns(answer_ns, opened_early, False, self.handover_sleep_ns)
         return opened_early
 
-    def end_handover(self, deadline: float) -> float:
+    def end_handover(self, deadline: float) -> float:  # type: ignore[override]
         """GPU ns of the batch handed over (`start_handover`) once its last event has run; what
         the checks read taken from the outputs copied aside. Past the monotonic `deadline`, the
         words are set so that nothing waits on them any more (a worker that never says its call
         is done would hold the evaluator's stream for good) and TimeoutError is raised."""
+        assert self._handover is not None  # `start_handover` queued it
         clock, _, calls = self._handover
         while not clock[1].query():
             if time.monotonic() > deadline:
@@ -210,6 +215,7 @@ class DeviceRegion(Region):
         what the checks read (`unwritten`, `picks`, `outputs`), taken at that point."""
         torch = self.torch
         torch.cuda.current_stream().wait_event(self._done)
+        assert self._clock is not None  # `start` queued its first event
         self._clock[1].record()
         picks = sample_calls(calls)
         self._taken = {
@@ -220,6 +226,7 @@ class DeviceRegion(Region):
 
     def taken_ns(self) -> float:
         """GPU time between the batch's two events."""
+        assert self._clock is not None  # `start` queued its first event
         self._clock[1].synchronize()
         return self._clock[0].elapsed_time(self._clock[1]) * 1e6
 

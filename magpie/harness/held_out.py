@@ -56,7 +56,7 @@ def problem_sizes(module) -> dict[str, int]:
         return {}
     elsewhere: set[str] = set()
     init = getattr(module, "get_init_inputs", None)
-    if hasattr(init, "__code__"):
+    if init is not None and hasattr(init, "__code__"):
         elsewhere.update(init.__code__.co_names)
     for member in vars(getattr(module, "Model", object)).values():
         if hasattr(member, "__code__"):
@@ -87,16 +87,16 @@ def held_out_cases(
                 f"{name}: get_inputs() reads no integer size constant of its module that the model does not: "
                 "its inputs' shapes are fixed, no held-out shapes"
             ]
-        drawn = [dict(zip(sizes, values)) for values in drawn_shapes([list(sizes.values())], shape_seed, count)]
+        drawn_sizes = [dict(zip(sizes, values)) for values in drawn_shapes([list(sizes.values())], shape_seed, count)]
         planned = [
-            Case("held-out", None, None, 0, derive_seed(seed, kernel_id, index, "held-out", s), True, s) for s in drawn
+            Case("held-out", None, None, 0, derive_seed(seed, kernel_id, index, "held-out", s), True, s)
+            for s in drawn_sizes
         ]
         declared_case = Case("kernelbench", None, None, 0, seed)
     else:
-        drawn = drawn_shapes(testcase.shapes, shape_seed, count)
         planned = [
             Case(f"held-out {_times(s)} {d}", s, d, 0, derive_seed(seed, kernel_id, index, "held-out", s, d), True)
-            for s in drawn
+            for s in drawn_shapes(testcase.shapes, shape_seed, count)
             for d in testcase.dtypes
         ]
         declared_case = Case("declared", testcase.shapes[0], testcase.dtypes[0], 0, seed)

@@ -310,6 +310,7 @@ def judge_retiming(
     label, line = implausible_speedup(result["speedup"], second, threshold)
     result["speedup"]["implausible"] = label
     if unvouched_on_a_busy_machine(label["confirmed"], retimed.busy(), retimed.alone_bound):
+        assert retimed.cpu_wait_share is not None  # busy: its share was read
         inconclusive(
             result,
             [f"candidate: {line}; its calls made alone drew no bound"],

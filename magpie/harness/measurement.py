@@ -8,6 +8,7 @@ runs code under test or holds a process."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import fmean, median
 from typing import TYPE_CHECKING
 
@@ -518,7 +519,7 @@ def alone_line(bound: dict) -> str:
 
 
 def credit_within_calls_alone(
-    speedup: dict, bound: dict | None, candidate_ns: list[float], statistic: str
+    speedup: dict, bound: dict | None, candidate_ns: Sequence[float], statistic: str
 ) -> str | None:
     """Where a candidate's calls made alone bound its calls above what its batches read
     (`bound`, from `alone_bound`, over 1, not over ALONE_FAIL), its speedup is credited at that

@@ -30,7 +30,7 @@ def probed_method(
     host's load: a 17.5 µs-kernel baseline read 66-178 µs across one build's jobs on the
     H200). The baseline's own timing decides for its kernel's set; a candidate whose baseline
     was not timed decides from the faster of its pair."""
-    fastest = min(probes, key=probes.get)
+    fastest = min(probes, key=lambda role: probes[role])
     probe_us = probes[fastest]
     launch_us = (launches or {}).get(fastest)
     who = "the baseline" if is_baseline else f"the {fastest} (no timed baseline to follow)"

@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import msgspec
 
@@ -36,6 +37,25 @@ class WorkerPool:
         self.worker_loads: list[dict] = []
         self.isolation: str | None = None  # of the workers that ran code under test
 
+    @overload
+    def start(
+        self,
+        impl: Implementation,
+        init_file: str | None,
+        init_from_module: bool = False,
+        fork: Literal[True] = True,
+        wait: bool = True,
+    ) -> Worker: ...
+    @overload
+    def start(
+        self,
+        impl: Implementation,
+        init_file: str | None,
+        init_from_module: bool = False,
+        *,
+        fork: bool,
+        wait: bool = True,
+    ) -> Worker | None: ...
     def start(
         self,
         impl: Implementation,
@@ -58,7 +78,7 @@ class WorkerPool:
         policy = None if sandbox.trusted() else self._policy(impl, cwd, limit_mb)
         # a sandbox that opens one GPU's node shows CUDA that GPU alone, as its device 0
         device = "cuda:0" if policy is not None and policy.gpu_minors else self.context.device
-        load = {
+        load: dict[str, Any] = {  # a wire.Load, as the worker's key hashes it
             "op": "load",
             "id": impl.id,
             "source": str(self.context.root / impl.source),

@@ -13,6 +13,7 @@ import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from magpie.harness.checks import as_tuple
 from magpie.supervision import scratch
@@ -51,7 +52,8 @@ class Layout:
     def __init__(self, example_args: tuple, example_outputs, calls: int):
         import torch
 
-        self.args, offset = [], 0
+        self.args: list[list[Any]] = []
+        offset = 0
         for x in example_args:
             if torch.is_tensor(x):
                 self.args.append(["tensor", offset, list(x.shape), str(x.dtype).replace("torch.", "")])
@@ -59,7 +61,8 @@ class Layout:
             else:
                 self.args.append(["value", x])
         self.in_stride = max(offset, ALIGN)
-        self.outs, offset = [], 0
+        self.outs: list[list[Any]] = []
+        offset = 0
         for e in as_tuple(example_outputs):
             self.outs.append([offset, list(e.shape), str(e.dtype).replace("torch.", "")])
             offset += _aligned(_nbytes(e))
@@ -110,7 +113,8 @@ class CallViews(Sequence):
     asked for: a region holds up to MAX_CALLS calls, a batch often uses a few of them."""
 
     def __init__(self, calls: int, make):
-        self._calls, self._make, self._made = calls, make, {}
+        self._calls, self._make = calls, make
+        self._made: dict[int, Any] = {}
 
     def __len__(self) -> int:
         return self._calls

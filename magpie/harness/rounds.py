@@ -7,7 +7,9 @@ vouched measurement was taken. What its numbers mean is `harness.measurement`'s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from statistics import fmean, median
+from typing import cast
 
 from magpie.compare.stats import thin_rounds
 from magpie.harness.checks import as_tuple
@@ -46,7 +48,7 @@ class Rounds:
         self.raw: dict[str, list[float]] = {role: [] for role in roles}
         self.subtracted_ns: dict[str, float] = {}  # per role, what was taken off (`settle_samples`)
         self.cpu_wait_share: float | None = None  # how busy the machine kept it (`cputime.MachineShare`)
-        self.fixed_ns = 0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
+        self.fixed_ns = 0.0  # on a GPU, what a batch costs besides its calls (`fixed_cost`)
         self.calibration_ns: dict[str, float] = {}  # on a GPU, its calibration per role (`BatchMeasurement._calibrate`)
         # on a GPU, every batch of a role: (round or None for a sizing one, ns, calls, wall s)
         self.device_batches: dict[str, list[tuple]] = {role: [] for role in roles}
@@ -202,11 +204,15 @@ class Rounds:
         made = self.alone_pairs_made()
         return self.alone_bound is None and made >= 3 and 2 * self.alone_disturbed > made
 
-    def kept(self) -> dict[str, tuple[list[int], list[int]]]:
+    def kept(self) -> dict[str, tuple[Sequence[float], list[int]]]:
         """Thinned in time order: the kept samples of a round stay together, counted per round."""
-        return {role: thin_rounds(self.samples[role], self.sizes[role], KEPT_SAMPLES) for role in self.samples}
+        # ns as ints, which thin_rounds reads as the floats they stand for
+        return {
+            role: thin_rounds(cast(list[float], self.samples[role]), self.sizes[role], KEPT_SAMPLES)
+            for role in self.samples
+        }
 
-    def for_speedup(self, statistic: str) -> dict[str, tuple[list[int], list[int]]]:
+    def for_speedup(self, statistic: str) -> dict[str, tuple[Sequence[float], list[int]]]:
         """What `paired_speedup` takes: the kept samples for the median (what the result
         shows), every sample for the mean (every-k-th thinning could fall in step with a
         pattern of slow calls and leave them out)."""

@@ -69,6 +69,7 @@ def load_module(path: Path, name: str, code: bytes | None = None):
     by, where given, else the file's. Its folder goes on the module path for what it imports."""
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None  # a path to a file: always a spec
     module = importlib.util.module_from_spec(spec)
     exec(compile(path.read_bytes() if code is None else code, str(path), "exec", dont_inherit=True), module.__dict__)
     return module
@@ -139,6 +140,7 @@ class ReferenceSpec:
                         if self._takes_generator
                         else {}
                     )
+                    assert case.shape is not None and case.dtype is not None  # a function-style spec's case
                     args = factory(tuple(case.shape), getattr(torch, case.dtype), **kwargs)
                     if not isinstance(args, (tuple, list)):
                         args = (args,)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from statistics import fmean
+from typing import Any
 
 from magpie.harness.batch_measurement import BatchMeasurement
 from magpie.harness.checks import compare_inputs, compare_outputs
@@ -52,7 +53,7 @@ from magpie.harness.rounds import Rounds, vouched_inputs
 from magpie.harness.spec import ReferenceSpec, SpecError, derive_seed, output_specs, rotation
 from magpie.harness.timed_shapes import baseline_for_case, combined, timed_cases
 from magpie.harness.timing import calibrate, sample_cap, timer_for
-from magpie.harness.wire import Testcase
+from magpie.harness.wire import Implementation, Testcase
 from magpie.supervision import device_lock
 from magpie.supervision.session import Worker, WorkerFailure
 
@@ -91,7 +92,7 @@ def timing(context: EvaluationContext, pool: WorkerPool) -> dict:
             if measured[-1][1]["performance_state"] == "FAILED":
                 break
     except SpecError as err:
-        return not_judged("timing", testcase.spec, err, spec_index)
+        return not_judged("timing", str(testcase.spec), err, spec_index)
     except WorkerFailure as err:
         return not_timed("FAILED", failure_kind(str(err)), str(err), spec_index)
     if not measured:
@@ -138,7 +139,7 @@ class TimingSession:
         self.threshold = self.t.implausible_speedup
         self.phases = Laps()
         self.workers: dict[str, Worker] = {}
-        self.first_steps: dict[str, dict] = {}
+        self.first_steps: dict[str, dict | None] = {}
         self.kernels: dict[str, dict] = {}
         self.adopted: dict[str, bool] = {}
         self.retimed: Rounds | None = None
@@ -149,7 +150,7 @@ class TimingSession:
         self.timed_outputs: dict[str, dict] = {}
         self.first_use: list[int] | None = None
         # what the phases below make, in order
-        self.init_file = None
+        self.init_file: str | None = None
         self.inputs: list = []
         self.expected = None
         self.out_specs: list = []
@@ -160,6 +161,18 @@ class TimingSession:
         self.measured: Rounds | None = None
         self.recheck: dict = {}
         self.device_held_s = 0.0
+
+    @property
+    def baseline_impl(self) -> Implementation:
+        """The baseline, where this job times a pair (`pair`)."""
+        assert self.context.baseline is not None
+        return self.context.baseline
+
+    @property
+    def measurement(self) -> Rounds:
+        """The measurement, once `_held_alone` has made it (nothing reads it before)."""
+        assert self.measured is not None
+        return self.measured
 
     def run(self) -> dict:
         """Inputs, workers and their first calls beside other jobs on the device; warm-up,
@@ -199,12 +212,12 @@ class TimingSession:
         context, pool, spec, workers = self.context, self.pool, self.spec, self.workers
         self.init_file = context.init_file(spec)
         workers["candidate"] = pool.start(context.impl, self.init_file, wait=False)
-        baseline = pool.start(context.baseline, self.init_file, fork=False, wait=False) if self.pair else None
+        baseline = pool.start(self.baseline_impl, self.init_file, fork=False, wait=False) if self.pair else None
         self.baseline_kept_warm = baseline is not None and not context.baseline_timed_in_this_build
         if self.pair and baseline is None and not context.baseline_timed_in_this_build:
             # no job of this build has one (an edit's rebuild): it starts and makes its
             # first calls now, beside the candidate's, not with the device held alone
-            baseline = pool.start(context.baseline, self.init_file, wait=False)
+            baseline = pool.start(self.baseline_impl, self.init_file, wait=False)
         if baseline is not None:
             workers["baseline"] = baseline
         self.phases.mark("start")
@@ -234,7 +247,7 @@ class TimingSession:
         context, t, workers = self.context, self.t, self.workers
         late = self.pair and "baseline" not in workers
         if late:
-            workers["baseline"] = self.pool.start(context.baseline, self.init_file)
+            workers["baseline"] = self.pool.start(self.baseline_impl, self.init_file)
             self.offers["baseline"] = context.exchange.offer_inputs(
                 "timing", self.inputs, workers["baseline"].scratch or context.work
             )
@@ -263,13 +276,14 @@ class TimingSession:
             )
             self.mode = self.method["mode"]
             with self._clock_sampler() as sampler:
-                self.measured = self._measure(turns)
+                self.measured = measured = self._measure(turns)
                 # a failure a busy machine may have caused is measured again in place, after a
-                # growing pause (`Rounds.in_doubt`)
-                while self.measured.in_doubt() and len(self.busy_shares) < BUSY_RETRIES:
-                    self.busy_shares.append(self.measured.cpu_wait_share)
+                # growing pause (`Rounds.in_doubt`: only where its CPU-wait share read busy)
+                while measured.in_doubt() and len(self.busy_shares) < BUSY_RETRIES:
+                    assert measured.cpu_wait_share is not None
+                    self.busy_shares.append(measured.cpu_wait_share)
                     time.sleep(BUSY_BACKOFF_S * 2 ** (len(self.busy_shares) - 1))
-                    self.measured = self._retime(turns, f"busy {len(self.busy_shares)}")
+                    self.measured = measured = self._retime(turns, f"busy {len(self.busy_shares)}")
                 self.phases.mark("timed")
                 self._check_timed_calls(turns)
                 self._measure_again(turns)
@@ -293,12 +307,12 @@ class TimingSession:
         """A vouched measurement checked outputs of its calls on inputs each saw once; one by
         the worker's timer has each role's last timed call checked, and the candidate timed on
         input sets it never saw (`_first_use`)."""
-        if not self.measured.vouched:
+        if not self.measurement.vouched:
             self.timed_outputs = {
                 role: self._timed_output(turns.give(role), self.offers[role]) for role in self.workers
             }
         self.phases.mark("timed_outputs")
-        if self.pair and self.mode != "graph" and not self.measured.vouched:  # a graph replay runs no Python
+        if self.pair and self.mode != "graph" and not self.measurement.vouched:  # a graph replay runs no Python
             self.first_use = self._first_use(turns.give("candidate"))
             self.phases.mark("first_use")
 
@@ -306,7 +320,7 @@ class TimingSession:
         """A measurement that failed a check stands failed, but for a probe that waited: its
         wall time is the host's too. Either is measured again, on new input sets, the device
         still held; a failure then stands. An implausible speedup is measured a second time."""
-        measured = self.measured
+        measured = self.measurement
         first = probe_waited(measured) or (self._disturbed(measured) if self.pair and not measured.failed else None)
         if first:
             self.measured = measured = self._retime(turns, "remeasure")
@@ -348,8 +362,7 @@ class TimingSession:
             self.spec,
             recheck_cases,
             "recheck",
-            testcase.rtol,
-            testcase.atol,
+            *testcase.tolerances,
         )[0]
 
     # -- measurements ---------------------------------------------------------------------------
@@ -483,7 +496,7 @@ class TimingSession:
             }
         reference = expected if index == 0 else self.spec.reference(inputs[index], context.init_seed)
         checked = compare_inputs(inputs[index], produced["inputs_after"][0]) or compare_outputs(
-            produced["outputs"][0], reference, testcase.rtol, testcase.atol
+            produced["outputs"][0], reference, *testcase.tolerances
         )
         return {**checked, "index": index}
 
@@ -528,10 +541,10 @@ class TimingSession:
     def _result(self) -> dict:
         context, device, t = self.context, self.context.device, self.t
         case, spec_index, pair = self.case, self.spec_index, self.pair
-        measured, recheck, timed_outputs = self.measured, self.recheck, self.timed_outputs
+        measured, recheck, timed_outputs = self.measurement, self.recheck, self.timed_outputs
         floor = self.spec.min_bytes(self.inputs[0], self.expected)
         kept = measured.kept()
-        result = {
+        result: dict[str, Any] = {
             "performance_state": "SUCCESS",
             "errors": [],
             "warnings": [],
@@ -638,6 +651,7 @@ class TimingSession:
             result["busy_remeasured"] = {"cpu_wait_shares": [*self.busy_shares, measured.cpu_wait_share]}
         doubts = measured.in_doubt()
         if doubts and {f["kind"] for f in result.get("failures", [])} == {"calls_done_together"}:
+            assert measured.cpu_wait_share is not None  # in doubt: its share read busy
             inconclusive(result, doubts, [*self.busy_shares, measured.cpu_wait_share], case, spec_index)
         if pair and result["performance_state"] == "SUCCESS":
             self._judge_speedup(result)
@@ -647,7 +661,7 @@ class TimingSession:
         """Here, in the timing job, not in the comparison: the timing jobs finish one by one
         while others measure, the comparison waits for the last of them. Means where a role's
         calls are uneven, in either measurement; the re-timing uses the same."""
-        case, spec_index, measured, retimed = self.case, self.spec_index, self.measured, self.retimed
+        case, spec_index, measured, retimed = self.case, self.spec_index, self.measurement, self.retimed
         between_runs = for_device(self.t.between_runs, DEFAULT_BETWEEN_RUNS, self.context.device)
         uneven = measured.uneven() or (retimed.uneven() if retimed is not None else {})
         statistic = "mean" if uneven else "median"

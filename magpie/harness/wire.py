@@ -53,6 +53,12 @@ class Testcase(msgspec.Struct, kw_only=True):
     working_dir: str | None = None
     env: dict[str, str] = {}
 
+    @property
+    def tolerances(self) -> tuple[float, float]:
+        """A spec testcase's (rtol, atol), which the build resolves (`__post_init__` checks them)."""
+        assert self.rtol is not None and self.atol is not None, "a command testcase has no tolerances"
+        return self.rtol, self.atol
+
     def __post_init__(self) -> None:
         if self.spec is not None and None in (self.rtol, self.atol, self.trials):
             raise ValueError(f"spec testcase {self.spec} has no rtol, atol or trials (the build resolves them)")

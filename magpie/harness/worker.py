@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,8 @@ class Implementation:
         self._batch_graphs: dict = {}  # calls: the CUDA graph of a batch of that many (`batch_graph`)
         self._handover_graphs: dict = {}  # calls: the CUDA graph of a batch handed over (`handover_graph`)
         self._timer = prepared_timer(self.device)
-        self._build = None  # how a KernelBench model was built: a parked worker rebuilds it
+        self._build: Callable[[], Any] | None = None  # how a KernelBench model was built: a parked worker rebuilds it
+        self.fn: Any  # what a call calls: the entry, a KernelBench model, or a compiled library's
         if request.library:
             self.fn = NativeEntry(torch, request.library, request.entry or request.id, self.device)
         else:
@@ -73,8 +75,8 @@ class Implementation:
             elif request.init_inputs_file:
                 saved = self.torch.load(request.init_inputs_file, weights_only=True)
                 init, state = list(saved[0]), (saved[1] if len(saved) > 1 else None)
-            self._build = lambda: self._model(target, init, request.seed, state)
-            return self._build()
+            self._build = build = lambda: self._model(target, init, request.seed, state)
+            return build()
         if not callable(target):
             raise TypeError(f"entry {entry!r} is not callable")
         return target
@@ -176,6 +178,7 @@ class Implementation:
         """For a kernel with no testcase: call it on its own get_inputs(), for a finite-only check."""
         self.torch.manual_seed(request.seed)
         self._poison(True)
+        assert self.module is not None  # a Python implementation's (`correctness._unverified`)
         args = tuple(to_device(x, self.device) for x in self.module.get_inputs())
         result = self.fn(*args)
         self.torch.save({"outputs": [to_cpu(result)], "inputs_after": []}, request.outputs_file)
@@ -218,6 +221,13 @@ class Implementation:
             reply["host_wall_median_us"] = timer.host_check(self.fn, input_sets, 0, request.host_checks)
         return reply
 
+    @property
+    def views(self) -> WorkerViews:
+        """The region's views (`batch_map` makes them)."""
+        if self._batch_views is None:
+            raise RuntimeError("batch_map must come first")
+        return self._batch_views
+
     def batch_map(self, request: wire.BatchMap) -> dict:
         """Map the region each batch's input sets are written into (harness/batches.py)."""
         self._batch_views = WorkerViews(self.torch, request.region)
@@ -228,7 +238,7 @@ class Implementation:
     def batch(self, request: wire.Batch) -> dict:
         """One call on each of the region's first `calls` input sets; the evaluator times the
         request from outside (harness/batches.py)."""
-        views = self._batch_views
+        views = self.views
         calls = request.calls
         self._poison(False)
         started = time.perf_counter_ns()
@@ -257,7 +267,7 @@ class Implementation:
         release (`run_handed_over_on_gpu`), in graph mode as one replay of their graph
         (`handover_graph`). The evaluator's bound on what a batch's calls may be credited
         (`measurement.alone_bound`)."""
-        views = self._batch_views
+        views = self.views
         self._poison(False)
         with collector_paused():
             calls = request.calls
@@ -285,7 +295,7 @@ class Implementation:
         calls = request.calls
         if calls in self._batch_graphs:
             return {}
-        views = self._batch_views
+        views = self.views
         self._poison(False)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -306,7 +316,7 @@ class Implementation:
         made alone then cost what the batches' calls do."""
         calls = request.calls
         if calls not in self._handover_graphs:
-            views = self._batch_views
+            views = self.views
             self._poison(False)
             self._handover_graphs[calls] = self._captured(
                 lambda: run_handed_over_on_gpu(self.torch, self.fn, views.inputs, views.outputs, views.words, calls)

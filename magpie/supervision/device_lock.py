@@ -222,7 +222,7 @@ def _holders(fd: int, behind: Path | None = None) -> list[list[int]] | None:
         lines = file_locks()
     except OSError:
         return None
-    found = [(set(), set()) for _ in files]  # (on the same device, on any device) per file
+    found: list[tuple[set[int], set[int]]] = [(set(), set()) for _ in files]  # (same device, any device) per file
     for line in lines:
         parts = line.split()
         # "1: FLOCK  ADVISORY  WRITE 23087 fe:00:2146442 0 EOF"; a blocked waiter's has "->"

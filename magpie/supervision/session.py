@@ -120,17 +120,21 @@ class Worker:
             raise NothingParked(key)
         self.adopted = found is not None
         if found is not None:
-            self.proc, (self._command_write, self._answer_read), scratch = found
-            self.scratch = Path(scratch) if scratch else None
+            self.proc, (self._command_write, self._answer_read), kept_scratch = found
+            self.scratch = Path(kept_scratch) if kept_scratch else None
         else:
             self.scratch = (scratch or scratch_folders.make("w-")) if self.sandboxed else None
         # a GPU sandbox's /dev/shm: a folder of its own that what this process lends is linked into
-        self.lending = shared_memory.Lending.for_worker(self.scratch) if self.sandboxed and sandbox.get("gpu") else None
+        self.lending = (
+            shared_memory.Lending.for_worker(self.scratch)
+            if sandbox is not None and self.scratch is not None and sandbox.get("gpu")
+            else None
+        )
         # a new, empty log: an adopted worker's lies in the folder it writes, where a link would
         # have this truncate whatever it names
         os.close(scratch_folders.create(self.live_log))
         if found is None:
-            if self.sandboxed:
+            if sandbox is not None:
                 env = {**env, "TMPDIR": str(self.scratch)}
                 sandbox = {**sandbox, "write": [*sandbox["write"], str(self.scratch)]}
                 if self.lending:

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from magpie import environment
@@ -214,7 +215,7 @@ def reserve(key: str, env: dict) -> bool:
     return socket_path is not None and _ask(socket_path, {"op": "reserve", "key": key}).startswith(b'{"reserved": true')
 
 
-def _ask(socket_path: Path, message: dict, fds: list[int] = ()) -> bytes:
+def _ask(socket_path: Path, message: dict, fds: Sequence[int] = ()) -> bytes:
     """One request that takes no child's connection (a park, a reservation): the start of its
     answer, or b"" where the zygote did not answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -380,8 +381,8 @@ class ForkedProcess:
         while b"\n" not in self._buffer:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([self._conn], [], [], remaining)
-            if not ready:
-                raise subprocess.TimeoutExpired(self.args, timeout_s)
+            if not ready:  # only with a deadline: select waits for ever without one
+                raise subprocess.TimeoutExpired(self.args, timeout_s or 0.0)
             chunk = self._conn.recv(4096)
             if not chunk:
                 return None

@@ -22,6 +22,7 @@ import struct
 import sys
 import tempfile
 import time
+from typing import Any
 
 from magpie import environment, sandbox
 from magpie.linux import namespaces
@@ -118,7 +119,8 @@ def _serve_children(
     while True:
         timeout = max(0.0, last_activity + idle_s - time.monotonic()) if idle_s else None
         requesters = state.requesters()
-        ready, _, _ = select.select([listener, *owner, *state.running, *requesters], [], [], timeout)
+        watched: list[Any] = [listener, *owner, *state.running, *requesters]  # sockets and descriptors
+        ready, _, _ = select.select(watched, [], [], timeout)
         if not ready:  # idle this long, with nothing running but parked processes: done
             if len(state.running) > len(state.parked):
                 last_activity = time.monotonic()
