@@ -31,6 +31,9 @@ REPOSITORY = "magpie-serve-env"  # env_image's images, labelled with their envir
 PREFIX_LABEL = "magpie.env_prefix"
 USER = (4242, 4242)
 SOCKET = Path("/var/run/docker.sock")
+# the first run builds the venv's image (1.3 GB) and serves 20 prompts of the default lengths: 223 s at load 8-9 on the
+# 2-core machine and over 300 s at load 10, so the runs' own 900 s is the limit
+pytestmark = pytest.mark.timeout(900)
 
 
 def _unavailable(why: str):
