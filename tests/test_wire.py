@@ -12,9 +12,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from conftest import kernel_table, project_toml
 
+from magpie.errors import UserError
+from magpie.graph.expand import resolved_settings
 from magpie.harness import wire
 from magpie.manifest import models
+from magpie.manifest.load import load_manifest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "wire"
 # Result keys present only where a measurement was in doubt, implausible or taken again: a busy
@@ -103,13 +107,44 @@ def test_a_malformed_request_fails_in_one_line_naming_the_field(tmp_path):
 
 
 def test_the_wires_timing_defaults_are_the_manifests():
-    """A timing setting left out of a request reads as the manifest's default."""
+    """A timing setting left out of a request reads as the manifest's default (who times: `vouched`
+    on the wire, `timed_by` in the manifest)."""
     manifest = models.TimingSettings().model_dump()
+    manifest["vouched"] = manifest.pop("timed_by") == "evaluator"
     wire_defaults = msgspec.to_builtins(wire.TimingSettings())
     assert {key: wire_defaults[key] for key in manifest if key != "shapes"} == {
         key: value for key, value in manifest.items() if key != "shapes"
     }
     assert wire.TimingSettings().timeout_s == models.Defaults().timeout_s
+
+
+def timing_of(tmp_path, timing: str) -> dict:
+    """The resolved timing settings of a one-kernel project whose defaults' timing is `timing`."""
+    (tmp_path / "magpie.toml").write_text(project_toml(kernel_table("k", "base", shapes="[[4]]"), timing=timing))
+    for name in ("base.py", "spec.py"):
+        (tmp_path / name).write_text("")
+    manifest, _ = load_manifest(tmp_path / "magpie.toml")
+    kernel = manifest.kernel[0]
+    return resolved_settings(manifest, kernel, kernel.baseline)["timing"]
+
+
+def test_timed_by_says_who_times_and_vouched_is_still_read(tmp_path):
+    """`timing.timed_by = "evaluator" | "worker"` says who times a GPU kernel's calls; the older
+    `vouched = true | false` means the same and keys the timing alike (a build's timings stay
+    valid across the rename); both given and disagreeing is one line naming the field, exit 2."""
+    worker = timing_of(tmp_path, 'timed_by = "worker"')
+    assert worker["vouched"] is False and "timed_by" not in worker
+    assert timing_of(tmp_path, "vouched = false") == worker
+    assert (
+        timing_of(tmp_path, 'timed_by = "evaluator"')
+        == timing_of(tmp_path, "vouched = true")
+        == timing_of(tmp_path, "")
+    )
+    assert timing_of(tmp_path, "")["vouched"] is True
+    with pytest.raises(UserError) as raised:
+        timing_of(tmp_path, 'timed_by = "worker"\nvouched = true')
+    line = str(raised.value)
+    assert "\n" not in line and "timing" in line and "disagree: give timed_by alone" in line
 
 
 @pytest.mark.parametrize("kind", [wire.EvaluationRequest, wire.ProfileRequest])

@@ -182,6 +182,9 @@ def resolved_settings(manifest: Manifest, kernel: Kernel, impl: Implementation) 
     d = manifest.defaults
     timing = (kernel.timing or d.timing).model_dump()
     timed_shapes = timing.pop("shapes")  # keyed as what is timed, under "timed"
+    # the wire's name for who times (`harness/wire.TimingSettings`), and the timing's key as it was before
+    # `timing.timed_by` was the manifest's
+    timing["vouched"] = timing.pop("timed_by") == "evaluator"
     testcases = []
     for tc in kernel.testcases:
         item = tc.model_dump(exclude_none=True)

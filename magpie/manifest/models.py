@@ -40,12 +40,12 @@ class TimingSettings(Strict):
         description="how a GPU kernel is timed, for the baseline and every candidate alike: auto chooses "
         "from the baseline's probe (CUDA-graph replays under 10 µs per call, else events around each call)",
     )
-    vouched: bool = Field(
-        True,
-        description="GPU: time as batches of calls on input sets of new seeds, timed by the "
-        "evaluator's own clock and proven by their outputs, as the CPU always is; false: CUDA "
+    timed_by: Literal["evaluator", "worker"] = Field(
+        "evaluator",
+        description="who times a GPU kernel's calls: evaluator, batches of calls on input sets of new seeds "
+        "timed by the evaluator's own clock and proven by their outputs, as the CPU always is; worker, CUDA "
         "events or graph replays timed in the worker's process, which code under test can forge "
-        "(docs/security.md)",
+        "(docs/security.md). `vouched = true/false`, its older spelling, is still read",
     )
     between_runs: float | None = Field(
         None,
@@ -76,6 +76,21 @@ class TimingSettings(Strict):
         "speedup for each and their geometric mean; default: its first shape. A shape only checked "
         "for correctness is in no timing's key",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_vouched(cls, data):
+        """`vouched` (true: the evaluator times, false: the worker), `timed_by`'s older spelling, read as it."""
+        if not isinstance(data, dict) or "vouched" not in data:
+            return data
+        data = dict(data)
+        vouched = data.pop("vouched")
+        if not isinstance(vouched, bool):
+            raise ValueError("timing.vouched (the older spelling of timing.timed_by) is true or false")
+        said = "evaluator" if vouched else "worker"
+        if data.setdefault("timed_by", said) != said:
+            raise ValueError("timing.timed_by and the older timing.vouched disagree: give timed_by alone")
+        return data
 
     @field_validator("shapes")
     @classmethod
