@@ -21,6 +21,7 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 from conftest import FIXTURES, copy_fixtures, kernel_table, project_toml
 from mcp import Client, StdioServerParameters
+from pydantic import BaseModel
 
 from magpie.linux.procfs import child_pids, command_words, descendants, process_state
 
@@ -525,6 +526,43 @@ def test_resources_and_the_prompt(server, project):
     text = server.portal.call(server.client.get_prompt, "optimize_kernel", {"kernel": "relu2"}).messages[0].content.text
     for step in ("benchmark", "gap_analysis", "find_kernel_sources", "write_candidate", "compare", "re-benchmark"):
         assert step in text.lower()
+
+
+class Slept(BaseModel):
+    seconds: float
+
+
+def test_a_synchronous_tool_notifies_progress_at_least_once_a_second_while_it_runs():
+    """Not only waited-for jobs: a tool that answers inline (verify of a large store, project_status of a large
+    project) sends a heartbeat while it runs. The server's own tool registration, an in-process client."""
+    from mcp.server.mcpserver import MCPServer
+
+    from magpie.mcp.server import annotated, tool
+
+    app = MCPServer(name="heartbeat", log_level="WARNING")
+
+    @tool(app, annotated(read_only=True, idempotent=True))
+    def slow(seconds: float) -> Slept:
+        """Sleeps."""
+        time.sleep(seconds)
+        return Slept(seconds=seconds)
+
+    notes: list[float] = []
+
+    async def noted(progress, total, message):
+        notes.append(time.monotonic())
+
+    session = Session(app)
+    try:
+        (listed,) = session.list_tools().tools
+        assert set(listed.input_schema["properties"]) == {"seconds"}  # the heartbeat's context is no input
+        start = time.monotonic()
+        assert session.ok("slow", {"seconds": 2.2}, progress=noted) == {"seconds": 2.2}
+        times = [start, *notes, time.monotonic()]
+        assert len(notes) >= 3 and max(b - a for a, b in zip(times, times[1:])) < 1.0, notes
+        assert session.error("slow", {"seconds": "x"})
+    finally:
+        session.close()
 
 
 def test_a_user_error_is_one_line_of_tool_error(server):

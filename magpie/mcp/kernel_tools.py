@@ -121,6 +121,7 @@ def register(app: MCPServer, services: Services) -> None:
 
             done = subprocess.run(
                 [*python_module_command("magpie.mcp.worker"), "--gpu-info"],
+                stdin=subprocess.DEVNULL,  # over stdio the server's stdin is the client's stream: never the child's
                 capture_output=True,
                 text=True,
                 timeout=GPU_INFO_TIMEOUT_S,

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+import anyio
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, ResourceLink, TextContent, ToolAnnotations
@@ -31,6 +33,9 @@ INSTRUCTIONS = (
     "then get_report for verdicts and speedups. The prompt optimize_kernel walks the whole loop."
 )
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# a synchronous tool's progress notifications, this often while it runs
+HEARTBEAT_S = 0.5
+HEARTBEAT_CONTEXT = "heartbeat_context"
 
 
 class Services:
@@ -63,9 +68,33 @@ def one_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
+async def with_heartbeat(ctx: Context, name: str, work) -> Any:
+    """Run a synchronous tool's work on a worker thread, a progress notification every
+    HEARTBEAT_S while it runs (none for a call quicker than that; none where the client asked
+    for no progress)."""
+    async with anyio.create_task_group() as beats:
+
+        async def beat() -> None:
+            started = anyio.current_time()
+            while True:
+                await anyio.sleep(HEARTBEAT_S)
+                elapsed = anyio.current_time() - started
+                await ctx.report_progress(elapsed, None, f"{name}: running for {elapsed:.1f} s")
+
+        beats.start_soon(beat)
+        try:
+            return await anyio.to_thread.run_sync(work)
+        except Exception as err:  # noqa: BLE001 - raised as itself below, not inside the group's ExceptionGroup
+            failure = err
+        finally:
+            beats.cancel_scope.cancel()
+    raise failure
+
+
 def tool(app: MCPServer, annotations: ToolAnnotations, title: str | None = None):
     """Register `fn` as a tool whose bad input (a UserError, an unusable file) is one line of
-    tool error, never a traceback."""
+    tool error, never a traceback. A synchronous one runs on a worker thread with a heartbeat of
+    progress notifications (requirement: at least one a second while any tool runs)."""
 
     def register(fn):
         if inspect.iscoroutinefunction(fn):
@@ -80,11 +109,19 @@ def tool(app: MCPServer, annotations: ToolAnnotations, title: str | None = None)
         else:
 
             @functools.wraps(fn)
-            def guarded(*args, **kwargs):
+            async def guarded(*args, **kwargs):
+                ctx = kwargs.pop(HEARTBEAT_CONTEXT)
                 try:
-                    return fn(*args, **kwargs)
+                    return await with_heartbeat(ctx, fn.__name__, functools.partial(fn, *args, **kwargs))
                 except (UserError, OSError) as err:
                     raise ToolError(one_line(err)) from None
+
+            # the SDK gives the wrapper a Context (kept out of the input schema), which its heartbeat needs
+            signature = inspect.signature(fn, eval_str=True)
+            context = inspect.Parameter(HEARTBEAT_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=Context)
+            parameters = [*signature.parameters.values(), context]
+            guarded.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+            guarded.__annotations__ = {**fn.__annotations__, HEARTBEAT_CONTEXT: Context}
 
         app.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__ or ""))(guarded)
         return fn
