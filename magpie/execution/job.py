@@ -28,6 +28,7 @@ ACTIONS = {
     "serving_profile": "magpie.serving.build_rule:profile_rule",
     "serving_trace_analysis": "magpie.serving.build_rule:trace_analysis_rule",
     "serving_sweep": "magpie.serving.build_rule:sweep_rule",
+    "serving_ab": "magpie.serving.ab:ab_rule",
 }
 COMMAND_ACTION = "magpie.execution.actions:command"
 

@@ -444,8 +444,17 @@ class Expander:
         # report's provenance says whether one did), the engine's version (installed package metadata; in docker
         # mode the image's content id instead) and, through the inputs, the model folder's content.
         keyed = bench.model_dump(
-            mode="json", exclude={"id", "host", "port", "profiler", "keep_server", "sweep", "repeats"}
+            mode="json", exclude={"id", "host", "port", "profiler", "keep_server", "sweep", "repeats", "use", "ab"}
         )
+        if rule.when == "benchmark.use":
+            # the A/B's own: what is put in, where, and how it is judged; the implementations' sources and
+            # verdicts reach its key through the used kernels' comparisons, its only deps
+            kernels = {k.id: k for k in self.manifest.kernel}
+            keyed.update(
+                use=dict(bench.use),
+                ab=bench.ab.model_dump(mode="json"),
+                replaces={k: [kernels[k].replaces, kernels[k].replaces_with or kernels[k].entry] for k in bench.use},
+            )
         if bench.run_mode == "docker":
             from magpie.serving.docker_mode import image_id
 
@@ -466,6 +475,23 @@ class Expander:
             bench.id,
             benchmark=bench.model_dump(mode="json"),
         )
+        if rule.when == "benchmark.use":
+            # only the used kernels' comparisons; their implementations' sources are inputs too, so the engine
+            # loads the bytes the key was made of (kept in the snapshots by their digest)
+            task = self.tasks[f"{rule.name}:{bench.id}"]
+            used = {f"comparison:{k}" for k in bench.use}
+            task.deps = [d for d in task.deps if not d.startswith("comparison:") or d in used]
+            kernels = {k.id: k for k in self.manifest.kernel}
+            task.params["replacing"] = {
+                k: {
+                    "target": kernels[k].replaces,
+                    "function": kernels[k].replaces_with or kernels[k].entry,
+                    "sources": {impl.id: impl.source for impl in kernels[k].implementations()},
+                }
+                for k in bench.use
+            }
+            for k in bench.use:
+                task.inputs += [f for f in task.params["replacing"][k]["sources"].values() if f not in task.inputs]
 
     def _add_sweep_points(self, rule: Rule, bench: BenchmarkSpec, keyed: dict) -> None:
         """One task per sweep point (`benchmark:<id>/concurrency-4`), keyed by its own load alone, so adding a

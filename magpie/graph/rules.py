@@ -43,7 +43,7 @@ class Rule(BaseModel):
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
     # Only for the declared units whose flag this names is set (a profiled benchmark's extra nodes, a sweep's
     # summary); not in the key: it decides whether a task exists, not what it computes.
-    when: Literal["benchmark.profiler", "benchmark.sweep"] | None = None
+    when: Literal["benchmark.profiler", "benchmark.sweep", "benchmark.use"] | None = None
     config: list[Literal["compile", "correctness", "timing", "profile", "project", "trace", "benchmark"]] = []
     fingerprint: list[
         Literal["python", "torch", "triton", "device", "harness", "nvcc", "hipcc", "ncu", "rocprofv3"]

@@ -279,6 +279,19 @@ class Kernel(Strict):
     trials: int | None = Field(None, ge=1)
     timeout_s: float | None = Field(None, gt=0)
     timing: TimingSettings | None = None
+    replaces: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)?$",
+        description="what this kernel replaces in a served model, a Python path (`package.module.Class.method`, "
+        "or `package.module:Class.method`): a `[[benchmark]]`'s `use` puts an implementation in its place "
+        "(docs/architecture/serving.md)",
+    )
+    replaces_with: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the function of each implementation's source installed in place of `replaces`, with the "
+        "target's own signature (self first for a method); default: the kernel's entry",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -357,6 +370,14 @@ class BenchmarkSLO(Strict):
     e2el_ms: float | None = Field(None, gt=0)
 
 
+class ABSettings(Strict):
+    """The A/B of a benchmark that puts kernels in (`use`): the workload with and without them."""
+
+    pairs: int = Field(3, ge=2, description="interleaved runs without (A) and with (B) the replacement: ABAB...")
+    gate_prompts: int = Field(8, ge=1, description="prompts of the output-equivalence gate, greedy on both sides")
+    gate_max_tokens: int = Field(16, ge=1, description="tokens each gate prompt generates (temperature 0)")
+
+
 class BenchmarkSpec(Strict):
     """A serving benchmark built by the `benchmark` rule (rules/serving.toml) into benchmark_report.json."""
 
@@ -398,6 +419,12 @@ class BenchmarkSpec(Strict):
         "server, and a benchmark_sweep node with the table and the Pareto plot",
     )
     repeats: int | None = Field(None, ge=1, description="runs of each sweep point, for its intervals (default 3)")
+    use: dict[str, str] = Field(
+        {},
+        description='kernels put into the served model: kernel id -> "best" (its comparison\'s winner) or an '
+        "implementation id; the benchmark_ab node runs the workload with and without them (ABAB...)",
+    )
+    ab: ABSettings = ABSettings()
 
     @model_validator(mode="after")
     def _external_has_url(self):
@@ -437,4 +464,39 @@ class Manifest(Strict):
                 if item.id in seen:
                     raise ValueError(f"{kind} id {item.id!r} is used twice")
                 seen.add(item.id)
+        kernels = {k.id: k for k in self.kernel}
+        for bench in self.benchmark:
+            for kernel_id, chosen in bench.use.items():
+                kernel = kernels.get(kernel_id)
+                if kernel is None:
+                    raise ValueError(
+                        f"benchmark {bench.id!r}: use names kernel {kernel_id!r}, which is not declared "
+                        f"(kernels: {', '.join(kernels) or 'none'})"
+                    )
+                if kernel.replaces is None:
+                    raise ValueError(
+                        f"benchmark {bench.id!r}: use names kernel {kernel_id!r}, which declares no `replaces` "
+                        f"(what it takes the place of in the served model)"
+                    )
+                if kernel.replaces_with is None and kernel.entry is None:
+                    raise ValueError(
+                        f"kernel {kernel_id!r}: give replaces_with, the function of its implementations put in "
+                        f"place of {kernel.replaces!r} (or an entry)"
+                    )
+                if kernel.type not in PYTHON_TYPES:
+                    raise ValueError(
+                        f"benchmark {bench.id!r}: use names kernel {kernel_id!r} of type {kernel.type}: only "
+                        f"pytorch and triton kernels are put into a served model"
+                    )
+                ids = [i.id for i in kernel.implementations()]
+                if chosen != "best" and chosen not in ids:
+                    raise ValueError(
+                        f'benchmark {bench.id!r}: use = {{ {kernel_id} = {chosen!r} }}: give "best" or one of '
+                        f"its implementations ({', '.join(ids)})"
+                    )
+            if bench.use and (bench.engine == "external" or bench.sweep is not None or bench.run_mode == "docker"):
+                raise ValueError(
+                    f"benchmark {bench.id!r}: use puts kernels into local servers of magpie's under one load: "
+                    f"drop use, or its sweep, external engine or docker run_mode"
+                )
         return self

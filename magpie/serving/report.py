@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 
 from magpie.manifest.load import local_model_path
 from magpie.serving.models import ServingMetrics
+from magpie.serving.replacement import Replacement
 
 
 class _Strict(BaseModel):
@@ -99,6 +100,12 @@ class BenchmarkConfig(_Strict):
         description="reuse: keep the local server after the run and reuse a kept one whose recorded config "
         "matches (serving.lifecycle); fresh: start and stop a server of the run's own",
     )
+    replacement_hook: str | None = Field(
+        None,
+        description="a hook folder of serving.replacement (its PYTHONPATH in `env`): the run fails unless every "
+        "replacement of `replacements` is installed at start-up and called by the requests",
+    )
+    replacements: list[Replacement] = []
 
     @field_validator("metric_percentiles")
     @classmethod
@@ -238,6 +245,11 @@ class Provenance(_Strict):
         False,
         description="served by a server an earlier run kept (server_lifecycle "
         "reuse): warm, not started for this run; `server.pid` names it",
+    )
+    replacements: list[dict[str, Any]] = Field(
+        [],
+        description="kernels put into the served model (serving.replacement): kernel, implementation, how chosen, "
+        "target, source digest, correctness verdict, and the server's processes that installed and called it",
     )
 
 

@@ -31,6 +31,7 @@ from magpie.serving import engines as _engines
 from magpie.serving import gpus as _gpus
 from magpie.serving import lifecycle as _lifecycle
 from magpie.serving import profiling as _profiling
+from magpie.serving import replacement as _replacement
 from magpie.serving.report import (
     ENV_THAT_MATTERS,
     BenchmarkConfig,
@@ -192,6 +193,14 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                     except _engines.UnsupportedOption as exc:
                         raise _Failed(str(exc)) from None
                     base_url = engine.base_url(spec)
+                    if config.replacement_hook and not _replacement.checked(Path(config.replacement_hook)):
+                        # its targets found before any server starts
+                        try:
+                            _replacement.check_targets(
+                                Path(config.replacement_hook), engine.python(), env, max(min(remaining(), 300.0), 1.0)
+                            )
+                        except _replacement.ReplacementError as exc:
+                            raise _Failed(str(exc)) from None
                     log = work / SERVER_LOG
                     outputs["server_log"] = str(log)
                     health_url = base_url + engine.health_path
@@ -248,6 +257,8 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                             provenance.engine_version = server.engine_version(engine.package)
                     except ServerError as exc:
                         raise _Failed(str(exc), exc.log_tail) from None
+                    if config.replacement_hook:
+                        _installed_at_start(config, remaining)
                 profile = None
                 if config.profiler:
                     pid = server.pid if server is not None else None
@@ -269,6 +280,12 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
                     _monitored(allocation),
                     profile,
                 )
+                if config.replacement_hook:
+                    try:
+                        pids = _replacement.verify_installed(Path(config.replacement_hook), config.replacements)
+                    except _replacement.ReplacementError as exc:
+                        raise _Failed(str(exc)) from None
+                    provenance.replacements = [{**r.model_dump(mode="json"), **pids} for r in config.replacements]
             except _Failed as exc:
                 errors.append(str(exc))
                 if exc.detail:
@@ -354,6 +371,33 @@ def run_benchmark(config: BenchmarkConfig, analyse: bool = True, project: str = 
     if interrupted:
         raise KeyboardInterrupt
     return report
+
+
+def _installed_at_start(config: BenchmarkConfig, remaining, wait_s: float = 60.0) -> None:
+    """After the server is ready: a process of it recorded each replacement installed (the model's process may
+    record it a little after the health route answers), none failed; else the run's one line."""
+    assert config.replacement_hook is not None
+    folder = Path(config.replacement_hook)
+    deadline = time.monotonic() + max(min(wait_s, remaining()), 0.0)
+    while True:
+        found = _replacement.records(folder)
+        if found["failed"]:
+            first = found["failed"][0]
+            raise _Failed(
+                f"the replacement of {first['target']!r} failed to install in the server's process "
+                f"{first['pid']}: {first['error']}"
+            )
+        targets = {x["target"] for x in found["installed"]}
+        missing = [r for r in config.replacements if r.target not in targets]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise _Failed(
+                f"{missing[0].kernel}/{missing[0].implementation} in place of {missing[0].target!r} was not "
+                f"installed in any process of the ready server within {wait_s:g} s (its hook, "
+                f"{folder}/sitecustomize.py, did not run there)"
+            )
+        time.sleep(0.2)
 
 
 def _kept_devices(config: BenchmarkConfig, engine, spec, env: dict[str, str]) -> dict[str, str]:
