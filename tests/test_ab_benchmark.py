@@ -96,3 +96,36 @@ def test_an_edited_candidate_re_keys_the_ab_and_not_the_workload_alone(ab_build)
     # the benchmark without replacement has no `use` in its key: editing a candidate re-keys no run of it
     assert after["benchmark:good"] == before["benchmark:good"]
     assert after["benchmark_ab:good"] != before["benchmark_ab:good"]
+
+
+def test_amdahl_takes_the_kernels_share_from_the_profiled_runs_top_kernels_or_says_there_is_none():
+    from magpie.serving.ab import amdahl, kernel_share
+    from magpie.serving.replacement import Replacement
+
+    put_in = Replacement(
+        kernel="rmsnorm",
+        implementation="fused",
+        chosen_by="best",
+        target=TARGET,
+        function="forward",
+        source_name="fused.py",
+        source_digest="0" * 64,
+        correctness_state="SUCCESS",
+        speedup={"value": 2.0},
+    )
+    trace = {
+        "top_bottlenecks": [
+            {"Name": "void rms_norm_kernel<float>", "CPU Op": "_C::rms_norm", "% Total": 10.0},
+            {"Name": "ampere_sgemm_128x64_tn", "CPU Op": "aten::mm", "% Total": 60.0},
+            {"Name": "triton_poi_fused_0", "CPU Op": "LlamaRMSNorm", "% Total": 10.0},
+        ]
+    }
+    share, _ = kernel_share(trace, "rms_norm", TARGET)
+    assert share == pytest.approx(0.2)
+    prediction = amdahl(put_in, share, "")
+    assert prediction.predicted_speedup == pytest.approx(1 / (0.8 + 0.2 / 2.0))
+    unfused = {"top_bottlenecks": [{"Name": "vectorized_elementwise_kernel", "CPU Op": "aten::mul", "% Total": 5.0}]}
+    assert kernel_share(unfused, "rmsnorm", TARGET)[0] is None
+    share, reason = kernel_share(None, "rmsnorm", TARGET)
+    missing = amdahl(put_in, share, reason)
+    assert missing.predicted_speedup is None and missing.reason.startswith("no trace")

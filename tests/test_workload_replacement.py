@@ -140,3 +140,16 @@ def test_best_without_a_winner_and_an_incorrect_implementation_are_never_put_in(
         resolve({"use": {"rmsnorm": "fused"}}, replacing, comparison(None, "FAILED"), {}, tmp_path)
     (chosen,) = resolve({"use": {"rmsnorm": "best"}}, replacing, comparison("fused"), {}, tmp_path)
     assert (chosen.implementation, chosen.chosen_by, chosen.speedup) == ("fused", "best", {"value": 1.2})
+
+
+def test_a_replacement_the_served_model_never_calls_fails_the_run_in_one_line(tmp_path, tiny_model):
+    # imported with the model's module (installed), but a class the served causal LM never runs
+    unused = TARGET.replace("LlamaRMSNorm", "LlamaForSequenceClassification")
+    shutil.copy(FIXTURES / "fused.py", tmp_path / "fused.py")
+    report = run_with(tmp_path, tiny_model, replacement(tmp_path / "fused.py", unused))
+    assert not report.success and report.run is not None and report.run.completed > 0
+    assert report.errors == [
+        f"rmsnorm/fused in place of {unused!r} was installed but never called: the served model does not run "
+        f"that target"
+    ]
+    assert report.provenance.replacements == []

@@ -203,21 +203,25 @@ def amdahl(replacement: Replacement, share: float | None, share_reason: str) -> 
 
 
 def kernel_share(trace_result: dict | None, kernel: str, target: str) -> tuple[float | None, str]:
-    """The kernel's share of the workload's time from this benchmark's trace analysis: the bottlenecks whose name
-    holds the kernel's id or the target's last part (case and `_` ignored)."""
+    """The kernel's share of the workload's GPU kernel time from this benchmark's trace analysis: the `% Total` of
+    its top rows (traces/gap.py's) whose kernel name or CPU op holds the kernel's id or the target's class name
+    (case and `_` ignored). An unfused norm (pow, mean, rsqrt, mul) names neither: then no share."""
     if trace_result is None:
         return None, "no trace: declare profiler = true on the benchmark for the kernel's share of its time"
-    words = {kernel.lower().replace("_", ""), target.split(".")[-2].lower().replace("_", "")}
-    rows = trace_result.get("top_bottlenecks") or []
+    parts = target.replace(":", ".").split(".")
+    words = {kernel.lower().replace("_", ""), (parts[-2] if len(parts) > 1 else parts[-1]).lower().replace("_", "")}
+
+    def names(row: dict) -> str:
+        return f"{row.get('Name', '')} {row.get('CPU Op', '')}".lower().replace("_", "")
+
     found = [
         r
-        for r in rows
-        if any(w and w in str(r.get("name", "")).lower().replace("_", "") for w in words)
-        and isinstance(r.get("percent"), (int, float))
+        for r in trace_result.get("top_bottlenecks") or []
+        if any(w and w in names(r) for w in words) and isinstance(r.get("% Total"), (int, float))
     ]
     if not found:
-        return None, f"no trace row of the profiled run names {kernel!r} among its top bottlenecks"
-    return sum(r["percent"] for r in found) / 100.0, ""
+        return None, f"no top kernel of the profiled run names {kernel!r} or its target's class"
+    return sum(r["% Total"] for r in found) / 100.0, ""
 
 
 def prompts(count: int) -> list[str]:
