@@ -153,3 +153,62 @@ def test_a_replacement_the_served_model_never_calls_fails_the_run_in_one_line(tm
         f"that target"
     ]
     assert report.provenance.replacements == []
+
+
+def hooked_python(tmp: Path, code: str, *flags: str, pythonpath: list[Path] = ()):
+    """`code` in a fresh interpreter whose PYTHONPATH starts with the hook folder `tmp/hook`."""
+    import os
+    import subprocess
+    import sys
+
+    path = os.pathsep.join(str(p) for p in [tmp / "hook", *pythonpath])
+    env = {**os.environ, "PYTHONPATH": path}
+    return subprocess.run([sys.executable, *flags, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def stdlib_replacement(tmp: Path) -> Replacement:
+    """json's decoder replaced by one that adds 1 to what it decodes: a target any interpreter has, no torch."""
+    (tmp / "plus_one.py").write_text(
+        "import json.decoder\n\n_original = json.decoder.JSONDecoder.decode\n\n\n"
+        "def decode(self, s, *args, **kwargs):\n    return _original(self, s, *args, **kwargs) + 1\n"
+    )
+    put_in = replacement(tmp / "plus_one.py", "json.decoder.JSONDecoder.decode").model_copy(
+        update={"function": "decode"}
+    )
+    write_hook(tmp / "hook", [put_in], tmp)
+    return put_in
+
+
+def test_the_hook_patches_at_interpreter_start_and_records_it(tmp_path):
+    from magpie.serving.replacement import records
+
+    stdlib_replacement(tmp_path)
+    proc = hooked_python(tmp_path, "import json; print(json.loads('41'))")
+    assert proc.stdout.strip() == "42", proc.stderr
+    found = records(tmp_path / "hook")
+    assert len(found["installed"]) == len(found["called"]) == 1 and not found["failed"]
+    assert found["called"][0]["target"] == "json.decoder.JSONDecoder.decode"
+
+
+def test_vllms_plugin_route_finds_the_hooks_entry_point_without_sitecustomize(tmp_path):
+    """vLLM loads `vllm.general_plugins` entry points in each of its processes: the hook folder's distribution
+    metadata is found on PYTHONPATH and its `install` patches, with `site` (so sitecustomize) off. vLLM itself is
+    not installed here: its loader is stood for by importlib.metadata, which it calls."""
+    stdlib_replacement(tmp_path)
+    code = (
+        "from importlib.metadata import entry_points\n"
+        "[e.load()() for e in entry_points(group='vllm.general_plugins') if e.name == 'magpie_replacement']\n"
+        "import json; print(json.loads('1'))"
+    )
+    assert hooked_python(tmp_path, "import json; print(json.loads('1'))", "-S").stdout.strip() == "1"
+    proc = hooked_python(tmp_path, code, "-S")
+    assert proc.stdout.strip() == "2", proc.stderr
+
+
+def test_a_sitecustomize_the_hook_shadows_still_runs(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import builtins\nbuiltins.THEIRS = True\n")
+    stdlib_replacement(tmp_path)
+    proc = hooked_python(tmp_path, "import json; print(THEIRS, json.loads('1'))", pythonpath=[theirs])
+    assert proc.stdout.strip() == "True 2", proc.stderr
