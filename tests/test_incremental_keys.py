@@ -244,3 +244,90 @@ def test_a_forged_last_load_is_not_used(tmp_path):
     assert project.loaded_manifest is not None  # loaded in full
     assert keys(project) == keys(full_load(manifest))
     assert "0" * 64 not in {spec.key for spec in project.tasks.values()}
+
+
+def test_a_load_from_the_last_one_gives_the_settings_a_build_reads_without_reading_the_manifest(tmp_path):
+    """A build after a source edit admits code under test by `[project] trust_code`, and asks a shared cache
+    only where `[store] cache` names one, as the last full load read them (the manifest's stat unchanged
+    since), without validating the manifest again."""
+    for declared in (True, False):
+        root = tmp_path / f"declared-{declared}"
+        root.mkdir()
+        write_project(root, [{"impls": 2, "timeout": 5}])
+        manifest = root / "magpie.toml"
+        settings = f"trust_code = {str(declared).lower()}\n"
+        store = '[store]\ncache = "shared"\n' if declared else ""
+        manifest.write_text(manifest.read_text().replace("[project]\n", f"{store}[project]\n{settings}", 1))
+        Project.load(manifest)  # the full load, left for the next
+        source = root / "k0/v1.py"
+        source.write_text(source.read_text() + "# edited\n")
+        project = Project.load(manifest)
+        assert project.loaded_manifest is None
+        assert last_load.trust_code(project) is declared
+        assert last_load.cache_declared(project) is declared
+        assert project.loaded_manifest is None  # still unread
+
+
+def store_lookups(monkeypatch) -> list[str]:
+    """The keys Store.has and Store.provisional are asked about from here on."""
+    from magpie.store import Store
+
+    asked: list[str] = []
+    for method in ("has", "provisional"):
+        original = getattr(Store, method)
+
+        def counted(self, key, original=original):
+            asked.append(key)
+            return original(self, key)
+
+        monkeypatch.setattr(Store, method, counted)
+    return asked
+
+
+def test_a_dry_run_after_one_edit_asks_the_store_only_about_what_the_edit_reaches(twelve_kernels, monkeypatch):
+    """The artifacts intact by their stamps are known to be there and final (a stamp lists the provisional
+    marker where there is one): the store is asked only about the edited candidate's tasks, what depends
+    on them, and what those read (their gates' verdicts), not about each of the project's tasks."""
+    from magpie.execution.build import Build, BuildOptions
+
+    root = twelve_kernels
+    manifest = root / "magpie.toml"
+    build_all(manifest)
+    source = root / "k4/v1.py"
+    source.write_text(source.read_text() + "# edited again\n")
+    asked = store_lookups(monkeypatch)
+    build = Build(BuildOptions(manifest=manifest))
+    plan = build.dry_run()
+    project = build.project
+    cone = ["compile:k4/v1", "correctness:k4/v1", "timing:k4/v1", "comparison:k4", "report"]
+    assert [name for name, _ in plan.would_run] == cone
+    reached = set(cone).union(*(project.tasks[name].deps for name in cone))
+    # a task by its key now, or by the one it was last built under (a gate's last verdict is read from there)
+    by_key = {(project.store.recorded(name) or {}).get("key"): name for name in project.tasks}
+    by_key.update({spec.key: name for name, spec in project.tasks.items()})
+    assert {by_key.get(key, key) for key in asked} <= reached
+    assert len(reached) < len(project.tasks) // 2
+
+
+def test_the_stale_tasks_found_by_stamps_are_those_the_store_gives(twelve_kernels):
+    """staleness.runs (the artifacts intact by their stamps taken as there) gives what Project.stale
+    gives asking the store about every task, after artifacts removed, one forced and a source edited."""
+    from magpie.execution.build import check_artifacts, run_provisional_again
+    from magpie.execution.staleness import closure, runs
+
+    root = twelve_kernels
+    manifest = root / "magpie.toml"
+    build_all(manifest)
+    source = root / "k2/v0.py"
+    source.write_text(source.read_text() + "# a baseline edited\n")
+    project = Project.load(manifest)
+    for name in ("timing:k6/v2", "correctness:k9/v1", "comparison:k11"):
+        project.store.remove(project.tasks[name].key)
+    project.forced.add("compile:k1/v1")
+    for selected in ([], ["comparison:k6"], ["timing:k2/v1", "report"]):
+        covered = closure(project, project.select(selected))
+        intact: set[str] = set()
+        check_artifacts(project, covered, warn=print, remove=False, intact=intact)
+        run_provisional_again(project, covered, intact)
+        assert runs(project, covered, intact) == project.stale(covered)
+        assert covered == [name for name in project.tasks if name in set(covered)]  # in run order

@@ -145,7 +145,10 @@ class Build:
         project, saved, selected = self._load()
         refuse_on_read_only(project, selected)
         remote = None
-        if options.cache is not None or project.stale(selected):  # an up-to-date build reads no [store] setting
+        from magpie.graph.last_load import cache_declared
+
+        # an up-to-date build reads no [store] setting; one after an edit reads it from the last load's record
+        if options.cache is not None or (cache_declared(project) and project.stale(selected)):
             from magpie.execution.shared_cache import cache_of, take_from_cache
 
             remote = cache_of(project, options.cache, options.cache_write)
@@ -192,8 +195,8 @@ class Build:
 
         project = Project.load(self.options.manifest)
         saved = None
-        if snapshot_taken:
-            saved = snapshot.save(project)
+        if snapshot_taken:  # written once the build is done (`run`)
+            saved = snapshot.taken(project)
         else:  # the artifacts still trusted by their stat, as in a build
             snapshot.take_stamps(project)
         selected = project.select(self.options.targets)
@@ -282,13 +285,12 @@ def plan(project, selected: list[str], progress: Progress | None = None) -> DryR
     from magpie.store import reason
 
     covered = closure(project, selected)
-    modified = {
-        name: reason(problem)
-        for name, problem in check_artifacts(project, covered, remove=False, warn=(progress or Progress()).line).items()
-    }
+    intact: set[str] = set()
+    checked = check_artifacts(project, covered, remove=False, warn=(progress or Progress()).line, intact=intact)
+    modified = {name: reason(problem) for name, problem in checked.items()}
     project.forced.update(modified)  # a build removes and rebuilds them: so do their dependents
-    again = run_provisional_again(project, covered)
-    rows = list(stale_reasons(project, selected, {**again, **modified}, covered).items())  # in run order
+    again = run_provisional_again(project, covered, intact)
+    rows = list(stale_reasons(project, selected, {**again, **modified}, covered, intact).items())  # in run order
     return DryRun(rows, len(project.tasks) - len(rows))
 
 
@@ -314,6 +316,7 @@ def build_selected(
     jobs run on a Ray cluster's nodes (what a measurement records of where it ran)."""
     from magpie.execution.doit_glue import closure, run_doit
     from magpie.execution.executors import make_executor
+    from magpie.execution.staleness import runs
     from magpie.store import reason
     from magpie.supervision import zygote
 
@@ -322,15 +325,18 @@ def build_selected(
     project.store.sweep_temporaries()
     # what this build reads or publishes, checked first: a modified artifact is rebuilt
     published = [name for name, spec in project.tasks.items() if spec.rule in PUBLISHED]
+    intact: set[str] = set()
     modified = check_artifacts(
         project,
         list(dict.fromkeys(closure(project, selected) + published)),
         trust_stamps=not verify,
         warn=progress.line,
+        intact=intact,
     )
     selected = selected + [name for name in modified if name not in selected]
-    again = run_provisional_again(project, closure(project, selected))
-    stale = project.stale(selected)
+    covered = closure(project, selected)
+    again = run_provisional_again(project, covered, intact)
+    stale = runs(project, covered, intact)
     if not stale:
         bad = publish_project(project, progress.line)
         if not bad:
@@ -343,12 +349,16 @@ def build_selected(
                 summary=_summary(project, selected, [], []) if summarize else None,
             )
         selected += [name for name in bad if name not in selected]  # modified since checked
-        stale = project.stale(selected)
+        intact.difference_update(bad)
+        covered = closure(project, selected)
+        again.update(run_provisional_again(project, covered, intact))
+        stale = runs(project, covered, intact)
     evaluates = any(project.tasks[name].action in EVALUATING_ACTIONS for name in stale)
     if evaluates or any(not project.tasks[name].action.startswith("magpie:") for name in stale):
         from magpie import sandbox
+        from magpie.graph.last_load import trust_code
 
-        sandbox.admit(project.manifest.project.trust_code)  # code under test runs: in a sandbox, or trusted
+        sandbox.admit(trust_code(project))  # code under test runs: in a sandbox, or trusted
     why = {**again, **{name: reason(problem) for name, problem in modified.items()}}
     secret = input_secret(evaluates)
     with zygote.session(prestart=evaluates):  # before the executor: its job processes find the zygote's folder
@@ -357,7 +367,7 @@ def build_selected(
 
         executor = Recording(make_executor(jobs, executor_name, placed, ray_address), ray_cluster)
         try:
-            code, reporter = run_doit(project, selected, executor, jobs, progress, why, secret)
+            code, reporter = run_doit(project, selected, executor, jobs, progress, why, secret, covered, intact)
             republish = publish_project(project, progress.line)  # modified while this build ran: rebuilt once more
             if republish:
                 more, second = run_doit(project, republish, executor, jobs, progress, secret=secret)
@@ -399,10 +409,13 @@ def _devices(project, stale: list[str], asked: list[int] | None, progress: Progr
     return found
 
 
-def run_provisional_again(project, closure: list[str]) -> dict[str, str]:
+def run_provisional_again(project, closure: list[str], intact: set[str] | frozenset = frozenset()) -> dict[str, str]:
     """{task: why} for the tasks of `closure` whose stored results are not final (an
-    inconclusive timing), marked forced: a build runs them again and replaces them."""
-    again = project.provisional(closure)
+    inconclusive timing), marked forced: a build runs them again and replaces them. `intact`: the
+    tasks `check_artifacts` found intact by their stamps (only those whose stamp lists a marker are read)."""
+    from magpie.execution.staleness import maybe_provisional
+
+    again = project.provisional(maybe_provisional(project, closure, set(intact)))
     project.forced.update(again)
     return again
 
@@ -452,7 +465,7 @@ def _summary(project, selected: list[str], executed: list[str], failed: list[tup
         up_to_date=up_to_date,
         uncompared=_uncompared(project, names),
     )
-    return BuildSummary.model_validate(mark_summary(made, covered, project.store, set(executed)))
+    return BuildSummary.model_validate(mark_summary(made, covered, project.store))
 
 
 def _uncompared(project, closure: list[str]) -> list[dict]:
@@ -476,19 +489,27 @@ def _uncompared(project, closure: list[str]) -> list[dict]:
 
 
 def check_artifacts(
-    project, names: list[str], *, warn: Callable[[str], None], trust_stamps: bool = True, remove: bool = True
+    project,
+    names: list[str],
+    *,
+    warn: Callable[[str], None],
+    trust_stamps: bool = True,
+    remove: bool = True,
+    intact: set[str] | None = None,
 ) -> dict[str, str]:
     """{task: problem} for the built artifacts among `names` whose files are not the ones
     recorded when they were written; each is announced in one line (to `warn`) and removed
     (so that the build rebuilds it) unless `remove` is false. An artifact whose files' stat is
     the one they had when its digest was last found right is not read again (unless not
-    trust_stamps)."""
+    trust_stamps); those tasks are added to `intact`."""
     from magpie.store import warning
 
     store, found = project.store, {}
     for name in names:
         key = project.tasks[name].key
         if trust_stamps and store.unchanged(key, store.stamps.get(key)):
+            if intact is not None:
+                intact.add(name)
             continue  # intact by its files' stat: its folder's too
         if not store.has(key):
             continue
@@ -513,7 +534,9 @@ def up_to_date_by_snapshot(
     saved = snapshot.load_fresh(manifest)
     if saved is None:
         return None
-    store = Store(Path(saved["workspace"]))
+    # the signers trusted when it was saved (the manifest's and the user's file are watched by it): an
+    # artifact another trusted machine signed (taken from a shared cache) is published, not refused
+    store = Store(Path(saved["workspace"]), trusted_signers=tuple(saved.get("trusted_signers", ())))
     tasks = saved["tasks"]
     if not all(store.unchanged(t["key"], t.get("stamp")) for t in tasks.values()):
         return None  # missing, or touched since its digest was checked: the full load checks it
@@ -534,7 +557,7 @@ def up_to_date_by_snapshot(
         made = build_summary(
             manifest.resolve().parent, store, covered, expected, executed=[], failed=[], up_to_date=len(tasks)
         )
-        summary = BuildSummary.model_validate(mark_summary(made, covered, store, set()))
+        summary = BuildSummary.model_validate(mark_summary(made, covered, store))
     return BuildResult(
         line=f"magpie: {len(tasks)} artifacts up to date",
         executed=[],

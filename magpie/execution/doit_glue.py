@@ -356,16 +356,20 @@ def run_doit(
     progress: Progress,
     why: dict[str, str] | None = None,
     secret: str = "",
+    covered: list[str] | None = None,
+    intact: set[str] | frozenset = frozenset(),
 ) -> tuple[int, BuildReporter]:
     """`why`: reasons known beforehand (an artifact found modified), over explain()'s.
-    `secret`: the build's input secret, handed to each job."""
-    reasons = stale_reasons(project, selected, why)
+    `secret`: the build's input secret, handed to each job. `covered`: the selection's closure, its
+    provisional tasks forced already (`build.run_provisional_again`), where the caller has it, and
+    `intact` those of its tasks whose artifacts were found intact by their stamps (`staleness.runs`)."""
+    reasons = stale_reasons(project, selected, why, covered, intact)
     reporter = BuildReporter(reasons=reasons, progress=progress, verdict_of=lambda name: stored_verdict(project, name))
     _REPORTER[:] = [reporter]
     _STOPPING.clear()  # a stopped build ends its process; one stopped in a test does not
     _AFTER_STORING.clear()
     _UNWRITABLE.clear()
-    runs = reached(project, closure(project, selected), reasons)
+    runs = reached(project, covered if covered is not None else closure(project, selected), reasons)
     loader = StoreTaskLoader(project, executor, jobs, reporter, within=set(runs), secret=secret)
     main = DoitMain(
         loader, config_filenames=(), extra_config={"BACKEND": {"magpie-memory": "magpie.execution.doit_glue:MemoryDB"}}

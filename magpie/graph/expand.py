@@ -687,7 +687,7 @@ def resolve_changed(
     for name, spec in tasks.items():
         before = last.get(name)
         recorded = before[1].get("deps", {}) if before is not None else {}
-        if before is None or name in dirty or list(recorded) != spec.deps or any(d in changed for d in spec.deps):
+        if before is None or name in dirty or list(recorded) != spec.deps or not changed.isdisjoint(spec.deps):
 
             def digest(dep: str, key: str, recorded: dict = recorded) -> str | None:
                 then = recorded.get(dep)

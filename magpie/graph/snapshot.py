@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -91,19 +92,24 @@ def workspace_of(manifest_path: Path) -> str:
     import tomllib
 
     text = Path(manifest_path).read_text()
-    lines = text.splitlines(keepends=True)
-    headers = [i for i, line in enumerate(lines) if line.lstrip().startswith("[")]
-    kept = lines[: headers[0]] if headers else lines
-    for n, i in enumerate(headers):
-        if lines[i].split("#", 1)[0].strip() == "[project]":
-            kept += lines[i : headers[n + 1] if n + 1 < len(headers) else len(lines)]
+    # the lines up to the first table header, and the [project] table's (up to the header after it):
+    # found by a search of the text, not line by line (10,000 lines and more)
+    headers = [m.start() for m in _HEADER.finditer(text)]
+    kept = text[: headers[0]] if headers else text
+    for n, start in enumerate(headers):
+        end = text.find("\n", start)
+        if text[start : end if end >= 0 else len(text)].split("#", 1)[0].strip() == "[project]":
+            kept += "\n" + text[start : headers[n + 1] if n + 1 < len(headers) else len(text)]
     try:
-        project = tomllib.loads("".join(kept)).get("project", {})
+        project = tomllib.loads(kept).get("project", {})
     except tomllib.TOMLDecodeError:  # a multi-line string holding '[' at a line's start
         project = {}
     if "workspace" not in project and "workspace" in text:  # written some other way: parse it whole
         project = tomllib.loads(text).get("project", {})
     return str(project.get("workspace", "workspaces"))
+
+
+_HEADER = re.compile(r"^[ \t]*\[", re.MULTILINE)  # a line starting a table (or an array's item)
 
 
 def write_signed(path: Path, body: bytes) -> None:
@@ -137,23 +143,44 @@ def save(project, data: dict | None = None) -> dict:
     the artifacts' stamps: their files' stat when their digests were last found right. The
     stamps of the snapshot this one replaces are carried over (a stamp holds only while the
     stat does) and given to the store, which then needs to hash only what changed."""
+    from magpie.graph.last_load import gc_paused
+
+    return gc_paused(_save)(project, data)
+
+
+def taken(project) -> dict:
+    """The snapshot of a loaded project as its keys were computed (its inputs' stat now), not written: a
+    build writes it once done (`save(project, data)`, with its artifacts' stamps), and until then the
+    snapshot there is the last one, whose inputs' stat is not this load's (a build killed meanwhile
+    leaves a snapshot that declines)."""
+    from magpie.graph.last_load import gc_paused
+
+    return gc_paused(_taken)(project)
+
+
+def _taken(project) -> dict:
+    store = project.store
+    trusted = take_stamps(project)
+    return {
+        "version": VERSION,
+        "manifest": str(project.manifest_path.resolve()),
+        "workspace": str(store.workspace.resolve()),
+        "trusted_signers": trusted,
+        "environment": environment(),
+        "stamps": {p: _stat(p) for p in _watched(project)},
+        "tasks": {
+            name: {"key": spec.key, "rule": spec.rule, "kernel": spec.kernel} for name, spec in project.tasks.items()
+        },
+    }
+
+
+def _save(project, data: dict | None) -> dict:
     from magpie.graph import last_load
+    from magpie.store import PROVISIONAL
 
     store = project.store
     if data is None:
-        trusted = take_stamps(project)
-        data = {
-            "version": VERSION,
-            "manifest": str(project.manifest_path.resolve()),
-            "workspace": str(store.workspace.resolve()),
-            "trusted_signers": trusted,
-            "environment": environment(),
-            "stamps": {p: _stat(p) for p in _watched(project)},
-            "tasks": {
-                name: {"key": spec.key, "rule": spec.rule, "kernel": spec.kernel}
-                for name, spec in project.tasks.items()
-            },
-        }
+        data = _taken(project)
     else:  # after the build: a task it re-ran under the same key gave its dependents new keys
         if project.last_load is not None:  # those of what it ran, and what depends on them
             last_load.after_build(project)
@@ -163,9 +190,11 @@ def save(project, data: dict | None = None) -> dict:
         for name, task in data["tasks"].items():
             task["key"] = project.tasks[name].key
     for task in data["tasks"].values():
-        task["stamp"] = store.stamps.get(task["key"])
-        # a result not final (an inconclusive timing): the fast path declines while one is stored
-        task["provisional"] = store.provisional(task["key"]) is not None
+        stamp = task["stamp"] = store.stamps.get(task["key"])
+        # a result not final (an inconclusive timing): the fast path declines while one is stored. It passes
+        # only artifacts whose stamps hold, and a stamp lists every file of its artifact, the marker among
+        # them (`Store.scan`, `Store.commit`): read there, not by an `open` per task
+        task["provisional"] = any(entry[0] == PROVISIONAL for entry in stamp or ())
     # a cache: without it (read-only or full workspace) the next build loads in full
     write_signed(store.workspace / NAME, json.dumps(data).encode())
     return data
