@@ -331,3 +331,24 @@ def test_the_stale_tasks_found_by_stamps_are_those_the_store_gives(twelve_kernel
         run_provisional_again(project, covered, intact)
         assert runs(project, covered, intact) == project.stale(covered)
         assert covered == [name for name in project.tasks if name in set(covered)]  # in run order
+
+
+def test_the_no_op_snapshot_reads_provisional_marks_from_stamps_and_is_written_once_per_build(
+    twelve_kernels, monkeypatch
+):
+    """A build takes the snapshot at load without writing it (the last one stays until the build is done),
+    and writing it asks the store about no provisional marker: each artifact's stamp lists its files."""
+    from magpie.graph import snapshot
+
+    manifest = twelve_kernels / "magpie.toml"
+    build_all(manifest)
+    project = Project.load(manifest)
+    written = snapshot.path_for(manifest, "workspaces")
+    before = written.read_bytes() if written.exists() else None
+    data = snapshot.taken(project)
+    assert (written.read_bytes() if written.exists() else None) == before
+    asked = store_lookups(monkeypatch)
+    snapshot.save(project, data)
+    assert asked == [] and written.exists()
+    assert not any(task["provisional"] for task in data["tasks"].values())
+    assert all(task["stamp"] for task in data["tasks"].values())
