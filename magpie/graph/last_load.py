@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import gc
 import marshal
+import operator
 import os
 import sys
 from pathlib import Path
@@ -341,7 +342,8 @@ def save(project) -> None:
     record = project.last_load
     if record is None:
         return
-    rows = [[name, *(getattr(spec, f) for f in _FIELDS), spec.key, spec.parts] for name, spec in project.tasks.items()]
+    row_of = operator.attrgetter(*_ROW)  # a task's row in one call (10,000 per save)
+    rows = [list(row_of(spec)) for spec in project.tasks.values()]
     # the artifacts' stamps (graph/snapshot.py): a load from here trusts them without reading the snapshot
     stamps = {
         spec.key: project.store.stamps[spec.key] for spec in project.tasks.values() if spec.key in project.store.stamps
