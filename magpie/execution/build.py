@@ -465,7 +465,7 @@ def _summary(project, selected: list[str], executed: list[str], failed: list[tup
         up_to_date=up_to_date,
         uncompared=_uncompared(project, names),
     )
-    return BuildSummary.model_validate(mark_summary(made, covered, project.store, set(executed)))
+    return BuildSummary.model_validate(mark_summary(made, covered, project.store))
 
 
 def _uncompared(project, closure: list[str]) -> list[dict]:
@@ -534,7 +534,9 @@ def up_to_date_by_snapshot(
     saved = snapshot.load_fresh(manifest)
     if saved is None:
         return None
-    store = Store(Path(saved["workspace"]))
+    # the signers trusted when it was saved (the manifest's and the user's file are watched by it): an
+    # artifact another trusted machine signed (taken from a shared cache) is published, not refused
+    store = Store(Path(saved["workspace"]), trusted_signers=tuple(saved.get("trusted_signers", ())))
     tasks = saved["tasks"]
     if not all(store.unchanged(t["key"], t.get("stamp")) for t in tasks.values()):
         return None  # missing, or touched since its digest was checked: the full load checks it
@@ -555,7 +557,7 @@ def up_to_date_by_snapshot(
         made = build_summary(
             manifest.resolve().parent, store, covered, expected, executed=[], failed=[], up_to_date=len(tasks)
         )
-        summary = BuildSummary.model_validate(mark_summary(made, covered, store, set()))
+        summary = BuildSummary.model_validate(mark_summary(made, covered, store))
     return BuildResult(
         line=f"magpie: {len(tasks)} artifacts up to date",
         executed=[],

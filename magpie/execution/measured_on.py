@@ -5,9 +5,10 @@ A timing's key holds its device's model (graph/fingerprint.py: `cpu:<model>:<cor
 timing of the same model on another machine has the same key and is reused from a shared cache,
 so its result says where it was measured: `measured_on` (the key's device, the GPU's UUID or
 else this host's identity, the host's name), added by the build's executor (`Recording`) before
-the result is signed and stored. A build's summary shows each timing as `fresh` (measured by
-this build), `this device, <date>` (an earlier build here) or `cached (<device>, <date>)` (on
-another device, or where its result does not say), never a reused one as measured here.
+the result is signed and stored. A build's summary shows each timing as `this device, <date>`
+or `cached (<device> on <host>, <date>)` (another device, or where its result does not say: a
+Ray cluster's node), read from the stored result alone, so that a build and the no-op after it
+say the same; a reused timing is never shown as measured here.
 """
 
 from __future__ import annotations
@@ -20,19 +21,19 @@ from functools import cache
 from magpie.execution.devices import visible_gpus
 
 RECORDED_RULES = frozenset({"timing", "profile"})
-FRESH = "fresh"
 
 
 @cache
-def host_identity() -> str:
-    """This machine: its name, and its machine id where there is one (containers may share a name)."""
+def this_host() -> tuple[str, str]:
+    """This machine's name, and its identity: the name and the machine id where there is one
+    (containers of one image may share the id, CI runners the name)."""
     name = socket.gethostname()
     try:
         with open("/etc/machine-id") as handle:
             machine = handle.read().strip()[:12]
     except OSError:
         machine = ""
-    return f"{name}/{machine}" if machine else name
+    return name, f"{name}/{machine}" if machine else name
 
 
 def measured_on(result: dict, device_fact: str | None, on_cluster: bool = False) -> dict:
@@ -41,7 +42,8 @@ def measured_on(result: dict, device_fact: str | None, on_cluster: bool = False)
     gpu = (result.get("device") or {}).get("uuid")
     if on_cluster and not gpu:
         return {"device": device_fact, "id": None, "host": "a Ray cluster's node"}
-    return {"device": device_fact, "id": gpu or host_identity(), "host": socket.gethostname()}
+    name, identity = this_host()
+    return {"device": device_fact, "id": gpu or identity, "host": name}
 
 
 class Recording:
@@ -77,13 +79,11 @@ class Recording:
 @cache
 def this_machine() -> frozenset[str]:
     """The identities a measurement made here records: this host's, and each visible GPU's UUID."""
-    return frozenset({host_identity(), *(gpu.uuid for gpu in visible_gpus() if gpu.uuid)})
+    return frozenset({this_host()[1], *(gpu.uuid for gpu in visible_gpus() if gpu.uuid)})
 
 
-def provenance(result: dict, fresh: bool) -> str:
-    """How a stored timing is shown: `fresh`, `this device, <date>` or `cached (<device>, <date>)`."""
-    if fresh:
-        return FRESH
+def provenance(result: dict) -> str:
+    """How a stored timing is shown: `this device, <date>` or `cached (<device> on <host>, <date>)`."""
     started = result.get("task_started_unix")
     date = (
         datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -100,7 +100,7 @@ def provenance(result: dict, fresh: bool) -> str:
     return f"cached ({described} on {where.get('host') or 'an unnamed host'}, {date})"
 
 
-def mark_summary(summary: dict, tasks, store, executed: set[str]) -> dict:
+def mark_summary(summary: dict, tasks, store) -> dict:
     """The build summary (report/verdicts.py's dict) with each implementation's performance_result
     saying where its timing came from (`measured`: `provenance`). `tasks`: (name, rule, kernel,
     key) of the build's tasks."""
@@ -111,5 +111,5 @@ def mark_summary(summary: dict, tasks, store, executed: set[str]) -> dict:
             name = f"timing:{kernel['kernel']}/{impl['implementation']}"
             if not isinstance(performance, dict) or name not in timings or not store.has(timings[name]):
                 continue
-            performance["measured"] = provenance(store.read(timings[name]), name in executed)
+            performance["measured"] = provenance(store.read(timings[name]))
     return summary
