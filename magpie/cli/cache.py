@@ -1,4 +1,5 @@
-"""magpie cache push / pull: share the project's artifacts through a cache folder (store/cache.py)."""
+"""magpie cache push / pull / key: share the project's artifacts through a cache folder (store/cache.py),
+and name the toolchain and device they are keyed by (a CI cache's key)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ def add_parser(sub) -> None:
         "is named and not used. push puts the store's artifacts of the current keys into it: only with "
         "--cache-write (or [store] cache_write = true) and only from a builder whose signer is trusted.",
     )
-    p.add_argument("action", choices=("push", "pull"), help="push: store to cache; pull: cache to store")
+    p.add_argument(
+        "action",
+        choices=("push", "pull", "key"),
+        help="push: store to cache; pull: cache to store; key: the toolchain and device this machine keys "
+        "artifacts by, as one name (a CI cache's key: caches of other toolchains hold nothing of use here)",
+    )
     p.add_argument("targets", nargs="*", help="kernel ids or task names (default: everything)")
     p.add_argument("-m", "--manifest", default="magpie.toml", help="project manifest (default: %(default)s)")
     p.add_argument("--cache", help="the cache folder (default: [store] cache of magpie.toml)")
@@ -38,6 +44,9 @@ def run(args) -> int:
     from magpie.store.cache import pull, push
 
     project = Project.load(args.manifest)
+    if args.action == "key":
+        print(toolchain_key(project.manifest.project.device))
+        return 0
     selected = project.select(args.targets)
     if args.action == "pull" and args.cache_write:
         raise UserError("--cache-write: only with push (pull never writes the cache)")
@@ -51,7 +60,11 @@ def run(args) -> int:
     if args.action == "pull":
         if not remote.exists():
             warn(f"cache: {remote.where} holds nothing yet (no such folder)")
+        from magpie.graph import snapshot
+
+        saved = snapshot.save(project)  # the inputs' stat as the keys were computed from them
         taken = pull(project, selected, remote, warn)
+        snapshot.save(project, saved)  # and the stamps of what was taken, checked: the next build a no-op
         report = {"pulled": taken.taken, "rejected": [{"task": t, "problem": p} for t, p in taken.rejected]}
         line = f"magpie: {len(taken.taken)} artifacts taken from {remote.where}, each checked" + (
             f"; {len(taken.rejected)} not used" if taken.rejected else ""
@@ -68,3 +81,13 @@ def run(args) -> int:
         )
     print(json.dumps(report, indent=1) if args.json else line)
     return 1 if report.get("rejected") else 0
+
+
+def toolchain_key(device: str) -> str:
+    """Every toolchain and device fact artifacts are keyed by (graph/fingerprint.py), hashed."""
+    import hashlib
+
+    from magpie.graph.fingerprint import _FACTS, fingerprint
+
+    facts = {name: fingerprint(name, device) for name in sorted(_FACTS)}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
