@@ -337,7 +337,8 @@ def test_a_restarted_server_answers_for_the_jobs_an_earlier_one_started(project,
 
 
 CI_SECRET = "c1" * 32  # a CI signing secret, given to the server's environment
-# one kernel whose testcase fails wherever the signing secret or the HTTP token reached code under test
+# one kernel whose testcase fails wherever the signing secret or the HTTP token reached code under test, or
+# where it ran outside the sandbox (there no socket can be made)
 SECRET_PROJECT = """
 [project]
 name = "signed"
@@ -356,7 +357,7 @@ id = "c"
 source = "c.py"
 
 [[kernel.testcases]]
-command = 'test -z "$MAGPIE_SIGNING_KEY$MAGPIE_MCP_TOKEN"'
+command = 'test -z "$MAGPIE_SIGNING_KEY$MAGPIE_MCP_TOKEN" && ! python -c "import socket; socket.socket()"'
 """
 
 
@@ -389,7 +390,7 @@ def test_jobs_sign_with_the_servers_ci_secret_which_code_under_test_never_sees(t
         assert {row["implementation"]: row["correctness_state"] for row in kernel["implementations"]} == {
             "base": "SUCCESS",
             "c": "SUCCESS",
-        }  # neither the secret nor the token in any testcase's environment
+        }  # neither the secret nor the token in any testcase's environment, each run sandboxed
         assert session.ok("verify") == {"checked": len(job["result"]["executed"]), "bad": [], "removed": False}
     finally:
         session.close()
