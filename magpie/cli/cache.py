@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
         "and saves). pull takes from it the artifacts of the project's current keys that the store "
         "lacks, each checked first (its files against its digests, its signature by a trusted signer: "
         "this machine's key, [store] trusted_signers, the user's trusted-signers file); one that fails "
-        "is named and not used. push puts the store's artifacts of the current keys into it: only with "
+        "is named and not used (exit 1). push puts the store's artifacts of the current keys into it: only with "
         "--cache-write (or [store] cache_write = true) and only from a builder whose signer is trusted.",
     )
     p.add_argument(
