@@ -162,10 +162,9 @@ def _project(root, candidates: dict[str, str]) -> None:
     relu2_project(root, list(candidates), shapes="[[8, 16]]", defaults=DEFAULTS, timing=TIMING)
 
 
-# The watched builds, each made once (a module-scoped fixture's instance per scenario) and, under
-# `pytest -n N`, each on a worker of its own (tests/conftest.py groups a test by the instance it
-# reads): most of their time is spent waiting out step limits. Scenario -> (-j, candidates as
-# `_project` takes them, `on_evaluator` as `_watched_build` takes it).
+# The watched builds, each made once for the module (`watched_builds`): most of their time is spent
+# waiting out step limits. Scenario -> (-j, candidates as `_project` takes them, `on_evaluator` as
+# `_watched_build` takes it).
 SCENARIOS = {
     # stalls the evaluator cannot bound (each call in time, many calls), and stalls it can
     "at_eight_jobs": (
@@ -199,12 +198,27 @@ SCENARIOS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(SCENARIOS))
-def watched(request, tmp_path_factory):
-    jobs, candidates, on_evaluator = SCENARIOS[request.param]
-    root = tmp_path_factory.mktemp(request.param)
-    _project(root, candidates)
-    return _watched_build(root, jobs, on_evaluator)
+@pytest.fixture(scope="module")
+def watched_builds(tmp_path_factory):
+    """scenario -> its watched build, made as a test first reads it. Not a parametrized module fixture:
+    pytest orders tests by a parameter's position in each test's own list, and with the tests' different
+    lists (`_in`) each scenario was built twice."""
+    builds = {}
+
+    def build(scenario: str) -> dict:
+        if scenario not in builds:
+            jobs, candidates, on_evaluator = SCENARIOS[scenario]
+            root = tmp_path_factory.mktemp(scenario)
+            _project(root, candidates)
+            builds[scenario] = _watched_build(root, jobs, on_evaluator)
+        return builds[scenario]
+
+    return build
+
+
+@pytest.fixture(params=list(SCENARIOS))
+def watched(request, watched_builds):
+    return watched_builds(request.param)
 
 
 def _timed_out_in_time(build: dict, impl: str) -> dict:
