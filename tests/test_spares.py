@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURES, build_json, magpie, relu2_report
 
 from magpie import environment
-from magpie.harness import spares, triton_warmup
+from magpie.harness import spares, triton_warmup, wire
 from magpie.supervision import device_lock, zygote_server
 from magpie.supervision import scratch as scratch_folders
 
@@ -130,7 +130,7 @@ def test_a_spares_triton_warm_up_runs_beside_its_preparing_and_the_load_waits_fo
     # the warm-up finishes only once preparing has: were it waited for there, it would time out
     monkeypatch.setattr(triton_warmup, "warm", lambda given: done.append((prepared.wait(10), given)))
     monkeypatch.setattr(worker, "HELD_FD", None)
-    worker.prepare({"device": "cpu", "triton_signatures": [["*fp32", "i32"]]})
+    worker.prepare(wire.Prepare(device="cpu", triton_signatures=[["*fp32", "i32"]]))
     prepared.set()
     laps = Laps()
     worker.await_warmup(laps)
