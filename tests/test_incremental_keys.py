@@ -9,7 +9,9 @@ manifest alone. No task runs: artifacts are committed to the real store directly
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from magpie.graph import expand as expand_module
 from magpie.graph import last_load
 from magpie.manifest.load import load_manifest
 from magpie.project import Project
+from magpie.store import digests
 
 
 @pytest.fixture(autouse=True)
@@ -122,6 +125,26 @@ EDITS = st.one_of(
     edits=st.lists(EDITS, min_size=1, max_size=8),
 )
 def test_incremental_keys_equal_a_full_recomputation(kernels, edits):
+    follow_random_edits(kernels, edits)
+
+
+@settings(max_examples=15)
+@given(
+    kernels=st.lists(
+        st.fixed_dictionaries({"impls": st.integers(1, 3), "timeout": st.integers(1, 9)}), min_size=1, max_size=3
+    ),
+    edits=st.lists(EDITS, min_size=1, max_size=8),
+)
+def test_incremental_keys_equal_a_full_recomputation_where_store_shards_settle(kernels, edits):
+    """As above, with the store's shard folders taken as settled 50 ms after they last changed (2 s
+    otherwise, longer than these steps take): a load stats only the artifact folders of the shards
+    whose stat moved since the last load (last_load._shards), and still gives a full load's keys."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(digests, "SETTLED_S", 0.05)
+        follow_random_edits(kernels, edits, pause_after_store_change=0.06)
+
+
+def follow_random_edits(kernels: list[dict], edits: list[tuple], pause_after_store_change: float = 0.0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         manifest = root / "magpie.toml"
@@ -151,6 +174,8 @@ def test_incremental_keys_equal_a_full_recomputation(kernels, edits):
                 build_all(manifest)
             else:
                 remove_one(manifest, a)
+            if kind in ("build", "build all", "remove"):
+                time.sleep(pause_after_store_change)
             assert keys(Project.load(manifest)) == keys(full_load(manifest)), (kind, a, b)
 
 
@@ -185,6 +210,70 @@ def test_a_source_edit_re_keys_only_what_depends_on_it(twelve_kernels, monkeypat
     monkeypatch.setattr(expand_module, "resolve_key", resolve_key)
     assert keys(project) == keys(full_load(manifest))
     assert project.manifest.kernel[7].id == "k7"  # read when asked for
+
+
+def test_a_load_after_one_edit_reads_the_bodies_of_the_tasks_it_re_keys_alone(twelve_kernels):
+    """Every task's name, rule, dependencies and key are read from the last load; its inputs, settings
+    and key parts (its body) only where the edit reaches it: 5 of the 121 tasks here."""
+    manifest = twelve_kernels / "magpie.toml"
+    build_all(manifest)
+    source = twelve_kernels / "k9/v1.py"
+    source.write_text(source.read_text() + "# edited for the bodies\n")
+    project = Project.load(manifest)
+    read = [name for name, spec in project.tasks.items() if "_body" not in vars(spec)]
+    assert read == ["compile:k9/v1", "correctness:k9/v1", "timing:k9/v1", "comparison:k9", "report"]
+    assert keys(project) == keys(full_load(manifest))
+
+
+@pytest.fixture
+def settled_store(tmp_path, monkeypatch) -> Path:
+    """A built project of six kernels whose last load was left once its store's shards had settled
+    (taken as settled 50 ms after their last change here, 2 s otherwise)."""
+    monkeypatch.setattr(digests, "SETTLED_S", 0.05)
+    write_project(tmp_path, [{"impls": 3, "timeout": 5} for _ in range(6)])
+    manifest = tmp_path / "magpie.toml"
+    build_all(manifest)
+    time.sleep(0.1)
+    last_load.save(Project.load(manifest))  # as a build that ran nothing leaves it
+    return manifest
+
+
+def folder_stats(monkeypatch) -> list[str]:
+    """The artifact keys whose folders a load stats from here on."""
+    asked: list[str] = []
+    identity = last_load.folder_identity
+
+    def counted(store, key):
+        asked.append(key)
+        return identity(store, key)
+
+    monkeypatch.setattr(last_load, "folder_identity", counted)
+    return asked
+
+
+def test_a_load_after_one_edit_stats_no_artifact_folder_of_a_shard_that_did_not_move(settled_store, monkeypatch):
+    """An artifact committed or removed since the last load is found by its store shard's stat (a commit
+    or removal adds or takes an entry there): with no shard moved, the only folders stat'ed are those of
+    the tasks the edit re-keys (their new keys', recorded for the next load), not one per task."""
+    source = settled_store.parent / "k3/v2.py"
+    source.write_text(source.read_text() + "# edited for the shards\n")
+    asked = folder_stats(monkeypatch)
+    project = Project.load(settled_store)
+    cone = ["compile:k3/v2", "correctness:k3/v2", "timing:k3/v2", "comparison:k3", "report"]
+    assert sorted(asked) == sorted(project.tasks[name].key for name in cone)
+    assert keys(project) == keys(full_load(settled_store))
+
+
+def test_an_artifact_removed_by_hand_is_found_by_its_shard(settled_store):
+    """An artifact folder removed outside magpie after the last load: its shard's stat moved, so the
+    folders of that shard are stat'ed, and what read the removed artifact is keyed as a full load keys it."""
+    project = Project.load(settled_store)
+    removed = project.tasks["correctness:k4/v1"].key
+    before = project.tasks["comparison:k4"].key
+    shutil.rmtree(project.store.path(removed))
+    project = Project.load(settled_store)
+    assert project.tasks["comparison:k4"].key != before  # it read the removed artifact's digest
+    assert keys(project) == keys(full_load(settled_store))
 
 
 def test_a_manifest_edit_re_keys_only_what_the_edited_table_reaches(twelve_kernels, monkeypatch):
@@ -238,7 +327,8 @@ def test_a_forged_last_load_is_not_used(tmp_path):
     record = last_load.path_for(tmp_path / "workspaces")
     mac, body = record.read_bytes().split(b"\n", 1)
     data = marshal.loads(body)
-    data["tasks"][0][-2] = "0" * 64  # the first task's key
+    heads = data["tasks"][0]
+    heads[0] = (*heads[0][:-1], "0" * 64)  # the first task's key
     record.write_bytes(mac + b"\n" + marshal.dumps(data))
     project = Project.load(manifest)
     assert project.loaded_manifest is not None  # loaded in full
@@ -307,6 +397,8 @@ def test_a_dry_run_after_one_edit_asks_the_store_only_about_what_the_edit_reache
     by_key.update({spec.key: name for name, spec in project.tasks.items()})
     assert {by_key.get(key, key) for key in asked} <= reached
     assert len(reached) < len(project.tasks) // 2
+    # the other tasks' bodies (inputs, settings, key parts) were never unmarshalled
+    assert {name for name, spec in project.tasks.items() if "_body" not in vars(spec)} == set(cone)
 
 
 def test_the_stale_tasks_found_by_stamps_are_those_the_store_gives(twelve_kernels):

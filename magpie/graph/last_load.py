@@ -26,26 +26,90 @@ The record lies in the workspace, which a CI cache restores: its first line is a
 store's secret (`signing.snapshot_mac`), and it is read (by `marshal`, which builds plain data and runs
 nothing) only once that MAC holds. Imports nothing heavy.
 
-A record is hundreds of thousands of small containers (a 10,000-task project's, 9 MB): the cyclic garbage
-collector, which would walk all of them again each time their number grows by a quarter, is paused while
-one is read, worked through or written (`gc_paused`: marshal's read of that record takes 57 ms without it,
-105 ms with it); nothing made here forms a cycle, so nothing is left for it to find.
+Work in proportion to the edit, not to the project (a 10,000-task project's record is 9 MB):
+- a task's row is split: what every load reads of every task (its name, rule, kernel, dependencies, key:
+  `_HEAD`) apart from what only the tasks an edit reaches are asked for (their inputs, settings, key
+  parts: `_BODY`), kept marshalled per task (`RecordedTask`), unmarshalled when first read;
+- an edit is found by one stat per input file (not per task), each file's readers listed in the record;
+- an artifact committed or removed since (by this build or another) is found by the stat of its store
+  shard (`objects/ab/`, 256 of them), whose entries a commit or removal adds or takes: only the folders
+  of the shards that moved are stat'ed (`_shards`);
+- keys are resolved again only in the cone of what changed (`resolve_cone`: its dependents, in run order).
+The cyclic garbage collector, which would walk the record's containers again each time their number
+grows by a quarter, is paused while one is read, worked through or written (`gc_paused`); nothing made
+here forms a cycle, so nothing is left for it to find.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import marshal
 import operator
 import os
 import sys
+import time
 from pathlib import Path
 
-VERSION = 4  # 2: the artifacts' stamps; 3: the kept inputs' folder by inode; 4: trust_code, cache_declared
+from magpie.graph.expand import TaskSpec
+
+VERSION = 5  # 2: stamps; 3: kept inputs' folder; 4: trust_code, cache_declared; 5: bodies, readers, shards
 NAME = "graph-last-load.bin"
-_FIELDS = ("rule", "scope", "action", "kernel", "impl", "inputs", "config", "fingerprint", "deps", "params", "after")
-_ROW = ("name", *_FIELDS, "key", "parts")  # a task's row in the record: its TaskSpec's fields
+_HEAD = ("name", "rule", "scope", "action", "kernel", "impl", "deps", "after", "key")  # read of every task
+_BODY = ("inputs", "config", "fingerprint", "params", "parts")  # read of the tasks an edit reaches
+
+
+CHUNK = 64  # tasks whose bodies are marshalled together: their shared settings kept once (marshal's refs)
+
+
+class _Chunk:
+    """The bodies of `CHUNK` consecutive tasks of a record, marshalled together; unmarshalled once, when a
+    body of one of them is first read."""
+
+    __slots__ = ("blob", "rows")
+
+    def __init__(self, blob: bytes):
+        self.blob = blob
+        self.rows: list | None = None
+
+
+class RecordedTask(TaskSpec):
+    """A task as the last load left it: its `_BODY` fields unmarshalled from its chunk (`_body`: the chunk
+    and the task's place in it) when first read (a load after one edit reads those of the few tasks the
+    edit reaches, of 10,000)."""
+
+    def __getattr__(self, field: str):  # only for fields not set: the body's, until it is read
+        body = self.__dict__.pop("_body", None)
+        if body is None:
+            raise AttributeError(field)
+        chunk, at = body
+        if chunk.rows is None:
+            chunk.rows = marshal.loads(chunk.blob)
+        self.__dict__.update(zip(_BODY, chunk.rows[at]))
+        return getattr(self, field)
+
+    def __reduce__(self):  # sent to a job as the plain TaskSpec it stands for, not with its chunk
+        return TaskSpec, tuple(getattr(self, field.name) for field in dataclasses.fields(TaskSpec))
+
+
+def _chunks(specs: list[TaskSpec]) -> list[bytes]:
+    """The tasks' bodies, `CHUNK` by `CHUNK`: a chunk of recorded tasks none of whose bodies was read (so
+    none changed) as it was recorded, others marshalled as they are now."""
+    blobs = []
+    for start in range(0, len(specs), CHUNK):
+        group = specs[start : start + CHUNK]
+        first = group[0].__dict__.get("_body")
+        chunk = first[0] if first is not None else None
+        if chunk is not None and all(spec.__dict__.get("_body") == (chunk, n) for n, spec in enumerate(group)):
+            blobs.append(chunk.blob)  # never read, so its rows are the recorded ones: the same count
+        else:
+            blobs.append(marshal.dumps([_body_fields(spec) for spec in group]))
+    return blobs
+
+
+_body_fields = operator.attrgetter(*_BODY)
+_head_fields = operator.attrgetter(*_HEAD)
 
 
 def gc_paused(function):
@@ -189,18 +253,107 @@ def read(manifest_path: Path) -> dict | None:
 
 
 def previous_tasks(record: dict | None) -> dict[str, tuple[str, dict]]:
-    """{task: (key, parts)} of the last load."""
+    """{task: (key, parts)} of the last load (every body read: a full load compares every task)."""
     if record is None:
         return {}
-    return {row[0]: (row[-2], row[-1]) for row in record["tasks"]}
+    key_at, parts_at = _HEAD.index("key"), _BODY.index("parts")
+    try:
+        heads, chunks = record["tasks"]
+        bodies = [body for blob in chunks for body in marshal.loads(blob)]
+        return {head[0]: (head[key_at], body[parts_at]) for head, body in zip(heads, bodies, strict=True)}
+    except (KeyError, TypeError, ValueError, IndexError, EOFError):  # not of this layout: keys worked out anew
+        return {}
+
+
+def _shards(store) -> dict[str, list | None]:
+    """{shard: its stat} of the store's shard folders (`objects/ab`): a commit or removal of an artifact
+    adds or takes an entry of its shard, which moves the shard's mtime and ctime. A shard changed less
+    than `SETTLED_S` before is recorded as None (its folders stat'ed at the next load): a change within
+    the same tick of the file system's clock can leave those times as they were (git's racily clean
+    files). Taken before the folders are: a change after it is a change to the next load."""
+    from magpie.store.digests import SETTLED_S
+
+    settled = time.time_ns() - SETTLED_S * 1e9
+    try:
+        names = os.listdir(store.objects)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        try:
+            st = os.stat(f"{store.objects}/{name}")
+        except OSError:
+            continue
+        settled_stat = max(st.st_mtime_ns, st.st_ctime_ns) < settled
+        found[name] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] if settled_stat else None
+    return found
+
+
+def _moved_shards(store, recorded: dict[str, list | None]) -> tuple[dict[str, list | None], set[str]]:
+    """The shards now, and those not as recorded (recorded unsettled, new, or gone): their folders may
+    have moved."""
+    now = _shards(store)
+    moved = {shard for shard, stat in now.items() if stat is None or recorded.get(shard) != stat}
+    return now, moved | (recorded.keys() - now.keys())
+
+
+def dependents_of(tasks: dict[str, TaskSpec]) -> dict[str, list[str]]:
+    """{task: the tasks that depend on it}, from every task's dependencies (none of their bodies read)."""
+    found: dict[str, list[str]] = {}
+    for name, spec in tasks.items():
+        for dep in spec.deps:
+            found.setdefault(dep, []).append(name)
+    return found
+
+
+def resolve_cone(
+    tasks: dict[str, TaskSpec], dirty: set[str], moved: set[str], result_digest, rekeyed=lambda name: None
+) -> set[str]:
+    """`expand.resolve_changed` for tasks that hold their last keys and parts already (a load from the last
+    one, or a build's tasks after it ran some): resolved again only the tasks `dirty` (their own part of
+    the key changed), those depending on one `moved` (its artifact committed again or removed) and, where
+    one's key changed, what depends on it: in run order, visiting nothing outside that cone. Returns the
+    tasks re-keyed or moved."""
+    import heapq
+
+    from magpie.graph.expand import resolve_key
+
+    dependents = dependents_of(tasks)
+    names = list(tasks)
+    order = {name: n for n, name in enumerate(names)}
+    changed = set(moved)
+    heap = [order[name] for name in dirty | {d for name in moved for d in dependents.get(name, ())}]
+    heapq.heapify(heap)
+    seen: set[int] = set()
+    while heap:
+        at = heapq.heappop(heap)
+        if at in seen:
+            continue
+        seen.add(at)
+        name = names[at]
+        spec = tasks[name]
+        before, recorded = spec.key, spec.parts.get("deps", {})
+
+        def digest(dep: str, key: str, recorded: dict = recorded) -> str | None:
+            then = recorded.get(dep)
+            if dep not in changed and then is not None and then[0] == key:
+                return then[1]
+            return result_digest(dep, key)
+
+        if resolve_key(spec, tasks, digest) != before:
+            changed.add(name)
+            rekeyed(name)
+            for dependent in dependents.get(name, ()):
+                heapq.heappush(heap, order[dependent])
+    return changed
 
 
 @gc_paused
 def reuse(record: dict, manifest_path: Path, project_class):
     """The project (a `project_class`, given from above: the graph lies below the project) from the last
     load where only input files changed since (None otherwise): the inputs whose stat moved hashed again,
-    the keys they reach resolved again."""
-    from magpie.graph.expand import FileHasher, TaskSpec, resolve_changed, stat_identity
+    the keys they reach resolved again; the other tasks' bodies left unread."""
+    from magpie.graph.expand import FileHasher, stat_identity
     from magpie.graph.snapshot import environment
     from magpie.store import Store
     from magpie.workspace import writable
@@ -219,47 +372,54 @@ def reuse(record: dict, manifest_path: Path, project_class):
         store.stamps.update(record["stamps"])  # kept under the same trusted signers (checked above)
         remembered = record["remembered"]
         hasher = FileHasher(store.snapshots, store.file_digests, remembered)
-        digests: dict[str, str] = {}  # input name -> its digest now, for the inputs whose stat moved
         real_root, root_name = os.path.realpath(root), str(root)
-        tasks: dict[str, TaskSpec] = {}
+        readers = {name: list(entry) for name, entry in record["readers"].items()}
         dirty: set[str] = set()
-        new_spec = TaskSpec.__new__
-        for row in record["tasks"]:
-            # as TaskSpec(**dict(zip(_ROW, row))) makes it, in a third of the time (10,000 per load)
-            if len(row) != len(_ROW):
-                return None
-            spec = new_spec(TaskSpec)
-            spec.__dict__.update(zip(_ROW, row))
-            name, parts = spec.name, spec.parts
-            tasks[name] = spec
-            for input_name in spec.inputs:
-                if input_name not in digests:
-                    path = _input_file(root_name, input_name)
-                    entry = remembered.get(path)
-                    if entry is not None and stat_identity(path) == entry[0]:
-                        digests[input_name] = entry[1]
-                        continue
-                    if stat_identity(path) is None or not _inside(real_root, input_name, path):
-                        return None  # gone, or now elsewhere: the full load says so in its own words
-                    digests[input_name] = hasher(Path(path))
-                if digests[input_name] != parts["inputs"][input_name]:
-                    dirty.add(name)
+        edited: set[str] = set()
+        for input_name, entry in readers.items():  # one stat per input file, however many tasks read it
+            path = _input_file(root_name, input_name)
+            known = remembered.get(path)
+            if known is not None and stat_identity(path) == known[0]:
+                digest = known[1]
+            elif stat_identity(path) is None or not _inside(real_root, input_name, path):
+                return None  # gone, or now elsewhere: the full load says so in its own words
+            else:
+                digest = hasher(Path(path))
+            if digest != entry[0]:
+                entry[0] = digest
+                edited.add(input_name)
+                dirty.update(entry[1])
+        heads, blobs = record["tasks"]
+        if len(blobs) != -(-len(heads) // CHUNK):
+            return None
+        chunks = [_Chunk(blob) for blob in blobs]
+        tasks: dict[str, TaskSpec] = {}
+        new_task = RecordedTask.__new__
+        for n, head in enumerate(heads):
+            # as RecordedTask(**dict(zip(_HEAD, head))) makes it, in a third of the time (10,000 per load)
+            recorded = new_task(RecordedTask)
+            fields = recorded.__dict__
+            fields.update(zip(_HEAD, head))
+            fields["_body"] = (chunks[n // CHUNK], n % CHUNK)
+            tasks[head[0]] = recorded
         for name in dirty:
             spec = tasks[name]
-            spec.parts = {**spec.parts, "inputs": {n: digests[n] for n in spec.parts["inputs"]}}
+            spec.parts = {**spec.parts, "inputs": {n: readers[n][0] for n in spec.parts["inputs"]}}
     except (KeyError, TypeError, ValueError, IndexError):
         return None
     project = project_class(None, root, Path(manifest_path), tasks, store)
     folders = dict(record["folders"])
+    shards, moved_shards = _moved_shards(store, record["shards"])
     moved = set()
     for name, spec in tasks.items():
-        now = folder_identity(store, spec.key)
-        if now is None or now != folders.get(name):
-            moved.add(name)
-            folders[name] = now
-    changed = resolve_changed(
+        then = folders.get(name)
+        if then is None or spec.key[:2] in moved_shards:
+            now = folder_identity(store, spec.key)
+            if now is None or now != then:
+                moved.add(name)
+                folders[name] = now
+    changed = resolve_cone(
         tasks,
-        previous_tasks(record),
         dirty,
         moved,
         project.result_digest,
@@ -268,7 +428,9 @@ def reuse(record: dict, manifest_path: Path, project_class):
     project.last_load = {
         **record,
         "remembered": {**remembered, **hasher.remembered},
+        "readers": readers,
         "folders": folders,
+        "shards": shards,
         "tasks": None,
     }
     # saved at load only where much was worked out again (a branch checked out): a few edits' cone
@@ -288,6 +450,7 @@ def resolve_from(project, hasher, record: dict | None) -> None:
     recorded_folders = record["folders"] if record is not None else {}
     if record is not None and record["trusted_signers"] == _trusted(record):
         store.stamps.update(record["stamps"])
+    shards = _shards(store)
     folders: dict[str, list | None] = {}
     dirty, moved = set(), set()
     for name, spec in project.tasks.items():
@@ -307,7 +470,16 @@ def resolve_from(project, hasher, record: dict | None) -> None:
         project.result_digest,
         lambda name: folders.update({name: folder_identity(store, project.tasks[name].key)}),
     )
-    project.last_load = {**record_of(project, hasher), "folders": folders}
+    readers: dict[str, list] = {}
+    for name, spec in project.tasks.items():
+        for input_name, digest in spec.parts["inputs"].items():
+            readers.setdefault(input_name, [digest, []])[1].append(name)
+    project.last_load = {
+        **record_of(project, hasher),
+        "readers": readers,
+        "folders": folders,
+        "shards": shards,
+    }
     project.last_load_changed = True
 
 
@@ -342,31 +514,28 @@ def save(project) -> None:
     record = project.last_load
     if record is None:
         return
-    row_of = operator.attrgetter(*_ROW)  # a task's row in one call (10,000 per save)
-    rows = [list(row_of(spec)) for spec in project.tasks.values()]
+    specs = list(project.tasks.values())
+    tasks = [[_head_fields(spec) for spec in specs], _chunks(specs)]
     # the artifacts' stamps (graph/snapshot.py): a load from here trusts them without reading the snapshot
-    stamps = {
-        spec.key: project.store.stamps[spec.key] for spec in project.tasks.values() if spec.key in project.store.stamps
-    }
-    write_signed(path_for(project.store.workspace), marshal.dumps({**record, "tasks": rows, "stamps": stamps}))
+    stamps, known = {}, project.store.stamps
+    for spec in specs:
+        if spec.key in known:
+            stamps[spec.key] = known[spec.key]
+    write_signed(path_for(project.store.workspace), marshal.dumps({**record, "tasks": tasks, "stamps": stamps}))
 
 
 @gc_paused
 def after_build(project) -> None:
     """The keys a build changed: what depends on a task it ran (its new artifact) resolved again, and
     their artifact folders recorded as their dependents' keys now read them."""
-    from magpie.graph.expand import resolve_changed
-
     record = project.last_load
     store = project.store
     folders = record["folders"]
     ran = set(project.rebuilt)
     for name in ran:
         folders[name] = folder_identity(store, project.tasks[name].key)
-    last = {name: (spec.key, spec.parts) for name, spec in project.tasks.items()}
-    resolve_changed(
+    resolve_cone(
         project.tasks,
-        last,
         set(),
         ran,
         project.result_digest,

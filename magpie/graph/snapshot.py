@@ -62,14 +62,17 @@ def _watched(project) -> list[str]:
     from magpie.store import signing
 
     root = str(project.root)
+    if project.last_load is not None:  # what the load watched: the manifest, trace folders, rules, magpie
+        # and the input files, as the record lists them (no task's body read for its inputs)
+        names = project.last_load["readers"]
+        inputs = {os.path.join(root, name) for name in names if not name.startswith("magpie-templates/")}
+        return sorted(inputs | set(project.last_load["watched"]))
     inputs = {
         os.path.join(root, name)
         for spec in project.tasks.values()
         for name in spec.inputs
         if not name.startswith("magpie-templates/")
     }
-    if project.last_load is not None:  # what the load watched: the manifest, trace folders, rules, magpie
-        return sorted(inputs | set(project.last_load["watched"]))
     paths = {str(project.manifest_path.resolve()), *inputs}
     for trace in project.manifest.traces:  # a trace added to a folder changes the folder's stat
         folder = (project.root / trace.dir).resolve()
