@@ -9,6 +9,7 @@ manifest alone. No task runs: artifacts are committed to the real store directly
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -222,7 +223,12 @@ def test_a_load_after_one_edit_reads_the_bodies_of_the_tasks_it_re_keys_alone(tw
     project = Project.load(manifest)
     read = [name for name, spec in project.tasks.items() if "_body" not in vars(spec)]
     assert read == ["compile:k9/v1", "correctness:k9/v1", "timing:k9/v1", "comparison:k9", "report"]
-    assert keys(project) == keys(full_load(manifest))
+    full = full_load(manifest)
+    assert keys(project) == keys(full)
+    # a task sent to a job process goes as the plain TaskSpec it stands for, its chunk left behind
+    sent = pickle.dumps(project.tasks["timing:k0/v0"])
+    alone = pickle.dumps(full.tasks["timing:k0/v0"])
+    assert pickle.loads(sent) == full.tasks["timing:k0/v0"] and len(sent) < 1.5 * len(alone)
 
 
 @pytest.fixture
