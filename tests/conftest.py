@@ -506,3 +506,13 @@ def tiny_model(tmp_path_factory) -> Path:
         patch.setenv("HF_HUB_OFFLINE", "1")
         patch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
         return build(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def editable_venv(prefix: Path) -> Path:
+    """A virtual environment at `prefix` (seeing this machine's packages) with this checkout installed
+    editable, offline, as a user's `pip install -e .` would: the tests of what the README says a venv runs."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(prefix)], check=True)
+    pip = [str(prefix / "bin" / "pip"), "install", "-q", "--no-index", "--no-build-isolation", "--no-deps"]
+    install = subprocess.run([*pip, "-e", str(REPO)], capture_output=True, text=True)
+    assert install.returncode == 0, install.stdout + install.stderr  # needs hatchling, editables (dev extra)
+    return prefix

@@ -12,11 +12,11 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import editable_venv
 
 from magpie.serving.runner import REPORT
 
@@ -48,23 +48,7 @@ def readme_script(model: Path) -> str:
 @pytest.fixture(scope="module")
 def ran():
     root = Path(tempfile.mkdtemp(prefix="magpie-readme-serving-"))
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    install = subprocess.run(
-        [
-            str(venv / "bin" / "pip"),
-            "install",
-            "-q",
-            "--no-index",
-            "--no-build-isolation",
-            "--no-deps",
-            "-e",
-            str(REPO),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
+    venv = editable_venv(root / "venv")
     work = root / "work"
     work.mkdir()
     env = {

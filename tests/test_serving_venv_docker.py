@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import editable_venv
 
 from magpie.serving import docker_mode
 from magpie.serving.runner import REPORT
@@ -65,23 +66,7 @@ def venv():
     # outside pytest's root-only temporary folder: the user must reach the venv
     root = Path(tempfile.mkdtemp(prefix="magpie-venv-test-"))
     root.chmod(0o755)
-    prefix = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(prefix)], check=True)
-    install = subprocess.run(
-        [
-            str(prefix / "bin" / "pip"),
-            "install",
-            "-q",
-            "--no-index",
-            "--no-build-isolation",
-            "--no-deps",
-            "-e",
-            str(REPO),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr  # needs hatchling, editables (dev extra)
+    prefix = editable_venv(root / "venv")
     yield prefix
     for image in client.images.list(REPOSITORY, filters={"label": f"{PREFIX_LABEL}={prefix}"}):
         client.images.remove(image.id, force=True)  # 1.3 GB, of this venv alone
