@@ -13,6 +13,7 @@ the group. `install_sigterm` turns a SIGTERM of ours into KeyboardInterrupt for 
 from __future__ import annotations
 
 import errno
+import http.client
 import os
 import re
 import signal
@@ -102,7 +103,8 @@ def health_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+    # a server still starting may answer garbage (a bad status line, a cut-off body): not ready yet, not a crash
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return False
 
 
