@@ -8,7 +8,20 @@ import sys
 from magpie import __version__
 from magpie.errors import UserError
 
-VERBS = ("build", "clean", "verify", "key", "cache", "analyze", "compare", "benchmark", "calibrate", "mcp", "kernel")
+VERBS = (
+    "build",
+    "clean",
+    "verify",
+    "key",
+    "cache",
+    "analyze",
+    "compare",
+    "benchmark",
+    "calibrate",
+    "mcp",
+    "kernel",
+    "loop",
+)
 
 
 def parser() -> argparse.ArgumentParser:
