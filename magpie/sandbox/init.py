@@ -105,6 +105,10 @@ def _serve_as_init(status_write: int, policy: Policy, count_processes: bool) -> 
             os._exit(0)
 
 
+# how /proc/PID/maps marks a mapping whose file has no name left
+DELETED = b" (deleted)"
+
+
 def _over_its_limits(policy: Policy, count_processes: bool) -> str | None:
     """What the sandbox holds beyond its policy's limits, in words; None where nothing is."""
     held = _over_what_its_folders_may_hold(policy)
@@ -118,9 +122,12 @@ def _over_its_limits(policy: Policy, count_processes: bool) -> str | None:
 def _over_what_its_folders_may_hold(policy: Policy) -> str | None:
     """What the policy's write trees hold beyond its limits (`written_mb`, MAX_FILES), or None:
     the blocks their files take, each entry counted once more, however deep, and the files its
-    processes hold open that have no name left (`_held_without_a_name`)."""
+    processes hold open or map that have no name left (`_held_without_a_name`,
+    `_held_only_by_a_mapping`)."""
     limit = policy.written_mb << 20
-    total, files = _held_without_a_name()
+    total, seen = _held_without_a_name()
+    total += _held_only_by_a_mapping(policy, seen)
+    files = len(seen)
     if total > limit:
         return f"more than {policy.written_mb} MiB"
     trees = write_trees(policy)
@@ -148,14 +155,13 @@ def _over_what_its_folders_may_hold(policy: Policy) -> str | None:
     return None
 
 
-def _held_without_a_name() -> tuple[int, int]:
+def _held_without_a_name() -> tuple[int, set[tuple[int, int]]]:
     """The blocks (in bytes) and the number of the regular files that the processes of this PID
     namespace hold open and that have no name left: removed after being opened, made without
     one (`O_TMPFILE`), memfds. No folder lists them, yet they hold their memory (in a tmpfs
     scratch folder) while open: a candidate held 1.25 GiB in removed, still-open files of its
-    scratch folder, counted 0 MiB. Each file once, however many descriptors lead to it. What a
-    process only maps, its descriptor closed, is not seen here (its mapping counts towards
-    RLIMIT_AS, or a memory cgroup's account)."""
+    scratch folder, counted 0 MiB. Each file once, however many descriptors lead to it; returned
+    with the (device, inode) of each."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for pid in os.listdir("/proc"):
@@ -175,4 +181,40 @@ def _held_without_a_name() -> tuple[int, int]:
                 continue
             seen.add((held.st_dev, held.st_ino))
             total += held.st_blocks * 512
-    return total, len(seen)
+    return total, seen
+
+
+def _held_only_by_a_mapping(policy: Policy, seen: set[tuple[int, int]]) -> int:
+    """What the removed files of its write trees that its processes only map (the descriptor
+    closed, the name removed) may hold, in bytes: no folder lists them and no descriptor leads to
+    them, yet their pages stay (a candidate mapped one page of each of a run of files, closed
+    and removed them, and held what they held while its folders counted each only while named).
+    Their size cannot be read in here (/proc/PID/map_files needs the host's CAP_SYS_ADMIN), so
+    each counts as the most it can hold: RLIMIT_FSIZE (`file_mb`), or its mapping where larger
+    (a file the evaluator wrote). Each file once, and none already counted through a
+    descriptor (`seen`). Only files of its own write trees: on a GPU, the semaphores Python's
+    multiprocessing maps, removed, in the sandbox's /dev/shm are not candidates' storage."""
+    trees = tuple(os.path.join(os.path.realpath(tree), "") for tree in policy.write)
+    most = policy.file_mb << 20
+    counted: dict[tuple[int, int], int] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as maps:
+                lines = maps.read().splitlines()
+        except OSError:  # ended since listed
+            continue
+        for line in lines:
+            if not line.endswith(DELETED):
+                continue
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or not os.fsdecode(fields[5][: -len(DELETED)]).startswith(trees):
+                continue
+            major, minor = (int(part, 16) for part in fields[3].split(b":"))
+            held = (os.makedev(major, minor), int(fields[4]))
+            if held in seen:
+                continue
+            start, end = (int(part, 16) for part in fields[0].split(b"-"))
+            counted[held] = max(counted.get(held, most), end - start)
+    return sum(counted.values())
