@@ -1,0 +1,45 @@
+"""The calls-alone bound under load (issue 37.1): in two CI runs at load 7-14 an honest candidate
+(relu, 68.4 µs a call in its batches) beside a baseline that spins 2 ms of wall time a call was
+failed `calls_done_together`: "its calls made alone took -178 µs a call against the baseline's, so
+at least 1.26e+03 µs a call, 18x what its batches read". The baseline's calls made alone, their
+waits for a CPU taken off, read about 250 µs against 2,000 in its batches; the difference against
+them was added to its batches' 2,000. These are those readings, and a cheat's beside them."""
+
+from magpie.harness.measurement import ALONE_FAIL, alone_bound
+
+
+def calls_alone(call_us: float, wobble_us: float, count: int = 4) -> list[float]:
+    """What a call cost in each of `count` batches handed over, in ns."""
+    return [(call_us + wobble_us * (-1) ** i) * 1000 for i in range(count)]
+
+
+# the baseline's batches read 2 ms a call (its spin), its calls alone a load burst's 250 µs
+BUSY_BASELINE = {"alone": calls_alone(250.0, 60.0), "batched_ns": 2_000_000.0}
+
+
+def test_an_honest_candidate_beside_a_baseline_whose_calls_alone_read_short_is_not_accused():
+    bound = alone_bound(
+        {"candidate": calls_alone(72.0, 5.0), "baseline": BUSY_BASELINE["alone"]},
+        {"baseline": BUSY_BASELINE["batched_ns"], "candidate": 68_400.0},
+    )
+    assert not bound["failed"] and bound["ratio"] <= 1.0, bound
+    assert bound["reference_short"], bound
+
+
+def test_calls_done_together_still_fail_beside_a_baseline_whose_calls_alone_read_short():
+    """One operation over the batch: its calls alone cost 200 µs, its batches 5 µs a call."""
+    bound = alone_bound(
+        {"candidate": calls_alone(200.0, 5.0), "baseline": BUSY_BASELINE["alone"]},
+        {"baseline": BUSY_BASELINE["batched_ns"], "candidate": 5_000.0},
+    )
+    assert bound["reference_short"] and bound["failed"] and bound["ratio"] > 3 * ALONE_FAIL, bound
+
+
+def test_a_baseline_whose_calls_alone_read_a_third_short_is_still_the_reference():
+    """A longer call's calls alone read up to a third short of its batches, honestly: its batches
+    stay the reference, as before."""
+    bound = alone_bound(
+        {"candidate": calls_alone(8.42, 0.2), "baseline": calls_alone(8.5, 0.2)},
+        {"baseline": 13_230.0, "candidate": 600.0},
+    )
+    assert bound["failed"] and not bound["reference_short"], bound
