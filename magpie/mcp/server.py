@@ -30,7 +30,8 @@ INSTRUCTIONS = (
     "magpie judges GPU kernels of one project (magpie.toml in the server's root): correctness against a "
     "reference on random inputs, then timing against the baseline. Paths are relative to the project root. "
     "Write a candidate with write_candidate, then build (a job: wait=true to wait, or poll job_status), "
-    "then get_report for verdicts and speedups. The prompt optimize_kernel walks the whole loop."
+    "then get_report for verdicts and speedups. The prompt optimize_kernel walks the whole loop. "
+    "With a [[benchmark]]: loop_status says where the workload's loop stands and its next step."
 )
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # a synchronous tool's progress notifications, this often while it runs
@@ -138,11 +139,11 @@ def structured(model: BaseModel, links: list[ResourceLink] = ()) -> CallToolResu
 
 
 def make_server(root: str | Path) -> MCPServer:
-    from magpie.mcp import benchmark_tools, job_tools, kernel_tools, project_tools, resources, trace_tools
+    from magpie.mcp import benchmark_tools, job_tools, kernel_tools, loop_tools, project_tools, resources, trace_tools
 
     services = Services(Path(root))
     app: MCPServer = MCPServer(name="magpie", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
-    for module in (project_tools, job_tools, kernel_tools, trace_tools, benchmark_tools, resources):
+    for module in (project_tools, job_tools, kernel_tools, trace_tools, benchmark_tools, loop_tools, resources):
         module.register(app, services)
     return app
 
