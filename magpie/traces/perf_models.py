@@ -962,7 +962,9 @@ REGISTRY = {
     },
     **{name: softmax for name in SOFTMAX},
 }
-
+# The vendors' and attention libraries' ops TraceLens models add themselves to REGISTRY on import
+# (their module builds on this one's helpers).
+import magpie.traces.perf_models_vendor  # noqa: E402, F401
 
 # The ops TraceLens models, each with the sheet it files them on (`tracelens_ops`). TraceLens
 # models an op whole (everything launched inside it), so a perf row is the outermost of these

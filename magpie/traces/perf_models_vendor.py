@@ -1,0 +1,106 @@
+"""FLOPs and bytes of the non-ATen ops TraceLens models: attention libraries' and vendors' entry points.
+
+Each model reads the inputs TraceLens's model of the op reads (TraceLens 171dd747) and counts with
+magpie's own conventions where the two differ on purpose (causal pairs: `perf_models.causal_pairs`).
+
+Packed ("varlen") attention records only the packed token counts, the number of sequences (from
+`cu_seqlens`'s length) and the longest sequence, not each length: the estimate is the longest
+sequence plus the others at the mean of what remains, as TraceLens assumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from magpie.traces.perf_models import (
+    DTYPE_BYTES,
+    REGISTRY,
+    TENSOR_PRECISION,
+    Estimate,
+    _probability,
+    _stride,
+    _types,
+    causal_pairs,
+    concrete,
+    tensors,
+)
+
+
+@dataclass(frozen=True)
+class VarlenLayout:
+    """Where a packed-attention op records q (k, v follow), cu_seqlens_q (cu_seqlens_k follows),
+    max_seqlen_q (max_seqlen_k follows), dropout_p and causal."""
+
+    q: int
+    cu_seqlens: int
+    max_seqlen: int
+    dropout: int
+    causal: int
+    backward: bool
+
+
+# flash-attn's (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+# causal, ...) and its backward (dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, ...)
+FLASH_VARLEN = {
+    "flash_attn::_flash_attn_varlen_forward": VarlenLayout(0, 3, 5, 7, 9, backward=False),
+    "flash_attn::_flash_attn_varlen_backward": VarlenLayout(1, 9, 11, 13, 15, backward=True),
+}
+
+
+def _sequence_flops(lq: int, lk: int, h: int, hk: int, d: int, dv: int, causal: bool, backward: bool) -> float:
+    """One sequence's attention FLOPs: forward QK^T and PV (2·pairs·(d + d_v) per head); backward the
+    scores recomputed and the V, P, Q and K gradients (2·pairs·(3·d + 2·d_v)) plus the grouped heads'
+    K and V gradients summed into each KV head."""
+    pairs = causal_pairs(lq, lk) if causal else lq * lk
+    if not backward:
+        return 2.0 * h * pairs * (d + dv)
+    return 2.0 * h * pairs * (3 * d + 2 * dv) + lk * (d + dv) * (h // hk - 1)
+
+
+def flash_varlen(op) -> Estimate | None:
+    layout = FLASH_VARLEN[op.name]
+    inputs = tensors(op)
+    q, k, v = (inputs[layout.q : layout.q + 3] + [None, None, None])[:3]
+    cu_q, cu_k = (inputs[layout.cu_seqlens : layout.cu_seqlens + 2] + [None, None])[:2]
+    if not (q and k and v and cu_q and cu_k and len(q.shape) == 3 and len(k.shape) == 3 and len(v.shape) == 3):
+        return None
+    (tq, h, d), (tk, hk, _), dv = q.shape, k.shape, v.shape[2]
+    seqs_q, seqs_k = cu_q.shape[0] - 1, cu_k.shape[0] - 1
+    max_q = int(float(concrete(op, layout.max_seqlen)))
+    max_k = int(float(concrete(op, layout.max_seqlen + 1)))
+    causal = concrete(op, layout.causal) in ("True", "1")
+    flops = _sequence_flops(max_q, max_k, h, hk, d, dv, causal, layout.backward)
+    if seqs_q > 1:
+        rest_q, rest_k = (tq - max_q) // (seqs_q - 1), (tk - max_k) // (seqs_k - 1)
+        flops += (seqs_q - 1) * _sequence_flops(rest_q, rest_k, h, hk, d, dv, causal, layout.backward)
+    out_bytes = tq * h * dv * DTYPE_BYTES.get(q.dtype, 2)
+    operands = q.nbytes + k.nbytes + v.nbytes
+    # backward reads q, k, v and the output's gradient and writes q's, k's and v's gradients
+    moved = 2 * operands + out_bytes if layout.backward else operands + out_bytes
+    return Estimate(
+        "SDPA",
+        flops,
+        moved,
+        TENSOR_PRECISION.get(q.dtype, "fp32"),
+        {
+            "B": 1,
+            "N_Q": tq,
+            "H_Q": h,
+            "N_KV": tk,
+            "H_KV": hk,
+            "d_h_qk": d,
+            "d_h_v": dv,
+            **{f"{name}_stride": _stride(op, layout.q + i) for i, name in enumerate("qkv")},
+            "dropout": _probability(concrete(op, layout.dropout)),
+            "causal": causal,
+            "flash_impl": True,
+            "dtype_A_B": _types(op, 0, 2),
+            "num_seqs_q": seqs_q,
+            "num_seqs_kv": seqs_k,
+            "max_seqlen_q": float(max_q),
+            "max_seqlen_kv": float(max_k),
+        },
+    )
+
+
+REGISTRY.update({name: flash_varlen for name in FLASH_VARLEN})

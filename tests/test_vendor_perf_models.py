@@ -1,0 +1,82 @@
+"""FLOPs and bytes of the non-ATen ops TraceLens models, each family checked against counts made by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from magpie.traces.ingest import CpuOp
+
+BF16, INT = "c10::BFloat16", "int"
+
+
+def _op(name, dims, types, concrete):
+    return CpuOp(name, 0.0, 1.0, 1, 1, dims, types, concrete, None)
+
+
+# Three packed sequences: 1000 query and key tokens, the longest 600 (the other two taken as 200 each),
+# 8 query heads over 2 KV heads, head size 64, bf16.
+Q, KV = [1000, 8, 64], [1000, 2, 64]
+CU_SEQLENS = [4]
+
+
+def _varlen_forward(causal: str):
+    dims = [Q, KV, KV, CU_SEQLENS, CU_SEQLENS, [], [], [], [], []]
+    types = [BF16, BF16, BF16, INT, INT, "Scalar", "Scalar", "Scalar", "Scalar", "Scalar"]
+    return _op(
+        "flash_attn::_flash_attn_varlen_forward", dims, types, ["", "", "", "", "", "600", "600", "0.", "0.125", causal]
+    )
+
+
+@pytest.mark.parametrize(
+    ("causal", "flops"),
+    [
+        # 2·H·pairs·(d + d_v): 2·8·600²·128 = 737,280,000 for the longest, 2·8·200²·128 = 81,920,000 for each other
+        ("False", 737_280_000 + 2 * 81_920_000),
+        # causal pairs 600·601/2 = 180,300 and 200·201/2 = 20,100: 2·8·180,300·128 + 2 · 2·8·20,100·128
+        ("True", 369_254_400 + 2 * 41_164_800),
+    ],
+)
+def test_flash_attn_varlen_forward_counts_the_longest_sequence_and_the_mean_of_the_rest(causal, flops):
+    from magpie.traces.perf_models import estimate
+
+    found = estimate(_varlen_forward(causal))
+    assert found is not None and found.family == "SDPA"
+    assert found.flops == flops
+    # q 1000·8·64·2 = 1,024,000 B, k and v 1000·2·64·2 = 256,000 B each, the output as q
+    assert found.bytes == 1_024_000 + 2 * 256_000 + 1_024_000
+    assert found.precision == "bf16_tensor"
+    params = found.params
+    assert (params["B"], params["N_Q"], params["H_Q"], params["N_KV"], params["H_KV"]) == (1, 1000, 8, 1000, 2)
+    assert (params["num_seqs_q"], params["num_seqs_kv"], params["max_seqlen_q"], params["causal"]) == (
+        3,
+        3,
+        600.0,
+        causal == "True",
+    )
+
+
+def test_flash_attn_varlen_backward_counts_five_products_and_the_grouped_head_sums():
+    from magpie.traces.perf_models import estimate
+
+    # dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    # dropout_p, softmax_scale, causal
+    dims = [Q, Q, KV, KV, Q, [8, 1000], Q, KV, KV, CU_SEQLENS, CU_SEQLENS, [], [], [], [], []]
+    types = [BF16] * 9 + [INT, INT] + ["Scalar"] * 5
+    concrete = [""] * 11 + ["600", "600", "0.", "0.125", "False"]
+    found = estimate(_op("flash_attn::_flash_attn_varlen_backward", dims, types, concrete))
+    assert found is not None and found.family == "SDPA"
+    # per sequence 2·8·pairs·(3·64 + 2·64) plus K and V gradients summed over 4 query heads per KV head,
+    # lk·(64 + 64)·3: 1,843,200,000 + 230,400 for the longest, 204,800,000 + 76,800 for each other
+    assert found.flops == 1_843_430_400 + 2 * 204_876_800
+    # q, k, v read and their gradients written (2 · 1,536,000 B), the output's gradient read (1,024,000 B)
+    assert found.bytes == 2 * 1_536_000 + 1_024_000
+    assert found.params["q_stride"] is None and found.params["num_seqs_q"] == 3
+
+
+def test_flash_attn_varlen_with_unrecorded_lengths_has_no_estimate():
+    from magpie.traces.perf_models import estimate
+
+    op = _varlen_forward("False")
+    assert estimate(op) is not None
+    op.input_dims[3] = []  # cu_seqlens_q not recorded: the sequence count is unknown
+    assert estimate(op) is None
