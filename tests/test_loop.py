@@ -125,3 +125,22 @@ def test_importing_the_loop_imports_no_torch():
 
     code = "import sys, magpie.execution.loop, magpie.cli.loop; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_the_example_project_loads_and_its_loop_starts_at_the_baseline(tmp_path, tiny_model):
+    """examples/loop/ (point 8) as a new user has it after making the model: its manifest loads, and `magpie loop`
+    before any build answers the first step. Its full run is tests/test_ab_benchmark.py's mechanism."""
+    import shutil
+    from pathlib import Path
+
+    from magpie.project import Project
+
+    root = tmp_path / "loop"
+    example = Path(__file__).resolve().parent.parent / "examples" / "loop"
+    shutil.copytree(example, root, ignore=shutil.ignore_patterns("workspaces", "models"))
+    shutil.copytree(tiny_model, root / "models" / "tiny")
+    project = Project.load(root / "magpie.toml")
+    assert {"comparison:rmsnorm", "benchmark:tiny", "benchmark_ab:tiny"} <= set(project.tasks)
+    status = _status(root)
+    assert status["next_step"]["command"] == "magpie build benchmark:tiny"
+    assert [s["state"] for s in status["stages"]] == ["missing", "not declared", "done", "missing", "missing"]

@@ -106,20 +106,23 @@ def loop_status(project, benchmark: str | None = None) -> LoopStatus:
     # bottlenecks
     analysis, profiled = f"benchmark_trace_analysis:{benchmark}", f"benchmark_profile:{benchmark}"
     top = result(analysis).get("top_bottlenecks") or []
+    # with kernels used already the profile is optional (the A/B's Amdahl prediction is what it adds)
     if analysis not in project.tasks:
         stages.append(Stage(name="bottlenecks", state="not declared", tasks=[], detail="no profiled run"))
-        steps.append(
-            NextStep(
-                stage="bottlenecks",
-                command=f"add profiler = true to [[benchmark]] {benchmark} in magpie.toml, then magpie build {analysis}",
-                why="the top bottlenecks come from a profiled run's trace analysis",
+        if not used:
+            steps.append(
+                NextStep(
+                    stage="bottlenecks",
+                    command=f"add profiler = true to [[benchmark]] {benchmark} in magpie.toml, "
+                    f"then magpie build {analysis}",
+                    why="the top bottlenecks come from a profiled run's trace analysis",
+                )
             )
-        )
     else:
         rows = [f"{r.get('CPU Op') or r.get('Name')} {r.get('% Total')}%" for r in top[:3]]
         detail = "top ops by share: " + "; ".join(rows) if rows else stale.get(analysis, "no top ops")
         stages.append(Stage(name="bottlenecks", state=state(analysis), tasks=[profiled, analysis], detail=detail))
-        if state(analysis) != "done":
+        if state(analysis) != "done" and not used:
             build_step("bottlenecks", analysis, f"the trace analysis is {state(analysis)}")
 
     # kernels
@@ -229,7 +232,9 @@ def _trace_file(project, profiled: str) -> str:
         return "TRACE"
     folder = project.store.path(spec.key) / TRACE_DIR
     found = sorted(p for p in folder.rglob("*") if p.name.endswith((".json", ".json.gz"))) if folder.is_dir() else []
-    return str(found[0]) if found else "TRACE"
+    if not found:
+        return "TRACE"
+    return str(found[0].relative_to(project.root) if found[0].is_relative_to(project.root) else found[0])
 
 
 def render(status: LoopStatus) -> str:
