@@ -25,6 +25,11 @@ MODELLED_NON_ATEN = {
     "flash_attn::_flash_attn_backward",
     "flash_attn::_flash_attn_varlen_forward",
     "flash_attn::_flash_attn_varlen_backward",
+    "flash_attn_3::fwd",
+    "aiter::_flash_attn_forward",
+    "aiter::_flash_attn_backward",
+    "aiter::wrapper_fmha_v3_fwd",
+    "aiter::wrapper_fmha_v3_bwd",
 }
 # The ops TraceLens models that magpie counts nothing for yet (their perf cells blank, their
 # category and sheet TraceLens's): vLLM's and AITER's attention (packed sequences, paged caches) and

@@ -80,3 +80,70 @@ def test_flash_attn_varlen_with_unrecorded_lengths_has_no_estimate():
     assert estimate(op) is not None
     op.input_dims[3] = []  # cu_seqlens_q not recorded: the sequence count is unknown
     assert estimate(op) is None
+
+
+# AITER's and flash-attn 3's unpadded attention: q (2, 128, 8, 64), k and v (2, 256, 2, 64), bf16.
+DENSE_Q, DENSE_KV = [2, 128, 8, 64], [2, 256, 2, 64]
+
+
+def _dense(name, q_at, length, flags):
+    dims = [[]] * q_at + [DENSE_Q, DENSE_KV, DENSE_KV] + [[]] * (length - q_at - 3)
+    types = [""] * q_at + [BF16] * 3 + ["Scalar"] * (length - q_at - 3)
+    concrete = [""] * length
+    for at, text in flags.items():
+        concrete[at] = text
+    return _op(name, dims, types, concrete)
+
+
+@pytest.mark.parametrize(
+    ("name", "q_at", "length", "flags", "flops"),
+    [
+        # causal, 128 queries over 256 keys aligned bottom right: 128·128 + 128·129/2 = 24,640 pairs;
+        # 2 batches · 2·8·24,640·128
+        ("aiter::_flash_attn_forward", 0, 8, {3: "0.0", 5: "True"}, 2 * 50_462_720),
+        ("aiter::wrapper_fmha_v3_fwd", 1, 9, {4: "0.0", 6: "True"}, 2 * 50_462_720),
+        # TraceLens reads causal in any case: "true" too
+        ("flash_attn_3::fwd", 0, 26, {24: "true"}, 2 * 50_462_720),
+        # not causal: 2 · 2·8·128·256·128
+        ("aiter::_flash_attn_forward", 0, 8, {3: "0.0", 5: "False"}, 2 * 67_108_864),
+    ],
+)
+def test_aiter_and_flash_attn_3_forward_count_as_flash_attention(name, q_at, length, flags, flops):
+    from magpie.traces.perf_models import estimate
+
+    found = estimate(_dense(name, q_at, length, flags))
+    assert found is not None and found.family == "SDPA"
+    assert found.flops == flops
+    # q 2·128·8·64·2 = 262,144 B, k and v 2·256·2·64·2 = 131,072 B each, the output as q
+    assert found.bytes == 262_144 + 2 * 131_072 + 262_144
+    # TraceLens's parameters for these ops: no strides, no dtypes
+    assert list(found.params) == [
+        "B",
+        "N_Q",
+        "H_Q",
+        "N_KV",
+        "H_KV",
+        "d_h_qk",
+        "d_h_v",
+        "dropout",
+        "causal",
+        "flash_impl",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "q_at", "length", "flags"),
+    [
+        ("aiter::_flash_attn_backward", 0, 14, {10: "0.0", 12: "false"}),
+        ("aiter::wrapper_fmha_v3_bwd", 1, 11, {9: "None"}),
+    ],
+)
+def test_aiter_attention_backward_counts_five_products_and_the_grouped_head_sums(name, q_at, length, flags):
+    from magpie.traces.perf_models import estimate
+
+    found = estimate(_dense(name, q_at, length, flags))
+    assert found is not None and found.params["causal"] is False
+    # 2 batches · (2·8·128·256·(3·64 + 2·64) + 256·(64 + 64)·(8/2 − 1))
+    assert found.flops == 2 * (167_772_160 + 98_304)
+    # q, k, v read and their gradients written (2 · 524,288 B), the output's gradient read (262,144 B)
+    assert found.bytes == 2 * 524_288 + 262_144

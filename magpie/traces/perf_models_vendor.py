@@ -103,4 +103,59 @@ def flash_varlen(op) -> Estimate | None:
     )
 
 
+@dataclass(frozen=True)
+class DenseLayout:
+    """Where an unpadded (B, L, H, d) attention op records q (k, v follow), dropout_p (None: never
+    applied) and causal."""
+
+    q: int
+    dropout: int | None
+    causal: int
+    backward: bool
+
+
+# AITER's flash-attention entry points and flash-attn 3's forward. TraceLens gives their rows no
+# strides and no dtypes among the parameters, and reads "true" in any case as causal.
+DENSE = {
+    "aiter::_flash_attn_forward": DenseLayout(0, 3, 5, backward=False),
+    "aiter::_flash_attn_backward": DenseLayout(0, 10, 12, backward=True),
+    "aiter::wrapper_fmha_v3_fwd": DenseLayout(1, 4, 6, backward=False),
+    "aiter::wrapper_fmha_v3_bwd": DenseLayout(1, 7, 9, backward=True),
+    "flash_attn_3::fwd": DenseLayout(0, None, 24, backward=False),
+}
+
+
+def dense_attention(op) -> Estimate | None:
+    layout = DENSE[op.name]
+    q, k, v = (tensors(op)[layout.q : layout.q + 3] + [None, None, None])[:3]
+    if not (q and k and v and len(q.shape) == 4 and len(k.shape) == 4 and len(v.shape) == 4):
+        return None
+    (b, lq, h, d), (_, lk, hk, _), dv = q.shape, k.shape, v.shape[3]
+    causal = concrete(op, layout.causal).lower() == "true"
+    flops = b * _sequence_flops(lq, lk, h, hk, d, dv, causal, layout.backward)
+    out_bytes = b * lq * h * dv * DTYPE_BYTES.get(q.dtype, 2)
+    operands = q.nbytes + k.nbytes + v.nbytes
+    moved = 2 * operands + out_bytes if layout.backward else operands + out_bytes
+    dropout = _probability(concrete(op, layout.dropout)) if layout.dropout is not None else 0.0
+    return Estimate(
+        "SDPA",
+        flops,
+        moved,
+        TENSOR_PRECISION.get(q.dtype, "fp32"),
+        {
+            "B": b,
+            "N_Q": lq,
+            "H_Q": h,
+            "N_KV": lk,
+            "H_KV": hk,
+            "d_h_qk": d,
+            "d_h_v": dv,
+            "dropout": dropout,
+            "causal": causal,
+            "flash_impl": True,
+        },
+    )
+
+
 REGISTRY.update({name: flash_varlen for name in FLASH_VARLEN})
+REGISTRY.update({name: dense_attention for name in DENSE})
