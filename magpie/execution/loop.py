@@ -168,7 +168,7 @@ def loop_status(project, benchmark: str | None = None) -> LoopStatus:
             verdicts.append(f"{k}: {state(name)}")
             continue
         best = judged.get("best")
-        verdicts.append(f"{k}: winner {best}" if best else f"{k}: no candidate passed")
+        verdicts.append(f"{k}: winner {best}" if best else f"{k}: no winner (no correct candidate faster beyond noise)")
         if not best and bench.use[k] == "best":
             steps.append(
                 NextStep(
