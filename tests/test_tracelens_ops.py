@@ -30,6 +30,7 @@ MODELLED_NON_ATEN = {
     "aiter::_flash_attn_backward",
     "aiter::wrapper_fmha_v3_fwd",
     "aiter::wrapper_fmha_v3_bwd",
+    *(op for op, entry in TABLE["models"].items() if entry["model"] == "gemm_a8w8_blockscale"),
 }
 # The ops TraceLens models that magpie counts nothing for yet (their perf cells blank, their
 # category and sheet TraceLens's): vLLM's and AITER's attention (packed sequences, paged caches) and

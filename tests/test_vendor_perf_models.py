@@ -147,3 +147,38 @@ def test_aiter_attention_backward_counts_five_products_and_the_grouped_head_sums
     assert found.flops == 2 * (167_772_160 + 98_304)
     # q, k, v read and their gradients written (2 · 524,288 B), the output's gradient read (262,144 B)
     assert found.bytes == 2 * 524_288 + 262_144
+
+
+FP8 = "c10::Float8_e4m3fnuz"
+
+
+def test_a8w8_blockscale_gemms_count_the_matmul_and_move_x_w_and_a_bf16_output():
+    from magpie.traces.perf_models import estimate
+
+    # X (256, 7168) and W (2048, 7168) fp8 with 128x128-block scales (256, 56) and (16, 56), float
+    dims = [[256, 7168], [2048, 7168], [256, 56], [16, 56], []]
+    types = [FP8, FP8, "float", "float", "c10::BFloat16"]
+    found = estimate(_op("aiter::gemm_a8w8_blockscale_ck", dims, types, [""] * 5))
+    assert found is not None and found.family == "GEMM"
+    assert found.flops == 2 * 256 * 2048 * 7168  # 7,516,192,768
+    # X 256·7168·1 = 1,835,008 B, W 2048·7168·1 = 14,680,064 B, Y 256·2048·2 = 1,048,576 B; the scales not counted
+    assert found.bytes == 1_835_008 + 14_680_064 + 1_048_576
+    assert found.params == {
+        "B": 1,
+        "M": 256,
+        "N": 2048,
+        "K": 7168,
+        "bias": False,
+        "dtype_A_B": (FP8, FP8, "c10::bfloat16"),
+        "quant_scheme": "a8w8_blockscale",
+        "quant_granularity": "per_block",
+        "block_k": 128,
+        "block_n": 128,
+        "scale_dtype": "float",
+        "output_shape": (256, 2048),
+        "output_dtype": "c10::bfloat16",
+    }
+    # without the scales recorded, the same counts and no block sizes
+    bare = estimate(_op("vllm::rocm_aiter_triton_gemm_a8w8_blockscale", dims[:2], types[:2], ["", ""]))
+    assert bare is not None and (bare.flops, bare.bytes) == (found.flops, found.bytes)
+    assert "block_k" not in bare.params
