@@ -151,19 +151,30 @@ class Rounds:
         """On a busy machine, the failures a busy machine may have caused: each role's launch
         floor failed by a call that still read more than its copy (`floor_in_doubt`), the
         candidate's calls-alone bound at no more than BUSY_DOUBT_ALONE; [] where any failure
-        is beyond doubt (or another check failed), or the machine was not busy."""
-        if not self.busy():
+        is beyond doubt (or another check failed), or the machine was not busy. A bound that
+        fails only with the baseline's batches for its cost, its calls alone reading under half
+        of them (`reference_disturbed`), is in doubt at any ratio, the machine read busy or not:
+        the baseline's readings disagree, which the machine did."""
+        bound = self.alone_bound
+        disturbed = bool(bound and bound["failed"] and bound.get("reference_disturbed"))
+        if self.cpu_wait_share is None or not (self.busy() or disturbed):
             return []
         doubts = []
         for role, record in self.failed.items():
-            if not record.get("floor_in_doubt"):
+            if not record.get("floor_in_doubt") or not self.busy():
                 return []
             doubts.append(f"{role}: {record['detail']}")
-        bound = self.alone_bound
         if bound and bound["failed"]:
-            if bound["ratio"] > BUSY_DOUBT_ALONE or bound.get("launched_apart"):
+            if disturbed:
+                doubts.append(
+                    f"candidate: its calls made alone bound its batches at {bound['ratio']:.2g}x against the "
+                    f"baseline's batches, {bound['ratio_alone_reference']:.2g}x against the baseline's calls made "
+                    f"alone ({bound['baseline_alone_us']:.3g} µs a call against {bound['baseline_batched_us']:.3g})"
+                )
+            elif bound["ratio"] > BUSY_DOUBT_ALONE or bound.get("launched_apart"):
                 return []
-            doubts.append(f"candidate: its calls made alone bound its batches at {bound['ratio']:.2g}x")
+            else:
+                doubts.append(f"candidate: its calls made alone bound its batches at {bound['ratio']:.2g}x")
         return doubts
 
     def judge_calls_alone(self) -> None:
