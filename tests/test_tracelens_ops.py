@@ -31,6 +31,11 @@ MODELLED_NON_ATEN = {
     "aiter::wrapper_fmha_v3_fwd",
     "aiter::wrapper_fmha_v3_bwd",
     *(op for op, entry in TABLE["models"].items() if entry["model"] == "gemm_a8w8_blockscale"),
+    "aiter::silu_and_mul",
+    "_C::silu_and_mul",
+    "sgl_kernel::silu_and_mul",
+    "aiter::gelu_and_mul",
+    "aiter::gelu_tanh_and_mul",
 }
 # The ops TraceLens models that magpie counts nothing for yet (their perf cells blank, their
 # category and sheet TraceLens's): vLLM's and AITER's attention (packed sequences, paged caches) and

@@ -182,3 +182,20 @@ def test_a8w8_blockscale_gemms_count_the_matmul_and_move_x_w_and_a_bf16_output()
     bare = estimate(_op("vllm::rocm_aiter_triton_gemm_a8w8_blockscale", dims[:2], types[:2], ["", ""]))
     assert bare is not None and (bare.flops, bare.bytes) == (found.flops, found.bytes)
     assert "block_k" not in bare.params
+
+
+@pytest.mark.parametrize(
+    ("name", "flops_per_element"),
+    [("aiter::silu_and_mul", 5), ("_C::silu_and_mul", 5), ("aiter::gelu_and_mul", 8), ("aiter::gelu_tanh_and_mul", 10)],
+)
+def test_gated_activations_read_gate_and_up_and_write_the_output(name, flops_per_element):
+    from magpie.traces.perf_models import estimate
+
+    # out (4, 9, 256) bf16 from an fp32 gate+up (4, 9, 512): 9,216 output elements
+    found = estimate(_op(name, [[4, 9, 256], [4, 9, 512]], [BF16, "float"], ["", ""]))
+    assert found is not None and found.family == "elementwise"
+    assert found.flops == flops_per_element * 9_216
+    # gate and up read, 2 · 9,216 · 4 = 73,728 B; the output written, 9,216 · 2 = 18,432 B
+    assert found.bytes == 73_728 + 18_432
+    assert found.params["op_shape"] == (4, 9, 256) and found.params["dtype_in_out"] == ("float", BF16)
+    assert found.precision == "fp32"

@@ -20,6 +20,7 @@ from magpie.traces.perf_models import (
     _probability,
     _stride,
     _types,
+    _vector_precision,
     causal_pairs,
     concrete,
     tensors,
@@ -206,6 +207,36 @@ def gemm_a8w8_blockscale(op) -> Estimate | None:
     return Estimate("GEMM", 2.0 * m * n * k, moved, TENSOR_PRECISION.get(x.dtype, "fp8_tensor"), params)
 
 
+# -- gated activations --------------------------------------------------------------------------
+# act_and_mul(out (..., I), input (..., 2·I)): act(gate) · up per output element, at TraceLens's
+# FLOPs per element for each activation (SiLU 5, erf GELU 8, tanh GELU 10).
+GATED_ACTIVATIONS = {
+    "aiter::silu_and_mul": 5,
+    "_C::silu_and_mul": 5,
+    "sgl_kernel::silu_and_mul": 5,
+    "aiter::gelu_and_mul": 8,
+    "aiter::gelu_tanh_and_mul": 10,
+}
+
+
+def gated_activation(op) -> Estimate | None:
+    """The gate and up halves read, the output written once."""
+    out, gate_up = (tensors(op) + [None, None])[:2]
+    if not (out and gate_up):
+        return None
+    numel = out.numel
+    moved = 2 * numel * DTYPE_BYTES[gate_up.dtype] + out.nbytes
+    params = {
+        "op_shape": tuple(out.shape),
+        "dtype_in_out": (gate_up.dtype, out.dtype),
+        "stride_input": _stride(op, 1),
+        "stride_output": _stride(op, 0),
+    }
+    flops = float(GATED_ACTIVATIONS[op.name] * numel)
+    return Estimate("elementwise", flops, moved, _vector_precision(gate_up.dtype), params)
+
+
 REGISTRY.update({name: flash_varlen for name in FLASH_VARLEN})
+REGISTRY.update({name: gated_activation for name in GATED_ACTIVATIONS})
 REGISTRY.update({name: gemm_a8w8_blockscale for name in A8W8_BLOCKSCALE})
 REGISTRY.update({name: dense_attention for name in DENSE})
