@@ -8,8 +8,10 @@ them was added to its batches' 2,000. Which of the baseline's readings is true c
 failure is in doubt: measured again, then inconclusive, never FAILED. These are those readings,
 and a cheat's beside them."""
 
-from magpie.harness.measurement import ALONE_FAIL, alone_bound
+from magpie.harness.judging import judge_retiming
+from magpie.harness.measurement import ALONE_FAIL, INCONCLUSIVE, alone_bound
 from magpie.harness.rounds import Rounds
+from magpie.harness.spec import Case
 
 
 def in_doubt(bound: dict, cpu_wait_share: float) -> list[str]:
@@ -23,6 +25,7 @@ def calls_alone(call_us: float, wobble_us: float, count: int = 4) -> list[float]
     return [(call_us + wobble_us * (-1) ** i) * 1000 for i in range(count)]
 
 
+CASE = Case(label="8x128", shape=[8, 128], dtype="float32", trial=0, seed=0)
 # the baseline's batches read 2 ms a call (its spin), its calls alone a load burst's 250 µs
 BUSY_BASELINE = {"alone": calls_alone(250.0, 60.0), "batched_ns": 2_000_000.0}
 
@@ -60,3 +63,29 @@ def test_a_baseline_whose_calls_alone_read_a_third_short_is_still_the_reference(
     )
     assert bound["failed"] and not bound["reference_short"] and not bound["reference_disturbed"], bound
     assert in_doubt(bound, 0.1) == []
+
+
+def test_a_retiming_failed_only_by_a_baseline_whose_calls_alone_read_short_is_inconclusive():
+    """The re-timing of an implausible speedup is not measured again: such a failure there leaves
+    the timing inconclusive (not stored as final), a cheat's fails it."""
+    honest = alone_bound(
+        {"candidate": calls_alone(72.0, 5.0), "baseline": BUSY_BASELINE["alone"]},
+        {"baseline": BUSY_BASELINE["batched_ns"], "candidate": 68_400.0},
+    )
+    cheat = alone_bound(
+        {"candidate": calls_alone(200.0, 5.0), "baseline": BUSY_BASELINE["alone"]},
+        {"baseline": BUSY_BASELINE["batched_ns"], "candidate": 5_000.0},
+    )
+    states = []
+    for bound in (honest, cheat):
+        retimed = Rounds(["baseline", "candidate"], vouched=True)
+        for role, call_ns in (("baseline", 2_000_000), ("candidate", 68_400)):
+            for _ in range(3):
+                retimed.add_batch(role, 0, call_ns * 10, 10, 0.001)
+        retimed.settle_samples(capped=True)
+        retimed.methods = {"baseline": "batches", "candidate": "batches"}
+        retimed.alone_bound, retimed.cpu_wait_share = bound, 0.1
+        result = {"performance_state": "SUCCESS", "errors": [], "warnings": [], "flags": [], "failures": []}
+        judge_retiming(result, retimed, 10.0, CASE, 0, {"baseline": None, "candidate": None}, "cpu")
+        states.append((result["performance_state"], [f["kind"] for f in result["failures"]]))
+    assert states == [(INCONCLUSIVE, ["inconclusive_machine_busy"]), ("FAILED", ["calls_done_together"])], states

@@ -304,6 +304,12 @@ def judge_retiming(
             flag_uneven(result, summary, f"{role}, re-timed", True, case, spec_index)
     if retimed.alone_bound and retimed.alone_bound["failed"]:
         fail(result, "calls_done_together", f"candidate, re-timed: {alone_line(retimed.alone_bound)}", case, spec_index)
+        # the re-timing is not measured again: a failure only its baseline's disagreeing readings
+        # made (`Rounds.in_doubt`) leaves the timing inconclusive, for the next build to retry
+        doubts = retimed.in_doubt()
+        if doubts and {f["kind"] for f in result.get("failures", [])} == {"calls_done_together"}:
+            assert retimed.cpu_wait_share is not None  # in doubt: its share was read
+            inconclusive(result, [f"re-timed: {doubt}" for doubt in doubts], [retimed.cpu_wait_share], case, spec_index)
     if result["performance_state"] != "SUCCESS":
         return
     second = paired_speedup(retimed.for_speedup(statistic), again["baseline"]["median_us"], statistic, between_runs)
