@@ -36,6 +36,8 @@ MODELLED_NON_ATEN = {
     "sgl_kernel::silu_and_mul",
     "aiter::gelu_and_mul",
     "aiter::gelu_tanh_and_mul",
+    "primus_turbo::hipblaslt_gemm_fp8",
+    "primus_turbo_cpp_extension::hipblaslt_gemm_fp8",
 }
 # The ops TraceLens models that magpie counts nothing for yet (their perf cells blank, their
 # category and sheet TraceLens's): vLLM's and AITER's attention (packed sequences, paged caches) and

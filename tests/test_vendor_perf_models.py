@@ -199,3 +199,26 @@ def test_gated_activations_read_gate_and_up_and_write_the_output(name, flops_per
     assert found.bytes == 73_728 + 18_432
     assert found.params["op_shape"] == (4, 9, 256) and found.params["dtype_in_out"] == ("float", BF16)
     assert found.precision == "fp32"
+
+
+@pytest.mark.parametrize(
+    ("flags", "mnk"),
+    [
+        # A (4096, 2048), B (1024, 2048) taken transposed: M 4096, N 1024, K 2048
+        (["False", "True", "False"], (4096, 1024, 2048)),
+        # trans_c: Cᵀ = Bᵀ·Aᵀ, B (1024, 2048) first, not transposed, then A transposed: M 1024, N 4096
+        (["False", "True", "True"], (1024, 4096, 2048)),
+    ],
+)
+def test_hipblaslt_fp8_gemm_reads_its_transposes(flags, mnk):
+    from magpie.traces.perf_models import estimate
+
+    dims = [[4096, 2048], [], [1024, 2048], [], [], [], [], [], []]
+    types = [FP8, "float", FP8, "float", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar"]
+    found = estimate(_op("primus_turbo::hipblaslt_gemm_fp8", dims, types, ["", "", "", "", "15", *flags, "0"]))
+    assert found is not None and found.family == "GEMM"
+    assert (found.params["M"], found.params["N"], found.params["K"]) == mnk
+    assert found.flops == 2 * 4096 * 1024 * 2048  # 17,179,869,184
+    # A 4096·2048·1 = 8,388,608 B, B 2048·1024·1 = 2,097,152 B, the output 4096·1024·2 = 8,388,608 B
+    assert found.bytes == 8_388_608 + 2_097_152 + 8_388_608
+    assert found.params["dtype_A_B"] == (FP8, FP8) and found.params["dtype_scaleA"] == "float"

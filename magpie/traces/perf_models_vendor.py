@@ -236,7 +236,50 @@ def gated_activation(op) -> Estimate | None:
     return Estimate("elementwise", flops, moved, _vector_precision(gate_up.dtype), params)
 
 
+# hipblaslt_gemm_fp8(A, scale_a_inv, B, scale_b_inv, out_dtype, trans_a, trans_b, trans_c, granularity)
+HIPBLASLT_FP8 = ("primus_turbo::hipblaslt_gemm_fp8", "primus_turbo_cpp_extension::hipblaslt_gemm_fp8")
+
+
+def _set(text: str) -> bool:
+    """A recorded bool argument, read as TraceLens reads one: anything but false, 0 or nothing is set."""
+    return text.strip().lower() not in ("false", "0", "")
+
+
+def hipblaslt_gemm_fp8(op) -> Estimate | None:
+    """2·M·N·K; A and B moved once at their own widths, the output at 2 bytes from 1-byte operands
+    (else at A's width); the inverse scales not counted. trans_c computes Cᵀ = Bᵀ·Aᵀ: the operands
+    swap and their transposes flip."""
+    inputs = tensors(op)
+    a, b = (inputs[0:1] + [None])[0], (inputs[2:3] + [None])[0]
+    if not (a and b and len(a.shape) == 2 and len(b.shape) == 2):
+        return None
+    trans_a, trans_b = _set(concrete(op, 5)), _set(concrete(op, 6))
+    first, second = (a, b)
+    if _set(concrete(op, 7)):
+        first, second, trans_a, trans_b = b, a, not trans_b, not trans_a
+    m, k = (first.shape[1], first.shape[0]) if trans_a else (first.shape[0], first.shape[1])
+    n = second.shape[0] if trans_b else second.shape[1]
+    width_a, width_b = DTYPE_BYTES[first.dtype], DTYPE_BYTES[second.dtype]
+    out_width = 2 if width_a == 1 else width_a
+    moved = m * k * width_a + k * n * width_b + m * n * out_width
+    types = op.input_types or []
+    params = {
+        "M": m,
+        "N": n,
+        "K": k,
+        "bias": False,
+        "stride_A": _stride(op, 0),
+        "stride_B": _stride(op, 2),
+        "dtype_A_B": (types[0], types[2]),
+        "dtype_scaleA": types[1] if len(types) > 1 else None,
+        "dtype_scaleB": types[3] if len(types) > 3 else None,
+        "B": 1,
+    }
+    return Estimate("GEMM", 2.0 * m * n * k, moved, TENSOR_PRECISION.get(a.dtype, "fp8_tensor"), params)
+
+
 REGISTRY.update({name: flash_varlen for name in FLASH_VARLEN})
+REGISTRY.update({name: hipblaslt_gemm_fp8 for name in HIPBLASLT_FP8})
 REGISTRY.update({name: gated_activation for name in GATED_ACTIVATIONS})
 REGISTRY.update({name: gemm_a8w8_blockscale for name in A8W8_BLOCKSCALE})
 REGISTRY.update({name: dense_attention for name in DENSE})
