@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from magpie.errors import UserError, located
+from magpie.graph.expand import known
 
 State = Literal["done", "stale", "missing", "not declared"]
 STAGES = ("baseline", "bottlenecks", "kernels", "candidates", "e2e")
@@ -79,14 +80,18 @@ def loop_status(project, benchmark: str | None = None) -> LoopStatus:
         return "stale" if project.store.recorded(name) else "missing"
 
     def result(name: str) -> dict:
-        """The task's result where its artifact under its current key is stored ({} otherwise); one a build would
-        run again (a provisional timing) is shown, and its stage marked stale."""
-        if name not in project.tasks or not project.store.has(project.tasks[name].key):
+        """The task's result under its current key, else its last one still stored (the evidence of a stale
+        stage, shown as such); {} where there is none."""
+        if name not in project.tasks:
             return {}
-        try:
-            return project.store.read(project.tasks[name].key)
-        except (OSError, ValueError):
-            return {}
+        last = (project.store.recorded(name) or {}).get("key")
+        for key in (project.tasks[name].key, last):
+            if key and known(key) and project.store.has(key):
+                try:
+                    return project.store.read(key)
+                except (OSError, ValueError):
+                    return {}
+        return {}
 
     stages: list[Stage] = []
     steps: list[NextStep] = []
@@ -97,8 +102,15 @@ def loop_status(project, benchmark: str | None = None) -> LoopStatus:
     # baseline
     name = f"benchmark:{benchmark}"
     summary = result(name).get("summary") or {}
-    shown = {k: summary[k] for k in ("output_throughput", "request_throughput") if isinstance(summary.get(k), float)}
-    detail = ", ".join(f"{k} {v:.4g}" for k, v in shown.items()) or "benchmarked" if state(name) == "done" else ""
+    throughput, latency = summary.get("throughput") or {}, summary.get("latency") or {}
+    shown = {
+        "output tok/s": throughput.get("output_tokens"),
+        "requests/s": throughput.get("request"),
+        "TTFT median ms": (latency.get("ttft") or {}).get("median"),
+    }
+    detail = ", ".join(f"{k} {v:.4g}" for k, v in shown.items() if isinstance(v, (int, float))) or (
+        "benchmarked" if summary else ""
+    )
     stages.append(Stage(name="baseline", state=state(name), tasks=[name], detail=detail or stale.get(name, "")))
     if state(name) != "done":
         build_step("baseline", name, f"the workload's baseline is {state(name)}: benchmark it")
@@ -218,7 +230,10 @@ def _ab_detail(ab: dict) -> str:
     changes = []
     for metric, m in (ab.get("metrics") or {}).items():
         if m.get("ratio") is not None:
-            changes.append(f"{metric} x{m['ratio']:.3f} [{m.get('ci_low')}, {m.get('ci_high')}] {m.get('verdict')}")
+            low, high = (
+                f"{v:.3g}" if isinstance(v, (int, float)) else "?" for v in (m.get("ci_low"), m.get("ci_high"))
+            )
+            changes.append(f"{metric} x{m['ratio']:.3g} [{low}, {high}] {m.get('verdict')}")
     gate_text = f"gate {'passed' if gate.get('passed') else 'refused'} {gate.get('matched')}/{gate.get('prompts')}"
     return f"{ab.get('claim')}; {gate_text}; " + "; ".join(changes[:3])
 
