@@ -38,6 +38,11 @@ MODELLED_NON_ATEN = {
     "aiter::gelu_tanh_and_mul",
     "primus_turbo::hipblaslt_gemm_fp8",
     "primus_turbo_cpp_extension::hipblaslt_gemm_fp8",
+    "aiter::gemm_a16w16",
+    "aiter::gemm_a16w16_atomic_",
+    "sglang_profiler::gemm_kernels_flydsl_hgemm",
+    "aiter::_gemm_a16w16_asm",
+    "vllm::rocm_unquantized_gemm",
 }
 # The ops TraceLens models that magpie counts nothing for yet (their perf cells blank, their
 # category and sheet TraceLens's): vLLM's and AITER's attention (packed sequences, paged caches) and

@@ -222,3 +222,46 @@ def test_hipblaslt_fp8_gemm_reads_its_transposes(flags, mnk):
     # A 4096·2048·1 = 8,388,608 B, B 2048·1024·1 = 2,097,152 B, the output 4096·1024·2 = 8,388,608 B
     assert found.bytes == 8_388_608 + 2_097_152 + 8_388_608
     assert found.params["dtype_A_B"] == (FP8, FP8) and found.params["dtype_scaleA"] == "float"
+
+
+@pytest.mark.parametrize(
+    ("name", "dims", "types", "flops", "moved"),
+    [
+        # X (64, 4096), W (1024, 4096), bf16: 2·64·1024·4096 = 536,870,912; X 524,288 B, W 8,388,608 B,
+        # the output 64·1024·2 = 131,072 B
+        ("aiter::gemm_a16w16", [[64, 4096], [1024, 4096], [], []], [BF16, BF16, "", "Scalar"], 536_870_912, 9_043_968),
+        # with a bias: + 64·1024 FLOPs, + 1024·2 B read
+        (
+            "aiter::gemm_a16w16",
+            [[64, 4096], [1024, 4096], [1024], []],
+            [BF16, BF16, BF16, "Scalar"],
+            536_870_912 + 65_536,
+            9_043_968 + 2_048,
+        ),
+        # the atomic variant's output y (recorded at 3) in fp32: 64·1024·4 = 262,144 B
+        (
+            "aiter::gemm_a16w16_atomic_",
+            [[64, 4096], [1024, 4096], [], [64, 1024]],
+            [BF16, BF16, "", "float"],
+            536_870_912,
+            524_288 + 8_388_608 + 262_144,
+        ),
+        # the asm variant's output at 2; its split-K workspace at 3 not counted
+        (
+            "aiter::_gemm_a16w16_asm",
+            [[64, 4096], [1024, 4096], [64, 1024], [8]],
+            [BF16, BF16, BF16, "unsigned int"],
+            536_870_912,
+            9_043_968,
+        ),
+        # vLLM's unquantized GEMM with no bias: the output as the weight
+        ("vllm::rocm_unquantized_gemm", [[64, 4096], [1024, 4096], []], [BF16, BF16, ""], 536_870_912, 9_043_968),
+    ],
+)
+def test_a16w16_gemms_read_each_entry_points_output_and_bias(name, dims, types, flops, moved):
+    from magpie.traces.perf_models import estimate
+
+    found = estimate(_op(name, dims, types, [""] * len(dims)))
+    assert found is not None and found.family == "GEMM"
+    assert (found.params["M"], found.params["N"], found.params["K"]) == (64, 1024, 4096)
+    assert (found.flops, found.bytes) == (flops, moved)

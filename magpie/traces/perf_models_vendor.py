@@ -278,7 +278,58 @@ def hipblaslt_gemm_fp8(op) -> Estimate | None:
     return Estimate("GEMM", 2.0 * m * n * k, moved, TENSOR_PRECISION.get(a.dtype, "fp8_tensor"), params)
 
 
+# X (M, K) · W (N, K)ᵀ in 16 bits, each entry point with its own record of the output's dtype and
+# of a bias: (where the bias is, or None; how the output dtype is found; whether "B" leads the parameters).
+A16W16 = {
+    # (x, w, bias, dtype, ...): the output as x
+    "aiter::gemm_a16w16": (2, "x", True),
+    # (x, w, y, ...) with a split-K workspace at 3 (the triton variant records y at 3, bf16 by default)
+    "aiter::gemm_a16w16_atomic_": (None, "at 3", True),
+    "sglang_profiler::gemm_kernels_flydsl_hgemm": (None, "at 3", True),
+    "aiter::_gemm_a16w16_asm": (None, "at 2 if known", True),
+    # (x, weight, bias): the output as the bias where there is one, else as the weight
+    "vllm::rocm_unquantized_gemm": (2, "as bias", False),
+}
+_WIDTHS = {name.lower(): width for name, width in DTYPE_BYTES.items()}
+
+
+def _width(dtype: str) -> int | None:
+    return _WIDTHS.get(dtype.lower())
+
+
+def gemm_a16w16(op) -> Estimate | None:
+    """2·M·N·K (+ M·N for a bias); X, W, the output and the bias moved once. The dtypes are TraceLens's
+    reading of each entry point's arguments; one of unknown width leaves the op without an estimate."""
+    bias_at, output_rule, batch_first = A16W16[op.name]
+    dims, types = op.input_dims or [], list(op.input_types or [])
+    x, w = (tensors(op) + [None, None])[:2]
+    if not (x and w and len(x.shape) == 2 and len(w.shape) == 2):
+        return None
+    (m, k), n = x.shape, w.shape[0]
+    bias = bias_at is not None and len(dims) > bias_at and bool(dims[bias_at])
+    if output_rule == "x":
+        third = types[0]
+    elif output_rule == "at 3":
+        third = types[3] if len(types) > 3 else "c10::bfloat16"
+    elif output_rule == "at 2 if known":
+        third = types[2] if len(types) > 2 and _width(types[2]) else types[0]
+    else:
+        third = types[2] if len(types) > 2 else ""
+    out_dtype = third if output_rule != "as bias" or bias else types[1]
+    widths = (_width(types[0]), _width(types[1]), _width(out_dtype))
+    if None in widths:
+        return None
+    width_x, width_w, width_out = widths
+    moved = m * k * width_x + n * k * width_w + m * n * width_out + (n * width_out if bias else 0)
+    flops = 2.0 * m * n * k + (m * n if bias else 0)
+    shape = {"B": 1, "M": m, "N": n, "K": k} if batch_first else {"M": m, "N": n, "K": k}
+    params = {**shape, "bias": bias, "dtype_A_B": (types[0], types[1], third)}
+    params.setdefault("B", 1)
+    return Estimate("GEMM", flops, moved, TENSOR_PRECISION.get(x.dtype, "fp32"), params)
+
+
 REGISTRY.update({name: flash_varlen for name in FLASH_VARLEN})
+REGISTRY.update({name: gemm_a16w16 for name in A16W16})
 REGISTRY.update({name: hipblaslt_gemm_fp8 for name in HIPBLASLT_FP8})
 REGISTRY.update({name: gated_activation for name in GATED_ACTIVATIONS})
 REGISTRY.update({name: gemm_a8w8_blockscale for name in A8W8_BLOCKSCALE})
