@@ -43,6 +43,9 @@ MODELLED_NON_ATEN = {
     "sglang_profiler::gemm_kernels_flydsl_hgemm",
     "aiter::_gemm_a16w16_asm",
     "vllm::rocm_unquantized_gemm",
+    "aiter::rms_norm",
+    "aiter::rmsnorm2d_fwd_ck",
+    "aiter::rmsnorm",
 }
 # The ops TraceLens models that magpie counts nothing for yet (their perf cells blank, their
 # category and sheet TraceLens's): vLLM's and AITER's attention (packed sequences, paged caches) and

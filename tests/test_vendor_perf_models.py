@@ -265,3 +265,24 @@ def test_a16w16_gemms_read_each_entry_points_output_and_bias(name, dims, types, 
     assert found is not None and found.family == "GEMM"
     assert (found.params["M"], found.params["N"], found.params["K"]) == (64, 1024, 4096)
     assert (found.flops, found.bytes) == (flops, moved)
+
+
+@pytest.mark.parametrize(
+    ("name", "dims", "types"),
+    [
+        ("aiter::rms_norm", [[4, 7168], [7168], [], []], [BF16, BF16, "Scalar", "Scalar"]),
+        ("aiter::rmsnorm2d_fwd_ck", [[4, 7168], [7168], [], []], [BF16, BF16, "Scalar", "Scalar"]),
+        # rmsnorm(out, input, weight, epsilon)
+        ("aiter::rmsnorm", [[4, 7168], [4, 7168], [7168], []], [BF16, BF16, BF16, "Scalar"]),
+    ],
+)
+def test_aiter_rms_norms_count_as_an_affine_rms_norm(name, dims, types):
+    from magpie.traces.perf_models import estimate
+
+    found = estimate(_op(name, dims, types, [""] * len(dims)))
+    assert found is not None and found.family == "normalization"
+    # 4 rows of 7168: 4·(2·7168 + 2) for the roots = 57,352, one scale and one weight multiply per element 57,344
+    assert found.flops == 57_352 + 57_344
+    # the input read and the output written, 2 · 28,672 · 2 B, the weight 7168 · 2 B
+    assert found.bytes == 114_688 + 14_336
+    assert (found.params["num_channels"], found.params["is_affine"]) == (7168, True)

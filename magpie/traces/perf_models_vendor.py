@@ -23,6 +23,7 @@ from magpie.traces.perf_models import (
     _vector_precision,
     causal_pairs,
     concrete,
+    rms_norm_counts,
     tensors,
 )
 
@@ -328,7 +329,34 @@ def gemm_a16w16(op) -> Estimate | None:
     return Estimate("GEMM", flops, moved, TENSOR_PRECISION.get(x.dtype, "fp32"), params)
 
 
+# -- RMS norms ----------------------------------------------------------------------------------
+# AITER's plain RMS norms, always with a weight: where the input is (its weight follows).
+AITER_RMS_NORM = {"aiter::rms_norm": 0, "aiter::rmsnorm2d_fwd_ck": 0, "aiter::rmsnorm": 1}
+
+
+def aiter_rms_norm(op) -> Estimate | None:
+    """ATen's RMS norm count (`rms_norm_counts`, affine) over rows as long as the weight."""
+    at = AITER_RMS_NORM[op.name]
+    x, weight = (tensors(op)[at : at + 2] + [None, None])[:2]
+    if not (x and weight and weight.shape):
+        return None
+    channels = weight.shape[0]
+    flops, values = rms_norm_counts(x.numel, channels, True, [], False)
+    params = {
+        "op_shape": tuple(x.shape),
+        "dtype_in_out": (x.dtype, None),
+        "stride_input": _stride(op, at),
+        "stride_output": None,
+        "num_channels": channels,
+        "has_bias": False,
+        "is_affine": True,
+        "is_training": False,
+    }
+    return Estimate("normalization", float(flops), values * DTYPE_BYTES[x.dtype], _vector_precision(x.dtype), params)
+
+
 REGISTRY.update({name: flash_varlen for name in FLASH_VARLEN})
+REGISTRY.update({name: aiter_rms_norm for name in AITER_RMS_NORM})
 REGISTRY.update({name: gemm_a16w16 for name in A16W16})
 REGISTRY.update({name: hipblaslt_gemm_fp8 for name in HIPBLASLT_FP8})
 REGISTRY.update({name: gated_activation for name in GATED_ACTIVATIONS})
