@@ -286,3 +286,62 @@ def test_aiter_rms_norms_count_as_an_affine_rms_norm(name, dims, types):
     # the input read and the output written, 2 · 28,672 · 2 B, the weight 7168 · 2 B
     assert found.bytes == 114_688 + 14_336
     assert (found.params["num_channels"], found.params["is_affine"]) == (7168, True)
+
+
+def test_vendor_ops_in_a_trace_fill_their_family_sheets(tmp_path):
+    """A trace's blockscale GEMM and packed attention land on TraceLens's GEMM and SDPA_fwd sheets with
+    their models' numbers and parameters."""
+    import json
+
+    from magpie.traces.ingest import load_trace
+    from magpie.traces.perf_rows import trace_tables
+
+    calls = [
+        (
+            "aiter::gemm_a8w8_blockscale_ck",
+            [[256, 7168], [2048, 7168], [256, 56], [16, 56]],
+            [FP8, FP8, "float", "float"],
+            ["", "", "", ""],
+        ),
+        (
+            "flash_attn::_flash_attn_varlen_forward",
+            [Q, KV, KV, CU_SEQLENS, CU_SEQLENS, [], [], [], [], []],
+            [BF16, BF16, BF16, INT, INT, "Scalar", "Scalar", "Scalar", "Scalar", "Scalar"],
+            ["", "", "", "", "", "600", "600", "0.", "0.125", "False"],
+        ),
+    ]
+    events = []
+    for i, (name, dims, types, concrete) in enumerate(calls):
+        start = 100 * i
+        args = {"Input Dims": dims, "Input type": types, "Input Strides": [[]] * len(dims), "Concrete Inputs": concrete}
+        events += [
+            {"ph": "X", "cat": "cpu_op", "name": name, "ts": start, "dur": 10, "pid": 1, "tid": 1, "args": args},
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "ts": start + 1,
+                "dur": 2,
+                "pid": 1,
+                "tid": 1,
+                "args": {"correlation": i + 1},
+            },
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": f"kernel_{i}",
+                "ts": start + 5,
+                "dur": 4,
+                "pid": 0,
+                "tid": 7,
+                "args": {"correlation": i + 1},
+            },
+        ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    _, tables = trace_tables(load_trace(path))
+    (gemm,) = tables["GEMM"]
+    assert gemm["name"] == "aiter::gemm_a8w8_blockscale_ck" and gemm["GFLOPS_first"] == 2 * 256 * 2048 * 7168 / 1e9
+    (attention,) = tables["SDPA_fwd"]
+    assert attention["name"] == "flash_attn::_flash_attn_varlen_forward"
+    assert attention["GFLOPS_first"] == 901_120_000 / 1e9
