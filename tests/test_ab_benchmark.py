@@ -8,6 +8,10 @@ evidence are what is asserted."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
 
 import pytest
 from conftest import magpie
@@ -96,6 +100,62 @@ def test_an_edited_candidate_re_keys_the_ab_and_not_the_workload_alone(ab_build)
     # the benchmark without replacement has no `use` in its key: editing a candidate re-keys no run of it
     assert after["benchmark:good"] == before["benchmark:good"]
     assert after["benchmark_ab:good"] != before["benchmark_ab:good"]
+
+
+class ABSections(HTMLParser):
+    """Per A/B section of a rendered report: its metric rows and its evidence items (class present/missing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sections: dict[str, dict] = {}
+        self._current = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section" and attrs.get("class") == "benchmark-ab":
+            self._current = self.sections.setdefault(attrs["id"], {"metrics": [], "evidence": []})
+        elif self._current is not None and tag == "tr" and "data-metric" in attrs:
+            self._current["metrics"].append(attrs["data-metric"])
+        elif self._current is not None and tag == "li" and attrs.get("class") in ("present", "missing"):
+            self._current["evidence"].append(attrs["class"])
+
+    def handle_endtag(self, tag):
+        if tag == "section":
+            self._current = None
+
+
+@pytest.mark.browser
+def test_the_html_report_shows_each_ab_with_its_interval_amdahl_gate_and_evidence(ab_build, tmp_path):
+    from magpie.report.render import render
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed; .ci/run installs it")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    root, _, _, reports = ab_build
+    # the build's report reads every A/B of the project
+    project = Project.load(root / "magpie.toml")
+    assert {"benchmark_ab:good", "benchmark_ab:overfit"} <= set(project.tasks["report"].deps)
+    good, overfit = reports["good"][1], reports["overfit"][1]
+    page = tmp_path / "report.html"
+    page.write_text(render([], "loop", ab_tests=[good, overfit])["report.html"])
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp_path / 'p'}"]
+    dom = subprocess.run(
+        [chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
+    parsed = ABSections()
+    parsed.feed(dom)
+    assert set(parsed.sections) == {"ab-good", "ab-overfit"}, dom[-2000:]
+    for section in parsed.sections.values():
+        assert section["metrics"] == list(good["metrics"])
+    # correctness and micro-benchmark of the kernel put in, the E2E A/B, the gate: the last missing where it failed
+    assert parsed.sections["ab-good"]["evidence"] == ["present"] * 4
+    assert parsed.sections["ab-overfit"]["evidence"][-1] == "missing"
+    metric = good["metrics"]["output_throughput"]
+    assert f"[{metric['ci_low']:.3f}, {metric['ci_high']:.3f}]" in dom
+    assert good["claim"] in dom and "output-equivalence gate: FAILED" in dom
+    assert "Amdahl for rmsnorm" in dom and "no trace" in dom
 
 
 def test_amdahl_takes_the_kernels_share_from_the_profiled_runs_top_kernels_or_says_there_is_none():

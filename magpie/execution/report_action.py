@@ -4,6 +4,7 @@ serving, because a sweep's section is drawn by serving's own table and plot."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from markupsafe import Markup
@@ -47,7 +48,15 @@ def report(job, out_dir: Path) -> dict:
         for name in sorted(job.dep_results)
         if name.startswith("benchmark_sweep:")
     ]
-    for name, text in render(comparisons, job.spec.params["project"], trace_sets, benchmarks, sweeps).items():
+    from magpie.serving.ab import REPORT
+
+    ab_tests = [
+        json.loads((Path(job.dep_dirs[name]) / REPORT).read_text())
+        for name in sorted(job.dep_results)
+        if name.startswith("benchmark_ab:")
+    ]
+    project = job.spec.params["project"]
+    for name, text in render(comparisons, project, trace_sets, benchmarks, sweeps, ab_tests).items():
         (out_dir / name).write_text(text)
     return {
         "state": "SUCCESS",

@@ -167,13 +167,58 @@ def _compiled_templates(markup: str) -> FileSystemBytecodeCache | None:
     return FileSystemBytecodeCache(str(folder)) if os.access(folder, os.W_OK) else None
 
 
+def ab_evidence(report: dict) -> list[dict]:
+    """What a kernel win inside the workload rests on (issue 43.5), each item present or missing: per kernel put
+    in, its correctness record and its paired micro-benchmark; then the E2E A/B and the output-equivalence gate.
+    A claim with any item missing is not a win, so the section shows the gaps as plainly as the evidence."""
+    items = []
+    for put_in in report.get("replacements", []):
+        name = f"{put_in.get('kernel')}/{put_in.get('implementation')}"
+        state = put_in.get("correctness_state")
+        items.append({"what": f"{name} correctness", "present": state == "SUCCESS", "detail": str(state)})
+        speedup = put_in.get("speedup") or {}
+        if speedup.get("value") is None:
+            items.append({"what": f"{name} paired micro-benchmark", "present": False, "detail": "none (baseline?)"})
+        else:
+            interval = (
+                f" [{speedup['ci_low']:.3f}, {speedup['ci_high']:.3f}]" if speedup.get("ci_low") is not None else ""
+            )
+            items.append(
+                {
+                    "what": f"{name} paired micro-benchmark",
+                    "present": True,
+                    "detail": f"{speedup['value']:.3f}x{interval} {speedup.get('verdict', '')}".rstrip(),
+                }
+            )
+    throughput = report.get("metrics", {}).get("output_throughput", {})
+    measured = throughput.get("verdict") not in (None, "unmeasured")
+    items.append(
+        {
+            "what": "end-to-end A/B",
+            "present": measured,
+            "detail": f"{report.get('pairs')} interleaved pair(s), output throughput {throughput.get('verdict')}",
+        }
+    )
+    gate = report.get("gate", {})
+    items.append(
+        {
+            "what": "output-equivalence gate",
+            "present": bool(gate.get("passed")),
+            "detail": f"{gate.get('matched')} of {gate.get('prompts')} greedy generations the same",
+        }
+    )
+    return items
+
+
 def render(
     comparisons: list[dict],
     project: str,
     trace_sets: list[dict] | None = None,
     benchmarks: list[dict] | None = None,
     sweeps: list[dict] | None = None,
+    ab_tests: list[dict] | None = None,
 ) -> dict[str, str]:
+    """The report's pages; `ab_tests`: the benchmarks' A/B reports (ab_report.json) as they were written."""
     env = template_environment()
     kernels = []
     for comp in comparisons:
@@ -202,6 +247,7 @@ def render(
         "trace_sets": traces,
         "benchmarks": benchmarks or [],
         "sweeps": sweeps or [],
+        "ab_tests": [{**ab, "evidence": ab_evidence(ab)} for ab in ab_tests or []],
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     html = env.get_template("report.html.j2").render(**context)
