@@ -103,7 +103,7 @@ def health_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status == 200
-    # a server still starting may answer garbage (a bad status line, a cut-off body): not ready yet, not a crash
+    # a server still starting may answer garbage (a bad status line, an endless header): not ready yet, not a crash
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return False
 
