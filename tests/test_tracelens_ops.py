@@ -46,6 +46,8 @@ MODELLED_NON_ATEN = {
     "aiter::rms_norm",
     "aiter::rmsnorm2d_fwd_ck",
     "aiter::rmsnorm",
+    "aiter::rmsnorm2d_fwd_with_add_ck",
+    "aiter::add_rmsnorm",
 }
 # The ops TraceLens models that magpie counts nothing for yet (their perf cells blank, their
 # category and sheet TraceLens's): vLLM's and AITER's attention (packed sequences, paged caches) and

@@ -345,3 +345,17 @@ def test_vendor_ops_in_a_trace_fill_their_family_sheets(tmp_path):
     (attention,) = tables["SDPA_fwd"]
     assert attention["name"] == "flash_attn::_flash_attn_varlen_forward"
     assert attention["GFLOPS_first"] == 901_120_000 / 1e9
+
+
+@pytest.mark.parametrize("name", ["aiter::rmsnorm2d_fwd_with_add_ck", "aiter::add_rmsnorm"])
+def test_aiter_add_rms_norms_add_the_residual_first(name):
+    from magpie.traces.perf_models import estimate
+
+    # (out, input, residual_in, residual_out, weight, epsilon, ...): 4 rows of 7168, bf16
+    rows = [4, 7168]
+    found = estimate(_op(name, [rows] * 4 + [[7168], [], []], [BF16] * 5 + ["Scalar"] * 2, [""] * 7))
+    assert found is not None and found.family == "normalization"
+    # the residual add, 28,672, then the RMS norm's 57,352 + 57,344
+    assert found.flops == 28_672 + 57_352 + 57_344
+    # input and residual read, out and residual_out written: 4 · 28,672 · 2 B; the weight 7168 · 2 B
+    assert found.bytes == 229_376 + 14_336

@@ -330,22 +330,33 @@ def gemm_a16w16(op) -> Estimate | None:
 
 
 # -- RMS norms ----------------------------------------------------------------------------------
-# AITER's plain RMS norms, always with a weight: where the input is (its weight follows).
-AITER_RMS_NORM = {"aiter::rms_norm": 0, "aiter::rmsnorm2d_fwd_ck": 0, "aiter::rmsnorm": 1}
+# AITER's RMS norms, always with a weight: where the input and the weight are, and whether a residual is
+# added first (out, input, residual_in, residual_out, weight, epsilon...).
+AITER_RMS_NORM = {
+    "aiter::rms_norm": (0, 1, False),
+    "aiter::rmsnorm2d_fwd_ck": (0, 1, False),
+    "aiter::rmsnorm": (1, 2, False),
+    "aiter::rmsnorm2d_fwd_with_add_ck": (1, 4, True),
+    "aiter::add_rmsnorm": (1, 4, True),
+}
 
 
 def aiter_rms_norm(op) -> Estimate | None:
-    """ATen's RMS norm count (`rms_norm_counts`, affine) over rows as long as the weight."""
-    at = AITER_RMS_NORM[op.name]
-    x, weight = (tensors(op)[at : at + 2] + [None, None])[:2]
+    """ATen's RMS norm count (`rms_norm_counts`, affine) over rows as long as the weight; a fused
+    residual add is one more FLOP per element, the residual read and the sum written too."""
+    input_at, weight_at, with_add = AITER_RMS_NORM[op.name]
+    inputs = tensors(op)
+    x, weight = (inputs[input_at : input_at + 1] + [None])[0], (inputs[weight_at : weight_at + 1] + [None])[0]
     if not (x and weight and weight.shape):
         return None
     channels = weight.shape[0]
     flops, values = rms_norm_counts(x.numel, channels, True, [], False)
+    if with_add:
+        flops, values = flops + x.numel, values + 2 * x.numel
     params = {
         "op_shape": tuple(x.shape),
         "dtype_in_out": (x.dtype, None),
-        "stride_input": _stride(op, at),
+        "stride_input": _stride(op, input_at),
         "stride_output": None,
         "num_channels": channels,
         "has_bias": False,
