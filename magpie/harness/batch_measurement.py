@@ -206,7 +206,8 @@ class BatchMeasurement:
             measured.round_laps = None
         finally:
             for role, region in regions.items():
-                if on_gpu and not self.turns.workers[role].failed:  # its mapping holds the region's memory
+                # its mapping holds the region's memory (on the CPU a removed file the sandbox charges the worker for)
+                if not self.turns.workers[role].failed:
                     try:
                         self.turns.give(role).request({"op": "batch_unmap"}, self.context.timeout)
                     except WorkerFailure:  # a worker that dies here holds nothing; the timing's own error stands
